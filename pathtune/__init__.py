@@ -1,0 +1,1 @@
+"""pathtune: compiler-driven kernel autotuner for PaTH attention."""

@@ -1,0 +1,1 @@
+"""pathtune.perf_db"""
