@@ -1,0 +1,108 @@
+"""Token-major layout and the chunk/super-chunk tables every PaTH kernel indexes with.
+
+All kernels see a packed token stream: ``[N_tok, heads, dim]``.  A dense batch ``[B, T, ...]``
+is the same memory as a packed stream with ``cu_seqlens = [0, T, 2T, ...]``, so one code
+path serves both.  UT chunks and super-chunks never straddle a sequence boundary; the last
+chunk of a sequence may be partial (kernels mask it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SequenceTables:
+    """Int tensors (on the data's device) describing chunks and super-chunks.
+
+    chunk_tok0  [n_chunks]  global token index where each UT chunk starts
+    chunk_seq   [n_chunks]  sequence id of each chunk
+    sc_tok0     [n_sc]      global token index where each super-chunk starts
+    sc_seq      [n_sc]      sequence id of each super-chunk
+    seq_start   [n_seq]     first token of each sequence
+    seq_end     [n_seq]     one past the last token of each sequence
+    seq_sc_base [n_seq]     index (into the super-chunk arrays) of each sequence's first super-chunk
+    """
+
+    chunk_tok0: torch.Tensor
+    chunk_seq: torch.Tensor
+    sc_tok0: torch.Tensor
+    sc_seq: torch.Tensor
+    seq_start: torch.Tensor
+    seq_end: torch.Tensor
+    seq_sc_base: torch.Tensor
+    n_chunks: int
+    n_sc: int
+    n_seq: int
+    max_seq_len: int
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def build_tables(
+    batch: int,
+    seq_len: int,
+    cu_seqlens: torch.Tensor | None,
+    chunk_size: int,
+    superchunk_size: int,
+    device: torch.device,
+) -> SequenceTables:
+    """Chunk and super-chunk tables for a dense batch or a packed varlen stream.
+
+    A dense batch needs no host synchronisation.  Packed varlen reads ``cu_seqlens`` on the
+    host once (the number of chunks decides the launch grid).
+    """
+    if cu_seqlens is None:
+        bounds = [b * seq_len for b in range(batch + 1)]
+    else:
+        bounds = [int(x) for x in cu_seqlens.detach().to("cpu", torch.int64).tolist()]
+    starts, ends = bounds[:-1], bounds[1:]
+    chunk_tok0, chunk_seq, sc_tok0, sc_seq, sc_base = [], [], [], [], []
+    for sid, (s0, s1) in enumerate(zip(starts, ends)):
+        length = s1 - s0
+        sc_base.append(len(sc_tok0))
+        for c in range(_cdiv(length, chunk_size)):
+            chunk_tok0.append(s0 + c * chunk_size)
+            chunk_seq.append(sid)
+        for j in range(_cdiv(length, superchunk_size)):
+            sc_tok0.append(s0 + j * superchunk_size)
+            sc_seq.append(sid)
+
+    def t(x):
+        return torch.tensor(x, dtype=torch.int64, device=device)
+
+    return SequenceTables(
+        chunk_tok0=t(chunk_tok0),
+        chunk_seq=t(chunk_seq),
+        sc_tok0=t(sc_tok0),
+        sc_seq=t(sc_seq),
+        seq_start=t(starts),
+        seq_end=t(ends),
+        seq_sc_base=t(sc_base),
+        n_chunks=len(chunk_tok0),
+        n_sc=len(sc_tok0),
+        n_seq=len(starts),
+        max_seq_len=max((e - s for s, e in zip(starts, ends)), default=0),
+    )
+
+
+def gate_cumsum(g: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """Inclusive cumulative sum of the log forget gate per sequence, float32.
+
+    g: [B, T, HQ] (or [1, N_tok, HQ] with cu_seqlens).  Summed in float64 so that long
+    sequences keep the differences c_i - c_j accurate, then stored as float32.
+    """
+    g64 = g.to(torch.float64)
+    c = torch.cumsum(g64, dim=1)
+    if cu_seqlens is not None:
+        # restart the sum at each sequence start: subtract the running total before it
+        starts = cu_seqlens[:-1].to(torch.int64)
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+        before = torch.zeros_like(c[:, :1])
+        offs = torch.cat([before, c], dim=1)[:, starts]  # [1, n_seq, HQ]
+        offs = torch.repeat_interleave(offs, lengths, dim=1)
+        c = c - offs
+    return c.to(torch.float32)

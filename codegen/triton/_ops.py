@@ -1,0 +1,28 @@
+"""Small jit helpers shared by the PaTH kernels."""
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+
+def interpreting() -> bool:
+    """True when kernels run under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def mm(a, b, INTERP: tl.constexpr):
+    """tl.dot with fp32 accumulation.
+
+    Triton 3.6's interpreter multiplies bfloat16 tiles as raw 16-bit integers; under the
+    interpreter (only) bf16 operands are widened to fp32 first.  bf16 x bf16 products are exact
+    in fp32, so this computes the same function the GPU's bf16 MMA does.
+    """
+    if INTERP:
+        if a.dtype == tl.bfloat16:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+            return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)

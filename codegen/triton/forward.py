@@ -1,0 +1,101 @@
+"""Host side of the Triton forward: layout, grids and launches of the three forward stages."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._ops import interpreting
+from ._layout import SequenceTables, build_tables, gate_cumsum
+from .params import TritonParams
+from .scan_fwd import scan_fwd_kernel
+from .transport import superchunk_transport_kernel
+from .ut import ut_chunk_kernel
+
+_LOG2E = 1.4426950408889634
+
+
+@dataclass
+class ForwardState:
+    """Per-call tensors the backward pass reuses (all O(T) in size)."""
+
+    tables: SequenceTables
+    u: torch.Tensor        # [N, H, D] float32
+    kt: torch.Tensor       # [N, H, D] float32, keys adjusted to their chunk end
+    m: torch.Tensor        # [N, H, C] float32
+    kj: torch.Tensor       # [N, H, D] scan dtype, keys transported to their super-chunk end
+    what: torch.Tensor     # [n_sc, H, BD, BD] float32, super-chunk transitions
+    gc: torch.Tensor | None  # [N, HQ] float32 gate cumsum
+
+
+def _pow2(x: int) -> int:
+    return max(16, triton.next_power_of_2(x))
+
+
+def _tokens(x: torch.Tensor) -> torch.Tensor:
+    """[B, T, ...] -> contiguous [B*T, ...] (a view when already contiguous)."""
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
+
+
+def path_attention_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+    g: torch.Tensor | None, *, scale: float, cu_seqlens: torch.Tensor | None,
+    params: TritonParams, gate_placement: str = "inside_scale",
+) -> tuple[torch.Tensor, torch.Tensor, ForwardState]:
+    """PaTH(-FoX) forward.  q [B,T,HQ,D], k/w [B,T,H,D], v [B,T,H,DV], beta [B,T,H], g [B,T,HQ].
+
+    Returns o [B,T,HQ,DV] (q's dtype), lse [B,T,HQ] float32 (natural log) and the saved state.
+    """
+    B, T, HQ, D = q.shape
+    H, DV = v.shape[2], v.shape[3]
+    C, S = params.chunk_size, params.superchunk_size
+    BD, BDV = _pow2(D), _pow2(DV)
+    dev = q.device
+    dt = params.scan_dtype
+    store_dtype = {tl.float16: torch.float16, tl.bfloat16: torch.bfloat16, tl.float32: torch.float32}[dt]
+
+    tables = build_tables(B, T, cu_seqlens, C, S, dev)
+    qt, kt_in, vt, wt = _tokens(q), _tokens(k), _tokens(v), _tokens(w)
+    bt = _tokens(beta)
+    N = qt.shape[0]
+
+    u = torch.empty(N, H, D, device=dev, dtype=torch.float32)
+    ktil = torch.empty(N, H, D, device=dev, dtype=torch.float32)
+    m = torch.empty(N, H, C, device=dev, dtype=torch.float32)
+    ut_chunk_kernel[(tables.n_chunks, H)](
+        wt, bt, kt_in, u, ktil, m,
+        tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
+        H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max,
+        num_warps=params.num_warps,
+    )
+
+    kj = torch.empty(N, H, D, device=dev, dtype=store_dtype)
+    what = torch.empty(max(tables.n_sc, 1), H, BD, BD, device=dev, dtype=torch.float32)
+    if tables.max_seq_len > S:
+        superchunk_transport_kernel[(tables.n_sc, H)](
+            ktil, wt, u, kj, what,
+            tables.sc_tok0, tables.sc_seq, tables.seq_end,
+            H=H, D=D, BD=BD, C=C, S=S, DT=dt, TP=params.transition_precision,
+            num_warps=params.num_warps,
+        )
+
+    gc = None
+    if g is not None:
+        gc = _tokens(gate_cumsum(g, cu_seqlens))
+    o = torch.empty(N, HQ, DV, device=dev, dtype=q.dtype)
+    lse = torch.empty(N, HQ, device=dev, dtype=torch.float32)
+    gate_scale = (scale if gate_placement == "inside_scale" else 1.0) * _LOG2E
+    scan_fwd_kernel[(tables.n_chunks, HQ)](
+        qt, kt_in, vt, wt, u, m, ktil, kj, what, gc if gc is not None else lse,
+        o, lse,
+        tables.chunk_tok0, tables.chunk_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base,
+        tables.n_chunks, scale * _LOG2E, gate_scale,
+        HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S, BLOCK_N=params.block_n,
+        DT=dt, TP=params.transition_precision, USE_GATE=g is not None, INTERP=interpreting(),
+        num_warps=params.num_warps, num_stages=params.num_stages,
+    )
+    state = ForwardState(tables=tables, u=u, kt=ktil, m=m, kj=kj, what=what, gc=gc)
+    return o.view(B, T, HQ, DV), lse.view(B, T, HQ), state

@@ -1,0 +1,80 @@
+"""Kernel parameters derived from the spec's knobs.
+
+The Triton code never hard-codes a tile size: every launch reads one of these frozen,
+hashable objects, built from a spec ``Config`` (or defaults taken from the spec).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+import triton.language as tl
+
+_SCAN_DTYPES = {"fp16": tl.float16, "bf16": tl.bfloat16, "tf32": tl.float32}
+_TRANSITION = {"tf32": "tf32", "tf32x3": "tf32x3", "ieee": "ieee"}
+
+
+@dataclass(frozen=True)
+class TritonParams:
+    """Everything the Triton PaTH kernels read from a tuning config."""
+
+    chunk_size: int = 64
+    superchunk_size: int = 1024
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    scan_precision: str = "fp16"
+    transition_precision: str = "tf32x3"
+    beta_clip_eps: float | None = None
+    bwd_block_m: int = 64
+    bwd_block_n: int = 64
+    bwd_num_warps: int = 4
+    bwd_num_stages: int = 2
+    decode_block_n: int = 128
+    decode_num_warps: int = 4
+    decode_splits: int = 4
+
+    def __post_init__(self):
+        if self.scan_precision not in _SCAN_DTYPES:
+            raise ValueError(f"scan_precision must be one of {sorted(_SCAN_DTYPES)}, got {self.scan_precision!r}")
+        if self.transition_precision not in _TRANSITION:
+            raise ValueError(
+                f"transition_precision must be one of {sorted(_TRANSITION)}, got {self.transition_precision!r}"
+            )
+        if self.superchunk_size % self.chunk_size:
+            raise ValueError(
+                f"superchunk_size ({self.superchunk_size}) must be a multiple of chunk_size ({self.chunk_size})"
+            )
+        if self.superchunk_size % self.block_n:
+            raise ValueError(f"superchunk_size ({self.superchunk_size}) must be a multiple of block_n ({self.block_n})")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | Any | None) -> "TritonParams":
+        """Build from a spec Config / mapping; unknown knobs are ignored, missing ones take defaults."""
+        if config is None:
+            return cls()
+        if isinstance(config, TritonParams):
+            return config
+        if hasattr(config, "to_dict"):
+            config = config.to_dict()
+        elif not isinstance(config, Mapping):
+            config = dict(config)
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in config.items() if k in names}
+        eps = kw.get("beta_clip_eps")
+        if isinstance(eps, str):
+            kw["beta_clip_eps"] = None if eps.lower() == "off" else float(eps)
+        return cls(**kw)
+
+    @property
+    def scan_dtype(self):
+        return _SCAN_DTYPES[self.scan_precision]
+
+    @property
+    def beta_max(self) -> float:
+        """Upper clip for beta inside kernels (2.0 + 1 = no clip, since beta <= 2 is validated)."""
+        return 3.0 if self.beta_clip_eps is None else 2.0 - float(self.beta_clip_eps)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,43 @@
+"""Stage `blockwise_scan`, super-chunk level: one program per (super-chunk, kv head).
+
+Walks the super-chunk's UT chunks right to left with a running D x D matrix Suf (start I):
+    KJ_m = K~_m Suf^T      keys transported to the END of the super-chunk
+    Suf  = Suf P_m = Suf - (Suf W_m^T) U_m
+and stores What_J = Suf = P_last ... P_first (D x D, float32).  Super-chunks that no later
+query super-chunk reads (the last one of each sequence) are skipped.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def superchunk_transport_kernel(
+    kt_ptr, w_ptr, u_ptr,
+    kj_ptr, what_ptr,
+    sc_tok0, sc_seq, seq_end,
+    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
+    DT: tl.constexpr, TP: tl.constexpr,
+):
+    j = tl.program_id(0)
+    h = tl.program_id(1)
+    tok0 = tl.load(sc_tok0 + j)
+    send = tl.load(seq_end + tl.load(sc_seq + j))
+    if tok0 + S < send:
+        r = tl.arange(0, C)
+        d = tl.arange(0, BD)
+        dmask = (d < D)[None, :]
+        Suf = tl.where(d[:, None] == d[None, :], 1.0, 0.0)
+        for step in range(0, S // C):
+            rows = (tok0 + (S // C - 1 - step) * C + r).to(tl.int64)
+            off = (rows[:, None] * H + h) * D + d[None, :]
+            Kt = tl.load(kt_ptr + off, mask=dmask, other=0.0)
+            W = tl.load(w_ptr + off, mask=dmask, other=0.0).to(tl.float32)
+            U = tl.load(u_ptr + off, mask=dmask, other=0.0)
+            KJ = tl.dot(Kt, tl.trans(Suf), input_precision=TP)
+            tl.store(kj_ptr + off, KJ.to(DT), mask=dmask)
+            SW = tl.dot(Suf, tl.trans(W), input_precision=TP)
+            Suf = Suf - tl.dot(SW, U, input_precision=TP)
+        woff = ((j * H + h) * BD + d[:, None]) * BD + d[None, :]
+        tl.store(what_ptr + woff, Suf)
