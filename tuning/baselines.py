@@ -1,0 +1,68 @@
+"""Baselines measured in the same run as pathtune's kernels: torch SDPA and fla's PaTH kernels.
+
+Each factory returns a zero-argument callable (or None when that baseline is unavailable on
+this machine) so that a benchmark can time it with ``triton.testing.do_bench``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+
+def sdpa_callable(q, k, v, backend: str, backward: bool = False) -> Optional[Callable[[], object]]:
+    """Causal SDPA on [B,T,H,D] inputs with one forced backend ('flash', 'cudnn', 'efficient').
+
+    GQA is expanded to full heads (SDPA's flash path needs equal heads).  Returns None when the
+    backend cannot run these inputs here.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kinds = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+    group = q.shape[2] // k.shape[2]
+    qt = q.transpose(1, 2).detach().requires_grad_(backward)
+    kt = k.repeat_interleave(group, dim=2).transpose(1, 2).detach().requires_grad_(backward)
+    vt = v.repeat_interleave(group, dim=2).transpose(1, 2).detach().requires_grad_(backward)
+    do = torch.randn_like(qt[..., : v.shape[-1]]) if backward else None
+
+    def run():
+        with sdpa_kernel(kinds[backend]):
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+            if backward:
+                torch.autograd.grad(o, (qt, kt, vt), do)
+        return o
+
+    try:
+        run()
+        torch.cuda.synchronize()
+    except Exception:  # backend not available for this shape/dtype/GPU
+        return None
+    return run
+
+
+def fla_path_callable(q, k, v, w, beta, g=None, backward: bool = False) -> Optional[Callable[[], object]]:
+    """flash-linear-attention's ``parallel_path_attn`` when importable, else None."""
+    try:
+        from fla.ops.path_attn import parallel_path_attn
+    except Exception:
+        return None
+    args = [x.detach().requires_grad_(backward) for x in (q, k, v, w, beta)]
+    gg = None if g is None else g.detach().requires_grad_(backward)
+    do = torch.randn_like(q[..., : v.shape[-1]]) if backward else None
+
+    def run():
+        o, _ = parallel_path_attn(*args, g=gg)
+        if backward:
+            inputs = args + ([gg] if gg is not None else [])
+            torch.autograd.grad(o, inputs, do)
+        return o
+
+    try:
+        run()
+        torch.cuda.synchronize()
+    except Exception as exc:  # unsupported head dim etc.
+        print(f"fla parallel_path_attn unavailable for {tuple(q.shape)}: {type(exc).__name__}: {exc}")
+        return None
+    return run
