@@ -1,1 +1,46 @@
-"""pathtune: compiler-driven kernel autotuner for PaTH attention."""
+"""pathtune: compiler-driven kernel autotuner for PaTH attention (Householder position encoding).
+
+Public API::
+
+    from pathtune import path_attention, load_spec, Config, Workload
+
+Names are loaded on first use, so ``import pathtune`` stays light (``pathtune spec ...`` on the
+command line never imports torch); nothing here imports TVM, Optuna or SQLAlchemy.
+"""
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("pathtune")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+_EXPORTS = {
+    "path_attention": "pathtune.runtime.api",
+    "load_spec": "pathtune.specs.loader",
+    "Config": "pathtune.specs.knobs",
+    "Workload": "pathtune.specs.workload",
+}
+__all__ = ["path_attention", "load_spec", "Config", "Workload", "__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pathtune.runtime.api import path_attention
+    from pathtune.specs.knobs import Config
+    from pathtune.specs.loader import load_spec
+    from pathtune.specs.workload import Workload
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pathtune' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

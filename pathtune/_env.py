@@ -1,0 +1,103 @@
+"""Every ``PATHTUNE_*`` environment variable, typed, in one place (documented in ENVs.md).
+
+Values are read from ``os.environ`` at each access (not at import), so a change made by a test or a
+launcher script takes effect immediately. A malformed value raises ``ValueError`` naming the
+variable and what it accepts.
+
+    from pathtune import _env
+    if _env.CHECK_INPUTS.get(): ...
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Generic, Optional, TypeVar
+
+__all__ = ["EnvVar", "ALL", "CHECK_INPUTS", "DB_URL", "PACK", "GPU_NAME", "PRINT_DISPATCH", "CACHE_DIR",
+           "default_db_url", "default_cache_dir"]
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean; use 1 or 0 (also accepted: true/false, yes/no, on/off)")
+
+
+def _parse_str(name: str, raw: str) -> Optional[str]:
+    return raw.strip() or None
+
+
+def _parse_path(name: str, raw: str) -> Optional[Path]:
+    raw = raw.strip()
+    return Path(raw).expanduser() if raw else None
+
+
+def default_cache_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("pathtune"))
+
+
+def default_db_url() -> str:
+    import platformdirs
+
+    return f"sqlite:///{Path(platformdirs.user_data_dir('pathtune')) / 'perf.sqlite3'}"
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    """One variable: its name, how to parse it, the default when unset, and what it does."""
+
+    name: str
+    parse: Callable[[str, str], T]
+    default: Callable[[], T]
+    type_name: str
+    default_doc: str
+    doc: str
+
+    def raw(self) -> Optional[str]:
+        return os.environ.get(self.name)
+
+    def is_set(self) -> bool:
+        return self.name in os.environ
+
+    def get(self) -> T:
+        raw = self.raw()
+        if raw is not None:
+            value = self.parse(self.name, raw)
+            if value is not None:
+                return value
+        return self.default()
+
+
+CHECK_INPUTS: EnvVar[bool] = EnvVar(
+    "PATHTUNE_CHECK_INPUTS", _parse_bool, lambda: False, "bool", "0",
+    "1: run the value checks of path_attention (beta in (0, 2], w unit-norm, cu_seqlens) on GPU inputs "
+    "too. They always run on CPU inputs; on the GPU they are off by default because each is a host sync.")
+DB_URL: EnvVar[str] = EnvVar(
+    "PATHTUNE_DB_URL", _parse_str, default_db_url, "SQLAlchemy URL",
+    "sqlite:///<user data dir>/pathtune/perf.sqlite3",
+    "Database of tuning results (perf_db), e.g. postgresql+psycopg://user@host/pathtune for a fleet.")
+PACK: EnvVar[Optional[Path]] = EnvVar(
+    "PATHTUNE_PACK", _parse_path, lambda: None, "path", "unset",
+    "A tuned-config pack (JSON) the dispatcher reads, read-only, before falling back to spec defaults.")
+GPU_NAME: EnvVar[Optional[str]] = EnvVar(
+    "PATHTUNE_GPU_NAME", _parse_str, lambda: None, "str", "unset (torch.cuda.get_device_name())",
+    "Overrides the GPU name in the environment key (e.g. to share results between two names of one GPU).")
+PRINT_DISPATCH: EnvVar[bool] = EnvVar(
+    "PATHTUNE_PRINT_DISPATCH", _parse_bool, lambda: False, "bool", "0",
+    "1: print to stderr which backend path_attention chose and why (once per distinct choice).")
+CACHE_DIR: EnvVar[Path] = EnvVar(
+    "PATHTUNE_CACHE_DIR", _parse_path, default_cache_dir, "path", "<user cache dir>/pathtune",
+    "Where pathtune keeps files it can rebuild (generated sources, downloaded packs).")
+
+ALL: tuple[EnvVar, ...] = (CHECK_INPUTS, DB_URL, PACK, GPU_NAME, PRINT_DISPATCH, CACHE_DIR)

@@ -1,0 +1,153 @@
+"""The public entry point: ``path_attention``."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from typing import Callable, Optional, Tuple, Union
+
+import torch
+
+from pathtune import _env
+from pathtune.specs import load_spec
+
+from .validation import InputInfo, check_head_dims, validate_inputs
+
+__all__ = ["path_attention", "BACKENDS", "resolve_backend"]
+
+BACKENDS = ("auto", "reference", "triton", "tvm")
+
+_log = logging.getLogger("pathtune.dispatch")
+_printed: set[tuple[str, str]] = set()
+_warned: set[str] = set()
+
+# Chunking of the reference backend (it is a readable check, not tuned): one UT chunk of 64 tokens,
+# super-chunks of 256, i.e. both levels of the scan are exercised from T > 64 on.
+_REFERENCE_CHUNK = 64
+_REFERENCE_SUPERCHUNK = 256
+
+
+def _triton_entry() -> Tuple[Optional[Callable], str]:
+    """``(path_attention_triton, "")`` or ``(None, why it is unavailable)``."""
+    try:
+        from pathtune.codegen import triton as triton_backend
+    except ImportError as e:  # e.g. triton itself missing
+        return None, f"importing pathtune.codegen.triton failed ({e})"
+    fn = getattr(triton_backend, "path_attention_triton", None)
+    if fn is None:
+        return None, "pathtune.codegen.triton does not provide path_attention_triton yet"
+    return fn, ""
+
+
+def resolve_backend(backend: str, device: torch.device) -> Tuple[str, str]:
+    """Which implementation ``backend`` means for inputs on ``device``: ``(name, reason)``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    if backend != "auto":
+        return backend, "requested"
+    if device.type != "cuda":
+        return "reference", f"auto: inputs on {device.type}, the kernels need CUDA"
+    fn, why = _triton_entry()
+    if fn is None:
+        if why not in _warned:
+            _warned.add(why)
+            warnings.warn(f"pathtune: the Triton backend is unavailable ({why}); path_attention runs the "
+                          "PyTorch reference on the GPU, which is correct but slow", RuntimeWarning, stacklevel=3)
+        return "reference", f"auto: CUDA inputs but {why}"
+    return "triton", "auto: CUDA inputs"
+
+
+def _report(backend: str, reason: str, info: InputInfo) -> None:
+    if _log.isEnabledFor(logging.DEBUG):
+        _log.debug("path_attention -> %s (%s); B=%d T=%d HQ=%d H=%d D=%d DV=%d varlen=%s", backend, reason,
+                   info.B, info.T, info.HQ, info.H, info.D, info.DV, info.varlen)
+    if _env.PRINT_DISPATCH.get() and (backend, reason) not in _printed:
+        _printed.add((backend, reason))
+        print(f"[pathtune] path_attention -> {backend} ({reason})", file=sys.stderr)
+
+
+def path_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    g: Optional[torch.Tensor] = None,
+    *,
+    scale: Optional[float] = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """PaTH attention (and PaTH-FoX when ``g`` is given), causal.
+
+    ``o_i = sum_{j<=i} softmax_j(scale * S_ij) v_j`` with ``S_ij = q_i^T H_i ... H_{j+1} k_j`` and
+    ``H_t = I - beta_t w_t w_t^T``; with a gate, ``scale * (S_ij + c_i - c_j)``, ``c = cumsum(g)``
+    (the spec's ``fox_gate.placement``). Argument layout as flash-linear-attention's
+    ``parallel_path_attn``.
+
+    Args:
+        q: [B, T, HQ, D] queries; bfloat16, float16, float32 or float64.
+        k: [B, T, H, D] keys, q's dtype. HQ must be a multiple of H (GQA).
+        v: [B, T, H, DV] values, q's dtype. DV may differ from D.
+        w: [B, T, H, D] Householder directions, unit L2 norm along D; float32 (preferred), float64 or
+            q's dtype. Shared by the query heads of a group.
+        beta: [B, T, H] Householder strengths in (0, 2]; dtypes as w.
+        g: [B, T, HQ] optional log forget gate (FoX), per query head; dtypes as w.
+        scale: softmax scale; default ``D ** -0.5``.
+        cu_seqlens: [N + 1] int32/int64 boundaries of N sequences packed along T (then B must be 1):
+            0 = cu_seqlens[0] < ... < cu_seqlens[N] = T.
+        backend: ``"auto"`` (Triton for CUDA inputs when available, else the reference),
+            ``"reference"`` (PyTorch, any head dim, any device), ``"triton"``, ``"tvm"``.
+        return_lse: also return the log-sum-exp.
+
+    Returns:
+        o [B, T, HQ, DV] in q's dtype; with ``return_lse``, ``(o, lse)`` where lse [B, T, HQ] is the
+        natural-log sum-exp of the scaled logits, float32 (float64 for float64 inputs).
+
+    Raises:
+        ValueError: a bad argument; the message names it and what is expected. Kernel backends accept
+            only the spec's head dims (``pathtune spec show``).
+        NotImplementedError: the chosen backend is not available (the message says what is missing).
+
+    Validation cost: shape, dtype and device checks are free. ``cu_seqlens`` is read on the host
+    (N + 1 integers; a varlen launch needs them there anyway). The value checks -- beta in (0, 2], w
+    unit-norm -- read whole tensors, so on a GPU they would be hidden host synchronisations: they run
+    for CPU inputs, and for GPU inputs only when ``PATHTUNE_CHECK_INPUTS=1`` (use it while debugging).
+    The backend that ran is logged at DEBUG on the ``pathtune.dispatch`` logger
+    (``PATHTUNE_PRINT_DISPATCH=1`` prints it).
+    """
+    spec = load_spec()
+    info = validate_inputs(spec, q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens)
+    chosen, reason = resolve_backend(backend, q.device)
+    if chosen == "tvm":
+        raise NotImplementedError("backend 'tvm' is not implemented yet: the TVM (TensorIR) backend in "
+                                  "pathtune.codegen.tvm is being built (see README, Status); use backend='reference' "
+                                  "or backend='triton'")
+    if chosen == "triton":
+        triton_fn, why = _triton_entry()
+        if triton_fn is None:
+            raise NotImplementedError(f"backend 'triton' is unavailable: {why}. The Triton kernels are being built "
+                                      "(see README, Status); use backend='reference' meanwhile")
+        if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"backend 'triton' needs CUDA tensors, but q is on {q.device}; use backend='reference', "
+                             "or set TRITON_INTERPRET=1 to run the Triton kernels in the (slow) CPU interpreter")
+        check_head_dims(spec, info, chosen)
+    scale = float(info.D) ** -0.5 if scale is None else float(scale)
+    gate = spec.stage("fox_gate")
+    placement = gate.placement if gate is not None else "inside_scale"
+
+    _report(chosen, reason, info)
+    if chosen == "reference":
+        from pathtune.runtime.reference import blockwise_path_attention
+
+        o, lse = blockwise_path_attention(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
+                                          chunk_size=_REFERENCE_CHUNK, superchunk_size=_REFERENCE_SUPERCHUNK,
+                                          gate_placement=placement)
+    else:
+        o, lse = triton_fn(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, config=None)
+    if not return_lse:
+        return o
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return o, lse.to(lse_dtype)
