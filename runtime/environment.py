@@ -7,9 +7,8 @@ is worth a warning only). ``env_hash()`` is the sha256 of the hard keys.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata as md
-import json
+import importlib.util
 import os
 import platform
 import re
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from pathtune import _env
+from pathtune.specs.canonical import canonical_json, sha256_hex
 
 __all__ = ["collect_env", "env_key", "env_hash", "HARD_KEYS", "SOFT_KEYS", "ENV_KEY_SCHEMA"]
 
@@ -51,8 +51,6 @@ def _ptxas_path() -> Optional[str]:
     if explicit:
         return explicit
     try:
-        import importlib.util
-
         spec = importlib.util.find_spec("triton")  # locates the package without importing it
     except (ImportError, ValueError):
         spec = None
@@ -145,4 +143,4 @@ def env_key(info: Optional[dict[str, Any]] = None) -> dict[str, dict[str, Any]]:
 def env_hash(info: Optional[dict[str, Any]] = None) -> str:
     """sha256 (hex) of the canonical JSON of the hard keys."""
     hard = env_key(info)["hard"]
-    return hashlib.sha256(json.dumps(hard, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return sha256_hex(canonical_json(hard))

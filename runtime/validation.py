@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
 from pathtune import _env
 from pathtune.specs import Spec
+from pathtune.specs.canonical import dtype_name as _dtype_name
 
 __all__ = ["InputInfo", "validate_inputs", "check_head_dims", "value_checks_enabled", "UNIT_NORM_TOL"]
 
 # |‖w‖ - 1| allowed by the unit-norm check, by w's dtype (half types store ~3 significant digits).
 UNIT_NORM_TOL = {torch.float64: 1e-3, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
-
-_ARG_ORDER = ("q", "k", "v", "w", "beta", "g")
 
 
 @dataclass(frozen=True)
@@ -43,10 +42,6 @@ class InputInfo:
 def value_checks_enabled(device: torch.device) -> bool:
     """Value checks run on CPU inputs always, on other devices only with PATHTUNE_CHECK_INPUTS=1."""
     return device.type == "cpu" or _env.CHECK_INPUTS.get()
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _shape_str(shape: Sequence[str]) -> str:
@@ -85,7 +80,8 @@ def validate_inputs(spec: Spec, q, k, v, w, beta, g=None, *, scale=None, cu_seql
     args = {"q": q, "k": k, "v": v, "w": w, "beta": beta}
     if g is not None:
         args["g"] = g
-    for name, t in [*args.items(), ("cu_seqlens", cu_seqlens)]:
+    named = [*args.items(), ("cu_seqlens", cu_seqlens)]
+    for name, t in named:
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
@@ -94,10 +90,8 @@ def validate_inputs(spec: Spec, q, k, v, w, beta, g=None, *, scale=None, cu_seql
 
     # Ranks and shapes: bind each symbol at its first occurrence (q, k, v, w, beta, g order).
     bound: dict[str, tuple[int, str]] = {}
-    for name in _ARG_ORDER:
-        if name not in args:
-            continue
-        t, shape = args[name], getattr(spec.tensors, name).shape
+    for name, t in args.items():
+        shape = getattr(spec.tensors, name).shape
         if t.dim() != len(shape):
             raise ValueError(f"{name} must be {len(shape)}-D {_shape_str(shape)}, got shape {tuple(t.shape)}")
         for axis, (sym, size) in enumerate(zip(shape, t.shape)):
@@ -111,16 +105,13 @@ def validate_inputs(spec: Spec, q, k, v, w, beta, g=None, *, scale=None, cu_seql
     empty = [f"{sym} ({src})" for sym, (size, src) in bound.items() if size == 0]
     if empty:
         raise ValueError(f"empty inputs: {', '.join(empty)} is 0; path_attention needs every dim >= 1")
-    for rule in spec.dim_rules:
-        if not rule.compiled.evaluate_bool(sizes):
-            got = ", ".join(f"{n} = {bound[n][0]} ({bound[n][1]})" for n in sorted(rule.compiled.names))
-            raise ValueError(f"{rule.message}; got {got}")
+    _enforce(spec.dim_rules, bound)
 
     # Dtypes and devices.
     for name, t in args.items():
         _check_dtype(spec, name, t, args)
-    for name, t in args.items():
-        if t.device != q.device:
+    for name, t in named:
+        if t is not None and t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; put all inputs on one device")
 
     if scale is not None:
@@ -129,7 +120,7 @@ def validate_inputs(spec: Spec, q, k, v, w, beta, g=None, *, scale=None, cu_seql
 
     num_seqs, max_seqlen = sizes["B"], sizes["T"]
     if cu_seqlens is not None:
-        num_seqs, max_seqlen = _check_cu_seqlens(spec, cu_seqlens, sizes, q.device)
+        num_seqs, max_seqlen = _check_cu_seqlens(spec, cu_seqlens, bound)
 
     checked = value_checks_enabled(q.device)
     if checked:
@@ -139,7 +130,16 @@ def validate_inputs(spec: Spec, q, k, v, w, beta, g=None, *, scale=None, cu_seql
                      device=q.device, values_checked=checked)
 
 
-def _check_cu_seqlens(spec: Spec, cu: torch.Tensor, sizes: dict[str, int], device: torch.device) -> tuple[int, int]:
+def _enforce(rules, bound: dict[str, tuple[int, str]]) -> None:
+    """Raise the message of the first rule the bound sizes break, with the sizes and where they came from."""
+    sizes = {sym: size for sym, (size, _) in bound.items()}
+    for rule in rules:
+        if not rule.compiled.evaluate_bool(sizes):
+            got = ", ".join(f"{n} = {bound[n][0]} ({bound[n][1]})" for n in sorted(rule.compiled.names))
+            raise ValueError(f"{rule.message}; got {got}")
+
+
+def _check_cu_seqlens(spec: Spec, cu: torch.Tensor, bound: dict[str, tuple[int, str]]) -> tuple[int, int]:
     ts = spec.tensors.cu_seqlens
     if ts is None:
         raise ValueError(f"cu_seqlens was given, but spec {spec.name!r} declares no cu_seqlens tensor")
@@ -147,16 +147,11 @@ def _check_cu_seqlens(spec: Spec, cu: torch.Tensor, sizes: dict[str, int], devic
         raise ValueError(f"cu_seqlens must be 1-D [N + 1] (sequence boundaries), got shape {tuple(cu.shape)}")
     if _dtype_name(cu.dtype) not in ts.dtypes:
         raise ValueError(f"cu_seqlens.dtype is {_dtype_name(cu.dtype)}; allowed: {', '.join(ts.dtypes)}")
-    if cu.device != device:
-        raise ValueError(f"cu_seqlens is on {cu.device} but q is on {device}; put all inputs on one device")
-    for rule in ts.requires:
-        if not rule.compiled.evaluate_bool(sizes):
-            got = ", ".join(f"{n} = {sizes[n]}" for n in sorted(rule.compiled.names))
-            raise ValueError(f"{rule.message}; got {got}")
+    _enforce(ts.requires, bound)
     if cu.numel() < 2:
         raise ValueError(f"cu_seqlens needs at least 2 entries [0, ..., T], got {cu.tolist()}")
     host = cu.tolist()
-    T = sizes["T"]
+    T = bound["T"][0]
     if host[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0] = {host[0]}")
     lengths = [b - a for a, b in zip(host, host[1:])]

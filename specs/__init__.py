@@ -5,6 +5,7 @@
 >>> KnobSpace(spec, "fwd").default()        # doctest: +ELLIPSIS
 Config(beta_clip_eps='off', block_n=64, chunk_size=64, ...)
 """
+from .canonical import canonical_json, dtype_name, sha256_hex
 from .expr import Expr, ExprError
 from .knobs import Config, KnobSpace, in_domain
 from .loader import DEFAULT_SPEC, default_spec_path, load_spec, parse_spec_text
@@ -17,4 +18,5 @@ __all__ = [
     "Spec", "SpecError", "Knob", "Rule", "TensorSpec", "PASS_NAMES", "STAGE_KINDS",
     "Workload", "seq_bucket", "batch_bucket", "KEY_SCHEMA",
     "Expr", "ExprError",
+    "canonical_json", "sha256_hex", "dtype_name",
 ]

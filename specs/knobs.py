@@ -7,11 +7,12 @@ constraints from the spec only, so a new domain value in the YAML needs no code 
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Union
+
+from .canonical import canonical_json, sha256_hex
 
 if TYPE_CHECKING:  # pragma: no cover
     from .schema import Knob, Rule, Spec
@@ -55,7 +56,7 @@ class Config(Mapping[str, KnobValue]):
             _check_value(name, value)
         ordered = dict(sorted(data.items()))
         object.__setattr__(self, "_values", ordered)
-        object.__setattr__(self, "_json", json.dumps(ordered, sort_keys=True, separators=(",", ":")))
+        object.__setattr__(self, "_json", canonical_json(ordered))
 
     # Mapping protocol
     def __getitem__(self, name: str) -> KnobValue:
@@ -117,7 +118,7 @@ class Config(Mapping[str, KnobValue]):
 
     @property
     def hash(self) -> str:
-        return hashlib.sha256(self._json.encode()).hexdigest()[:16]
+        return sha256_hex(self._json, 16)
 
 
 class KnobSpace:

@@ -8,9 +8,7 @@ the field path (``stages.fox_gate.placement``) and what is allowed.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import itertools
-import json
 import keyword
 import math
 import re
@@ -21,6 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, St
                       StrictInt, StrictStr, ValidationError, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
+from .canonical import canonical_json, sha256_hex
 from .expr import Expr, ExprError
 from .knobs import Config, in_domain
 
@@ -629,12 +628,12 @@ class Spec(_Model):
 
     @cached_property
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return canonical_json(self.model_dump(mode="json"))
 
     @cached_property
     def hash(self) -> str:
         """sha256 (hex) of the canonical JSON of the spec."""
-        return hashlib.sha256(self.canonical_json.encode()).hexdigest()
+        return sha256_hex(self.canonical_json)
 
     @property
     def head_dims(self) -> tuple[int, ...]:

@@ -1,11 +1,10 @@
 """What a call looks like, as a frozen key shared by the tuner, perf_db and the dispatcher."""
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
 
+from .canonical import canonical_json, dtype_name, sha256_hex
 from .schema import DTYPE_NAMES, PASS_NAMES
 
 __all__ = ["Workload", "seq_bucket", "batch_bucket", "KEY_SCHEMA"]
@@ -31,10 +30,6 @@ def batch_bucket(num_seqs: int) -> int:
     if num_seqs < 1:
         raise ValueError(f"number of sequences must be >= 1, got {num_seqs}")
     return _next_pow2(num_seqs)
-
-
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -108,7 +103,7 @@ class Workload:
             head_dim_v=int(v.shape[3]),
             heads_q=int(q.shape[2]),
             heads_kv=int(k.shape[2]),
-            dtype=_dtype_name(q.dtype),
+            dtype=dtype_name(q.dtype),
             use_gate=g is not None,
             pass_=pass_,
             seq_bucket=seq_bucket(longest),
@@ -139,12 +134,12 @@ class Workload:
 
     def key(self) -> str:
         """Canonical JSON (sorted keys, compact)."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return canonical_json(self.to_dict())
 
     @property
     def key_hash(self) -> str:
         """First 16 hex digits of the sha256 of ``key()``."""
-        return hashlib.sha256(self.key().encode()).hexdigest()[:16]
+        return sha256_hex(self.key(), 16)
 
     def constraint_dims(self) -> dict[str, int]:
         """The workload dims that knob constraints may name."""

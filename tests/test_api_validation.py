@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pathtune import _env, path_attention
+from pathtune import path_attention
 from pathtune.runtime import resolve_backend
 
 B, T, HQ, H, D, DV = 2, 8, 4, 2, 32, 32

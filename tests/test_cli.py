@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -83,7 +82,7 @@ def test_demo_rejects_bad_dtype():
     assert result.exit_code == 1 and "not a floating dtype" in result.output
 
 
-def test_python_dash_m(tmp_path):
+def test_python_dash_m():
     out = subprocess.run([sys.executable, "-m", "pathtune", "spec", "validate", str(default_spec_path())],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
