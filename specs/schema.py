@@ -457,8 +457,8 @@ class Spec(_Model):
         pairs += self._check_stages()
         pairs += self._check_numerics()
         pairs += self._check_passes()
-        if not pairs:  # constraint checks evaluate expressions; they need the references above intact
-            pairs += self._check_constraints()
+        # The defaults check reads every pass's knobs: only meaningful when all else is intact.
+        pairs += self._check_constraints(check_defaults=not pairs)
         if pairs:
             raise _problems(*pairs)
         return self
@@ -572,7 +572,7 @@ class Spec(_Model):
                 pairs.append((f"knobs.{name}", f"no pass uses it; add it to passes.<fwd|bwd|decode>.knobs"))
         return pairs
 
-    def _check_constraints(self) -> list[tuple[str, str]]:
+    def _check_constraints(self, check_defaults: bool) -> list[tuple[str, str]]:
         pairs = []
         tuning_dims = {n: d.domain for n, d in self.dims.items() if d.domain is not None}
         allowed = sorted(self.knobs) + sorted(tuning_dims)
@@ -602,7 +602,7 @@ class Spec(_Model):
                     env = ", ".join(f"{n}={v!r}" for n, v in zip(ordered, values))
                     pairs.append((field, f"{e} (for {env})"))
                     break
-        if pairs:
+        if pairs or not check_defaults:
             return pairs
         # Each pass's defaults must be valid for every supported head dim: they are the fallback.
         for pname in self.passes:

@@ -340,3 +340,20 @@ def test_workload_key_round_trip_and_checks():
         Workload(64, 64, 6, 4, "float16", True, "fwd", 1024)
     with pytest.raises(ValueError, match="dtype"):
         Workload(64, 64, 8, 8, "torch.float16", True, "fwd", 1024)
+
+
+def test_every_problem_is_reported_at_once(raw, tmp_path):
+    # Field-level problems are reported together; cross-references are checked once fields are valid.
+    def fields(d):
+        d["knobs"]["num_warps"]["default"] = 3
+        d["stages"]["fox_gate"]["placement"] = "inside"
+    _, problems = problems_of(tmp_path, mutated(raw, fields))
+    assert set(problems) == {"knobs.num_warps.default", "stages.fox_gate.placement"}
+
+    def references(d):
+        d["stages"]["blockwise_scan"]["chunk_knob"] = "chunk"
+        d["passes"]["fwd"]["knobs"].append("foo")
+        d["constraints"].append({"expr": "superchunk_size % chunk == 0", "message": "m"})
+    err, problems = problems_of(tmp_path, mutated(raw, references))
+    assert set(problems) == {"stages.blockwise_scan.chunk_knob", "passes.fwd.knobs[8]", "constraints[5].expr"}
+    assert str(err).startswith(f"invalid spec {tmp_path / 'spec.yaml'}: 3 problems")
