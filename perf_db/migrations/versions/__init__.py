@@ -1,0 +1,1 @@
+"""Alembic revisions of the perf_db schema, oldest first (``0001_initial``)."""
