@@ -257,6 +257,15 @@ def demo(
         raise typer.Exit(1)
 
 
+# ---------------------------------------------------------------------------------------------------
+# perf_db: query [overhead], db upgrade|gc|path, export, import, plot (thin wrappers in perf_db/_cli.py;
+# importing it loads typer and rich only)
+
+from pathtune.perf_db import _cli as _perf_db_cli  # noqa: E402
+
+_perf_db_cli.register(app)
+
+
 def main() -> None:
     app()
 

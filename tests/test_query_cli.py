@@ -1,0 +1,213 @@
+"""pathtune query / query overhead / db / export / import / plot through typer's CliRunner, on a
+synthetic SQLite database in tmp_path (GPU "TEST-GPU"; no real measurements)."""
+import csv
+import io
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pathtune.cli import app
+from pathtune.perf_db import KernelKey, Measurement, PerfDB, load_pack, results_record, write_results
+from pathtune.perf_db import _shipped
+from pathtune.specs import KnobSpace, Workload, load_spec
+
+SPEC = load_spec()
+runner = CliRunner()
+ENV = {"gpu_name": "TEST-GPU", "gpu_count": 1, "compute_capability": "9.0", "sm_count": 132,
+       "gpu_memory_bytes": 150_000_000_000, "driver": "550.54.15", "cuda_runtime": "12.4", "ptxas": "12.4.131",
+       "torch": "2.5.1", "triton": "3.2.0", "tvm": None, "pathtune": "0.1.0", "host": "test-host"}
+OVERHEAD_KEYS = {"gpu", "head_dim", "pass", "seq_len", "backend", "pathtune_ms", "sdpa_ms", "ratio"}
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "250"})
+
+
+def kernel(backend="triton", pass_="fwd"):
+    if backend == "sdpa":
+        return KernelKey(pass_=pass_, backend="sdpa")
+    return KernelKey(pass_=pass_, backend=backend, spec_hash=SPEC.hash, source_hash="src")
+
+
+def wl(head_dim, seq=1024, pass_="fwd"):
+    return Workload(head_dim, head_dim, 8, 2, "bfloat16", True, pass_, seq)
+
+
+def ok(ms, **kw):
+    return Measurement(status="ok", median_ms=ms, p20_ms=ms, p80_ms=ms * 1.05, n_reps=20, bench_method="synthetic",
+                       **kw)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    monkeypatch.delenv("PATHTUNE_DB_URL", raising=False)
+    empty = tmp_path / "shipped-empty"
+    empty.mkdir()
+    monkeypatch.setattr(_shipped, "SHIPPED_DIR", empty)
+
+
+@pytest.fixture
+def url(tmp_path):
+    url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
+    db = PerfDB(url)
+    config = KnobSpace(SPEC, "fwd").default()
+    for d, ms, sdpa in ((64, 1.2, 1.0), (128, 2.4, 1.6)):
+        for seq in (1024, 4096):
+            db.record(ENV, kernel(), wl(d, seq), config, ok(ms * seq / 1024, baseline_ms=sdpa * seq / 1024),
+                      run_id="run-1")
+            db.record(ENV, kernel("sdpa"), wl(d, seq), {}, ok(sdpa * seq / 1024), run_id="run-1")
+    db.record(ENV, kernel(pass_="bwd"), wl(64, pass_="bwd"), KnobSpace(SPEC, "bwd").default(), ok(5.0, baseline_ms=2.5),
+              run_id="run-1")
+    db.record(ENV, kernel(), wl(256), config.replace(num_warps=8), Measurement(status="compile_error"),
+              run_id="run-1")
+    db.close()
+    return url
+
+
+def test_overhead_json_shape(url):
+    result = run("query", "overhead", "--by", "head_dim", "--format", "json", "--db", url)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert isinstance(rows, list) and len(rows) == 5
+    for row in rows:
+        assert OVERHEAD_KEYS <= set(row)
+        assert row["gpu"] == "TEST-GPU" and row["ratio"] == pytest.approx(row["pathtune_ms"] / row["sdpa_ms"])
+    fwd = [(r["head_dim"], r["seq_len"], round(r["ratio"], 3)) for r in rows if r["pass"] == "fwd"]
+    assert fwd == [(64, 1024, 1.2), (64, 4096, 1.2), (128, 1024, 1.5), (128, 4096, 1.5)]
+    only_bwd = json.loads(run("query", "overhead", "--pass", "bwd", "-f", "json", "--db", url).stdout)
+    assert [(r["pass"], r["ratio"]) for r in only_bwd] == [("bwd", 2.0)]
+    # options before the subcommand carry over
+    before = run("query", "--db", url, "--format", "json", "overhead", "--gpu", "test-gpu")
+    assert before.exit_code == 0 and len(json.loads(before.stdout)) == 5
+
+
+def test_overhead_table_and_csv(url):
+    table = run("query", "overhead", "--db", url)
+    assert table.exit_code == 0, table.output
+    assert "pathtune vs SDPA" in table.stdout and "TEST-GPU" in table.stdout and "1.50x" in table.stdout
+    out = run("query", "overhead", "-f", "csv", "--db", url)
+    rows = list(csv.DictReader(io.StringIO(out.stdout)))
+    assert len(rows) == 5 and OVERHEAD_KEYS <= set(rows[0])
+    assert [(r["pass"], float(r["ratio"])) for r in rows[:2]] == [("bwd", 2.0), ("fwd", pytest.approx(1.2))]
+
+
+def test_query_formats_and_filters(url):
+    table = run("query", "--db", url)
+    assert table.exit_code == 0, table.output
+    assert "TEST-GPU" in table.stdout and "compile_error" in table.stdout
+    data = json.loads(run("query", "--head-dim", "128", "--backend", "triton", "-f", "json", "--db", url).stdout)
+    assert len(data) == 2 and {r["head_dim"] for r in data} == {128} and data[0]["config"]["num_warps"] == 4
+    assert json.loads(run("query", "--status", "compile_error", "-f", "json", "--db", url).stdout)[0]["head_dim"] == 256
+    assert len(json.loads(run("query", "--limit", "3", "-f", "json", "--db", url).stdout)) == 3
+    assert len(json.loads(run("query", "--pass", "bwd", "--gpu", "test", "-f", "json", "--db", url).stdout)) == 1
+    assert len(json.loads(run("query", "--dtype", "bfloat16", "--seq-len", "4096", "-f", "json", "--db",
+                              url).stdout)) == 4
+    out = run("query", "-f", "csv", "--backend", "sdpa", "--db", url).stdout
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 4 and {"median_ms", "gpu", "config", "run_id"} <= set(rows[0])
+    assert json.loads(rows[0]["workload"])["head_dim"] in (64, 128)
+
+
+def test_empty_results_say_so(url, tmp_path):
+    result = run("query", "--gpu", "H200", "--db", url)
+    assert result.exit_code == 0 and "no measurements match" in result.output and "gpu=H200" in result.output
+    as_json = run("query", "--gpu", "H200", "-f", "json", "--db", url)
+    assert as_json.exit_code == 0 and json.loads(as_json.stdout) == []
+    empty = run("query", "overhead", "--db", f"sqlite:///{tmp_path / 'empty.sqlite3'}")
+    assert empty.exit_code == 0 and "no measurements match" in empty.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (("query", "--db", "nosuchdialect://x"), "cannot open"),
+    (("query", "--db", "::bad::"), "not a database URL"),
+    (("query", "--db", "sqlite:////nonexistent-dir/x.sqlite3"), "does not exist"),
+    (("query", "--pass", "sideways"), "not one of fwd, bwd, decode"),
+    (("query", "overhead", "--by", "colour"), "--by must be one of"),
+    (("query", "--status", "great"), "status"),
+])
+def test_failures_exit_nonzero_with_a_message(url, args, message):
+    if "--db" not in args:
+        args = (*args, "--db", url)
+    result = run(*args)
+    assert result.exit_code == 1, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_db_upgrade_path_gc(url, tmp_path, monkeypatch):
+    fresh = f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
+    first = run("db", "upgrade", "--db", fresh)
+    assert first.exit_code == 0 and "upgraded from empty to revision 0001_initial" in first.stdout
+    assert "perf_alembic_version" in first.stdout
+    assert "already at revision 0001_initial" in run("db", "upgrade", "--db", fresh).stdout
+
+    info = json.loads(run("db", "path", "--db", url, "-f", "json").stdout)
+    assert info["file"].endswith("perf.sqlite3") and info["revision"] == "0001_initial"
+    assert info["counts"]["perf_measurement"] == 10
+    missing = json.loads(run("db", "path", "--db", f"sqlite:///{tmp_path / 'nope.sqlite3'}", "-f", "json").stdout)
+    assert missing["exists"] is False and not (tmp_path / "nope.sqlite3").exists()
+
+    import pathtune.runtime.environment as environment
+
+    monkeypatch.setattr(environment, "collect_env", lambda: {**ENV, "triton": "3.3.0"})  # Triton was upgraded
+    dry = run("db", "gc", "--db", url)
+    assert dry.exit_code == 0 and "would delete 6 measurements" in dry.stdout and "dry run" in dry.stdout
+    assert "triton version changed on this GPU" in dry.stdout
+    report = json.loads(run("db", "gc", "--dry-run", "-f", "json", "--db", url).stdout)
+    assert report["total"] == 6 and report["dry_run"] is True
+    done = run("db", "gc", "--yes", "--db", url)
+    assert done.exit_code == 0 and "deleted 6 measurements" in done.stdout
+    assert json.loads(run("db", "path", "--db", url, "-f", "json").stdout)["counts"]["perf_measurement"] == 4
+    assert "nothing to prune" in run("db", "gc", "--db", url).stdout
+
+
+def test_export_and_import(url, tmp_path):
+    pack_path = tmp_path / "pack.json"
+    result = run("export", "--gpu", "test-gpu", "-o", pack_path, "--db", url)
+    assert result.exit_code == 0, result.output
+    assert "wrote" in result.stdout and "default fwd" in result.stdout
+    pack = load_pack(pack_path)
+    assert pack.metadata["gpu_name"] == "TEST-GPU" and len(pack.entries) == 5
+    missing = run("export", "--gpu", "H200", "-o", tmp_path / "x.json", "--db", url)
+    assert missing.exit_code == 1 and "recorded GPUs: TEST-GPU" in missing.output
+
+    results = write_results(tmp_path / "results.json",
+                            [results_record(ENV, kernel(), wl(32), KnobSpace(SPEC, "fwd").default(), ok(0.5),
+                                            run_id="gpu-host-run")],
+                            runs=[{"run_id": "gpu-host-run", "command": "pathtune tune --synthetic"}])
+    first = run("import", results, "--db", url, "-f", "json")
+    assert first.exit_code == 0 and json.loads(first.stdout)[0]["added"] == 1
+    again = run("import", results, "--db", url)
+    assert again.exit_code == 0 and "0 added, 1 already present" in again.stdout
+    refused = run("import", pack_path, "--db", url)
+    assert refused.exit_code == 1 and "pack" in refused.output
+
+
+def test_plot(url, tmp_path):
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        result = run("plot", "overhead", "-o", tmp_path / "o.png", "--db", url)
+        assert result.exit_code == 1 and "pip install 'pathtune[plot]'" in result.output
+        return
+    for kind, name in (("overhead", "o.png"), ("history", "h.svg")):
+        result = run("plot", kind, "-o", tmp_path / name, "--db", url)
+        assert result.exit_code == 0, result.output
+        assert (tmp_path / name).stat().st_size > 1000
+    bad = run("plot", "overhead", "-o", tmp_path / "o.txt", "--db", url)
+    assert bad.exit_code == 1 and ".png" in bad.output
+
+
+def test_fresh_machine_prints_shipped_table(tmp_path, monkeypatch):
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    write_results(shipped / "TEST-GPU-run.json",
+                  [results_record(ENV, kernel(), wl(64), KnobSpace(SPEC, "fwd").default(), ok(1.5, baseline_ms=1.0),
+                                  run_id="shipped-run")],
+                  runs=[{"run_id": "shipped-run", "command": "synthetic"}])
+    monkeypatch.setattr(_shipped, "SHIPPED_DIR", shipped)
+    monkeypatch.setenv("PATHTUNE_DB_URL", f"sqlite:///{tmp_path / 'fresh.sqlite3'}")
+    result = run("query", "overhead", "--by", "head_dim", "-f", "json")
+    assert result.exit_code == 0, result.output
+    assert [(r["head_dim"], r["ratio"]) for r in json.loads(result.stdout)] == [(64, 1.5)]
+    assert len(json.loads(run("query", "-f", "json").stdout)) == 1  # ingested once
