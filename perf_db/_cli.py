@@ -198,6 +198,7 @@ def query_cmd(
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Length bucket (power of two)."),
     run: Optional[str] = typer.Option(None, "--run", help="Only this run_id."),
     study: Optional[str] = typer.Option(None, "--study", help="Only this Optuna study."),
+    env_hash: Optional[str] = typer.Option(None, "--env-hash", help="Environment hash (prefix; see pathtune env)."),
     current: bool = typer.Option(False, "--current", help="Hide stale results (older spec / source)."),
     limit: Optional[int] = typer.Option(None, min=1, help="At most this many rows."),
     order: Order = typer.Option(Order.workload, "--order", help="workload, newest, oldest or fastest."),
@@ -212,9 +213,9 @@ def query_cmd(
     perf = _open(db)
     rows = _guard(lambda: perf.query(gpu=gpu, head_dim=head_dim, pass_=pass_, backend=backend, dtype=dtype,
                                      status=status, seq_bucket=seq_len, run_id=run, study_name=study,
-                                     include_stale=not current, limit=limit, order=order.value))
+                                     env_hash=env_hash, include_stale=not current, limit=limit, order=order.value))
     filters = _filters_text(gpu=gpu, head_dim=head_dim, **{"pass": pass_}, backend=backend, dtype=dtype,
-                            status=status, seq_len=seq_len, run=run, study=study)
+                            status=status, seq_len=seq_len, run=run, study=study, env_hash=env_hash)
     emit(rows, fmt, QUERY_COLUMNS, f"perf_db measurements ({len(rows)})",
          f"no measurements match (filters: {filters}; db: {perf.display_url})")
 
@@ -371,7 +372,7 @@ def export_cmd(
     others = [e for e in perf.gpus() if e["gpu"] == meta["gpu_name"] and e["env_hash"] != meta["env_hash"]]
     if others:
         _note(f"{len(others)} other environment(s) of {meta['gpu_name']} exist (older Triton/CUDA?); the newest was "
-              "exported. Pick another with --env-hash; see `pathtune query --gpu ... --format json`.")
+              "exported. Pick another with --env-hash (`pathtune query --gpu ... --format json` lists them).")
 
 
 def import_cmd(

@@ -46,6 +46,9 @@ def resolve_url(url: Optional[str] = None) -> tuple[URL, bool]:
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - SQLAlchemy event signature
+    # pysqlite's own transaction handling breaks SAVEPOINTs (a released outer savepoint commits), so
+    # it is switched off and every transaction is begun explicitly by _sqlite_begin below.
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     try:
         cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
@@ -54,6 +57,12 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - SQLAlchemy e
         cur.execute("PRAGMA foreign_keys = ON")
     finally:
         cur.close()
+
+
+def _sqlite_begin(conn) -> None:  # noqa: ANN001 - SQLAlchemy event signature
+    # IMMEDIATE: take the write lock up front, so a transaction that reads and then writes waits
+    # (busy timeout) for other writers instead of failing with "database is locked".
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def make_engine(url: URL, *, create_parent: bool = False, echo: bool = False) -> Engine:
@@ -72,6 +81,7 @@ def make_engine(url: URL, *, create_parent: bool = False, echo: bool = False) ->
             kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
         engine = create_engine(url, echo=echo, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
         return engine
     if backend == "postgresql":
         driver = url.get_driver_name()

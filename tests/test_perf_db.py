@@ -568,3 +568,40 @@ def test_import_is_light():
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_ingest_is_all_or_nothing(db, tmp_path):
+    db.record(ENV, kernel(), wl(seq=512), cfg(), ok(1.0), run_id="gpu-run-1")
+    records = [results_record(ENV, kernel(), wl(seq=256), cfg(), ok(1.0), run_id="gpu-run-1"),   # new
+               results_record(ENV, kernel(), wl(seq=512), cfg(), ok(7.0), run_id="gpu-run-1")]   # conflicts
+    path = write_results(tmp_path / "r.json", records)
+    with pytest.raises(DuplicateMeasurementError):
+        db.ingest(path)
+    assert db.counts()["perf_measurement"] == 1 and db.lookup(ENV, kernel(), wl(seq=256), cfg()) is None
+    report = db.ingest(path, on_conflict="skip")
+    assert (report.added, report.skipped) == (1, 1) and db.ingested(report.sha256)
+
+
+def test_concurrent_writers_on_one_sqlite_file(url):
+    import threading
+
+    PerfDB(url).close()
+    errors = []
+
+    def worker(i):
+        try:
+            with PerfDB(url) as d:
+                for j in range(8):
+                    d.record(ENV, kernel(), wl(), cfg(num_warps=(2, 4, 8)[j % 3]), ok(1.0 + j), run_id=f"w{i}-{j}")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    counts = PerfDB(url).counts()
+    assert (counts["perf_measurement"], counts["perf_env"], counts["perf_kernel"], counts["perf_workload"]) == \
+        (32, 1, 1, 1)

@@ -100,6 +100,9 @@ def test_query_formats_and_filters(url):
     assert len(data) == 2 and {r["head_dim"] for r in data} == {128} and data[0]["config"]["num_warps"] == 4
     assert json.loads(run("query", "--status", "compile_error", "-f", "json", "--db", url).stdout)[0]["head_dim"] == 256
     assert len(json.loads(run("query", "--limit", "3", "-f", "json", "--db", url).stdout)) == 3
+    env_hash = data[0]["env_hash"]
+    assert len(json.loads(run("query", "--env-hash", env_hash[:10], "-f", "json", "--db", url).stdout)) == 10
+    assert json.loads(run("query", "--env-hash", "0" * 12, "-f", "json", "--db", url).stdout) == []
     assert len(json.loads(run("query", "--pass", "bwd", "--gpu", "test", "-f", "json", "--db", url).stdout)) == 1
     assert len(json.loads(run("query", "--dtype", "bfloat16", "--seq-len", "4096", "-f", "json", "--db",
                               url).stdout)) == 4
