@@ -23,6 +23,7 @@ class SequenceTables:
     seq_start   [n_seq]     first token of each sequence
     seq_end     [n_seq]     one past the last token of each sequence
     seq_sc_base [n_seq]     index (into the super-chunk arrays) of each sequence's first super-chunk
+    seq_pair_base [n_seq]   offset of each sequence's n_sc x n_sc block of super-chunk pairs
     """
 
     chunk_tok0: torch.Tensor
@@ -32,7 +33,9 @@ class SequenceTables:
     seq_start: torch.Tensor
     seq_end: torch.Tensor
     seq_sc_base: torch.Tensor
+    seq_pair_base: torch.Tensor
     n_chunks: int
+    n_pairs: int
     n_sc: int
     n_seq: int
     max_seq_len: int
@@ -60,10 +63,13 @@ def build_tables(
     else:
         bounds = [int(x) for x in cu_seqlens.detach().to("cpu", torch.int64).tolist()]
     starts, ends = bounds[:-1], bounds[1:]
-    chunk_tok0, chunk_seq, sc_tok0, sc_seq, sc_base = [], [], [], [], []
+    chunk_tok0, chunk_seq, sc_tok0, sc_seq, sc_base, pair_base = [], [], [], [], [], []
+    n_pairs = 0
     for sid, (s0, s1) in enumerate(zip(starts, ends)):
         length = s1 - s0
         sc_base.append(len(sc_tok0))
+        pair_base.append(n_pairs)
+        n_pairs += _cdiv(length, superchunk_size) ** 2
         for c in range(_cdiv(length, chunk_size)):
             chunk_tok0.append(s0 + c * chunk_size)
             chunk_seq.append(sid)
@@ -82,7 +88,9 @@ def build_tables(
         seq_start=t(starts),
         seq_end=t(ends),
         seq_sc_base=t(sc_base),
+        seq_pair_base=t(pair_base),
         n_chunks=len(chunk_tok0),
+        n_pairs=n_pairs,
         n_sc=len(sc_tok0),
         n_seq=len(starts),
         max_seq_len=max((e - s for s, e in zip(starts, ends)), default=0),

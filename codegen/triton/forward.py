@@ -65,21 +65,24 @@ def path_attention_fwd(
     u = torch.empty(N, H, D, device=dev, dtype=torch.float32)
     ktil = torch.empty(N, H, D, device=dev, dtype=torch.float32)
     m = torch.empty(N, H, C, device=dev, dtype=torch.float32)
+    scratch = torch.empty(tables.n_chunks * H * C * C, device=dev, dtype=torch.float32)
     ut_chunk_kernel[(tables.n_chunks, H)](
-        wt, bt, kt_in, u, ktil, m,
+        wt, bt, kt_in, u, ktil, m, scratch,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max,
-        num_warps=params.num_warps,
+        num_warps=4 if C <= 64 else 8,
     )
+    del scratch
 
     kj = torch.empty(N, H, D, device=dev, dtype=store_dtype)
     what = torch.empty(max(tables.n_sc, 1), H, BD, BD, device=dev, dtype=torch.float32)
     if tables.max_seq_len > S:
-        superchunk_transport_kernel[(tables.n_sc, H)](
+        rows = min(BD, 32)
+        superchunk_transport_kernel[(tables.n_sc, H, BD // rows)](
             ktil, wt, u, kj, what,
             tables.sc_tok0, tables.sc_seq, tables.seq_end,
-            H=H, D=D, BD=BD, C=C, S=S, DT=dt, TP=params.transition_precision,
-            num_warps=params.num_warps,
+            H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=dt, TP=params.transition_precision,
+            num_warps=4,
         )
 
     gc = None

@@ -109,11 +109,11 @@ def scan_fwd_kernel(
             krows = (s0 + jj * S + t0 + rn).to(tl.int64)
             KJ = tl.load(kj_ptr + (krows[:, None] * H + h) * D + d[None, :], mask=dmask, other=0.0).to(DT)
             Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
-            s = mm(Xd, tl.trans(KJ), INTERP) * qk_scale
+            sj = mm(Xd, tl.trans(KJ), INTERP) * qk_scale
             if USE_GATE:
-                c_k = tl.load(gc_ptr + krows * HQ + hq)
-                s += (c_q[:, None] - c_k[None, :]) * gate_scale
-            m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, Vt, INTERP)
+                c_kj = tl.load(gc_ptr + krows * HQ + hq)
+                sj += (c_q[:, None] - c_kj[None, :]) * gate_scale
+            m_i, l_i, acc = _softmax_step(sj, m_i, l_i, acc, Vt, INTERP)
         Wh = tl.load(what_ptr + (((sc_base + jj) * H + h) * BD + d[:, None]) * BD + d[None, :])
         X = tl.dot(X, Wh, input_precision=TP)
 

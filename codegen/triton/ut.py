@@ -1,23 +1,68 @@
 """Stage `ut_inverse` (+ key boundary adjustment): one program per (UT chunk, kv head).
 
 For chunk m with rows W (C x D, unit-norm w), beta (C), K (C x D):
-    T  = I + strictLower(diag(beta) W W^T)       solved by forward substitution (float32)
+    T  = I + strictLower(diag(beta) W W^T)       inverted by blocked forward substitution (float32)
     A  = T^{-1} diag(beta)                        (lower triangular)
     U  = A W                                      P_m = I - W^T U = H_last ... H_first
     M  = A strictLower(W K^T)                     used by the diagonal tile of the scan
     K~ = K - M^T W                                row j = (H_last ... H_{j+1} k_j)^T
 Outputs U, K~ (float32, [N_tok, H, D]) and M (float32, [N_tok, H, C]).
+
+The inverse is built in 16 x 16 blocks through a per-program float32 scratch tile (L2
+resident): diagonal blocks by row-wise substitution, then block rows top to bottom,
+T^{-1}_ij = -T^{-1}_ii sum_{j<=k<i} N_ik T^{-1}_kj.  Substitution row by row over the whole
+C x C tile in registers spills heavily on the GPU; 16 x 16 blocks do not.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+SUB = 16  # diagonal block size of the blocked inverse
+
+
+@triton.jit
+def _invert_unit_lower_16(Nbb):
+    """(I + Nbb)^{-1} for a strictly lower 16 x 16 block, by forward substitution."""
+    r = tl.arange(0, 16)
+    inv = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    for i in range(1, 16):
+        n_i = tl.sum(tl.where(r[:, None] == i, Nbb, 0.0), axis=0)
+        corr = tl.sum(n_i[:, None] * inv, axis=0)
+        inv = tl.where(r[:, None] == i, inv - corr[None, :], inv)
+    return inv
+
+
+@triton.jit
+def _blocked_inverse(N, base, C: tl.constexpr):
+    """(I + N)^{-1} for a strictly lower C x C tile N, in 16 x 16 blocks via a scratch tile at base."""
+    r = tl.arange(0, C)
+    tl.store(base + r[:, None] * C + r[None, :], N)
+    tl.debug_barrier()
+    s = tl.arange(0, 16)
+    blk = s[:, None] * C + s[None, :]
+    for bi in tl.static_range(C // 16):
+        diag_ptr = base + (bi * 16) * C + bi * 16 + blk
+        inv_ii = _invert_unit_lower_16(tl.load(diag_ptr))
+        for bj in tl.static_range(bi):
+            acc = tl.zeros((16, 16), dtype=tl.float32)
+            for bk in tl.static_range(bj, bi):
+                n_ik = tl.load(base + (bi * 16) * C + bk * 16 + blk)
+                t_kj = tl.load(base + (bk * 16) * C + bj * 16 + blk)
+                acc += tl.dot(n_ik, t_kj, input_precision="ieee")
+            t_ij = -tl.dot(inv_ii, acc, input_precision="ieee")
+            tl.debug_barrier()
+            tl.store(base + (bi * 16) * C + bj * 16 + blk, t_ij)
+            tl.debug_barrier()
+        tl.store(diag_ptr, inv_ii)
+        tl.debug_barrier()
+    return tl.load(base + r[:, None] * C + r[None, :])
+
 
 @triton.jit
 def ut_chunk_kernel(
     w_ptr, beta_ptr, k_ptr,
-    u_ptr, kt_ptr, m_ptr,
+    u_ptr, kt_ptr, m_ptr, scratch_ptr,
     chunk_tok0, chunk_seq, seq_end,
     H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr,
     BETA_MAX: tl.constexpr,
@@ -34,27 +79,85 @@ def ut_chunk_kernel(
     off = (rows[:, None] * H + h) * D + d[None, :]
 
     W = tl.load(w_ptr + off, mask=mask2, other=0.0).to(tl.float32)
-    K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32)
     beta = tl.minimum(beta, BETA_MAX)
-
     strict = r[:, None] > r[None, :]
-    G = tl.dot(W, tl.trans(W), input_precision="ieee")
-    N = tl.where(strict, beta[:, None] * G, 0.0)
-    # (I + N)^{-1} row by row: row_i = e_i - sum_{k<i} N[i, k] row_k
-    Tinv = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in range(1, C):
-        n_i = tl.sum(tl.where(r[:, None] == i, N, 0.0), axis=0)
-        corr = tl.sum(n_i[:, None] * Tinv, axis=0)
-        Tinv = tl.where(r[:, None] == i, Tinv - corr[None, :], Tinv)
+    N = tl.where(strict, beta[:, None] * tl.dot(W, tl.trans(W), input_precision="ieee"), 0.0)
+
+    Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C)
     A = Tinv * beta[None, :]
 
+    K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
     U = tl.dot(A, W, input_precision="ieee")
-    WK = tl.dot(W, tl.trans(K), input_precision="ieee")
-    M = tl.dot(A, tl.where(strict, WK, 0.0), input_precision="ieee")
-    Kt = K - tl.dot(tl.trans(M), W, input_precision="ieee")
-
     tl.store(u_ptr + off, U, mask=mask2)
+    WK = tl.where(strict, tl.dot(W, tl.trans(K), input_precision="ieee"), 0.0)
+    M = tl.dot(A, WK, input_precision="ieee")
+    tl.store(m_ptr + (rows[:, None] * H + h) * C + r[None, :], M, mask=rmask[:, None])
+    Kt = K - tl.dot(tl.trans(M), W, input_precision="ieee")
     tl.store(kt_ptr + off, Kt, mask=mask2)
+
+
+@triton.jit
+def ut_bwd_kernel(
+    w_ptr, beta_ptr, k_ptr, du_ptr, dkt_ptr, dm_ptr, dw_acc_ptr, dk_acc_ptr,
+    dw_ptr, dk_ptr, dbeta_ptr, scratch_ptr,
+    chunk_tok0, chunk_seq, seq_end,
+    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr,
+    BETA_MAX: tl.constexpr,
+):
+    """Reverse of ut_chunk_kernel: from dU, dK~, dM (and the partial dW, dK accumulated by the
+    scan kernels) to the final dw, dk and dbeta of one chunk."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    tok0 = tl.load(chunk_tok0 + n)
+    send = tl.load(seq_end + tl.load(chunk_seq + n))
+    r = tl.arange(0, C)
+    d = tl.arange(0, BD)
+    rows = (tok0 + r).to(tl.int64)
+    rmask = rows < send
+    mask2 = rmask[:, None] & (d < D)[None, :]
+    off = (rows[:, None] * H + h) * D + d[None, :]
     moff = (rows[:, None] * H + h) * C + r[None, :]
-    tl.store(m_ptr + moff, M, mask=rmask[:, None])
+
+    W = tl.load(w_ptr + off, mask=mask2, other=0.0).to(tl.float32)
+    K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
+    beta_raw = tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32)
+    beta = tl.minimum(beta_raw, BETA_MAX)
+    strict = r[:, None] > r[None, :]
+    Gm = tl.dot(W, tl.trans(W), input_precision="ieee")
+    N = tl.where(strict, beta[:, None] * Gm, 0.0)
+    Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C)
+    A = Tinv * beta[None, :]
+    L = tl.where(strict, tl.dot(W, tl.trans(K), input_precision="ieee"), 0.0)
+    M = tl.dot(A, L, input_precision="ieee")
+
+    dU = tl.load(du_ptr + off, mask=mask2, other=0.0)
+    dKt = tl.load(dkt_ptr + off, mask=mask2, other=0.0)
+    dM = tl.load(dm_ptr + moff, mask=rmask[:, None], other=0.0)
+    dW = tl.load(dw_acc_ptr + off, mask=mask2, other=0.0)
+    dK = tl.load(dk_acc_ptr + off, mask=mask2, other=0.0)
+    # K~ = K - M^T W
+    dK += dKt
+    dM -= tl.dot(W, tl.trans(dKt), input_precision="ieee")
+    dW -= tl.dot(M, dKt, input_precision="ieee")
+    # M = A strictLower(W K^T)
+    dA = tl.dot(dM, tl.trans(L), input_precision="ieee")
+    dL = tl.where(strict, tl.dot(tl.trans(A), dM, input_precision="ieee"), 0.0)
+    dW += tl.dot(dL, K, input_precision="ieee")
+    dK += tl.dot(tl.trans(dL), W, input_precision="ieee")
+    # U = A W
+    dA += tl.dot(dU, tl.trans(W), input_precision="ieee")
+    dW += tl.dot(tl.trans(A), dU, input_precision="ieee")
+    # A = T^{-1} diag(beta),  T = I + strictLower(diag(beta) W W^T)
+    dbeta = tl.sum(Tinv * dA, axis=0)
+    dTinv = dA * beta[None, :]
+    dT = -tl.dot(tl.dot(tl.trans(Tinv), dTinv, input_precision="ieee"), tl.trans(Tinv), input_precision="ieee")
+    dN = tl.where(strict, dT, 0.0)
+    dbeta += tl.sum(dN * Gm, axis=1)
+    dG = beta[:, None] * dN
+    dW += tl.dot(dG + tl.trans(dG), W, input_precision="ieee")
+    dbeta = tl.where(beta_raw < BETA_MAX, dbeta, 0.0)
+
+    tl.store(dw_ptr + off, dW.to(dw_ptr.dtype.element_ty), mask=mask2)
+    tl.store(dk_ptr + off, dK.to(dk_ptr.dtype.element_ty), mask=mask2)
+    tl.store(dbeta_ptr + rows * H + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=rmask)

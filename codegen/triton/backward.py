@@ -1,0 +1,134 @@
+"""Host side of the Triton backward: seven launches, every buffer O(T) per head.
+
+Order (each stage only reads what earlier ones wrote):
+  1. bwd_prep          Y (queries at their super-chunk start), delta = rowsum(dO * O)
+  2. bwd_inter_dq      dY from all earlier super-chunks, query side of dc
+  3. bwd_inter_dkv     dKJ, inter part of dV, dOm per super-chunk pair, key side of dc
+  4. superchunk chain  dWhat from dOm
+  5. bwd_transport     dK~, dW, dU from dKJ and dWhat
+  6. bwd_intra         dq (final) and the chunk-level dK~, dU, dW, dM, dK, dV, dc inside super-chunks
+  7. ut_bwd            dw, dk, dbeta through the UT transform
+then dg = reverse cumsum of dc per sequence.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._layout import SequenceTables
+from ._ops import interpreting
+from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_kernel
+from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
+from .bwd_intra import bwd_intra_kernel
+from .bwd_prep import bwd_prep_kernel
+from .forward import ForwardState, _LOG2E, _pow2, _tokens
+from .params import TritonParams
+from .ut import ut_bwd_kernel
+
+
+def _gate_grad(dc: torch.Tensor, tables: SequenceTables, shape) -> torch.Tensor:
+    """dg_l = sum_{i >= l, same sequence} dc_i (c is the inclusive cumsum of g)."""
+    d64 = dc.to(torch.float64)
+    rc = torch.flip(torch.cumsum(torch.flip(d64, [0]), 0), [0])  # sum over i >= l, whole stream
+    tail = torch.cat([rc, torch.zeros_like(rc[:1])], 0)[tables.seq_end]  # sum beyond each sequence
+    lengths = tables.seq_end - tables.seq_start
+    rc = rc - torch.repeat_interleave(tail, lengths, dim=0)
+    return rc.view(shape)
+
+
+def path_attention_bwd(
+    do: torch.Tensor, q, k, v, w, beta, g, o, lse, state: ForwardState, *, scale: float,
+    params: TritonParams, gate_placement: str = "inside_scale",
+):
+    """Gradients (dq, dk, dv, dw, dbeta, dg) of PaTH(-FoX) attention; dg is None without a gate."""
+    B, T, HQ, D = q.shape
+    H, DV = v.shape[2], v.shape[3]
+    C, S, BN = params.chunk_size, params.superchunk_size, params.block_n
+    BD, BDV = _pow2(D), _pow2(DV)
+    dev = q.device
+    dt, tp = params.scan_dtype, params.transition_precision
+    tb = state.tables
+    interp = interpreting()
+    use_gate = g is not None
+    qt, kt_in, vt, wt, bt = _tokens(q), _tokens(k), _tokens(v), _tokens(w), _tokens(beta)
+    dot_, ot, lset = _tokens(do), _tokens(o), _tokens(lse)
+    N = qt.shape[0]
+    gc = state.gc if use_gate else lset  # dummy pointer when ungated
+    qk_scale = scale * _LOG2E
+    gate_nat = scale if gate_placement == "inside_scale" else 1.0
+    gate_scale = gate_nat * _LOG2E
+    f32 = dict(device=dev, dtype=torch.float32)
+    common = dict(HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S, DT=dt)
+
+    y = torch.zeros(N, HQ, D, **f32)
+    delta = torch.empty(N, HQ, **f32)
+    bwd_prep_kernel[(tb.n_chunks, HQ)](
+        qt, wt, state.u, ot, dot_, y, delta,
+        tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end,
+        INTERP=interp, num_warps=params.bwd_num_warps, **common,
+    )
+
+    dy = torch.zeros(N, HQ, D, **f32)
+    dc = torch.zeros(N, HQ, **f32)
+    dkj = torch.zeros(N, H, D, **f32)
+    dv = torch.zeros(N, H, DV, **f32)
+    multi = tb.max_seq_len > S
+    if multi:
+        bwd_inter_dq_kernel[(tb.n_chunks, HQ)](
+            y, state.kj, vt, state.what, gc, dot_, lset, delta, dy, dc,
+            tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base,
+            tb.n_chunks, qk_scale, gate_scale, scale, gate_nat,
+            BLOCK_N=BN, TP=tp, USE_GATE=use_gate, INTERP=interp,
+            num_warps=params.bwd_num_warps, num_stages=params.bwd_num_stages, **common,
+        )
+        dom = torch.zeros(max(tb.n_pairs, 1), H, BD, BD, **f32)
+        bwd_inter_dkv_kernel[(tb.n_sc, H)](
+            y, state.kj, vt, state.what, gc, dot_, lset, delta, dkj, dv, dom, dc,
+            tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
+            qk_scale, gate_scale, scale, gate_nat,
+            BLOCK_N=params.bwd_block_n, TP=tp, USE_GATE=use_gate, INTERP=interp,
+            num_warps=params.bwd_num_warps, num_stages=params.bwd_num_stages, **common,
+        )
+        dwhat = torch.zeros_like(state.what)
+        bwd_superchunk_chain_kernel[(tb.n_seq, H)](
+            state.what, dom, dwhat, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
+            H=H, BD=BD, S=S, TP=tp, num_warps=4 if BD <= 64 else 8,
+        )
+        del dom
+    dkt = torch.zeros(N, H, D, **f32)
+    dw_acc = torch.zeros(N, H, D, **f32)
+    du = torch.zeros(N, H, D, **f32)
+    if multi:
+        rows = min(BD, 32)
+        scratch = torch.empty(tb.n_sc * H * (BD // rows) * (S // C) * rows * BD, **f32)
+        bwd_transport_kernel[(tb.n_sc, H, BD // rows)](
+            state.kt, wt, state.u, dkj, dwhat, dkt, dw_acc, du, scratch,
+            tb.sc_tok0, tb.sc_seq, tb.seq_end,
+            H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp, num_warps=4,
+        )
+        del scratch, dwhat
+    del dkj
+
+    dq = torch.empty(N, HQ, D, device=dev, dtype=q.dtype)
+    dk_acc = torch.zeros(N, H, D, **f32)
+    dm = torch.zeros(N, H, C, **f32)
+    bwd_intra_kernel[(tb.n_sc, H)](
+        qt, kt_in, vt, wt, state.u, state.m, state.kt, gc, dot_, lset, delta, dy,
+        dq, dk_acc, dv, dw_acc, du, dm, dkt, dc,
+        tb.sc_tok0, tb.sc_seq, tb.seq_end,
+        qk_scale, gate_scale, scale, gate_nat,
+        TP=tp, USE_GATE=use_gate, INTERP=interp, num_warps=params.bwd_num_warps, **common,
+    )
+    del y, dy
+
+    dw = torch.empty(N, H, D, device=dev, dtype=w.dtype)
+    dk = torch.empty(N, H, D, device=dev, dtype=k.dtype)
+    dbeta = torch.empty(N, H, device=dev, dtype=beta.dtype)
+    scratch = torch.empty(tb.n_chunks * H * C * C, **f32)
+    ut_bwd_kernel[(tb.n_chunks, H)](
+        wt, bt, kt_in, du, dkt, dm, dw_acc, dk_acc, dw, dk, dbeta, scratch,
+        tb.chunk_tok0, tb.chunk_seq, tb.seq_end,
+        H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, num_warps=4 if C <= 64 else 8,
+    )
+    dg = _gate_grad(dc, tb, (B, T, HQ)).to(g.dtype) if use_gate else None
+    return (dq.view(B, T, HQ, D), dk.view(B, T, H, D), dv.to(v.dtype).view(B, T, H, DV),
+            dw.view(B, T, H, D), dbeta.view(B, T, H), dg)

@@ -1,0 +1,168 @@
+"""Backward between super-chunks (FlashAttention-2 style, two kernels).
+
+For a query chunk c in super-chunk I and keys of an earlier super-chunk J the logits are
+    S = Y_c Om_{I,J} KJ^T,   Om_{I,J} = What_{I-1} ... What_{J+1}   (identity for J = I-1)
+with Y_c the queries carried to the start of I and KJ the keys carried to the end of J.
+Given lse and delta, p and dS of every tile are independent, so:
+
+* ``bwd_inter_dq_kernel`` (per query chunk, query head) walks J right to left with a running
+  D x D Om and returns dY_c = scale * sum_J (dS_J KJ_J) Om^T.
+* ``bwd_inter_dkv_kernel`` (per key super-chunk J, kv head) walks its key tiles and, for each,
+  the later super-chunks I left to right with Om_{I+1,J} = What_I Om_{I,J}; it returns dKJ, the
+  inter-super-chunk part of dV and dOm_{I,J} = scale * Y^T dS KJ (one D x D per super-chunk
+  pair, owned by this program, so no atomics).
+Both add the FoX gate's contribution to dc (gradient of the gate cumsum).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._ops import mm
+
+
+@triton.jit
+def bwd_inter_dq_kernel(
+    y_ptr, kj_ptr, v_ptr, what_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
+    dy_ptr, dc_ptr,
+    chunk_tok0, chunk_seq, seq_start, seq_end, seq_sc_base,
+    n_chunks, qk_scale, gate_scale, scale, gate_nat,
+    HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
+    DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+):
+    n = n_chunks - 1 - tl.program_id(0)
+    hq = tl.program_id(1)
+    h = hq // (HQ // H)
+    tok0 = tl.load(chunk_tok0 + n)
+    sid = tl.load(chunk_seq + n)
+    s0 = tl.load(seq_start + sid)
+    send = tl.load(seq_end + sid)
+    sc_base = tl.load(seq_sc_base + sid)
+    sc_idx = ((tok0 - s0) // C) // (S // C)
+    if sc_idx > 0:
+        r = tl.arange(0, C)
+        d = tl.arange(0, BD)
+        dv = tl.arange(0, BDV)
+        rn = tl.arange(0, BLOCK_N)
+        dmask = (d < D)[None, :]
+        dvmask = (dv < DV)[None, :]
+        rows = (tok0 + r).to(tl.int64)
+        rmask = rows < send
+        qoff = (rows[:, None] * HQ + hq) * D + d[None, :]
+        Y = tl.load(y_ptr + qoff, mask=rmask[:, None] & dmask, other=0.0)
+        dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :], mask=rmask[:, None] & dvmask, other=0.0)
+        lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
+        delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+        if USE_GATE:
+            c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+        Om = tl.where(d[:, None] == d[None, :], 1.0, 0.0)
+        dY = tl.zeros((C, BD), dtype=tl.float32)
+        dcq = tl.zeros((C,), dtype=tl.float32)
+        for step in range(0, sc_idx):
+            jj = sc_idx - 1 - step
+            Zd = tl.dot(Y, Om, input_precision=TP).to(DT)
+            dZ = tl.zeros((C, BD), dtype=tl.float32)
+            for t0 in range(0, S, BLOCK_N):
+                krows = (s0 + jj * S + t0 + rn).to(tl.int64)
+                KJ = tl.load(kj_ptr + (krows[:, None] * H + h) * D + d[None, :], mask=dmask, other=0.0).to(DT)
+                Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
+                s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
+                if USE_GATE:
+                    c_k = tl.load(gc_ptr + krows * HQ + hq)
+                    s += (c_q[:, None] - c_k[None, :]) * gate_scale
+                p = tl.exp2(s - lse2[:, None])
+                dp = mm(dO, tl.trans(Vt), INTERP)
+                ds = p * (dp - delta[:, None])
+                dZ += mm(ds.to(DT), KJ, INTERP)
+                if USE_GATE:
+                    dcq += tl.sum(ds, axis=1)
+            dY += tl.dot(dZ, tl.trans(Om), input_precision=TP)
+            Wh = tl.load(what_ptr + (((sc_base + jj) * H + h) * BD + d[:, None]) * BD + d[None, :])
+            Om = tl.dot(Om, Wh, input_precision=TP)
+        tl.store(dy_ptr + qoff, dY * scale, mask=rmask[:, None] & dmask)
+        if USE_GATE:
+            cptr = dc_ptr + rows * HQ + hq
+            tl.store(cptr, tl.load(cptr, mask=rmask, other=0.0) + dcq * gate_nat, mask=rmask)
+
+
+@triton.jit
+def bwd_inter_dkv_kernel(
+    y_ptr, kj_ptr, v_ptr, what_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
+    dkj_ptr, dv_ptr, dom_ptr, dc_ptr,
+    sc_tok0, sc_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
+    qk_scale, gate_scale, scale, gate_nat,
+    HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
+    DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+):
+    j = tl.program_id(0)
+    h = tl.program_id(1)
+    tokj = tl.load(sc_tok0 + j)
+    sid = tl.load(sc_seq + j)
+    s0 = tl.load(seq_start + sid)
+    send = tl.load(seq_end + sid)
+    if tokj + S < send:
+        sc_base = tl.load(seq_sc_base + sid)
+        pair_base = tl.load(seq_pair_base + sid)
+        n_sc_seq = (send - s0 + S - 1) // S
+        jl = j - sc_base
+        r = tl.arange(0, C)
+        d = tl.arange(0, BD)
+        dv = tl.arange(0, BDV)
+        rn = tl.arange(0, BLOCK_N)
+        dmask = (d < D)[None, :]
+        dvmask = (dv < DV)[None, :]
+        dpair = d[:, None] * BD + d[None, :]
+        for g_i in range(0, HQ // H):
+            hq = h * (HQ // H) + g_i
+            for t0 in range(0, S, BLOCK_N):
+                krows = (tokj + t0 + rn).to(tl.int64)
+                koff = (krows[:, None] * H + h) * D + d[None, :]
+                voff = (krows[:, None] * H + h) * DV + dv[None, :]
+                KJ = tl.load(kj_ptr + koff, mask=dmask, other=0.0)
+                Vt = tl.load(v_ptr + voff, mask=dvmask, other=0.0)
+                if USE_GATE:
+                    c_k = tl.load(gc_ptr + krows * HQ + hq)
+                dKJ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
+                dV = tl.zeros((BLOCK_N, BDV), dtype=tl.float32)
+                dck = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                Om = tl.where(d[:, None] == d[None, :], 1.0, 0.0)
+                for il in range(jl + 1, n_sc_seq):
+                    KZ = tl.dot(KJ.to(tl.float32), tl.trans(Om), input_precision=TP).to(DT)
+                    dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
+                    for cc in range(0, S // C):
+                        rows = (s0 + il * S + cc * C + r).to(tl.int64)
+                        rmask = rows < send
+                        Yd = tl.load(y_ptr + (rows[:, None] * HQ + hq) * D + d[None, :],
+                                     mask=rmask[:, None] & dmask, other=0.0).to(DT)
+                        dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :],
+                                     mask=rmask[:, None] & dvmask, other=0.0)
+                        lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
+                        delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+                        s = mm(Yd, tl.trans(KZ), INTERP) * qk_scale
+                        if USE_GATE:
+                            c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+                            s += (c_q[:, None] - c_k[None, :]) * gate_scale
+                        p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
+                        dp = mm(dO, tl.trans(Vt), INTERP)
+                        ds = p * (dp - delta[:, None])
+                        dV += mm(tl.trans(p).to(Vt.dtype), dO, INTERP)
+                        dKZ += mm(tl.trans(ds).to(DT), Yd, INTERP)
+                        if USE_GATE:
+                            dck -= tl.sum(ds, axis=0)
+                    dKJ += tl.dot(dKZ, Om, input_precision=TP)
+                    pptr = dom_ptr + ((pair_base + il * n_sc_seq + jl) * H + h) * BD * BD + dpair
+                    dom = tl.dot(tl.trans(dKZ), KJ.to(tl.float32), input_precision=TP) * scale
+                    tl.debug_barrier()
+                    tl.store(pptr, tl.load(pptr) + dom)
+                    tl.debug_barrier()
+                    Wh = tl.load(what_ptr + (((sc_base + il) * H + h) * BD + d[:, None]) * BD + d[None, :])
+                    Om = tl.dot(Wh, Om, input_precision=TP)
+                tl.debug_barrier()
+                tl.store(dkj_ptr + koff, tl.load(dkj_ptr + koff, mask=dmask, other=0.0) + dKJ * scale, mask=dmask)
+                tl.store(dv_ptr + voff, tl.load(dv_ptr + voff, mask=dvmask, other=0.0) + dV, mask=dvmask)
+                if USE_GATE:
+                    cptr = dc_ptr + krows * HQ + hq
+                    tl.store(cptr, tl.load(cptr) + dck * gate_nat)
+                tl.debug_barrier()

@@ -1,0 +1,62 @@
+"""Backward preprocessing: one program per (query UT chunk, query head).
+
+Recomputes Y_c, the chunk's queries carried to the START of their super-chunk
+(Y = Q~_c P_{c-1} ... P_first, exactly the scan state when the forward leaves the
+super-chunk), and delta = rowsum(dO * O), the FlashAttention softmax-gradient term.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._ops import mm
+
+
+@triton.jit
+def bwd_prep_kernel(
+    q_ptr, w_ptr, u_ptr, o_ptr, do_ptr,
+    y_ptr, delta_ptr,
+    chunk_tok0, chunk_seq, seq_start, seq_end,
+    HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
+    DT: tl.constexpr, INTERP: tl.constexpr,
+):
+    n = tl.program_id(0)
+    hq = tl.program_id(1)
+    h = hq // (HQ // H)
+    tok0 = tl.load(chunk_tok0 + n)
+    sid = tl.load(chunk_seq + n)
+    s0 = tl.load(seq_start + sid)
+    send = tl.load(seq_end + sid)
+    c_idx = (tok0 - s0) // C
+    first = (c_idx // (S // C)) * (S // C)
+
+    r = tl.arange(0, C)
+    d = tl.arange(0, BD)
+    dv = tl.arange(0, BDV)
+    dmask = (d < D)[None, :]
+    rows = (tok0 + r).to(tl.int64)
+    rmask = rows < send
+
+    ov = (rows[:, None] * HQ + hq) * DV + dv[None, :]
+    ovmask = rmask[:, None] & (dv < DV)[None, :]
+    o = tl.load(o_ptr + ov, mask=ovmask, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + ov, mask=ovmask, other=0.0).to(tl.float32)
+    tl.store(delta_ptr + rows * HQ + hq, tl.sum(o * do, axis=1), mask=rmask)
+
+    koff = (rows[:, None] * H + h) * D + d[None, :]
+    Q = tl.load(q_ptr + (rows[:, None] * HQ + hq) * D + d[None, :], mask=rmask[:, None] & dmask, other=0.0).to(DT)
+    W = tl.load(w_ptr + koff, mask=rmask[:, None] & dmask, other=0.0).to(DT)
+    U = tl.load(u_ptr + koff, mask=rmask[:, None] & dmask, other=0.0).to(DT)
+    causal = r[:, None] >= r[None, :]
+    QW = tl.where(causal, mm(Q, tl.trans(W), INTERP), 0.0)
+    X = Q.to(tl.float32) - mm(QW.to(DT), U, INTERP)
+    for step in range(0, c_idx - first):
+        cc = c_idx - 1 - step
+        krows = (s0 + cc * C + r).to(tl.int64)
+        kof = (krows[:, None] * H + h) * D + d[None, :]
+        Wm = tl.load(w_ptr + kof, mask=dmask, other=0.0).to(DT)
+        Um = tl.load(u_ptr + kof, mask=dmask, other=0.0).to(DT)
+        XW = mm(X.to(DT), tl.trans(Wm), INTERP)
+        X = X - mm(XW.to(DT), Um, INTERP)
+    tl.store(y_ptr + (rows[:, None] * HQ + hq) * D + d[None, :], X, mask=rmask[:, None] & dmask)
