@@ -146,7 +146,8 @@ def path_attention(
                                           chunk_size=_REFERENCE_CHUNK, superchunk_size=_REFERENCE_SUPERCHUNK,
                                           gate_placement=placement)
     else:
-        o, lse = triton_fn(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, config=None)
+        o, lse = triton_fn(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, config=None,
+                           gate_placement=placement)
     if not return_lse:
         return o
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32

@@ -127,7 +127,7 @@ def path_attention_bwd(
     ut_bwd_kernel[(tb.n_chunks, H)](
         wt, bt, kt_in, du, dkt, dm, dw_acc, dk_acc, dw, dk, dbeta, scratch,
         tb.chunk_tok0, tb.chunk_seq, tb.seq_end,
-        H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, num_warps=4 if C <= 64 else 8,
+        H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, num_warps=8,
     )
     dg = _gate_grad(dc, tb, (B, T, HQ)).to(g.dtype) if use_gate else None
     return (dq.view(B, T, HQ, D), dk.view(B, T, H, D), dv.to(v.dtype).view(B, T, H, DV),

@@ -40,27 +40,26 @@ def _tokens(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
 
 
-def path_attention_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
-    g: torch.Tensor | None, *, scale: float, cu_seqlens: torch.Tensor | None,
-    params: TritonParams, gate_placement: str = "inside_scale",
-) -> tuple[torch.Tensor, torch.Tensor, ForwardState]:
-    """PaTH(-FoX) forward.  q [B,T,HQ,D], k/w [B,T,H,D], v [B,T,H,DV], beta [B,T,H], g [B,T,HQ].
+def prepare_state(
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None,
+    *, cu_seqlens: torch.Tensor | None, params: TritonParams,
+) -> ForwardState:
+    """Stages ut_inverse and super-chunk transport (O(T) work and memory).
 
-    Returns o [B,T,HQ,DV] (q's dtype), lse [B,T,HQ] float32 (natural log) and the saved state.
+    The backward recomputes this instead of keeping it alive between forward and backward,
+    so only o and lse are saved for autograd.
     """
     B, T, HQ, D = q.shape
-    H, DV = v.shape[2], v.shape[3]
+    H = k.shape[2]
     C, S = params.chunk_size, params.superchunk_size
-    BD, BDV = _pow2(D), _pow2(DV)
+    BD = _pow2(D)
     dev = q.device
     dt = params.scan_dtype
     store_dtype = {tl.float16: torch.float16, tl.bfloat16: torch.bfloat16, tl.float32: torch.float32}[dt]
 
     tables = build_tables(B, T, cu_seqlens, C, S, dev)
-    qt, kt_in, vt, wt = _tokens(q), _tokens(k), _tokens(v), _tokens(w)
-    bt = _tokens(beta)
-    N = qt.shape[0]
+    kt_in, wt, bt = _tokens(k), _tokens(w), _tokens(beta)
+    N = kt_in.shape[0]
 
     u = torch.empty(N, H, D, device=dev, dtype=torch.float32)
     ktil = torch.empty(N, H, D, device=dev, dtype=torch.float32)
@@ -70,7 +69,7 @@ def path_attention_fwd(
         wt, bt, kt_in, u, ktil, m, scratch,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max,
-        num_warps=4 if C <= 64 else 8,
+        num_warps=8,
     )
     del scratch
 
@@ -84,10 +83,30 @@ def path_attention_fwd(
             H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=dt, TP=params.transition_precision,
             num_warps=4,
         )
+    gc = None if g is None else _tokens(gate_cumsum(g, cu_seqlens))
+    return ForwardState(tables=tables, u=u, kt=ktil, m=m, kj=kj, what=what, gc=gc)
 
-    gc = None
-    if g is not None:
-        gc = _tokens(gate_cumsum(g, cu_seqlens))
+
+def path_attention_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+    g: torch.Tensor | None, *, scale: float, cu_seqlens: torch.Tensor | None,
+    params: TritonParams, gate_placement: str = "inside_scale", state: ForwardState | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, ForwardState]:
+    """PaTH(-FoX) forward.  q [B,T,HQ,D], k/w [B,T,H,D], v [B,T,H,DV], beta [B,T,H], g [B,T,HQ].
+
+    Returns o [B,T,HQ,DV] (q's dtype), lse [B,T,HQ] float32 (natural log) and the state.
+    """
+    B, T, HQ, D = q.shape
+    H, DV = v.shape[2], v.shape[3]
+    C, S = params.chunk_size, params.superchunk_size
+    BD, BDV = _pow2(D), _pow2(DV)
+    dev = q.device
+    dt = params.scan_dtype
+    if state is None:
+        state = prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params)
+    tables, u, ktil, m, kj, what, gc = state.tables, state.u, state.kt, state.m, state.kj, state.what, state.gc
+    qt, kt_in, vt, wt = _tokens(q), _tokens(k), _tokens(v), _tokens(w)
+    N = qt.shape[0]
     o = torch.empty(N, HQ, DV, device=dev, dtype=q.dtype)
     lse = torch.empty(N, HQ, device=dev, dtype=torch.float32)
     gate_scale = (scale if gate_placement == "inside_scale" else 1.0) * _LOG2E
@@ -100,5 +119,4 @@ def path_attention_fwd(
         DT=dt, TP=params.transition_precision, USE_GATE=g is not None, INTERP=interpreting(),
         num_warps=params.num_warps, num_stages=params.num_stages,
     )
-    state = ForwardState(tables=tables, u=u, kt=ktil, m=m, kj=kj, what=what, gc=gc)
     return o.view(B, T, HQ, DV), lse.view(B, T, HQ), state

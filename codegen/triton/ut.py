@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 SUB = 16  # diagonal block size of the blocked inverse
+UTP = tl.constexpr("tf32x3")  # ~fp32-accurate products on tensor cores (3 tf32 passes)
 
 
 @triton.jit
@@ -49,8 +50,8 @@ def _blocked_inverse(N, base, C: tl.constexpr):
             for bk in tl.static_range(bj, bi):
                 n_ik = tl.load(base + (bi * 16) * C + bk * 16 + blk)
                 t_kj = tl.load(base + (bk * 16) * C + bj * 16 + blk)
-                acc += tl.dot(n_ik, t_kj, input_precision="ieee")
-            t_ij = -tl.dot(inv_ii, acc, input_precision="ieee")
+                acc += tl.dot(n_ik, t_kj, input_precision=UTP)
+            t_ij = -tl.dot(inv_ii, acc, input_precision=UTP)
             tl.debug_barrier()
             tl.store(base + (bi * 16) * C + bj * 16 + blk, t_ij)
             tl.debug_barrier()
@@ -82,18 +83,18 @@ def ut_chunk_kernel(
     beta = tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32)
     beta = tl.minimum(beta, BETA_MAX)
     strict = r[:, None] > r[None, :]
-    N = tl.where(strict, beta[:, None] * tl.dot(W, tl.trans(W), input_precision="ieee"), 0.0)
+    N = tl.where(strict, beta[:, None] * tl.dot(W, tl.trans(W), input_precision=UTP), 0.0)
 
     Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C)
     A = Tinv * beta[None, :]
 
     K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
-    U = tl.dot(A, W, input_precision="ieee")
+    U = tl.dot(A, W, input_precision=UTP)
     tl.store(u_ptr + off, U, mask=mask2)
-    WK = tl.where(strict, tl.dot(W, tl.trans(K), input_precision="ieee"), 0.0)
-    M = tl.dot(A, WK, input_precision="ieee")
+    WK = tl.where(strict, tl.dot(W, tl.trans(K), input_precision=UTP), 0.0)
+    M = tl.dot(A, WK, input_precision=UTP)
     tl.store(m_ptr + (rows[:, None] * H + h) * C + r[None, :], M, mask=rmask[:, None])
-    Kt = K - tl.dot(tl.trans(M), W, input_precision="ieee")
+    Kt = K - tl.dot(tl.trans(M), W, input_precision=UTP)
     tl.store(kt_ptr + off, Kt, mask=mask2)
 
 
@@ -124,12 +125,12 @@ def ut_bwd_kernel(
     beta_raw = tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32)
     beta = tl.minimum(beta_raw, BETA_MAX)
     strict = r[:, None] > r[None, :]
-    Gm = tl.dot(W, tl.trans(W), input_precision="ieee")
+    Gm = tl.dot(W, tl.trans(W), input_precision=UTP)
     N = tl.where(strict, beta[:, None] * Gm, 0.0)
     Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C)
     A = Tinv * beta[None, :]
-    L = tl.where(strict, tl.dot(W, tl.trans(K), input_precision="ieee"), 0.0)
-    M = tl.dot(A, L, input_precision="ieee")
+    L = tl.where(strict, tl.dot(W, tl.trans(K), input_precision=UTP), 0.0)
+    M = tl.dot(A, L, input_precision=UTP)
 
     dU = tl.load(du_ptr + off, mask=mask2, other=0.0)
     dKt = tl.load(dkt_ptr + off, mask=mask2, other=0.0)
@@ -138,24 +139,24 @@ def ut_bwd_kernel(
     dK = tl.load(dk_acc_ptr + off, mask=mask2, other=0.0)
     # K~ = K - M^T W
     dK += dKt
-    dM -= tl.dot(W, tl.trans(dKt), input_precision="ieee")
-    dW -= tl.dot(M, dKt, input_precision="ieee")
+    dM -= tl.dot(W, tl.trans(dKt), input_precision=UTP)
+    dW -= tl.dot(M, dKt, input_precision=UTP)
     # M = A strictLower(W K^T)
-    dA = tl.dot(dM, tl.trans(L), input_precision="ieee")
-    dL = tl.where(strict, tl.dot(tl.trans(A), dM, input_precision="ieee"), 0.0)
-    dW += tl.dot(dL, K, input_precision="ieee")
-    dK += tl.dot(tl.trans(dL), W, input_precision="ieee")
+    dA = tl.dot(dM, tl.trans(L), input_precision=UTP)
+    dL = tl.where(strict, tl.dot(tl.trans(A), dM, input_precision=UTP), 0.0)
+    dW += tl.dot(dL, K, input_precision=UTP)
+    dK += tl.dot(tl.trans(dL), W, input_precision=UTP)
     # U = A W
-    dA += tl.dot(dU, tl.trans(W), input_precision="ieee")
-    dW += tl.dot(tl.trans(A), dU, input_precision="ieee")
+    dA += tl.dot(dU, tl.trans(W), input_precision=UTP)
+    dW += tl.dot(tl.trans(A), dU, input_precision=UTP)
     # A = T^{-1} diag(beta),  T = I + strictLower(diag(beta) W W^T)
     dbeta = tl.sum(Tinv * dA, axis=0)
     dTinv = dA * beta[None, :]
-    dT = -tl.dot(tl.dot(tl.trans(Tinv), dTinv, input_precision="ieee"), tl.trans(Tinv), input_precision="ieee")
+    dT = -tl.dot(tl.dot(tl.trans(Tinv), dTinv, input_precision=UTP), tl.trans(Tinv), input_precision=UTP)
     dN = tl.where(strict, dT, 0.0)
     dbeta += tl.sum(dN * Gm, axis=1)
     dG = beta[:, None] * dN
-    dW += tl.dot(dG + tl.trans(dG), W, input_precision="ieee")
+    dW += tl.dot(dG + tl.trans(dG), W, input_precision=UTP)
     dbeta = tl.where(beta_raw < BETA_MAX, dbeta, 0.0)
 
     tl.store(dw_ptr + off, dW.to(dw_ptr.dtype.element_ty), mask=mask2)

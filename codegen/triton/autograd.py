@@ -1,0 +1,92 @@
+"""Autograd and torch.compile integration of the Triton PaTH kernels.
+
+Two ``torch.library`` custom ops (``pathtune::path_attn_fwd`` / ``pathtune::path_attn_bwd``)
+with fake implementations, so ``torch.compile(fullgraph=True)`` traces through them.  Only
+o and lse are saved for backward; the O(T) UT/transport state is recomputed there (cheap next
+to the scan), which keeps activation memory at what FlashAttention keeps.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .backward import path_attention_bwd
+from .forward import path_attention_fwd, prepare_state
+from .params import TritonParams
+
+
+def _params(params_json: str) -> TritonParams:
+    import json
+
+    return TritonParams(**json.loads(params_json))
+
+
+@torch.library.custom_op("pathtune::path_attn_fwd", mutates_args=())
+def _path_attn_fwd(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, g: Optional[Tensor],
+                   cu_seqlens: Optional[Tensor], scale: float, params_json: str,
+                   gate_placement: str) -> tuple[Tensor, Tensor]:
+    o, lse, _ = path_attention_fwd(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
+                                   params=_params(params_json), gate_placement=gate_placement)
+    return o, lse
+
+
+@_path_attn_fwd.register_fake
+def _(q, k, v, w, beta, g, cu_seqlens, scale, params_json, gate_placement):
+    B, T, HQ, _ = q.shape
+    return q.new_empty(B, T, HQ, v.shape[-1]), q.new_empty(B, T, HQ, dtype=torch.float32)
+
+
+@torch.library.custom_op("pathtune::path_attn_bwd", mutates_args=())
+def _path_attn_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor,
+                   g: Optional[Tensor], o: Tensor, lse: Tensor, cu_seqlens: Optional[Tensor], scale: float,
+                   params_json: str, gate_placement: str) -> list[Tensor]:
+    params = _params(params_json)
+    state = prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params)
+    grads = path_attention_bwd(do.contiguous(), q, k, v, w, beta, g, o, lse, state, scale=scale,
+                               params=params, gate_placement=gate_placement)
+    dg = grads[5] if grads[5] is not None else beta.new_empty(0)
+    return [*grads[:5], dg]
+
+
+@_path_attn_bwd.register_fake
+def _(do, q, k, v, w, beta, g, o, lse, cu_seqlens, scale, params_json, gate_placement):
+    dg = torch.empty_like(g) if g is not None else beta.new_empty(0)
+    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w),
+            torch.empty_like(beta), dg]
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, w, beta, g, cu_seqlens, scale, params_json, gate_placement = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, w, beta, g, o, lse, cu_seqlens)
+    ctx.scale, ctx.params_json, ctx.gate_placement = scale, params_json, gate_placement
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, w, beta, g, o, lse, cu_seqlens = ctx.saved_tensors
+    dq, dk, dv, dw, dbeta, dg = _path_attn_bwd(do, q, k, v, w, beta, g, o, lse, cu_seqlens, ctx.scale,
+                                               ctx.params_json, ctx.gate_placement)
+    return dq, dk, dv, dw, dbeta, (dg if g is not None else None), None, None, None, None
+
+
+_path_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def path_attention_triton(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, g: Optional[Tensor] = None,
+                          *, scale: Optional[float] = None, cu_seqlens: Optional[Tensor] = None, config=None,
+                          gate_placement: str = "inside_scale") -> tuple[Tensor, Tensor]:
+    """PaTH(-FoX) attention on the Triton kernels, differentiable.
+
+    q [B,T,HQ,D], k/w [B,T,H,D], v [B,T,H,DV], beta [B,T,H], g [B,T,HQ] (w, beta, g float32),
+    cu_seqlens [N+1] (packed varlen, B == 1).  ``config`` is a spec Config / mapping of knob
+    values / TritonParams (None: spec defaults).  Returns (o [B,T,HQ,DV], lse [B,T,HQ] float32).
+    Inputs are assumed validated (``pathtune.path_attention`` does that).
+    """
+    params = TritonParams.from_config(config)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
+    return _path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, float(scale), params.to_json(), gate_placement)

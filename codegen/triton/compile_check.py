@@ -1,0 +1,141 @@
+"""Compile PaTH Triton kernels for a GPU target without a GPU and report their resources.
+
+    python -m pathtune.codegen.triton.compile_check [--arch 90] [--head-dim 64] ...
+
+Triton lowers to PTX on any machine; its bundled ptxas then reports registers, spills and
+shared memory for the target.  Used by the CPU tests (every kernel must compile for sm_90 at
+the spec's default configuration) and by developers before spending GPU time.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from .params import TritonParams
+
+
+@dataclass
+class KernelResources:
+    name: str
+    shared_bytes: int
+    registers: int | None
+    spill_bytes: int | None
+
+    def __str__(self):
+        return (f"{self.name:32s} shared {self.shared_bytes:7d} B  regs {self.registers}  "
+                f"spills {self.spill_bytes} B")
+
+
+def _ptxas_info(ptx: str, arch: int) -> tuple[int | None, int | None]:
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        return None, None
+    suffix = "a" if arch >= 90 else ""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as fh:
+            fh.write(ptx)
+        out = subprocess.run([ptxas, "-v", f"-arch=sm_{arch}{suffix}", src, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True, check=True)
+    regs = re.search(r"Used (\d+) registers", out.stderr)
+    spills = re.findall(r"(\d+) bytes spill stores", out.stderr)
+    return (int(regs.group(1)) if regs else None), (sum(map(int, spills)) if spills else 0)
+
+
+def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int = 2,
+                   arch: int = 90) -> KernelResources:
+    """Compile one @triton.jit kernel for sm_<arch>; raises on compile errors."""
+    names = fn.arg_names
+    sig = {n: signature.get(n, "constexpr") for n in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": num_warps, "num_stages": num_stages})
+    regs, spills = _ptxas_info(k.asm["ptx"], arch)
+    return KernelResources(fn.fn.__name__, k.metadata.shared, regs, spills)
+
+
+_PTR_F32 = "*fp32"
+
+
+def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
+                    heads: int = 16, group: int = 1):
+    """(fn, signature, constexprs, num_warps, num_stages) of every forward and backward launch."""
+    from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_kernel
+    from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
+    from .bwd_intra import bwd_intra_kernel
+    from .bwd_prep import bwd_prep_kernel
+    from .forward import _pow2
+    from .scan_fwd import scan_fwd_kernel
+    from .transport import superchunk_transport_kernel
+    from .ut import ut_bwd_kernel, ut_chunk_kernel
+
+    io = f"*{dtype}"
+    scan = {tl.float16: "*fp16", tl.bfloat16: "*bf16", tl.float32: "*fp32"}[params.scan_dtype]
+    H, HQ = heads, heads * group
+    C, S = params.chunk_size, params.superchunk_size
+    BD, BDV = _pow2(D), _pow2(DV)
+    i64 = "*i64"
+    common = dict(HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S, DT=params.scan_dtype)
+    tp = params.transition_precision
+    utw = 8
+    sig = {}
+    for name in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr", "dq_ptr"):
+        sig[name] = io
+    for name in ("w_ptr", "u_ptr", "m_ptr", "kt_ptr", "what_ptr", "gc_ptr", "lse_ptr", "beta_ptr", "y_ptr",
+                 "delta_ptr", "dy_ptr", "dc_ptr", "dkj_ptr", "dv_ptr", "dom_ptr", "dwhat_ptr", "dkt_ptr",
+                 "dw_ptr", "du_ptr", "dm_ptr", "dk_ptr", "scratch_ptr", "dw_acc_ptr", "dk_acc_ptr",
+                 "dbeta_ptr"):
+        sig[name] = _PTR_F32
+    sig["kj_ptr"] = scan
+    for name in ("chunk_tok0", "chunk_seq", "seq_start", "seq_end", "seq_sc_base", "sc_tok0", "sc_seq",
+                 "seq_pair_base"):
+        sig[name] = i64
+    for name in ("qk_scale", "gate_scale", "scale", "gate_nat"):
+        sig[name] = "fp32"
+    sig["n_chunks"] = "i32"
+    ut_sig = dict(sig, k_ptr=io, dk_ptr=io)
+    flags = dict(USE_GATE=gate, INTERP=False, TP=tp)
+    rows = min(BD, 32)
+    return [
+        (ut_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max), utw, 1),
+        (superchunk_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype, TP=tp), 4, 1),
+        (scan_fwd_kernel, dict(sig, o_ptr=io), dict(common, BLOCK_N=params.block_n, **flags), params.num_warps, params.num_stages),
+        (bwd_prep_kernel, sig, dict(common, INTERP=False), params.bwd_num_warps, 1),
+        (bwd_inter_dq_kernel, sig, dict(common, BLOCK_N=params.block_n, **flags), params.bwd_num_warps, params.bwd_num_stages),
+        (bwd_inter_dkv_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **flags), params.bwd_num_warps, params.bwd_num_stages),
+        (bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=tp), 4 if BD <= 64 else 8, 1),
+        (bwd_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp), 4, 1),
+        (bwd_intra_kernel, sig, dict(common, **flags), params.bwd_num_warps, 1),
+        (ut_bwd_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max), utw, 1),
+    ]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--only", default=None, help="substring of kernel names to compile")
+    ap.add_argument("--config", default=None, help="TritonParams JSON overrides")
+    args = ap.parse_args(argv)
+    import json
+    params = TritonParams(**json.loads(args.config)) if args.config else TritonParams()
+    for fn, sig, const, nw, ns in forward_kernels(params, args.head_dim, args.head_dim):
+        if args.only and args.only not in fn.fn.__name__:
+            continue
+        try:
+            print(compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=args.arch), flush=True)
+        except Exception as exc:  # report and continue: a failing config is a status
+            print(f"{fn.fn.__name__:32s} FAILED: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
