@@ -1,0 +1,172 @@
+"""GPU session script (run 2): fwd+bwd correctness vs float64, per-kernel profile, timings and
+peak memory against SDPA and fla measured in the same run.  Writes JSON to $OUT.
+
+    python benchmarks/dev_gpu_run2.py [--quick]
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+import triton
+
+from pathtune.codegen.triton import TritonParams, path_attention_triton
+from pathtune.runtime.reference import naive_path_attention
+from pathtune.tuning.baselines import fla_path_callable, sdpa_callable
+
+OUT = os.environ.get("OUT", "/tmp")
+dev = "cuda"
+RES = []
+
+
+def emit(r):
+    print(json.dumps(r), flush=True)
+    RES.append(r)
+
+
+def inputs(B, T, HQ, H, D, DV, gate, dtype=torch.bfloat16, seed=0, beta_lo=1.5, beta_hi=2.0):
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    q = torch.randn(B, T, HQ, D, device=dev, generator=gen).to(dtype)
+    k = torch.randn(B, T, H, D, device=dev, generator=gen).to(dtype)
+    v = torch.randn(B, T, H, DV, device=dev, generator=gen).to(dtype)
+    w = torch.nn.functional.normalize(torch.randn(B, T, H, D, device=dev, generator=gen), dim=-1)
+    beta = torch.rand(B, T, H, device=dev, generator=gen) * (beta_hi - beta_lo) + beta_lo
+    g = torch.log(torch.rand(B, T, HQ, device=dev, generator=gen) * 0.05 + 0.95) if gate else None
+    return q, k, v, w, beta, g
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def check():
+    cases = [
+        (1, 1000, 2, 2, 64, 64, True, None, dict(superchunk_size=256)),
+        (2, 777, 4, 2, 128, 128, True, None, dict(superchunk_size=256)),
+        (1, 2048, 2, 1, 64, 64, False, None, dict(superchunk_size=512)),
+        (1, 2048, 2, 2, 64, 64, True, None, dict(superchunk_size=512, num_warps=8, bwd_num_warps=8)),
+        (1, 1500, 2, 2, 64, 64, True, [0, 100, 101, 900, 1500], dict(superchunk_size=256)),
+        (1, 1024, 2, 2, 32, 32, True, None, dict(superchunk_size=256)),
+        (1, 1024, 2, 2, 96, 64, True, None, dict(superchunk_size=256)),
+    ]
+    for B, T, HQ, H, D, DV, gate, cu, kw in cases:
+        try:
+            q, k, v, w, beta, g = inputs(B, T, HQ, H, D, DV, gate)
+            cu_t = torch.tensor(cu, device=dev) if cu else None
+            leaves = [x.double().requires_grad_() for x in (q, k, v, w, beta)] + ([g.double().requires_grad_()] if gate else [])
+            ref = naive_path_attention(*leaves[:5], leaves[5] if gate else None, cu_seqlens=cu_t)
+            do = torch.randn_like(ref).to(torch.bfloat16)
+            rg = torch.autograd.grad(ref, leaves, do.double())
+            xs = [x.detach().clone().requires_grad_() for x in (q, k, v, w, beta)] + ([g.detach().clone().requires_grad_()] if gate else [])
+            o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None, cu_seqlens=cu_t, config=kw)
+            tg = torch.autograd.grad(o, xs, do)
+            names = ["dq", "dk", "dv", "dw", "dbeta", "dg"]
+            emit(dict(kind="check", shape=[B, T, HQ, H, D, DV], gate=gate, varlen=bool(cu), cfg=kw,
+                      o=rel(o, ref), o_floor=rel(ref.to(torch.bfloat16), ref),
+                      **{n: rel(a, b) for n, a, b in zip(names, tg, rg)},
+                      nan=bool(torch.isnan(o).any() or any(torch.isnan(t).any() for t in tg))))
+        except Exception as exc:
+            emit(dict(kind="check", shape=[B, T, HQ, H, D, DV], error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+            traceback.print_exc()
+
+
+def nan_long():
+    for clip in (None, 0.0078125):
+        try:
+            q, k, v, w, beta, g = inputs(1, 65536, 4, 4, 64, 64, True, beta_lo=2.0, beta_hi=2.0)
+            xs = [x.requires_grad_() for x in (q, k, v, w, beta, g)]
+            o, lse = path_attention_triton(*xs, config=dict(superchunk_size=2048, beta_clip_eps=clip))
+            o.float().square().mean().backward()
+            bad = [n for n, x in zip("qkvwbg", xs) if not torch.isfinite(x.grad).all()]
+            emit(dict(kind="nan_long", T=65536, beta=2.0, clip=clip, o_finite=bool(torch.isfinite(o).all()),
+                      nonfinite_grads=bad))
+        except Exception as exc:
+            emit(dict(kind="nan_long", clip=clip, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+
+
+def bench(quick):
+    configs = {
+        "default": dict(),
+        "w8": dict(num_warps=8, bwd_num_warps=8),
+    }
+    shapes = [(64, 16, 4096), (64, 16, 16384), (128, 8, 4096), (128, 8, 16384)]
+    for D, H, T in shapes:
+        B = 32768 // T
+        for gate in (False, True):
+            q, k, v, w, beta, g = inputs(B, T, H, H, D, D, gate)
+            row = dict(kind="bench", D=D, T=T, B=B, H=H, gate=gate)
+            if not gate:
+                for name in ("flash", "cudnn"):
+                    for bw in (False, True):
+                        fn = sdpa_callable(q, k, v, name, backward=bw)
+                        row[f"sdpa_{name}_{'fb' if bw else 'f'}"] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") if fn else None
+            for bw in (False, True):
+                fn = fla_path_callable(q, k, v, w, beta, g, backward=bw)
+                row[f"fla_{'fb' if bw else 'f'}"] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") if fn else None
+            for name, cfg in configs.items():
+                for bw in (False, True):
+                    xs = [x.detach().requires_grad_(bw) for x in (q, k, v, w, beta)]
+                    gg = g.detach().requires_grad_(bw) if g is not None else None
+                    do = torch.randn_like(q)
+
+                    def run():
+                        o, _ = path_attention_triton(*xs, gg, config=cfg)
+                        if bw:
+                            torch.autograd.grad(o, xs + ([gg] if gg is not None else []), do)
+                    try:
+                        run()
+                        torch.cuda.synchronize()
+                        row[f"{name}_{'fb' if bw else 'f'}"] = triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
+                        if bw and name == "default":
+                            torch.cuda.synchronize()
+                            torch.cuda.reset_peak_memory_stats()
+                            base = torch.cuda.memory_allocated()
+                            run()
+                            torch.cuda.synchronize()
+                            row["default_extra_peak_GiB"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+                    except Exception as exc:
+                        row[f"{name}_{'fb' if bw else 'f'}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(row)
+            if quick:
+                return
+
+
+def profile():
+    from torch.profiler import ProfilerActivity, profile as prof
+    for D, H in ((64, 16), (128, 8)):
+        T, B = 16384, 2
+        q, k, v, w, beta, g = inputs(B, T, H, H, D, D, True)
+        xs = [x.requires_grad_() for x in (q, k, v, w, beta, g)]
+        do = torch.randn_like(q)
+        for _ in range(2):
+            o, _ = path_attention_triton(*xs)
+            torch.autograd.grad(o, xs, do)
+        torch.cuda.synchronize()
+        with prof(activities=[ProfilerActivity.CUDA]) as p:
+            o, _ = path_attention_triton(*xs)
+            torch.autograd.grad(o, xs, do)
+            torch.cuda.synchronize()
+        rows = []
+        for e in p.key_averages():
+            if e.device_time_total > 0:
+                rows.append((e.key[:40], round(e.device_time_total / 1000, 3), e.count))
+        rows.sort(key=lambda r: -r[1])
+        emit(dict(kind="profile", D=D, T=T, B=B, H=H, kernels=rows[:14]))
+
+
+if __name__ == "__main__":
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    t0 = time.time()
+    steps = sys.argv[1:] or ["check", "profile", "bench", "nan"]
+    for step in steps:
+        try:
+            {"check": check, "profile": profile, "bench": lambda: bench(False), "quick": lambda: bench(True),
+             "nan": nan_long}[step]()
+        except Exception:
+            traceback.print_exc()
+        print(f"== {step} done at {time.time()-t0:.0f}s", flush=True)
+        json.dump(RES, open(os.path.join(OUT, "run2.json"), "w"), indent=1)
