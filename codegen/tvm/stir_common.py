@@ -1,0 +1,127 @@
+"""Small S-TIR helpers shared by the stage generators (masked tile loads, typed constants).
+
+Conventions of every S-TIR stage in this package:
+* a prim_func body is ``for <program ids> in T.grid(...): with T.sblock("program"): ...``; the program
+  ids become blockIdx.* on the GPU (schedule.py) and plain loops on the CPU;
+* every piece of work inside a program is a leaf sblock over spatial iterators only (its own loops are
+  its innermost loops); an outer (serial) loop var it needs is bound as ``T.axis.opaque`` and declared
+  first. A reduction is a loop INSIDE the leaf into a one-element "local" accumulator, then one store
+  (a register accumulator on the GPU; an S-TIR reduction block into shared memory would need
+  barriers inside the spare-thread guard). schedule.py relies on exactly this to bind threads;
+* a leaf stores to ONE buffer (the GPU schedule guards spare threads with an `if`, and TVM cannot
+  place a barrier between two stores inside that `if`); loops whose trip count depends on the data
+  are loop bounds, never an `if` around work that needs barriers.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm.script import tirx as T
+
+__all__ = ["const", "barrier_macro", "load_rows_macro", "online_softmax_macro", "unroll_factor", "NEG_INF"]
+
+NEG_INF = -3.0e38  # finite "minus infinity" for running maxima (keeps exp2(m - m_new) NaN-free)
+
+
+def const(value, dtype: str):
+    return tvm.tirx.const(value, dtype)
+
+
+def unroll_factor(extent: int, unroll: int) -> int:
+    """Inner unroll of a reduction loop of ``extent`` iterations (1 unless ``unroll`` divides it)."""
+    return unroll if unroll > 1 and extent % unroll == 0 else 1
+
+
+def barrier_macro(enabled: bool):
+    """Macro ``barrier``: a thread-block barrier before each leaf of a GPU build (nothing on the CPU).
+
+    Explicit barriers between leaves make every leaf race-free by construction (a leaf only reads
+    what earlier leaves wrote, and each of its threads writes distinct elements), and keep TVM's
+    barrier planner from wanting one inside a spare-thread guard, which it cannot do."""
+
+    @T.macro
+    def barrier():
+        if enabled:
+            T.evaluate(T.tvm_storage_sync("shared.dyn"))
+
+    return barrier
+
+
+def load_rows_macro(sync: bool = False):
+    barrier = barrier_macro(sync)
+
+    @T.macro
+    def load_rows_masked(dst, src, tok0, send, h, R, Dd):
+        """dst[r, d] = src[tok0 + r, h, d] (cast to dst's dtype) for rows before ``send``, else 0."""
+        barrier()
+        for r, d in T.grid(R, Dd):
+            with T.sblock("load_rows"):
+                vr, vd = T.axis.remap("SS", [r, d])
+                dst[vr, vd] = T.if_then_else(tok0 + T.Cast("int64", vr) < send,
+                                             T.Cast(dst.dtype, src[tok0 + T.Cast("int64", vr), h, vd]),
+                                             T.Cast(dst.dtype, 0))
+
+    return load_rows_masked
+
+
+def online_softmax_macro(rows: int, DV: int, fdt: str, pdt: str, unroll: int = 1, sync: bool = False):
+    """Macro ``online_softmax``: the FlashAttention update of (m, l, acc) for ``rows`` query rows.
+
+    Lg[:, :ncols] holds base-2 logits (masked entries at NEG_INF); it is overwritten with P. P is
+    rounded to ``pdt`` (v's dtype in the forward scan, as the mma does) before P V is accumulated
+    in fdt. ``st`` [>=4, rows] holds the row state: st[0] = m (running max), st[1] = l (running sum),
+    st[2], st[3] scratch. (One state buffer rather than four: TVM's shared-memory merge mishandles
+    buffers of <= 32 bits, which per-row buffers become for a single row.)
+    """
+    zero = const(0, fdt)
+    barrier = barrier_macro(sync)
+
+    @T.macro
+    def online_softmax(Lg, Vb, ncols, st, acc):
+        uc = T.meta_var(unroll_factor(ncols, unroll))
+        barrier()
+        for i in T.serial(rows):
+            with T.sblock("sm_mnew"):
+                vi = T.axis.remap("S", [i])
+                a = T.sblock_alloc_buffer((1,), fdt, scope="local")
+                a[0] = st[0, vi]
+                for j0 in T.serial(ncols // uc):
+                    for j1 in T.unroll(uc):
+                        a[0] = T.max(a[0], Lg[vi, j0 * uc + j1])
+                st[2, vi] = a[0]
+        barrier()
+        for i, j in T.grid(rows, ncols):
+            with T.sblock("sm_exp"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                Lg[vi, vj] = T.exp2(Lg[vi, vj] - st[2, vi])
+        barrier()
+        for i in T.serial(rows):
+            with T.sblock("sm_sum"):
+                vi = T.axis.remap("S", [i])
+                a = T.sblock_alloc_buffer((1,), fdt, scope="local")
+                a[0] = zero
+                for j0 in T.serial(ncols // uc):
+                    for j1 in T.unroll(uc):
+                        a[0] = a[0] + Lg[vi, j0 * uc + j1]
+                st[3, vi] = a[0]
+        barrier()
+        for i, e in T.grid(rows, DV):
+            with T.sblock("sm_pv_acc"):
+                vi, ve = T.axis.remap("SS", [i, e])
+                a = T.sblock_alloc_buffer((1,), fdt, scope="local")
+                a[0] = acc[vi, ve] * T.exp2(st[0, vi] - st[2, vi])
+                for j0 in T.serial(ncols // uc):
+                    for j1 in T.unroll(uc):
+                        a[0] = a[0] + T.Cast(fdt, T.Cast(pdt, Lg[vi, j0 * uc + j1])) * T.Cast(fdt, Vb[j0 * uc + j1, ve])
+                acc[vi, ve] = a[0]
+        barrier()
+        for i in T.serial(rows):
+            with T.sblock("sm_state_l"):
+                vi = T.axis.remap("S", [i])
+                st[1, vi] = st[1, vi] * T.exp2(st[0, vi] - st[2, vi]) + st[3, vi]
+        barrier()
+        for i in T.serial(rows):
+            with T.sblock("sm_state_m"):
+                vi = T.axis.remap("S", [i])
+                st[0, vi] = st[2, vi]
+
+    return online_softmax
