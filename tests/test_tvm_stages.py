@@ -1,0 +1,243 @@
+"""CPU numerics of the TVM backend: each S-TIR stage, built unscheduled for llvm, against the float64
+reference pieces (runtime.reference), then the whole forward and the decode step through the same host
+code the GPU path uses. Skipped without apache-tvm (pip install 'pathtune[tvm]')."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+tvm = pytest.importorskip("tvm", reason="apache-tvm is not installed (pip install 'pathtune[tvm]')")
+
+from pathtune.codegen.tvm import host  # noqa: E402
+from pathtune.codegen.tvm.build import compile_cpu_kernels  # noqa: E402
+from pathtune.codegen.tvm.params import KernelDims, TVMParams, UnsupportedConfig  # noqa: E402
+from pathtune.runtime.reference import (  # noqa: E402
+    apply_gate, apply_transition, boundary_adjust_keys, boundary_adjust_queries, chunk_transition,
+    diagonal_logits, naive_path_attention, online_softmax_update, path_attention_decode_step,
+    path_attention_prefill, superchunk_transport, ut_transform,
+)
+
+F64 = torch.float64
+TOL = 1e-12
+
+
+def _llvm(func, name="probe"):
+    return tvm.compile(tvm.IRModule({name: func}), target="llvm")[name]
+
+
+def _unit(*shape):
+    return F.normalize(torch.randn(*shape, dtype=F64), dim=-1)
+
+
+def _beta(*shape):
+    return 1.5 + 0.5 * torch.rand(*shape, dtype=F64)          # the hard regime, beta in [1.5, 2)
+
+
+def _maxerr(a, b):
+    return (a - b).abs().max().item()
+
+
+# ---------------------------------------------------------------- single stages (one macro each)
+
+def test_ut_inverse_stage():
+    from pathtune.codegen.tvm.stage_probes import probe_ut_inverse
+
+    n, C, D = 5, 16, 8
+    W, b = _unit(n, C, D), _beta(n, C)
+    A = torch.empty(n, C, C, dtype=F64)
+    _llvm(probe_ut_inverse(C, D))(W, b, A)
+    A_ref, _ = ut_transform(W, b)
+    assert _maxerr(A, A_ref) < TOL
+
+
+def test_boundary_adjust_stage():
+    from pathtune.codegen.tvm.stage_probes import probe_boundary_queries, probe_diag_logits
+
+    n, C, D = 4, 16, 8
+    Q, K, W, b = torch.randn(n, C, D, dtype=F64), torch.randn(n, C, D, dtype=F64), _unit(n, C, D), _beta(n, C)
+    A, U = ut_transform(W, b)
+    M = A @ torch.tril(W @ K.transpose(-1, -2), -1)
+    QW, X = torch.empty(n, C, C, dtype=F64), torch.empty(n, C, D, dtype=F64)
+    _llvm(probe_boundary_queries(C, D))(Q, W, U, QW, X)
+    assert _maxerr(X, boundary_adjust_queries(Q, W, U)) < TOL
+    assert _maxerr(QW, torch.tril(Q @ W.transpose(-1, -2))) < TOL
+    S = torch.empty(n, C, C, dtype=F64)
+    _llvm(probe_diag_logits(C, D))(Q, K, W, U, M, S)
+    assert _maxerr(torch.tril(S), diagonal_logits(Q, K, W, A)) < TOL
+
+
+def test_lowrank_update_stage():
+    from pathtune.codegen.tvm.stage_probes import probe_lowrank_update
+
+    n, C, D = 4, 16, 8
+    X, W, b = torch.randn(n, C, D, dtype=F64), _unit(n, C, D), _beta(n, C)
+    _, U = ut_transform(W, b)
+    Y = torch.empty_like(X)
+    _llvm(probe_lowrank_update(C, D))(X, W, U, Y)
+    assert _maxerr(Y, apply_transition(X, W, U)) < TOL
+    assert _maxerr(Y, X @ chunk_transition(W, U)) < 1e-10
+
+
+def test_online_softmax_stage():
+    from pathtune.codegen.tvm.stage_probes import probe_online_softmax
+
+    n, C, N, DV = 3, 8, 12, 6
+    L2 = torch.randn(n, C, N, dtype=F64) * 3                      # base-2 logits
+    V = torch.randn(n, N, DV, dtype=F64)
+    m0, l0, acc0 = torch.randn(n, C, dtype=F64), torch.rand(n, C, dtype=F64) + 0.5, torch.randn(n, C, DV, dtype=F64)
+    st = torch.zeros(n, 4, C, dtype=F64)
+    st[:, 0], st[:, 1] = m0, l0
+    acc = acc0.clone()
+    _llvm(probe_online_softmax(C, N, DV))(L2, V, st, acc)
+    # the reference works in base e: scale base-2 quantities by ln 2
+    ln2 = torch.log(torch.tensor(2.0, dtype=F64))
+    m_ref, l_ref, acc_ref = online_softmax_update((m0 * ln2, l0, acc0), L2 * ln2, V)
+    assert _maxerr(st[:, 0] * ln2, m_ref) < TOL
+    assert _maxerr(st[:, 1], l_ref) < TOL
+    assert _maxerr(acc, acc_ref) < TOL
+
+
+@pytest.mark.parametrize("diag", [False, True])
+def test_fox_bias_stage(diag):
+    from pathtune.codegen.tvm.stage_probes import probe_fox_logits
+
+    n, C, N, nvalid = 2, 8, 8, 6
+    S, cq, ck = torch.randn(n, C, N, dtype=F64), torch.randn(n, C, dtype=F64), torch.randn(n, N, dtype=F64)
+    out = torch.empty_like(S)
+    _llvm(probe_fox_logits(C, N, diag))(S, cq, ck, out, 0.3, 0.3, nvalid)
+    ref = apply_gate(S, cq, ck, 0.3, "inside_scale")
+    if diag:
+        i = torch.arange(C)[:, None]
+        j = torch.arange(N)[None, :]
+        keep = (j <= i) & (j < nvalid)
+        assert _maxerr(out[:, keep], ref[:, keep]) < TOL
+        assert (out[:, ~keep] < -1e37).all()
+    else:
+        assert _maxerr(out, ref) < TOL
+
+
+def test_superchunk_transport_stage():
+    from pathtune.codegen.tvm.stage_probes import probe_transport
+
+    n, C, s, D = 2, 8, 3, 8
+    W, b, K = _unit(n, s * C, D), _beta(n, s * C), torch.randn(n, s * C, D, dtype=F64)
+    Kt, U, P = [], [], []
+    for c in range(s):
+        sl = slice(c * C, (c + 1) * C)
+        A, Uc = ut_transform(W[:, sl], b[:, sl])
+        Kt.append(boundary_adjust_keys(K[:, sl], W[:, sl], A))
+        U.append(Uc)
+        P.append(chunk_transition(W[:, sl], Uc))
+    KJ_ref, What_ref = superchunk_transport(Kt, P)
+    KJ, What = torch.empty(n, s * C, D, dtype=F64), torch.empty(n, D, D, dtype=F64)
+    _llvm(probe_transport(C, s, D))(torch.cat(Kt, 1), W, torch.cat(U, 1), KJ, What)
+    assert _maxerr(KJ, torch.cat(KJ_ref, 1)) < TOL
+    assert _maxerr(What, What_ref) < TOL
+
+
+# ---------------------------------------------------------------- the whole forward, float64
+
+def _inputs(B, T, HQ, H, D, DV, gated, dtype=F64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, HQ, D, generator=gen, dtype=F64)
+    k = torch.randn(B, T, H, D, generator=gen, dtype=F64)
+    v = torch.randn(B, T, H, DV, generator=gen, dtype=F64)
+    w = F.normalize(torch.randn(B, T, H, D, generator=gen, dtype=F64), dim=-1)
+    beta = 1.5 + 0.5 * torch.rand(B, T, H, generator=gen, dtype=F64)
+    g = torch.log(0.9 + 0.1 * torch.rand(B, T, HQ, generator=gen, dtype=F64)) if gated else None
+    cast = (lambda x: x.to(dtype)) if dtype != F64 else (lambda x: x)
+    return cast(q), cast(k), cast(v), w, beta, g
+
+
+@pytest.fixture(scope="module")
+def fwd64():
+    """Compiled once per module: (gated) -> (kernels, params, dims)."""
+    params = TVMParams(chunk_size=8, superchunk_size=24, block_n=12)
+    out = {}
+    for gated in (False, True):
+        dims = KernelDims(H=2, HQ=4, D=16, DV=12, dtype="float64", gated=gated)
+        out[gated] = (compile_cpu_kernels("fwd", params, dims, fdt="float64"), params, dims)
+    return out
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_forward_matches_naive_float64(fwd64, gated, varlen):
+    kernels, params, dims = fwd64[gated]
+    if varlen:
+        q, k, v, w, beta, g = _inputs(1, 75, 4, 2, 16, 12, gated)
+        cu = torch.tensor([0, 5, 31, 75])
+    else:
+        q, k, v, w, beta, g = _inputs(2, 61, 4, 2, 16, 12, gated)
+        cu = None
+    o, lse = host.forward(kernels, q, k, v, w, beta, g, scale=0.3, cu_seqlens=cu, params=params, dims=dims,
+                          fdt=F64)
+    ref, ref_lse = naive_path_attention(q, k, v, w, beta, g, scale=0.3, cu_seqlens=cu, return_lse=True)
+    assert _maxerr(o, ref) < 1e-11
+    assert _maxerr(lse, ref_lse) < 1e-11
+
+
+@pytest.mark.parametrize("dtype,scan", [("bfloat16", "fp16"), ("float16", "bf16")])
+def test_forward_low_precision_float32_build(dtype, scan):
+    """The kernels' rounding model (bf16/fp16 q/k/v, fp16/bf16 scan operands, fp32 accumulation)."""
+    params = TVMParams(chunk_size=16, superchunk_size=64, block_n=32, scan_precision=scan)
+    dims = KernelDims(H=1, HQ=2, D=32, DV=32, dtype=dtype, gated=True)
+    kernels = compile_cpu_kernels("fwd", params, dims, fdt="float32")
+    q, k, v, w, beta, g = _inputs(1, 150, 2, 1, 32, 32, True, dtype=getattr(torch, dtype))
+    o, lse = host.forward(kernels, q, k, v, w.float(), beta.float(), g.float(), scale=32 ** -0.5, cu_seqlens=None,
+                          params=params, dims=dims)
+    ref, ref_lse = naive_path_attention(q.double(), k.double(), v.double(), w, beta, g, scale=32 ** -0.5,
+                                        return_lse=True)
+    rel = ((o.double() - ref).norm() / ref.norm()).item()
+    assert rel < 4e-3                                            # the spec's accuracy gate for o
+    assert _maxerr(lse.double(), ref_lse) < 1e-2
+
+
+# ---------------------------------------------------------------- decode
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_decode_step_matches_reference(gated):
+    params = TVMParams(decode_block_n=8, decode_splits=3)
+    dims = KernelDims(H=2, HQ=4, D=16, DV=12, dtype="float64", gated=gated)
+    kernels = compile_cpu_kernels("decode", params, dims, fdt="float64")
+    q, k, v, w, beta, g = _inputs(2, 29, 4, 2, 16, 12, gated)
+    _, cache_ref = path_attention_prefill(q, k, v, w, beta, g, max_len=40)
+    _, cache = path_attention_prefill(q, k, v, w, beta, g, max_len=40)
+    for step in range(4):
+        qt, kt, vt, wt, bt, gt = (None if x is None else x[:, 0] for x in _inputs(2, 1, 4, 2, 16, 12, gated,
+                                                                                  seed=100 + step))
+        ref, ref_lse = path_attention_decode_step(qt, kt, vt, wt, bt, gt, cache_ref, scale=0.25, return_lse=True)
+        o, lse = host.decode_step(kernels, qt, kt, vt, wt, bt, gt, cache, scale=0.25, params=params, dims=dims,
+                                  fdt=F64)
+        assert _maxerr(o, ref) < 1e-12 and _maxerr(lse, ref_lse) < 1e-12
+        n = cache_ref.length
+        assert cache.length == n
+        assert _maxerr(cache.k[:, :n], cache_ref.k[:, :n]) < 1e-12        # the in-place rank-1 update
+        assert _maxerr(cache.v[:, :n], cache_ref.v[:, :n]) == 0
+        if gated:
+            assert _maxerr(cache.c[:, :n], cache_ref.c[:, :n]) < 1e-12
+
+
+# ---------------------------------------------------------------- knobs
+
+def test_params_read_from_config():
+    from pathtune.specs import KnobSpace, load_spec
+
+    spec = load_spec()
+    cfg = KnobSpace(spec, "fwd").default().replace(chunk_size=32, block_n=128, num_warps=8, beta_clip_eps=0.015625)
+    p = TVMParams.from_config(cfg)
+    assert (p.chunk_size, p.block_n, p.num_warps, p.threads) == (32, 128, 8, 256)
+    assert p.beta_max == 2.0 - 0.015625
+    d = TVMParams.from_config(KnobSpace(spec, "decode").default())
+    assert d.decode_threads == 32 * d.decode_num_warps
+
+
+def test_unsupported_tc_config_is_typed():
+    from pathtune.codegen.tvm.tc_scan import check_tc_supported
+
+    with pytest.raises(UnsupportedConfig):
+        check_tc_supported(TVMParams(chunk_size=32, superchunk_size=256, num_warps=4),
+                           KernelDims(H=1, HQ=1, D=64, DV=64))          # 32 rows cannot feed 4 warps of m16 tiles
+    with pytest.raises(UnsupportedConfig):
+        check_tc_supported(TVMParams(scan_precision="tf32"), KernelDims(H=1, HQ=1, D=64, DV=64))
