@@ -39,6 +39,9 @@ class SequenceTables:
     n_sc: int
     n_seq: int
     max_seq_len: int
+    seq_nsc_host: tuple = ()        # super-chunks per sequence (host ints)
+    sc_base_host: tuple = ()
+    pair_base_host: tuple = ()
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -94,6 +97,9 @@ def build_tables(
         n_sc=len(sc_tok0),
         n_seq=len(starts),
         max_seq_len=max((e - s for s, e in zip(starts, ends)), default=0),
+        seq_nsc_host=tuple(_cdiv(e - s, superchunk_size) for s, e in zip(starts, ends)),
+        sc_base_host=tuple(sc_base),
+        pair_base_host=tuple(pair_base),
     )
 
 
@@ -101,16 +107,15 @@ def gate_cumsum(g: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tenso
     """Inclusive cumulative sum of the log forget gate per sequence, float32.
 
     g: [B, T, HQ] (or [1, N_tok, HQ] with cu_seqlens).  Summed in float64 so that long
-    sequences keep the differences c_i - c_j accurate, then stored as float32.
+    sequences keep the differences c_i - c_j accurate, then stored as float32.  The sum runs
+    over the innermost dimension (T moved last): a cumsum over an outer dimension is a slow
+    strided scan on the GPU (11 ms at 32K tokens x 16 heads, measured on the H200).
     """
-    g64 = g.to(torch.float64)
-    c = torch.cumsum(g64, dim=1)
+    c = torch.cumsum(g.transpose(1, 2).to(torch.float64), dim=-1)  # [B, HQ, T]
     if cu_seqlens is not None:
         # restart the sum at each sequence start: subtract the running total before it
         starts = cu_seqlens[:-1].to(torch.int64)
         lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-        before = torch.zeros_like(c[:, :1])
-        offs = torch.cat([before, c], dim=1)[:, starts]  # [1, n_seq, HQ]
-        offs = torch.repeat_interleave(offs, lengths, dim=1)
-        c = c - offs
-    return c.to(torch.float32)
+        offs = torch.cat([torch.zeros_like(c[..., :1]), c], dim=-1)[..., starts]  # [1, HQ, n_seq]
+        c = c - torch.repeat_interleave(offs, lengths, dim=-1)
+    return c.to(torch.float32).transpose(1, 2)

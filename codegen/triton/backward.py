@@ -26,13 +26,42 @@ from .ut import ut_bwd_kernel
 
 
 def _gate_grad(dc: torch.Tensor, tables: SequenceTables, shape) -> torch.Tensor:
-    """dg_l = sum_{i >= l, same sequence} dc_i (c is the inclusive cumsum of g)."""
-    d64 = dc.to(torch.float64)
-    rc = torch.flip(torch.cumsum(torch.flip(d64, [0]), 0), [0])  # sum over i >= l, whole stream
-    tail = torch.cat([rc, torch.zeros_like(rc[:1])], 0)[tables.seq_end]  # sum beyond each sequence
+    """dg_l = sum_{i >= l, same sequence} dc_i (c is the inclusive cumsum of g).
+
+    Runs along the innermost dimension (tokens moved last) in float64.
+    """
+    d64 = dc.t().to(torch.float64)                                   # [HQ, N]
+    rc = torch.flip(torch.cumsum(torch.flip(d64, [-1]), -1), [-1])   # sum over i >= l, whole stream
+    tail = torch.cat([rc, torch.zeros_like(rc[:, :1])], -1)[:, tables.seq_end]  # beyond each sequence
     lengths = tables.seq_end - tables.seq_start
-    rc = rc - torch.repeat_interleave(tail, lengths, dim=0)
-    return rc.view(shape)
+    rc = rc - torch.repeat_interleave(tail, lengths, dim=-1)
+    return rc.t().reshape(shape)
+
+
+def _superchunk_chain_torch(what: torch.Tensor, dom: torch.Tensor, tables: SequenceTables) -> torch.Tensor:
+    """Same result as bwd_superchunk_chain_kernel, batched over heads and super-chunks in torch.
+
+    Used for head dims above 64, where the kernel's D x D float32 tiles exceed shared memory.
+    """
+    dwhat = torch.zeros_like(what)
+    H, BD = what.shape[1], what.shape[2]
+    eye = torch.eye(BD, device=what.device, dtype=what.dtype)
+    for nsc, base, pb in zip(tables.seq_nsc_host, tables.sc_base_host, tables.pair_base_host):
+        if nsc < 2:
+            continue
+        W = what[base:base + nsc]
+        dOm = dom[pb:pb + nsc * nsc].view(nsc, nsc, H, BD, BD)
+        Ls, L = [], torch.zeros(nsc, H, BD, BD, device=what.device, dtype=what.dtype)
+        for K in range(nsc - 1):       # L_{I,K+1} = L_{I,K} What_K^T + dOm_{I,K}, all I at once
+            Ls.append(L)
+            L = L @ W[K].transpose(-1, -2) + dOm[:, K]
+        Om = eye.expand(nsc, H, BD, BD).clone()   # Om[I] = Om_{I,K}, meaningful for I > K
+        for K in range(nsc - 2, -1, -1):
+            if K < nsc - 2:
+                Om = Om @ W[K + 1]
+                Om[K + 1] = eye
+            dwhat[base + K] = (Om[K + 1:].transpose(-1, -2) @ Ls[K][K + 1:]).sum(0)
+    return dwhat
 
 
 def path_attention_bwd(
@@ -59,7 +88,8 @@ def path_attention_bwd(
     f32 = dict(device=dev, dtype=torch.float32)
     common = dict(HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S, DT=dt)
 
-    y = torch.zeros(N, HQ, D, **f32)
+    # queries at their super-chunk start, stored in the scan dtype: they are only ever GEMM operands
+    y = torch.zeros(N, HQ, D, device=dev, dtype=state.kj.dtype)
     delta = torch.empty(N, HQ, **f32)
     bwd_prep_kernel[(tb.n_chunks, HQ)](
         qt, wt, state.u, ot, dot_, y, delta,
@@ -88,11 +118,14 @@ def path_attention_bwd(
             BLOCK_N=params.bwd_block_n, TP=tp, USE_GATE=use_gate, INTERP=interp,
             num_warps=params.bwd_num_warps, num_stages=params.bwd_num_stages, **common,
         )
-        dwhat = torch.zeros_like(state.what)
-        bwd_superchunk_chain_kernel[(tb.n_seq, H)](
-            state.what, dom, dwhat, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
-            H=H, BD=BD, S=S, TP=tp, num_warps=4 if BD <= 64 else 8,
-        )
+        if BD <= 64:
+            dwhat = torch.zeros_like(state.what)
+            bwd_superchunk_chain_kernel[(tb.n_seq, H)](
+                state.what, dom, dwhat, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
+                H=H, BD=BD, S=S, TP=tp, num_warps=4,
+            )
+        else:
+            dwhat = _superchunk_chain_torch(state.what, dom, tb)
         del dom
     dkt = torch.zeros(N, H, D, **f32)
     dw_acc = torch.zeros(N, H, D, **f32)

@@ -50,7 +50,7 @@ def bwd_inter_dq_kernel(
         rows = (tok0 + r).to(tl.int64)
         rmask = rows < send
         qoff = (rows[:, None] * HQ + hq) * D + d[None, :]
-        Y = tl.load(y_ptr + qoff, mask=rmask[:, None] & dmask, other=0.0)
+        Y = tl.load(y_ptr + qoff, mask=rmask[:, None] & dmask, other=0.0).to(tl.float32)
         dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :], mask=rmask[:, None] & dvmask, other=0.0)
         lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)

@@ -67,6 +67,21 @@ class TritonParams:
             kw["beta_clip_eps"] = None if eps.lower() == "off" else float(eps)
         return cls(**kw)
 
+    @classmethod
+    def heuristic(cls, head_dim: int, head_dim_v: int | None = None) -> "TritonParams":
+        """The built-in fallback when neither perf_db nor a pack has a config for this shape.
+
+        Spec defaults, shrunk where they do not fit an sm_90 multiprocessor (228 KB shared
+        memory; ``python -m pathtune.codegen.triton.compile_check --head-dim D``): above
+        head dim 64 the forward and backward loops run single-stage and the D x D transition
+        products use one tf32 pass instead of three.
+        """
+        d = max(head_dim, head_dim_v or head_dim)
+        if d <= 64:
+            return cls()
+        return cls(num_stages=1, bwd_num_stages=1, transition_precision="tf32",
+                   num_warps=8 if d > 128 else 4, bwd_num_warps=8 if d > 128 else 4)
+
     @property
     def scan_dtype(self):
         return _SCAN_DTYPES[self.scan_precision]
