@@ -43,17 +43,20 @@ def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def check():
+def check(only_d=None):
     cases = [
         (1, 1000, 2, 2, 64, 64, True, None, dict(superchunk_size=256)),
-        (2, 777, 4, 2, 128, 128, True, None, dict(superchunk_size=256)),
+        (2, 777, 4, 2, 128, 128, True, None, None),
+        (1, 3000, 2, 2, 128, 128, True, None, dict(superchunk_size=512, num_stages=1, bwd_num_stages=1, transition_precision="tf32")),
         (1, 2048, 2, 1, 64, 64, False, None, dict(superchunk_size=512)),
         (1, 2048, 2, 2, 64, 64, True, None, dict(superchunk_size=512, num_warps=8, bwd_num_warps=8)),
         (1, 1500, 2, 2, 64, 64, True, [0, 100, 101, 900, 1500], dict(superchunk_size=256)),
         (1, 1024, 2, 2, 32, 32, True, None, dict(superchunk_size=256)),
-        (1, 1024, 2, 2, 96, 64, True, None, dict(superchunk_size=256)),
+        (1, 1024, 2, 2, 96, 64, True, None, None),
     ]
     for B, T, HQ, H, D, DV, gate, cu, kw in cases:
+        if only_d and D != only_d:
+            continue
         try:
             q, k, v, w, beta, g = inputs(B, T, HQ, H, D, DV, gate)
             cu_t = torch.tensor(cu, device=dev) if cu else None
@@ -88,13 +91,12 @@ def nan_long():
             emit(dict(kind="nan_long", clip=clip, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 
 
-def bench(quick):
-    configs = {
-        "default": dict(),
-        "w8": dict(num_warps=8, bwd_num_warps=8),
-    }
+def bench(quick, only_d=None):
+    configs = {"default": None}
     shapes = [(64, 16, 4096), (64, 16, 16384), (128, 8, 4096), (128, 8, 16384)]
     for D, H, T in shapes:
+        if only_d and D != only_d:
+            continue
         B = 32768 // T
         for gate in (False, True):
             q, k, v, w, beta, g = inputs(B, T, H, H, D, D, gate)
@@ -165,7 +167,7 @@ if __name__ == "__main__":
     for step in steps:
         try:
             {"check": check, "profile": profile, "bench": lambda: bench(False), "quick": lambda: bench(True),
-             "nan": nan_long}[step]()
+             "nan": nan_long, "check128": lambda: check(128), "bench128": lambda: bench(False, 128)}[step]()
         except Exception:
             traceback.print_exc()
         print(f"== {step} done at {time.time()-t0:.0f}s", flush=True)

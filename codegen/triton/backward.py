@@ -94,7 +94,7 @@ def path_attention_bwd(
     bwd_prep_kernel[(tb.n_chunks, HQ)](
         qt, wt, state.u, ot, dot_, y, delta,
         tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end,
-        INTERP=interp, num_warps=params.bwd_num_warps, **common,
+        INTERP=interp, num_warps=params.bwd_num_warps, num_stages=1, **common,
     )
 
     dy = torch.zeros(N, HQ, D, **f32)
@@ -122,7 +122,7 @@ def path_attention_bwd(
             dwhat = torch.zeros_like(state.what)
             bwd_superchunk_chain_kernel[(tb.n_seq, H)](
                 state.what, dom, dwhat, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
-                H=H, BD=BD, S=S, TP=tp, num_warps=4,
+                H=H, BD=BD, S=S, TP=tp, num_warps=4, num_stages=1,
             )
         else:
             dwhat = _superchunk_chain_torch(state.what, dom, tb)
@@ -136,7 +136,7 @@ def path_attention_bwd(
         bwd_transport_kernel[(tb.n_sc, H, BD // rows)](
             state.kt, wt, state.u, dkj, dwhat, dkt, dw_acc, du, scratch,
             tb.sc_tok0, tb.sc_seq, tb.seq_end,
-            H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp, num_warps=4,
+            H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp, num_warps=4, num_stages=1,
         )
         del scratch, dwhat
     del dkj
@@ -149,7 +149,8 @@ def path_attention_bwd(
         dq, dk_acc, dv, dw_acc, du, dm, dkt, dc,
         tb.sc_tok0, tb.sc_seq, tb.seq_end,
         qk_scale, gate_scale, scale, gate_nat,
-        TP=tp, USE_GATE=use_gate, INTERP=interp, num_warps=params.bwd_num_warps, **common,
+        TP=tp, USE_GATE=use_gate, INTERP=interp, num_warps=params.bwd_num_warps, num_stages=1,
+        **common,
     )
     del y, dy
 
@@ -160,7 +161,7 @@ def path_attention_bwd(
     ut_bwd_kernel[(tb.n_chunks, H)](
         wt, bt, kt_in, du, dkt, dm, dw_acc, dk_acc, dw, dk, dbeta, scratch,
         tb.chunk_tok0, tb.chunk_seq, tb.seq_end,
-        H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, num_warps=8,
+        H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, num_warps=8, num_stages=1,
     )
     dg = _gate_grad(dc, tb, (B, T, HQ)).to(g.dtype) if use_gate else None
     return (dq.view(B, T, HQ, D), dk.view(B, T, H, D), dv.to(v.dtype).view(B, T, H, DV),

@@ -69,7 +69,7 @@ def prepare_state(
         wt, bt, kt_in, u, ktil, m, scratch,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max,
-        num_warps=8,
+        num_warps=8, num_stages=1,
     )
     del scratch
 
@@ -81,7 +81,7 @@ def prepare_state(
             ktil, wt, u, kj, what,
             tables.sc_tok0, tables.sc_seq, tables.seq_end,
             H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=dt, TP=params.transition_precision,
-            num_warps=4,
+            num_warps=4, num_stages=1,
         )
     gc = None if g is None else _tokens(gate_cumsum(g, cu_seqlens))
     return ForwardState(tables=tables, u=u, kt=ktil, m=m, kj=kj, what=what, gc=gc)
