@@ -1,6 +1,15 @@
-"""Shared pytest setup: the ``gpu`` marker skips cleanly without CUDA; every test starts from seed 0."""
+"""Shared pytest setup: the ``gpu`` marker skips cleanly without CUDA; every test starts from seed 0.
+
+Without CUDA the Triton kernels run in Triton's CPU interpreter: TRITON_INTERPRET must be set
+before any kernel is decorated, so it is set here, before the test modules import pathtune.
+"""
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
