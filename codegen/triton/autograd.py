@@ -74,6 +74,14 @@ def _backward(ctx, do, dlse):
 _path_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.compiler.assume_constant_result
+def _resolve_params_json(config, head_dim: int, head_dim_v: int) -> str:
+    """Config -> canonical TritonParams JSON; run at trace time under torch.compile (a constant)."""
+    if config is None:
+        return TritonParams.heuristic(head_dim, head_dim_v).to_json()
+    return TritonParams.from_config(config).to_json()
+
+
 def path_attention_triton(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, g: Optional[Tensor] = None,
                           *, scale: Optional[float] = None, cu_seqlens: Optional[Tensor] = None, config=None,
                           gate_placement: str = "inside_scale") -> tuple[Tensor, Tensor]:
@@ -84,12 +92,9 @@ def path_attention_triton(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tens
     values / TritonParams (None: ``TritonParams.heuristic`` for the head dims).  Returns (o [B,T,HQ,DV], lse [B,T,HQ] float32).
     Inputs are assumed validated (``pathtune.path_attention`` does that).
     """
-    if config is None:
-        params = TritonParams.heuristic(q.shape[-1], v.shape[-1])
-    else:
-        params = TritonParams.from_config(config)
+    params_json = _resolve_params_json(config, q.shape[-1], v.shape[-1])
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
-    return _path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, float(scale), params.to_json(), gate_placement)
+    return _path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, float(scale), params_json, gate_placement)
