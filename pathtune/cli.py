@@ -264,6 +264,9 @@ def demo(
 from pathtune.perf_db import _cli as _perf_db_cli  # noqa: E402
 
 _perf_db_cli.register(app)
+from pathtune.tuning import _bench_cli  # noqa: E402
+
+_bench_cli.register(app)
 
 
 def main() -> None:

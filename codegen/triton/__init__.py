@@ -10,3 +10,23 @@ from .autograd import path_attention_triton
 from .params import TritonParams
 
 __all__ = ["path_attention_triton", "TritonParams"]
+
+
+def source_hash() -> str:
+    """sha256 (16 hex) of this backend's kernel and launcher sources: a perf_db hard key.
+
+    A measurement recorded under another hash was taken with different kernel code and is
+    not served to the dispatcher.
+    """
+    import hashlib
+    from pathlib import Path
+
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        if path.name != "compile_check.py":
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+__all__.append("source_hash")

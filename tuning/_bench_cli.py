@@ -1,0 +1,56 @@
+"""`pathtune bench` (registered on the main CLI by pathtune/cli.py; logic in tuning/bench.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench(
+        head_dim: str = typer.Option("64,128", help="Head dims, comma-separated."),
+        seq_len: str = typer.Option("4096,16384", help="Sequence lengths, comma-separated."),
+        tokens: int = typer.Option(32768, help="B*T per point (batch = tokens // seq_len)."),
+        gate: str = typer.Option("both", help="FoX gate: off, on or both."),
+        config: Optional[str] = typer.Option(None, help="Knob values as JSON (default: built-in heuristic)."),
+        baselines: str = typer.Option("sdpa,fla", help="Baselines measured in the same run: sdpa, fla."),
+        forward_only: bool = typer.Option(False, "--forward-only", help="Skip forward+backward timings."),
+        out: Optional[Path] = typer.Option(None, "--json", help="Write the rows as JSON here."),
+        record: bool = typer.Option(False, "--record", help="Store the measurements in perf_db."),
+        db: Optional[str] = typer.Option(None, "--db", envvar="PATHTUNE_DB_URL", help="perf_db URL."),
+    ) -> None:
+        """Time pathtune against SDPA (flash, cuDNN) and fla's PaTH kernel in the same run (needs a GPU)."""
+        from dataclasses import asdict
+
+        from .bench import command_line, format_table, record_rows, run_bench
+
+        console = Console()
+        gates = {"off": (False,), "on": (True,), "both": (False, True)}.get(gate)
+        if gates is None:
+            raise typer.BadParameter(f"--gate must be off, on or both, got {gate!r}")
+        cfg = json.loads(config) if config else None
+        try:
+            rows = run_bench(_ints(head_dim, "--head-dim"), _ints(seq_len, "--seq-len"), gates, tokens=tokens,
+                             config=cfg, baselines=tuple(b.strip() for b in baselines.split(",")),
+                             backward=not forward_only, log=lambda s: console.print(s, style="dim"))
+        except RuntimeError as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(1)
+        console.print(format_table(rows))
+        if out:
+            out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+            console.print(f"wrote {out}")
+        if record:
+            n = record_rows(rows, db, cfg, command_line())
+            console.print(f"recorded {n} measurements in perf_db")

@@ -1,0 +1,187 @@
+"""`pathtune bench`: time pathtune's kernels against SDPA (flash, cuDNN) and fla in one run.
+
+For each (head dim, sequence length, gate) it builds fresh random inputs (bf16 q/k/v, fp32
+unit-norm w, beta ~ U(1.5, 2), FoX gate log U(0.95, 1)), checks the output against the float64
+oracle on a short prefix (so a wrong config never gets a time), then takes
+``triton.testing.do_bench`` medians of the forward and of forward+backward for pathtune and every
+available baseline, all in the same process.  Rows go to a table, a JSON file and, optionally,
+perf_db (pass ``fwd`` = forward time, pass ``bwd`` = forward+backward time; baseline = SDPA flash
+of the same pass and shapes).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+TOKENS = 32768
+HEADS_FOR_DIM = {32: 32, 64: 16, 96: 12, 128: 8, 192: 6, 256: 4}
+
+
+@dataclass
+class BenchRow:
+    head_dim: int
+    seq_len: int
+    batch: int
+    heads: int
+    gate: bool
+    times: dict[str, Optional[float]] = field(default_factory=dict)
+    errors: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+
+    def ratio(self, num: str, den: str) -> Optional[float]:
+        a, b = self.times.get(num), self.times.get(den)
+        return a / b if a and b else None
+
+
+def _median_ms(fn: Callable[[], Any]) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def make_inputs(B: int, T: int, HQ: int, H: int, D: int, DV: int, gate: bool, *, device: str, seed: int,
+                dtype=torch.bfloat16):
+    """Fresh random PaTH inputs: beta in [1.5, 2) (the hard regime), real gate decay."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, T, HQ, D, device=device, generator=gen).to(dtype)
+    k = torch.randn(B, T, H, D, device=device, generator=gen).to(dtype)
+    v = torch.randn(B, T, H, DV, device=device, generator=gen).to(dtype)
+    w = torch.nn.functional.normalize(torch.randn(B, T, H, D, device=device, generator=gen), dim=-1)
+    beta = torch.rand(B, T, H, device=device, generator=gen) * 0.5 + 1.5
+    g = torch.log(torch.rand(B, T, HQ, device=device, generator=gen) * 0.05 + 0.95) if gate else None
+    return q, k, v, w, beta, g
+
+
+def _pathtune_callable(q, k, v, w, beta, g, config, backward: bool):
+    from pathtune.codegen.triton import path_attention_triton
+
+    xs = [x.detach().requires_grad_(backward) for x in (q, k, v, w, beta)]
+    gg = None if g is None else g.detach().requires_grad_(backward)
+    do = torch.randn_like(q[..., : v.shape[-1]])
+
+    def run():
+        o, _ = path_attention_triton(*xs, gg, config=config)
+        if backward:
+            torch.autograd.grad(o, xs + ([gg] if gg is not None else []), do)
+        return o
+
+    return run
+
+
+def _accuracy(q, k, v, w, beta, g, config, prefix: int = 1024) -> float:
+    """Relative error of o on the first `prefix` tokens of batch 0 vs the float64 oracle."""
+    from pathtune.codegen.triton import path_attention_triton
+    from pathtune.runtime.reference import naive_path_attention
+
+    sl = (slice(0, 1), slice(0, min(prefix, q.shape[1])))
+    args = [x[sl] for x in (q, k, v, w, beta)] + [None if g is None else g[sl]]
+    o, _ = path_attention_triton(*args, config=config)
+    ref = naive_path_attention(*[None if x is None else x.double() for x in args])
+    return float((o.double() - ref).norm() / ref.norm())
+
+
+def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), *, tokens: int = TOKENS,
+              config=None, baselines=("sdpa", "fla"), backward: bool = True, device: str = "cuda",
+              seed: int = 0, log: Callable[[str], None] = print) -> list[BenchRow]:
+    """Measure every (D, T, gate) point; see the module docstring."""
+    from .baselines import fla_path_callable, sdpa_callable
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("pathtune bench needs a CUDA GPU (torch.cuda.is_available() is False)")
+    rows = []
+    for D in head_dims:
+        H = HEADS_FOR_DIM.get(D, max(1, 1024 // D))
+        for T in seq_lens:
+            B = max(1, tokens // T)
+            for gate in gates:
+                row = BenchRow(D, T, B, H, gate)
+                q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device=device, seed=seed)
+                passes = [("f", False)] + ([("fb", True)] if backward else [])
+                try:
+                    row.errors["o"] = _accuracy(q, k, v, w, beta, g, config)
+                    for tag, bw in passes:
+                        row.times[f"pathtune_{tag}"] = _median_ms(_pathtune_callable(q, k, v, w, beta, g, config, bw))
+                except Exception as exc:  # a failing config is a recorded status, not a crash
+                    row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                for tag, bw in passes:
+                    if "sdpa" in baselines and not gate:
+                        for kind in ("flash", "cudnn"):
+                            fn = sdpa_callable(q, k, v, kind, backward=bw)
+                            row.times[f"sdpa_{kind}_{tag}"] = _median_ms(fn) if fn else None
+                    if "fla" in baselines:
+                        fn = fla_path_callable(q, k, v, w, beta, g, backward=bw)
+                        row.times[f"fla_{tag}"] = _median_ms(fn) if fn else None
+                rows.append(row)
+                log(json.dumps(asdict(row)))
+    # SDPA has no gate: gated rows compare against the ungated SDPA of the same shape
+    for row in rows:
+        if row.gate:
+            twin = next((r for r in rows if not r.gate and (r.head_dim, r.seq_len) == (row.head_dim, row.seq_len)), None)
+            if twin:
+                for key, val in twin.times.items():
+                    if key.startswith("sdpa_"):
+                        row.times.setdefault(key, val)
+    return rows
+
+
+def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: str) -> int:
+    """Store pathtune's times in perf_db with SDPA flash of the same run as the baseline."""
+    from pathtune.codegen.triton import TritonParams, source_hash
+    from pathtune.perf_db import KernelKey, Measurement, PerfDB
+    from pathtune.runtime.environment import collect_env
+    from pathtune.specs import Config, Workload, load_spec
+
+    spec = load_spec()
+    env = collect_env()
+    n = 0
+    with PerfDB(db_url) as db:
+        run_id = db.start_run(command=command, notes="pathtune bench")
+        for row in rows:
+            params = TritonParams.heuristic(row.head_dim) if config is None else TritonParams.from_config(config)
+            cfg = Config({k: v for k, v in json.loads(params.to_json()).items() if v is not None})
+            for tag, pass_ in (("f", "fwd"), ("fb", "bwd")):
+                t = row.times.get(f"pathtune_{tag}")
+                failed = row.failures.get("pathtune")
+                if t is None and not failed:
+                    continue
+                wl = Workload(head_dim=row.head_dim, head_dim_v=row.head_dim, heads_q=row.heads,
+                              heads_kv=row.heads, dtype="bfloat16", use_gate=row.gate, pass_=pass_,
+                              seq_bucket=row.seq_len, batch_bucket=row.batch)
+                kernel = KernelKey(pass_=pass_, backend="triton", spec_hash=spec.hash, source_hash=source_hash())
+                meas = (Measurement(status="ok", median_ms=t, bench_method="triton.testing.do_bench median",
+                                    errors=dict(row.errors), baseline_ms=row.times.get(f"sdpa_flash_{tag}"),
+                                    baseline_name="sdpa_flash", command=command)
+                        if t is not None else
+                        Measurement(status="crash", message=failed, command=command))
+                db.record(env, kernel, wl, cfg, meas, run_id=run_id, on_conflict="skip")
+                n += 1
+    return n
+
+
+def format_table(rows: list[BenchRow]):
+    from rich.table import Table
+
+    table = Table(title="PaTH attention, ms (do_bench median); ratios vs SDPA flash and fla of this run")
+    for col in ("D", "T", "BxH", "gate", "sdpa flash f", "fla f", "pathtune f", "/flash", "fla/ours",
+                "sdpa flash f+b", "fla f+b", "pathtune f+b", "/flash", "fla/ours", "o err"):
+        table.add_column(col, justify="right")
+
+    def f(x):
+        return "-" if x is None else f"{x:.2f}"
+    for r in rows:
+        table.add_row(str(r.head_dim), str(r.seq_len), f"{r.batch}x{r.heads}", "FoX" if r.gate else "-",
+                      f(r.times.get("sdpa_flash_f")), f(r.times.get("fla_f")), f(r.times.get("pathtune_f")),
+                      f(r.ratio("pathtune_f", "sdpa_flash_f")), f(r.ratio("fla_f", "pathtune_f")),
+                      f(r.times.get("sdpa_flash_fb")), f(r.times.get("fla_fb")), f(r.times.get("pathtune_fb")),
+                      f(r.ratio("pathtune_fb", "sdpa_flash_fb")), f(r.ratio("fla_fb", "pathtune_fb")),
+                      "-" if "o" not in r.errors else f"{r.errors['o']:.1e}")
+    return table
+
+
+def command_line() -> str:
+    return " ".join(shlex.quote(a) for a in ["pathtune", *sys.argv[1:]])
