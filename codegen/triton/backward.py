@@ -20,7 +20,7 @@ from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_kernel
 from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
 from .bwd_intra import bwd_intra_kernel
 from .bwd_prep import bwd_prep_kernel
-from .forward import ForwardState, _LOG2E, _pow2, _tokens
+from .forward import ForwardState, _LOG2E, _pow2, _tokens, ut_inverse_scratch
 from .params import TritonParams
 from .ut import ut_bwd_kernel
 
@@ -157,7 +157,7 @@ def path_attention_bwd(
     dw = torch.empty(N, H, D, device=dev, dtype=w.dtype)
     dk = torch.empty(N, H, D, device=dev, dtype=k.dtype)
     dbeta = torch.empty(N, H, device=dev, dtype=beta.dtype)
-    scratch = torch.empty(tb.n_chunks * H * C * C, **f32)
+    scratch = ut_inverse_scratch(wt, bt, tb, H, D, C, params)
     ut_bwd_kernel[(tb.n_chunks, H)](
         wt, bt, kt_in, du, dkt, dm, dw_acc, dk_acc, dw, dk, dbeta, scratch,
         tb.chunk_tok0, tb.chunk_seq, tb.seq_end,

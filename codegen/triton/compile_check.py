@@ -76,7 +76,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .forward import _pow2
     from .scan_fwd import scan_fwd_kernel
     from .transport import superchunk_transport_kernel
-    from .ut import ut_bwd_kernel, ut_chunk_kernel
+    from .ut import ut_bwd_kernel, ut_chunk_kernel, ut_diag_inverse_kernel
 
     io = f"*{dtype}"
     scan = {tl.float16: "*fp16", tl.bfloat16: "*bf16", tl.float32: "*fp32"}[params.scan_dtype]
@@ -106,6 +106,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     flags = dict(USE_GATE=gate, INTERP=False, TP=tp)
     rows = min(BD, 32)
     return [
+        (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max), 1, 1),
         (ut_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max), utw, 1),
         (superchunk_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype, TP=tp), 4, 1),
         (scan_fwd_kernel, dict(sig, o_ptr=io), dict(common, BLOCK_N=params.block_n, **flags), params.num_warps, params.num_stages),

@@ -13,7 +13,7 @@ from ._layout import SequenceTables, build_tables, gate_cumsum
 from .params import TritonParams
 from .scan_fwd import scan_fwd_kernel
 from .transport import superchunk_transport_kernel
-from .ut import ut_chunk_kernel
+from .ut import ut_chunk_kernel, ut_diag_inverse_kernel
 
 _LOG2E = 1.4426950408889634
 
@@ -40,6 +40,16 @@ def _tokens(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
 
 
+def ut_inverse_scratch(wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams):
+    """Scratch tiles [n_chunks, H, C, C] holding the diagonal 16 x 16 blocks of each chunk's T^{-1}."""
+    scratch = torch.empty(tables.n_chunks * H * C * C, device=wt.device, dtype=torch.float32)
+    ut_diag_inverse_kernel[(tables.n_chunks * (C // 16), H)](
+        wt, bt, scratch, tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
+        H=H, D=D, BD=_pow2(D), C=C, BETA_MAX=params.beta_max, num_warps=1, num_stages=1,
+    )
+    return scratch
+
+
 def prepare_state(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None,
     *, cu_seqlens: torch.Tensor | None, params: TritonParams,
@@ -64,7 +74,7 @@ def prepare_state(
     u = torch.empty(N, H, D, device=dev, dtype=torch.float32)
     ktil = torch.empty(N, H, D, device=dev, dtype=torch.float32)
     m = torch.empty(N, H, C, device=dev, dtype=torch.float32)
-    scratch = torch.empty(tables.n_chunks * H * C * C, device=dev, dtype=torch.float32)
+    scratch = ut_inverse_scratch(wt, bt, tables, H, D, C, params)
     ut_chunk_kernel[(tables.n_chunks, H)](
         wt, bt, kt_in, u, ktil, m, scratch,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,

@@ -8,10 +8,12 @@ For chunk m with rows W (C x D, unit-norm w), beta (C), K (C x D):
     K~ = K - M^T W                                row j = (H_last ... H_{j+1} k_j)^T
 Outputs U, K~ (float32, [N_tok, H, D]) and M (float32, [N_tok, H, C]).
 
-The inverse is built in 16 x 16 blocks through a per-program float32 scratch tile (L2
-resident): diagonal blocks by row-wise substitution, then block rows top to bottom,
-T^{-1}_ij = -T^{-1}_ii sum_{j<=k<i} N_ik T^{-1}_kj.  Substitution row by row over the whole
-C x C tile in registers spills heavily on the GPU; 16 x 16 blocks do not.
+The inverse is built in 16 x 16 blocks through a float32 scratch tile per (chunk, head) (L2
+resident).  ``ut_diag_inverse_kernel`` inverts the diagonal blocks by row-wise substitution,
+one warp per block: the 15 dependent steps are latency-bound, so they run in many small
+programs instead of inside the wide chunk program.  The chunk kernels then combine block rows
+top to bottom with tensor-core products, T^{-1}_ij = -T^{-1}_ii sum_{j<=k<i} N_ik T^{-1}_kj.
+(Substitution row by row over the whole C x C tile spilled 40 KB per thread on sm_90.)
 """
 from __future__ import annotations
 
@@ -35,16 +37,48 @@ def _invert_unit_lower_16(Nbb):
 
 
 @triton.jit
+def ut_diag_inverse_kernel(
+    w_ptr, beta_ptr, scratch_ptr,
+    chunk_tok0, chunk_seq, seq_end,
+    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, BETA_MAX: tl.constexpr,
+):
+    """Diagonal 16 x 16 blocks of (I + strictLower(diag(beta) W W^T))^{-1}, into the scratch tiles.
+
+    Grid (n_chunks * C // 16, H); launch with one warp.
+    """
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    n = pid // (C // 16)
+    bi = pid % (C // 16)
+    tok0 = tl.load(chunk_tok0 + n)
+    send = tl.load(seq_end + tl.load(chunk_seq + n))
+    s = tl.arange(0, 16)
+    d = tl.arange(0, BD)
+    rows = (tok0 + bi * 16 + s).to(tl.int64)
+    rmask = rows < send
+    W = tl.load(w_ptr + (rows[:, None] * H + h) * D + d[None, :], mask=rmask[:, None] & (d < D)[None, :],
+                other=0.0).to(tl.float32)
+    beta = tl.minimum(tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32), BETA_MAX)
+    G = tl.sum(W[:, None, :] * W[None, :, :], axis=2)
+    Nbb = tl.where(s[:, None] > s[None, :], beta[:, None] * G, 0.0)
+    inv = _invert_unit_lower_16(Nbb)
+    base = scratch_ptr + (n * H + h).to(tl.int64) * C * C
+    tl.store(base + (bi * 16 + s[:, None]) * C + bi * 16 + s[None, :], inv)
+
+
+@triton.jit
 def _blocked_inverse(N, base, C: tl.constexpr):
-    """(I + N)^{-1} for a strictly lower C x C tile N, in 16 x 16 blocks via a scratch tile at base."""
+    """(I + N)^{-1} for a strictly lower C x C tile N, in 16 x 16 blocks via the scratch tile at base,
+    whose diagonal blocks ut_diag_inverse_kernel already holds."""
     r = tl.arange(0, C)
-    tl.store(base + r[:, None] * C + r[None, :], N)
+    offdiag = (r // 16)[:, None] != (r // 16)[None, :]
+    tl.store(base + r[:, None] * C + r[None, :], N, mask=offdiag)
     tl.debug_barrier()
     s = tl.arange(0, 16)
     blk = s[:, None] * C + s[None, :]
     for bi in tl.static_range(C // 16):
         diag_ptr = base + (bi * 16) * C + bi * 16 + blk
-        inv_ii = _invert_unit_lower_16(tl.load(diag_ptr))
+        inv_ii = tl.load(diag_ptr)
         for bj in tl.static_range(bi):
             acc = tl.zeros((16, 16), dtype=tl.float32)
             for bk in tl.static_range(bj, bi):
@@ -55,8 +89,6 @@ def _blocked_inverse(N, base, C: tl.constexpr):
             tl.debug_barrier()
             tl.store(base + (bi * 16) * C + bj * 16 + blk, t_ij)
             tl.debug_barrier()
-        tl.store(diag_ptr, inv_ii)
-        tl.debug_barrier()
     return tl.load(base + r[:, None] * C + r[None, :])
 
 
