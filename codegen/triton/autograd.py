@@ -39,19 +39,19 @@ def _(q, k, v, w, beta, g, cu_seqlens, scale, params_json, gate_placement):
 
 
 @torch.library.custom_op("pathtune::path_attn_bwd", mutates_args=())
-def _path_attn_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor,
-                   g: Optional[Tensor], o: Tensor, lse: Tensor, cu_seqlens: Optional[Tensor], scale: float,
-                   params_json: str, gate_placement: str) -> list[Tensor]:
+def _path_attn_bwd(do: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, w: Tensor,
+                   beta: Tensor, g: Optional[Tensor], o: Tensor, lse: Tensor, cu_seqlens: Optional[Tensor],
+                   scale: float, params_json: str, gate_placement: str) -> list[Tensor]:
     params = _params(params_json)
     state = prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params)
     grads = path_attention_bwd(do.contiguous(), q, k, v, w, beta, g, o, lse, state, scale=scale,
-                               params=params, gate_placement=gate_placement)
+                               params=params, gate_placement=gate_placement, dlse=dlse)
     dg = grads[5] if grads[5] is not None else beta.new_empty(0)
     return [*grads[:5], dg]
 
 
 @_path_attn_bwd.register_fake
-def _(do, q, k, v, w, beta, g, o, lse, cu_seqlens, scale, params_json, gate_placement):
+def _(do, dlse, q, k, v, w, beta, g, o, lse, cu_seqlens, scale, params_json, gate_placement):
     dg = torch.empty_like(g) if g is not None else beta.new_empty(0)
     return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w),
             torch.empty_like(beta), dg]
@@ -66,7 +66,9 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, dlse):
     q, k, v, w, beta, g, o, lse, cu_seqlens = ctx.saved_tensors
-    dq, dk, dv, dw, dbeta, dg = _path_attn_bwd(do, q, k, v, w, beta, g, o, lse, cu_seqlens, ctx.scale,
+    if do is None:
+        do = torch.zeros_like(o)
+    dq, dk, dv, dw, dbeta, dg = _path_attn_bwd(do, dlse, q, k, v, w, beta, g, o, lse, cu_seqlens, ctx.scale,
                                                ctx.params_json, ctx.gate_placement)
     return dq, dk, dv, dw, dbeta, (dg if g is not None else None), None, None, None, None
 

@@ -66,9 +66,12 @@ def _superchunk_chain_torch(what: torch.Tensor, dom: torch.Tensor, tables: Seque
 
 def path_attention_bwd(
     do: torch.Tensor, q, k, v, w, beta, g, o, lse, state: ForwardState, *, scale: float,
-    params: TritonParams, gate_placement: str = "inside_scale",
+    params: TritonParams, gate_placement: str = "inside_scale", dlse: torch.Tensor | None = None,
 ):
-    """Gradients (dq, dk, dv, dw, dbeta, dg) of PaTH(-FoX) attention; dg is None without a gate."""
+    """Gradients (dq, dk, dv, dw, dbeta, dg) of PaTH(-FoX) attention; dg is None without a gate.
+
+    do is the gradient of o; dlse (optional) the gradient of the returned lse.
+    """
     B, T, HQ, D = q.shape
     H, DV = v.shape[2], v.shape[3]
     C, S, BN = params.chunk_size, params.superchunk_size, params.block_n
@@ -91,10 +94,11 @@ def path_attention_bwd(
     # queries at their super-chunk start, stored in the scan dtype: they are only ever GEMM operands
     y = torch.zeros(N, HQ, D, device=dev, dtype=state.kj.dtype)
     delta = torch.empty(N, HQ, **f32)
+    dlse_t = _tokens(dlse).float() if dlse is not None else delta
     bwd_prep_kernel[(tb.n_chunks, HQ)](
-        qt, wt, state.u, ot, dot_, y, delta,
+        qt, wt, state.u, ot, dot_, dlse_t, y, delta,
         tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end,
-        INTERP=interp, num_warps=params.bwd_num_warps, num_stages=1, **common,
+        INTERP=interp, HAS_DLSE=dlse is not None, num_warps=params.bwd_num_warps, num_stages=1, **common,
     )
 
     dy = torch.zeros(N, HQ, D, **f32)

@@ -2,7 +2,8 @@
 
 Recomputes Y_c, the chunk's queries carried to the START of their super-chunk
 (Y = Q~_c P_{c-1} ... P_first, exactly the scan state when the forward leaves the
-super-chunk), and delta = rowsum(dO * O), the FlashAttention softmax-gradient term.
+super-chunk), and delta = rowsum(dO * O) - dlse, the FlashAttention softmax-gradient term (dlse: the gradient
+of the returned log-sum-exp, when the loss uses it).
 """
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from ._ops import mm
 
 @triton.jit
 def bwd_prep_kernel(
-    q_ptr, w_ptr, u_ptr, o_ptr, do_ptr,
+    q_ptr, w_ptr, u_ptr, o_ptr, do_ptr, dlse_ptr,
     y_ptr, delta_ptr,
     chunk_tok0, chunk_seq, seq_start, seq_end,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
-    DT: tl.constexpr, INTERP: tl.constexpr,
+    DT: tl.constexpr, INTERP: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):
     n = tl.program_id(0)
     hq = tl.program_id(1)
@@ -42,7 +43,11 @@ def bwd_prep_kernel(
     ovmask = rmask[:, None] & (dv < DV)[None, :]
     o = tl.load(o_ptr + ov, mask=ovmask, other=0.0).to(tl.float32)
     do = tl.load(do_ptr + ov, mask=ovmask, other=0.0).to(tl.float32)
-    tl.store(delta_ptr + rows * HQ + hq, tl.sum(o * do, axis=1), mask=rmask)
+    delta = tl.sum(o * do, axis=1)
+    if HAS_DLSE:
+        # d lse_i / d S_ij = p_ij, so a gradient on lse enters dS = p (dp - delta) as -dlse in delta
+        delta -= tl.load(dlse_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+    tl.store(delta_ptr + rows * HQ + hq, delta, mask=rmask)
 
     koff = (rows[:, None] * H + h) * D + d[None, :]
     Q = tl.load(q_ptr + (rows[:, None] * HQ + hq) * D + d[None, :], mask=rmask[:, None] & dmask, other=0.0).to(DT)
