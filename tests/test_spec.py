@@ -246,10 +246,10 @@ def test_default_config_is_valid(spec, pass_):
 
 def test_validate_reports_every_kind_of_problem(spec):
     space = KnobSpace(spec, "fwd")
-    bad = space.default().replace(chunk_size=128, superchunk_size=256, block_n=48, bwd_block_m=64)
+    bad = space.default().replace(chunk_size=128, superchunk_size=256, block_n=48, bwd_block_n=64)
     problems = space.validate(bad, DIMS)
     assert any("block_n=48 is not in its domain" in p for p in problems)
-    assert any("'bwd_block_m' is not used by pass fwd (it belongs to pass bwd)" in p for p in problems)
+    assert any("'bwd_block_n' is not used by pass fwd (it belongs to pass bwd)" in p for p in problems)
     problems = space.validate(space.default().replace(chunk_size=128, superchunk_size=256), {"D": 256, "DV": 64})
     assert problems == ["a UT chunk tile (chunk_size x max(D, DV)) must fit in 16384 elements of shared memory "
                         "[chunk_size * max(D, DV) <= 16384 is false for D=256, DV=64, chunk_size=128]"]

@@ -74,7 +74,7 @@ def path_attention_bwd(
     """
     B, T, HQ, D = q.shape
     H, DV = v.shape[2], v.shape[3]
-    C, S, BN = params.chunk_size, params.superchunk_size, params.block_n
+    C, S, BN = params.chunk_size, params.superchunk_size, params.bwd_block_n
     BD, BDV = _pow2(D), _pow2(DV)
     dev = q.device
     dt, tp = params.scan_dtype, params.transition_precision
@@ -119,7 +119,7 @@ def path_attention_bwd(
             y, state.kj, vt, state.what, gc, dot_, lset, delta, dkj, dv, dom, dc,
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             qk_scale, gate_scale, scale, gate_nat,
-            BLOCK_N=params.bwd_block_n, TP=tp, USE_GATE=use_gate, INTERP=interp,
+            BLOCK_N=BN, TP=tp, USE_GATE=use_gate, INTERP=interp,
             num_warps=params.bwd_num_warps, num_stages=params.bwd_num_stages, **common,
         )
         if BD <= 64:

@@ -111,7 +111,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (superchunk_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype, TP=tp), 4, 1),
         (scan_fwd_kernel, dict(sig, o_ptr=io), dict(common, BLOCK_N=params.block_n, **flags), params.num_warps, params.num_stages),
         (bwd_prep_kernel, sig, dict(common, INTERP=False), params.bwd_num_warps, 1),
-        (bwd_inter_dq_kernel, sig, dict(common, BLOCK_N=params.block_n, **flags), params.bwd_num_warps, params.bwd_num_stages),
+        (bwd_inter_dq_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **flags), params.bwd_num_warps, params.bwd_num_stages),
         (bwd_inter_dkv_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **flags), params.bwd_num_warps, params.bwd_num_stages),
         (bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=tp), 4 if BD <= 64 else 8, 1),
         (bwd_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp), 4, 1),

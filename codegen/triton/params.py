@@ -27,7 +27,6 @@ class TritonParams:
     scan_precision: str = "fp16"
     transition_precision: str = "tf32x3"
     beta_clip_eps: float | None = None
-    bwd_block_m: int = 64
     bwd_block_n: int = 64
     bwd_num_warps: int = 4
     bwd_num_stages: int = 2
