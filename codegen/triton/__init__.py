@@ -6,10 +6,10 @@ online softmax and the FoX gate), ``bwd_*`` (backward), ``forward``/``backward``
 ``autograd`` (custom ops + autograd).  Tile sizes, warps, stages and precisions come from
 ``TritonParams``, derived from the spec's knobs.
 """
-from .autograd import path_attention_triton
+from .autograd import KernelConfigError, path_attention_triton
 from .params import TritonParams
 
-__all__ = ["path_attention_triton", "TritonParams"]
+__all__ = ["path_attention_triton", "TritonParams", "KernelConfigError"]
 
 
 def source_hash() -> str:

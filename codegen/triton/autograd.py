@@ -23,12 +23,28 @@ def _params(params_json: str) -> TritonParams:
     return TritonParams(**json.loads(params_json))
 
 
+class KernelConfigError(RuntimeError):
+    """A Triton config that does not compile or does not fit this GPU (shared memory, registers)."""
+
+
+def _explain(exc: Exception, q: Tensor, v: Tensor, params_json: str, what: str) -> KernelConfigError:
+    return KernelConfigError(
+        f"the Triton PaTH {what} kernels with config {params_json} do not fit this GPU for head dims "
+        f"D={q.shape[-1]}, DV={v.shape[-1]} ({type(exc).__name__}: {exc}). Pass a smaller config "
+        f"(chunk_size, num_stages, block_n), tune one for this GPU, or use backend='reference'.")
+
+
 @torch.library.custom_op("pathtune::path_attn_fwd", mutates_args=())
 def _path_attn_fwd(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, g: Optional[Tensor],
                    cu_seqlens: Optional[Tensor], scale: float, params_json: str,
                    gate_placement: str) -> tuple[Tensor, Tensor]:
-    o, lse, _ = path_attention_fwd(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
-                                   params=_params(params_json), gate_placement=gate_placement)
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        o, lse, _ = path_attention_fwd(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
+                                       params=_params(params_json), gate_placement=gate_placement)
+    except OutOfResources as exc:
+        raise _explain(exc, q, v, params_json, "forward") from exc
     return o, lse
 
 
@@ -42,10 +58,15 @@ def _(q, k, v, w, beta, g, cu_seqlens, scale, params_json, gate_placement):
 def _path_attn_bwd(do: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, w: Tensor,
                    beta: Tensor, g: Optional[Tensor], o: Tensor, lse: Tensor, cu_seqlens: Optional[Tensor],
                    scale: float, params_json: str, gate_placement: str) -> list[Tensor]:
+    from triton.runtime.errors import OutOfResources
+
     params = _params(params_json)
-    state = prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params)
-    grads = path_attention_bwd(do.contiguous(), q, k, v, w, beta, g, o, lse, state, scale=scale,
-                               params=params, gate_placement=gate_placement, dlse=dlse)
+    try:
+        state = prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params)
+        grads = path_attention_bwd(do.contiguous(), q, k, v, w, beta, g, o, lse, state, scale=scale,
+                                   params=params, gate_placement=gate_placement, dlse=dlse)
+    except OutOfResources as exc:
+        raise _explain(exc, q, v, params_json, "backward") from exc
     dg = grads[5] if grads[5] is not None else beta.new_empty(0)
     return [*grads[:5], dg]
 
