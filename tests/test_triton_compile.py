@@ -1,0 +1,145 @@
+"""Every Triton PaTH kernel compiles for sm_90 (H100/H200) without a GPU and fits its shared memory.
+
+``codegen/triton/compile_check.py`` lowers each launch of ``forward_kernels(params, D, DV)`` (forward
+and backward) with ``triton.compile(..., target=GPUTarget("cuda", 90, 32))`` and Triton's bundled
+ptxas; no GPU or driver is needed.  That must run WITHOUT ``TRITON_INTERPRET``: with it set before
+triton is imported (as in the CPU test run), ``@triton.jit`` yields ``InterpretedFunction`` objects,
+which ``triton.compile`` cannot lower (checked below).  So the compilation runs in a child Python
+process whose environment lacks ``TRITON_INTERPRET``; one child per head dim, both started at once.
+
+D=64 (spec defaults): compile + shared memory <= 232448 B (the sm_90 per-block opt-in limit) asserted.
+D=128 (with ``TritonParams.heuristic(128, 128)``, the parameters ``path_attention_triton`` picks when
+no config is given, when that exists): compile asserted; a kernel over the shared-memory limit is an
+xfail that prints its numbers (being fixed; it turns into a pass by itself once the kernel fits).
+
+Takes ~20 s (D=64) + ~80 s (D=128) of CPU on a cold Triton cache: marked ``slow``.
+Skipped cleanly when Triton's bundled ptxas is missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import triton
+
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not os.path.exists(PTXAS), reason=f"Triton's bundled ptxas is missing ({PTXAS})"),
+]
+
+from pathtune.codegen.triton import TritonParams  # noqa: E402
+from pathtune.codegen.triton.compile_check import compile_kernel, forward_kernels  # noqa: E402
+
+SMEM_LIMIT_SM90 = 232448  # bytes: max dynamic shared memory per block on H100/H200 (227 KiB)
+HEAD_DIMS = (64, 128)
+CHILD_TIMEOUT_S = 900
+
+
+def _name(fn) -> str:
+    return getattr(fn, "fn", fn).__name__
+
+
+KERNELS = [_name(k[0]) for k in forward_kernels(TritonParams(), 64, 64)]
+
+_CHILD = textwrap.dedent("""
+    import json, os, sys, time
+    assert "TRITON_INTERPRET" not in os.environ
+    from triton.runtime.jit import JITFunction
+    from pathtune.codegen.triton import TritonParams
+    from pathtune.codegen.triton.compile_check import compile_kernel, forward_kernels
+
+    D = int(sys.argv[1])
+    params = TritonParams.heuristic(D, D) if D > 64 and hasattr(TritonParams, "heuristic") else TritonParams()
+    out = []
+    for fn, sig, const, nw, ns in forward_kernels(params, D, D):
+        rec = dict(name=fn.fn.__name__, jit=isinstance(fn, JITFunction), num_warps=nw, num_stages=ns)
+        t0 = time.time()
+        try:
+            r = compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=90)
+            rec.update(ok=True, shared=r.shared_bytes, regs=r.registers, spills=r.spill_bytes)
+        except Exception as exc:
+            rec.update(ok=False, error=f"{type(exc).__name__}: {exc}"[-3000:])
+        rec["seconds"] = round(time.time() - t0, 2)
+        out.append(rec)
+    print("PARAMS " + params.to_json(), flush=True)
+    print("RESULT " + json.dumps(out), flush=True)
+""")
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """{D: {kernel name: record}}; the children for all head dims run concurrently."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    procs = {D: subprocess.Popen([sys.executable, "-c", _CHILD, str(D)], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+             for D in HEAD_DIMS}
+    results = {}
+    for D, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail(f"compiling the D={D} kernels took over {CHILD_TIMEOUT_S} s")
+        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, f"D={D} child failed (rc {proc.returncode}):\n{err[-4000:]}"
+        recs = json.loads(lines[-1][len("RESULT "):])
+        results[D] = {r["name"]: r for r in recs}
+        pline = [ln for ln in out.splitlines() if ln.startswith("PARAMS ")]
+        print(f"\nsm_90 resources, D=DV={D}, {pline[-1] if pline else ''}:")
+        for r in recs:
+            if r["ok"]:
+                flag = "" if r["shared"] <= SMEM_LIMIT_SM90 else f"  OVER {SMEM_LIMIT_SM90}"
+                print(f"  {r['name']:30s} shared {r['shared']:7d} B  regs {r['regs']}  spills {r['spills']} B  "
+                      f"({r['seconds']:.1f} s){flag}")
+            else:
+                print(f"  {r['name']:30s} FAILED {r['error'][:300]}")
+    return results
+
+
+def test_compile_needs_jit_functions_not_the_interpreter():
+    """Under TRITON_INTERPRET=1 the kernels are InterpretedFunction objects and compile_kernel cannot
+    lower them -- which is why the compilation below runs in a child without TRITON_INTERPRET."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("only meaningful in the interpreter run (TRITON_INTERPRET=1)")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    fn, sig, const, nw, ns = forward_kernels(TritonParams(), 64, 64)[0]
+    assert isinstance(fn, InterpretedFunction)
+    with pytest.raises(Exception):
+        compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=90)
+
+
+def test_every_kernel_was_compiled(compiled):
+    assert list(compiled[64]) == KERNELS, f"D=64: compiled {list(compiled[64])}, expected {KERNELS}"
+    for D in HEAD_DIMS:
+        assert compiled[D] and set(compiled[D]) <= set(KERNELS), f"D={D}: compiled {list(compiled[D])}"
+        assert all(r["jit"] for r in compiled[D].values()), "the child must see JITFunction kernels"
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_kernel_compiles_and_fits_sm90_d64(compiled, name):
+    r = compiled[64][name]
+    assert r["ok"], f"{name} (D=64) does not compile for sm_90: {r['error']}"
+    assert 0 <= r["shared"] <= SMEM_LIMIT_SM90, (
+        f"{name} (D=64) needs {r['shared']} B of shared memory > {SMEM_LIMIT_SM90} B (sm_90)")
+    assert r["regs"] is not None and r["regs"] <= 255
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_kernel_compiles_sm90_d128(compiled, name):
+    if name not in compiled[128]:
+        pytest.skip(f"compile_check does not list {name} for D=128")
+    r = compiled[128][name]
+    assert r["ok"], f"{name} (D=128) does not compile for sm_90: {r['error']}"
+    if r["shared"] > SMEM_LIMIT_SM90:
+        note = ("; backward.py launches it only for padded head dims <= 64 (a torch chain above), but "
+                "compile_check.forward_kernels still lists it" if name == "bwd_superchunk_chain_kernel" else "")
+        pytest.xfail(f"D=128 shared memory being fixed: {name} needs {r['shared']} B > {SMEM_LIMIT_SM90} B "
+                     f"(regs {r['regs']}, spills {r['spills']} B){note}")

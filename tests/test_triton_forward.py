@@ -1,0 +1,246 @@
+"""Triton forward (codegen/triton) against the float64 oracle ``naive_path_attention``.
+
+Runs the real Triton kernels in Triton's CPU interpreter (``TRITON_INTERPRET=1``, exported by
+.ci/run; it must be set before triton is imported, so the module is skipped without it).
+
+Every test draws fresh inputs from its own ``torch.Generator`` seed, rounds them to the kernel's
+input dtype, and compares ``o`` and ``lse`` with the oracle evaluated in float64 on exactly those
+rounded inputs: error = ||x - ref||_F / ||ref||_F per tensor.
+
+Sizes are small (the interpreter is slow) but chosen so that several UT chunks AND several
+super-chunks are exercised: chunk_size 16, superchunk_size 32 (or 64), block_n 16.
+
+Measured errors (interpreter): float32 inputs + scan_precision tf32 ~3e-7, float16 + fp16 ~7e-4,
+bfloat16 + bf16 ~1e-2 (the interpreter truncates float32 -> bfloat16 stores), hence the bounds.
+Each gated test also checks that the oracle comparison can fail: the kernel output is far from
+the oracle without the gate / with the other gate placement / with unclipped beta.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                       reason="Triton kernel tests run in the CPU interpreter: set TRITON_INTERPRET=1 before "
+                              "starting pytest (.ci/run does)"),
+    # triton 3.6's interpreter: int() of a size-1 array, once per launch
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
+]
+
+from pathtune.codegen.triton import TritonParams, path_attention_triton  # noqa: E402
+from pathtune.runtime.reference import naive_path_attention  # noqa: E402
+
+F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
+SCAN = {F32: "tf32", F16: "fp16", BF16: "bf16"}
+TOL = {F32: 1e-5, F16: 2e-3, BF16: 3e-2}
+# an error above this means "the test would have caught it" (>= 1000x the float32 tolerance)
+CAUGHT = 1e-2
+
+
+def rel(a, b):
+    a, b = a.detach().to(F64), b.detach().to(F64)
+    return ((a - b).norm() / b.norm()).item()
+
+
+def make_inputs(seed, *, B=1, T=150, HQ=2, H=1, D=16, DV=16, dtype=F32, gate=False, beta_range=(1.5, 2.0)):
+    """q, k, v in ``dtype``; w (unit rows), beta ~ U(beta_range), g = log U(0.9, 1) in float32."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rn(*s):
+        return torch.randn(*s, generator=gen, dtype=F64)
+
+    def ru(lo, hi, *s):
+        return lo + (hi - lo) * torch.rand(*s, generator=gen, dtype=F64)
+
+    q, k, v = rn(B, T, HQ, D).to(dtype), rn(B, T, H, D).to(dtype), rn(B, T, H, DV).to(dtype)
+    w = F.normalize(rn(B, T, H, D), dim=-1).to(F32)
+    lo, hi = beta_range
+    beta = ru(lo, hi, B, T, H).clamp_min(1e-3).to(F32)
+    g = torch.log(ru(0.9, 1.0, B, T, HQ)).to(F32) if gate else None
+    return q, k, v, w, beta, g
+
+
+def params(dtype=F32, **kw):
+    base = dict(chunk_size=16, superchunk_size=32, block_n=16, bwd_block_m=16, bwd_block_n=16,
+                scan_precision=SCAN[dtype])
+    base.update(kw)
+    return TritonParams(**base)
+
+
+def oracle(q, k, v, w, beta, g, **kw):
+    """Oracle in float64 on the given (already rounded) inputs -> (o, lse)."""
+    return naive_path_attention(*(x.to(F64) if x is not None else None for x in (q, k, v, w, beta, g)),
+                                return_lse=True, **kw)
+
+
+def run(inputs, p, **kw):
+    o, lse = path_attention_triton(*inputs, config=p, **kw)
+    q, v = inputs[0], inputs[2]
+    B, T, HQ, _ = q.shape
+    assert o.shape == (B, T, HQ, v.shape[-1]) and o.dtype == q.dtype
+    assert lse.shape == (B, T, HQ) and lse.dtype == F32
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    return o, lse
+
+
+def check(o, lse, o_ref, lse_ref, tol):
+    eo, el = rel(o, o_ref), rel(lse, lse_ref)
+    print(f"rel err o {eo:.2e} lse {el:.2e} (tol {tol:g})")
+    assert eo < tol and el < tol, f"rel err o {eo:.3e}, lse {el:.3e} (tol {tol:g})"
+    return eo, el
+
+
+# ----------------------------------------------------------------------------- gate variants
+
+@pytest.mark.parametrize("gate,placement", [(False, "inside_scale"), (True, "inside_scale"),
+                                            (True, "outside_scale")],
+                         ids=["nogate", "gate-inside", "gate-outside"])
+def test_forward_gate_variants(gate, placement):
+    """B=2, T=150: 10 UT chunks (last one partial), 5 super-chunks of 32 (last partial)."""
+    x = make_inputs(100 + 2 * gate + (placement == "outside_scale"), B=2, T=150, gate=gate)
+    o, lse = run(x, params(), gate_placement=placement)
+    o_ref, lse_ref = oracle(*x, gate_placement=placement)
+    check(o, lse, o_ref, lse_ref, TOL[F32])
+    if gate:
+        # the comparison can fail: dropping the gate, or the other placement, is far off
+        o_nog, _ = oracle(*x[:5], None)
+        other = "outside_scale" if placement == "inside_scale" else "inside_scale"
+        o_oth, _ = oracle(*x, gate_placement=other)
+        assert rel(o, o_nog) > CAUGHT and rel(o, o_oth) > CAUGHT
+
+
+# ----------------------------------------------------------------------------- shapes
+
+def test_forward_gqa():
+    """HQ=4 query heads on H=2 kv heads: query head h reads kv head h // 2; gate per query head."""
+    x = make_inputs(110, B=1, T=100, HQ=4, H=2, gate=True)
+    o, lse = run(x, params())
+    o_ref, lse_ref = oracle(*x)
+    check(o, lse, o_ref, lse_ref, TOL[F32])
+    # a wrong head mapping (h % H instead of h // G) would be caught
+    q, k, v, w, beta, g = x
+    perm = torch.tensor([0, 2, 1, 3])
+    o_bad, _ = oracle(q[:, :, perm], k, v, w, beta, g[:, :, perm])
+    assert rel(o, o_bad[:, :, perm]) > CAUGHT
+
+
+@pytest.mark.parametrize("D,DV", [(24, 16), (16, 32)], ids=["D24-DV16", "D16-DV32"])
+def test_forward_head_dims(D, DV):
+    """D != DV; D=24 is not a power of two (padded to 32 inside the kernels)."""
+    x = make_inputs(120 + D, B=1, T=100, HQ=2, H=1, D=D, DV=DV, gate=True)
+    o, lse = run(x, params())
+    check(o, lse, *oracle(*x), TOL[F32])
+
+
+# ----------------------------------------------------------------------------- sequence lengths
+
+@pytest.mark.parametrize("T,S", [(1, 32), (5, 32), (20, 32), (32, 32), (37, 32), (64, 32), (150, 64)],
+                         ids=lambda v: str(v))
+def test_forward_lengths(T, S):
+    """One token; less than a chunk; one super-chunk (partial / exact); ragged T over 2 super-chunks
+    (37); exactly 2 full super-chunks (64); 150 tokens over 3 super-chunks of 64 (last partial)."""
+    x = make_inputs(130 + T, B=1, T=T, HQ=2, H=1, gate=True)
+    o, lse = run(x, params(superchunk_size=S))
+    check(o, lse, *oracle(*x), TOL[F32])
+
+
+def test_forward_chunk32():
+    """chunk_size 32 (superchunk 64, block_n 32): 5 chunks and 3 super-chunks at T=150."""
+    x = make_inputs(140, B=1, T=150, HQ=2, H=1, gate=True)
+    o, lse = run(x, params(chunk_size=32, superchunk_size=64, block_n=32))
+    check(o, lse, *oracle(*x), TOL[F32])
+
+
+def test_forward_beta_full_range():
+    """beta ~ U(0, 2) (small and sign-flipping transitions mixed), no gate."""
+    x = make_inputs(150, B=1, T=150, HQ=2, H=1, beta_range=(0.0, 2.0))
+    o, lse = run(x, params())
+    check(o, lse, *oracle(*x), TOL[F32])
+
+
+# ----------------------------------------------------------------------------- varlen
+
+@pytest.mark.parametrize("lens", [(70, 1, 79), (1, 100, 37)], ids=["70-1-79", "1-100-37"])
+def test_forward_varlen(lens):
+    """Packed sequences (one of length 1) == each sequence separately through the oracle.
+
+    The gate's cumulative sum must restart at every sequence start, and nothing may cross a
+    boundary (the unpacked oracle over the whole stream is far off)."""
+    T = sum(lens)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    x = make_inputs(160 + lens[0], B=1, T=T, HQ=2, H=1, gate=True)
+    o, lse = run(x, params(), cu_seqlens=cu)
+    o_sep, l_sep = [], []
+    for b_, e_ in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        o_s, l_s = oracle(*(t[:, b_:e_] for t in x))
+        o_sep.append(o_s)
+        l_sep.append(l_s)
+    o_ref, lse_ref = torch.cat(o_sep, 1), torch.cat(l_sep, 1)
+    check(o, lse, o_ref, lse_ref, TOL[F32])
+    # the packed oracle agrees with the separate runs, the unsegmented one does not
+    o_pk, _ = oracle(*x, cu_seqlens=cu)
+    assert rel(o_pk, o_ref) < 1e-12
+    o_whole, _ = oracle(*x)
+    assert rel(o, o_whole) > CAUGHT
+
+
+# ----------------------------------------------------------------------------- precisions
+
+def test_forward_fp16():
+    x = make_inputs(170, B=1, T=150, HQ=4, H=2, dtype=F16, gate=True)
+    o, lse = run(x, params(F16))
+    check(o, lse, *oracle(*x), TOL[F16])
+
+
+def test_forward_fp16_nogate_varlen():
+    cu = torch.tensor([0, 50, 51, 120], dtype=torch.int64)
+    x = make_inputs(171, B=1, T=120, HQ=2, H=1, dtype=F16)
+    o, lse = run(x, params(F16), cu_seqlens=cu)
+    check(o, lse, *oracle(*x, cu_seqlens=cu), TOL[F16])
+
+
+def test_forward_bf16_loose():
+    """bfloat16 only with a loose bound: the interpreter truncates float32 -> bfloat16 stores."""
+    x = make_inputs(180, B=1, T=100, HQ=2, H=1, dtype=BF16, gate=True)
+    o, lse = run(x, params(BF16))
+    check(o, lse, *oracle(*x), TOL[BF16])
+
+
+# ----------------------------------------------------------------------------- beta clip
+
+def test_forward_beta_clip():
+    """beta_clip_eps: the kernels compute the oracle on min(beta, 2 - eps).
+
+    beta ~ U(1.9, 2) so that ~16% of the betas are clipped and the clip is visible (the
+    unclipped oracle is farther away than the tolerance by orders of magnitude)."""
+    eps = 0.015625
+    x = make_inputs(190, B=1, T=150, HQ=2, H=1, gate=True, beta_range=(1.9, 2.0))
+    q, k, v, w, beta, g = x
+    assert (beta > 2 - eps).float().mean() > 0.05
+    o, lse = run(x, params(beta_clip_eps=eps))
+    o_ref, lse_ref = oracle(q, k, v, w, beta.clamp(max=2 - eps), g)
+    eo, _ = check(o, lse, o_ref, lse_ref, TOL[F32])
+    o_unclipped, _ = oracle(*x)
+    assert rel(o, o_unclipped) > 100 * max(eo, 1e-7)
+
+
+# ----------------------------------------------------------------------------- public API
+
+@pytest.mark.parametrize("gate", [False, True], ids=["nogate", "gate"])
+def test_public_api_triton_backend(gate):
+    """pathtune.path_attention(..., backend="triton") on CPU tensors (allowed by TRITON_INTERPRET=1):
+    spec defaults (chunk 64, scan fp16), spec head dim 32, float32 inputs, T=100 (2 chunks)."""
+    import pathtune
+
+    x = make_inputs(200 + gate, B=2, T=100, HQ=2, H=1, D=32, DV=32, gate=gate)
+    o, lse = pathtune.path_attention(*x, backend="triton", return_lse=True)
+    assert o.shape == (2, 100, 2, 32) and o.dtype == F32 and lse.dtype == F32
+    o_ref, lse_ref = oracle(*x)
+    check(o, lse, o_ref, lse_ref, TOL[F16])  # default scan_precision is fp16
+    # same numbers as the direct entry point with the spec's default parameters
+    o2, lse2 = path_attention_triton(*x, config=None)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
