@@ -58,14 +58,13 @@ def probe_ut_inverse(C: int, D: int):
                 bs = T.sblock_alloc_buffer((C,), F)
                 G = T.sblock_alloc_buffer((C, C), F)
                 Tinv = T.sblock_alloc_buffer((C, C), F)
-                A = T.sblock_alloc_buffer((C, C), F)
                 _copy_in(Ws, Wg, vp, C, D)
                 for r in T.serial(C):
                     with T.sblock("copy_b"):
                         vr = T.axis.remap("S", [r])
                         bs[vr] = Bg[vp, vr]
-                ut_inverse(Ws, bs, G, Tinv, A)
-                _copy_out(Ag, A, vp, C, C)
+                ut_inverse(Ws, bs, G, Tinv)
+                _copy_out(Ag, Tinv, vp, C, C)
 
     return probe
 
@@ -227,49 +226,26 @@ def probe_fox_logits(C: int, N: int, diag: bool):
 
 
 def probe_transport(C: int, s: int, D: int):
+    """Tensors are token-major like the kernels': K~, W, U, KJ [s*C, n, D] (n independent super-chunks)."""
     suffix_init, transport_keys, transition_lowrank = transport_macros(C, D, F)
 
     @T.prim_func(s_tir=True)
     def probe(kt_h: T.handle, w_h: T.handle, u_h: T.handle, kj_h: T.handle, what_h: T.handle):
         n = T.int64()
-        KT = T.match_buffer(kt_h, (n, s * C, D), F)
-        Wg = T.match_buffer(w_h, (n, s * C, D), F)
-        Ug = T.match_buffer(u_h, (n, s * C, D), F)
-        KJg = T.match_buffer(kj_h, (n, s * C, D), F)
+        KT = T.match_buffer(kt_h, (s * C, n, D), F)
+        Wg = T.match_buffer(w_h, (s * C, n, D), F)
+        Ug = T.match_buffer(u_h, (s * C, n, D), F)
+        KJg = T.match_buffer(kj_h, (s * C, n, D), F)
         WH = T.match_buffer(what_h, (n, D, D), F)
         for p in T.serial(n):
             with T.sblock("program"):
                 vp = T.axis.remap("S", [p])
                 Suf = T.sblock_alloc_buffer((D, D), F)
-                Kt = T.sblock_alloc_buffer((C, D), F)
-                Wc = T.sblock_alloc_buffer((C, D), F)
-                Uc = T.sblock_alloc_buffer((C, D), F)
-                KJ = T.sblock_alloc_buffer((C, D), F)
                 SW = T.sblock_alloc_buffer((D, C), F)
                 suffix_init(Suf)
                 for step in T.serial(s):
-                    for r, d in T.grid(C, D):
-                        with T.sblock("load"):
-                            vs = T.axis.opaque(s, step)
-                            vr, vd = T.axis.remap("SS", [r, d])
-                            Kt[vr, vd] = KT[vp, (s - 1 - vs) * C + vr, vd]
-                    for r, d in T.grid(C, D):
-                        with T.sblock("load_w"):
-                            vs = T.axis.opaque(s, step)
-                            vr, vd = T.axis.remap("SS", [r, d])
-                            Wc[vr, vd] = Wg[vp, (s - 1 - vs) * C + vr, vd]
-                    for r, d in T.grid(C, D):
-                        with T.sblock("load_u"):
-                            vs = T.axis.opaque(s, step)
-                            vr, vd = T.axis.remap("SS", [r, d])
-                            Uc[vr, vd] = Ug[vp, (s - 1 - vs) * C + vr, vd]
-                    transport_keys(Kt, Suf, KJ)
-                    for r, d in T.grid(C, D):
-                        with T.sblock("store"):
-                            vs = T.axis.opaque(s, step)
-                            vr, vd = T.axis.remap("SS", [r, d])
-                            KJg[vp, (s - 1 - vs) * C + vr, vd] = KJ[vr, vd]
-                    transition_lowrank(Suf, Wc, Uc, SW)
+                    transport_keys(KT, Suf, KJg, T.int64((s - 1) * C), step, s, vp)
+                    transition_lowrank(Suf, Wg, Ug, SW, T.int64((s - 1) * C), step, s, vp)
                 _copy_out(WH, Suf, vp, D, D)
 
     return probe

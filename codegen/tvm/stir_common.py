@@ -17,7 +17,8 @@ from __future__ import annotations
 import tvm
 from tvm.script import tirx as T
 
-__all__ = ["const", "barrier_macro", "load_rows_macro", "online_softmax_macro", "unroll_factor", "NEG_INF"]
+__all__ = ["const", "barrier_macro", "keep_alive_macro", "load_rows_macro", "online_softmax_macro", "unroll_factor",
+           "NEG_INF"]
 
 NEG_INF = -3.0e38  # finite "minus infinity" for running maxima (keeps exp2(m - m_new) NaN-free)
 
@@ -44,6 +45,40 @@ def barrier_macro(enabled: bool):
             T.evaluate(T.tvm_storage_sync("shared.dyn"))
 
     return barrier
+
+
+def keep_alive_macro(sync: bool = False):
+    """Macro ``keep_alive(sink, idx, never, bufs)``: the last leaf of a GPU program reads every scratch buffer
+    under a condition that never holds at run time (``never``, e.g. ``tok0 < 0``) and stores to ``sink``.
+
+    TVM's storage planners (StorageRewrite, MergeSharedMemoryAllocations) reuse a buffer's memory as soon as
+    its last statement is done. They reason about one thread: two statements of the same leaf (one thread's
+    loop reading buffer X, then its loop writing buffer Y) may share memory while another thread is still in
+    the first loop. With every scratch buffer live to the end there is no reuse at all; the kernels reuse
+    memory explicitly (one buffer for several roles, separated by barriers) instead."""
+    barrier = barrier_macro(sync)
+
+    @T.macro
+    def keep_alive(sink, idx, never, bufs):
+        barrier()
+        for r in T.serial(1):
+            with T.sblock("keep_alive"):
+                vr = T.axis.remap("S", [r])
+                if never:
+                    sink[idx] = T.Cast(sink.dtype, _first_elements_sum(bufs)) + T.Cast(sink.dtype, vr)
+
+    return keep_alive
+
+
+def _first_elements_sum(bufs):
+    """Sum of the first and last element of each buffer (touching both keeps the whole buffer allocated:
+    TVM also mishandles shared buffers that shrink to <= 32 bits)."""
+    total = None
+    for b in bufs:
+        for idx in (tuple([0] * len(b.shape)), tuple(int(n) - 1 for n in b.shape)):
+            x = T.Cast("float32", b[idx])
+            total = x if total is None else total + x
+    return total
 
 
 def load_rows_macro(sync: bool = False):

@@ -15,7 +15,7 @@ import math
 
 from tvm.script import tirx as T
 
-from .stir_common import NEG_INF, barrier_macro, const, online_softmax_macro, unroll_factor
+from .stir_common import NEG_INF, barrier_macro, const, keep_alive_macro, online_softmax_macro, unroll_factor
 
 __all__ = ["decode_macros", "decode_func", "merge_func"]
 
@@ -27,8 +27,9 @@ def decode_macros(BN: int, G: int, D: int, DV: int, fdt: str, cdt: str, unroll: 
     ninf = const(NEG_INF, fdt)
 
     @T.macro
-    def rank1_update(Kf, wv, dots, Kn, t, tdom, nupd0):
-        """Kn[r] = round_cdt(Kf[r] - beta (Kf[r] . w) w) for rows r < nupd0 - t*BN, round_cdt(Kf[r]) after.
+    def rank1_update(wv, dots, Kn, t, tdom, nupd0):
+        """Kn[r] <- round_cdt(Kn[r] - beta (Kn[r] . w) w) in place, for rows r < nupd0 - t*BN (math in fdt;
+        the cached keys are exactly representable in fdt, so nothing is lost by staging them in cdt).
 
         wv[:D] = w_t, wv[D] = beta_t."""
         barrier()
@@ -39,15 +40,15 @@ def decode_macros(BN: int, G: int, D: int, DV: int, fdt: str, cdt: str, unroll: 
                 a[0] = zero
                 for d0 in T.serial(D // uD):
                     for d1 in T.unroll(uD):
-                        a[0] = a[0] + Kf[vr, d0 * uD + d1] * wv[d0 * uD + d1]
+                        a[0] = a[0] + T.Cast(fdt, Kn[vr, d0 * uD + d1]) * wv[d0 * uD + d1]
                 dots[vr] = a[0]
         barrier()
         for r, d in T.grid(BN, D):
             with T.sblock("r1_apply"):
                 vt = T.axis.opaque(tdom, t)
                 vr, vd = T.axis.remap("SS", [r, d])
-                Kn[vr, vd] = T.Cast(cdt, T.if_then_else(T.Cast("int64", vt * BN + vr) < nupd0,
-                                                         Kf[vr, vd] - wv[D] * dots[vr] * wv[vd], Kf[vr, vd]))
+                Kn[vr, vd] = T.if_then_else(T.Cast("int64", vt * BN + vr) < nupd0,
+                                            T.Cast(cdt, T.Cast(fdt, Kn[vr, vd]) - wv[D] * dots[vr] * wv[vd]), Kn[vr, vd])
 
     @T.macro
     def decode_logits(qg, Kn, Lg, st, ck, qk_scale, gate_scale, gated, t, tdom, nvalid0):
@@ -93,6 +94,7 @@ def decode_func(BN: int, NSPLIT: int, H: int, HQ: int, D: int, DV: int, qdt: str
     rank1_update, decode_logits = decode_macros(BN, G, D, DV, fdt, cdt, unroll, sync)
     online_softmax = online_softmax_macro(G, DV, fdt, fdt, unroll, sync)
     barrier = barrier_macro(sync)
+    keep_alive = keep_alive_macro(sync)
     zero = const(0, fdt)
     ninf = const(NEG_INF, fdt)
     FS = T.float64 if fdt == "float64" else T.float32
@@ -103,7 +105,6 @@ def decode_func(BN: int, NSPLIT: int, H: int, HQ: int, D: int, DV: int, qdt: str
         wv = T.sblock_alloc_buffer((D + 2,), fdt, scope=smem)   # w_t, then beta_t at [D] (see online_softmax)
         qg = T.sblock_alloc_buffer((G, D), fdt, scope=smem)
         st = T.sblock_alloc_buffer((5, G), fdt, scope=smem)     # m, l, scratch, scratch, c_L
-        Kf = T.sblock_alloc_buffer((BN, D), fdt, scope=smem)
         Kn = T.sblock_alloc_buffer((BN, D), cdt, scope=smem)
         Vb = T.sblock_alloc_buffer((BN, DV), cdt, scope=smem)
         ck = T.sblock_alloc_buffer((BN, G), fdt, scope=smem)
@@ -157,9 +158,9 @@ def decode_func(BN: int, NSPLIT: int, H: int, HQ: int, D: int, DV: int, qdt: str
                 with T.sblock("dc_load_k"):
                     vt = T.axis.opaque(total, t)
                     vr, vd = T.axis.remap("SS", [r, d])
-                    Kf[vr, vd] = T.if_then_else(
-                        p0 + vt * BN + vr < L, T.Cast(fdt, cache_k[vb, p0 + vt * BN + vr, vh, vd]),
-                        T.if_then_else(p0 + vt * BN + vr == L, T.Cast(fdt, T.Cast(cdt, k_t[vb, vh, vd])), zero))
+                    Kn[vr, vd] = T.if_then_else(
+                        p0 + vt * BN + vr < L, cache_k[vb, p0 + vt * BN + vr, vh, vd],
+                        T.if_then_else(p0 + vt * BN + vr == L, T.Cast(cdt, k_t[vb, vh, vd]), T.Cast(cdt, 0)))
             barrier()
             for r, e in T.grid(BN, DV):
                 with T.sblock("dc_load_v"):
@@ -176,7 +177,7 @@ def decode_func(BN: int, NSPLIT: int, H: int, HQ: int, D: int, DV: int, qdt: str
                         vr, vg = T.axis.remap("SS", [r, g])
                         ck[vr, vg] = T.if_then_else(p0 + vt * BN + vr < L,
                                                     cache_c[vb, p0 + vt * BN + vr, vh * G + vg], st[4, vg])
-            rank1_update(Kf, wv, dots, Kn, t, total, L - p0)
+            rank1_update(wv, dots, Kn, t, total, L - p0)
             barrier()
             for r, d in T.grid(BN, D):
                 with T.sblock("dc_store_k"):
@@ -211,6 +212,7 @@ def decode_func(BN: int, NSPLIT: int, H: int, HQ: int, D: int, DV: int, qdt: str
             with T.sblock("dc_store_ml"):
                 vg, vc = T.axis.remap("SS", [g, c])
                 ml_part[vb, vh * G + vg, vsp, vc] = st[vc, vg]
+        keep_alive(ml_part, (0, 0, 0, 0), L < 0, [wv, qg, st, Kn, Vb, ck, dots, Lg, acc])
 
     if gated:
         @T.prim_func(s_tir=True)

@@ -21,7 +21,7 @@ import math
 
 from tvm.script import tirx as T
 
-from .stir_common import NEG_INF, barrier_macro, const, online_softmax_macro, unroll_factor
+from .stir_common import NEG_INF, barrier_macro, const, keep_alive_macro, online_softmax_macro, unroll_factor
 
 __all__ = ["scan_macros", "scan_func", "scan_smem_bytes"]
 
@@ -170,12 +170,11 @@ def _nbytes(dt: str) -> int:
 
 
 def scan_smem_bytes(C: int, BN: int, D: int, DV: int, fdt: str, sdt: str, vdt: str) -> int:
-    """Scratch bytes of one program of scan_func (for the GPU's shared-memory limit)."""
+    """Scratch bytes of one program of scan_func (every buffer live to the end: see keep_alive_macro)."""
     R = max(C, BN)
-    W = max(D, DV)
-    return (R * D * _nbytes(sdt) + R * DV * _nbytes(vdt) + 2 * C * D * _nbytes(sdt) + C * C * _nbytes(fdt)
-            + C * D * _nbytes(fdt) + C * C * _nbytes(fdt) + C * R * _nbytes(fdt) + C * W * _nbytes(fdt)
-            + C * DV * _nbytes(fdt) + 5 * C * _nbytes(fdt) + R * _nbytes(fdt))
+    f, sb, vb = _nbytes(fdt), _nbytes(sdt), _nbytes(vdt)
+    return (3 * C * D * sb + R * D * sb + R * DV * vb + 2 * C * C * f + 2 * C * D * f + C * R * f + C * DV * f
+            + 5 * C * f + R * f)
 
 
 def scan_func(C: int, S: int, BN: int, H: int, HQ: int, D: int, DV: int, qdt: str, sdt: str,
@@ -195,6 +194,7 @@ def scan_func(C: int, S: int, BN: int, H: int, HQ: int, D: int, DV: int, qdt: st
     sync = smem != "global"
     mac = scan_macros(C, R, D, DV, fdt, sdt, qdt, unroll, sync)
     barrier = barrier_macro(sync)
+    keep_alive = keep_alive_macro(sync)
     boundary_queries, diag_logits, qk_logits = mac["boundary_queries"], mac["diag_logits"], mac["qk_logits"]
     logits, online_softmax = mac["logits"], mac["online_softmax"]
     lowrank_update, dense_transition = mac["lowrank_update"], mac["dense_transition"]
@@ -358,6 +358,7 @@ def scan_func(C: int, S: int, BN: int, H: int, HQ: int, D: int, DV: int, qdt: st
                 vr = T.axis.remap("S", [r])
                 if T.Cast("int64", vr) < nvalid:
                     lse[tok0 + T.Cast("int64", vr), vhq] = (st[0, vr] + T.log2(st[1, vr])) * ln2
+        keep_alive(lse, (0, 0), tok0 < 0, [Qs, Kb, Vb, Wb, Ub, Mb, X, QW, Lg, Tmp, acc, st, cq, ck])
 
     if gated:
         @T.prim_func(s_tir=True)

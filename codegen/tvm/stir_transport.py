@@ -13,15 +13,17 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
-from .stir_common import barrier_macro, const, unroll_factor
+from .stir_common import barrier_macro, const, keep_alive_macro, unroll_factor
 
-__all__ = ["transport_macros", "transport_func"]
+__all__ = ["transport_macros", "transport_func", "transport_smem_bytes"]
 
 
 def transport_macros(C: int, D: int, fdt: str, unroll: int = 1, sync: bool = False):
+    """Pieces of the stage. The chunk tiles K~, W, U are read straight from global memory (L2): the only
+    shared scratch is Suf (D x D) and Suf W^T (D x C)."""
     zero, one = const(0, fdt), const(1, fdt)
-    barrier = barrier_macro(sync)
     uD, uC = unroll_factor(D, unroll), unroll_factor(C, unroll)
+    barrier = barrier_macro(sync)
 
     @T.macro
     def suffix_init(Suf):
@@ -32,44 +34,54 @@ def transport_macros(C: int, D: int, fdt: str, unroll: int = 1, sync: bool = Fal
                 Suf[ve, vd] = T.if_then_else(ve == vd, one, zero)
 
     @T.macro
-    def transport_keys(Kt, Suf, KJ):
-        """KJ = K~ Suf^T (C x D)."""
+    def transport_keys(kt, Suf, kj, row0, step, sdom, h):
+        """kj[chunk rows] = K~ Suf^T for the chunk whose first row is row0 - step * C (K~ read from kt)."""
         barrier()
         for r, e in T.grid(C, D):
             with T.sblock("tr_kj"):
+                vs = T.axis.opaque(sdom, step)
                 vr, ve = T.axis.remap("SS", [r, e])
                 a = T.sblock_alloc_buffer((1,), fdt, scope="local")
                 a[0] = zero
                 for d0 in T.serial(D // uD):
                     for d1 in T.unroll(uD):
-                        a[0] = a[0] + Kt[vr, d0 * uD + d1] * Suf[ve, d0 * uD + d1]
-                KJ[vr, ve] = a[0]
+                        a[0] = a[0] + T.Cast(fdt, kt[row0 - T.Cast("int64", vs * C) + T.Cast("int64", vr), h, d0 * uD + d1]) \
+                            * Suf[ve, d0 * uD + d1]
+                kj[row0 - T.Cast("int64", vs * C) + T.Cast("int64", vr), h, ve] = T.Cast(kj.dtype, a[0])
 
     @T.macro
-    def transition_lowrank(Suf, Wc, Uc, SW):
-        """Suf <- Suf - (Suf W^T) U, i.e. Suf <- Suf P for P = I - W^T U (low rank C)."""
+    def transition_lowrank(Suf, w, u, SW, row0, step, sdom, h):
+        """Suf <- Suf - (Suf W^T) U, i.e. Suf <- Suf P for P = I - W^T U (low rank C); W, U from global."""
         barrier()
         for e, r in T.grid(D, C):
             with T.sblock("tr_sw"):
+                vs = T.axis.opaque(sdom, step)
                 ve, vr = T.axis.remap("SS", [e, r])
                 a = T.sblock_alloc_buffer((1,), fdt, scope="local")
                 a[0] = zero
                 for d0 in T.serial(D // uD):
                     for d1 in T.unroll(uD):
-                        a[0] = a[0] + Suf[ve, d0 * uD + d1] * Wc[vr, d0 * uD + d1]
+                        a[0] = a[0] + Suf[ve, d0 * uD + d1] * \
+                            T.Cast(fdt, w[row0 - T.Cast("int64", vs * C) + T.Cast("int64", vr), h, d0 * uD + d1])
                 SW[ve, vr] = a[0]
         barrier()
         for e, d in T.grid(D, D):
             with T.sblock("tr_su"):
+                vs = T.axis.opaque(sdom, step)
                 ve, vd = T.axis.remap("SS", [e, d])
                 a = T.sblock_alloc_buffer((1,), fdt, scope="local")
                 a[0] = Suf[ve, vd]
                 for r0 in T.serial(C // uC):
                     for r1 in T.unroll(uC):
-                        a[0] = a[0] - SW[ve, r0 * uC + r1] * Uc[r0 * uC + r1, vd]
+                        a[0] = a[0] - SW[ve, r0 * uC + r1] * \
+                            T.Cast(fdt, u[row0 - T.Cast("int64", vs * C) + T.Cast("int64", r0 * uC + r1), h, vd])
                 Suf[ve, vd] = a[0]
 
     return suffix_init, transport_keys, transition_lowrank
+
+
+def transport_smem_bytes(C: int, D: int, fdt: str = "float32") -> int:
+    return (D * D + D * C) * (8 if fdt == "float64" else 4)
 
 
 def transport_func(C: int, S: int, H: int, D: int, kjdt: str, fdt: str = "float32", smem: str = "global",
@@ -82,17 +94,8 @@ def transport_func(C: int, S: int, H: int, D: int, kjdt: str, fdt: str = "float3
     sync = smem != "global"
     suffix_init, transport_keys, transition_lowrank = transport_macros(C, D, fdt, unroll, sync)
     barrier = barrier_macro(sync)
+    keep_alive = keep_alive_macro(sync)
     s = S // C
-
-    @T.macro
-    def load_chunk(dst, src, tok0, step, hh):
-        """dst = rows of chunk s-1-step of the super-chunk starting at tok0."""
-        barrier()
-        for r, d in T.grid(C, D):
-            with T.sblock("tr_load"):
-                vs = T.axis.opaque(s, step)
-                vr, vd = T.axis.remap("SS", [r, d])
-                dst[vr, vd] = src[tok0 + T.Cast("int64", (s - 1 - vs) * C + vr), hh, vd]
 
     @T.prim_func(s_tir=True)
     def transport(kt_h: T.handle, w_h: T.handle, u_h: T.handle, kj_h: T.handle, what_h: T.handle,
@@ -113,33 +116,22 @@ def transport_func(C: int, S: int, H: int, D: int, kjdt: str, fdt: str = "float3
             with T.sblock("program"):
                 vj, vh = T.axis.remap("SS", [j, h])
                 Suf = T.sblock_alloc_buffer((D, D), fdt, scope=smem)
-                Kt = T.sblock_alloc_buffer((C, D), fdt, scope=smem)
-                Wc = T.sblock_alloc_buffer((C, D), fdt, scope=smem)
-                Uc = T.sblock_alloc_buffer((C, D), fdt, scope=smem)
-                KJ = T.sblock_alloc_buffer((C, D), fdt, scope=smem)
                 SW = T.sblock_alloc_buffer((D, C), fdt, scope=smem)
                 tok0 = T.meta_var(sc_tok0[vj])
                 send = T.meta_var(seq_end[sc_seq[vj]])
                 # the last super-chunk of a sequence is read by no later query: 0 steps, What = I
                 # (a loop bound, not an `if` around the body: barriers must not sit inside a condition)
                 nsteps = T.meta_var(T.if_then_else(tok0 + S < send, s, 0))
+                row_last = T.meta_var(tok0 + (s - 1) * C)          # first row of the super-chunk's last chunk
                 suffix_init(Suf)
                 for step in T.serial(nsteps):
-                    load_chunk(Kt, kt, tok0, step, vh)
-                    load_chunk(Wc, w, tok0, step, vh)
-                    load_chunk(Uc, u, tok0, step, vh)
-                    transport_keys(Kt, Suf, KJ)
-                    barrier()
-                    for r, d in T.grid(C, D):
-                        with T.sblock("tr_store_kj"):
-                            vs = T.axis.opaque(s, step)
-                            vr, vd = T.axis.remap("SS", [r, d])
-                            kj[tok0 + T.Cast("int64", (s - 1 - vs) * C + vr), vh, vd] = T.Cast(kjdt, KJ[vr, vd])
-                    transition_lowrank(Suf, Wc, Uc, SW)
+                    transport_keys(kt, Suf, kj, row_last, step, s, vh)
+                    transition_lowrank(Suf, w, u, SW, row_last, step, s, vh)
                 barrier()
                 for e, d in T.grid(D, D):
                     with T.sblock("tr_store_what"):
                         ve, vd = T.axis.remap("SS", [e, d])
                         what[vj, vh, ve, vd] = Suf[ve, vd]
+                keep_alive(what, (0, 0, 0, 0), tok0 < 0, [Suf, SW])
 
     return transport
