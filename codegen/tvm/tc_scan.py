@@ -79,8 +79,10 @@ def check_tc_supported(params: TVMParams, dims: KernelDims) -> None:
                                 "smaller chunk_size or block_n")
 
 
-def tc_scan_func(params: TVMParams, dims: KernelDims):
-    """The TIRx prim_func ``scan`` (same arguments as stir_scan.scan_func, float32 side tensors)."""
+def tc_scan_func(params: TVMParams, dims: KernelDims, debug: str = ""):
+    """The TIRx prim_func ``scan`` (same arguments as stir_scan.scan_func, float32 side tensors).
+
+    debug (tests only): "QW", "X", "S" store that diagonal-tile intermediate into o instead of the output."""
     check_tc_supported(params, dims)
     C, S, BN, W = params.chunk_size, params.superchunk_size, params.block_n, params.num_warps
     H, HQ, D, DV, G = dims.H, dims.HQ, dims.D, dims.DV, dims.G
@@ -151,7 +153,18 @@ def tc_scan_func(params: TVMParams, dims: KernelDims):
             f[s] = T.float32(0)
 
     @T.macro
-    def gemm_nt(Out, N, Aop, K, Bsm, Bf, lane):
+    def a_tile(A16, Aop, K, kt):
+        """A16 [R, 16] = columns [16 kt, 16 kt + 16) of the A fragment Aop [R, K] (register copies).
+
+        (Passing the region Aop[:, 16kt:16kt+16] to Tx.warp.gemm is wrong in TVM 0.27: the lowering applies
+        the element offset to the packed 32-bit register view, i.e. it reads column block 2 kt.)"""
+        a16 = A16.local(a_slots(Mt, 1))
+        a = Aop.local(a_slots(Mt, K // 16))
+        for j in T.unroll(a_slots(Mt, 1)):
+            a16[j] = a[(j // 8) * 8 * (K // 16) + kt * 8 + j % 8]
+
+    @T.macro
+    def gemm_nt(Out, N, Aop, K, A16, Bsm, Bf, lane):
         """Out[R, N] = Aop[R, K] Bsm[:N, :K]^T   (Bsm in shared memory, rows = output columns)."""
         zero_frag(Out, d_slots(Mt, N // 8))
         bl = Bf.local(b_slots(1, N // 8))
@@ -159,19 +172,19 @@ def tc_scan_func(params: TVMParams, dims: KernelDims):
             for s in T.unroll(b_slots(1, N // 8)):
                 kk = T.meta_var(bc(s, lane, N))
                 bl[s] = Bsm[kk[1], kt * 16 + kk[0]]
-            Tx.warp.gemm(Out, Aop[0:R, kt * 16:kt * 16 + 16], Bf, Out, transpose_A=False, transpose_B=False,
-                         alpha=1.0, beta=1.0)
+            a_tile(A16, Aop, K, kt)
+            Tx.warp.gemm(Out, A16, Bf, Out, transpose_A=False, transpose_B=False, alpha=1.0, beta=1.0)
 
     @T.macro
-    def gemm_nn_acc(Out, N, Aop, K, Bsm, Bf, lane):
+    def gemm_nn_acc(Out, N, Aop, K, A16, Bsm, Bf, lane):
         """Out[R, N] += Aop[R, K] Bsm[:K, :N]   (Bsm in shared memory, rows = reduction index)."""
         bl = Bf.local(b_slots(1, N // 8))
         for kt in T.unroll(K // 16):
             for s in T.unroll(b_slots(1, N // 8)):
                 kk = T.meta_var(bc(s, lane, N))
                 bl[s] = Bsm[kt * 16 + kk[0], kk[1]]
-            Tx.warp.gemm(Out, Aop[0:R, kt * 16:kt * 16 + 16], Bf, Out, transpose_A=False, transpose_B=False,
-                         alpha=1.0, beta=1.0)
+            a_tile(A16, Aop, K, kt)
+            Tx.warp.gemm(Out, A16, Bf, Out, transpose_A=False, transpose_B=False, alpha=1.0, beta=1.0)
 
     @T.macro
     def to_operand(Af, Df, n, dt, sign):
@@ -196,7 +209,7 @@ def tc_scan_func(params: TVMParams, dims: KernelDims):
                     f[s] = T.float32(ninf)
 
     @T.macro
-    def softmax_pv(Sf, N, Pf, Vsm, Bv, acc, m_i, l_i, lane):
+    def softmax_pv(Sf, N, Pf, A16v, Vsm, Bv, acc, m_i, l_i, lane):
         """Online softmax of the logit fragment Sf [R, N] (base 2), then acc += P V (P in q's dtype)."""
         f = Sf.local(d_slots(Mt, N // 8))
         a = acc.local(nACC)
@@ -223,14 +236,14 @@ def tc_scan_func(params: TVMParams, dims: KernelDims):
                     a[s] = a[s] * alpha
             m_i[i] = mx[0]
         to_operand(Pf, Sf, d_slots(Mt, N // 8), qdt, 1.0)
-        gemm_nn_acc(acc, DV, Pf, N, Vsm, Bv, lane)
+        gemm_nn_acc(acc, DV, Pf, N, A16v, Vsm, Bv, lane)
 
     @T.macro
-    def lowrank(X, Xa, Wsm, Usm, XWf, XWa, Bk, Bu, lane):
+    def lowrank(X, Xa, A16s, Wsm, Usm, XWf, XWa, Bk, Bu, lane):
         """X <- X - (X W^T) U  (the chunk transition P = I - W^T U, low rank C); Xa = X in sdt on entry."""
-        gemm_nt(XWf, C, Xa, D, Wsm, Bk, lane)
+        gemm_nt(XWf, C, Xa, D, A16s, Wsm, Bk, lane)
         to_operand(XWa, XWf, nQW, sdt, -1.0)
-        gemm_nn_acc(X, D, XWa, C, Usm, Bu, lane)
+        gemm_nn_acc(X, D, XWa, C, A16s, Usm, Bu, lane)
 
     @T.macro
     def dense_transition(X, Xs, what, wsc, h, row0, lane):
@@ -248,6 +261,14 @@ def tc_scan_func(params: TVMParams, dims: KernelDims):
             for d in T.serial(D):
                 acc1[0] = acc1[0] + Xs[row0 + rc[0], d] * what[wsc, h, d, rc[1]]
             x[s] = acc1[0]
+
+    @T.macro
+    def dbg_store(o, Fr, N, tok0, row0, hq, nvalid, lane):
+        f = Fr.local(d_slots(Mt, N // 8))
+        for s in T.unroll(d_slots(Mt, N // 8)):
+            rc = T.meta_var(dc(s, lane, N))
+            if T.Cast("int64", row0 + rc[0]) < nvalid:
+                o[tok0 + T.Cast("int64", row0 + rc[0]), hq, rc[1]] = T.Cast(qdt, f[s])
 
     # ---------------------------------------------------------------- the kernel
     FS = T.float32
@@ -282,6 +303,8 @@ def tc_scan_func(params: TVMParams, dims: KernelDims):
         BkB = T.alloc_buffer((16, BN), sdt, scope="local", layout=lay_B(1, BN // 8))
         Bv = T.alloc_buffer((16, DV), qdt, scope="local", layout=lay_B(1, DV // 8))
         Bu = T.alloc_buffer((16, D), sdt, scope="local", layout=lay_B(1, D // 8))
+        A16s = T.alloc_buffer((R, 16), sdt, scope="local", layout=lay_A(Mt, 1))
+        A16v = T.alloc_buffer((R, 16), qdt, scope="local", layout=lay_A(Mt, 1))
         m_i = T.alloc_buffer((nrows,), fdt, scope="local")
         l_i = T.alloc_buffer((nrows,), fdt, scope="local")
         cq = T.alloc_buffer((nrows,), fdt, scope="local")
@@ -319,7 +342,7 @@ def tc_scan_func(params: TVMParams, dims: KernelDims):
                     gc[tok0 + T.Cast("int64", row0 + (i // 2) * 16 + (i % 2) * 8 + lane // 4), by], T.float32(0))
         zero_frag(acc, nACC)
         # QW = tril(Q W^T);  X = Q - QW U
-        gemm_nt(XWf, C, Xa, D, Wb, BkC, lane)
+        gemm_nt(XWf, C, Xa, D, A16s, Wb, BkC, lane)
         qw = XWf.local(nQW)
         for s in T.unroll(nQW):
             rc = T.meta_var(dc(s, lane, C))
@@ -329,9 +352,9 @@ def tc_scan_func(params: TVMParams, dims: KernelDims):
         for s in T.unroll(nX):
             x[s] = T.Cast(fdt, xa[s])                       # same [R, D] element in A and D slots
         to_operand(XWa, XWf, nQW, sdt, -1.0)
-        gemm_nn_acc(X, D, XWa, C, Ub, Bu, lane)
+        gemm_nn_acc(X, D, XWa, C, A16s, Ub, Bu, lane)
         # S = Q K^T - QW M   (QW M on CUDA cores in float32; M is staged where W and U were)
-        gemm_nt(SC, C, Xa, D, Kb, BkC, lane)
+        gemm_nt(SC, C, Xa, D, A16s, Kb, BkC, lane)
         for s in T.unroll(nQW):
             rc = T.meta_var(dc(s, lane, C))
             Xs[row0 + rc[0], rc[1]] = qw[s]
@@ -347,7 +370,16 @@ def tc_scan_func(params: TVMParams, dims: KernelDims):
                 corr[0] = corr[0] + Xs[row0 + rc[0], l] * Ms[l, rc[1]]
             sc[s] = sc[s] - corr[0]
         logits(SC, C, row0, cq, cks, qk_scale, gate_scale, True, nvalid, lane)
-        softmax_pv(SC, C, PC, Vb, Bv, acc, m_i, l_i, lane)
+        if debug != "" and debug != "O1":
+            dbg_store(o, XWf if debug == "QW" else (X if debug == "X" else SC), D if debug == "X" else C,
+                      tok0, row0, by, nvalid, lane)
+        softmax_pv(SC, C, PC, A16v, Vb, Bv, acc, m_i, l_i, lane)
+        if debug == "O1":
+            a1 = acc.local(nACC)
+            for s in T.unroll(nACC):
+                rc = T.meta_var(dc(s, lane, DV))
+                if T.Cast("int64", row0 + rc[0]) < nvalid:
+                    o[tok0 + T.Cast("int64", row0 + rc[0]), by, rc[1]] = T.Cast(qdt, a1[s] / l_i[drow(s, DV)])
 
         # ---- 2. earlier chunks of this super-chunk, right to left
         for step in T.serial(c_idx - sc_idx * s_per):
@@ -361,10 +393,10 @@ def tc_scan_func(params: TVMParams, dims: KernelDims):
                 load_gate(cks, C, gc, base, by, 0, False, tid)
             T.cuda.cta_sync()
             to_operand(Xa, X, nX, sdt, 1.0)
-            gemm_nt(SC, C, Xa, D, Kb, BkC, lane)
+            gemm_nt(SC, C, Xa, D, A16s, Kb, BkC, lane)
             logits(SC, C, row0, cq, cks, qk_scale, gate_scale, False, nvalid, lane)
-            softmax_pv(SC, C, PC, Vb, Bv, acc, m_i, l_i, lane)
-            lowrank(X, Xa, Wb, Ub, XWf, XWa, BkC, Bu, lane)
+            softmax_pv(SC, C, PC, A16v, Vb, Bv, acc, m_i, l_i, lane)
+            lowrank(X, Xa, A16s, Wb, Ub, XWf, XWa, BkC, Bu, lane)
 
         # ---- 3. earlier super-chunks, right to left (FlashAttention on transported keys)
         for step in T.serial(sc_idx):
@@ -377,22 +409,23 @@ def tc_scan_func(params: TVMParams, dims: KernelDims):
                 if gated:
                     load_gate(cks, BN, gc, kbase, by, 0, False, tid)
                 T.cuda.cta_sync()
-                gemm_nt(SB, BN, Xa, D, Kb, BkB, lane)
+                gemm_nt(SB, BN, Xa, D, A16s, Kb, BkB, lane)
                 logits(SB, BN, row0, cq, cks, qk_scale, gate_scale, False, nvalid, lane)
-                softmax_pv(SB, BN, PB, Vb, Bv, acc, m_i, l_i, lane)
+                softmax_pv(SB, BN, PB, A16v, Vb, Bv, acc, m_i, l_i, lane)
             dense_transition(X, Xs, what, seq_sc_base[sid] + sc_idx - 1 - T.Cast("int64", step), h, row0, lane)
 
         # ---- normalise and store
-        a = acc.local(nACC)
-        for s in T.unroll(nACC):
-            rc = T.meta_var(dc(s, lane, DV))
-            if T.Cast("int64", row0 + rc[0]) < nvalid:
-                o[tok0 + T.Cast("int64", row0 + rc[0]), by, rc[1]] = T.Cast(qdt, a[s] / l_i[drow(s, DV)])
-        for i in T.unroll(nrows):
-            if lane % 4 == 0:
-                if T.Cast("int64", row0 + (i // 2) * 16 + (i % 2) * 8 + lane // 4) < nvalid:
-                    lse[tok0 + T.Cast("int64", row0 + (i // 2) * 16 + (i % 2) * 8 + lane // 4), by] = \
-                        (m_i[i] + T.log2(l_i[i])) * T.float32(ln2)
+        if debug == "":
+            a = acc.local(nACC)
+            for s in T.unroll(nACC):
+                rc = T.meta_var(dc(s, lane, DV))
+                if T.Cast("int64", row0 + rc[0]) < nvalid:
+                    o[tok0 + T.Cast("int64", row0 + rc[0]), by, rc[1]] = T.Cast(qdt, a[s] / l_i[drow(s, DV)])
+            for i in T.unroll(nrows):
+                if lane % 4 == 0:
+                    if T.Cast("int64", row0 + (i // 2) * 16 + (i % 2) * 8 + lane // 4) < nvalid:
+                        lse[tok0 + T.Cast("int64", row0 + (i // 2) * 16 + (i % 2) * 8 + lane // 4), by] = \
+                            (m_i[i] + T.log2(l_i[i])) * T.float32(ln2)
 
     if gated:
         @T.prim_func
