@@ -130,9 +130,13 @@ def test_superchunk_transport_stage():
         U.append(Uc)
         P.append(chunk_transition(W[:, sl], Uc))
     KJ_ref, What_ref = superchunk_transport(Kt, P)
-    KJ, What = torch.empty(n, s * C, D, dtype=F64), torch.empty(n, D, D, dtype=F64)
-    _llvm(probe_transport(C, s, D))(torch.cat(Kt, 1), W, torch.cat(U, 1), KJ, What)
-    assert _maxerr(KJ, torch.cat(KJ_ref, 1)) < TOL
+    KJ, What = torch.empty(s * C, n, D, dtype=F64), torch.empty(n, D, D, dtype=F64)
+
+    def tok(x):                                                   # [n, s*C, D] -> token-major [s*C, n, D]
+        return x.transpose(0, 1).contiguous()
+
+    _llvm(probe_transport(C, s, D))(tok(torch.cat(Kt, 1)), tok(W), tok(torch.cat(U, 1)), KJ, What)
+    assert _maxerr(KJ, tok(torch.cat(KJ_ref, 1))) < TOL
     assert _maxerr(What, What_ref) < TOL
 
 
