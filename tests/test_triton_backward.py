@@ -69,7 +69,7 @@ def make_inputs(seed, *, B=1, T=150, HQ=2, H=1, D=16, DV=16, dtype=F32, gate=Fal
 
 
 def params(dtype=F32, **kw):
-    base = dict(chunk_size=16, superchunk_size=32, block_n=16, bwd_block_m=16, bwd_block_n=16,
+    base = dict(chunk_size=16, superchunk_size=32, block_n=16, bwd_block_n=16,
                 scan_precision=SCAN[dtype])
     base.update(kw)
     return TritonParams(**base)
@@ -161,7 +161,7 @@ def test_backward_short(T):
 def test_backward_chunk32():
     """chunk_size 32, superchunk 64 (block_n 32, bwd tiles 32): 3 super-chunks at T=150."""
     inputs, do = make_inputs(340, T=150, gate=True)
-    run_case(inputs, do, params(chunk_size=32, superchunk_size=64, block_n=32, bwd_block_m=32, bwd_block_n=32))
+    run_case(inputs, do, params(chunk_size=32, superchunk_size=64, block_n=32, bwd_block_n=32))
 
 
 def test_backward_beta_full_range():
@@ -235,39 +235,27 @@ def test_superchunk_chain_torch_matches_kernel(BD):
     assert rel(ref, got) < 1e-5
 
 
-@pytest.mark.xfail(strict=True, raises=(AssertionError, InterpreterError, RuntimeWarning), reason=(
-    "BUG (benign today) codegen/triton/bwd_inter.py bwd_inter_dkv_kernel: the last pass of "
-    "`for il in range(jl + 1, n_sc_seq)` loads What of the sequence's LAST super-chunk, which "
-    "prepare_state never writes (torch.empty), into `Om = tl.dot(Wh, Om)`; Om is dead afterwards, so "
-    "gradients stay right, but garbage inf/NaN shows up as numpy 'invalid value encountered in matmul' "
-    "warnings in the interpreter and a wasted D x D load + dot per key tile on the GPU"))
-def test_unwritten_superchunk_transition_is_never_read():
-    """The transition What of a sequence's last super-chunk is left unwritten by the forward; poisoning
-    it with inf must change nothing and raise no floating-point warning, forward or backward."""
+def test_last_superchunk_transition_is_zero_and_backward_warns_nothing():
+    """No super-chunk follows a sequence's last one, so its transition What is never computed; the
+    forward leaves it zero (the backward's dkv kernel reads it into a dead product rather than
+    branching), and the backward then runs without a floating-point warning."""
     import warnings
 
     inputs, do = make_inputs(440, T=70, gate=True)  # 3 super-chunks of 32
     q, k, v, w, beta, g = inputs
     p, scale = params(), 16 ** -0.5
     o, lse, st = tri_forward.path_attention_fwd(q, k, v, w, beta, g, scale=scale, cu_seqlens=None, params=p)
-    clean = tri_backward.path_attention_bwd(do, q, k, v, w, beta, g, o, lse, st, scale=scale, params=p)
-    st.what[-1] = float("inf")
+    last = [base + n - 1 for base, n in zip(st.tables.sc_base_host, st.tables.seq_nsc_host)]
+    assert torch.count_nonzero(st.what[last]) == 0
+    assert torch.count_nonzero(st.what[0]) > 0  # a real transition was written
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        o2, lse2, _ = tri_forward.path_attention_fwd(q, k, v, w, beta, g, scale=scale, cu_seqlens=None,
-                                                     params=p, state=st)
-        assert torch.equal(o, o2) and torch.equal(lse, lse2)
-        poisoned = tri_backward.path_attention_bwd(do, q, k, v, w, beta, g, o, lse, st, scale=scale, params=p)
-    for n, a, b in zip(NAMES, clean, poisoned):
-        assert torch.equal(a, b), n
+        grads = tri_backward.path_attention_bwd(do, q, k, v, w, beta, g, o, lse, st, scale=scale, params=p)
+    assert all(torch.isfinite(x).all() for x in grads)
 
 
 # ----------------------------------------------------------------------------- lse as an output
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG codegen/triton/autograd.py _backward(ctx, do, dlse) drops dlse: lse is a differentiable "
-    "output of pathtune::path_attn_fwd but a loss that uses it gets silently wrong dq/dk/dw/dbeta/dg "
-    "(~0.3 relative error). Fix: delta_i = rowsum(dO_i * O_i) - dlse_i, or mark lse non-differentiable."))
 def test_backward_through_lse():
     """A loss that uses lse: either its gradients match the oracle or backward refuses loudly."""
     inputs, do = make_inputs(390, T=64, gate=True)

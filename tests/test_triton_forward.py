@@ -65,7 +65,7 @@ def make_inputs(seed, *, B=1, T=150, HQ=2, H=1, D=16, DV=16, dtype=F32, gate=Fal
 
 
 def params(dtype=F32, **kw):
-    base = dict(chunk_size=16, superchunk_size=32, block_n=16, bwd_block_m=16, bwd_block_n=16,
+    base = dict(chunk_size=16, superchunk_size=32, block_n=16, bwd_block_n=16,
                 scan_precision=SCAN[dtype])
     base.update(kw)
     return TritonParams(**base)

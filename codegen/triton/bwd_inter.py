@@ -157,6 +157,8 @@ def bwd_inter_dkv_kernel(
                     tl.debug_barrier()
                     tl.store(pptr, tl.load(pptr) + dom)
                     tl.debug_barrier()
+                    # (after the last super-chunk this product is dead; prepare_state zero-fills that
+                    # entry rather than branching here, which cost 64 KB more shared memory at D=128)
                     Wh = tl.load(what_ptr + (((sc_base + il) * H + h) * BD + d[:, None]) * BD + d[None, :])
                     Om = tl.dot(Wh, Om, input_precision=TP)
                 tl.debug_barrier()

@@ -113,7 +113,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (bwd_prep_kernel, sig, dict(common, INTERP=False), params.bwd_num_warps, 1),
         (bwd_inter_dq_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **flags), params.bwd_num_warps, params.bwd_num_stages),
         (bwd_inter_dkv_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **flags), params.bwd_num_warps, params.bwd_num_stages),
-        (bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=tp), 4 if BD <= 64 else 8, 1),
+        # launched for BD <= 64 only; larger head dims use the torch chain (backward.py)
+        *([(bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=tp), 4, 1)] if BD <= 64 else []),
         (bwd_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp), 4, 1),
         (bwd_intra_kernel, sig, dict(common, **flags), params.bwd_num_warps, 1),
         (ut_bwd_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max), utw, 1),

@@ -84,7 +84,8 @@ def prepare_state(
     del scratch
 
     kj = torch.empty(N, H, D, device=dev, dtype=store_dtype)
-    what = torch.empty(max(tables.n_sc, 1), H, BD, BD, device=dev, dtype=torch.float32)
+    # zeros: the last super-chunk of each sequence has no transition (nothing after it reads one)
+    what = torch.zeros(max(tables.n_sc, 1), H, BD, BD, device=dev, dtype=torch.float32)
     if tables.max_seq_len > S:
         rows = min(BD, 32)
         superchunk_transport_kernel[(tables.n_sc, H, BD // rows)](
