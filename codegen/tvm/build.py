@@ -66,9 +66,29 @@ def module_key(name: str, params: TVMParams, dims: KernelDims, arch: str, varian
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
+SMEM_LIMIT = 227 * 1024   # dynamic shared memory per block on sm_90
+
+
+def _smem_check(what: str, need: int) -> None:
+    if need > SMEM_LIMIT:
+        raise UnsupportedConfig(f"{what} needs {need} B of shared memory per block (> {SMEM_LIMIT} B)")
+
+
 def _check_supported(name: str, params: TVMParams, dims: KernelDims, variant: str) -> None:
     if dims.dtype not in ("bfloat16", "float16", "float32"):
         raise UnsupportedConfig(f"q/k/v dtype {dims.dtype} is not supported by the TVM GPU kernels")
+    if name == "ut":
+        from .stir_ut import ut_smem_bytes
+
+        _smem_check("the UT stage", ut_smem_bytes(params.chunk_size, dims.D))
+    if name == "transport":
+        from .stir_transport import transport_smem_bytes
+
+        _smem_check("the transport stage", transport_smem_bytes(params.chunk_size, dims.D))
+    if name == "decode":
+        from .stir_decode import decode_smem_bytes
+
+        _smem_check("the decode kernel", decode_smem_bytes(params.decode_block_n, dims.G, dims.D, dims.DV, dims.dtype))
     if name == "scan" and variant == "tc":
         from .tc_scan import check_tc_supported
 
@@ -78,9 +98,7 @@ def _check_supported(name: str, params: TVMParams, dims: KernelDims, variant: st
 
         need = scan_smem_bytes(params.chunk_size, params.block_n, dims.D, dims.DV, "float32", params.scan_dtype(),
                                dims.dtype)
-        if need > 227 * 1024:
-            raise UnsupportedConfig(f"the CUDA-core scan needs {need} B of shared memory per block (> 227 KiB); "
-                                    "use a smaller chunk_size/block_n or the tensor-core scan")
+        _smem_check("the CUDA-core scan (use a smaller chunk_size/block_n or the tensor-core scan)", need)
 
 
 def make_kernel(name: str, params: TVMParams, dims: KernelDims, *, target: str = "cuda", variant: str = "tc",

@@ -12,7 +12,6 @@ from typing import Callable, Mapping, Optional, Tuple
 
 import torch
 
-from ..triton._layout import build_tables, gate_cumsum
 from .params import KernelDims, TVMParams
 
 __all__ = ["forward", "decode_step", "torch_dtype", "check_forward_inputs"]
@@ -23,6 +22,45 @@ _TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 
 def torch_dtype(name: str) -> torch.dtype:
     return _TORCH[name]
+
+
+def _layout():
+    """codegen/triton/_layout.py (the shared chunk tables), without requiring the triton package to import."""
+    global _LAYOUT
+    if _LAYOUT is None:
+        try:
+            from ..triton import _layout as lay
+        except ImportError:  # triton missing: load the torch-only module file directly
+            import importlib.util
+            from pathlib import Path
+
+            path = Path(__file__).resolve().parent.parent / "triton" / "_layout.py"
+            spec = importlib.util.spec_from_file_location("pathtune_tvm_shared_layout", path)
+            lay = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(lay)
+        _LAYOUT = lay
+    return _LAYOUT
+
+
+_LAYOUT = None
+_TABLES: dict = {}
+
+
+def build_tables(B, T, cu_seqlens, C, S, device):
+    """Chunk tables; dense batches are cached per (B, T, C, S, device) (no host work on repeated calls)."""
+    if cu_seqlens is not None:
+        return _layout().build_tables(B, T, cu_seqlens, C, S, device)
+    key = (B, T, C, S, str(device))
+    tab = _TABLES.get(key)
+    if tab is None:
+        if len(_TABLES) > 64:
+            _TABLES.clear()
+        tab = _TABLES[key] = _layout().build_tables(B, T, None, C, S, device)
+    return tab
+
+
+def gate_cumsum(g, cu_seqlens):
+    return _layout().gate_cumsum(g, cu_seqlens)
 
 
 def _tokens(x: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:

@@ -17,7 +17,7 @@ from tvm.script import tirx as T
 
 from .stir_common import NEG_INF, barrier_macro, const, keep_alive_macro, online_softmax_macro, unroll_factor
 
-__all__ = ["decode_macros", "decode_func", "merge_func"]
+__all__ = ["decode_macros", "decode_func", "merge_func", "decode_smem_bytes"]
 
 
 def decode_macros(BN: int, G: int, D: int, DV: int, fdt: str, cdt: str, unroll: int = 1, sync: bool = False):
@@ -77,6 +77,13 @@ def decode_macros(BN: int, G: int, D: int, DV: int, fdt: str, cdt: str, unroll: 
                                                 Lg[vg, vr] * T.Cast(fdt, qk_scale), ninf)
 
     return rank1_update, decode_logits
+
+
+def decode_smem_bytes(BN: int, G: int, D: int, DV: int, cdt: str, fdt: str = "float32") -> int:
+    """Scratch bytes of one decode program (every buffer live to the end)."""
+    f = 8 if fdt == "float64" else 4
+    c = {"float64": 8, "float32": 4}.get(cdt, 2)
+    return (D + 2 + G * D + 5 * G + BN * G + BN + G * BN + G * DV) * f + (BN * D + BN * DV) * c
 
 
 def decode_func(BN: int, NSPLIT: int, H: int, HQ: int, D: int, DV: int, qdt: str, cdt: str, gated: bool,
