@@ -17,6 +17,7 @@ import triton
 from pathtune.codegen.triton import TritonParams, path_attention_triton
 from pathtune.runtime.reference import naive_path_attention
 from pathtune.tuning.baselines import fla_path_callable, sdpa_callable
+from pathtune.tuning.bench import make_inputs
 
 OUT = os.environ.get("OUT", "/tmp")
 dev = "cuda"
@@ -29,13 +30,9 @@ def emit(r):
 
 
 def inputs(B, T, HQ, H, D, DV, gate, dtype=torch.bfloat16, seed=0, beta_lo=1.5, beta_hi=2.0):
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    q = torch.randn(B, T, HQ, D, device=dev, generator=gen).to(dtype)
-    k = torch.randn(B, T, H, D, device=dev, generator=gen).to(dtype)
-    v = torch.randn(B, T, H, DV, device=dev, generator=gen).to(dtype)
-    w = torch.nn.functional.normalize(torch.randn(B, T, H, D, device=dev, generator=gen), dim=-1)
-    beta = torch.rand(B, T, H, device=dev, generator=gen) * (beta_hi - beta_lo) + beta_lo
-    g = torch.log(torch.rand(B, T, HQ, device=dev, generator=gen) * 0.05 + 0.95) if gate else None
+    q, k, v, w, beta, g = make_inputs(B, T, HQ, H, D, DV, gate, device=dev, seed=seed, dtype=dtype)
+    if (beta_lo, beta_hi) != (1.5, 2.0):
+        beta = torch.rand_like(beta) * (beta_hi - beta_lo) + beta_lo
     return q, k, v, w, beta, g
 
 
