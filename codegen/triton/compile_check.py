@@ -45,7 +45,9 @@ def _ptxas_info(ptx: str, arch: int) -> tuple[int | None, int | None]:
         with open(src, "w") as fh:
             fh.write(ptx)
         out = subprocess.run([ptxas, "-v", f"-arch=sm_{arch}{suffix}", src, "-o", os.path.join(tmp, "k.cubin")],
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True)
+    if out.returncode != 0:  # e.g. a newer Triton's PTX ISA than its bundled ptxas takes standalone
+        return None, None
     regs = re.search(r"Used (\d+) registers", out.stderr)
     spills = re.findall(r"(\d+) bytes spill stores", out.stderr)
     return (int(regs.group(1)) if regs else None), (sum(map(int, spills)) if spills else 0)
