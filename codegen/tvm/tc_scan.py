@@ -11,9 +11,9 @@ Tensor-core products (``Tx.warp.gemm`` -> mma.sync.m16n8k16, f16/bf16 operands, 
     diagonal tile   QW = Q W^T,  X = Q - QW U,  S = Q K^T          (scan dtype)
     each chunk      S = X K~^T,  acc += P V,  XW = X W^T,  X -= XW U
     each tile       S = X KJ^T,  acc += P V
-CUDA-core float32 (like the spec's "ieee" transition precision, whatever transition_precision says):
-    the diagonal correction S -= QW M (C^3 per chunk) and the dense super-chunk transition
-    X <- X What (C D^2 per super-chunk and chunk).
+    dense transition X <- X What (D x D, once per super-chunk): f16 hi/lo split of both factors,
+    3 products (about float32 accuracy, like tf32x3), for every transition_precision value.
+CUDA-core float32: the diagonal correction S -= QW M (C^3 per chunk).
 Macros: load_rows (block-wide tile staging), gemm_nt / gemm_nn (K-split warp gemms), softmax_pv
 (online softmax on the logit fragment, then P V), lowrank (X <- X - (X W^T) U), logits (scale,
 FoX bias, causal mask), dense_transition.
@@ -35,6 +35,7 @@ from .tc_fragments import a_coord, a_slots, b_coord, b_slots, d_coord, d_slots, 
 __all__ = ["check_tc_supported", "tc_scan_func", "tc_smem_bytes"]
 
 SMEM_LIMIT = 227 * 1024          # max dynamic shared memory per block on sm_90 (sm_80: 163 KiB)
+PAD = 8                          # row padding (elements) of the 16-bit shared tiles
 _BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
@@ -43,16 +44,17 @@ def _layout_bytes(params: TVMParams, dims: KernelDims):
     RK = max(C, BN)
     sb = _BYTES[params.scan_dtype()]
     vb = _BYTES[dims.dtype]
-    parts = [("Kb", RK * D * sb), ("Vb", RK * DV * vb), ("Wb", C * D * sb), ("Ub", C * D * sb),
-             ("Xs", C * max(C, D) * 4), ("ck", RK * 4)]
-    ms_alias = C * C * 4 <= 2 * C * D * sb     # M (diagonal tile only) can live where W and U were
-    if not ms_alias:
-        parts.append(("Ms", C * C * 4))
+    # 16-bit tiles get PAD extra elements per row: the mma B-fragment reads then hit different banks
+    Dp, DVp = D + PAD, DV + PAD
+    # one region, three phases: W, U (chunk steps) | M (diagonal tile, after X is built) | What split into
+    # f16 hi + lo (super-chunk transitions); the barriers between the phases make the reuse safe
+    wu = max(2 * C * Dp * sb, C * C * 4, 2 * D * Dp * 2)
+    parts = [("Kb", RK * Dp * sb), ("Vb", RK * DVp * vb), ("WU", wu), ("Xs", C * C * 4), ("ck", RK * 4)]
     offs, off = {}, 0
     for name, nbytes in parts:
         offs[name] = off
         off += (nbytes + 127) // 128 * 128
-    offs["Ms"] = offs["Wb"] if ms_alias else offs["Ms"]
+    offs.update(Wb=offs["WU"], Ub=offs["WU"] + C * Dp * sb, Ms=offs["WU"], Whi=offs["WU"], Wlo=offs["WU"] + D * Dp * 2)
     return offs, off
 
 
@@ -246,29 +248,27 @@ def tc_scan_func(params: TVMParams, dims: KernelDims, debug: str = ""):
         gemm_nn_acc(X, D, XWa, C, A16s, Usm, Bu, lane)
 
     @T.macro
-    def dense_transition(X, Xs, what, wsc, h, row0, lane):
-        """X <- X What (D x D, float32 on CUDA cores); Xs holds this warp's rows meanwhile."""
+    def dense_transition(X, Xh, Xl, A16w, Whi, Wlo, Bw, what, wsc, h, tid, lane):
+        """X <- X What (D x D) on tensor cores, float32-accurate by splitting both factors into f16 hi + lo:
+        X What ~ Xhi Whi + Xhi Wlo + Xlo Whi (f32 accumulation; relative error ~2^-22, like tf32x3)."""
+        T.cuda.cta_sync()
+        for i in T.serial((D * D + NT - 1) // NT):
+            e = T.meta_var(i * NT + tid)
+            if e < D * D:
+                Whi[e // D, e % D] = T.Cast("float16", what[wsc, h, e // D, e % D])
+                Wlo[e // D, e % D] = T.Cast("float16", what[wsc, h, e // D, e % D]
+                                            - T.Cast(fdt, T.Cast("float16", what[wsc, h, e // D, e % D])))
+        T.cuda.cta_sync()
         x = X.local(nX)
-        acc1 = T.alloc_buffer((1,), fdt, scope="local")
-        T.cuda.warp_sync()
+        xh = Xh.local(nX)
+        xl = Xl.local(nX)
         for s in T.unroll(nX):
-            rc = T.meta_var(dc(s, lane, D))
-            Xs[row0 + rc[0], rc[1]] = x[s]
-        T.cuda.warp_sync()
-        for s in T.unroll(nX):
-            rc = T.meta_var(dc(s, lane, D))
-            acc1[0] = T.float32(0)
-            for d in T.serial(D):
-                acc1[0] = acc1[0] + Xs[row0 + rc[0], d] * what[wsc, h, d, rc[1]]
-            x[s] = acc1[0]
-
-    @T.macro
-    def dbg_store(o, Fr, N, tok0, row0, hq, nvalid, lane):
-        f = Fr.local(d_slots(Mt, N // 8))
-        for s in T.unroll(d_slots(Mt, N // 8)):
-            rc = T.meta_var(dc(s, lane, N))
-            if T.Cast("int64", row0 + rc[0]) < nvalid:
-                o[tok0 + T.Cast("int64", row0 + rc[0]), hq, rc[1]] = T.Cast(qdt, f[s])
+            xh[s] = T.Cast("float16", x[s])
+            xl[s] = T.Cast("float16", x[s] - T.Cast(fdt, T.Cast("float16", x[s])))
+        zero_frag(X, nX)
+        gemm_nn_acc(X, D, Xh, D, A16w, Whi, Bw, lane)
+        gemm_nn_acc(X, D, Xh, D, A16w, Wlo, Bw, lane)
+        gemm_nn_acc(X, D, Xl, D, A16w, Whi, Bw, lane)
 
     # ---------------------------------------------------------------- the kernel
     FS = T.float32
@@ -282,12 +282,14 @@ def tc_scan_func(params: TVMParams, dims: KernelDims, debug: str = ""):
         lane = T.lane_id([32])
         tid = T.thread_id([NT])
         pool = T.alloc_buffer((smem_bytes,), "uint8", scope="shared.dyn")
-        Kb = T.decl_buffer((RK, D), sdt, data=pool.data, byte_offset=offs["Kb"], scope="shared.dyn")
-        Vb = T.decl_buffer((RK, DV), qdt, data=pool.data, byte_offset=offs["Vb"], scope="shared.dyn")
-        Wb = T.decl_buffer((C, D), sdt, data=pool.data, byte_offset=offs["Wb"], scope="shared.dyn")
-        Ub = T.decl_buffer((C, D), sdt, data=pool.data, byte_offset=offs["Ub"], scope="shared.dyn")
+        Kb = T.decl_buffer((RK, D + PAD), sdt, data=pool.data, byte_offset=offs["Kb"], scope="shared.dyn")
+        Vb = T.decl_buffer((RK, DV + PAD), qdt, data=pool.data, byte_offset=offs["Vb"], scope="shared.dyn")
+        Wb = T.decl_buffer((C, D + PAD), sdt, data=pool.data, byte_offset=offs["Wb"], scope="shared.dyn")
+        Ub = T.decl_buffer((C, D + PAD), sdt, data=pool.data, byte_offset=offs["Ub"], scope="shared.dyn")
         Ms = T.decl_buffer((C, C), fdt, data=pool.data, byte_offset=offs["Ms"], scope="shared.dyn")
-        Xs = T.decl_buffer((C, max(C, D)), fdt, data=pool.data, byte_offset=offs["Xs"], scope="shared.dyn")
+        Xs = T.decl_buffer((C, C), fdt, data=pool.data, byte_offset=offs["Xs"], scope="shared.dyn")
+        Whi = T.decl_buffer((D, D + PAD), "float16", data=pool.data, byte_offset=offs["Whi"], scope="shared.dyn")
+        Wlo = T.decl_buffer((D, D + PAD), "float16", data=pool.data, byte_offset=offs["Wlo"], scope="shared.dyn")
         cks = T.decl_buffer((RK,), fdt, data=pool.data, byte_offset=offs["ck"], scope="shared.dyn")
         # register fragments
         X = T.alloc_buffer((R, D), fdt, scope="local", layout=lay_D(Mt, D // 8))
@@ -304,6 +306,10 @@ def tc_scan_func(params: TVMParams, dims: KernelDims, debug: str = ""):
         Bv = T.alloc_buffer((16, DV), qdt, scope="local", layout=lay_B(1, DV // 8))
         Bu = T.alloc_buffer((16, D), sdt, scope="local", layout=lay_B(1, D // 8))
         A16s = T.alloc_buffer((R, 16), sdt, scope="local", layout=lay_A(Mt, 1))
+        A16w = T.alloc_buffer((R, 16), "float16", scope="local", layout=lay_A(Mt, 1))
+        Xh = T.alloc_buffer((R, D), "float16", scope="local", layout=lay_A(Mt, D // 16))
+        Xl = T.alloc_buffer((R, D), "float16", scope="local", layout=lay_A(Mt, D // 16))
+        Bw = T.alloc_buffer((16, D), "float16", scope="local", layout=lay_B(1, D // 8))
         A16v = T.alloc_buffer((R, 16), qdt, scope="local", layout=lay_A(Mt, 1))
         m_i = T.alloc_buffer((nrows,), fdt, scope="local")
         l_i = T.alloc_buffer((nrows,), fdt, scope="local")
@@ -412,7 +418,8 @@ def tc_scan_func(params: TVMParams, dims: KernelDims, debug: str = ""):
                 gemm_nt(SB, BN, Xa, D, A16s, Kb, BkB, lane)
                 logits(SB, BN, row0, cq, cks, qk_scale, gate_scale, False, nvalid, lane)
                 softmax_pv(SB, BN, PB, A16v, Vb, Bv, acc, m_i, l_i, lane)
-            dense_transition(X, Xs, what, seq_sc_base[sid] + sc_idx - 1 - T.Cast("int64", step), h, row0, lane)
+            dense_transition(X, Xh, Xl, A16w, Whi, Wlo, Bw, what, seq_sc_base[sid] + sc_idx - 1 - T.Cast("int64", step),
+                             h, tid, lane)
 
         # ---- normalise and store
         if debug == "":
