@@ -194,3 +194,24 @@ def test_build_exports_and_caches(tmp_path):
     assert again == paths and {n: p.stat().st_mtime_ns for n, p in again.items()} == stamp
     other = build_kernels("decode", dict(cfg, decode_splits=4), dims, cache_dir=tmp_path)
     assert other["decode"] != paths["decode"]                                # the knob is in the key
+
+
+def test_runtime_only_loader_in_a_fresh_process(tmp_path):
+    """The GPU-host path: tvm_ffi + libtvm_runtime{,_cuda}.so via ctypes, tvm_ffi.load_module; no `import tvm`.
+    (On this GPU-less host the libcuda stub stands in for the driver that the GPU host has.)"""
+    import subprocess
+    import sys
+
+    dims = KernelDims(H=1, HQ=2, D=64, DV=64, dtype="bfloat16", gated=False)
+    paths = build_kernels("decode", dict(decode_block_n=64, decode_splits=2), dims, cache_dir=tmp_path)
+    code = (
+        "import ctypes, sys\n"
+        "from pathtune.codegen.tvm.toolchain import stub_path\n"
+        "ctypes.CDLL(str(stub_path()), mode=ctypes.RTLD_GLOBAL)\n"
+        "from pathtune.codegen.tvm.runtime import TVMDecode\n"
+        f"dec = TVMDecode.from_paths({ {n: str(p) for n, p in paths.items()}!r})\n"
+        "assert sorted(dec.kernels) == ['decode', 'decode_merge'] and dec.dims.D == 64\n"
+        "assert 'tvm' not in sys.modules, 'the runtime path must not import the TVM compiler'\n"
+        "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]

@@ -39,20 +39,21 @@ def plan(quick: bool = False):
         for gated in (False, True):
             for kname, kn in knobs:
                 sets.append(dict(id=f"fwd-tc-D{d['D']}-{'fox' if gated else 'path'}-{kname}", pass_="fwd",
-                                 variant="tc", knobs=kn, dims=dict(d, gated=gated), timing=True))
+                                 variant="tc", knobs=kn, dims=dict(d, gated=gated), timing=True,
+                                 default=kname == "C64S1024N64w4"))
     # correctness extras: GQA + D != DV + fp16 q/k/v with a bf16 scan; short super-chunks (many transitions)
     sets.append(dict(id="fwd-tc-gqa-fp16-bf16scan", pass_="fwd", variant="tc",
                      knobs=dict(chunk_size=64, superchunk_size=256, block_n=64, num_warps=4, scan_precision="bf16"),
                      dims=dict(H=2, HQ=8, D=128, DV=64, dtype="float16", gated=True), timing=False, diag=True))
     sets.append(dict(id="fwd-simt-D64-fox", pass_="fwd", variant="simt",
                      knobs=dict(chunk_size=64, superchunk_size=256, block_n=64, num_warps=4),
-                     dims=dict(H=2, HQ=4, D=64, DV=64, dtype="bfloat16", gated=True), timing=not quick, diag=True))
+                     dims=dict(H=2, HQ=4, D=64, DV=64, dtype="bfloat16", gated=True), timing=True, diag=True))
     dec_dims = dict(H=8, HQ=32, D=128, DV=128, dtype="bfloat16")
     dknobs = list(DEC_KNOBS.items())[:1] if quick else list(DEC_KNOBS.items())
     for gated in (False, True):
         for kname, kn in dknobs:
             sets.append(dict(id=f"dec-D128-G4-{'fox' if gated else 'path'}-{kname}", pass_="decode", variant="simt",
-                             knobs=kn, dims=dict(dec_dims, gated=gated), timing=True))
+                             knobs=kn, dims=dict(dec_dims, gated=gated), timing=True, default=kname == "N128s4w4"))
     return sets
 
 

@@ -3,7 +3,7 @@
 Run on the GPU host (no TVM compiler needed, no network), from the repository root:
 
     python codegen/tvm/gpu_check.py [--bundle build/tvm_gpu_check] [--runtime-dir .whl/tvm_runtime]
-                                    [--only SUBSTRING] [--no-timing] [--no-isolate]
+                                    [--only SUBSTRING] [--timing default|all|none] [--budget-min 9]
 
 Needs torch (CUDA), triton (for do_bench), the apache-tvm-ffi wheel (``import tvm_ffi``; if it is not
 importable and .whl/ holds the wheel, it is unpacked into the bundle first) and the two TVM runtime
@@ -358,7 +358,7 @@ def _child(args) -> int:
 
         kernels = load_kernels({n: bundle / p for n, p in entry["kernels"].items()}, lib_dir)
         fn = _check_forward if entry["pass_"] == "fwd" else _check_decode
-        rows = fn(entry, kernels, entry.get("timing", False) and not args.no_timing)
+        rows = fn(entry, kernels, _timed(entry, args.timing))
         gpu = torch.cuda.get_device_name()
         for r in rows:
             r["gpu"] = gpu
@@ -368,6 +368,12 @@ def _child(args) -> int:
     for r in rows:
         print("RESULT " + json.dumps(r), flush=True)
     return 0
+
+
+def _timed(entry, mode):
+    if mode == "none" or not entry.get("timing", False):
+        return False
+    return mode == "all" or entry.get("default", False) or entry["variant"] == "simt" and entry["pass_"] == "fwd"
 
 
 def _fmt(x):
@@ -381,7 +387,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bundle", default=str(REPO / "build" / "tvm_gpu_check"))
     ap.add_argument("--runtime-dir", default=None)
     ap.add_argument("--only", default=None, help="run the module sets whose id contains this")
-    ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--timing", choices=("default", "all", "none"), default="default",
+                    help="default: time the spec-default knob sets (and the CUDA-core scan); all: every timed set")
+    ap.add_argument("--budget-min", type=float, default=9.0,
+                    help="start no new module set after this many minutes (the rest is reported as skipped)")
     ap.add_argument("--no-isolate", action="store_true", help="run every set in this process")
     ap.add_argument("--timeout", type=int, default=420, help="seconds per module set (child process)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -391,16 +400,19 @@ def main(argv=None) -> int:
     bundle = Path(args.bundle).resolve()
     manifest = json.loads((bundle / "manifest.json").read_text())
     sets = [e for e in manifest["sets"] if not args.only or args.only in e["id"]]
-    # the CUDA-core sets first: a tensor-core failure then still leaves a verified baseline in the output
-    sets.sort(key=lambda e: (e["variant"] == "tc", e["pass_"] != "fwd"))
+    # the CUDA-core scan first (a verified baseline even if the tensor-core path fails), then the timed
+    # default-knob sets, then the other knob sets (correctness only unless --timing all)
+    sets.sort(key=lambda e: (e["variant"] == "tc", not _timed(e, args.timing), e["pass_"] != "fwd"))
     results = []
     t0 = time.time()
     for e in sets:
-        cmd = [sys.executable, __file__, "--bundle", str(bundle), "--child", e["id"]]
+        if time.time() - t0 > 60 * args.budget_min:
+            results.append(dict(kind="skipped", set=e["id"], ok=None, error="time budget spent (--budget-min)"))
+            print(f"[skip] {e['id']}", flush=True)
+            continue
+        cmd = [sys.executable, __file__, "--bundle", str(bundle), "--child", e["id"], "--timing", args.timing]
         if args.runtime_dir:
             cmd += ["--runtime-dir", args.runtime_dir]
-        if args.no_timing:
-            cmd.append("--no-timing")
         t1 = time.time()
         if args.no_isolate:
             import io
@@ -409,7 +421,7 @@ def main(argv=None) -> int:
             buf = io.StringIO()
             with redirect_stdout(buf):
                 _child(argparse.Namespace(bundle=str(bundle), child=e["id"], runtime_dir=args.runtime_dir,
-                                          no_timing=args.no_timing))
+                                          timing=args.timing))
             out, err, rc = buf.getvalue(), "", 0
         else:
             try:
@@ -429,10 +441,11 @@ def main(argv=None) -> int:
     # table
     print("\ncorrectness (o_rel vs float64 oracle; spec gate 4e-3; o_floor = q-dtype rounding of the oracle)")
     for r in results:
-        if r["kind"] in ("fwd_check", "dec_check", "stage_diag", "error"):
+        if r["kind"] in ("fwd_check", "dec_check", "stage_diag", "error", "skipped"):
             keys = [kk for kk in ("B", "T", "L", "varlen", "o_rel", "o_floor", "lse_maxabs", "kcache_maxabs", "u_err",
                                   "kt_err", "m_err", "kj_relmax", "what_err", "nan", "error") if kk in r]
-            print(f"  {'ok ' if r.get('ok') else 'BAD'} {r['kind']:10s} {r['set']:40s} " +
+            flag = "ok " if r.get("ok") else ("-- " if r.get("ok") is None else "BAD")
+            print(f"  {flag} {r['kind']:10s} {r['set']:40s} " +
                   " ".join(f"{kk}={_fmt(r[kk])}" for kk in keys))
     print("\ntimings (ms, do_bench median)")
     for r in results:
