@@ -14,9 +14,9 @@ Tensor-core products (``Tx.warp.gemm`` -> mma.sync.m16n8k16, f16/bf16 operands, 
     dense transition X <- X What (D x D, once per super-chunk): f16 hi/lo split of both factors,
     3 products (about float32 accuracy, like tf32x3), for every transition_precision value.
 CUDA-core float32: the diagonal correction S -= QW M (C^3 per chunk).
-Macros: load_rows (block-wide tile staging), gemm_nt / gemm_nn (K-split warp gemms), softmax_pv
-(online softmax on the logit fragment, then P V), lowrank (X <- X - (X W^T) U), logits (scale,
-FoX bias, causal mask), dense_transition.
+Macros: load_tok / load_gate (block-wide tile staging), a_tile + gemm_nt / gemm_nn_acc (K-split warp
+gemms), softmax_pv (online softmax on the logit fragment, then P V), lowrank (X <- X - (X W^T) U),
+logits (scale, FoX bias, causal mask), dense_transition.
 
 Knobs (TVMParams): chunk_size, superchunk_size, block_n (key tile between super-chunks),
 num_warps, scan_precision (fp16 | bf16). num_stages is not used (no cp.async pipeline yet).
