@@ -122,9 +122,9 @@ def path_attention(
     info = validate_inputs(spec, q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens)
     chosen, reason = resolve_backend(backend, q.device)
     if chosen == "tvm":
-        raise NotImplementedError("backend 'tvm' is not implemented yet: the TVM (TensorIR) backend in "
-                                  "pathtune.codegen.tvm is being built (see README, Status); use backend='reference' "
-                                  "or backend='triton'")
+        if q.device.type != "cuda":
+            raise ValueError(f"backend 'tvm' needs CUDA tensors, but q is on {q.device}; its kernels run on a GPU "
+                             "(forward only); use backend='reference' on the CPU")
     if chosen == "triton":
         triton_fn, why = _triton_entry()
         if triton_fn is None:
@@ -145,6 +145,13 @@ def path_attention(
         o, lse = blockwise_path_attention(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
                                           chunk_size=_REFERENCE_CHUNK, superchunk_size=_REFERENCE_SUPERCHUNK,
                                           gate_placement=placement)
+    elif chosen == "tvm":
+        if placement != "inside_scale":
+            raise NotImplementedError(f"backend 'tvm' implements gate placement 'inside_scale' only, the spec "
+                                      f"says {placement!r}; use backend='triton'")
+        from pathtune.codegen.tvm import path_attention_tvm
+
+        o, lse = path_attention_tvm(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, config=None)
     else:
         o, lse = triton_fn(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, config=None,
                            gate_placement=placement)

@@ -191,7 +191,7 @@ def test_print_dispatch(monkeypatch, capsys):
 
 
 def test_unavailable_backends_say_what_is_missing(monkeypatch):
-    expect(make(), r"backend 'tvm' is not implemented yet", exc=NotImplementedError, backend="tvm")
+    expect(make(), r"backend 'tvm' needs CUDA tensors, but q is on cpu", exc=ValueError, backend="tvm")
     from pathtune.runtime import api
 
     monkeypatch.setattr(api, "_triton_entry", lambda: (None, "pathtune.codegen.triton does not provide it"))
