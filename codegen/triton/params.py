@@ -6,10 +6,12 @@ hashable objects, built from a spec ``Config`` (or defaults taken from the spec)
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import triton.language as tl
+
+from .._knobs import params_from_config
 
 _SCAN_DTYPES = {"fp16": tl.float16, "bf16": tl.bfloat16, "tf32": tl.float32}
 _TRANSITION = {"tf32": "tf32", "tf32x3": "tf32x3", "ieee": "ieee"}
@@ -51,20 +53,7 @@ class TritonParams:
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | Any | None) -> "TritonParams":
         """Build from a spec Config / mapping; unknown knobs are ignored, missing ones take defaults."""
-        if config is None:
-            return cls()
-        if isinstance(config, TritonParams):
-            return config
-        if hasattr(config, "to_dict"):
-            config = config.to_dict()
-        elif not isinstance(config, Mapping):
-            config = dict(config)
-        names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in config.items() if k in names}
-        eps = kw.get("beta_clip_eps")
-        if isinstance(eps, str):
-            kw["beta_clip_eps"] = None if eps.lower() == "off" else float(eps)
-        return cls(**kw)
+        return params_from_config(cls, config)
 
     @classmethod
     def heuristic(cls, head_dim: int, head_dim_v: int | None = None) -> "TritonParams":

@@ -7,8 +7,10 @@ dims a module is compiled for). Nothing is hard-coded per GPU.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping, Optional
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+from .._knobs import params_from_config
 
 __all__ = ["TVMParams", "KernelDims", "UnsupportedConfig", "SCAN_VARIANTS"]
 
@@ -60,20 +62,7 @@ class TVMParams:
     @classmethod
     def from_config(cls, config: Any = None) -> "TVMParams":
         """From a spec ``Config`` (or any mapping); unknown knobs are ignored, missing ones take defaults."""
-        if config is None:
-            return cls()
-        if isinstance(config, TVMParams):
-            return config
-        if hasattr(config, "to_dict"):
-            config = config.to_dict()
-        elif not isinstance(config, Mapping):
-            config = dict(config)
-        names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in config.items() if k in names}
-        eps = kw.get("beta_clip_eps")
-        if isinstance(eps, str):
-            kw["beta_clip_eps"] = None if eps.lower() == "off" else float(eps)
-        return cls(**kw)
+        return params_from_config(cls, config)
 
     @property
     def threads(self) -> int:
