@@ -1,0 +1,424 @@
+"""Fused PaTH(-FoX) decoding step on a current-frame KV cache, plus a GPU prefill that builds one.
+
+Decoding rule (path-math.md §1.7, ``runtime/reference/recurrent.py``): the cache holds keys in the
+current frame.  A step with T_new tokens at positions L .. L+T_new-1 first writes their raw keys,
+values and gate cumsums into cache rows L.., then, for token t (in order), updates every row
+j < L+t in place, ``k_j <- k_j - beta_t (k_j . w_t) w_t``, and lets q_t attend (softmax, scale,
+FoX gate c_{L+t} - c_j) over rows j <= L+t.
+
+``decode_kernel`` does all of that in one pass over the cache: grid (B*H, splits); a program owns
+a contiguous range of key tiles of one (batch, kv head).  Per tile it loads K once, applies the
+T_new rank-one updates in order (math in fp32, each result rounded to the cache dtype as the
+reference stores it), computes the logits of token t right after the update by H_t, writes the
+updated K back, loads V, and advances a partial online softmax (m, l, acc) for every query head of
+the kv-head group (GQA: K and V are read once per group).  ``decode_merge_kernel`` combines the
+splits.  A step with one token and one query head per kv head (MHA) uses row reductions instead of
+tensor-core products (no padding of the single query row to 16).
+
+Knobs (spec pass ``decode``): decode_block_n (key tile), decode_num_warps, decode_splits (split-K
+factor, capped by the number of tiles), beta_clip_eps (``TritonParams.beta_max``).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ._ops import interpreting, mm
+from .params import TritonParams
+
+__all__ = ["decode_kernel", "decode_merge_kernel", "path_decode_triton", "path_prefill_triton",
+           "current_frame_keys_triton", "decode_params"]
+
+_LOG2E = 1.4426950408889634
+_NEG = -1.0e30  # finite "minus infinity" of the running max (keeps exp2(m_old - m_new) NaN-free)
+_CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def _dot(a, b, F32: tl.constexpr, INTERP: tl.constexpr):
+    """fp32-accumulated product; F32: both operands fp32 with full-precision (ieee) products."""
+    if F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return mm(a, b, INTERP)
+
+
+@triton.jit
+def _to_cache(x, cdt: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 -> cache dtype with round-to-nearest-even, as the GPU converts.
+
+    Triton 3.6's interpreter truncates fp32 -> bfloat16 (round toward zero); under the interpreter
+    (only) the rounding is done on the bits first, so the stored keys are the ones a GPU stores.
+    """
+    if INTERP:
+        if cdt == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            x = bits.to(tl.float32, bitcast=True)
+    return x.to(cdt)
+
+
+@triton.jit
+def decode_kernel(
+    q_ptr, w_ptr, beta_ptr, k_ptr, v_ptr, c_ptr,
+    m_part, l_part, acc_part,
+    L, N, tiles_per_split, n_splits,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_cb, stride_cn,
+    qk_scale, gate_scale,
+    H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+    BDV: tl.constexpr, TN: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWWISE: tl.constexpr, F32: tl.constexpr, USE_GATE: tl.constexpr, BETA_MAX: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    """One split of one (batch, kv head): in-place rank-one updates of its key tiles + partial softmax.
+
+    q [B, TN, H*G, D] (contiguous), w [B, TN, H, D] fp32, beta [B, TN, H] fp32; cache k [B, *, H, D],
+    v [B, *, H, DV], c [B, *, H*G] fp32 (strided, last dim contiguous); rows 0 .. N-1 valid, N = L + TN.
+    Partials: m/l [B*H, n_splits, R], acc [B*H, n_splits, R, BDV] (fp32, base-2 logits).
+    Query row r = t * G + g (token t, head h*G + g); rows >= TN*G are padding.
+    """
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    b = (pid // H).to(tl.int64)
+    h = pid % H
+    HQ: tl.constexpr = H * G
+    d = tl.arange(0, BD)
+    dv = tl.arange(0, BDV)
+    dmask = d < D
+    dvmask = dv < DV
+    cdt = k_ptr.dtype.element_ty
+    k_base = k_ptr + b * stride_kb + h * stride_kh
+    v_base = v_ptr + b * stride_vb + h * stride_vh
+    c_base = c_ptr + b * stride_cb
+    wb = w_ptr + (b * TN * H + h) * D
+    bb = beta_ptr + b * TN * H + h
+    rn = tl.arange(0, BLOCK_N)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    t_lo = split * tiles_per_split
+    t_hi = tl.minimum(t_lo + tiles_per_split, n_tiles)
+    part = pid * n_splits + split
+
+    if ROWWISE:
+        # TN == 1, G == 1: one query row; logits and P.V by row reductions
+        qv = tl.load(q_ptr + (b * HQ + h) * D + d, mask=dmask, other=0.0).to(tl.float32)
+        w0 = tl.load(wb + d, mask=dmask, other=0.0)
+        beta0 = tl.minimum(tl.load(bb), BETA_MAX)
+        if USE_GATE:
+            c_i = tl.load(c_base + (b * 0 + L) * stride_cn + h)
+        m_i = tl.full([1], _NEG, tl.float32)
+        l_i = tl.zeros([1], tl.float32)
+        acc = tl.zeros([BDV], tl.float32)
+        for tile in range(t_lo, t_hi):
+            n = tile * BLOCK_N + rn
+            nmask = n < N
+            koff = n.to(tl.int64)[:, None] * stride_kn + d[None, :]
+            K = tl.load(k_base + koff, mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+            V = tl.load(v_base + n.to(tl.int64)[:, None] * stride_vn + dv[None, :],
+                        mask=nmask[:, None] & dvmask[None, :], other=0.0).to(tl.float32)
+            upd = n < L
+            a = tl.where(upd, beta0 * tl.sum(K * w0[None, :], axis=1), 0.0)
+            Kc = _to_cache(K - a[:, None] * w0[None, :], cdt, INTERP)
+            tl.store(k_base + koff, Kc, mask=upd[:, None] & dmask[None, :])
+            s = tl.sum(Kc.to(tl.float32) * qv[None, :], axis=1) * qk_scale
+            if USE_GATE:
+                c_j = tl.load(c_base + n.to(tl.int64) * stride_cn + h, mask=nmask, other=0.0)
+                s += (c_i - c_j) * gate_scale
+            s = tl.where(nmask, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=0))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * V, axis=0)
+            m_i = m_new
+        r1 = tl.arange(0, 1)
+        tl.store(m_part + part + r1, m_i)
+        tl.store(l_part + part + r1, l_i)
+        tl.store(acc_part + part * BDV + dv, acc)
+    else:
+        r = tl.arange(0, R)
+        t_r = r // G
+        rvalid = r < TN * G
+        hq_r = h * G + r % G
+        pos_r = L + t_r
+        Q = tl.load(q_ptr + ((b * TN + t_r) * HQ + hq_r)[:, None] * D + d[None, :],
+                    mask=rvalid[:, None] & dmask[None, :], other=0.0)
+        if F32:
+            Q = Q.to(tl.float32)
+        if USE_GATE:
+            c_i = tl.load(c_base + pos_r.to(tl.int64) * stride_cn + hq_r, mask=rvalid, other=0.0)
+        m_i = tl.full([R], _NEG, tl.float32)
+        l_i = tl.zeros([R], tl.float32)
+        acc = tl.zeros([R, BDV], tl.float32)
+        for tile in range(t_lo, t_hi):
+            n = tile * BLOCK_N + rn
+            nmask = n < N
+            koff = n.to(tl.int64)[:, None] * stride_kn + d[None, :]
+            K = tl.load(k_base + koff, mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+            V = tl.load(v_base + n.to(tl.int64)[:, None] * stride_vn + dv[None, :],
+                        mask=nmask[:, None] & dvmask[None, :], other=0.0)
+            s = tl.zeros([R, BLOCK_N], tl.float32)
+            for t in tl.static_range(TN):
+                wt = tl.load(wb + t * H * D + d, mask=dmask, other=0.0)
+                bt = tl.minimum(tl.load(bb + t * H), BETA_MAX)
+                a = tl.where(n < L + t, bt * tl.sum(K * wt[None, :], axis=1), 0.0)
+                Kc = _to_cache(K - a[:, None] * wt[None, :], cdt, INTERP)
+                K = Kc.to(tl.float32)
+                st = _dot(Q, tl.trans(Kc), F32, INTERP)
+                if TN == 1:
+                    s = st
+                else:
+                    s = tl.where((t_r == t)[:, None], st, s)
+            tl.store(k_base + koff, K.to(cdt), mask=(n < L + TN - 1)[:, None] & dmask[None, :])
+            s = s * qk_scale
+            if USE_GATE:
+                c_j = tl.load(c_base + n.to(tl.int64)[None, :] * stride_cn + hq_r[:, None],
+                              mask=rvalid[:, None] & nmask[None, :], other=0.0)
+                s += (c_i[:, None] - c_j) * gate_scale
+            valid = rvalid[:, None] & nmask[None, :] & (n[None, :] <= pos_r[:, None])
+            s = tl.where(valid, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if F32:
+                pv = _dot(p, V, F32, INTERP)
+            else:
+                pv = _dot(_to_cache(p, V.dtype, INTERP), V, F32, INTERP)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        tl.store(m_part + part * R + r, m_i)
+        tl.store(l_part + part * R + r, l_i)
+        tl.store(acc_part + (part * R + r)[:, None] * BDV + dv[None, :], acc)
+
+
+@triton.jit
+def decode_merge_kernel(
+    m_part, l_part, acc_part, o_ptr, lse_ptr, n_splits,
+    H: tl.constexpr, G: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, TN: tl.constexpr,
+    R: tl.constexpr, INTERP: tl.constexpr,
+):
+    """Combine the split partials of one (batch, kv head): o [B, TN, H*G, DV], lse [B, TN, H*G] (natural log)."""
+    pid = tl.program_id(0)
+    b = (pid // H).to(tl.int64)
+    h = pid % H
+    HQ: tl.constexpr = H * G
+    r = tl.arange(0, R)
+    dv = tl.arange(0, BDV)
+    base = pid * n_splits
+    m = tl.full([R], _NEG, tl.float32)
+    for s in range(0, n_splits):
+        m = tl.maximum(m, tl.load(m_part + (base + s) * R + r))
+    l_sum = tl.zeros([R], tl.float32)
+    acc = tl.zeros([R, BDV], tl.float32)
+    for s in range(0, n_splits):
+        wgt = tl.exp2(tl.load(m_part + (base + s) * R + r) - m)
+        l_sum += wgt * tl.load(l_part + (base + s) * R + r)
+        acc += wgt[:, None] * tl.load(acc_part + ((base + s) * R + r)[:, None] * BDV + dv[None, :])
+    rvalid = r < TN * G
+    l_sum = tl.where(rvalid, l_sum, 1.0)  # padding rows hold no keys
+    o = acc / l_sum[:, None]
+    row = (b * TN + r // G) * HQ + h * G + r % G
+    tl.store(o_ptr + row[:, None] * DV + dv[None, :], _to_cache(o, o_ptr.dtype.element_ty, INTERP),
+             mask=rvalid[:, None] & (dv < DV)[None, :])
+    tl.store(lse_ptr + row, (m + tl.log2(l_sum)) * 0.6931471805599453, mask=rvalid)
+
+
+def _pow2(x: int) -> int:
+    return max(16, triton.next_power_of_2(x))
+
+
+def decode_params(config, head_dim: int, head_dim_v: int) -> TritonParams:
+    """TritonParams for a decode launch: ``config`` (spec Config / mapping / TritonParams) or the heuristic."""
+    if config is None:
+        return TritonParams.heuristic(head_dim, head_dim_v)
+    return TritonParams.from_config(config)
+
+
+def decode_layout(T_new: int, G: int) -> tuple[bool, int]:
+    """(rowwise, R): rows of query per program (padded to a power of two >= 16 for tensor-core products)."""
+    rows = T_new * G
+    if rows == 1:
+        return True, 1
+    return False, _pow2(rows)
+
+
+def _check_decode_args(q, k, v, w, beta, g, cache):
+    """Shape/dtype/device checks of a decode step against the cache (clear ValueErrors)."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("w", w), ("beta", beta)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or w.dim() != 4 or beta.dim() != 3:
+        raise ValueError("decode inputs must be q [B,T,HQ,D], k/w [B,T,H,D], v [B,T,H,DV], beta [B,T,H], "
+                         f"g [B,T,HQ]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"w {tuple(w.shape)}, beta {tuple(beta.shape)}")
+    B, T, HQ, D = q.shape
+    Bc, _, H, Dc = cache.k.shape
+    DV = cache.v.shape[-1]
+    if T < 1:
+        raise ValueError("a decode step needs at least one token (q.shape[1] >= 1)")
+    if (B, HQ, D) != (Bc, cache.num_q_heads, Dc):
+        raise ValueError(f"q is [B,T,HQ,D] = {tuple(q.shape)} but the cache holds B={Bc}, HQ={cache.num_q_heads}, "
+                         f"D={Dc}; pass tokens of the sequence batch the cache was built for")
+    for name, t, want in (("k", k, (B, T, H, D)), ("w", w, (B, T, H, D)), ("v", v, (B, T, H, DV)),
+                          ("beta", beta, (B, T, H))):
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name} must be {list(want)} (from q and the cache: H={H}, D={D}, DV={DV}), "
+                             f"got {tuple(t.shape)}")
+    if (g is None) != (cache.c is None):
+        raise ValueError("g must be given iff the cache is gated (PaTH-FoX): the cache "
+                         + ("holds a gate cumsum, pass g [B,T,HQ]" if cache.c is not None
+                            else "was built without a gate, pass g=None"))
+    if g is not None and tuple(g.shape) != (B, T, HQ):
+        raise ValueError(f"g must be [B,T,HQ] = {[B, T, HQ]}, got {tuple(g.shape)}")
+    if HQ % H:
+        raise ValueError(f"HQ={HQ} must be a multiple of the cache's kv heads H={H}")
+    if not q.is_floating_point() or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one floating dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    for name, t in (("w", w), ("beta", beta), ("g", g)):
+        if t is not None and t.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32 for the Triton decode kernel, got {t.dtype} "
+                             f"(convert with {name}.float())")
+    if cache.k.dtype not in _CACHE_DTYPES or cache.v.dtype != cache.k.dtype:
+        raise ValueError(f"the cache must hold k and v in one of bfloat16/float16/float32, got "
+                         f"{cache.k.dtype}/{cache.v.dtype}")
+    if cache.c is not None and cache.c.dtype != torch.float32:
+        raise ValueError(f"the cache's gate cumsum must be float32 for the Triton decode kernel, got {cache.c.dtype}")
+    if q.dtype not in _CACHE_DTYPES:
+        raise ValueError(f"q must be bfloat16, float16 or float32 for the Triton decode kernel, got {q.dtype}")
+    devs = {t.device for t in (q, k, v, w, beta, g, cache.k, cache.v, cache.c) if t is not None}
+    if len(devs) != 1:
+        raise ValueError(f"decode inputs and the cache must be on one device, got {sorted(map(str, devs))}")
+    for name, t in (("cache.k", cache.k), ("cache.v", cache.v), ("cache.c", cache.c)):
+        if t is not None and t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got strides {t.stride()}")
+    return B, T, HQ, H, D, DV
+
+
+def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = None, config=None,
+                       gate_placement: str = "inside_scale", return_lse: bool = False):
+    """One PaTH(-FoX) decoding step of T_new >= 1 tokens on the fused Triton kernel (mutates ``cache``).
+
+    q [B,T_new,HQ,D], k/w [B,T_new,H,D], v [B,T_new,H,DV], beta [B,T_new,H], g [B,T_new,HQ] or None
+    (w, beta, g float32); ``cache`` a ``PaTHKVCache`` (keys in the current frame, k/v in
+    bf16/fp16/fp32, gate cumsum fp32), grown on demand.  Token t attends causally to the cache and
+    to tokens <= t of this call, exactly as ``runtime.reference.path_attention_decode``.
+    ``config``: decode knobs (spec Config / mapping / TritonParams; None = heuristic).
+    Returns o [B,T_new,HQ,DV] in q's dtype (and lse [B,T_new,HQ] float32 with ``return_lse``).
+    """
+    if gate_placement not in ("inside_scale", "outside_scale"):
+        raise ValueError(f"gate_placement must be 'inside_scale' or 'outside_scale', got {gate_placement!r}")
+    B, TN, HQ, H, D, DV = _check_decode_args(q, k, v, w, beta, g, cache)
+    G = HQ // H
+    params = decode_params(config, D, DV)
+    scale = D ** -0.5 if scale is None else float(scale)
+    L = cache.length
+    cache.reserve(TN)
+    N = L + TN
+    cache.k[:, L:N] = k.to(cache.k.dtype)
+    cache.v[:, L:N] = v.to(cache.v.dtype)
+    if g is not None:
+        prev = cache.c[:, L - 1] if L > 0 else torch.zeros_like(cache.c[:, 0])
+        cache.c[:, L:N] = prev[:, None] + torch.cumsum(g, dim=1)
+    rowwise, R = decode_layout(TN, G)
+    BLOCK_N = int(params.decode_block_n)
+    n_tiles = triton.cdiv(N, BLOCK_N)
+    splits = max(1, min(int(params.decode_splits), n_tiles))
+    per = triton.cdiv(n_tiles, splits)
+    splits = triton.cdiv(n_tiles, per)           # no empty split
+    BD, BDV = _pow2(D), _pow2(DV)
+    dev = q.device
+    f32 = cache.k.dtype == torch.float32 or q.dtype != cache.k.dtype
+    m_part = torch.empty(B * H, splits, R, device=dev, dtype=torch.float32)
+    l_part = torch.empty_like(m_part)
+    acc_part = torch.empty(B * H, splits, R, BDV, device=dev, dtype=torch.float32)
+    c = cache.c if cache.c is not None else m_part
+    gate_scale = (scale if gate_placement == "inside_scale" else 1.0) * _LOG2E
+    decode_kernel[(B * H, splits)](
+        q.contiguous(), w.contiguous(), beta.contiguous(), cache.k, cache.v, c,
+        m_part, l_part, acc_part,
+        L, N, per, splits,
+        cache.k.stride(0), cache.k.stride(1), cache.k.stride(2),
+        cache.v.stride(0), cache.v.stride(1), cache.v.stride(2),
+        c.stride(0), c.stride(1) if c.dim() > 1 else 0,
+        scale * _LOG2E, gate_scale,
+        H=H, G=G, D=D, DV=DV, BD=BD, BDV=BDV, TN=TN, R=R, BLOCK_N=BLOCK_N,
+        ROWWISE=rowwise, F32=f32, USE_GATE=g is not None, BETA_MAX=params.beta_max,
+        INTERP=interpreting(), num_warps=int(params.decode_num_warps), num_stages=2,
+    )
+    o = torch.empty(B, TN, HQ, DV, device=dev, dtype=q.dtype)
+    lse = torch.empty(B, TN, HQ, device=dev, dtype=torch.float32)
+    decode_merge_kernel[(B * H,)](m_part, l_part, acc_part, o, lse, splits,
+                                  H=H, G=G, DV=DV, BDV=BDV, TN=TN, R=R, INTERP=interpreting(),
+                                  num_warps=4, num_stages=1)
+    cache.length = N
+    return (o, lse) if return_lse else o
+
+
+def current_frame_keys_triton(k, w, beta, *, params: TritonParams):
+    """Keys transported to the last prompt position, out[:, j] = H_{T-1} ... H_{j+1} k_j, fp32 [B,T,H,D].
+
+    The Triton UT stage gives, per chunk of C tokens, the keys adjusted to the chunk end (K~) and
+    U = A W (chunk transition P_m = I - W_m^T U_m); one right-to-left walk over the chunks applies
+    the running suffix product (low-rank updates of a D x D matrix, batched over B and H): linear in T.
+    """
+    from .forward import prepare_state
+
+    B, T, H, D = k.shape
+    C = params.chunk_size
+    q_dummy = k[:, :, :1]  # prepare_state reads only q's shape (gate off)
+    state = prepare_state(q_dummy, k, w, beta, None, cu_seqlens=None, params=params)
+    nC = triton.cdiv(T, C)
+    pad = nC * C - T
+
+    def chunked(x):  # [B*T, H, D] -> [B, H, nC, C, D] (zero rows past T: w = 0, U = 0 means H = I)
+        x = x.view(B, T, H, D).permute(0, 2, 1, 3)
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+        return x.reshape(B, H, nC, C, D)
+
+    kt, u = chunked(state.kt), chunked(state.u)
+    wc = chunked(w.float().reshape(B * T, H, D))
+    out = torch.empty_like(kt)
+    # N = (P_{nC-1} ... P_{m+1})^T, so a key row kt_j^T (column form) maps to kt_j^T N
+    Nm = torch.eye(D, device=k.device, dtype=torch.float32).expand(B, H, D, D).contiguous()
+    for m in range(nC - 1, -1, -1):
+        out[:, :, m] = kt[:, :, m] @ Nm
+        # N <- P_m^T N = N - U_m^T (W_m N)
+        Nm = Nm - u[:, :, m].transpose(-1, -2) @ (wc[:, :, m] @ Nm)
+    return out.reshape(B, H, nC * C, D)[:, :, :T].permute(0, 2, 1, 3)
+
+
+def path_prefill_triton(q, k, v, w, beta, g=None, *, scale: Optional[float] = None, config=None,
+                        max_len: Optional[int] = None, cache_dtype: Optional[torch.dtype] = None,
+                        gate_placement: str = "inside_scale"):
+    """Prefill on the GPU: outputs of the Triton forward plus a current-frame ``PaTHKVCache``.
+
+    Shapes as ``path_attention_triton`` (equal-length batch).  ``max_len`` (default T) is the cache
+    capacity (grown on demand by decoding); ``cache_dtype`` defaults to k's dtype; the gate cumsum
+    is float32.  Returns (o [B,T,HQ,DV], cache) with cache.length = T.
+    """
+    from pathtune.runtime.reference.recurrent import PaTHKVCache
+
+    from .autograd import path_attention_triton
+
+    B, T, HQ, D = q.shape
+    H, DV = k.shape[2], v.shape[-1]
+    cdt = k.dtype if cache_dtype is None else cache_dtype
+    if cdt not in _CACHE_DTYPES:
+        raise ValueError(f"cache_dtype must be bfloat16, float16 or float32, got {cdt}")
+    params = decode_params(config, D, DV)
+    o, _ = path_attention_triton(q, k, v, w, beta, g, scale=scale, config=params,
+                                 gate_placement=gate_placement)
+    cap = T if max_len is None else max(int(max_len), T)
+    cache = PaTHKVCache.empty(B, H, D, DV, HQ, max_len=cap, gated=g is not None, dtype=cdt,
+                              gate_dtype=torch.float32, device=q.device)
+    with torch.no_grad():
+        cache.k[:, :T] = current_frame_keys_triton(k, w, beta, params=params).to(cdt)
+        cache.v[:, :T] = v.to(cdt)
+        if g is not None:
+            cache.c[:, :T] = torch.cumsum(g.float(), dim=1)
+    cache.length = T
+    return o, cache
