@@ -1,0 +1,400 @@
+"""Train and evaluate PaTH, RoPE and PaTH-FoX on flip-flop language modelling in one command.
+
+    python -m examples.flipflop --device cuda            # all three models, <= 14 min on one H200
+    python -m examples.flipflop --tiny                   # CPU smoke run (reference backend), < 1 min
+    python -m examples.flipflop --plot-from examples/flipflop/results.json   # plot only
+
+Writes ``results.json`` after every phase (a crash in one model keeps the others) and a plot of the
+training curves (matplotlib when importable; else use ``--plot-from`` on a machine that has it).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+T_START = time.perf_counter()
+
+import torch  # noqa: E402
+
+from .data import SPLITS, expected_reads  # noqa: E402
+from .metrics import reads_to_resolve  # noqa: E402
+from .model import ATTENTIONS, FlipFlopLM, count_parameters, fla_available  # noqa: E402
+from .train import TrainConfig, evaluate, measure_throughput, train_model  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results.json"
+TINY_OUT = Path("/tmp/flipflop_tiny/results.json")
+PAPER = {"path": ("0%", "0.0001%", "0%"), "rope": ("6.9%", "40.3%", "0.01%"), "path_fox": ("-", "-", "-")}
+LABEL = {"path": "PaTH", "rope": "RoPE", "path_fox": "PaTH-FoX"}
+EVAL_SPLITS = ("id", "sparse", "dense")
+# share of a model's evaluation time per split (sparse holds most of the sequences)
+EVAL_TIME_SHARE = {"id": 0.2, "sparse": 0.65, "dense": 0.15}
+
+
+# ------------------------------------------------------------------------------------------ output
+
+def write_json(obj: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _pct(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0%"
+    return f"{100 * x:.2g}%" if x < 1e-3 else f"{100 * x:.3g}%"
+
+
+def markdown_table(results: dict) -> str:
+    """The README table: ours (with 95% Wilson upper bounds and read counts) beside the paper's."""
+    rows = ["| model | ID FFL(0.8) | sparse FFL(0.98) | dense FFL(0.1) | paper (ID / sparse / dense) | steps | train tokens/s |",
+            "|---|---|---|---|---|---|---|"]
+    for name in ATTENTIONS:
+        r = results.get(name)
+        if not r or r.get("status") != "ok":
+            continue
+        cells = []
+        for s in EVAL_SPLITS:
+            ev = r["eval"][s]
+            cells.append(f"{_pct(ev['error'])} ({ev['errors']}/{ev['reads']}, 95% CI ≤ {_pct(ev['ci95'][1])})")
+        tps = r.get("tokens_per_s")
+        tps_s = f"{tps / 1e6:.2f} M" if tps else "-"
+        rows.append(f"| {LABEL[name]} | {' | '.join(cells)} | {' / '.join(PAPER[name])} | {r['train_steps']} | {tps_s} |")
+    return "\n".join(rows)
+
+
+def plot_curves(results: dict, path: Path) -> Optional[Path]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not importable here: curves are in the JSON; plot them elsewhere with "
+              "`python -m examples.flipflop --plot-from RESULTS.json`")
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name in ATTENTIONS:
+        r = results.get(name)
+        if not r or "curve" not in r:
+            continue
+        c = r["curve"]
+        axes[0].plot(c["step"], c["loss"], label=LABEL[name])
+        axes[1].plot(c["step"], [max(e, 1e-6) for e in c["read_error"]], label=LABEL[name])
+    axes[0].set(xlabel="step", ylabel="train loss (read targets)", yscale="log", title="training loss")
+    axes[1].set(xlabel="step", ylabel="train read error (floored at 1e-6)", yscale="log",
+                title="read error on training batches, FFL(0.8)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    meta = results.get("meta", {})
+    fig.suptitle(f"flip-flop LM, 1 layer, 2 heads, width 64 — {meta.get('gpu', '?')}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------------------- progress
+
+class Progress:
+    """rich progress bars on a terminal; plain log lines otherwise (e.g. captured output)."""
+
+    def __init__(self, enabled: bool = True):
+        self._rich = None
+        self._plain_every = {}
+        try:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RP, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+            console = Console(stderr=True)
+            if enabled and console.is_terminal:
+                self._rich = RP(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                                console=console)
+        except ImportError:
+            pass
+        self._task = None
+        self._total = 0
+        self._desc = ""
+        self._last_print = 0.0
+
+    def __enter__(self):
+        if self._rich:
+            self._rich.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._rich:
+            self._rich.stop()
+
+    def start(self, desc: str, total: int) -> None:
+        self._desc, self._total = desc, total
+        self._last_print = 0.0
+        if self._rich:
+            self._task = self._rich.add_task(desc, total=total, info="")
+        else:
+            log(f"{desc}: 0/{total}")
+
+    def update(self, done: int, info: str = "") -> None:
+        if self._rich:
+            self._rich.update(self._task, completed=done, **({"info": info} if info else {}))
+        elif time.perf_counter() - self._last_print > 15 or done >= self._total:
+            self._last_print = time.perf_counter()
+            log(f"{self._desc}: {done}/{self._total} {info}")
+
+    def finish(self, info: str = "") -> None:
+        if self._rich and self._task is not None:
+            self._rich.update(self._task, info=info)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T_START:7.1f}s] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------- main
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m examples.flipflop", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--models", default=",".join(ATTENTIONS), help="comma list from path,rope,path_fox")
+    p.add_argument("--steps", type=int, default=None, help="training steps per model (default 4000; tiny 40)")
+    p.add_argument("--batch", type=int, default=None, help="sequences per step (default 256; tiny 16)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 200; tiny 5)")
+    p.add_argument("--seed", type=int, default=0, help="model init, training and eval data seed")
+    p.add_argument("--budget-minutes", type=float, default=None,
+                   help="wall-clock budget for the whole command (default 14; tiny 1)")
+    p.add_argument("--id-seqs", type=int, default=None, help="ID FFL(0.8) eval sequences (default 16384)")
+    p.add_argument("--sparse-seqs", type=int, default=None, help="sparse FFL(0.98) eval sequences (default 300000)")
+    p.add_argument("--dense-seqs", type=int, default=None, help="dense FFL(0.1) eval sequences (default 4096)")
+    p.add_argument("--eval-batch", type=int, default=None, help="eval sequences per forward (default 1024)")
+    p.add_argument("--backend", default="auto", help="pathtune backend for the PaTH layers (auto/triton/reference)")
+    p.add_argument("--no-fla-compare", action="store_true", help="skip the same-run pathtune vs fla tokens/s")
+    p.add_argument("--bench-steps", type=int, default=30, help="timed steps per kernel in the tokens/s comparison")
+    p.add_argument("--tiny", action="store_true", help="CPU smoke mode: T=64, few steps, reference backend")
+    p.add_argument("--out", type=Path, default=None, help=f"results JSON (default {DEFAULT_OUT}; tiny {TINY_OUT})")
+    p.add_argument("--resume", action="store_true", help="keep models already 'ok' in --out and run the rest")
+    p.add_argument("--plot-from", type=Path, default=None, help="only plot the curves of an existing results JSON")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
+    return p
+
+
+def _command_line() -> str:
+    main_mod = sys.modules.get("__main__")
+    spec = getattr(main_mod, "__spec__", None)
+    head = ["python", "-m", spec.name.removesuffix(".__main__")] if spec is not None else ["python", sys.argv[0]]
+    return shlex.join(head + sys.argv[1:])
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for dist in ("triton", "pathtune", "flash-linear-attention", "numpy"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _git_commit() -> Optional[str]:
+    try:
+        import subprocess
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                              timeout=5).stdout.strip() or None
+    except Exception:
+        return None
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.plot_from:
+        results = json.loads(args.plot_from.read_text())
+        out = plot_curves(results, args.plot_from.with_name("training_curves.png"))
+        print(markdown_table(results))
+        if out:
+            print(f"plot: {out}")
+        return 0 if out else 1
+
+    tiny = args.tiny
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
+    backend = "reference" if tiny and args.backend == "auto" else args.backend
+    cfg = TrainConfig()
+    if tiny:
+        cfg = replace(cfg, steps=40, batch=16, seq_len=64, warmup=5, log_every=5, steady_after=3)
+    cfg = replace(cfg, **{k: v for k, v in (("steps", args.steps), ("batch", args.batch), ("lr", args.lr),
+                                             ("warmup", args.warmup)) if v is not None})
+    cfg = replace(cfg, warmup=min(cfg.warmup, max(1, cfg.steps // 10)), log_every=min(cfg.log_every, max(1, cfg.steps)))
+    budget_s = 60 * (args.budget_minutes if args.budget_minutes is not None else (1.0 if tiny else 14.0))
+    n_eval = {"id": args.id_seqs or (32 if tiny else 16384),
+              "sparse": args.sparse_seqs or (64 if tiny else 300_000),
+              "dense": args.dense_seqs or (16 if tiny else 4096)}
+    eval_batch = args.eval_batch or (32 if tiny else 1024)
+    out_path = args.out or (TINY_OUT if tiny else DEFAULT_OUT)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in models if m not in ATTENTIONS]
+    if bad:
+        raise SystemExit(f"unknown model(s) {bad}; choose from {ATTENTIONS}")
+    splits = {s: replace(SPLITS[s], seq_len=cfg.seq_len) for s in ("train",) + EVAL_SPLITS}
+
+    results: dict = {}
+    if args.resume and out_path.exists():
+        old = json.loads(out_path.read_text())
+        results = {k: v for k, v in old.items() if k in ATTENTIONS and v.get("status") == "ok"}
+        log(f"resume: keeping {sorted(results)} from {out_path}")
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})"
+    seeds = {"model_init": args.seed, "train_data": args.seed + SPLITS["train"].seed_offset,
+             **{f"{s}_data": args.seed + SPLITS[s].seed_offset for s in EVAL_SPLITS}}
+    meta = {
+        "command": _command_line(), "gpu": gpu, "device": str(device), "tiny": tiny, "backend": backend,
+        "seed": args.seed, "seeds": seeds, "budget_seconds": budget_s, "train_config": cfg.to_dict(),
+        "model": {"layers": 1, "heads": 2, "d_model": 64, "head_dim": 32, "mlp": "GELU 4x", "norm": "RMSNorm pre-norm",
+                  "position": "PaTH or RoPE only (no absolute embedding)"},
+        "data": {s: {"p_ignore": splits[s].p_ignore, "seq_len": splits[s].seq_len,
+                     "expected_reads_per_seq": round(expected_reads(splits[s].seq_len, splits[s].p_ignore), 3),
+                     **({"sequences_requested": n_eval[s]} if s in n_eval else {})} for s in splits},
+        "eval_batch": eval_batch, "ci": "Wilson score, 95%",
+        "reads_to_resolve_0.1pct": reads_to_resolve(1e-3), "versions": _versions(), "git_commit": _git_commit(),
+        "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "complete": False,
+    }
+    results["meta"] = meta
+
+    def save():
+        meta["wall_seconds"] = round(time.perf_counter() - T_START, 1)
+        ordered = {k: results[k] for k in ATTENTIONS if k in results}
+        ordered["meta"] = meta
+        write_json(ordered, out_path)
+
+    save()
+    log(f"device {gpu}; models {models}; budget {budget_s / 60:.1f} min; out {out_path}")
+    log(f"sparse eval: {n_eval['sparse']} sequences ≈ {n_eval['sparse'] * expected_reads(cfg.seq_len, 0.98):.0f} "
+        f"reads (0 errors resolve < 0.1% from {reads_to_resolve(1e-3)} reads)")
+    do_bench = (not args.no_fla_compare and device.type == "cuda" and any(m != "rope" for m in models))
+    fla_ok, fla_why = fla_available() if do_bench else (False, "not attempted")
+    bench_reserve = min(100.0, 0.12 * budget_s) if do_bench else 0.0
+    deadline = T_START + budget_s - (3.0 if tiny else 15.0)      # JSON + plot at the end
+    todo = [m for m in models if m not in results]
+    inits: dict = {}   # initial weights per model, so the tokens/s runs start from the same state
+
+    with Progress(enabled=not args.no_progress) as prog:
+        for i, name in enumerate(todo):
+            t_model = time.perf_counter()
+            share = (deadline - bench_reserve - t_model) / (len(todo) - i)
+            if share <= 5:
+                results[name] = {"status": "skipped: budget exhausted"}
+                save()
+                continue
+            rec: dict = {"status": "running", "attention": name}
+            results[name] = rec
+            try:
+                torch.manual_seed(args.seed)
+                model = FlipFlopLM(name, backend=backend).to(device)
+                rec["parameters"] = count_parameters(model)
+                rec["kernel"] = "torch SDPA (RoPE)" if name == "rope" else f"pathtune backend={backend}"
+                init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                prog.start(f"train {LABEL[name]}", cfg.steps)
+                tr = train_model(model, cfg, seed=args.seed, device=device, time_limit_s=0.8 * share,
+                                 on_step=prog.update, split=splits["train"])
+                rec.update({k: tr[k] for k in ("train_steps", "train_seconds", "tokens_per_s", "train_tokens",
+                                               "stop_reason", "curve")})
+                prog.finish(f"{tr['train_steps']} steps, {tr['train_seconds']:.0f}s")
+                log(f"{LABEL[name]}: trained {tr['train_steps']} steps in {tr['train_seconds']:.1f}s "
+                    f"({(tr['tokens_per_s'] or 0) / 1e6:.2f} M tok/s), stop: {tr['stop_reason']}")
+                save()
+                rec["eval"] = {}
+                eval_budget = max(5.0, t_model + share - time.perf_counter())
+                for s in EVAL_SPLITS:
+                    prog.start(f"eval {LABEL[name]} {s}", n_eval[s])
+                    ev = evaluate(model, splits[s], n_sequences=n_eval[s], batch=eval_batch, seed=args.seed,
+                                  device=device, time_limit_s=EVAL_TIME_SHARE[s] * eval_budget, amp=cfg.amp,
+                                  on_batch=prog.update)
+                    rec["eval"][s] = ev
+                    rec[f"{s}_error"], rec[f"{s}_reads"], rec[f"{s}_errors"] = ev["error"], ev["reads"], ev["errors"]
+                    rec[f"{s}_sequences"], rec[f"{s}_ci95"] = ev["sequences"], ev["ci95"]
+                    prog.finish(f"{ev['errors']}/{ev['reads']} errors")
+                    log(f"{LABEL[name]} {s}: {ev['errors']} errors / {ev['reads']} reads "
+                        f"({ev['sequences']} seqs) = {_pct(ev['error'])}, 95% CI [{_pct(ev['ci95'][0])}, "
+                        f"{_pct(ev['ci95'][1])}] in {ev['seconds']:.1f}s"
+                        + (" (time-truncated)" if ev["truncated_by_time"] else ""))
+                    save()
+                rec["status"] = "ok"
+                rec["_init_state"] = init_state   # used by the tokens/s comparison, dropped before saving
+            except Exception as exc:  # keep going: the other models' results must survive
+                rec["status"] = f"failed: {type(exc).__name__}: {exc}"
+                rec["traceback"] = traceback.format_exc()[-4000:]
+                log(f"{LABEL[name]} FAILED: {type(exc).__name__}: {exc}")
+            init = rec.pop("_init_state", None)
+            if init is not None:
+                inits[name] = init
+            save()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+        # ---- same-run tokens/s: pathtune vs fla, same model, batch, data and optimiser
+        if do_bench:
+            comp: dict = {"batch": cfg.batch, "seq_len": cfg.seq_len, "timed_steps": args.bench_steps,
+                          "fla_importable": fla_ok, **({"fla_import_error": fla_why} if not fla_ok else {})}
+            meta["throughput_comparison"] = comp
+            for name in [m for m in models if m != "rope"]:
+                for kernel in ("pathtune", "fla"):
+                    key = f"{name}/{kernel}"
+                    if kernel == "fla" and not fla_ok:
+                        comp[key] = {"skipped": f"fla not importable ({fla_why})"}
+                        continue
+                    if time.perf_counter() > deadline - 20:
+                        comp[key] = {"skipped": "budget exhausted"}
+                        continue
+                    try:
+                        torch.manual_seed(args.seed)
+                        model = FlipFlopLM(name, backend=backend).to(device)
+                        if name in inits:
+                            model.load_state_dict(inits[name])
+                        prog.start(f"tokens/s {LABEL[name]} {kernel}", 1)
+                        comp[key] = measure_throughput(model, cfg, kernel=kernel, seed=args.seed, device=device,
+                                                       steps=args.bench_steps)
+                        prog.update(1, f"{comp[key]['tokens_per_s'] / 1e6:.2f} M tok/s")
+                        log(f"tokens/s {LABEL[name]} {kernel}: {comp[key]['tokens_per_s'] / 1e6:.2f} M "
+                            f"({comp[key]['ms_per_step']:.2f} ms/step)")
+                    except Exception as exc:
+                        comp[key] = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+                        log(f"tokens/s {LABEL[name]} {kernel} FAILED: {type(exc).__name__}: {exc}")
+                    save()
+                a, b = comp.get(f"{name}/pathtune", {}), comp.get(f"{name}/fla", {})
+                if "tokens_per_s" in a and "tokens_per_s" in b:
+                    comp[f"{name}/pathtune_over_fla"] = a["tokens_per_s"] / b["tokens_per_s"]
+                if name in results and "tokens_per_s" in a:
+                    results[name]["tokens_per_s_same_run"] = {k: comp.get(f"{name}/{k}", {}).get("tokens_per_s")
+                                                              for k in ("pathtune", "fla")}
+            save()
+
+    meta["finished_utc"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    meta["complete"] = all(results.get(m, {}).get("status") == "ok" for m in models)
+    save()
+    plot = plot_curves(results, out_path.with_name("training_curves.png"))
+    if plot:
+        meta["plot"] = str(plot)
+        save()
+    print(markdown_table(results))
+    log(f"results: {out_path}" + (f", plot: {plot}" if plot else ""))
+    return 0 if meta["complete"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
