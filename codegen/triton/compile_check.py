@@ -54,11 +54,18 @@ def _ptxas_info(ptx: str, arch: int) -> tuple[int | None, int | None]:
 
 
 def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int = 2,
-                   arch: int = 90) -> KernelResources:
-    """Compile one @triton.jit kernel for sm_<arch>; raises on compile errors."""
+                   arch: int = 90, aligned: bool = False) -> KernelResources:
+    """Compile one @triton.jit kernel for sm_<arch>; raises on compile errors.
+
+    ``aligned``: pointer arguments carry the 16-byte divisibility hint that Triton's launcher adds
+    at run time for 16-byte aligned tensors (without it, kernels whose strides are constexpr are
+    compiled with scalar instead of vector loads, and report more registers than they use).
+    """
     names = fn.arg_names
     sig = {n: signature.get(n, "constexpr") for n in names}
-    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if aligned and str(sig[n]).startswith("*")}
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                        options={"num_warps": num_warps, "num_stages": num_stages})
     regs, spills = _ptxas_info(k.asm["ptx"], arch)
@@ -123,20 +130,56 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     ]
 
 
+def decode_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
+                   heads: int = 8, group: int = 1, tokens: int = 1):
+    """(fn, signature, constexprs, num_warps, num_stages) of the decode step's two launches
+    (``decode.py``) for ``tokens`` new tokens and ``group`` query heads per kv head."""
+    from .decode import decode_kernel, decode_layout, decode_merge_kernel
+    from .forward import _pow2
+
+    rowwise, R = decode_layout(tokens, group)
+    io = f"*{dtype}"
+    sig = {n: io for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}
+    for n in ("w_ptr", "beta_ptr", "c_ptr", "m_part", "l_part", "acc_part", "lse_ptr"):
+        sig[n] = _PTR_F32
+    for n in ("L", "N", "max_len", "tiles_per_split", "n_splits"):
+        sig[n] = "i32"
+    sig["qk_scale"] = sig["gate_scale"] = "fp32"
+    BD, BDV = _pow2(D), _pow2(DV)
+    const = dict(H=heads, G=group, D=D, DV=DV, BD=BD, BDV=BDV, TN=tokens, R=R, BLOCK_N=params.decode_block_n,
+                 ROWWISE=rowwise, F32=dtype == "fp32", USE_GATE=gate, BETA_MAX=params.beta_max, OFF64=False,
+                 INTERP=False)
+    merge = dict(H=heads, G=group, DV=DV, BDV=BDV, TN=tokens, R=R, INTERP=False)
+    return [(decode_kernel, sig, const, params.decode_num_warps, 2), (decode_merge_kernel, sig, merge, 4, 1)]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--only", default=None, help="substring of kernel names to compile")
     ap.add_argument("--config", default=None, help="TritonParams JSON overrides")
+    ap.add_argument("--pass", dest="pass_", choices=("all", "fwd", "decode"), default="all",
+                    help="forward+backward kernels, decode kernels, or all")
     args = ap.parse_args(argv)
     import json
     params = TritonParams(**json.loads(args.config)) if args.config else TritonParams()
-    for fn, sig, const, nw, ns in forward_kernels(params, args.head_dim, args.head_dim):
+    launches = []
+    if args.pass_ in ("all", "fwd"):
+        launches += forward_kernels(params, args.head_dim, args.head_dim)
+    if args.pass_ in ("all", "decode"):
+        # one token, MHA (row-reduction path) and a 4-token GQA step (tensor-core path)
+        launches += decode_kernels(params, args.head_dim, args.head_dim)
+        launches += decode_kernels(params, args.head_dim, args.head_dim, group=4, tokens=4)[:1]
+    for fn, sig, const, nw, ns in launches:
         if args.only and args.only not in fn.fn.__name__:
             continue
         try:
-            print(compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=args.arch), flush=True)
+            res = compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=args.arch,
+                                 aligned=fn.fn.__name__.startswith("decode"))
+            if fn.fn.__name__ == "decode_kernel":
+                res.name = f"decode_kernel[TN={const['TN']},G={const['G']}]"
+            print(res, flush=True)
         except Exception as exc:  # report and continue: a failing config is a status
             print(f"{fn.fn.__name__:32s} FAILED: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
 

@@ -33,7 +33,7 @@ __all__ = ["decode_kernel", "decode_merge_kernel", "path_decode_triton", "path_p
            "current_frame_keys_triton", "decode_params"]
 
 _LOG2E = 1.4426950408889634
-_NEG = -1.0e30  # finite "minus infinity" of the running max (keeps exp2(m_old - m_new) NaN-free)
+_NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" of the running max (keeps exp2(m_old - m_new) NaN-free)
 _CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -64,20 +64,19 @@ def _to_cache(x, cdt: tl.constexpr, INTERP: tl.constexpr):
 def decode_kernel(
     q_ptr, w_ptr, beta_ptr, k_ptr, v_ptr, c_ptr,
     m_part, l_part, acc_part,
-    L, N, tiles_per_split, n_splits,
-    stride_kb, stride_kn, stride_kh,
-    stride_vb, stride_vn, stride_vh,
-    stride_cb, stride_cn,
+    L, N, max_len, tiles_per_split, n_splits,
     qk_scale, gate_scale,
     H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr, TN: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWWISE: tl.constexpr, F32: tl.constexpr, USE_GATE: tl.constexpr, BETA_MAX: tl.constexpr,
-    INTERP: tl.constexpr,
+    OFF64: tl.constexpr, INTERP: tl.constexpr,
 ):
     """One split of one (batch, kv head): in-place rank-one updates of its key tiles + partial softmax.
 
-    q [B, TN, H*G, D] (contiguous), w [B, TN, H, D] fp32, beta [B, TN, H] fp32; cache k [B, *, H, D],
-    v [B, *, H, DV], c [B, *, H*G] fp32 (strided, last dim contiguous); rows 0 .. N-1 valid, N = L + TN.
+    q [B, TN, H*G, D], w [B, TN, H, D] fp32, beta [B, TN, H] fp32; cache k [B, max_len, H, D],
+    v [B, max_len, H, DV], c [B, max_len, H*G] fp32 (all contiguous: the row strides are constexpr, so
+    the compiler sees aligned, vectorisable rows); rows 0 .. N-1 valid, N = L + TN.  OFF64: row
+    offsets need 64 bits (max_len * H * max(D, DV, G) >= 2**31).
     Partials: m/l [B*H, n_splits, R], acc [B*H, n_splits, R, BDV] (fp32, base-2 logits).
     Query row r = t * G + g (token t, head h*G + g); rows >= TN*G are padding.
     """
@@ -91,9 +90,9 @@ def decode_kernel(
     dmask = d < D
     dvmask = dv < DV
     cdt = k_ptr.dtype.element_ty
-    k_base = k_ptr + b * stride_kb + h * stride_kh
-    v_base = v_ptr + b * stride_vb + h * stride_vh
-    c_base = c_ptr + b * stride_cb
+    k_base = k_ptr + b * max_len * (H * D) + h * D
+    v_base = v_ptr + b * max_len * (H * DV) + h * DV
+    c_base = c_ptr + b * max_len * HQ
     wb = w_ptr + (b * TN * H + h) * D
     bb = beta_ptr + b * TN * H + h
     rn = tl.arange(0, BLOCK_N)
@@ -108,31 +107,32 @@ def decode_kernel(
         w0 = tl.load(wb + d, mask=dmask, other=0.0)
         beta0 = tl.minimum(tl.load(bb), BETA_MAX)
         if USE_GATE:
-            c_i = tl.load(c_base + (b * 0 + L) * stride_cn + h)
+            c_i = tl.load(c_base + L * HQ + h)
         m_i = tl.full([1], _NEG, tl.float32)
         l_i = tl.zeros([1], tl.float32)
         acc = tl.zeros([BDV], tl.float32)
         for tile in range(t_lo, t_hi):
             n = tile * BLOCK_N + rn
             nmask = n < N
-            koff = n.to(tl.int64)[:, None] * stride_kn + d[None, :]
+            nr = n.to(tl.int64) if OFF64 else n
+            koff = nr[:, None] * (H * D) + d[None, :]
             K = tl.load(k_base + koff, mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-            V = tl.load(v_base + n.to(tl.int64)[:, None] * stride_vn + dv[None, :],
-                        mask=nmask[:, None] & dvmask[None, :], other=0.0).to(tl.float32)
+            V = tl.load(v_base + nr[:, None] * (H * DV) + dv[None, :], mask=nmask[:, None] & dvmask[None, :],
+                        other=0.0)
             upd = n < L
             a = tl.where(upd, beta0 * tl.sum(K * w0[None, :], axis=1), 0.0)
             Kc = _to_cache(K - a[:, None] * w0[None, :], cdt, INTERP)
             tl.store(k_base + koff, Kc, mask=upd[:, None] & dmask[None, :])
             s = tl.sum(Kc.to(tl.float32) * qv[None, :], axis=1) * qk_scale
             if USE_GATE:
-                c_j = tl.load(c_base + n.to(tl.int64) * stride_cn + h, mask=nmask, other=0.0)
+                c_j = tl.load(c_base + nr * HQ + h, mask=nmask, other=0.0)
                 s += (c_i - c_j) * gate_scale
             s = tl.where(nmask, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=0))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new)
             l_i = l_i * alpha + tl.sum(p, axis=0)
-            acc = acc * alpha + tl.sum(p[:, None] * V, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * V.to(tl.float32), axis=0)
             m_i = m_new
         r1 = tl.arange(0, 1)
         tl.store(m_part + part + r1, m_i)
@@ -149,17 +149,18 @@ def decode_kernel(
         if F32:
             Q = Q.to(tl.float32)
         if USE_GATE:
-            c_i = tl.load(c_base + pos_r.to(tl.int64) * stride_cn + hq_r, mask=rvalid, other=0.0)
+            c_i = tl.load(c_base + pos_r * HQ + hq_r, mask=rvalid, other=0.0)
         m_i = tl.full([R], _NEG, tl.float32)
         l_i = tl.zeros([R], tl.float32)
         acc = tl.zeros([R, BDV], tl.float32)
         for tile in range(t_lo, t_hi):
             n = tile * BLOCK_N + rn
             nmask = n < N
-            koff = n.to(tl.int64)[:, None] * stride_kn + d[None, :]
+            nr = n.to(tl.int64) if OFF64 else n
+            koff = nr[:, None] * (H * D) + d[None, :]
             K = tl.load(k_base + koff, mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-            V = tl.load(v_base + n.to(tl.int64)[:, None] * stride_vn + dv[None, :],
-                        mask=nmask[:, None] & dvmask[None, :], other=0.0)
+            V = tl.load(v_base + nr[:, None] * (H * DV) + dv[None, :], mask=nmask[:, None] & dvmask[None, :],
+                        other=0.0)
             s = tl.zeros([R, BLOCK_N], tl.float32)
             for t in tl.static_range(TN):
                 wt = tl.load(wb + t * H * D + d, mask=dmask, other=0.0)
@@ -175,7 +176,7 @@ def decode_kernel(
             tl.store(k_base + koff, K.to(cdt), mask=(n < L + TN - 1)[:, None] & dmask[None, :])
             s = s * qk_scale
             if USE_GATE:
-                c_j = tl.load(c_base + n.to(tl.int64)[None, :] * stride_cn + hq_r[:, None],
+                c_j = tl.load(c_base + nr[None, :] * HQ + hq_r[:, None],
                               mask=rvalid[:, None] & nmask[None, :], other=0.0)
                 s += (c_i[:, None] - c_j) * gate_scale
             valid = rvalid[:, None] & nmask[None, :] & (n[None, :] <= pos_r[:, None])
@@ -293,8 +294,10 @@ def _check_decode_args(q, k, v, w, beta, g, cache):
     if len(devs) != 1:
         raise ValueError(f"decode inputs and the cache must be on one device, got {sorted(map(str, devs))}")
     for name, t in (("cache.k", cache.k), ("cache.v", cache.v), ("cache.c", cache.c)):
-        if t is not None and t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got strides {t.stride()}")
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (the kernel updates it in place with constexpr row "
+                             f"strides), got strides {t.stride()}; rebuild the cache with PaTHKVCache.empty "
+                             "or .contiguous() its tensors")
     return B, T, HQ, H, D, DV
 
 
@@ -340,13 +343,11 @@ def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = N
     decode_kernel[(B * H, splits)](
         q.contiguous(), w.contiguous(), beta.contiguous(), cache.k, cache.v, c,
         m_part, l_part, acc_part,
-        L, N, per, splits,
-        cache.k.stride(0), cache.k.stride(1), cache.k.stride(2),
-        cache.v.stride(0), cache.v.stride(1), cache.v.stride(2),
-        c.stride(0), c.stride(1) if c.dim() > 1 else 0,
+        L, N, cache.max_len, per, splits,
         scale * _LOG2E, gate_scale,
         H=H, G=G, D=D, DV=DV, BD=BD, BDV=BDV, TN=TN, R=R, BLOCK_N=BLOCK_N,
         ROWWISE=rowwise, F32=f32, USE_GATE=g is not None, BETA_MAX=params.beta_max,
+        OFF64=cache.max_len * H * max(D, DV, G) >= 2 ** 31,
         INTERP=interpreting(), num_warps=int(params.decode_num_warps), num_stages=2,
     )
     o = torch.empty(B, TN, HQ, DV, device=dev, dtype=q.dtype)
