@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Generic, Optional, TypeVar
 
 __all__ = ["EnvVar", "ALL", "CHECK_INPUTS", "DB_URL", "PACK", "GPU_NAME", "PRINT_DISPATCH", "CACHE_DIR",
+           "DISPATCH_DB",
            "default_db_url", "default_cache_dir"]
 
 T = TypeVar("T")
@@ -89,15 +90,21 @@ DB_URL: EnvVar[str] = EnvVar(
     "Database of tuning results (perf_db), e.g. postgresql+psycopg://user@host/pathtune for a fleet.")
 PACK: EnvVar[Optional[Path]] = EnvVar(
     "PATHTUNE_PACK", _parse_path, lambda: None, "path", "unset",
-    "A tuned-config pack (JSON) the dispatcher reads, read-only, before falling back to spec defaults.")
+    "A tuned-config pack (JSON) the dispatcher installs on its first lookup (as pathtune.load_pack would); "
+    "a pack for another GPU is refused with a warning.")
 GPU_NAME: EnvVar[Optional[str]] = EnvVar(
     "PATHTUNE_GPU_NAME", _parse_str, lambda: None, "str", "unset (torch.cuda.get_device_name())",
     "Overrides the GPU name in the environment key (e.g. to share results between two names of one GPU).")
 PRINT_DISPATCH: EnvVar[bool] = EnvVar(
     "PATHTUNE_PRINT_DISPATCH", _parse_bool, lambda: False, "bool", "0",
-    "1: print to stderr which backend path_attention chose and why (once per distinct choice).")
+    "1: print to stderr which backend path_attention chose and why, and per dispatch key the kernel config "
+    "and its source (pack / perf_db / bucket / default / heuristic), once each.")
 CACHE_DIR: EnvVar[Path] = EnvVar(
     "PATHTUNE_CACHE_DIR", _parse_path, default_cache_dir, "path", "<user cache dir>/pathtune",
     "Where pathtune keeps files it can rebuild (generated sources, downloaded packs).")
 
-ALL: tuple[EnvVar, ...] = (CHECK_INPUTS, DB_URL, PACK, GPU_NAME, PRINT_DISPATCH, CACHE_DIR)
+DISPATCH_DB: EnvVar[bool] = EnvVar(
+    "PATHTUNE_DISPATCH_DB", _parse_bool, lambda: True, "bool", "1",
+    "0: the runtime dispatcher never opens perf_db; it uses a loaded pack, then the built-in heuristic.")
+
+ALL: tuple[EnvVar, ...] = (CHECK_INPUTS, DB_URL, PACK, GPU_NAME, PRINT_DISPATCH, CACHE_DIR, DISPATCH_DB)

@@ -17,10 +17,13 @@ from ._errors import PerfDBError
 from ._models import VERSION_TABLE
 
 __all__ = ["resolve_url", "make_engine", "upgrade", "current_revision", "head_revision", "MIGRATIONS_DIR",
-           "SQLITE_BUSY_TIMEOUT_MS", "safe_url"]
+           "SQLITE_BUSY_TIMEOUT_MS", "SQLITE_READ_BUSY_TIMEOUT_MS", "safe_url"]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Read-only engines (the runtime dispatcher) wait at most this long for a lock, then fail: a kernel
+# call falls back to its heuristic config rather than stall behind a tuning worker.
+SQLITE_READ_BUSY_TIMEOUT_MS = 200
 
 
 def safe_url(url: URL | str) -> str:
@@ -59,13 +62,27 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - SQLAlchemy e
         cur.close()
 
 
+def _sqlite_read_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - SQLAlchemy event signature
+    # Read-only use: autocommit reads (no BEGIN IMMEDIATE, which takes the write lock), a short busy
+    # timeout, no journal-mode change, and query_only so that a stray write fails instead of locking.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    try:
+        cur.execute(f"PRAGMA busy_timeout = {SQLITE_READ_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA query_only = ON")
+    finally:
+        cur.close()
+
+
 def _sqlite_begin(conn) -> None:  # noqa: ANN001 - SQLAlchemy event signature
     # IMMEDIATE: take the write lock up front, so a transaction that reads and then writes waits
     # (busy timeout) for other writers instead of failing with "database is locked".
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def make_engine(url: URL, *, create_parent: bool = False, echo: bool = False) -> Engine:
+def make_engine(url: URL, *, create_parent: bool = False, echo: bool = False, read_only: bool = False) -> Engine:
+    """An engine for ``url``. ``read_only``: for lookups only (SQLite: short lock wait, query_only;
+    PostgreSQL: a short connect timeout); the schema is neither created nor migrated."""
     backend = url.get_backend_name()
     if backend == "sqlite":
         database = url.database or ""
@@ -76,10 +93,14 @@ def make_engine(url: URL, *, create_parent: bool = False, echo: bool = False) ->
                 parent.mkdir(parents=True, exist_ok=True)
             elif not parent.is_dir():
                 raise PerfDBError(f"cannot open {safe_url(url)}: directory {parent} does not exist")
-        kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}}
+        timeout_ms = SQLITE_READ_BUSY_TIMEOUT_MS if read_only else SQLITE_BUSY_TIMEOUT_MS
+        kwargs = {"connect_args": {"timeout": timeout_ms / 1000}}
         if in_memory:
             kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
         engine = create_engine(url, echo=echo, **kwargs)
+        if read_only:
+            event.listen(engine, "connect", _sqlite_read_pragmas)
+            return engine
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
@@ -92,6 +113,8 @@ def make_engine(url: URL, *, create_parent: bool = False, echo: bool = False) ->
         if driver in ("psycopg2", "asyncpg"):
             raise PerfDBError(f"use a postgresql+psycopg:// URL (psycopg 3, the [postgres] extra), not {driver}")
     try:
+        if read_only and backend == "postgresql":
+            return create_engine(url, echo=echo, pool_pre_ping=True, connect_args={"connect_timeout": 3})
         return create_engine(url, echo=echo, pool_pre_ping=True)
     except (NoSuchModuleError, ImportError, ArgumentError) as e:
         raise PerfDBError(f"cannot open {safe_url(url)}: {e}") from None

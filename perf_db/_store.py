@@ -123,6 +123,8 @@ class PerfDB:
     on open (``auto_upgrade``). ``current_keys(op, pass_, backend)`` gives the spec / source hashes of
     the code that would run now; results of other code are stale (not served by ``best``, pruned by
     ``gc``). The default knows the packaged spec's hash only.
+    ``read_only``: lookups only (the runtime dispatcher): the schema is not migrated, SQLite waits at
+    most ``SQLITE_READ_BUSY_TIMEOUT_MS`` for a lock and refuses writes.
 
     >>> db = PerfDB("sqlite://")            # in memory
     >>> db.revision()
@@ -130,13 +132,15 @@ class PerfDB:
     """
 
     def __init__(self, url: Optional[str] = None, *, current_keys: Optional[CurrentKeys] = default_current_keys,
-                 auto_upgrade: bool = True, echo: bool = False) -> None:
+                 auto_upgrade: bool = True, echo: bool = False, read_only: bool = False) -> None:
         self.url, self.is_default_url = resolve_url(url)
-        self.engine = make_engine(self.url, create_parent=self.is_default_url, echo=echo)
+        self.read_only = read_only
+        self.engine = make_engine(self.url, create_parent=self.is_default_url and not read_only, echo=echo,
+                                  read_only=read_only)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         self.current_keys: CurrentKeys = current_keys or (lambda op, pass_, backend: None)
         self._run_id: Optional[str] = None
-        if auto_upgrade:
+        if auto_upgrade and not read_only:
             self.upgrade()
 
     # -- lifecycle ------------------------------------------------------------------------------------

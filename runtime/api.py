@@ -12,6 +12,9 @@ import torch
 from pathtune import _env
 from pathtune.specs import load_spec
 
+from pathtune.specs.canonical import dtype_name
+
+from .dispatch import select_plan
 from .validation import InputInfo, check_head_dims, validate_inputs
 
 __all__ = ["path_attention", "BACKENDS", "resolve_backend"]
@@ -98,8 +101,11 @@ def path_attention(
         scale: softmax scale; default ``D ** -0.5``.
         cu_seqlens: [N + 1] int32/int64 boundaries of N sequences packed along T (then B must be 1):
             0 = cu_seqlens[0] < ... < cu_seqlens[N] = T.
-        backend: ``"auto"`` (Triton for CUDA inputs when available, else the reference),
-            ``"reference"`` (PyTorch, any head dim, any device), ``"triton"``, ``"tvm"``.
+        backend: ``"auto"`` (CUDA inputs: the fastest measured kernel for this GPU and workload,
+            Triton or -- forward-only calls -- TVM, from a loaded pack, perf_db or the built-in
+            heuristic, see ``pathtune.runtime.dispatch``; other devices: the reference),
+            ``"reference"`` (PyTorch, any head dim, any device), ``"triton"`` / ``"tvm"`` (that
+            backend, with its best known config).
         return_lse: also return the log-sum-exp.
 
     Returns:
@@ -116,46 +122,165 @@ def path_attention(
     unit-norm -- read whole tensors, so on a GPU they would be hidden host synchronisations: they run
     for CPU inputs, and for GPU inputs only when ``PATHTUNE_CHECK_INPUTS=1`` (use it while debugging).
     The backend that ran is logged at DEBUG on the ``pathtune.dispatch`` logger
-    (``PATHTUNE_PRINT_DISPATCH=1`` prints it).
+    (``PATHTUNE_PRINT_DISPATCH=1`` prints it, and each kernel config with where it came from). The
+    kernel choice is cached per workload key; under ``torch.compile`` it is made at trace time and
+    is a constant of the graph.
     """
+    if torch.compiler.is_compiling():
+        return _path_attention_traced(q, k, v, w, beta, g, scale, cu_seqlens, backend, return_lse)
     spec = load_spec()
     info = validate_inputs(spec, q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens)
     chosen, reason = resolve_backend(backend, q.device)
+    _check_backend(spec, info, chosen, q.device)
+    scale = float(info.D) ** -0.5 if scale is None else float(scale)
+    placement = _gate_placement(spec)
+
+    _report(chosen, reason, info)
+    if chosen == "reference":
+        o, lse = _reference(q, k, v, w, beta, g, scale, cu_seqlens, placement)
+    else:
+        plan = select_plan(q.device, info.D, info.DV, info.HQ, info.H, dtype_name(q.dtype), g is not None,
+                           info.max_seqlen, info.num_seqs, info.varlen,
+                           backends=_candidates(backend, chosen), grad=_needs_grad(q, k, v, w, beta, g))
+        o, lse = _run_kernel(plan, q, k, v, w, beta, g, scale, cu_seqlens, placement)
+    if not return_lse:
+        return o
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return o, lse.to(lse_dtype)
+
+
+def _gate_placement(spec) -> str:
+    gate = spec.stage("fox_gate")
+    return gate.placement if gate is not None else "inside_scale"
+
+
+def _check_backend(spec, info: InputInfo, chosen: str, device: torch.device) -> None:
     if chosen == "tvm":
-        if q.device.type != "cuda":
-            raise ValueError(f"backend 'tvm' needs CUDA tensors, but q is on {q.device}; its kernels run on a GPU "
+        if device.type != "cuda":
+            raise ValueError(f"backend 'tvm' needs CUDA tensors, but q is on {device}; its kernels run on a GPU "
                              "(forward only); use backend='reference' on the CPU")
+        placement = _gate_placement(spec)
+        if placement != "inside_scale":
+            raise NotImplementedError(f"backend 'tvm' implements gate placement 'inside_scale' only, the spec "
+                                      f"says {placement!r}; use backend='triton'")
     if chosen == "triton":
         triton_fn, why = _triton_entry()
         if triton_fn is None:
             raise NotImplementedError(f"backend 'triton' is unavailable: {why}. The Triton kernels are being built "
                                       "(see README, Status); use backend='reference' meanwhile")
-        if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(f"backend 'triton' needs CUDA tensors, but q is on {q.device}; use backend='reference', "
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"backend 'triton' needs CUDA tensors, but q is on {device}; use backend='reference', "
                              "or set TRITON_INTERPRET=1 to run the Triton kernels in the (slow) CPU interpreter")
         check_head_dims(spec, info, chosen)
-    scale = float(info.D) ** -0.5 if scale is None else float(scale)
-    gate = spec.stage("fox_gate")
-    placement = gate.placement if gate is not None else "inside_scale"
 
-    _report(chosen, reason, info)
-    if chosen == "reference":
-        from pathtune.runtime.reference import blockwise_path_attention
 
-        o, lse = blockwise_path_attention(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
-                                          chunk_size=_REFERENCE_CHUNK, superchunk_size=_REFERENCE_SUPERCHUNK,
-                                          gate_placement=placement)
-    elif chosen == "tvm":
-        if placement != "inside_scale":
-            raise NotImplementedError(f"backend 'tvm' implements gate placement 'inside_scale' only, the spec "
-                                      f"says {placement!r}; use backend='triton'")
+def _candidates(requested: str, chosen: str) -> Tuple[str, ...]:
+    """Backends the dispatcher may pick: 'auto' on CUDA lets TVM compete with Triton (forward only)."""
+    if requested == "auto":
+        return ("triton", "tvm")
+    return (chosen,)
+
+
+def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _reference(q, k, v, w, beta, g, scale, cu_seqlens, placement):
+    from pathtune.runtime.reference import blockwise_path_attention
+
+    return blockwise_path_attention(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
+                                    chunk_size=_REFERENCE_CHUNK, superchunk_size=_REFERENCE_SUPERCHUNK,
+                                    gate_placement=placement)
+
+
+def _run_kernel(plan, q, k, v, w, beta, g, scale, cu_seqlens, placement):
+    if plan.backend == "tvm":
         from pathtune.codegen.tvm import path_attention_tvm
 
-        o, lse = path_attention_tvm(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, config=None)
+        return path_attention_tvm(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, config=plan.fwd.config)
+    from pathtune.codegen.triton import autograd  # noqa: F401  (registers torch.ops.pathtune.*)
+
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
+    return torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, float(scale), plan.params_json,
+                                            placement)
+
+
+# -- torch.compile ---------------------------------------------------------------------------------
+# Under tracing, the validation and the dispatch decision run once, at trace time, inside one
+# function marked torch.compiler.assume_constant_result: its argument is a string of the inputs'
+# sizes, dtypes and devices, its result (backend, Triton params JSON, D) is a constant of the graph.
+# Sizes are made static first (_static_int): a size that dynamo made symbolic is pinned by guards,
+# so a new shape recompiles with its own plan (as with dynamic=False).
+
+def _static_int(size) -> int:
+    """A Python int for a (possibly symbolic) size, by guarded comparisons dynamo can trace."""
+    hi = 1
+    while size >= hi:
+        hi *= 2
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if size >= mid:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _sig(t: Optional[torch.Tensor]) -> str:
+    if t is None:
+        return "-"
+    dims = "x".join([str(_static_int(s)) for s in t.shape])
+    return dims + ";" + str(t.dtype) + ";" + str(t.device) + ";" + ("1" if t.requires_grad else "0")
+
+
+@torch.compiler.assume_constant_result
+def _traced_plan(signature: str, backend: str, grad_enabled: bool) -> Tuple[str, str, int, str]:
+    """(backend, params JSON, D, gate placement) of a traced call; validates it like an eager call."""
+    names = ("q", "k", "v", "w", "beta", "g", "cu_seqlens")
+    metas, devices, needs_grad = {}, {}, False
+    for name, part in zip(names, signature.split("|")):
+        if part == "-":
+            metas[name] = None
+            continue
+        dims, dtype, device, rg = part.split(";")
+        shape = tuple(int(x) for x in dims.split("x")) if dims else ()
+        metas[name] = torch.empty(shape, dtype=getattr(torch, dtype.replace("torch.", "")), device="meta")
+        devices[name] = torch.device(device)
+        needs_grad = needs_grad or rg == "1"
+    for name, dev in devices.items():
+        if dev != devices["q"]:
+            raise ValueError(f"{name} is on {dev} but q is on {devices['q']}; put all inputs on one device")
+    spec = load_spec()
+    info = validate_inputs(spec, *(metas[n] for n in names[:6]), cu_seqlens=metas["cu_seqlens"], host_values=False)
+    device = devices["q"]
+    chosen, reason = resolve_backend(backend, device)
+    if chosen == "tvm":
+        raise NotImplementedError("backend 'tvm' cannot be traced by torch.compile (its kernels are not torch "
+                                  "ops); use backend='triton' or 'auto' in compiled code")
+    _check_backend(spec, info, chosen, device)
+    placement = _gate_placement(spec)
+    if chosen == "reference":
+        return "reference", "", info.D, placement
+    plan = select_plan(device, info.D, info.DV, info.HQ, info.H, str(metas["q"].dtype).replace("torch.", ""),
+                       metas["g"] is not None, info.max_seqlen, info.num_seqs, info.varlen,
+                       backends=("triton",), grad=grad_enabled and needs_grad)
+    return "triton", plan.params_json, info.D, placement
+
+
+def _path_attention_traced(q, k, v, w, beta, g, scale, cu_seqlens, backend, return_lse):
+    signature = "|".join([_sig(t) for t in (q, k, v, w, beta, g, cu_seqlens)])
+    chosen, params_json, D, placement = _traced_plan(signature, backend, torch.is_grad_enabled())
+    scale = float(D) ** -0.5 if scale is None else float(scale)
+    if chosen == "reference":
+        o, lse = _reference(q, k, v, w, beta, g, scale, cu_seqlens, placement)
     else:
-        o, lse = triton_fn(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, config=None,
-                           gate_placement=placement)
+        from pathtune.codegen.triton import autograd  # noqa: F401
+
+        if cu_seqlens is not None:
+            cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
+        o, lse = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, params_json, placement)
     if not return_lse:
         return o
-    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return o, lse.to(lse_dtype)
+    return o, lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)

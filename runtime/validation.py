@@ -66,7 +66,8 @@ def _check_dtype(spec: Spec, name: str, t: torch.Tensor, args: dict[str, torch.T
         raise ValueError(f"{name}.dtype is {_dtype_name(t.dtype)}; allowed: {', '.join(allowed)}{hint}")
 
 
-def validate_inputs(spec: Spec, q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None) -> InputInfo:
+def validate_inputs(spec: Spec, q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
+                    host_values: bool = True) -> InputInfo:
     """Check the arguments of ``path_attention`` against the spec; return the bound sizes.
 
     Always (cheap, no device sync): types, ranks, shapes, dtypes, devices, dim rules, ``scale``.
@@ -76,6 +77,9 @@ def validate_inputs(spec: Spec, q, k, v, w, beta, g=None, *, scale=None, cu_seql
     Value checks of ``beta`` (inside the spec's interval) and ``w`` (unit L2 norm) read whole tensors,
     i.e. a host synchronisation: they run when the inputs are on the CPU, or on any device with
     ``PATHTUNE_CHECK_INPUTS=1``, and never otherwise.
+
+    ``host_values=False`` (tracing under torch.compile, where tensor values are unknown): no value
+    checks, and ``cu_seqlens`` is checked by shape and dtype only (its longest sequence is taken as T).
     """
     args = {"q": q, "k": k, "v": v, "w": w, "beta": beta}
     if g is not None:
@@ -120,9 +124,9 @@ def validate_inputs(spec: Spec, q, k, v, w, beta, g=None, *, scale=None, cu_seql
 
     num_seqs, max_seqlen = sizes["B"], sizes["T"]
     if cu_seqlens is not None:
-        num_seqs, max_seqlen = _check_cu_seqlens(spec, cu_seqlens, bound)
+        num_seqs, max_seqlen = _check_cu_seqlens(spec, cu_seqlens, bound, read=host_values)
 
-    checked = value_checks_enabled(q.device)
+    checked = host_values and value_checks_enabled(q.device)
     if checked:
         _check_values(spec, args)
     return InputInfo(B=sizes["B"], T=sizes["T"], HQ=sizes["HQ"], H=sizes["H"], D=sizes["D"], DV=sizes["DV"],
@@ -139,7 +143,8 @@ def _enforce(rules, bound: dict[str, tuple[int, str]]) -> None:
             raise ValueError(f"{rule.message}; got {got}")
 
 
-def _check_cu_seqlens(spec: Spec, cu: torch.Tensor, bound: dict[str, tuple[int, str]]) -> tuple[int, int]:
+def _check_cu_seqlens(spec: Spec, cu: torch.Tensor, bound: dict[str, tuple[int, str]],
+                      read: bool = True) -> tuple[int, int]:
     ts = spec.tensors.cu_seqlens
     if ts is None:
         raise ValueError(f"cu_seqlens was given, but spec {spec.name!r} declares no cu_seqlens tensor")
@@ -149,9 +154,11 @@ def _check_cu_seqlens(spec: Spec, cu: torch.Tensor, bound: dict[str, tuple[int, 
         raise ValueError(f"cu_seqlens.dtype is {_dtype_name(cu.dtype)}; allowed: {', '.join(ts.dtypes)}")
     _enforce(ts.requires, bound)
     if cu.numel() < 2:
-        raise ValueError(f"cu_seqlens needs at least 2 entries [0, ..., T], got {cu.tolist()}")
-    host = cu.tolist()
+        raise ValueError(f"cu_seqlens needs at least 2 entries [0, ..., T], got shape {tuple(cu.shape)}")
     T = bound["T"][0]
+    if not read:
+        return cu.numel() - 1, T
+    host = cu.tolist()
     if host[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0] = {host[0]}")
     lengths = [b - a for a, b in zip(host, host[1:])]

@@ -1,0 +1,616 @@
+"""Runtime dispatch: which kernel (backend + tuned config) runs a ``path_attention`` call.
+
+Per call the dispatcher answers one key -- (device, pass, ``Workload``: head dims, heads (GQA),
+dtype, gate, power-of-two length and batch buckets, varlen; which backends may run; whether a
+backward will follow) -- with a ``Plan``. The answer comes, in this order, from
+
+1. the loaded **pack**, exact workload key                           (source ``pack``)
+2. **perf_db** (``PerfDB.best``), exact workload key                  (source ``perf_db``)
+3. the nearest length bucket, pack first, then perf_db               (source ``bucket``)
+4. the pack's per-pass default config                               (source ``default``)
+5. ``TritonParams.heuristic`` (the spec's defaults shrunk to fit)     (source ``heuristic``)
+
+and is cached per key, so only the first call of a shape pays for the lookup; later calls cost a
+dict lookup (``benchmarks/dispatch_overhead.py`` prints the number). The dispatcher never
+benchmarks: tuning is ``pathtune tune`` / ``pathtune bench --record``, and the results reach the
+runtime through perf_db or an exported pack.
+
+Candidates are Triton and, for forward-only calls on CUDA when its runtime is importable, TVM. A
+call that will be differentiated runs Triton forward and backward (the TVM forward has no
+autograd): its plan merges the forward's tuned config with the backward-only knobs of the bwd
+pass's choice (the knobs both passes share, e.g. ``chunk_size``, come from the forward, because one
+Triton op serves both).
+
+Packs: ``load_pack(path)`` (or ``PATHTUNE_PACK``, read on the first lookup) installs a read-only
+pack; a pack measured under other hard keys (GPU, compute capability, Triton major.minor, spec)
+is refused with a warning naming the mismatch, and lookups go on with perf_db and the heuristic;
+soft differences (driver, torch, CUDA patch) are served with one warning. perf_db is opened
+lazily, read-only (``PerfDB(read_only=True)``: no migration, a 200 ms lock wait); a database that
+is missing, locked, at another schema revision or corrupt gives one warning and is not asked
+again in this process (the heuristic answers). ``PATHTUNE_DISPATCH_DB=0`` never opens it.
+
+``PATHTUNE_PRINT_DISPATCH=1`` prints each new key -> plan with its source once (always logged at
+DEBUG on the ``pathtune.dispatch`` logger).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import torch
+
+from pathtune import _env
+from pathtune.specs import Config, KnobSpace, Workload, load_spec
+from pathtune.specs.workload import batch_bucket, seq_bucket
+
+__all__ = ["Choice", "Plan", "Dispatcher", "SOURCES", "get_dispatcher", "load_pack", "unload_pack", "loaded_pack",
+           "select_plan", "select_config", "clear_cache", "PackRefusedWarning", "DispatchWarning",
+           "current_keys", "tvm_available"]
+
+_log = logging.getLogger("pathtune.dispatch")
+
+SOURCES = ("pack", "perf_db", "bucket", "default", "heuristic")
+_UNSET: Any = object()
+
+
+class DispatchWarning(RuntimeWarning):
+    """The dispatcher could not use a tuning source (perf_db, a pack) and fell back."""
+
+
+class PackRefusedWarning(DispatchWarning):
+    """A pack measured under other hard keys (GPU, cc, Triton major.minor, spec) was not installed."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One pass's answer: run ``backend`` with ``config`` (the pass's knobs). ``source``: one of SOURCES."""
+
+    pass_: str
+    backend: str
+    config: Config
+    source: str
+    detail: str = ""
+
+    def describe(self) -> str:
+        knobs = ", ".join(f"{k}={v}" for k, v in self.config.items())
+        extra = f"; {self.detail}" if self.detail else ""
+        return f"{self.pass_}: {self.backend} [{knobs}] (source: {self.source}{extra})"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a call runs: ``backend`` ("triton" or "tvm") with ``params_json``.
+
+    triton: the ``TritonParams`` JSON the custom op reads (forward knobs, plus the backward-only
+    knobs of ``bwd`` when a backward follows); tvm: the forward Config's JSON.
+    """
+
+    backend: str
+    params_json: str
+    fwd: Choice
+    bwd: Optional[Choice] = None
+
+    @property
+    def source(self) -> str:
+        return self.fwd.source
+
+    def describe(self) -> str:
+        out = self.fwd.describe()
+        if self.bwd is not None:
+            out += "; " + self.bwd.describe()
+        return out
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+_TVM_OK: Optional[bool] = None
+
+
+def tvm_available() -> bool:
+    """The TVM runtime (tvm_ffi) and compiler (tvm) can be imported (found without importing them)."""
+    global _TVM_OK
+    if _TVM_OK is None:
+        try:
+            _TVM_OK = all(importlib.util.find_spec(m) is not None for m in ("tvm_ffi", "tvm"))
+        except (ImportError, ValueError):
+            _TVM_OK = False
+    return _TVM_OK
+
+
+_SOURCE_HASHES: dict[str, Optional[str]] = {}
+
+
+def _source_hash(backend: str) -> Optional[str]:
+    if backend not in _SOURCE_HASHES:
+        value: Optional[str] = None
+        try:
+            if backend == "triton":
+                from pathtune.codegen.triton import source_hash as fn
+                value = fn()
+            elif backend == "tvm":
+                from pathtune.codegen.tvm.build import source_hash as fn
+                value = fn()
+        except Exception as e:  # noqa: BLE001 - an unimportable backend has no current results
+            _log.debug("source hash of %s unavailable: %s", backend, e)
+        _SOURCE_HASHES[backend] = value
+    return _SOURCE_HASHES[backend]
+
+
+def current_keys(op: str, pass_: str, backend: str) -> Optional[dict[str, Optional[str]]]:
+    """perf_db ``current_keys`` of the code that would run here: the spec hash and the backend's
+    kernel source hash (results measured with other kernel sources are stale and not served)."""
+    from pathtune.perf_db import default_current_keys
+
+    keys = default_current_keys(op, pass_, backend)
+    if keys is None:
+        return None
+    return {**keys, "source_hash": _source_hash(backend)}
+
+
+_SPACES: dict[str, KnobSpace] = {}
+
+
+def _space(pass_: str) -> KnobSpace:
+    space = _SPACES.get(pass_)
+    if space is None:
+        space = _SPACES[pass_] = KnobSpace(load_spec(), pass_)
+    return space
+
+
+def _config_of_params(params: Any, names: Sequence[str]) -> Config:
+    values = {}
+    for name in names:
+        value = getattr(params, name)
+        if name == "beta_clip_eps" and value is None:
+            value = "off"
+        values[name] = value
+    return Config(values)
+
+
+def _heuristic_params(head_dim: int, head_dim_v: int):
+    from pathtune.codegen.triton.params import TritonParams
+
+    return TritonParams.heuristic(head_dim, head_dim_v)
+
+
+def _heuristic(pass_: str, wl: Workload, backend: str, detail: str) -> Choice:
+    space = _space(pass_)
+    if backend == "triton":
+        config = _config_of_params(_heuristic_params(wl.head_dim, wl.head_dim_v), list(space.knobs))
+    else:
+        config = space.default()
+    return Choice(pass_, backend, config, "heuristic", detail)
+
+
+def _warn(message: str, category: type[Warning] = DispatchWarning) -> None:
+    warnings.warn(message, category, stacklevel=4)
+    _log.warning("%s", message)
+
+
+# -- perf_db ---------------------------------------------------------------------------------------
+
+class _Unusable(Exception):
+    """perf_db cannot serve lookups (message says why)."""
+
+
+def open_dispatch_db(url: Optional[str] = None):
+    """perf_db opened read-only for lookups, or raise ``_Unusable`` saying why it cannot be used."""
+    from pathtune.perf_db import PerfDB, resolve_url
+    from pathtune.perf_db._engine import head_revision, safe_url
+    from pathtune.perf_db._shipped import shipped_files
+
+    parsed, is_default = resolve_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        path = Path(parsed.database).expanduser()
+        if not path.is_file():
+            if is_default and shipped_files():
+                # First use on this machine: create the per-user database with the shipped results.
+                PerfDB.open_default().close()
+            else:
+                where = "PATHTUNE_DB_URL" if not is_default else "the default location"
+                raise _Unusable(f"no tuning database at {path} ({where}); tune with `pathtune tune` or "
+                                "`pathtune bench --record`, or load a pack (pathtune.load_pack / PATHTUNE_PACK)")
+    db = PerfDB(url, read_only=True, current_keys=current_keys)
+    try:
+        revision = db.revision()
+    except Exception as e:  # noqa: BLE001 - corrupt file, locked, unreachable server
+        db.close()
+        raise _Unusable(f"cannot read {safe_url(db.url)}: {_short(e)}") from None
+    head = head_revision()
+    if revision != head:
+        db.close()
+        raise _Unusable(f"{safe_url(db.url)} is at perf_db schema revision {revision!r}, this pathtune reads "
+                        f"{head!r}; run `pathtune db upgrade`")
+    return db
+
+
+def _short(e: BaseException) -> str:
+    text = str(getattr(e, "orig", None) or e)
+    return (text.splitlines()[0] if text else type(e).__name__)[:300]
+
+
+# -- the dispatcher --------------------------------------------------------------------------------
+
+class Dispatcher:
+    """Cached per-key kernel selection over a pack, perf_db and the heuristic.
+
+    ``env_info``: ``collect_env()`` output to match results against (default: collected on first
+    use, per CUDA device). ``db``: a ``PerfDB`` (or any object with its ``best``), ``None`` for no
+    database, default: opened lazily with ``open_dispatch_db``. ``pack``: a ``perf_db.Pack``,
+    ``None``, default: ``PATHTUNE_PACK`` on first use. ``gpu_only``: answer only CUDA devices from
+    packs / perf_db (tuned configs are per GPU; CPU calls -- the Triton interpreter -- get the
+    heuristic); tests pass False to exercise the order on the CPU.
+    """
+
+    def __init__(self, *, env_info: Optional[Mapping[str, Any]] = None, db: Any = _UNSET, pack: Any = _UNSET,
+                 gpu_only: bool = True) -> None:
+        self._env_info = dict(env_info) if env_info is not None else None
+        self._envs: dict[Optional[int], dict[str, Any]] = {}
+        self._db = db
+        self._pack = pack
+        self.gpu_only = gpu_only
+        self._plans: dict[tuple, Plan] = {}
+        self._choices: dict[tuple, Choice] = {}
+        self._lock = threading.RLock()
+        self._warned: set[str] = set()
+        self.db_queries = 0      # PerfDB.best calls (tests: the cached path asks nothing)
+        self.pack_queries = 0    # Pack.lookup calls
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._plans.clear()
+            self._choices.clear()
+
+    def _warn_once(self, message: str, category: type[Warning] = DispatchWarning) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            _warn(message, category)
+
+    def env_for(self, device: torch.device) -> dict[str, Any]:
+        index = device.index if device.type == "cuda" else None
+        env = self._envs.get(index)
+        if env is not None:
+            return env
+        with self._lock:
+            if self._env_info is not None:
+                env = dict(self._env_info)
+            else:
+                from pathtune.runtime.environment import collect_env
+
+                env = collect_env()
+                if index not in (None, 0) and torch.cuda.is_available() and not _env.GPU_NAME.get():
+                    props = torch.cuda.get_device_properties(index)
+                    env.update(gpu_name=props.name, compute_capability=f"{props.major}.{props.minor}",
+                               sm_count=props.multi_processor_count, gpu_memory_bytes=props.total_memory)
+            self._envs[index] = env
+            return env
+
+    @property
+    def pack(self):
+        """The installed pack (None: none). ``PATHTUNE_PACK`` is read the first time this is asked."""
+        if self._pack is _UNSET:
+            with self._lock:
+                if self._pack is _UNSET:
+                    self._pack = None
+                    path = _env.PACK.get()
+                    if path is not None:
+                        from pathtune.perf_db import PerfDBError
+
+                        try:
+                            self.install_pack(path, strict=False)
+                        except PerfDBError as e:
+                            self._warn_once(f"pathtune: {_env.PACK.name}={path} is not used: {e}")
+        return self._pack
+
+    def install_pack(self, pack: Any, *, strict: bool = False, device: Optional[torch.device] = None):
+        """Install a pack (a path or a ``perf_db.Pack``) after checking it against this machine.
+
+        Hard-key mismatch: ``strict`` raises ``PackMismatch``; otherwise a ``PackRefusedWarning``
+        says why, nothing is installed (the previous pack is dropped) and None is returned. Soft
+        differences warn once (``SoftMismatchWarning``). Returns the installed Pack.
+        """
+        from pathtune.perf_db import Pack, PackMismatch
+        from pathtune.perf_db import load_pack as read_pack
+
+        if not isinstance(pack, Pack):
+            pack = read_pack(pack)
+        if device is None:
+            device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        env = self.env_for(device)
+        try:
+            pack.check(env)
+        except PackMismatch as e:
+            with self._lock:
+                self._pack = None
+                self.clear_cache()
+            if strict:
+                raise
+            self._warn_once(f"pathtune: pack refused: {e}; kernels use perf_db / heuristic configs instead",
+                            PackRefusedWarning)
+            return None
+        with self._lock:
+            self._pack = pack
+            self.clear_cache()
+        _log.info("pathtune: installed pack %s (%d entries, %s)", pack.source, len(pack.entries),
+                  pack.metadata.get("gpu_name"))
+        return pack
+
+    def uninstall_pack(self) -> None:
+        """Drop the pack (``PATHTUNE_PACK`` is not re-read afterwards)."""
+        with self._lock:
+            self._pack = None
+            self.clear_cache()
+
+    def database(self):
+        """perf_db for lookups, or None (disabled, or unusable: warned once)."""
+        if self._db is _UNSET:
+            with self._lock:
+                if self._db is _UNSET:
+                    self._db = None
+                    if _env.DISPATCH_DB.get():
+                        try:
+                            self._db = open_dispatch_db()
+                        except _Unusable as e:
+                            self._warn_once(f"pathtune: perf_db not used: {e}; kernels use "
+                                            f"{'the pack or ' if self._pack else ''}heuristic configs")
+                        except Exception as e:  # noqa: BLE001 - never fail a kernel call over the database
+                            self._warn_once(f"pathtune: perf_db not used ({type(e).__name__}: {_short(e)}); "
+                                            "kernels use heuristic configs")
+        return self._db
+
+    def _drop_db(self, e: BaseException) -> None:
+        db, self._db = self._db, None
+        self._warn_once(f"pathtune: perf_db lookups failed ({type(e).__name__}: {_short(e)}); not asked again "
+                        "in this process, kernels use pack / heuristic configs")
+        try:
+            db.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- selection --------------------------------------------------------------------------------
+
+    def choose(self, pass_: str, workload: Workload, device: torch.device,
+               backends: Sequence[str] = ("triton",)) -> Choice:
+        """The config of one pass for ``workload`` on ``device`` among ``backends`` (cached)."""
+        key = (pass_, workload, device.type, device.index, tuple(backends))
+        hit = self._choices.get(key)
+        if hit is None:
+            with self._lock:
+                hit = self._choices.get(key)
+                if hit is None:
+                    hit = self._choose(pass_, workload, device, tuple(backends))
+                    self._choices[key] = hit
+        return hit
+
+    def _valid(self, pass_: str, config: Mapping[str, Any], wl: Workload, where: str) -> Optional[Config]:
+        space = _space(pass_)
+        full = dict(config)
+        for name, knob in space.knobs.items():  # older entries may lack a knob added since: its default
+            full.setdefault(name, knob.default)
+        full = {k: v for k, v in full.items() if k in space.knobs}
+        problems = space.validate(full, wl)
+        if problems:
+            _log.debug("dispatch: %s config %s is not valid for %s: %s", where, dict(config), wl, problems)
+            return None
+        return Config(full)
+
+    def _choose(self, pass_: str, wl: Workload, device: torch.device, backends: tuple[str, ...]) -> Choice:
+        fallback = backends[0]
+        if device.type != "cuda" and self.gpu_only:
+            return _heuristic(pass_, wl, fallback, f"{device.type} device: tuned configs are per GPU")
+        env = self.env_for(device)
+        from pathtune.perf_db import PackMismatch
+
+        pack_hit = None
+        pack = self.pack
+        if pack is not None:
+            try:
+                self.pack_queries += 1
+                pack_hit = pack.lookup(wl, env_info=env, backends=backends, current_keys=current_keys)
+            except PackMismatch as e:
+                self.uninstall_pack()
+                self._warn_once(f"pathtune: pack refused: {e}; kernels use perf_db / heuristic configs instead",
+                                PackRefusedWarning)
+            except Exception as e:  # noqa: BLE001
+                self._warn_once(f"pathtune: pack lookup failed ({type(e).__name__}: {_short(e)}); skipped")
+            if pack_hit is not None:
+                config = self._valid(pass_, pack_hit.config, wl, "pack")
+                if config is None:
+                    pack_hit = None
+                else:
+                    pack_src = Path(pack.source).name
+                    if pack_hit.match == "exact":
+                        return Choice(pass_, pack_hit.backend, config, "pack", f"{pack_src}, exact key")
+        db_row = None
+        db = self.database()
+        if db is not None:
+            try:
+                self.db_queries += 1
+                db_row = db.best(env, pass_, wl, backend=backends[0] if len(backends) == 1 else None)
+            except Exception as e:  # noqa: BLE001 - locked / corrupt / gone: fall back, once
+                self._drop_db(e)
+                db_row = None
+            if db_row is not None and db_row["backend"] not in backends:
+                db_row = None
+            if db_row is not None:
+                config = self._valid(pass_, db_row["config"], wl, "perf_db")
+                if config is None:
+                    db_row = None
+                else:
+                    if db_row.get("warning"):
+                        self._warn_once(f"pathtune: perf_db result for {db_row.get('gpu')} was {db_row['warning']}; "
+                                        "served anyway", _soft_warning())
+                    if db_row["match"] == "exact":
+                        return Choice(pass_, db_row["backend"], config, "perf_db",
+                                      f"measurement #{db_row['measurement_id']}, {db_row['median_ms']:.4g} ms")
+        if pack_hit is not None and pack_hit.match == "nearest":
+            return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack"), "bucket",
+                          f"pack {Path(pack.source).name}, length bucket {pack_hit.seq_bucket} for {wl.seq_bucket}")
+        if db_row is not None:  # nearest
+            return Choice(pass_, db_row["backend"], self._valid(pass_, db_row["config"], wl, "perf_db"), "bucket",
+                          f"perf_db measurement #{db_row['measurement_id']}, length bucket {db_row['seq_bucket']} "
+                          f"for {wl.seq_bucket}")
+        if pack_hit is not None and pack_hit.match == "default":
+            return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack"), "default",
+                          f"pack {Path(pack.source).name} default for {pass_}")
+        return _heuristic(pass_, wl, fallback, "no tuned config for this key")
+
+    def plan(self, device: torch.device, head_dim: int, head_dim_v: int, heads_q: int, heads_kv: int, dtype: str,
+             use_gate: bool, max_seqlen: int, num_seqs: int, varlen: bool, *,
+             backends: Sequence[str] = ("triton",), grad: bool = False) -> Plan:
+        """The plan of a ``path_attention`` call (cached per key; the first call of a key looks it up).
+
+        ``backends``: the candidates in order of preference for the heuristic ("triton" first);
+        "tvm" is dropped when a backward follows (``grad``), off CUDA, or without its runtime.
+        """
+        key = (device.type, device.index, head_dim, head_dim_v, heads_q, heads_kv, dtype, use_gate,
+               seq_bucket(max_seqlen), batch_bucket(num_seqs), varlen, tuple(backends), grad)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._make_plan(key, device)
+        return plan
+
+    def _make_plan(self, key: tuple, device: torch.device) -> Plan:
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                return plan
+            (_, _, D, DV, HQ, H, dtype, gate, sb, bb, varlen, backends, grad) = key
+            cands = tuple(b for b in backends if b == "triton" or
+                          (b == "tvm" and not grad and device.type == "cuda" and tvm_available()))
+            if not cands:
+                why = "a backward follows" if grad else ("inputs are not on CUDA" if device.type != "cuda"
+                                                         else "its runtime (tvm, tvm_ffi) is not importable")
+                raise NotImplementedError(f"backend 'tvm' cannot run this call: {why}; the TVM backend is a "
+                                          "forward-only CUDA kernel. Use backend='triton' or 'auto'")
+
+            def workload(pass_: str) -> Workload:
+                return Workload(head_dim=D, head_dim_v=DV, heads_q=HQ, heads_kv=H, dtype=dtype, use_gate=gate,
+                                pass_=pass_, seq_bucket=sb, varlen=varlen, batch_bucket=bb)
+
+            fwd = self.choose("fwd", workload("fwd"), device, cands)
+            bwd = self.choose("bwd", workload("bwd"), device, ("triton",)) if grad else None
+            if fwd.backend == "triton":
+                params_json = _triton_params_json(fwd, bwd, D, DV)
+            else:
+                params_json = fwd.config.to_json()
+            plan = Plan(fwd.backend, params_json, fwd, bwd)
+            self._plans[key] = plan
+            _report(key, plan)
+            return plan
+
+
+def _soft_warning() -> type[Warning]:
+    from pathtune.perf_db import SoftMismatchWarning
+
+    return SoftMismatchWarning
+
+
+def _triton_params_json(fwd: Choice, bwd: Optional[Choice], D: int, DV: int) -> str:
+    """Heuristic params, overlaid with the forward's knobs, then the backward-only knobs of ``bwd``."""
+    from pathtune.codegen._knobs import params_from_config
+    from pathtune.codegen.triton.params import TritonParams
+
+    base = _heuristic_params(D, DV)
+    merged = {**_config_of_params(base, [f for f in base.__dataclass_fields__]).to_dict(), **fwd.config.to_dict()}
+    if bwd is not None:
+        fwd_knobs = set(_space("fwd").knobs)
+        with_bwd = {**merged, **{k: v for k, v in bwd.config.items() if k not in fwd_knobs}}
+        try:
+            return params_from_config(TritonParams, with_bwd).to_json()
+        except (TypeError, ValueError) as e:
+            _log.debug("dispatch: backward knobs %s do not combine with the forward config (%s); heuristic "
+                       "backward knobs", dict(bwd.config), e)
+    return params_from_config(TritonParams, merged).to_json()
+
+
+def _key_text(key: tuple) -> str:
+    (dev_type, dev_index, D, DV, HQ, H, dtype, gate, sb, bb, varlen, backends, grad) = key
+    dev = dev_type if dev_index is None else f"{dev_type}:{dev_index}"
+    return (f"{dev} D={D} DV={DV} HQ={HQ} H={H} {dtype} gate={int(gate)} seq<={sb} seqs<={bb}"
+            f"{' varlen' if varlen else ''} {'fwd+bwd' if grad else 'fwd'} [{'/'.join(backends)}]")
+
+
+_printed: set[str] = set()
+
+
+def _report(key: tuple, plan: Plan) -> None:
+    line = f"dispatch {_key_text(key)} -> {plan.describe()}"
+    _log.debug("%s", line)
+    if _env.PRINT_DISPATCH.get() and line not in _printed:
+        _printed.add(line)
+        print(f"[pathtune] {line}", file=sys.stderr)
+
+
+# -- the process-wide dispatcher -------------------------------------------------------------------
+
+_DISPATCHER: Optional[Dispatcher] = None
+_GLOBAL_LOCK = threading.Lock()
+
+
+def get_dispatcher() -> Dispatcher:
+    global _DISPATCHER
+    if _DISPATCHER is None:
+        with _GLOBAL_LOCK:
+            if _DISPATCHER is None:
+                _DISPATCHER = Dispatcher()
+    return _DISPATCHER
+
+
+def set_dispatcher(dispatcher: Optional[Dispatcher]) -> Optional[Dispatcher]:
+    """Replace the process-wide dispatcher (None: a fresh default one on next use); returns the old one."""
+    global _DISPATCHER
+    with _GLOBAL_LOCK:
+        old, _DISPATCHER = _DISPATCHER, dispatcher
+    return old
+
+
+def select_plan(device: torch.device, head_dim: int, head_dim_v: int, heads_q: int, heads_kv: int, dtype: str,
+                use_gate: bool, max_seqlen: int, num_seqs: int, varlen: bool, *,
+                backends: Sequence[str] = ("triton",), grad: bool = False) -> Plan:
+    """``get_dispatcher().plan(...)``: the plan path_attention runs (cached per key)."""
+    d = _DISPATCHER or get_dispatcher()
+    return d.plan(device, head_dim, head_dim_v, heads_q, heads_kv, dtype, use_gate, max_seqlen, num_seqs, varlen,
+                  backends=backends, grad=grad)
+
+
+def select_config(pass_: str, workload: Workload, device: torch.device,
+                  backends: Sequence[str] = ("triton",)) -> Choice:
+    """The tuned config of any pass (e.g. ``"decode"``) by the same order; cached per key."""
+    return get_dispatcher().choose(pass_, workload, device, backends)
+
+
+def clear_cache() -> None:
+    """Forget every cached decision (e.g. after recording new results into perf_db)."""
+    get_dispatcher().clear_cache()
+
+
+def load_pack(path: Union[str, Path, Any], *, strict: bool = False):
+    """Install a tuned-config pack (JSON written by ``pathtune export``) for kernel dispatch.
+
+    The pack is checked against this machine: a pack of another GPU, compute capability, Triton
+    major.minor or spec is refused (``strict=True``: ``PackMismatch`` is raised; default: a
+    ``PackRefusedWarning`` says why, None is returned and dispatch uses perf_db / the heuristic).
+    Soft differences (driver, torch, CUDA patch) are served with one warning. An unreadable or
+    malformed file raises ``PerfDBError``. Returns the installed ``perf_db.Pack``.
+    Until ``unload_pack()``, lookups try the pack first (exact key), see ``pathtune.runtime.dispatch``.
+    """
+    return get_dispatcher().install_pack(path, strict=strict)
+
+
+def unload_pack() -> None:
+    """Remove the installed pack (also one from ``PATHTUNE_PACK``, which is then not read again)."""
+    get_dispatcher().uninstall_pack()
+
+
+def loaded_pack():
+    """The installed pack, or None."""
+    return get_dispatcher().pack
