@@ -20,11 +20,16 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 _EXPORTS = {
     "path_attention": "pathtune.runtime.api",
+    "path_attention_prefill": "pathtune.runtime.decode",
+    "path_attention_decode": "pathtune.runtime.decode",
+    "PaTHKVCache": "pathtune.runtime.decode",
     "load_spec": "pathtune.specs.loader",
     "Config": "pathtune.specs.knobs",
     "Workload": "pathtune.specs.workload",
 }
 __all__ = ["path_attention", "load_spec", "Config", "Workload", "__version__"]
+
+__all__ += ["path_attention_prefill", "path_attention_decode", "PaTHKVCache"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathtune.runtime.api import path_attention

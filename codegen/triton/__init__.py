@@ -3,13 +3,16 @@
 Stages (one module each): ``ut`` (UT inverse + key boundary adjustment), ``transport``
 (super-chunk key transport and transitions), ``scan_fwd`` (two-level right-to-left scan with
 online softmax and the FoX gate), ``bwd_*`` (backward), ``forward``/``backward`` (launchers),
-``autograd`` (custom ops + autograd).  Tile sizes, warps, stages and precisions come from
+``autograd`` (custom ops + autograd), ``decode`` (fused decoding step on a current-frame KV
+cache, and a GPU prefill that builds the cache).  Tile sizes, warps, stages and precisions come from
 ``TritonParams``, derived from the spec's knobs.
 """
 from .autograd import KernelConfigError, path_attention_triton
+from .decode import path_decode_triton, path_prefill_triton
 from .params import TritonParams
 
-__all__ = ["path_attention_triton", "TritonParams", "KernelConfigError"]
+__all__ = ["path_attention_triton", "path_decode_triton", "path_prefill_triton", "TritonParams",
+           "KernelConfigError"]
 
 
 def source_hash() -> str:

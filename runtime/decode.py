@@ -1,0 +1,161 @@
+"""Public decoding entry points: ``path_attention_prefill`` and ``path_attention_decode``.
+
+Prefill runs attention over a prompt and returns a ``PaTHKVCache`` holding its keys in the current
+frame (k_j^(T-1) = H_{T-1} ... H_{j+1} k_j), values and the FoX gate cumsum.  Each decode call then
+appends T_new >= 1 tokens: the cached keys are rotated in place by every new token's H_t, and each
+new query attends to the cache (PaTH-FoX: plus the gate bias).  See ``runtime/reference/recurrent.py``.
+
+Backends: ``reference`` (PyTorch, any device, float64 capable), ``triton`` (the fused decode kernel
+of ``codegen/triton/decode.py``; CUDA tensors, or CPU tensors under TRITON_INTERPRET=1), ``tvm``
+(the TVM fused decode step, CUDA only, one token per launch), ``auto`` (triton on CUDA, else reference).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import torch
+
+from pathtune.specs import load_spec
+
+from .reference.recurrent import PaTHKVCache
+from .validation import check_head_dims, validate_inputs
+
+__all__ = ["PaTHKVCache", "path_attention_prefill", "path_attention_decode", "DECODE_BACKENDS"]
+
+DECODE_BACKENDS = ("auto", "reference", "triton", "tvm")
+_KERNEL_CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _placement(spec) -> str:
+    gate = spec.stage("fox_gate")
+    return gate.placement if gate is not None else "inside_scale"
+
+
+def _resolve(backend: str, device: torch.device) -> str:
+    if backend not in DECODE_BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, DECODE_BACKENDS))}, got {backend!r}")
+    if backend == "auto":
+        if device.type != "cuda":
+            return "reference"
+        try:
+            from pathtune.codegen.triton import path_decode_triton  # noqa: F401
+        except ImportError:
+            return "reference"
+        return "triton"
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"backend 'triton' needs CUDA tensors, but q is on {device}; use backend='reference', "
+                         "or set TRITON_INTERPRET=1 to run the Triton kernels in the (slow) CPU interpreter")
+    if backend == "tvm" and device.type != "cuda":
+        raise ValueError(f"backend 'tvm' needs CUDA tensors, but q is on {device}; use backend='reference'")
+    return backend
+
+
+def _check_cache(cache, q, k, v, g, backend: str) -> None:
+    if not isinstance(cache, PaTHKVCache):
+        raise TypeError(f"cache must be a pathtune.PaTHKVCache (from path_attention_prefill or "
+                        f"PaTHKVCache.empty), got {type(cache).__name__}")
+    B, _, HQ, D = q.shape
+    H, DV = k.shape[2], v.shape[-1]
+    Bc, _, Hc, Dc = cache.k.shape
+    want = dict(B=Bc, HQ=cache.num_q_heads, H=Hc, D=Dc, DV=cache.v.shape[-1])
+    got = dict(B=B, HQ=HQ, H=H, D=D, DV=DV)
+    bad = [f"{n} = {got[n]} (cache has {want[n]})" for n in want if got[n] != want[n]]
+    if bad:
+        raise ValueError("the new tokens do not match the cache: " + ", ".join(bad)
+                         + "; q must be [B,T,HQ,D], k/w [B,T,H,D], v [B,T,H,DV] with the cache's sizes")
+    if (g is None) != (cache.c is None):
+        if g is None:
+            raise ValueError("the cache is gated (PaTH-FoX, built with a gate): pass g [B,T,HQ] for the new tokens")
+        raise ValueError("the cache was built without a gate (plain PaTH): pass g=None, or prefill with a gate")
+    if cache.k.device != q.device:
+        raise ValueError(f"the cache is on {cache.k.device} but q is on {q.device}; keep them on one device")
+    if not 0 <= cache.length <= cache.max_len:
+        raise ValueError(f"cache.length = {cache.length} is outside [0, max_len = {cache.max_len}]")
+    if backend in ("triton", "tvm"):
+        if cache.k.dtype not in _KERNEL_CACHE_DTYPES or cache.v.dtype != cache.k.dtype:
+            raise ValueError(f"backend {backend!r} keeps the cache in bfloat16, float16 or float32 (k and v alike); "
+                             f"got k {cache.k.dtype}, v {cache.v.dtype}; use backend='reference' for other dtypes")
+        if cache.c is not None and cache.c.dtype != torch.float32:
+            raise ValueError(f"backend {backend!r} needs the cache's gate cumsum in float32, got {cache.c.dtype}; "
+                             "prefill with float32 gates or use backend='reference'")
+    if backend == "tvm" and cache.k.dtype != q.dtype:
+        raise ValueError(f"backend 'tvm' keeps the cache in q's dtype ({q.dtype}), got {cache.k.dtype}")
+
+
+def path_attention_prefill(q, k, v, w, beta, g=None, *, scale: Optional[float] = None,
+                           max_len: Optional[int] = None, cache_dtype: Optional[torch.dtype] = None,
+                           backend: str = "auto", config=None) -> Tuple[torch.Tensor, PaTHKVCache]:
+    """Attention over a prompt plus a current-frame KV cache for decoding.
+
+    Arguments as ``pathtune.path_attention`` (equal-length batch, no cu_seqlens). ``max_len``: cache
+    capacity (default T; it grows on demand). ``cache_dtype``: default k's dtype (the kernel backends
+    take bfloat16, float16, float32). ``config``: Triton knobs (None = heuristic).
+    Returns (o [B,T,HQ,DV] in q's dtype, cache with cache.length = T).
+    """
+    spec = load_spec()
+    info = validate_inputs(spec, q, k, v, w, beta, g, scale=scale)
+    chosen = _resolve(backend, q.device)
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0):
+        raise ValueError(f"max_len must be a non-negative int (cache capacity), got {max_len!r}")
+    if cache_dtype is not None and (not isinstance(cache_dtype, torch.dtype) or not cache_dtype.is_floating_point):
+        raise ValueError(f"cache_dtype must be a floating torch.dtype, got {cache_dtype!r}")
+    placement = _placement(spec)
+    if chosen == "reference":
+        from .reference.recurrent import path_attention_prefill as ref_prefill
+
+        return ref_prefill(q, k, v, w, beta, g, scale=scale, gate_placement=placement, max_len=max_len,
+                           cache_dtype=cache_dtype)
+    if chosen == "tvm":
+        raise NotImplementedError("backend 'tvm' has no prefill yet; prefill with backend='triton' (the cache "
+                                  "is backend-neutral) and decode with backend='tvm'")
+    check_head_dims(spec, info, chosen)
+    cdt = k.dtype if cache_dtype is None else cache_dtype
+    if cdt not in _KERNEL_CACHE_DTYPES:
+        raise ValueError(f"backend 'triton' keeps the cache in bfloat16, float16 or float32, got cache_dtype {cdt}")
+    from pathtune.codegen.triton import path_prefill_triton
+
+    f32 = [None if x is None else x.float() for x in (w, beta, g)]
+    return path_prefill_triton(q, k, v, f32[0], f32[1], f32[2], scale=scale, config=config, max_len=max_len,
+                               cache_dtype=cdt, gate_placement=placement)
+
+
+def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Optional[float] = None,
+                          backend: str = "auto", config=None) -> torch.Tensor:
+    """Decode T_new >= 1 new tokens against ``cache`` (mutated: keys rotated in place, tokens appended).
+
+    q [B,T_new,HQ,D], k/w [B,T_new,H,D], v [B,T_new,H,DV], beta [B,T_new,H], g [B,T_new,HQ] or None
+    (given iff the cache is gated). Token t attends to the cache and to tokens <= t of this call.
+    ``config``: decode knobs for the Triton backend (spec Config / mapping; None = heuristic).
+    Returns o [B,T_new,HQ,DV] in q's dtype.
+    """
+    spec = load_spec()
+    info = validate_inputs(spec, q, k, v, w, beta, g, scale=scale)
+    chosen = _resolve(backend, q.device)
+    _check_cache(cache, q, k, v, g, chosen)
+    placement = _placement(spec)
+    if chosen == "reference":
+        from .reference.recurrent import path_attention_decode as ref_decode
+
+        return ref_decode(q, k, v, w, beta, g, cache, scale=scale, gate_placement=placement)
+    check_head_dims(spec, info, chosen)
+    w32, b32 = w.float(), beta.float()
+    g32 = None if g is None else g.float()
+    if chosen == "triton":
+        from pathtune.codegen.triton import path_decode_triton
+
+        return path_decode_triton(q, k, v, w32, b32, g32, cache, scale=scale, config=config,
+                                  gate_placement=placement)
+    # tvm: its fused step takes one token per launch; a multi-token call runs them in order
+    if placement != "inside_scale":
+        raise NotImplementedError(f"backend 'tvm' implements gate placement 'inside_scale' only, the spec says "
+                                  f"{placement!r}; use backend='triton'")
+    from pathtune.codegen.tvm.runtime import path_attention_decode_step_tvm
+
+    outs = []
+    for t in range(q.shape[1]):
+        o_t, _ = path_attention_decode_step_tvm(q[:, t], k[:, t], v[:, t], w32[:, t], b32[:, t],
+                                                None if g32 is None else g32[:, t], cache, scale=scale,
+                                                config=config)
+        outs.append(o_t)
+    return torch.stack(outs, dim=1)
