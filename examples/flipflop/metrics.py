@@ -37,7 +37,9 @@ def wilson_interval(errors: int, n: int, z: float = Z95) -> Tuple[float, float]:
     denom = 1.0 + z2 / n
     centre = (p + z2 / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    lo = 0.0 if errors == 0 else max(0.0, centre - half)      # exact ends at 0 and n (no rounding residue)
+    hi = 1.0 if errors == n else min(1.0, centre + half)
+    return lo, hi
 
 
 def reads_to_resolve(rate: float, z: float = Z95) -> int:

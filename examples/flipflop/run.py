@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 200; tiny 5)")
     p.add_argument("--seed", type=int, default=0, help="model init, training and eval data seed")
     p.add_argument("--budget-minutes", type=float, default=None,
-                   help="wall-clock budget for the whole command (default 14; tiny 1)")
+                   help="wall-clock budget for the whole command (default 14; tiny 1.5)")
     p.add_argument("--id-seqs", type=int, default=None, help="ID FFL(0.8) eval sequences (default 16384)")
     p.add_argument("--sparse-seqs", type=int, default=None, help="sparse FFL(0.98) eval sequences (default 300000)")
     p.add_argument("--dense-seqs", type=int, default=None, help="dense FFL(0.1) eval sequences (default 4096)")
@@ -241,7 +241,7 @@ def main(argv: Optional[list] = None) -> int:
     cfg = replace(cfg, **{k: v for k, v in (("steps", args.steps), ("batch", args.batch), ("lr", args.lr),
                                              ("warmup", args.warmup)) if v is not None})
     cfg = replace(cfg, warmup=min(cfg.warmup, max(1, cfg.steps // 10)), log_every=min(cfg.log_every, max(1, cfg.steps)))
-    budget_s = 60 * (args.budget_minutes if args.budget_minutes is not None else (1.0 if tiny else 14.0))
+    budget_s = 60 * (args.budget_minutes if args.budget_minutes is not None else (1.5 if tiny else 14.0))
     n_eval = {"id": args.id_seqs or (32 if tiny else 16384),
               "sparse": args.sparse_seqs or (64 if tiny else 300_000),
               "dense": args.dense_seqs or (16 if tiny else 4096)}

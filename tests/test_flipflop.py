@@ -1,0 +1,202 @@
+"""examples/flipflop: the FFL generator against path-math.md §3.1, read-error counting, Wilson
+intervals, the models' causality and the --tiny end-to-end run (CPU, reference backend).
+
+The generator tests draw a fresh seed each run (printed in the assertion message).
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from examples.flipflop.data import (BIT0, BIT1, IGNORE, READ, SPLITS, WRITE, expected_reads,  # noqa: E402
+                                    loss_targets, make_generator, read_mask, sample_flipflop)
+from examples.flipflop.metrics import count_read_errors, reads_to_resolve, wilson_interval  # noqa: E402
+
+
+def _fresh_seed() -> int:
+    return random.SystemRandom().randrange(2**31)
+
+
+def _reference_answers(seq: list[int]) -> list[tuple[int, int]]:
+    """(read position, expected bit) by walking the sequence as the definition says."""
+    out, last = [], None
+    for p in range(0, len(seq), 2):
+        ins, bit = seq[p], seq[p + 1]
+        if ins == WRITE:
+            last = bit
+        elif ins == READ:
+            out.append((p, last))
+    return out
+
+
+# ------------------------------------------------------------------------------------- generator
+
+@pytest.mark.parametrize("p_ignore", [0.1, 0.8, 0.98])
+def test_structure_and_read_answers(p_ignore):
+    seed = _fresh_seed()
+    x = sample_flipflop(64, 512, p_ignore, make_generator(seed))
+    assert x.shape == (64, 512) and x.dtype == torch.int64, seed
+    ins, bits = x[:, 0::2], x[:, 1::2]
+    assert torch.isin(ins, torch.tensor([WRITE, READ, IGNORE])).all(), seed   # instructions at even positions
+    assert torch.isin(bits, torch.tensor([BIT0, BIT1])).all(), seed          # bits at odd positions
+    assert (ins[:, 0] == WRITE).all() and (ins[:, -1] == READ).all(), seed
+    for row in x.tolist():
+        for p, want in _reference_answers(row):
+            assert want is not None, seed
+            assert row[p + 1] == want, (seed, p)
+
+
+@pytest.mark.parametrize("p_ignore", [0.1, 0.8, 0.98])
+def test_instruction_frequencies(p_ignore):
+    seed = _fresh_seed()
+    B, T = 2000, 512
+    x = sample_flipflop(B, T, p_ignore, make_generator(seed))
+    free = x[:, 2:-2:2]                        # instructions 1 .. n-2 are i.i.d.
+    n = free.numel()
+    p_rw = (1 - p_ignore) / 2
+    for tok, p in ((IGNORE, p_ignore), (WRITE, p_rw), (READ, p_rw)):
+        f = (free == tok).float().mean().item()
+        sd = math.sqrt(p * (1 - p) / n)
+        assert abs(f - p) < 6 * sd + 1e-12, (seed, tok, f, p)
+    reads = (x[:, 0::2] == READ).sum(1).float()
+    mu = expected_reads(T, p_ignore)
+    assert abs(reads.mean().item() - mu) < 6 * math.sqrt((T // 2 - 2) * p_rw * (1 - p_rw) / B) + 1e-9, seed
+    # bits after w and i are fair coins
+    ins, bits = x[:, 0::2], x[:, 1::2]
+    free_bits = bits[ins != READ].float()
+    assert abs(free_bits.mean().item() - 0.5) < 6 * 0.5 / math.sqrt(free_bits.numel()), seed
+
+
+def test_expected_reads_formula():
+    assert expected_reads(512, 0.8) == pytest.approx(1 + 254 * 0.1)
+    assert expected_reads(512, 0.98) == pytest.approx(1 + 254 * 0.01)
+    assert expected_reads(512, 0.1) == pytest.approx(1 + 254 * 0.45)
+
+
+def test_seeded_determinism_and_disjoint_streams():
+    seed = _fresh_seed()
+    a = sample_flipflop(8, 512, 0.8, make_generator(seed))
+    b = sample_flipflop(8, 512, 0.8, make_generator(seed))
+    c = sample_flipflop(8, 512, 0.8, make_generator(seed + 1))
+    assert torch.equal(a, b), seed
+    assert not torch.equal(a, c), seed
+    offsets = [s.seed_offset for s in SPLITS.values()]
+    assert len(set(offsets)) == len(offsets)
+    assert [SPLITS[s].p_ignore for s in ("train", "id", "sparse", "dense")] == [0.8, 0.8, 0.98, 0.1]
+
+
+def test_loss_targets_only_at_reads():
+    seed = _fresh_seed()
+    x = sample_flipflop(16, 64, 0.5, make_generator(seed))
+    tgt = loss_targets(x)
+    m = read_mask(x)
+    assert torch.equal(tgt != -100, m), seed
+    assert torch.equal(tgt[m], x[:, 1:][m[:, :-1]]), seed
+
+
+# ------------------------------------------------------------------------------------- counting
+
+def test_count_read_errors_hand_made():
+    w, r, i = WRITE, READ, IGNORE
+    #          0  1  2  3  4  5  6  7  8  9 10 11
+    seq1 = [w, 1, i, 0, r, 1, w, 0, r, 0, r, 0]    # reads at 4 (->1), 8 (->0), 10 (->0)
+    seq2 = [w, 0, r, 0, i, 1, i, 1, w, 1, r, 1]    # reads at 2 (->0), 10 (->1)
+    tokens = torch.tensor([seq1, seq2])
+    V = 5
+    logits = torch.zeros(2, 12, V)
+    # predict the true next token everywhere ...
+    for b in range(2):
+        for p in range(11):
+            logits[b, p, tokens[b, p + 1]] = 1.0
+    assert count_read_errors(logits, tokens) == (0, 5)
+    # ... then break two reads and one non-read position (which must not count)
+    logits[0, 8] = 0; logits[0, 8, 1] = 1.0        # read answered 1, truth 0 -> error
+    logits[1, 10] = 0; logits[1, 10, w] = 1.0      # read answered with an instruction -> error
+    logits[0, 5] = 0; logits[0, 5, 0] = 1.0        # after a bit: not a read position
+    assert count_read_errors(logits, tokens) == (2, 5)
+
+
+def test_wilson_interval_numbers():
+    # textbook values (Newcombe 1998 style): 95% Wilson
+    lo, hi = wilson_interval(5, 100)
+    assert lo == pytest.approx(0.02154, abs=2e-5) and hi == pytest.approx(0.11175, abs=2e-5)
+    lo, hi = wilson_interval(50, 100)
+    assert lo == pytest.approx(0.40383, abs=2e-5) and hi == pytest.approx(0.59617, abs=2e-5)
+    lo, hi = wilson_interval(0, 1000)
+    z2 = 1.959963984540054 ** 2
+    assert lo == 0.0 and hi == pytest.approx(z2 / (1000 + z2), rel=1e-12)
+    lo, hi = wilson_interval(1000, 1000)
+    assert hi == 1.0 and lo == pytest.approx(1000 / (1000 + z2), rel=1e-12)
+
+
+def test_reads_to_resolve():
+    n = reads_to_resolve(1e-3)
+    assert wilson_interval(0, n)[1] < 1e-3 <= wilson_interval(0, n - 1)[1]
+
+
+# ------------------------------------------------------------------------------------- models
+
+@pytest.mark.parametrize("attention", ["path", "rope", "path_fox"])
+def test_models_are_causal(attention):
+    from examples.flipflop.model import FlipFlopLM
+
+    torch.manual_seed(0)
+    m = FlipFlopLM(attention, backend="reference").eval()
+    x = sample_flipflop(2, 64, 0.5, make_generator(_fresh_seed()))
+    y = x.clone()
+    y[:, 40:] = sample_flipflop(2, 64, 0.5, make_generator(_fresh_seed()))[:, 40:]
+    with torch.no_grad():
+        a, b = m(x), m(y)
+    assert torch.allclose(a[:, :40], b[:, :40], atol=1e-5)
+    assert not torch.allclose(a[:, 40:], b[:, 40:], atol=1e-5)
+
+
+def test_lr_schedule():
+    from examples.flipflop.train import TrainConfig, lr_factor
+
+    c = TrainConfig(steps=1000, warmup=100, min_lr_ratio=0.1)
+    assert lr_factor(0, c) == pytest.approx(0.01)
+    assert lr_factor(99, c) == pytest.approx(1.0)
+    assert lr_factor(100, c) == pytest.approx(1.0)
+    assert lr_factor(550, c) == pytest.approx(0.55)
+    assert lr_factor(1000, c) == pytest.approx(0.1)
+
+
+# ------------------------------------------------------------------------------------- end to end
+
+def test_tiny_end_to_end_cpu(tmp_path):
+    out = tmp_path / "results.json"
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "examples.flipflop", "--tiny", "--no-progress", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert wall < 60, f"--tiny took {wall:.1f}s"
+    res = json.loads(out.read_text())
+    assert set(res) == {"path", "rope", "path_fox", "meta"}
+    for name in ("path", "rope", "path_fox"):
+        r = res[name]
+        assert r["status"] == "ok", r.get("traceback")
+        for s in ("id", "sparse", "dense"):
+            assert 0.0 <= r[f"{s}_error"] <= 1.0
+            assert r[f"{s}_reads"] > 0 and r[f"{s}_errors"] == round(r[f"{s}_error"] * r[f"{s}_reads"])
+            lo, hi = r[f"{s}_ci95"]
+            assert lo <= r[f"{s}_error"] <= hi
+        for k in ("train_steps", "train_seconds", "tokens_per_s"):
+            assert r[k] > 0
+        assert r["train_steps"] == 40 and len(r["curve"]["loss"]) == 8
+    meta = res["meta"]
+    assert meta["tiny"] and meta["complete"] and "--tiny" in meta["command"]
+    assert meta["seeds"]["model_init"] == 0 and meta["backend"] == "reference"
