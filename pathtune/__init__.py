@@ -3,6 +3,7 @@
 Public API::
 
     from pathtune import path_attention, load_spec, Config, Workload
+    from pathtune import PaTHAttention, PaTHCache, load_pack, unload_pack
 
 Names are loaded on first use, so ``import pathtune`` stays light (``pathtune spec ...`` on the
 command line never imports torch); nothing here imports TVM, Optuna or SQLAlchemy.
@@ -26,8 +27,13 @@ _EXPORTS = {
     "load_spec": "pathtune.specs.loader",
     "Config": "pathtune.specs.knobs",
     "Workload": "pathtune.specs.workload",
+    "load_pack": "pathtune.runtime.dispatch",
+    "unload_pack": "pathtune.runtime.dispatch",
+    "PaTHAttention": "pathtune.runtime.layer",
+    "PaTHCache": "pathtune.runtime.cache",
 }
-__all__ = ["path_attention", "load_spec", "Config", "Workload", "__version__"]
+__all__ = ["path_attention", "load_spec", "Config", "Workload", "load_pack", "unload_pack", "PaTHAttention",
+           "PaTHCache", "__version__"]
 
 __all__ += ["path_attention_prefill", "path_attention_decode", "PaTHKVCache"]
 
@@ -36,6 +42,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from pathtune.specs.knobs import Config
     from pathtune.specs.loader import load_spec
     from pathtune.specs.workload import Workload
+    from pathtune.runtime.cache import PaTHCache
+    from pathtune.runtime.dispatch import load_pack, unload_pack
+    from pathtune.runtime.layer import PaTHAttention
 
 
 def __getattr__(name: str) -> Any:

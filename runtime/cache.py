@@ -1,0 +1,141 @@
+"""``PaTHCache``: the decoding state of a stack of ``PaTHAttention`` layers.
+
+One entry per ``layer_idx``: the layer's PaTH KV cache (keys kept in the current frame, values,
+FoX gate cumsums; ``PaTHKVCache``) and the state of its short convolution over the ``w`` path
+(the last ``conv_size - 1`` pre-convolution inputs). A layer called with a cache that has no entry
+for its index runs the prompt (prefill) and stores its entry; later calls are decode steps of any
+number of tokens that extend it.
+
+    cache = PaTHCache()
+    logits = model(prompt, cache=cache)            # prefill: every layer fills its entry
+    for _ in range(n):
+        logits = model(next_token, cache=cache)    # decode steps
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+from torch import Tensor
+
+__all__ = ["PaTHCache", "LayerState", "prefill_fn", "decode_fn"]
+
+
+@dataclass
+class LayerState:
+    """One layer's decoding state. ``kv``: a PaTHKVCache; ``conv``: [B, conv_size - 1, H*D] or None."""
+
+    kv: Any
+    conv: Optional[Tensor]
+
+    @property
+    def length(self) -> int:
+        return int(self.kv.length)
+
+
+class PaTHCache:
+    """Per-layer decoding state, keyed by ``layer_idx`` (see module docstring)."""
+
+    def __init__(self) -> None:
+        self._layers: dict[int, LayerState] = {}
+
+    def __contains__(self, layer_idx: int) -> bool:
+        return layer_idx in self._layers
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self._layers))
+
+    def __getitem__(self, layer_idx: int) -> LayerState:
+        try:
+            return self._layers[layer_idx]
+        except KeyError:
+            raise KeyError(f"PaTHCache has no state for layer_idx {layer_idx} (layers: {sorted(self._layers)}); "
+                           "the first call of a layer with this cache is its prefill") from None
+
+    def get(self, layer_idx: int) -> Optional[LayerState]:
+        return self._layers.get(layer_idx)
+
+    def set(self, layer_idx: int, state: LayerState) -> None:
+        self._layers[layer_idx] = state
+
+    def seq_len(self, layer_idx: Optional[int] = None) -> int:
+        """Tokens seen by ``layer_idx`` (default: the lowest index held; 0 when empty)."""
+        if not self._layers:
+            return 0
+        idx = min(self._layers) if layer_idx is None else layer_idx
+        state = self._layers.get(idx)
+        return 0 if state is None else state.length
+
+    def reset(self) -> None:
+        """Forget every layer's state (the next call is a prefill again)."""
+        self._layers.clear()
+
+    def __repr__(self) -> str:
+        return f"PaTHCache(layers={sorted(self._layers)}, seq_len={self.seq_len()})"
+
+
+# -- prefill / decode entry points -----------------------------------------------------------------
+# The fused decode kernels export pathtune.runtime.decode.path_attention_prefill / _decode (with a
+# backend argument); until that module exists the PyTorch reference (runtime/reference/recurrent.py)
+# runs both, on any device.
+
+def _decode_module():
+    try:
+        from pathtune.runtime import decode as mod
+    except ImportError:
+        return None
+    if hasattr(mod, "path_attention_prefill") and hasattr(mod, "path_attention_decode"):
+        return mod
+    return None
+
+
+def prefill_fn(backend: str) -> Callable[..., tuple[Tensor, Any]]:
+    """``fn(q, k, v, w, beta, g, *, scale) -> (o, kv_cache)`` for ``backend``."""
+    mod = _decode_module()
+    if mod is not None and backend != "reference":
+        def fused(q, k, v, w, beta, g, *, scale):
+            return mod.path_attention_prefill(q, k, v, w, beta, g, scale=scale, backend=backend)
+        return fused
+
+    from pathtune.runtime.reference import path_attention_prefill
+
+    placement = _placement()
+
+    def reference(q, k, v, w, beta, g, *, scale):
+        return path_attention_prefill(q, k, v, w, beta, g, scale=scale, gate_placement=placement)
+    return reference
+
+
+def decode_fn(backend: str) -> Callable[..., Tensor]:
+    """``fn(q, k, v, w, beta, g, kv_cache, *, scale) -> o`` (mutates the cache) for ``backend``."""
+    mod = _decode_module()
+    if mod is not None and backend != "reference":
+        def fused(q, k, v, w, beta, g, cache, *, scale):
+            return mod.path_attention_decode(q, k, v, w, beta, g, cache, scale=scale, backend=backend)
+        return fused
+
+    from pathtune.runtime.reference import path_attention_decode
+
+    placement = _placement()
+
+    def reference(q, k, v, w, beta, g, cache, *, scale):
+        return path_attention_decode(q, k, v, w, beta, g, cache, scale=scale, gate_placement=placement)
+    return reference
+
+
+def _placement() -> str:
+    from pathtune.specs import load_spec
+
+    gate = load_spec().stage("fox_gate")
+    return gate.placement if gate is not None else "inside_scale"
+
+
+def _check_decode_inputs(hidden: Tensor, state: LayerState) -> None:
+    B = int(hidden.shape[0])
+    if int(state.kv.k.shape[0]) != B:
+        raise ValueError(f"hidden_states has batch size {B} but the cache was filled with batch size "
+                         f"{int(state.kv.k.shape[0])}; use one PaTHCache per batch (cache.reset() to start over)")
+

@@ -1,0 +1,383 @@
+"""Runtime dispatch: source order, per-key caching, packs (hard / soft mismatch), broken perf_db fallbacks.
+
+The dispatcher is exercised on the CPU with a fake H200 environment (``env_info``) and a
+``torch.device("cuda", 0)`` key: nothing here launches a kernel except the interpreter test at the end.
+"""
+import json
+import sqlite3
+import time
+import warnings
+
+import pytest
+import torch
+
+from pathtune.perf_db import KernelKey, Measurement, Pack, PackMismatch, PerfDB, SoftMismatchWarning, export_pack
+from pathtune.runtime import dispatch
+from pathtune.runtime.dispatch import Dispatcher, DispatchWarning, PackRefusedWarning
+from pathtune.runtime.environment import collect_env
+from pathtune.specs import Config, KnobSpace, Workload, load_spec
+
+CUDA0 = torch.device("cuda", 0)
+SHAPE = dict(head_dim=64, head_dim_v=64, heads_q=4, heads_kv=2, dtype="bfloat16", use_gate=True)
+
+
+@pytest.fixture(scope="module")
+def env():
+    info = collect_env()
+    info.update(gpu_name="NVIDIA H200", compute_capability="9.0", cuda_runtime="12.8", ptxas="12.8.93",
+                driver="570.1", sm_count=132, gpu_memory_bytes=150_000_000_000, gpu_count=1)
+    return info
+
+
+def fwd_cfg(**changes):
+    return KnobSpace(load_spec(), "fwd").default().replace(**changes)
+
+
+def bwd_cfg(**changes):
+    return KnobSpace(load_spec(), "bwd").default().replace(**changes)
+
+
+def wl(pass_="fwd", seq=1024, **changes):
+    return Workload(**{**SHAPE, **changes}, pass_=pass_, seq_bucket=seq)
+
+
+def kernel(pass_="fwd", backend="triton"):
+    return KernelKey(pass_=pass_, backend=backend, spec_hash=load_spec().hash,
+                     source_hash=dispatch.current_keys("path_attention", pass_, backend)["source_hash"])
+
+
+@pytest.fixture
+def db_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'perf.sqlite3'}"
+
+
+def record(url, env, rows):
+    """rows: (workload, config, median_ms[, kernel])"""
+    with PerfDB(url) as db:
+        for row in rows:
+            w, cfg, ms = row[:3]
+            k = row[3] if len(row) > 3 else kernel(w.pass_)
+            db.record(env, k, w, cfg, Measurement(status="ok", median_ms=ms))
+
+
+def make_pack(env, entries=(), default=None, **meta_changes):
+    meta = {"gpu_name": env["gpu_name"], "cc": env["compute_capability"], "spec_hash": load_spec().hash,
+            "triton": env["triton"], "tvm": env["tvm"], "torch": env["torch"], "cuda": env["cuda_runtime"],
+            "ptxas": env["ptxas"], "driver": env["driver"], "pathtune": env["pathtune"], "env_hash": "x" * 64}
+    meta.update(meta_changes)
+    doc = {"format": "pathtune-pack", "version": 1, "_metadata": meta,
+           "entries": [{"workload": w.to_dict(), "pass": w.pass_, "backend": "triton", "config": c.to_dict(),
+                        "median_ms": ms, "source_hash": kernel(w.pass_).source_hash} for w, c, ms in entries],
+           "default": {} if default is None else {"fwd": {"backend": "triton", "config": default.to_dict()}}}
+    return Pack(doc, "test-pack.json")
+
+
+def dispatcher(env, url=None, pack=None):
+    db = PerfDB(url, read_only=True, current_keys=dispatch.current_keys) if url else None
+    return Dispatcher(env_info=env, db=db, pack=pack)
+
+
+def plan(d, seq=1000, grad=False, **changes):
+    s = {**SHAPE, **changes}
+    return d.plan(CUDA0, s["head_dim"], s["head_dim_v"], s["heads_q"], s["heads_kv"], s["dtype"], s["use_gate"],
+                  seq, 1, False, backends=("triton",), grad=grad)
+
+
+# -- order -----------------------------------------------------------------------------------------
+
+def test_pack_exact_beats_perf_db_exact(env, db_url):
+    record(db_url, env, [(wl(), fwd_cfg(chunk_size=32), 0.4)])
+    pack = make_pack(env, [(wl(), fwd_cfg(superchunk_size=512), 0.5)])
+    d = dispatcher(env, db_url, pack)
+    p = plan(d)
+    assert (p.source, p.fwd.config) == ("pack", fwd_cfg(superchunk_size=512))
+    assert json.loads(p.params_json)["superchunk_size"] == 512
+    assert d.db_queries == 0  # an exact pack hit never asks the database
+
+
+def test_perf_db_exact_beats_pack_bucket(env, db_url):
+    record(db_url, env, [(wl(seq=1024), fwd_cfg(chunk_size=32), 0.4),
+                         (wl(seq=1024), fwd_cfg(block_n=32), 0.3)])       # the faster one is served
+    pack = make_pack(env, [(wl(seq=4096), fwd_cfg(superchunk_size=512), 0.5)])
+    p = plan(dispatcher(env, db_url, pack))
+    assert (p.source, p.fwd.config) == ("perf_db", fwd_cfg(block_n=32))
+
+
+def test_bucket_pack_then_perf_db(env, db_url):
+    record(db_url, env, [(wl(seq=256), fwd_cfg(chunk_size=32), 0.4)])
+    pack = make_pack(env, [(wl(seq=4096), fwd_cfg(superchunk_size=512), 0.5)], default=fwd_cfg(num_warps=8))
+    p = plan(dispatcher(env, db_url, pack))
+    assert (p.source, p.fwd.config) == ("bucket", fwd_cfg(superchunk_size=512))
+    assert "4096" in p.fwd.detail
+    p = plan(dispatcher(env, db_url, None))
+    assert (p.source, p.fwd.config) == ("bucket", fwd_cfg(chunk_size=32))
+
+
+def test_pack_default_then_heuristic(env, db_url):
+    other_shape = wl(head_dim=128, head_dim_v=128)
+    record(db_url, env, [(other_shape, fwd_cfg(chunk_size=32), 0.4)])      # another head dim: not served
+    pack = make_pack(env, [(other_shape, fwd_cfg(superchunk_size=512), 0.5)], default=fwd_cfg(num_warps=8))
+    p = plan(dispatcher(env, db_url, pack))
+    assert (p.source, p.fwd.config) == ("default", fwd_cfg(num_warps=8))
+    p = plan(dispatcher(env, db_url, None))
+    assert p.source == "heuristic"
+    from pathtune.codegen.triton import TritonParams
+
+    assert p.params_json == TritonParams.heuristic(64, 64).to_json()
+    assert plan(dispatcher(env, db_url, None), head_dim=128, head_dim_v=128).fwd.config == fwd_cfg(chunk_size=32)
+
+
+def test_stale_source_hash_is_not_served(env, db_url):
+    stale = KernelKey(pass_="fwd", backend="triton", spec_hash=load_spec().hash, source_hash="0123456789abcdef")
+    record(db_url, env, [(wl(), fwd_cfg(chunk_size=32), 0.4, stale)])
+    assert plan(dispatcher(env, db_url)).source == "heuristic"
+
+
+def test_other_gpu_results_are_not_served(env, db_url):
+    record(db_url, {**env, "gpu_name": "NVIDIA A100", "compute_capability": "8.0"}, [(wl(), fwd_cfg(chunk_size=32), 0.4)])
+    assert plan(dispatcher(env, db_url)).source == "heuristic"
+
+
+def test_training_plan_merges_backward_knobs(env, db_url):
+    record(db_url, env, [(wl("fwd"), fwd_cfg(chunk_size=32, superchunk_size=512), 0.4),
+                         (wl("bwd"), bwd_cfg(chunk_size=64, bwd_block_n=128, bwd_num_warps=8), 0.9)])
+    p = plan(dispatcher(env, db_url), grad=True)
+    params = json.loads(p.params_json)
+    assert p.fwd.source == "perf_db" and p.bwd.source == "perf_db"
+    # shared knobs from the forward (one op serves both passes), backward-only knobs from the bwd choice
+    assert (params["chunk_size"], params["superchunk_size"]) == (32, 512)
+    assert (params["bwd_block_n"], params["bwd_num_warps"]) == (128, 8)
+    assert json.loads(plan(dispatcher(env, db_url), grad=False).params_json)["bwd_block_n"] == 64
+
+
+def test_tvm_only_for_forward_only_cuda_calls(env, monkeypatch):
+    d = Dispatcher(env_info=env, db=None, pack=None)
+    with pytest.raises(NotImplementedError, match="backend 'tvm' cannot run this call: a backward follows"):
+        d.plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 100, 1, False, backends=("tvm",), grad=True)
+    monkeypatch.setattr(dispatch, "_TVM_OK", True)
+    p = d.plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 100, 1, False, backends=("tvm",))
+    assert p.backend == "tvm" and json.loads(p.params_json) == KnobSpace(load_spec(), "fwd").default().to_dict()
+
+
+# -- caching ---------------------------------------------------------------------------------------
+
+def test_cached_decision_does_not_query_again_and_is_fast(env, db_url):
+    record(db_url, env, [(wl(), fwd_cfg(chunk_size=32), 0.4)])
+    d = dispatcher(env, db_url)
+    first = plan(d, seq=1000)
+    assert d.db_queries == 1
+    assert plan(d, seq=700) is first       # same length bucket (1024): same key
+    assert d.db_queries == 1
+    plan(d, seq=1500)                      # bucket 2048: a new key, one more lookup
+    assert d.db_queries == 2
+    n = 2000
+    args = (CUDA0, 64, 64, 4, 2, "bfloat16", True, 1000, 1, False)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            d.plan(*args, backends=("triton",), grad=False)
+        times.append((time.perf_counter() - t0) / n)
+    assert min(times) < 200e-6, f"cached dispatch took {min(times) * 1e6:.1f} us"
+    assert d.db_queries == 2
+
+
+def test_load_pack_clears_cached_decisions(env):
+    d = dispatcher(env)
+    assert plan(d).source == "heuristic"
+    d.install_pack(make_pack(env, [(wl(), fwd_cfg(superchunk_size=512), 0.5)]))
+    assert plan(d).source == "pack"
+    d.uninstall_pack()
+    assert plan(d).source == "heuristic"
+
+
+# -- packs -----------------------------------------------------------------------------------------
+
+def test_pack_of_another_gpu_is_refused(env, db_url, tmp_path):
+    record(db_url, env, [(wl(), fwd_cfg(chunk_size=32), 0.4)])
+    foreign = make_pack(env, [(wl(), fwd_cfg(superchunk_size=512), 0.5)], gpu_name="NVIDIA A100", cc="8.0")
+    d = dispatcher(env, db_url)
+    with pytest.warns(PackRefusedWarning, match=r"pack refused: pack test-pack.json was tuned for GPU name "
+                                                r"'NVIDIA A100', but this machine has 'NVIDIA H200'"):
+        assert d.install_pack(foreign) is None
+    assert d.pack is None and plan(d).source == "perf_db"
+    with pytest.raises(PackMismatch, match="Triton major.minor '0.1'"):
+        d.install_pack(make_pack(env, triton="0.1.0"), strict=True)
+
+
+def test_pack_soft_mismatch_is_served_with_one_warning(env):
+    pack = make_pack(env, [(wl(), fwd_cfg(superchunk_size=512), 0.5), (wl(seq=4096), fwd_cfg(num_warps=8), 0.5)],
+                     torch="1.0.0", driver="1.0")
+    d = Dispatcher(env_info=env, db=None, pack=None)
+    with pytest.warns(SoftMismatchWarning, match=r"torch 1.0.0 \(now"):
+        d.install_pack(pack)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")    # no second warning for the lookups
+        assert plan(d).source == "pack"
+        assert plan(d, seq=4000).fwd.config == fwd_cfg(num_warps=8)
+
+
+def test_pathtune_pack_env_is_read_on_first_lookup(env, tmp_path, monkeypatch):
+    path = tmp_path / "h200.json"
+    make_pack(env, [(wl(), fwd_cfg(superchunk_size=512), 0.5)]).save(path)
+    monkeypatch.setenv("PATHTUNE_PACK", str(path))
+    d = Dispatcher(env_info=env, db=None)
+    assert plan(d).source == "pack"
+    monkeypatch.setenv("PATHTUNE_PACK", str(tmp_path / "missing.json"))
+    with pytest.warns(DispatchWarning, match=r"PATHTUNE_PACK=.*missing.json is not used: cannot read pack"):
+        assert plan(Dispatcher(env_info=env, db=None)).source == "heuristic"
+
+
+def test_public_load_pack(env, tmp_path, monkeypatch):
+    import pathtune
+
+    old = dispatch.set_dispatcher(Dispatcher(env_info=env, db=None, pack=None))
+    try:
+        path = tmp_path / "h200.json"
+        make_pack(env, [(wl(), fwd_cfg(superchunk_size=512), 0.5)]).save(path)
+        installed = pathtune.load_pack(path)
+        assert installed is not None and dispatch.loaded_pack() is installed
+        assert dispatch.select_plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 1000, 1, False).source == "pack"
+        pathtune.unload_pack()
+        assert dispatch.loaded_pack() is None
+        assert dispatch.select_plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 1000, 1, False).source == "heuristic"
+        (tmp_path / "bad.json").write_text("{not json")
+        with pytest.raises(Exception, match="not a valid pathtune pack: not JSON"):
+            pathtune.load_pack(tmp_path / "bad.json")
+    finally:
+        dispatch.set_dispatcher(old)
+
+
+def test_export_writes_metadata_and_source_hash(env, db_url, tmp_path):
+    record(db_url, env, [(wl(), fwd_cfg(chunk_size=32), 0.4)])
+    with PerfDB(db_url) as db:
+        doc = export_pack(db, "H200", tmp_path / "p.json")
+    meta = doc["_metadata"]
+    for key in ("gpu_name", "cc", "spec_hash", "triton", "tvm", "torch", "cuda", "ptxas", "driver", "env_hash"):
+        assert key in meta, key
+    assert meta["gpu_name"] == "NVIDIA H200" and meta["cc"] == "9.0" and meta["spec_hash"] == load_spec().hash
+    assert doc["entries"][0]["source_hash"] == kernel().source_hash
+    d = Dispatcher(env_info=env, db=None, pack=None)
+    d.install_pack(tmp_path / "p.json")
+    assert plan(d).fwd.config == fwd_cfg(chunk_size=32)
+
+
+# -- broken databases ------------------------------------------------------------------------------
+
+def _lazy(env, monkeypatch, url):
+    monkeypatch.setenv("PATHTUNE_DB_URL", url)
+    return Dispatcher(env_info=env, pack=None)
+
+
+def _one_warning_then_heuristic(d):
+    with pytest.warns(DispatchWarning) as caught:
+        assert plan(d).source == "heuristic"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plan(d, seq=5000).source == "heuristic"   # a new key: no second warning, no new attempt
+    return [str(w.message) for w in caught if issubclass(w.category, DispatchWarning)]
+
+
+def test_missing_db_falls_back(env, tmp_path, monkeypatch):
+    msgs = _one_warning_then_heuristic(_lazy(env, monkeypatch, f"sqlite:///{tmp_path / 'none.sqlite3'}"))
+    assert len(msgs) == 1 and "no tuning database at" in msgs[0]
+    assert not (tmp_path / "none.sqlite3").exists()   # read-only use: nothing created
+
+
+def test_corrupt_db_falls_back(env, tmp_path, monkeypatch):
+    path = tmp_path / "perf.sqlite3"
+    path.write_bytes(b"this is not a database" * 100)
+    msgs = _one_warning_then_heuristic(_lazy(env, monkeypatch, f"sqlite:///{path}"))
+    assert len(msgs) == 1 and "cannot read" in msgs[0]
+
+
+def test_db_at_other_schema_revision_falls_back(env, db_url, monkeypatch):
+    record(db_url, env, [(wl(), fwd_cfg(chunk_size=32), 0.4)])
+    con = sqlite3.connect(db_url.removeprefix("sqlite:///"))
+    con.execute("UPDATE perf_alembic_version SET version_num = '0000_older'")
+    con.commit()
+    con.close()
+    msgs = _one_warning_then_heuristic(_lazy(env, monkeypatch, db_url))
+    assert "schema revision '0000_older'" in msgs[0] and "pathtune db upgrade" in msgs[0]
+
+
+def test_locked_db_falls_back_quickly(env, db_url, monkeypatch):
+    record(db_url, env, [(wl(), fwd_cfg(chunk_size=32), 0.4)])
+    con = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+    con.execute("PRAGMA locking_mode = EXCLUSIVE")
+    con.execute("BEGIN EXCLUSIVE")
+    con.execute("DELETE FROM perf_measurement WHERE id < 0")   # take and hold the lock
+    try:
+        t0 = time.perf_counter()
+        msgs = _one_warning_then_heuristic(_lazy(env, monkeypatch, db_url))
+        assert time.perf_counter() - t0 < 10      # the read-only engine waits 200 ms, not 30 s
+        assert "locked" in msgs[0]
+    finally:
+        con.execute("ROLLBACK")
+        con.close()
+    assert plan(_lazy(env, monkeypatch, db_url)).source == "perf_db"   # unlocked: served again
+
+
+def test_dispatch_db_can_be_switched_off(env, db_url, monkeypatch):
+    record(db_url, env, [(wl(), fwd_cfg(chunk_size=32), 0.4)])
+    monkeypatch.setenv("PATHTUNE_DISPATCH_DB", "0")
+    d = _lazy(env, monkeypatch, db_url)
+    assert plan(d).source == "heuristic" and d.database() is None
+
+
+def test_print_dispatch_once_per_key(env, db_url, monkeypatch, capsys):
+    record(db_url, env, [(wl(), fwd_cfg(chunk_size=32), 0.4)])
+    monkeypatch.setenv("PATHTUNE_PRINT_DISPATCH", "1")
+    monkeypatch.setattr(dispatch, "_printed", set())
+    d = dispatcher(env, db_url)
+    for _ in range(3):
+        plan(d)
+    plan(d, seq=100)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2
+    assert "seq<=1024" in err[0] and "chunk_size=32" in err[0] and "(source: perf_db;" in err[0]
+    assert "seq<=128" in err[1] and "(source: bucket;" in err[1]
+
+
+def test_cpu_calls_use_the_heuristic_without_lookups(env, db_url):
+    record(db_url, env, [(wl(), fwd_cfg(chunk_size=32), 0.4)])
+    d = dispatcher(env, db_url, make_pack(env, [(wl(), fwd_cfg(superchunk_size=512), 0.5)]))
+    p = d.plan(torch.device("cpu"), 64, 64, 4, 2, "bfloat16", True, 1000, 1, False)
+    assert p.source == "heuristic" and d.db_queries == 0 and d.pack_queries == 0
+
+
+def test_path_attention_runs_the_dispatched_config(env, monkeypatch):
+    """End to end in the Triton interpreter: a pack's config reaches the kernel launch."""
+    import torch.nn.functional as F
+
+    from pathtune import path_attention
+    from pathtune.runtime.reference import naive_path_attention
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    small = fwd_cfg(chunk_size=32, superchunk_size=256, block_n=32, scan_precision="tf32")
+    shape = dict(head_dim=32, head_dim_v=32, heads_q=2, heads_kv=1, dtype="float32", use_gate=False)
+    pack = make_pack(env, [(Workload(**shape, pass_="fwd", seq_bucket=64), small, 0.1)])
+    d = Dispatcher(env_info=env, db=None, pack=pack, gpu_only=False)   # answer the CPU key from the pack
+    seen = []
+    real = torch.ops.pathtune.path_attn_fwd
+
+    def spy(*args):
+        seen.append(json.loads(args[8]))
+        return real(*args)
+
+    old = dispatch.set_dispatcher(d)
+    try:
+        from pathtune.runtime import api
+
+        monkeypatch.setattr(api.torch.ops.pathtune, "path_attn_fwd", spy, raising=False)
+        gen = torch.Generator().manual_seed(3)
+        B, T, HQ, H, D = 1, 40, 2, 1, 32
+        q, k, v = (torch.randn(B, T, n, D, generator=gen) for n in (HQ, H, H))
+        w = F.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
+        beta = torch.rand(B, T, H, generator=gen) + 0.5
+        o = path_attention(q, k, v, w, beta, backend="triton")
+    finally:
+        dispatch.set_dispatcher(old)
+    assert seen and seen[0]["chunk_size"] == 32 and seen[0]["superchunk_size"] == 256
+    ref = naive_path_attention(q.double(), k.double(), v.double(), w.double(), beta.double())
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-2
