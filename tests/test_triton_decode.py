@@ -1,0 +1,302 @@
+"""The fused Triton decode step (codegen/triton/decode.py) against the float64 reference decode.
+
+On the CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1), with
+tiny shapes; the interpreter's fp32 -> bf16 conversion truncates, so the kernel rounds on the bits
+there, and the stored bf16 keys equal the reference's (fp64 math, rounded to bf16) up to rare ties.
+Metric: relative Frobenius error ||out - ref|| / ||ref||; inputs are fresh random tensors with
+beta in [1.5, 2) and real gate decay (log-sigmoid gates).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pathtune
+from pathtune.codegen.triton import path_decode_triton, path_prefill_triton
+from pathtune.codegen.triton.decode import decode_layout
+from pathtune.runtime.reference import naive_path_attention
+from pathtune.runtime.reference.recurrent import (PaTHKVCache, current_frame_keys, path_attention_decode,
+                                                  path_attention_prefill)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# relative Frobenius tolerances by cache dtype (o: output, k: the rotated key cache)
+TOL_O = {torch.float32: 2e-5, torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
+TOL_K = {torch.float32: 2e-6, torch.bfloat16: 2e-3, torch.float16: 2e-4}
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def make(B, T, HQ, H, D, DV, gate, dtype=torch.float32, device=DEV):
+    """Fresh random step inputs: q/k/v in dtype, unit w, beta in [1.5, 2), log-sigmoid gates (fp32)."""
+    q = torch.randn(B, T, HQ, D, device=device).to(dtype)
+    k = torch.randn(B, T, H, D, device=device).to(dtype)
+    v = torch.randn(B, T, H, DV, device=device).to(dtype)
+    w = F.normalize(torch.randn(B, T, H, D, device=device), dim=-1)
+    beta = torch.rand(B, T, H, device=device) * 0.5 + 1.5
+    g = F.logsigmoid(torch.randn(B, T, HQ, device=device) + 3.0) if gate else None
+    return q, k, v, w, beta, g
+
+
+def f64(xs):
+    return [None if x is None else x.double() for x in xs]
+
+
+def prefilled(B, T0, HQ, H, D, DV, gate, cdt):
+    """(triton cache, reference cache): the float64 reference prefill, keys/values stored in cdt;
+    the Triton copy keeps the gate cumsum in float32, the reference copy in float64."""
+    ref_cache = path_attention_prefill(*f64(make(B, T0, HQ, H, D, DV, gate)), cache_dtype=cdt)[1]
+    tri = copy.deepcopy(ref_cache)
+    if tri.c is not None:
+        tri.c = tri.c.float()
+    return tri, ref_cache
+
+
+def step_both(tri, ref_cache, inputs, **kw):
+    o = path_decode_triton(*inputs, tri, **kw)
+    ref = path_attention_decode(*f64(inputs), ref_cache)
+    return o, ref
+
+
+CASES = [
+    # HQ, H, D, DV, T_new, gate, cache dtype, splits, block_n
+    (2, 2, 16, 16, 1, True, torch.float32, 1, 16),      # MHA single token: row-reduction path, one split
+    (2, 2, 32, 16, 1, False, torch.bfloat16, 4, 16),    # D != DV, ungated, bf16, ragged split-K
+    (4, 2, 16, 32, 1, True, torch.bfloat16, 2, 16),     # GQA (tensor-core path), D != DV
+    (4, 1, 16, 16, 3, True, torch.float32, 3, 16),      # multi-token step, GQA 4
+    (2, 2, 16, 16, 4, False, torch.bfloat16, 4, 16),    # multi-token, MHA, bf16
+    (6, 2, 32, 16, 2, True, torch.float16, 2, 64),      # G = 3 (not a power of two), fp16, one tile
+]
+
+
+@pytest.mark.parametrize("HQ,H,D,DV,TN,gate,cdt,splits,block_n", CASES)
+def test_step_matches_reference(HQ, H, D, DV, TN, gate, cdt, splits, block_n):
+    B, T0 = 2, 37  # 37 + TN cache rows: the last 16-row tile is ragged
+    tri, ref_cache = prefilled(B, T0, HQ, H, D, DV, gate, cdt)
+    inputs = make(B, TN, HQ, H, D, DV, gate, dtype=torch.float32 if cdt == torch.float32 else cdt)
+    o, ref = step_both(tri, ref_cache, inputs, config=dict(decode_splits=splits, decode_block_n=block_n))
+    assert o.shape == (B, TN, HQ, DV) and o.dtype == inputs[0].dtype
+    assert tri.length == ref_cache.length == T0 + TN
+    assert rel(o, ref) < TOL_O[cdt], rel(o, ref)
+    # the in-place update: every cached key rotated exactly as the reference rotates it
+    n = tri.length
+    assert rel(tri.k[:, :n], ref_cache.k[:, :n]) < TOL_K[cdt]
+    assert torch.equal(tri.v[:, :n], ref_cache.v[:, :n])
+    if gate:
+        assert rel(tri.c[:, :n], ref_cache.c[:, :n]) < 1e-6
+
+
+def test_empty_cache_grows_over_consecutive_steps():
+    """From an empty cache (capacity 0): steps of 1, 3, 1, 2 tokens, checked after every step."""
+    B, HQ, H, D, DV = 1, 4, 2, 16, 16
+    tri = PaTHKVCache.empty(B, H, D, DV, HQ, max_len=0, gated=True, dtype=torch.bfloat16, device=DEV)
+    ref_cache = PaTHKVCache.empty(B, H, D, DV, HQ, max_len=0, gated=True, dtype=torch.bfloat16,
+                                  gate_dtype=torch.float64, device=DEV)
+    cfg = dict(decode_splits=2, decode_block_n=16)
+    for TN in (1, 3, 1, 2, 1):
+        inputs = make(B, TN, HQ, H, D, DV, True, dtype=torch.bfloat16)
+        o, ref = step_both(tri, ref_cache, inputs, config=cfg)
+        assert rel(o, ref) < TOL_O[torch.bfloat16]
+        assert rel(tri.k[:, :tri.length], ref_cache.k[:, :tri.length]) < TOL_K[torch.bfloat16]
+    assert tri.length == 8 and tri.max_len >= 8
+
+
+def test_mha_single_token_consecutive_steps_fp32():
+    """Many MHA single-token steps (row path) across tile and split boundaries stay at fp32 accuracy."""
+    B, HQ, H, D = 2, 2, 2, 16
+    tri, ref_cache = prefilled(B, 13, HQ, H, D, D, True, torch.float32)
+    for _ in range(6):
+        o, ref = step_both(tri, ref_cache, make(B, 1, HQ, H, D, D, True),
+                           config=dict(decode_splits=8, decode_block_n=16))
+        assert rel(o, ref) < TOL_O[torch.float32]
+    assert rel(tri.k[:, :tri.length], ref_cache.k[:, :tri.length]) < 1e-5
+
+
+def test_layout_paths():
+    """One token and one query head per kv head uses the row path; anything else the padded tile."""
+    assert decode_layout(1, 1) == (True, 1)
+    assert decode_layout(1, 4) == (False, 16)
+    assert decode_layout(3, 4) == (False, 16)
+    assert decode_layout(5, 4) == (False, 32)
+
+
+def test_skipping_the_update_is_detected():
+    """Can-fail control: attention over un-rotated keys (the step without its in-place update) is far
+    from the reference, by much more than the kernel's error, so the checks above can fail."""
+    B, HQ, H, D = 2, 4, 2, 16
+    tri, ref_cache = prefilled(B, 40, HQ, H, D, D, True, torch.float32)
+    stale = copy.deepcopy(tri)
+    inputs = make(B, 2, HQ, H, D, D, True)
+    o, ref = step_both(tri, ref_cache, inputs, config=dict(decode_splits=2, decode_block_n=16))
+    q, k, v, w, beta, g = inputs
+    o_stale = path_attention_decode(*f64((q, k, v, w, torch.zeros_like(beta), g)), stale)  # H_t = I
+    assert rel(o, ref) < TOL_O[torch.float32]
+    assert rel(o_stale, ref) > 0.05 > 100 * TOL_O[torch.float32]
+    assert rel(stale.k[:, :40], ref_cache.k[:, :40]) > 0.05
+
+
+def test_prefill_then_decode_equals_full_attention():
+    """GPU-path prefill (Triton forward + current-frame keys) then Triton decode steps reproduce the
+    float64 naive attention of the whole sequence; the prefill cache holds the current-frame keys."""
+    B, HQ, H, D, DV, T0 = 1, 4, 2, 16, 32, 70   # two UT chunks of 64 (one partial)
+    full = make(B, T0 + 5, HQ, H, D, DV, True)
+    ref = naive_path_attention(*f64(full))
+    cfg = dict(decode_splits=2, decode_block_n=16)
+    o0, cache = path_prefill_triton(*[None if x is None else x[:, :T0] for x in full], config=cfg,
+                                    cache_dtype=torch.float32)
+    assert cache.length == T0 and cache.c.dtype == torch.float32
+    keys = current_frame_keys(*f64((full[1][:, :T0], full[3][:, :T0], full[4][:, :T0])))
+    assert rel(cache.k[:, :T0], keys) < 1e-5
+    outs = [o0]
+    for a, b in ((T0, T0 + 1), (T0 + 1, T0 + 4), (T0 + 4, T0 + 5)):
+        outs.append(path_decode_triton(*[None if x is None else x[:, a:b] for x in full], cache, config=cfg))
+    o = torch.cat(outs, dim=1)
+    assert rel(o[:, :T0], ref[:, :T0]) < 1e-3     # the forward's fp16 scan operands
+    assert rel(o[:, T0:], ref[:, T0:]) < 1e-4      # the decode steps run in fp32 on an fp32 cache
+
+
+def test_beta_clip_knob_reaches_the_kernel():
+    """beta_clip_eps clips beta inside the kernel: equal to the reference fed the clipped beta."""
+    B, HQ, H, D = 1, 2, 2, 16
+    tri, ref_cache = prefilled(B, 20, HQ, H, D, D, False, torch.float32)
+    q, k, v, w, beta, g = make(B, 1, HQ, H, D, D, False)
+    beta = torch.full_like(beta, 1.999)
+    o = path_decode_triton(q, k, v, w, beta, g, tri, config=dict(beta_clip_eps=0.015625, decode_block_n=16))
+    ref = path_attention_decode(*f64((q, k, v, w, beta.clamp(max=2 - 0.015625), g)), ref_cache)
+    assert rel(o, ref) < TOL_O[torch.float32]
+
+
+# ---- public API: pathtune.path_attention_prefill / path_attention_decode ----------------------------------
+
+def test_public_api_reference_and_triton_agree():
+    B, HQ, H, D, T0 = 1, 4, 2, 32, 20
+    prompt = make(B, T0, HQ, H, D, D, True)
+    o_ref, c_ref = pathtune.path_attention_prefill(*prompt, backend="reference")
+    o_tri, c_tri = pathtune.path_attention_prefill(*prompt, backend="triton")
+    assert isinstance(c_tri, pathtune.PaTHKVCache)
+    assert rel(o_tri, o_ref) < 1e-3
+    step = make(B, 2, HQ, H, D, D, True)
+    d_ref = pathtune.path_attention_decode(*step, c_ref)            # auto on CPU tensors: reference
+    d_tri = pathtune.path_attention_decode(*step, c_tri, backend="triton", config=dict(decode_block_n=16))
+    assert rel(d_tri, d_ref) < 1e-4
+    assert c_ref.length == c_tri.length == T0 + 2
+
+
+def _cache(gated=True, dtype=torch.float32):
+    return PaTHKVCache.empty(1, 2, 16, 16, 4, max_len=4, gated=gated, dtype=dtype, device=DEV)
+
+
+@pytest.mark.parametrize("dims,match", [
+    ((4, 2, 32, 16), "D = 32 \\(cache has 16\\)"),
+    ((2, 2, 16, 16), "HQ = 2 \\(cache has 4\\)"),
+    ((4, 1, 16, 16), "H = 1 \\(cache has 2\\)"),
+    ((4, 2, 16, 32), "DV = 32 \\(cache has 16\\)"),
+])
+def test_public_api_shape_errors(dims, match):
+    """Consistent new tokens whose sizes differ from the cache's: the message names the size to fix."""
+    HQ, H, D, DV = dims
+    with pytest.raises(ValueError, match=match):
+        pathtune.path_attention_decode(*make(1, 1, HQ, H, D, DV, True), _cache(), backend="triton")
+
+
+def test_public_api_input_errors():
+    step = make(1, 1, 4, 2, 16, 16, True)
+    with pytest.raises(ValueError, match="cache is gated"):
+        pathtune.path_attention_decode(*step[:5], None, _cache())
+    with pytest.raises(ValueError, match="k.dtype"):
+        pathtune.path_attention_decode(step[0], step[1].double(), *step[2:], _cache())
+    with pytest.raises(ValueError, match="beta"):
+        pathtune.path_attention_decode(*step[:4], step[4][:, :, :1], step[5], _cache())
+
+
+def test_public_api_errors_gate_on_ungated_cache_and_bad_cache():
+    step = make(1, 1, 4, 2, 16, 16, True)
+    with pytest.raises(ValueError, match="without a gate"):
+        pathtune.path_attention_decode(*step, _cache(gated=False))
+    with pytest.raises(TypeError, match="PaTHKVCache"):
+        pathtune.path_attention_decode(*step, {"k": None})
+    with pytest.raises(ValueError, match="bfloat16, float16 or float32"):
+        pathtune.path_attention_decode(*step, _cache(dtype=torch.float64), backend="triton")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        pathtune.path_attention_decode(*step, _cache(), backend="cuda")
+
+
+def test_public_api_tvm_needs_cuda():
+    if DEV == "cuda":
+        pytest.skip("CPU-only check")
+    with pytest.raises(ValueError, match="backend 'tvm' needs CUDA"):
+        pathtune.path_attention_decode(*make(1, 1, 4, 2, 16, 16, True), _cache(), backend="tvm")
+
+
+# ---- sm_90 compilation (no GPU needed) ------------------------------------------------------------------
+
+_CHILD = textwrap.dedent("""
+    import json, os, sys
+    assert "TRITON_INTERPRET" not in os.environ
+    from pathtune.codegen.triton import TritonParams
+    from pathtune.codegen.triton.compile_check import compile_kernel, decode_kernels
+    out = []
+    for D in (64, 128):
+        params = TritonParams.heuristic(D, D)
+        for group, tokens in ((1, 1), (4, 4)):
+            for fn, sig, const, nw, ns in decode_kernels(params, D, D, group=group, tokens=tokens):
+                r = compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=90, aligned=True)
+                out.append(dict(D=D, group=group, tokens=tokens, name=r.name, shared=r.shared_bytes,
+                                regs=r.registers, spills=r.spill_bytes))
+    print("RESULT " + json.dumps(out), flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_decode_kernels_compile_for_sm90():
+    """Both decode kernels compile for sm_90 at the heuristic knobs for D = 64 and 128; the hot
+    single-token MHA launch does not spill; shared memory fits an H200 block."""
+    ptxas = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("Triton's bundled ptxas is missing")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(next(line for line in res.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    for r in rows:
+        print(r)
+        assert r["shared"] <= 232448, r
+        if r["name"] == "decode_kernel" and r["tokens"] == 1 and r["group"] == 1 and r["spills"] is not None:
+            assert r["spills"] == 0, r
+
+
+# ---- GPU ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,H,HQ,TN", [(64, 16, 16, 1), (128, 8, 8, 1), (128, 2, 8, 4)])
+def test_gpu_long_cache_bf16(D, H, HQ, TN):
+    """bf16 cache of 4096 keys on the GPU (default knobs) vs the float64 reference."""
+    B, T0 = 2, 4096
+    tri, ref_cache = prefilled(B, T0, HQ, H, D, D, True, torch.bfloat16)
+    for _ in range(3):
+        inputs = make(B, TN, HQ, H, D, D, True, dtype=torch.bfloat16)
+        o, ref = step_both(tri, ref_cache, inputs)
+        assert rel(o, ref) < 1e-2
+    n = tri.length
+    assert rel(tri.k[:, :n], ref_cache.k[:, :n]) < 2e-3
+
+
+@pytest.mark.gpu
+def test_gpu_prefill_then_decode():
+    B, HQ, H, D, T0 = 2, 8, 8, 64, 2000
+    full = make(B, T0 + 3, HQ, H, D, D, True, dtype=torch.bfloat16)
+    ref = naive_path_attention(*f64(full))
+    o0, cache = path_prefill_triton(*[None if x is None else x[:, :T0] for x in full], cache_dtype=torch.float32)
+    o1 = path_decode_triton(*[None if x is None else x[:, T0:] for x in full], cache)
+    assert rel(o0, ref[:, :T0]) < 1e-2
+    assert rel(o1, ref[:, T0:]) < 1e-2
