@@ -300,3 +300,44 @@ def test_gpu_prefill_then_decode():
     o1 = path_decode_triton(*[None if x is None else x[:, T0:] for x in full], cache)
     assert rel(o0, ref[:, :T0]) < 1e-2
     assert rel(o1, ref[:, T0:]) < 1e-2
+
+
+# ---- pathtune bench --pass decode (CPU-checkable parts) --------------------------------------------------
+
+def test_decode_bench_accuracy_gate_and_timed_callable():
+    """The bench's accuracy gate runs the kernel against the reference; its timed callable keeps the key
+    length fixed (cache.length is reset every call, the new token lands on the same row)."""
+    from pathtune.tuning.decode_bench import accuracy, make_cache, make_step, pathtune_callable
+
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    cache = make_cache(2, 40, 2, 32, True, device=DEV, gen=gen)
+    step = make_step(2, 2, 32, True, device=DEV, gen=gen)
+    cfg = dict(decode_block_n=16, decode_splits=2)
+    err = accuracy(cache, step, cfg, prefix=24)
+    assert err["o"] < 1.2e-2 and err["k"] < 2e-3
+    assert cache.length == 40                       # the check ran on a copy
+    run = pathtune_callable(cache, step, cfg)
+    k0 = cache.k[:, :40].clone()
+    run()
+    run()
+    assert cache.length == 41 and cache.max_len == 41
+    assert rel(cache.k[:, :40], k0) > 1e-2            # keys keep rotating from call to call
+
+
+def test_decode_bench_record_and_table(tmp_path):
+    from pathtune.perf_db import PerfDB
+    from pathtune.tuning.decode_bench import DecodeRow, format_decode_table, record_decode_rows
+
+    url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
+    knobs = dict(decode_block_n=128, decode_num_warps=4, decode_splits=4, beta_clip_eps=None)
+    ok = DecodeRow(64, 16, 4096, 8, False, times={"pathtune": 0.03, "sdpa_flash": 0.02, "fla": 0.2},
+                   errors={"o": 3e-3, "k": 1e-4}, params=knobs)
+    broken = DecodeRow(128, 8, 4096, 8, False, failures={"pathtune": "OutOfResources: shared memory"},
+                       params=knobs)
+    assert record_decode_rows([ok, broken], url, "pathtune bench --pass decode (test)") == 2
+    with PerfDB(url) as db:
+        rows = db.overhead(by="head_dim")
+        assert [(r["head_dim"], r["pass"]) for r in rows] == [(64, "decode")]
+        assert abs(rows[0]["ratio"] - 1.5) < 1e-9
+        assert [r["status"] for r in db.query(head_dim=128)] == ["crash"]
+    assert format_decode_table([ok, broken]).row_count == 2

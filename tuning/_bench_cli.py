@@ -20,7 +20,9 @@ def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
         head_dim: str = typer.Option("64,128", help="Head dims, comma-separated."),
-        seq_len: str = typer.Option("4096,16384", help="Sequence lengths, comma-separated."),
+        seq_len: Optional[str] = typer.Option(
+            None, help="Sequence lengths, comma-separated (default 4096,16384; --pass decode: cache lengths "
+                       "4096,32768)."),
         tokens: int = typer.Option(32768, help="B*T per point (batch = tokens // seq_len)."),
         gate: str = typer.Option("both", help="FoX gate: off, on or both."),
         config: Optional[str] = typer.Option(None, help="Knob values as JSON (default: built-in heuristic)."),
@@ -29,6 +31,9 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, "--json", help="Write the rows as JSON here."),
         record: bool = typer.Option(False, "--record", help="Store the measurements in perf_db."),
         db: Optional[str] = typer.Option(None, "--db", envvar="PATHTUNE_DB_URL", help="perf_db URL."),
+        pass_: str = typer.Option("fwd", "--pass", help="fwd (forward and forward+backward) or decode "
+                                  "(one decoding step over a KV cache; tuning/decode_bench.py)."),
+        batch: int = typer.Option(8, help="--pass decode: batch size."),
     ) -> None:
         """Time pathtune against SDPA (flash, cuDNN) and fla's PaTH kernel in the same run (needs a GPU)."""
         from dataclasses import asdict
@@ -39,7 +44,14 @@ def register(app: typer.Typer) -> None:
         gates = {"off": (False,), "on": (True,), "both": (False, True)}.get(gate)
         if gates is None:
             raise typer.BadParameter(f"--gate must be off, on or both, got {gate!r}")
+        if pass_ not in ("fwd", "decode"):
+            raise typer.BadParameter(f"--pass must be fwd or decode, got {pass_!r}")
         cfg = json.loads(config) if config else None
+        if pass_ == "decode":
+            _decode(console, _ints(head_dim, "--head-dim"), _ints(seq_len or "4096,32768", "--seq-len"), gates,
+                    batch, cfg, tuple(b.strip() for b in baselines.split(",")), out, record, db)
+            return
+        seq_len = seq_len or "4096,16384"
         try:
             rows = run_bench(_ints(head_dim, "--head-dim"), _ints(seq_len, "--seq-len"), gates, tokens=tokens,
                              config=cfg, baselines=tuple(b.strip() for b in baselines.split(",")),
@@ -54,3 +66,28 @@ def register(app: typer.Typer) -> None:
         if record:
             n = record_rows(rows, db, cfg, command_line())
             console.print(f"recorded {n} measurements in perf_db")
+
+
+def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, record, db) -> None:
+    """`pathtune bench --pass decode` (logic in tuning/decode_bench.py)."""
+    from dataclasses import asdict
+
+    from .bench import HEADS_FOR_DIM, command_line
+    from .decode_bench import format_decode_table, record_decode_rows, run_decode_bench
+
+    if batch < 1:
+        raise typer.BadParameter(f"--batch must be >= 1, got {batch}")
+    shapes = tuple((HEADS_FOR_DIM.get(d, max(1, 1024 // d)), d) for d in head_dims)
+    try:
+        rows = run_decode_bench(shapes, cache_lens, gates, batch=batch, config=cfg, baselines=baselines,
+                                log=lambda s: console.print(s, style="dim"))
+    except RuntimeError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1)
+    console.print(format_decode_table(rows))
+    if out:
+        out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        console.print(f"wrote {out}")
+    if record:
+        n = record_decode_rows(rows, db, command_line())
+        console.print(f"recorded {n} measurements in perf_db")

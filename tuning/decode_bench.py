@@ -1,0 +1,283 @@
+"""`pathtune bench --pass decode`: one decoding step of pathtune's fused Triton kernel vs SDPA and fla.
+
+For each (heads, head dim, cache length, gate): a bf16 cache of ``cache_len`` keys per sequence
+(batch B), one new token.  Timed with ``triton.testing.do_bench`` medians, all in one process:
+
+* ``pathtune``: ``path_decode_triton`` -- the fused step (in-place rank-one update of every cached key
+  by H_t, the new token written at row ``cache_len``, attention of q over ``cache_len + 1`` keys).
+  The kernel mutates the cache; every timed call resets ``cache.length`` to ``cache_len`` first, so
+  the key length stays fixed (the keys keep rotating from call to call, which costs the same).
+* ``sdpa_flash``: torch SDPA (flash backend) of one query over the same ``cache_len + 1`` keys
+  (plain attention: no key update, no gate) -- the speed of light of a decode step that reads K and V
+  once.  The issue's targets: pathtune <= 1.8x of it at cache 32768, <= 2.5x at 4096.
+* ``fla``: flash-linear-attention's PaTH decode step as its ``PaTHAttention`` layer runs it: the
+  rank-one update of the whole cache (a ``torch.compile``d elementwise kernel, fp32 math, written back
+  in the cache dtype), then ``attn_decoding_one_step`` over the packed cache (FoX gate when gated).
+  The layer's ``torch.cat`` of the cache with the new token is not timed (it would add a full copy).
+
+Before timing, one step on a copy of batch 0 (first 2048 keys) is checked against the float64
+reference; a failed check or a crash is recorded instead of a time.  Rows go to a table, JSON and,
+with ``--record``, perf_db (pass ``decode``, baseline = SDPA flash of the same run).
+"""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+CACHE_LENS = (4096, 32768)
+SHAPES = ((16, 64), (8, 128))   # (heads, head dim)
+BATCH = 8
+ACCURACY_LIMIT = 2e-2            # relative Frobenius error of o vs the float64 reference (bf16 cache)
+
+
+@dataclass
+class DecodeRow:
+    head_dim: int
+    heads: int
+    cache_len: int
+    batch: int
+    gate: bool
+    times: dict[str, Optional[float]] = field(default_factory=dict)
+    errors: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    params: dict = field(default_factory=dict)
+
+    def ratio(self, num: str, den: str) -> Optional[float]:
+        a, b = self.times.get(num), self.times.get(den)
+        return a / b if a and b else None
+
+    @property
+    def bytes_moved(self) -> int:
+        """HBM bytes a fused step must move at least: K read + K written + V read (bf16)."""
+        return 3 * self.batch * self.heads * self.cache_len * self.head_dim * 2
+
+
+def _median_ms(fn: Callable[[], object]) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def make_cache(B: int, T: int, H: int, D: int, gate: bool, *, device: str, gen: torch.Generator,
+               dtype=torch.bfloat16, extra: int = 1):
+    """A PaTHKVCache of length T (capacity T + extra) with random keys/values and real gate decay."""
+    from pathtune.runtime.reference.recurrent import PaTHKVCache
+
+    cache = PaTHKVCache.empty(B, H, D, D, H, max_len=T + extra, gated=gate, dtype=dtype, device=device)
+    cache.k[:, :T] = torch.randn(B, T, H, D, device=device, generator=gen).to(dtype)
+    cache.v[:, :T] = torch.randn(B, T, H, D, device=device, generator=gen).to(dtype)
+    if gate:
+        g = torch.log(torch.rand(B, T, H, device=device, generator=gen) * 0.05 + 0.95)
+        cache.c[:, :T] = torch.cumsum(g, dim=1)
+    cache.length = T
+    return cache
+
+
+def make_step(B: int, H: int, D: int, gate: bool, *, device: str, gen: torch.Generator, dtype=torch.bfloat16):
+    """One new token: q/k/v in dtype, unit fp32 w, beta in [1.5, 2), log gate."""
+    q = torch.randn(B, 1, H, D, device=device, generator=gen).to(dtype)
+    k = torch.randn(B, 1, H, D, device=device, generator=gen).to(dtype)
+    v = torch.randn(B, 1, H, D, device=device, generator=gen).to(dtype)
+    w = F.normalize(torch.randn(B, 1, H, D, device=device, generator=gen), dim=-1)
+    beta = torch.rand(B, 1, H, device=device, generator=gen) * 0.5 + 1.5
+    g = torch.log(torch.rand(B, 1, H, device=device, generator=gen) * 0.05 + 0.95) if gate else None
+    return q, k, v, w, beta, g
+
+
+def accuracy(cache, step, config, prefix: int = 2048) -> dict[str, float]:
+    """One step on a copy of batch 0's first `prefix` keys: Triton vs the float64 reference (o and K)."""
+    from pathtune.codegen.triton import path_decode_triton
+    from pathtune.runtime.reference.recurrent import PaTHKVCache, path_attention_decode
+
+    n = min(prefix, cache.length)
+    sub = PaTHKVCache(cache.k[:1, :n + 1].clone(), cache.v[:1, :n + 1].clone(),
+                      None if cache.c is None else cache.c[:1, :n + 1].clone(), n, cache.num_q_heads)
+    ref_cache = copy.deepcopy(sub)
+    if ref_cache.c is not None:
+        ref_cache.c = ref_cache.c.double()
+    xs = [None if x is None else x[:1] for x in step]
+    o = path_decode_triton(*xs, sub, config=config)
+    ref = path_attention_decode(*[None if x is None else x.double() for x in xs], ref_cache)
+
+    def rel(a, b):
+        return float((a.double() - b.double()).norm() / b.double().norm())
+    return {"o": rel(o, ref), "k": rel(sub.k[:, :n + 1], ref_cache.k[:, :n + 1])}
+
+
+def pathtune_callable(cache, step, config):
+    from pathtune.codegen.triton import path_decode_triton
+
+    T = cache.length
+
+    def run():
+        cache.length = T  # fixed key length: the new token is written at row T every call
+        return path_decode_triton(*step, cache, config=config)
+
+    return run
+
+
+def sdpa_decode_callable(cache, step, backend: str = "flash") -> Optional[Callable[[], object]]:
+    """SDPA of the one new query over the cache's T + 1 keys (no update, no gate), [B,H,1,D] layout
+    from transposed views of the [B,T,H,D] cache (the layout flash attention reads natively)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kinds = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    n = cache.length + 1
+    q = step[0].transpose(1, 2)
+    k = cache.k[:, :n].transpose(1, 2)
+    v = cache.v[:, :n].transpose(1, 2)
+
+    def run():
+        with sdpa_kernel(kinds[backend]):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    try:
+        run()
+        torch.cuda.synchronize()
+    except Exception as exc:  # backend unavailable for these shapes / this GPU
+        print(f"sdpa {backend} decode unavailable: {type(exc).__name__}: {exc}")
+        return None
+    return run
+
+
+def fla_decode_callable(cache, step) -> tuple[Optional[Callable[[], object]], str]:
+    """fla's PaTH decode step (its layer's rank-one update + attn_decoding_one_step), or (None, why)."""
+    try:
+        from fla.ops.attn.decoding import attn_decoding_one_step
+    except Exception as exc:
+        return None, f"fla not importable ({type(exc).__name__}: {exc})"
+    q, k_new, v_new, w, beta, g = step
+    B, T, H, D = cache.k.shape[0], cache.length, cache.k.shape[2], cache.k.shape[3]
+    n = T + 1
+    K = cache.k[:, :n].clone()   # fla keeps its own cache: [B, T+1, H, D] packed as [1, B*(T+1), H, D]
+    V = cache.v[:, :n].clone()
+    K[:, T:] = k_new
+    V[:, T:] = v_new
+    G = None
+    if g is not None:  # fla keeps the raw log gates and cumsums them inside the decode call
+        G = torch.cat([torch.diff(cache.c[:, :T], dim=1, prepend=torch.zeros_like(cache.c[:, :1])), g], dim=1)
+        G = G.reshape(1, B * n, H).contiguous()
+    cu = torch.arange(0, B + 1, device=q.device, dtype=torch.long) * n
+    qp = q.reshape(1, B, H, D)
+
+    def rank_one_update(k, w, beta):  # as fla/layers/path_attn.py does it
+        dt = k.dtype
+        k = k.float()
+        return (k - beta[..., None].float() * (k * w).sum(-1, keepdim=True) * w).to(dt)
+    try:
+        upd = torch.compile(rank_one_update)
+    except Exception:  # pragma: no cover
+        upd = rank_one_update
+    past = K[:, :T]
+
+    def run():
+        past.copy_(upd(past, w, beta))
+        return attn_decoding_one_step(qp, K.view(1, B * n, H, D), V.view(1, B * n, H, D), G, cu_seqlens=cu,
+                                      do_gate_scale=True)
+
+    try:
+        run()
+        torch.cuda.synchronize()
+    except Exception as exc:
+        return None, f"fla decode failed: {type(exc).__name__}: {str(exc)[:300]}"
+    return run, ""
+
+
+def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), *, batch: int = BATCH, config=None,
+                     baselines=("sdpa", "fla"), device: str = "cuda", seed: int = 0,
+                     log: Callable[[str], None] = print) -> list[DecodeRow]:
+    """Measure every (heads, D, cache length, gate) point; see the module docstring."""
+    from pathtune.codegen.triton.decode import decode_params
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("pathtune bench --pass decode needs a CUDA GPU (torch.cuda.is_available() is False)")
+    rows = []
+    for H, D in shapes:
+        params = decode_params(config, D, D)
+        for T in cache_lens:
+            for gate in gates:
+                row = DecodeRow(D, H, T, batch, gate, params={k: getattr(params, k) for k in (
+                    "decode_block_n", "decode_num_warps", "decode_splits", "beta_clip_eps")})
+                gen = torch.Generator(device=device).manual_seed(seed)
+                cache = make_cache(batch, T, H, D, gate, device=device, gen=gen)
+                step = make_step(batch, H, D, gate, device=device, gen=gen)
+                try:
+                    row.errors = accuracy(cache, step, params)
+                    if not row.errors["o"] < ACCURACY_LIMIT:
+                        raise RuntimeError(f"accuracy check failed: o error {row.errors['o']:.3g} >= {ACCURACY_LIMIT}")
+                    row.times["pathtune"] = _median_ms(pathtune_callable(cache, step, params))
+                except Exception as exc:  # a failing config is a recorded status, not a crash
+                    row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                if "sdpa" in baselines:
+                    cache.length = T
+                    fn = sdpa_decode_callable(cache, step, "flash")
+                    row.times["sdpa_flash"] = _median_ms(fn) if fn else None
+                if "fla" in baselines:
+                    cache.length = T
+                    fn, why = fla_decode_callable(cache, step)
+                    row.times["fla"] = _median_ms(fn) if fn else None
+                    if fn is None:
+                        row.failures["fla"] = why
+                del cache
+                torch.cuda.empty_cache()
+                rows.append(row)
+                log(json.dumps(asdict(row)))
+    return rows
+
+
+def record_decode_rows(rows: list[DecodeRow], db_url: Optional[str], command: str) -> int:
+    """Store pathtune's decode times in perf_db (pass ``decode``) with SDPA flash of the same run as baseline."""
+    from pathtune.codegen.triton import source_hash
+    from pathtune.perf_db import KernelKey, Measurement, PerfDB
+    from pathtune.runtime.environment import collect_env
+    from pathtune.specs import Config, Workload, load_spec
+
+    spec = load_spec()
+    env = collect_env()
+    n = 0
+    with PerfDB(db_url) as db:
+        run_id = db.start_run(command=command, notes="pathtune bench --pass decode")
+        for row in rows:
+            t = row.times.get("pathtune")
+            failed = row.failures.get("pathtune")
+            if t is None and not failed:
+                continue
+            cfg = Config({k: v for k, v in row.params.items() if v is not None})
+            wl = Workload(head_dim=row.head_dim, head_dim_v=row.head_dim, heads_q=row.heads, heads_kv=row.heads,
+                          dtype="bfloat16", use_gate=row.gate, pass_="decode", seq_bucket=row.cache_len,
+                          batch_bucket=row.batch)
+            kernel = KernelKey(pass_="decode", backend="triton", spec_hash=spec.hash, source_hash=source_hash())
+            meas = (Measurement(status="ok", median_ms=t, bench_method="triton.testing.do_bench median",
+                                errors=dict(row.errors), baseline_ms=row.times.get("sdpa_flash"),
+                                baseline_name="sdpa_flash", command=command)
+                    if t is not None else Measurement(status="crash", message=failed, command=command))
+            db.record(env, kernel, wl, cfg, meas, run_id=run_id, on_conflict="skip")
+            n += 1
+    return n
+
+
+def format_decode_table(rows: list[DecodeRow]):
+    from rich.table import Table
+
+    table = Table(title="PaTH decode step (1 token), ms (do_bench median); targets: /flash <= 2.5 at 4096, "
+                        "<= 1.8 at 32768")
+    for col in ("BxH", "D", "cache", "gate", "sdpa flash", "fla", "pathtune", "/flash", "fla/ours", "GB/s",
+                "o err", "k err"):
+        table.add_column(col, justify="right")
+
+    def f(x, fmt="{:.3f}"):
+        return "-" if x is None else fmt.format(x)
+    for r in rows:
+        t = r.times.get("pathtune")
+        table.add_row(f"{r.batch}x{r.heads}", str(r.head_dim), str(r.cache_len), "FoX" if r.gate else "-",
+                      f(r.times.get("sdpa_flash")), f(r.times.get("fla")), f(t) if t else "FAIL",
+                      f(r.ratio("pathtune", "sdpa_flash"), "{:.2f}"), f(r.ratio("fla", "pathtune"), "{:.2f}"),
+                      f(r.bytes_moved / (t * 1e6) if t else None, "{:.0f}"),
+                      f(r.errors.get("o"), "{:.1e}"), f(r.errors.get("k"), "{:.1e}"))
+    return table
