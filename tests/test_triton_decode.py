@@ -329,7 +329,7 @@ def test_decode_bench_record_and_table(tmp_path):
     from pathtune.tuning.decode_bench import DecodeRow, format_decode_table, record_decode_rows
 
     url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
-    knobs = dict(decode_block_n=128, decode_num_warps=4, decode_splits=4, beta_clip_eps=None)
+    knobs = dict(decode_block_n=128, decode_num_warps=4, decode_splits=4, beta_clip_eps="off")
     ok = DecodeRow(64, 16, 4096, 8, False, times={"pathtune": 0.03, "sdpa_flash": 0.02, "fla": 0.2},
                    errors={"o": 3e-3, "k": 1e-4}, params=knobs)
     broken = DecodeRow(128, 8, 4096, 8, False, failures={"pathtune": "OutOfResources: shared memory"},
@@ -341,3 +341,39 @@ def test_decode_bench_record_and_table(tmp_path):
         assert abs(rows[0]["ratio"] - 1.5) < 1e-9
         assert [r["status"] for r in db.query(head_dim=128)] == ["crash"]
     assert format_decode_table([ok, broken]).row_count == 2
+    # --sweep: one measurement per swept config
+    swept = DecodeRow(64, 16, 32768, 8, True, times={"pathtune": 0.1, "sdpa_flash": 0.08}, params=knobs,
+                      sweep=[{"config": dict(knobs, decode_splits=s), "ms": 0.1 * s, "error": ""} for s in (1, 2)]
+                      + [{"config": dict(knobs, decode_block_n=512), "ms": None, "error": "OutOfResources"}])
+    assert record_decode_rows([swept], url, "pathtune bench --pass decode --sweep (test)") == 3
+
+
+def test_decode_bench_sweep_space():
+    from pathtune.tuning.decode_bench import sweep_configs
+
+    cfgs = sweep_configs(64, 64)
+    assert len(cfgs) == 4 * 3 * 5 and all(c["beta_clip_eps"] == "off" for c in cfgs)
+
+
+def test_decode_bench_runs_end_to_end_with_a_stub_timer(monkeypatch):
+    """run_decode_bench's control flow (accuracy gate, timing, --sweep, baselines that are unavailable here)
+    with the timer replaced by one call of the timed function."""
+    from pathtune.tuning import decode_bench as db
+
+    calls = []
+
+    def once(fn):
+        fn()
+        calls.append(1)
+        return 1.0 + len(calls)
+    monkeypatch.setattr(db, "_median_ms", once)
+    monkeypatch.setattr(db, "sweep_configs", lambda D, DV: [dict(decode_block_n=16, decode_splits=s) for s in (1, 2)])
+    rows = db.run_decode_bench(((2, 32),), (20,), (True,), batch=1, config=dict(decode_block_n=16),
+                               baselines=("fla",), device=DEV, sweep=True, log=lambda s: None)
+    (row,) = rows
+    assert not row.failures.get("pathtune"), row.failures
+    assert row.errors["o"] < 1.2e-2
+    assert [e["ms"] for e in row.sweep] == [3.0, 4.0] and row.times["pathtune"] == 3.0
+    assert row.params["decode_splits"] == 1 and row.times["pathtune_default"] == 2.0
+    if DEV == "cpu":
+        assert row.times["fla"] is None and "fla" in row.failures

@@ -34,6 +34,8 @@ def register(app: typer.Typer) -> None:
         pass_: str = typer.Option("fwd", "--pass", help="fwd (forward and forward+backward) or decode "
                                   "(one decoding step over a KV cache; tuning/decode_bench.py)."),
         batch: int = typer.Option(8, help="--pass decode: batch size."),
+        sweep: bool = typer.Option(False, "--sweep", help="--pass decode: also time every decode knob config "
+                                   "(spec domains) and report the fastest (all recorded with --record)."),
     ) -> None:
         """Time pathtune against SDPA (flash, cuDNN) and fla's PaTH kernel in the same run (needs a GPU)."""
         from dataclasses import asdict
@@ -49,7 +51,7 @@ def register(app: typer.Typer) -> None:
         cfg = json.loads(config) if config else None
         if pass_ == "decode":
             _decode(console, _ints(head_dim, "--head-dim"), _ints(seq_len or "4096,32768", "--seq-len"), gates,
-                    batch, cfg, tuple(b.strip() for b in baselines.split(",")), out, record, db)
+                    batch, cfg, tuple(b.strip() for b in baselines.split(",")), out, record, db, sweep)
             return
         seq_len = seq_len or "4096,16384"
         try:
@@ -68,7 +70,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"recorded {n} measurements in perf_db")
 
 
-def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, record, db) -> None:
+def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, record, db, sweep) -> None:
     """`pathtune bench --pass decode` (logic in tuning/decode_bench.py)."""
     from dataclasses import asdict
 
@@ -80,7 +82,7 @@ def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, r
     shapes = tuple((HEADS_FOR_DIM.get(d, max(1, 1024 // d)), d) for d in head_dims)
     try:
         rows = run_decode_bench(shapes, cache_lens, gates, batch=batch, config=cfg, baselines=baselines,
-                                log=lambda s: console.print(s, style="dim"))
+                                sweep=sweep, log=lambda s: console.print(s, style="dim"))
     except RuntimeError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1)

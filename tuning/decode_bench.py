@@ -46,6 +46,7 @@ class DecodeRow:
     errors: dict[str, float] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
     params: dict = field(default_factory=dict)
+    sweep: list = field(default_factory=list)   # [{"config": {...}, "ms": float | None, "error": str}] with --sweep
 
     def ratio(self, num: str, den: str) -> Optional[float]:
         a, b = self.times.get(num), self.times.get(den)
@@ -55,6 +56,13 @@ class DecodeRow:
     def bytes_moved(self) -> int:
         """HBM bytes a fused step must move at least: K read + K written + V read (bf16)."""
         return 3 * self.batch * self.heads * self.cache_len * self.head_dim * 2
+
+
+def knob_values(params) -> dict:
+    """The decode pass's knob values of a TritonParams, as the spec spells them (beta_clip_eps 'off')."""
+    out = {k: getattr(params, k) for k in ("decode_block_n", "decode_num_warps", "decode_splits")}
+    out["beta_clip_eps"] = "off" if params.beta_clip_eps is None else params.beta_clip_eps
+    return out
 
 
 def _median_ms(fn: Callable[[], object]) -> float:
@@ -189,10 +197,47 @@ def fla_decode_callable(cache, step) -> tuple[Optional[Callable[[], object]], st
     return run, ""
 
 
+def sweep_configs(D: int, DV: int) -> list[dict]:
+    """Every valid config of the spec's decode schedule knobs (beta_clip_eps left at its default)."""
+    from pathtune.specs import load_spec
+    from pathtune.specs.knobs import KnobSpace
+
+    space = KnobSpace(load_spec(), "decode")
+    default_eps = space.default().get("beta_clip_eps")
+    return [c.to_dict() for c in space.enumerate({"D": D, "DV": DV}) if c.get("beta_clip_eps") == default_eps]
+
+
+def _sweep(row: DecodeRow, cache, step, D: int, log) -> None:
+    """Time every decode config; the fastest accurate one becomes the row's pathtune time and params."""
+    from pathtune.codegen.triton.decode import decode_params
+
+    best = None
+    for cfg in sweep_configs(D, D):
+        entry = {"config": cfg, "ms": None, "error": ""}
+        try:
+            params = decode_params(cfg, D, D)
+            err = accuracy(cache, step, params)["o"]
+            if not err < ACCURACY_LIMIT:
+                raise RuntimeError(f"o error {err:.3g}")
+            entry["ms"] = _median_ms(pathtune_callable(cache, step, params))
+        except Exception as exc:
+            entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        row.sweep.append(entry)
+        log(f"  sweep {cfg}: {entry['ms'] if entry['ms'] is not None else entry['error']}")
+        if entry["ms"] is not None and (best is None or entry["ms"] < best["ms"]):
+            best = entry
+    if best is not None:
+        row.times["pathtune"] = best["ms"]
+        row.params = knob_values(decode_params(best["config"], D, D))
+
+
 def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), *, batch: int = BATCH, config=None,
-                     baselines=("sdpa", "fla"), device: str = "cuda", seed: int = 0,
+                     baselines=("sdpa", "fla"), device: str = "cuda", seed: int = 0, sweep: bool = False,
                      log: Callable[[str], None] = print) -> list[DecodeRow]:
-    """Measure every (heads, D, cache length, gate) point; see the module docstring."""
+    """Measure every (heads, D, cache length, gate) point; see the module docstring.
+
+    ``sweep``: also time every config of the decode knobs (spec domains) and report the fastest.
+    """
     from pathtune.codegen.triton.decode import decode_params
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -202,8 +247,7 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
         params = decode_params(config, D, D)
         for T in cache_lens:
             for gate in gates:
-                row = DecodeRow(D, H, T, batch, gate, params={k: getattr(params, k) for k in (
-                    "decode_block_n", "decode_num_warps", "decode_splits", "beta_clip_eps")})
+                row = DecodeRow(D, H, T, batch, gate, params=knob_values(params))
                 gen = torch.Generator(device=device).manual_seed(seed)
                 cache = make_cache(batch, T, H, D, gate, device=device, gen=gen)
                 step = make_step(batch, H, D, gate, device=device, gen=gen)
@@ -214,6 +258,12 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                     row.times["pathtune"] = _median_ms(pathtune_callable(cache, step, params))
                 except Exception as exc:  # a failing config is a recorded status, not a crash
                     row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                if sweep:
+                    row.times["pathtune_default"] = row.times.get("pathtune")
+                    _sweep(row, cache, step, D, log)
+                    if row.times.get("pathtune") is not None:
+                        row.failures.pop("pathtune", None)
+                cache.length = T
                 if "sdpa" in baselines:
                     cache.length = T
                     fn = sdpa_decode_callable(cache, step, "flash")
@@ -243,22 +293,24 @@ def record_decode_rows(rows: list[DecodeRow], db_url: Optional[str], command: st
     n = 0
     with PerfDB(db_url) as db:
         run_id = db.start_run(command=command, notes="pathtune bench --pass decode")
+        kernel = KernelKey(pass_="decode", backend="triton", spec_hash=spec.hash, source_hash=source_hash())
         for row in rows:
-            t = row.times.get("pathtune")
-            failed = row.failures.get("pathtune")
-            if t is None and not failed:
-                continue
-            cfg = Config({k: v for k, v in row.params.items() if v is not None})
             wl = Workload(head_dim=row.head_dim, head_dim_v=row.head_dim, heads_q=row.heads, heads_kv=row.heads,
                           dtype="bfloat16", use_gate=row.gate, pass_="decode", seq_bucket=row.cache_len,
                           batch_bucket=row.batch)
-            kernel = KernelKey(pass_="decode", backend="triton", spec_hash=spec.hash, source_hash=source_hash())
-            meas = (Measurement(status="ok", median_ms=t, bench_method="triton.testing.do_bench median",
-                                errors=dict(row.errors), baseline_ms=row.times.get("sdpa_flash"),
-                                baseline_name="sdpa_flash", command=command)
-                    if t is not None else Measurement(status="crash", message=failed, command=command))
-            db.record(env, kernel, wl, cfg, meas, run_id=run_id, on_conflict="skip")
-            n += 1
+            # one measurement per config: the swept ones, or the single timed config
+            entries = ([(e["config"], e["ms"], e["error"]) for e in row.sweep] if row.sweep else
+                       [(row.params, row.times.get("pathtune"), row.failures.get("pathtune"))])
+            for knobs, t, failed in entries:
+                if t is None and not failed:
+                    continue
+                cfg = Config(knobs)
+                meas = (Measurement(status="ok", median_ms=t, bench_method="triton.testing.do_bench median",
+                                    errors=dict(row.errors), baseline_ms=row.times.get("sdpa_flash"),
+                                    baseline_name="sdpa_flash", command=command)
+                        if t is not None else Measurement(status="crash", message=failed, command=command))
+                db.record(env, kernel, wl, cfg, meas, run_id=run_id, on_conflict="skip")
+                n += 1
     return n
 
 
@@ -268,7 +320,7 @@ def format_decode_table(rows: list[DecodeRow]):
     table = Table(title="PaTH decode step (1 token), ms (do_bench median); targets: /flash <= 2.5 at 4096, "
                         "<= 1.8 at 32768")
     for col in ("BxH", "D", "cache", "gate", "sdpa flash", "fla", "pathtune", "/flash", "fla/ours", "GB/s",
-                "o err", "k err"):
+                "o err", "k err", "block_n/warps/splits"):
         table.add_column(col, justify="right")
 
     def f(x, fmt="{:.3f}"):
@@ -279,5 +331,7 @@ def format_decode_table(rows: list[DecodeRow]):
                       f(r.times.get("sdpa_flash")), f(r.times.get("fla")), f(t) if t else "FAIL",
                       f(r.ratio("pathtune", "sdpa_flash"), "{:.2f}"), f(r.ratio("fla", "pathtune"), "{:.2f}"),
                       f(r.bytes_moved / (t * 1e6) if t else None, "{:.0f}"),
-                      f(r.errors.get("o"), "{:.1e}"), f(r.errors.get("k"), "{:.1e}"))
+                      f(r.errors.get("o"), "{:.1e}"), f(r.errors.get("k"), "{:.1e}"),
+                      "/".join(str(r.params.get(k, "-")) for k in ("decode_block_n", "decode_num_warps",
+                                                                     "decode_splits")))
     return table
