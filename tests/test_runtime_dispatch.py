@@ -381,3 +381,37 @@ def test_path_attention_runs_the_dispatched_config(env, monkeypatch):
     assert seen and seen[0]["chunk_size"] == 32 and seen[0]["superchunk_size"] == 256
     ref = naive_path_attention(q.double(), k.double(), v.double(), w.double(), beta.double())
     assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_auto_dispatch_serves_perf_db(tmp_path, monkeypatch):
+    """On a GPU: a config recorded for this machine is what backend='auto' launches, and it is right."""
+    import torch.nn.functional as F
+
+    from pathtune import path_attention
+    from pathtune.runtime.reference import naive_path_attention
+
+    url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
+    here = collect_env()
+    shape = dict(head_dim=64, head_dim_v=64, heads_q=4, heads_kv=2, dtype="bfloat16", use_gate=True)
+    record(url, here, [(Workload(**shape, pass_="fwd", seq_bucket=1024), fwd_cfg(chunk_size=32, block_n=32), 0.1)])
+    monkeypatch.setenv("PATHTUNE_DB_URL", url)
+    old = dispatch.set_dispatcher(Dispatcher())
+    try:
+        B, T = 2, 1000
+        q = torch.randn(B, T, 4, 64, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(B, T, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        w = F.normalize(torch.randn(B, T, 2, 64, device="cuda"), dim=-1)
+        beta = torch.rand(B, T, 2, device="cuda") + 0.5
+        g = F.logsigmoid(torch.randn(B, T, 4, device="cuda") + 4)
+        o = path_attention(q, k, v, w, beta, g)
+        p = dispatch.select_plan(q.device, 64, 64, 4, 2, "bfloat16", True, T, B, False, backends=("triton", "tvm"))
+        assert p.source == "perf_db" and json.loads(p.params_json)["chunk_size"] == 32
+        t0 = time.perf_counter()
+        for _ in range(1000):
+            dispatch.select_plan(q.device, 64, 64, 4, 2, "bfloat16", True, T, B, False, backends=("triton", "tvm"))
+        print(f"cached select_plan on the GPU host: {(time.perf_counter() - t0) * 1e3:.2f} us/call")
+    finally:
+        dispatch.set_dispatcher(old)
+    ref = naive_path_attention(*(t.double() for t in (q, k, v, w, beta, g)))
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 4e-3
