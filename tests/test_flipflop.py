@@ -196,7 +196,47 @@ def test_tiny_end_to_end_cpu(tmp_path):
             assert lo <= r[f"{s}_error"] <= hi
         for k in ("train_steps", "train_seconds", "tokens_per_s"):
             assert r[k] > 0
-        assert r["train_steps"] == 40 and len(r["curve"]["loss"]) == 8
+        assert r["train_steps"] == 24 and len(r["curve"]["loss"]) == 6, r["stop_reason"]
     meta = res["meta"]
     assert meta["tiny"] and meta["complete"] and "--tiny" in meta["command"]
     assert meta["seeds"]["model_init"] == 0 and meta["backend"] == "reference"
+
+
+def test_fla_switch_wires_the_same_layer(monkeypatch):
+    """The fla kernel switch must feed fla exactly the layer's q, k, v, w, beta, g and use its o_proj.
+
+    fla is not installed on the CPU hosts, so a stand-in ``fla.ops.path_attn`` module that runs the
+    pathtune reference is injected; the model's output must then equal the pathtune path's.
+    """
+    import types
+
+    from examples.flipflop.model import FlipFlopLM, attention_kernel
+    from pathtune.runtime.api import path_attention
+
+    calls = []
+
+    def parallel_path_attn(q, k, v, w, beta, g=None, scale=None, cu_seqlens=None, use_cache=False):
+        calls.append((q.shape, w.dtype, beta.dtype, None if g is None else g.dtype, scale))
+        return path_attention(q, k, v, w, beta, g, scale=scale, backend="reference"), None
+
+    mod = types.ModuleType("fla.ops.path_attn")
+    mod.parallel_path_attn = parallel_path_attn
+    for name in ("fla", "fla.ops"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "fla.ops.path_attn", mod)
+
+    for attention in ("path", "path_fox"):
+        torch.manual_seed(1)
+        m = FlipFlopLM(attention, backend="reference").eval()
+        x = sample_flipflop(2, 64, 0.5, make_generator(_fresh_seed()))
+        with torch.no_grad():
+            ref = m(x)
+            with attention_kernel(m, "fla"):
+                got = m(x)
+        assert m.kernel == "pathtune"
+        assert torch.allclose(ref, got, atol=1e-5, rtol=1e-5)
+        assert calls[-1][1:4] == (torch.float32, torch.float32, torch.float32 if attention == "path_fox" else None)
+        assert calls[-1][4] == pytest.approx(32 ** -0.5)
+    with pytest.raises(ValueError):
+        with attention_kernel(FlipFlopLM("rope"), "fla"):
+            pass

@@ -17,7 +17,6 @@ embedding anywhere, so the attention's position encoding is the only position si
 from __future__ import annotations
 
 import contextlib
-import importlib
 from typing import Iterator, Optional
 
 import torch
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from .data import VOCAB_SIZE
 
 ATTENTIONS = ("path", "rope", "path_fox")
+KERNELS = ("pathtune", "fla")
 
 
 def _path_layer_cls():
@@ -103,10 +103,12 @@ class FlipFlopLM(nn.Module):
         self.mlp = MLP(d_model, mlp_ratio)
         self.norm_f = nn.RMSNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size)
+        self.kernel = "pathtune"   # PaTH variants: "fla" runs the same layer on fla's kernel
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
-        x = x + self.attn(self.norm1(x))
+        h = self.norm1(x)
+        x = x + (fla_attention_forward(self.attn, h) if self.kernel == "fla" else self.attn(h))
         x = x + self.mlp(self.norm2(x))
         return self.head(self.norm_f(x))
 
@@ -122,46 +124,38 @@ def fla_available() -> tuple[bool, str]:
     return True, ""
 
 
-def _fla_path_attention(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None, backend=None,
-                        return_lse=False):
-    """``pathtune.path_attention``'s signature on top of fla's ``parallel_path_attn``."""
+def fla_attention_forward(layer: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``layer`` (a ``PaTHAttention``) with fla's ``parallel_path_attn`` in place of pathtune's kernel.
+
+    The inputs come from the layer's own ``project`` (projections, short conv, w normalisation, beta
+    and gate), the output goes through the layer's ``o_proj``: only the attention kernel differs.
+    """
     from fla.ops.path_attn import parallel_path_attn
 
-    if return_lse:
-        raise NotImplementedError("fla's parallel_path_attn returns no lse")
+    B, T, _ = hidden_states.shape
+    q, k, v, w, beta, g, _ = layer.project(hidden_states)
     o, _ = parallel_path_attn(q, k, v, w.float(), beta.float(), g=None if g is None else g.float(),
-                              scale=scale, cu_seqlens=cu_seqlens)
-    return o
+                              scale=layer.head_dim ** -0.5)
+    return layer.o_proj(o.reshape(B, T, -1))
 
 
 @contextlib.contextmanager
 def attention_kernel(model: FlipFlopLM, kernel: str) -> Iterator[None]:
-    """Run ``model``'s PaTH layer on ``kernel`` ("pathtune" or "fla") inside the block.
-
-    The layer module calls ``path_attention`` by its module-level name; for "fla" that name is
-    swapped for a wrapper around fla's kernel, so projections, conv, normalisation and the beta
-    clamp stay exactly the layer's.
-    """
-    if kernel == "pathtune":
-        yield
-        return
-    if kernel != "fla":
-        raise ValueError(f"kernel must be 'pathtune' or 'fla', got {kernel!r}")
-    if model.attention == "rope":
-        raise ValueError("the fla kernel applies to the PaTH variants only")
-    ok, why = fla_available()
-    if not ok:
-        raise RuntimeError(f"fla is not importable: {why}")
-    mod = importlib.import_module(type(model.attn).__module__)
-    if not hasattr(mod, "path_attention"):
-        raise RuntimeError(f"{mod.__name__} does not call path_attention by a module-level name; "
-                           "cannot switch its kernel")
-    saved = mod.path_attention
-    mod.path_attention = _fla_path_attention
+    """Run ``model``'s PaTH layer on ``kernel`` ("pathtune" or "fla") inside the block."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "fla":
+        if model.attention == "rope":
+            raise ValueError("the fla kernel applies to the PaTH variants only")
+        ok, why = fla_available()
+        if not ok:
+            raise RuntimeError(f"fla is not importable: {why}")
+    saved = model.kernel
+    model.kernel = kernel
     try:
         yield
     finally:
-        mod.path_attention = saved
+        model.kernel = saved
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -173,13 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--models", default=",".join(ATTENTIONS), help="comma list from path,rope,path_fox")
-    p.add_argument("--steps", type=int, default=None, help="training steps per model (default 4000; tiny 40)")
-    p.add_argument("--batch", type=int, default=None, help="sequences per step (default 256; tiny 16)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per model (default 4000; tiny 24)")
+    p.add_argument("--batch", type=int, default=None, help="sequences per step (default 256; tiny 8)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
-    p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 200; tiny 5)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 200; tiny 4)")
     p.add_argument("--seed", type=int, default=0, help="model init, training and eval data seed")
     p.add_argument("--budget-minutes", type=float, default=None,
-                   help="wall-clock budget for the whole command (default 14; tiny 1.5)")
+                   help="wall-clock budget for the whole command (default 14; tiny 3)")
     p.add_argument("--id-seqs", type=int, default=None, help="ID FFL(0.8) eval sequences (default 16384)")
     p.add_argument("--sparse-seqs", type=int, default=None, help="sparse FFL(0.98) eval sequences (default 300000)")
     p.add_argument("--dense-seqs", type=int, default=None, help="dense FFL(0.1) eval sequences (default 4096)")
@@ -237,14 +237,14 @@ def main(argv: Optional[list] = None) -> int:
     backend = "reference" if tiny and args.backend == "auto" else args.backend
     cfg = TrainConfig()
     if tiny:
-        cfg = replace(cfg, steps=40, batch=16, seq_len=64, warmup=5, log_every=5, steady_after=3)
+        cfg = replace(cfg, steps=24, batch=8, seq_len=64, warmup=4, log_every=4, steady_after=2)
     cfg = replace(cfg, **{k: v for k, v in (("steps", args.steps), ("batch", args.batch), ("lr", args.lr),
                                              ("warmup", args.warmup)) if v is not None})
     cfg = replace(cfg, warmup=min(cfg.warmup, max(1, cfg.steps // 10)), log_every=min(cfg.log_every, max(1, cfg.steps)))
-    budget_s = 60 * (args.budget_minutes if args.budget_minutes is not None else (1.5 if tiny else 14.0))
-    n_eval = {"id": args.id_seqs or (32 if tiny else 16384),
-              "sparse": args.sparse_seqs or (64 if tiny else 300_000),
-              "dense": args.dense_seqs or (16 if tiny else 4096)}
+    budget_s = 60 * (args.budget_minutes if args.budget_minutes is not None else (3.0 if tiny else 14.0))
+    n_eval = {"id": args.id_seqs or (16 if tiny else 16384),
+              "sparse": args.sparse_seqs or (32 if tiny else 300_000),
+              "dense": args.dense_seqs or (8 if tiny else 4096)}
     eval_batch = args.eval_batch or (32 if tiny else 1024)
     out_path = args.out or (TINY_OUT if tiny else DEFAULT_OUT)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
