@@ -1,0 +1,294 @@
+"""``pathtune tune`` (local), ``pathtune tune build`` and ``pathtune tune ingest`` (split flow).
+
+Registered on the main CLI by pathtune/cli.py (``register(app)``). Importing this module loads typer
+and rich only; Optuna, SQLAlchemy and torch load when a command runs.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, List, NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["register", "tune_app"]
+
+console = Console()
+err = Console(stderr=True)
+
+tune_app = typer.Typer(help="Tune kernel knobs with Optuna (accuracy-gated, results in perf_db).",
+                       invoke_without_command=True, no_args_is_help=False)
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    err.print(message, style="red", markup=False, highlight=False)
+    raise typer.Exit(code)
+
+
+def _note(message: str) -> None:
+    err.print(message, style="yellow", markup=False, highlight=False)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"{what} must be comma-separated integers, got {text!r}")
+
+
+def _strs(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _command() -> str:
+    return shlex.join(["pathtune", *sys.argv[1:]])
+
+
+# Options shared by `tune` and `tune build` ------------------------------------------------------------
+
+HEAD_DIM = typer.Option("64,128", "--head-dim", help="Head dims D (= DV), comma-separated.")
+DTYPE = typer.Option("bfloat16", "--dtype", help="q/k/v dtypes, comma-separated.")
+PASSES = typer.Option("fwd,bwd,decode", "--pass", help="Passes: fwd, bwd (timed as forward+backward), decode.")
+BACKEND = typer.Option("triton", "--backend", help="Backends: triton, tvm (forward; split flow).")
+BUCKETS = typer.Option("1024,2048,4096,8192,16384", "--buckets",
+                       help="Sequence-length buckets (powers of two); each is timed at B*T = --tokens.")
+GATE = typer.Option(True, "--gate/--no-gate", help="FoX forget gate on (PaTH-FoX, default) or off (PaTH).")
+HEADS = typer.Option(None, "--heads", help="Query heads (default 16 for D <= 64, else 8).")
+HEADS_KV = typer.Option(None, "--heads-kv", help="Key/value heads (default: = --heads).")
+TOKENS = typer.Option(32768, "--tokens", help="B*T of the timed shape (batch = tokens // bucket).")
+BUDGET = typer.Option("40", "--budget",
+                      help="Wall time for all keys (10m, 90s, 1h), COMPLETE trials per key's study (40), or both "
+                           "(10m,40).")
+STORAGE = typer.Option(None, "--storage",
+                       help="Database URL of the Optuna studies and of perf_db (default: perf_db's URL, "
+                            "PATHTUNE_DB_URL or the per-user SQLite file). Several workers: PostgreSQL.")
+DB = typer.Option(None, "--db", help="perf_db URL when it differs from --storage.", show_default=False)
+SEED = typer.Option(0, "--seed", help="TPE sampler seed (and of the random inputs).")
+WORKER = typer.Option(0, "--worker", help="Worker index: workers of one study use distinct values "
+                                          "(the sampler seed is seed + 1000 * worker).")
+CHECK_LEN = typer.Option(1024, "--check-len", help="Tokens of the accuracy-gate shape (B=1, 2 kv heads).")
+TOL = typer.Option(None, "--tol", help="Override a gate tolerance, e.g. --tol o=2e-3 (default: the spec's).")
+MEASURE_WITH = typer.Option(None, "--measure-with", hidden=True,
+                            help="Tests: module:function or file.py:function replacing the measurement.")
+HEARTBEAT = typer.Option(30, "--heartbeat", hidden=True, help="Optuna heartbeat interval, seconds.")
+STARTUP = typer.Option(8, "--startup-trials", help="Random TPE startup trials per study (after the default).")
+
+
+def _keys(head_dim: str, dtype: str, pass_: str, backend: str, buckets: str, gate: bool, heads: Optional[int],
+          heads_kv: Optional[int], tokens: int) -> list:
+    from .space import plan_keys
+
+    try:
+        return plan_keys(_ints(head_dim, "--head-dim"), _strs(dtype), _strs(pass_), _strs(backend),
+                         _ints(buckets, "--buckets"), gate=gate, heads=heads, heads_kv=heads_kv, tokens=tokens)
+    except ValueError as e:
+        _fail(str(e))
+
+
+def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, worker: int, resume: bool,
+             measure_with: Optional[str], check_len: int, tol: Optional[List[str]], heartbeat: int,
+             startup_trials: int, results_out: Optional[Path] = None, env_info: Optional[dict] = None) -> Any:
+    from pathtune.perf_db import resolve_url
+    from pathtune.specs import load_spec
+
+    from .measure import load_measure_fn
+    from .tuner import TuneOptions, is_sqlite, parse_budget
+
+    try:
+        parsed = parse_budget(budget)
+        measure_fn = load_measure_fn(measure_with)
+    except ValueError as e:
+        _fail(str(e))
+    url, _ = resolve_url(storage)
+    url_str = url.render_as_string(hide_password=False)
+    tolerances = dict(load_spec().numerics.accuracy.tolerances)
+    for item in tol or []:
+        name, _, value = item.partition("=")
+        try:
+            tolerances[name.strip()] = float(value)
+        except ValueError:
+            _fail(f"--tol wants NAME=VALUE (e.g. o=2e-3), got {item!r}")
+    if is_sqlite(url_str):
+        _note("SQLite storage: run ONE worker on it (Optuna's RDBStorage docs: never share SQLite between parallel "
+              "workers); use a PostgreSQL URL (--storage postgresql+psycopg://...) for several")
+    return TuneOptions(storage=url_str, db_url=db, budget=parsed, seed=seed, worker=worker, resume=resume,
+                       measure_fn=measure_fn,
+                       task_defaults={"check_len": check_len, "tolerances": tolerances},
+                       heartbeat=heartbeat, startup_trials=startup_trials, command=_command(),
+                       results_out=results_out, env_info=env_info)
+
+
+def _filter_keys(keys: list, *, local: bool) -> list:
+    from .measure import decode_available
+
+    out = []
+    for key in keys:
+        if key.pass_ == "decode" and not decode_available():
+            _note(f"skip {key.label}: the fused Triton decode kernel is not available in this pathtune yet")
+            continue
+        if key.backend == "tvm" and key.pass_ != "fwd":
+            _note(f"skip {key.label}: the TVM backend implements the forward pass only")
+            continue
+        out.append(key)
+    if local and any(k.backend == "tvm" for k in out):
+        import importlib.util
+
+        import torch
+
+        if importlib.util.find_spec("tvm") is None or not torch.cuda.is_available():
+            _fail("--backend tvm tunes locally only on a GPU host with apache-tvm installed "
+                  "(pip install 'pathtune[tvm]'); otherwise use the split flow: `pathtune tune build --backend tvm` "
+                  "on a host with TVM, run the bundle on the GPU host, then `pathtune tune ingest`")
+    if not out:
+        _fail("nothing to tune (every key was skipped)")
+    return out
+
+
+def _report(results: list, json_path: Optional[Path]) -> None:
+    from .tuner import fmt_ms
+
+    table = Table(title="pathtune tune: default vs tuned (ms, from perf_db)")
+    for col in ("key", "trials", "measured", "default ms", "tuned ms", "speedup", "tuned / SDPA"):
+        table.add_column(col, overflow="fold")
+    lines = []
+    for r in results:
+        sp = f"{r.speedup:.2f}x" if r.speedup else "-"
+        vs = f"{r.best_ms / r.baseline_ms:.2f}x" if r.best_ms and r.baseline_ms else "-"
+        default = fmt_ms(r.default_ms) if r.default_status in (None, "ok") else r.default_status
+        table.add_row(r.key.label, str(r.trials), str(r.measured), default, fmt_ms(r.best_ms), sp, vs)
+        if r.best_config:
+            lines.append(f"{r.key.label}: " + " ".join(f"{k}={v}" for k, v in r.best_config.items()))
+    out = console if console.is_terminal else Console(width=max(console.width, 150))
+    out.print(table)
+    if lines:
+        out.print("best configs:\n  " + "\n  ".join(lines), highlight=False, markup=False)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps([r.to_dict() for r in results], indent=1) + "\n")
+        console.print(f"wrote {json_path}", highlight=False)
+
+
+@tune_app.callback()
+def tune(
+    ctx: typer.Context,
+    head_dim: str = HEAD_DIM, dtype: str = DTYPE, pass_: str = PASSES, backend: str = BACKEND,
+    buckets: str = BUCKETS, gate: bool = GATE, heads: Optional[int] = HEADS, heads_kv: Optional[int] = HEADS_KV,
+    tokens: int = TOKENS, budget: str = BUDGET, storage: Optional[str] = STORAGE, db: Optional[str] = DB,
+    resume: bool = typer.Option(False, "--resume", help="Continue the studies (after Ctrl-C, a killed worker, or to "
+                                                        "join other workers: every worker of a study passes it)."),
+    seed: int = SEED, worker: int = WORKER, check_len: int = CHECK_LEN, tol: Optional[List[str]] = TOL,
+    results_out: Optional[Path] = typer.Option(None, "--results-out",
+                                               help="Also write every measurement of this process to a results file "
+                                                    "(perf_db/RESULTS_FORMAT.md), rewritten after each trial."),
+    report_json: Optional[Path] = typer.Option(None, "--report-json", help="Write the per-key summary as JSON."),
+    measure_with: Optional[str] = MEASURE_WITH, heartbeat: int = HEARTBEAT, startup_trials: int = STARTUP,
+) -> None:
+    """Tune every (pass, backend, head dim, dtype, length bucket) key on this GPU host (an Optuna study per key).
+
+    Every candidate is checked against the float64 reference on fresh inputs first; failures are
+    recorded with their status and never win. Measured configs are looked up in perf_db, never re-run.
+    Subcommands `build` / `ingest` split proposing+compiling (no GPU) from measuring (GPU, no DB).
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from .progress import TuneProgress
+    from .tuner import StudyExistsError, Tuner
+
+    keys = _filter_keys(_keys(head_dim, dtype, pass_, backend, buckets, gate, heads, heads_kv, tokens), local=True)
+    opts = _options(storage, db, budget, seed, worker, resume, measure_with, check_len, tol, heartbeat,
+                    startup_trials, results_out)
+    tuner = Tuner(keys, opts)
+    console.print(f"pathtune tune: {len(keys)} keys, budget {opts.budget}, storage {tuner.db.display_url}, "
+                  f"gpu {tuner.env_info.get('gpu_name') or 'none (CPU: Triton interpreter)'}", highlight=False)
+    results: list = []
+    code = 0
+    try:
+        with TuneProgress(len(keys), opts.budget.seconds, console=err) as progress:
+            tuner.progress = progress
+            results = tuner.run()
+    except KeyboardInterrupt:
+        _note("interrupted: the running trial was abandoned (flagged; `--resume` re-queues it); everything measured "
+              "so far is in perf_db")
+        code = 130
+    except StudyExistsError as e:
+        tuner.close()
+        _fail(str(e))
+    if results:
+        _report(results, report_json)
+    if tuner.stop_requested and code == 0:
+        _note("stopped after Ctrl-C; continue with the same command plus --resume")
+    if tuner.fatal:
+        _note(f"stopped: a candidate left the GPU unusable ({tuner.fatal}); it is recorded as crash. Continue in a "
+              "fresh process with --resume")
+        code = 3
+    tuner.close()
+    if code:
+        raise typer.Exit(code)
+
+
+@tune_app.command("build")
+def build(
+    out: Path = typer.Option(..., "--out", help="Bundle folder to write."),
+    gpu_env: Path = typer.Option(..., "--gpu-env", help="`pathtune env --json > env.json` run on the GPU host that "
+                                                        "will measure (its env keys the studies and perf_db)."),
+    batch: int = typer.Option(8, "--batch", min=1, help="New candidates per key in this bundle."),
+    precompile: bool = typer.Option(True, "--precompile/--no-precompile",
+                                    help="Compile Triton kernels for sm_90 here and pre-fail configs over the "
+                                         "shared-memory limit (TVM modules are always built)."),
+    head_dim: str = HEAD_DIM, dtype: str = DTYPE, pass_: str = PASSES, backend: str = BACKEND,
+    buckets: str = BUCKETS, gate: bool = GATE, heads: Optional[int] = HEADS, heads_kv: Optional[int] = HEADS_KV,
+    tokens: int = TOKENS, storage: Optional[str] = STORAGE, db: Optional[str] = DB, seed: int = SEED,
+    check_len: int = CHECK_LEN, tol: Optional[List[str]] = TOL, startup_trials: int = STARTUP,
+) -> None:
+    """Propose (Optuna ask) and compile a batch of candidates per key into a self-contained bundle for a GPU host."""
+    from .bundle import build_bundle
+    from .tuner import Tuner
+
+    try:
+        data = json.loads(gpu_env.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        _fail(f"--gpu-env {gpu_env}: {e}")
+    env_info = data.get("env", data) if isinstance(data, dict) else None
+    if not isinstance(env_info, dict) or "gpu_name" not in env_info:
+        _fail(f"--gpu-env {gpu_env} is not `pathtune env --json` output")
+    keys = _filter_keys(_keys(head_dim, dtype, pass_, backend, buckets, gate, heads, heads_kv, tokens), local=False)
+    opts = _options(storage, db, "1", seed, 0, True, None, check_len, tol, 30, startup_trials, env_info=env_info)
+    tuner = Tuner(keys, opts)
+    try:
+        doc = build_bundle(tuner, out, batch, precompile=precompile,
+                           log=lambda s: console.print(s, highlight=False, markup=False))
+    finally:
+        tuner.close()
+    n = len(doc["tasks"])
+    console.print(f"wrote {out}/bundle.json: {n} candidates ({doc['answered_from_perf_db']} proposals answered from "
+                  f"perf_db). On the GPU host: `bash {out}/run.sh results.json` (or python -m pathtune.tuning.runner "
+                  f"{out} --out results.json), then here: pathtune tune ingest results.json", highlight=False)
+
+
+@tune_app.command("ingest")
+def ingest(
+    results: List[Path] = typer.Argument(..., help="Results files written by the bundle runner."),
+    storage: Optional[str] = STORAGE, db: Optional[str] = DB,
+) -> None:
+    """Store bundle results in perf_db and tell the waiting Optuna trials their values."""
+    from pathtune.perf_db import PerfDBError, resolve_url
+
+    from .bundle import ingest_results
+
+    url, _ = resolve_url(storage)
+    try:
+        counts = ingest_results(results, url.render_as_string(hide_password=False), db,
+                                log=lambda s: _note(s))
+    except PerfDBError as e:
+        _fail(str(e))
+    console.print(f"ingested {counts['records']} records ({counts['added']} new in perf_db); told {counts['told']} "
+                  f"waiting trials", highlight=False)
+    console.print(json.dumps(counts), highlight=False, markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(tune_app, name="tune")

@@ -1,0 +1,434 @@
+"""Measure one candidate: accuracy gate first, then ``triton.testing.do_bench`` of the pass.
+
+``measure(task) -> dict`` is the only entry point the tuner and the bundle runner call. It needs
+torch and triton (plus the TVM runtime for ``backend="tvm"``), never Optuna or SQLAlchemy, so a GPU
+host can run it from a bundle. The dict holds perf_db ``Measurement`` fields:
+
+* ``status``: ``ok``; ``wrong`` (over the spec's accuracy tolerance, or non-finite);
+  ``compile_error``; ``out_of_resources`` (shared memory / registers / GPU memory); ``crash``
+  (anything else);
+* ``median_ms``, ``p20_ms``, ``p80_ms``, ``bench_method`` (ok only), ``errors`` (relative
+  Frobenius error per output vs the float64 naive reference), ``message`` (failures),
+  ``baseline_ms`` / ``baseline_name`` (SDPA flash on the same shapes, same process; CUDA only);
+* ``fatal``: True when the CUDA context is unusable afterwards (illegal address, ...): the caller
+  records the result and stops the worker (``--resume`` continues in a fresh process).
+
+The accuracy gate runs at a small validation shape (B=1, ``check_len`` tokens, 2 key/value heads,
+the workload's head dims, dtype, gate and GQA group) on fresh inputs from ``task.seed`` (beta in
+[1.5, 2), real gate decay: ``tuning.bench.make_inputs``). ``fwd`` checks o; ``bwd`` checks
+o and all six gradients. Timing runs at the key's shape (B*T = 32768 tokens by default):
+``fwd`` = the forward; ``bwd`` = forward + backward (what a training step pays, as ``pathtune
+bench`` records it); ``decode`` = one decoding step over a key cache of T tokens per sequence.
+
+Tests inject a cost model instead: ``pathtune tune --measure-with module:function`` (or
+``path/to/file.py:function``), any callable taking a ``MeasureTask`` and returning such a dict.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+__all__ = ["MeasureTask", "measure", "load_measure_fn", "DecodeUnavailable", "decode_available", "triton_params",
+           "classify_exception", "FATAL_MARKERS"]
+
+MeasureFn = Callable[["MeasureTask"], dict]
+
+FATAL_MARKERS = ("illegal memory access", "illegal address", "unspecified launch failure", "device-side assert",
+                 "misaligned address", "an illegal instruction")
+
+
+class DecodeUnavailable(RuntimeError):
+    """The fused Triton decode kernel is not in this pathtune yet."""
+
+
+@dataclass
+class MeasureTask:
+    """Everything needed to measure one candidate, JSON round-trippable (bundles carry these)."""
+
+    pass_: str
+    backend: str
+    workload: dict                      # Workload.to_dict()
+    config: dict                        # the pass's knobs
+    batch: int
+    seq_len: int
+    seed: int = 0
+    check_len: int = 1024
+    check_heads: int = 2
+    tolerances: dict = field(default_factory=dict)
+    warmup_ms: int = 25
+    rep_ms: int = 100
+    module_dir: Optional[str] = None    # TVM: prebuilt modules (bundle)
+    task_id: str = ""
+    study_name: str = ""
+    trial_number: Optional[int] = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MeasureTask":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def load_measure_fn(spec: Optional[str]) -> MeasureFn:
+    """``None`` -> the real ``measure``; ``"pkg.mod:fn"`` or ``"path/file.py:fn"`` -> that callable."""
+    if not spec:
+        return measure
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise ValueError(f"--measure-with wants module:function or file.py:function, got {spec!r}")
+    if target.endswith(".py"):
+        path = Path(target).resolve()
+        mod_spec = importlib.util.spec_from_file_location(f"_pathtune_measure_{path.stem}", path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise ValueError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"{target} has no callable {name!r}")
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------------
+# helpers
+
+def decode_available() -> bool:
+    try:
+        importlib.import_module("pathtune.codegen.triton.decode")
+    except ImportError:
+        return False
+    return True
+
+
+def triton_params(config: dict, head_dim: int, head_dim_v: int) -> Any:
+    """TritonParams: the built-in heuristic for the head dims, overridden by the pass's knobs (so a
+    bwd candidate's forward runs the heuristic forward knobs, and vice versa)."""
+    from dataclasses import asdict as _asdict
+
+    from pathtune.codegen._knobs import params_from_config
+    from pathtune.codegen.triton import TritonParams
+
+    merged = {**_asdict(TritonParams.heuristic(head_dim, head_dim_v)), **dict(config)}
+    return params_from_config(TritonParams, merged)
+
+
+def classify_exception(exc: BaseException) -> tuple[str, str]:
+    """(status, message) of a failed candidate."""
+    name = type(exc).__name__
+    text = f"{name}: {exc}"
+    chain = [exc]
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and len(chain) < 5:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    names = {type(e).__name__ for e in chain}
+    lowered = text.lower()
+    if names & {"KernelConfigError", "OutOfResources", "OutOfMemoryError"} or "out of memory" in lowered \
+            or "out of resource" in lowered:
+        status = "out_of_resources"
+    elif names & {"CompilationError", "CompileTimeAssertionFailure", "BuildError", "UnsupportedConfig",
+                  "PTXASError"}:
+        status = "compile_error"
+    else:
+        status = "crash"
+    return status, text[:2000]
+
+
+def _rel(a: Any, b: Any) -> float:
+    import torch
+
+    a, b = a.detach().to(torch.float64), b.detach().to(torch.float64)
+    if not torch.isfinite(a).all():
+        return math.inf
+    den = b.norm().item()
+    return float((a - b).norm().item() / (den if den > 0 else 1.0))
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _time(fn: Callable[[], Any], task: MeasureTask) -> dict:
+    """p20 / median / p80 in ms: ``triton.testing.do_bench`` on CUDA; a few wall-clock reps on the CPU
+    (Triton's interpreter; those numbers only order configs within one CPU run)."""
+    import torch
+
+    if torch.cuda.is_available():
+        import triton
+
+        p20, med, p80 = triton.testing.do_bench(fn, warmup=task.warmup_ms, rep=task.rep_ms, quantiles=[0.2, 0.5, 0.8])
+        return {"median_ms": float(med), "p20_ms": float(min(p20, med)), "p80_ms": float(max(p80, med)),
+                "bench_method": f"triton.testing.do_bench(warmup={task.warmup_ms},rep={task.rep_ms})"}
+    fn()
+    samples = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    samples.sort()
+    return {"median_ms": statistics.median(samples), "p20_ms": samples[0], "p80_ms": samples[-1],
+            "n_reps": len(samples), "bench_method": "perf_counter x3 (CPU interpreter)"}
+
+
+_BASELINES: dict[tuple, tuple[Optional[float], Optional[str]]] = {}
+
+
+def _baseline(task: MeasureTask, q: Any, k: Any, v: Any) -> tuple[Optional[float], Optional[str]]:
+    """SDPA flash on the same shapes (no gate: SDPA has none), once per shape and process."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, None
+    key = (task.pass_, tuple(q.shape), tuple(k.shape), tuple(v.shape), str(q.dtype))
+    if key in _BASELINES:
+        return _BASELINES[key]
+    out: tuple[Optional[float], Optional[str]] = (None, None)
+    try:
+        if task.pass_ == "decode":
+            fn = _sdpa_decode_callable(q, k, v)
+        else:
+            from .baselines import sdpa_callable
+
+            fn = sdpa_callable(q, k, v, "flash", backward=task.pass_ == "bwd")
+        if fn is not None:
+            out = (_time(fn, task)["median_ms"], "sdpa_flash")
+    except Exception:  # a baseline that cannot run is simply absent
+        out = (None, None)
+    _BASELINES[key] = out
+    return out
+
+
+def _sdpa_decode_callable(q_t: Any, k: Any, v: Any) -> Optional[Callable[[], Any]]:
+    """One query token [B,HQ,D] over a cache [B,T,H,D] with SDPA flash."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    group = q_t.shape[1] // k.shape[2]
+    qt = q_t[:, :, None, :]
+    kt = k.repeat_interleave(group, dim=2).transpose(1, 2)
+    vt = v.repeat_interleave(group, dim=2).transpose(1, 2)
+
+    def run():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt)
+
+    run()
+    return run
+
+
+# ---------------------------------------------------------------------------------------------------
+# the passes
+
+def _inputs(task: MeasureTask, B: int, T: int, HQ: int, H: int, seed: int) -> tuple:
+    import torch
+
+    from .bench import make_inputs
+
+    wl = task.workload
+    return make_inputs(B, T, HQ, H, wl["head_dim"], wl["head_dim_v"], wl["use_gate"], device=_device(), seed=seed,
+                       dtype=getattr(torch, wl["dtype"]))
+
+
+def _check_shape(task: MeasureTask) -> tuple[int, int]:
+    wl = task.workload
+    group = wl["heads_q"] // wl["heads_kv"]
+    H = max(1, min(task.check_heads, wl["heads_kv"]))
+    return H * group, H
+
+
+def _forward_fn(task: MeasureTask) -> Callable[..., Any]:
+    """(q, k, v, w, beta, g) -> o for the task's backend and config."""
+    wl = task.workload
+    if task.backend == "triton":
+        from pathtune.codegen.triton import path_attention_triton
+
+        params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"])
+
+        def run(q, k, v, w, beta, g):
+            return path_attention_triton(q, k, v, w, beta, g, config=params)[0]
+        return run
+    if task.backend == "tvm":
+        if task.pass_ != "fwd":
+            raise NotImplementedError(f"the TVM backend has no {task.pass_} pass to tune (forward only)")
+        from pathtune.codegen.tvm import path_attention_tvm
+
+        def run_tvm(q, k, v, w, beta, g):
+            return path_attention_tvm(q, k, v, w, beta, g, config=task.config, module_dir=task.module_dir)[0]
+        return run_tvm
+    raise ValueError(f"unknown backend {task.backend!r}")
+
+
+def _check_fwd_bwd(task: MeasureTask, run: Callable[..., Any]) -> dict[str, float]:
+    import torch
+
+    from pathtune.runtime.reference import naive_path_attention
+
+    HQ, H = _check_shape(task)
+    xs = _inputs(task, 1, task.check_len, HQ, H, task.seed)
+    names = ["q", "k", "v", "w", "beta", "g"]
+    if task.pass_ == "fwd":
+        with torch.no_grad():
+            o = run(*xs)
+            ref = naive_path_attention(*[None if x is None else x.double() for x in xs])
+        return {"o": _rel(o, ref)}
+    live = [(n, x.detach().clone().requires_grad_(True)) for n, x in zip(names, xs) if x is not None]
+    args = dict(live)
+    o = run(*[args.get(n) for n in names])
+    gen = torch.Generator(device=o.device).manual_seed(task.seed + 1)
+    do = torch.randn(o.shape, device=o.device, generator=gen, dtype=torch.float32).to(o.dtype)
+    grads = torch.autograd.grad(o, [x for _, x in live], do)
+    ref_args = {n: x.detach().double().requires_grad_(True) for n, x in live}
+    o_ref = naive_path_attention(*[ref_args.get(n) for n in names])
+    ref_grads = torch.autograd.grad(o_ref, list(ref_args.values()), do.double())
+    errors = {"o": _rel(o, o_ref)}
+    for (n, _), gr, gref in zip(live, grads, ref_grads):
+        errors["d" + n] = _rel(gr, gref)
+    return errors
+
+
+def _gate_failures(errors: dict[str, float], tolerances: dict[str, float]) -> list[str]:
+    bad = []
+    for name, err in errors.items():
+        tol = tolerances.get(name)
+        if not math.isfinite(err) or (tol is not None and err > tol):
+            bad.append(f"{name} {err:.3g} > {tol:g}" if tol is not None else f"{name} {err}")
+    return bad
+
+
+def _time_fwd_bwd(task: MeasureTask, run: Callable[..., Any]) -> dict:
+    import torch
+
+    wl = task.workload
+    xs = _inputs(task, task.batch, task.seq_len, wl["heads_q"], wl["heads_kv"], task.seed + 7)
+    q, k, v = xs[:3]
+    if task.pass_ == "fwd":
+        def fn():
+            with torch.no_grad():
+                return run(*xs)
+    else:
+        live = [x.detach().requires_grad_(True) if x is not None else None for x in xs]
+        leaves = [x for x in live if x is not None]
+        do = torch.randn(q.shape[:-1] + (v.shape[-1],), device=q.device, dtype=q.dtype)
+
+        def fn():
+            o = run(*live)
+            return torch.autograd.grad(o, leaves, do)
+    timing = _time(fn, task)
+    base, name = _baseline(task, q, k, v)
+    if base is not None:
+        timing.update(baseline_ms=base, baseline_name=name)
+    return timing
+
+
+def _decode_cache(k: Any, v: Any, w: Any, beta: Any, g: Any, HQ: int, dtype: Any) -> Any:
+    """A current-frame cache of a prompt (keys transported in float64 by the reference), one row spare."""
+    import torch
+
+    from pathtune.runtime.reference.recurrent import PaTHKVCache, current_frame_keys
+
+    B, T, H, D = k.shape
+    cache = PaTHKVCache.empty(B, H, D, v.shape[-1], HQ, max_len=T + 1, gated=g is not None, dtype=dtype,
+                              gate_dtype=torch.float32, device=k.device)
+    cache.k[:, :T] = current_frame_keys(k.double(), w.double(), beta.double()).to(dtype)
+    cache.v[:, :T] = v.to(dtype)
+    if g is not None:
+        cache.c[:, :T] = torch.cumsum(g.double(), dim=1).float()
+    cache.length = T
+    return cache
+
+
+def _measure_decode(task: MeasureTask) -> dict:
+    """Gate: a prompt of check_len tokens in a cache, one decoding step by the kernel; its output vs the
+    last row of the float64 naive attention over prompt + token. Timing: one step per sequence over a
+    cache of seq_len tokens, batch sequences (the cache length is reset before each call)."""
+    if task.backend != "triton":
+        raise NotImplementedError(f"decode tuning runs the Triton decode kernel; backend {task.backend!r} "
+                                  "is not supported for the decode pass")
+    if not decode_available():
+        raise DecodeUnavailable(
+            "decode pass: the fused Triton decode kernel (pathtune.codegen.triton.decode.path_decode_triton) is not "
+            "available in this pathtune yet, so there is nothing to tune; tune fwd and bwd for now")
+    import torch
+
+    from pathtune.codegen.triton.decode import path_decode_triton
+    from pathtune.runtime.reference import naive_path_attention
+
+    wl = task.workload
+    dtype = getattr(torch, wl["dtype"])
+    params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"])
+    HQ, H = _check_shape(task)
+    q, k, v, w, beta, g = _inputs(task, 1, task.check_len + 1, HQ, H, task.seed)
+    T = task.check_len
+    cache = _decode_cache(k[:, :T], v[:, :T], w[:, :T], beta[:, :T], None if g is None else g[:, :T], HQ, dtype)
+    step = [x[:, T:] if x is not None else None for x in (q, k, v, w, beta, g)]
+    with torch.no_grad():
+        o = path_decode_triton(*step, cache, config=params)
+        ref = naive_path_attention(*[None if x is None else x.double() for x in (q, k, v, w, beta, g)])[:, T:]
+    errors = {"o": _rel(o, ref)}
+    bad = _gate_failures(errors, task.tolerances)
+    if bad:
+        return {"status": "wrong", "errors": errors,
+                "message": "accuracy gate (decode step vs the float64 reference): " + ", ".join(bad)}
+    B, T = task.batch, task.seq_len
+    HQ, H = wl["heads_q"], wl["heads_kv"]
+    q, k, v, w, beta, g = _inputs(task, B, 1, HQ, H, task.seed + 7)
+    from pathtune.runtime.reference.recurrent import PaTHKVCache
+
+    gen = torch.Generator(device=q.device).manual_seed(task.seed + 11)
+    ck = torch.randn(B, T + 1, H, wl["head_dim"], device=q.device, generator=gen).to(dtype)
+    cv = torch.randn(B, T + 1, H, wl["head_dim_v"], device=q.device, generator=gen).to(dtype)
+    cc = None
+    if g is not None:
+        cc = torch.cumsum(torch.log(torch.rand(B, T + 1, HQ, device=q.device, generator=gen) * 0.05 + 0.95), dim=1)
+    cache = PaTHKVCache(ck, cv, cc, T, HQ)
+
+    def fn():
+        cache.length = T
+        return path_decode_triton(q, k, v, w, beta, g, cache, config=params)
+
+    with torch.no_grad():
+        timing = _time(fn, task)
+    out = {"status": "ok", "errors": errors, **timing}
+    base, name = _baseline(task, q[:, 0], ck[:, :T], cv[:, :T])
+    if base is not None:
+        out.update(baseline_ms=base, baseline_name=name)
+    return out
+
+
+def measure(task: MeasureTask) -> dict:
+    """Accuracy gate, then timing; every failure is a status, never an exception (see module doc).
+    Only ``DecodeUnavailable`` propagates: it is a property of this pathtune, not of a config."""
+    try:
+        if task.pass_ == "decode":
+            return _measure_decode(task)
+        run = _forward_fn(task)
+        errors = _check_fwd_bwd(task, run)
+        bad = _gate_failures(errors, task.tolerances)
+        if bad:
+            return {"status": "wrong", "errors": errors,
+                    "message": "accuracy gate (relative Frobenius error vs the float64 reference): " + ", ".join(bad)}
+        out = {"status": "ok", "errors": errors}
+        out.update(_time_fwd_bwd(task, run))
+        return out
+    except DecodeUnavailable:
+        raise
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- a failing config is a recorded status
+        status, message = classify_exception(exc)
+        out = {"status": status, "message": message}
+        if any(m in message.lower() for m in FATAL_MARKERS):
+            out["fatal"] = True
+        return out

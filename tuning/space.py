@@ -1,0 +1,138 @@
+"""What the tuner searches: the keys (one per pass x backend x workload) and each key's study.
+
+A *key* is one (pass, backend, workload) point with the shape it is timed at: B*T = ``tokens``
+(32768 by default) at the bucket's length T, heads 16 for D <= 64 else 8 unless the CLI says
+otherwise. Each key gets its own Optuna study, named from everything that decides whether a
+measurement still applies (GPU env hash, spec hash, kernel source hash, pass, workload key), so a
+changed kernel or another GPU starts a new study instead of mixing results.
+
+This module imports neither Optuna nor torch at import time.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence
+
+from pathtune.specs import KnobSpace, Spec, Workload
+
+__all__ = ["TOKENS", "PASSES", "BACKENDS", "TuneKey", "default_heads", "plan_keys", "study_name", "run_id_for",
+           "make_sampler", "source_hash_for", "CODEGEN_VERSION"]
+
+TOKENS = 32768
+PASSES = ("fwd", "bwd", "decode")
+BACKENDS = ("triton", "tvm")
+CODEGEN_VERSION = "1"
+
+
+def default_heads(head_dim: int) -> int:
+    """Query (= key/value) heads a key is timed with: 16 for D <= 64, else 8 (tuning/bench.py's shapes)."""
+    return 16 if head_dim <= 64 else 8
+
+
+@dataclass(frozen=True)
+class TuneKey:
+    """One tuning target: a pass of a backend on one workload, timed at ``batch`` x ``seq_len`` tokens."""
+
+    pass_: str
+    backend: str
+    workload: Workload
+    batch: int
+    seq_len: int
+
+    @property
+    def label(self) -> str:
+        wl = self.workload
+        gate = "fox" if wl.use_gate else "path"
+        heads = f"{wl.heads_q}" if wl.heads_q == wl.heads_kv else f"{wl.heads_q}/{wl.heads_kv}"
+        return f"{self.backend}/{self.pass_} D{wl.head_dim} {wl.dtype} {gate} H{heads} T{self.seq_len}x{self.batch}"
+
+    def space(self, spec: Spec) -> KnobSpace:
+        return KnobSpace(spec, self.pass_)
+
+
+def plan_keys(head_dims: Sequence[int], dtypes: Sequence[str], passes: Sequence[str], backends: Sequence[str],
+              buckets: Sequence[int], *, gate: bool = True, heads: Optional[int] = None, heads_kv: Optional[int] = None,
+              tokens: int = TOKENS) -> list[TuneKey]:
+    """Every key, ordered so that keys sharing compiled kernels (same backend, pass, D, dtype) are
+    adjacent: the bucket varies fastest (Triton specialises kernels on D, not on T)."""
+    keys = []
+    for backend in backends:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+        for pass_ in passes:
+            if pass_ not in PASSES:
+                raise ValueError(f"pass {pass_!r} is not one of {', '.join(PASSES)}")
+            for D in head_dims:
+                hq = heads or default_heads(D)
+                hkv = heads_kv or hq
+                for dtype in dtypes:
+                    for T in buckets:
+                        if T < 16 or T & (T - 1):
+                            raise ValueError(f"length bucket {T} must be a power of two >= 16")
+                        wl = Workload(head_dim=D, head_dim_v=D, heads_q=hq, heads_kv=hkv, dtype=dtype, use_gate=gate,
+                                      pass_=pass_, seq_bucket=T, batch_bucket=_pow2_ceil(max(1, tokens // T)))
+                        keys.append(TuneKey(pass_, backend, wl, max(1, tokens // T), T))
+    return keys
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def source_hash_for(backend: str) -> str:
+    """The kernel source hash of a backend (a perf_db hard key and part of the study name)."""
+    if backend == "triton":
+        from pathtune.codegen.triton import source_hash
+
+        return source_hash()
+    if backend == "tvm":
+        from pathtune.codegen.tvm.build import source_hash as tvm_source_hash  # light: no TVM import
+
+        return tvm_source_hash()
+    raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
+
+
+def study_name(env_hash: str, spec_hash: str, source_hash: str, key: TuneKey) -> str:
+    """``pathtune-<pass>-<backend>-D64-bfloat16-fox-T4096-w<key>-e<env>-s<spec>-c<source>``: readable in
+    ``optuna-dashboard``, unique per (GPU env, spec, kernel source, pass, workload key)."""
+    wl = key.workload
+    gate = "fox" if wl.use_gate else "path"
+    return _slug(f"pathtune-{key.pass_}-{key.backend}-D{wl.head_dim}-{wl.dtype}-{gate}-T{wl.seq_bucket}"
+                 f"-w{wl.key_hash[:10]}-e{env_hash[:10]}-s{spec_hash[:10]}-c{(source_hash or 'none')[:10]}")
+
+
+def run_id_for(study: str) -> str:
+    """perf_db run of a study: shared by all its workers, so one config is stored once per machine
+    (perf_db's unique key includes the run) however many workers propose it."""
+    import hashlib
+
+    return f"tune-{hashlib.sha256(study.encode()).hexdigest()[:24]}"
+
+
+def make_sampler(seed: int, n_startup_trials: int = 8) -> Any:
+    """TPE (multivariate, grouped; constant liar so parallel workers avoid each other's running configs).
+    Failed candidates carry a constraint > 0, so TPE ranks them below every feasible one."""
+    import optuna
+
+    kwargs: dict[str, Any] = dict(seed=seed, n_startup_trials=n_startup_trials, multivariate=True, group=True,
+                                  constant_liar=True)
+    if not hasattr(optuna.trial.Trial, "set_constraint"):  # Optuna 4: constraints through the sampler
+        kwargs["constraints_func"] = lambda t: [float(t.user_attrs.get("pathtune_constraint", 0.0))]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # multivariate/group are "experimental" in Optuna
+        return optuna.samplers.TPESampler(**kwargs)
+
+
+def parse_list(text: str, cast: Any = str) -> list[Any]:
+    return [cast(x.strip()) for x in text.split(",") if x.strip()]
+
+
+def unique(items: Iterable[Any]) -> list[Any]:
+    return list(dict.fromkeys(items))

@@ -1,0 +1,395 @@
+"""The local tuning loop: one Optuna study per key, run with ``study.optimize`` on this machine.
+
+* Storage: ``optuna.storages.RDBStorage`` at the database URL perf_db uses (Optuna's tables beside
+  perf_db's ``perf_*`` tables), with heartbeats: a killed worker's running trial goes stale, is
+  failed by any live worker and re-queued with the same config (``RetryFailedTrialCallback``); the
+  retry finds the measurement in perf_db if the killed worker had stored it.
+* Budget: wall time (shared by the keys still to do: each key gets remaining / keys left) and/or a
+  number of COMPLETE trials per study (``MaxTrialsCallback``, counted over every worker).
+* Each new study is seeded with the spec's default config (``enqueue_trial``).
+* Ctrl-C once: the running trial finishes, is recorded and told, then the run stops. Ctrl-C twice:
+  the running trial is abandoned (state FAIL, flagged ``interrupted``); ``--resume`` re-queues it.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import re
+import signal
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from .objective import KeyContext, Objective, PENALTY_MS
+from .space import TuneKey, make_sampler, run_id_for, source_hash_for, study_name
+
+__all__ = ["Budget", "TuneOptions", "KeyResult", "Tuner", "make_storage", "StudyExistsError", "parse_budget",
+           "requeue_interrupted", "is_sqlite"]
+
+log = logging.getLogger("pathtune.tune")
+
+
+class StudyExistsError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Budget:
+    seconds: Optional[float] = None
+    trials: Optional[int] = None
+
+    def __str__(self) -> str:
+        parts = []
+        if self.seconds is not None:
+            parts.append(f"{self.seconds / 60:.3g} min wall time")
+        if self.trials is not None:
+            parts.append(f"{self.trials} trials per key")
+        return " and ".join(parts) or "no limit"
+
+
+_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def parse_budget(text: str) -> Budget:
+    """``10m`` / ``90s`` / ``1.5h`` (wall time, all keys together), ``40`` (COMPLETE trials per key's
+    study), or both comma-separated (``10m,40``: whichever comes first)."""
+    seconds = trials = None
+    for part in (p.strip().lower() for p in text.split(",") if p.strip()):
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)", part)
+        if m:
+            seconds = float(m.group(1)) * _UNITS[m.group(2)]
+        elif part.isdigit() and int(part) > 0:
+            trials = int(part)
+        else:
+            raise ValueError(f"--budget {text!r}: use a wall time (10m, 90s, 1h), a number of trials (40), or both "
+                             "(10m,40)")
+    if seconds is None and trials is None:
+        raise ValueError("--budget is empty")
+    return Budget(seconds, trials)
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def make_storage(url: str, heartbeat: int = 30) -> Any:
+    """RDBStorage with heartbeats; stale trials are re-queued once with the same params."""
+    import optuna
+    from optuna.storages import RDBStorage
+
+    engine_kwargs: dict[str, Any] = {}
+    if is_sqlite(url):
+        engine_kwargs["connect_args"] = {"timeout": 60}
+    else:
+        engine_kwargs["pool_pre_ping"] = True
+    params = inspect.signature(RDBStorage.__init__).parameters
+    cb_arg = "heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in params else "failed_trial_callback"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # heartbeat_interval and the retry callback are "experimental"
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        callback = _retry_callback()
+        return RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
+                          grace_period=max(2 * heartbeat, heartbeat + 2), **{cb_arg: callback})
+
+
+def _retry_callback() -> Any:
+    """Optuna's callback that re-queues a failed trial with its params (renamed in Optuna 4.9)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
+        except ImportError:  # Optuna < 4.9
+            from optuna.storages import RetryFailedTrialCallback as Retry
+        return Retry(max_retry=3)
+
+
+def requeue_interrupted(study: Any) -> int:
+    """Re-queue FAIL trials that Ctrl-C abandoned (user attr ``interrupted``) and that no trial retries yet."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.system_attrs.get("failed_trial") for t in trials} | {
+        n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    n = 0
+    cb = _retry_callback()
+    for t in trials:
+        if t.state == TrialState.FAIL and t.user_attrs.get("interrupted") and t.number not in retried and t.params:
+            cb(study, t)
+            n += 1
+    return n
+
+
+@dataclass
+class TuneOptions:
+    storage: str
+    db_url: Optional[str] = None
+    budget: Budget = field(default_factory=lambda: Budget(trials=40))
+    seed: int = 0
+    worker: int = 0
+    resume: bool = False
+    measure_fn: Optional[Callable[..., dict]] = None
+    task_defaults: dict = field(default_factory=dict)
+    heartbeat: int = 30
+    startup_trials: int = 8
+    command: Optional[str] = None
+    results_out: Optional[Any] = None  # path: a results file rewritten after each record
+    env_info: Optional[dict] = None    # the GPU host's collect_env() (split flow: the build host has no GPU)
+
+
+@dataclass
+class KeyResult:
+    key: TuneKey
+    study_name: str
+    trials: int = 0
+    measured: int = 0
+    looked_up: int = 0
+    default_ms: Optional[float] = None
+    default_status: Optional[str] = None
+    best_ms: Optional[float] = None
+    best_config: Optional[dict] = None
+    baseline_ms: Optional[float] = None
+    skipped: Optional[str] = None
+
+    @property
+    def speedup(self) -> Optional[float]:
+        if self.default_ms and self.best_ms:
+            return self.default_ms / self.best_ms
+        return None
+
+    def to_dict(self) -> dict:
+        return {"label": self.key.label, "pass": self.key.pass_, "backend": self.key.backend,
+                "workload": self.key.workload.to_dict(), "batch": self.key.batch, "seq_len": self.key.seq_len,
+                "study_name": self.study_name, "trials": self.trials, "measured": self.measured,
+                "looked_up": self.looked_up, "default_ms": self.default_ms, "default_status": self.default_status,
+                "best_ms": self.best_ms, "best_config": self.best_config, "speedup": self.speedup,
+                "baseline_ms": self.baseline_ms, "skipped": self.skipped}
+
+
+class Tuner:
+    """Run the studies of ``keys`` one after the other (see module doc)."""
+
+    def __init__(self, keys: Sequence[TuneKey], opts: TuneOptions, *, progress: Any = None) -> None:
+        from pathtune.perf_db import KernelKey, PerfDB
+        from pathtune.runtime.environment import collect_env, env_hash
+        from pathtune.specs import load_spec
+
+        from .measure import measure
+
+        self.keys = list(keys)
+        self.opts = opts
+        self.spec = load_spec()
+        self.env_info = dict(opts.env_info) if opts.env_info else collect_env()
+        self.env_hash = env_hash(self.env_info)
+        self.sources = {b: source_hash_for(b) for b in {k.backend for k in self.keys}}
+        sources = self.sources
+        spec_hash = self.spec.hash
+
+        def current_keys(op: str, pass_: str, backend: str) -> Optional[dict]:
+            if backend in sources:
+                return {"spec_hash": spec_hash, "source_hash": sources[backend]}
+            return None
+
+        # several workers may open a fresh database at once: the loser of a schema race retries
+        self.db = _retry(lambda: PerfDB.open_default(opts.db_url or opts.storage, current_keys=current_keys))
+        self.storage = _retry(lambda: make_storage(opts.storage, opts.heartbeat))
+        self.measure_fn = opts.measure_fn or measure
+        self.KernelKey = KernelKey
+        self.progress = progress
+        self.stop_requested = False
+        self.fatal: Optional[str] = None
+        self._records: list[dict] = []
+        self._runs: dict[str, dict] = {}
+
+    # -- names ----------------------------------------------------------------------------------------
+
+    def study_name(self, key: TuneKey) -> str:
+        return study_name(self.env_hash, self.spec.hash, self.sources[key.backend], key)
+
+    def kernel(self, key: TuneKey) -> Any:
+        from .space import CODEGEN_VERSION
+
+        return self.KernelKey(pass_=key.pass_, backend=key.backend, spec_hash=self.spec.hash,
+                              codegen_version=CODEGEN_VERSION, source_hash=self.sources[key.backend])
+
+    # -- results file ---------------------------------------------------------------------------------
+
+    def _on_record(self, rec: dict) -> None:
+        if self.opts.results_out is None:
+            return
+        from pathtune.perf_db import results_record, write_results
+
+        run_id = rec["run_id"]
+        self._runs.setdefault(run_id, {"run_id": run_id, "command": self.opts.command,
+                                       "host": self.env_info.get("host"), "notes": "pathtune tune"})
+        self._records.append(results_record(rec["env"], rec["kernel"], rec["workload"], rec["config"],
+                                            rec["measurement"], run_id))
+        write_results(self.opts.results_out, self._records, list(self._runs.values()))
+
+    # -- one key --------------------------------------------------------------------------------------
+
+    def open_study(self, key: TuneKey, *, create: bool = True) -> Any:
+        import optuna
+
+        name = self.study_name(key)
+        exists = name in {s.study_name for s in optuna.get_all_study_summaries(self.storage, include_best_trial=False)}
+        if exists and not self.opts.resume:
+            study = optuna.load_study(study_name=name, storage=self.storage)
+            if study.get_trials(deepcopy=False):
+                raise StudyExistsError(
+                    f"study {name} already has {len(study.get_trials(deepcopy=False))} trials in {self.db.display_url}; "
+                    "pass --resume to continue it (every worker of a shared study passes --resume)")
+        # the seed moves on with the study's length: a resumed study does not replay the proposals it made
+        n_before = len(optuna.load_study(study_name=name, storage=self.storage).get_trials(deepcopy=False)) \
+            if exists else 0
+        sampler = make_sampler(self.opts.seed + 1000 * self.opts.worker + n_before, self.opts.startup_trials)
+        study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler, direction="minimize",
+                                    load_if_exists=True)
+        if not study.user_attrs.get("key"):
+            study.set_user_attr("key", {"label": key.label, "pass": key.pass_, "backend": key.backend,
+                                        "workload": key.workload.to_dict(), "batch": key.batch,
+                                        "seq_len": key.seq_len, "env_hash": self.env_hash,
+                                        "spec_hash": self.spec.hash, "source_hash": self.sources[key.backend]})
+        default = key.space(self.spec).default()
+        if not study.get_trials(deepcopy=False):
+            study.enqueue_trial(default.to_dict(), user_attrs={"seeded_default": True}, skip_if_exists=True)
+        return study
+
+    def context(self, key: TuneKey, name: str) -> KeyContext:
+        self.db.start_run(command=self.opts.command, notes=f"pathtune tune {name}", run_id=run_id_for(name))
+        return KeyContext(key=key, space=key.space(self.spec), db=self.db, env_info=self.env_info,
+                          kernel=self.kernel(key), study_name=name, run_id=run_id_for(name),
+                          measure_fn=self.measure_fn, task_defaults=dict(self.opts.task_defaults),
+                          seed=self.opts.seed + 1000 * self.opts.worker, command=self.opts.command,
+                          on_record=self._on_record)
+
+    def tune_key(self, key: TuneKey, seconds: Optional[float]) -> KeyResult:
+        import optuna
+        from optuna.study import MaxTrialsCallback
+        from optuna.trial import TrialState
+
+        study = self.open_study(key)
+        name = study.study_name
+        if self.opts.resume:
+            requeue_interrupted(study)
+        ctx = self.context(key, name)
+        result = KeyResult(key, name)
+        budget = self.opts.budget
+        done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        task = None
+        if self.progress is not None:
+            task = self.progress.add_key(key, budget.trials, done)
+            self.progress.start_key(task, study)
+        callbacks: list[Any] = []
+        if budget.trials is not None:
+            callbacks.append(MaxTrialsCallback(budget.trials, states=(TrialState.COMPLETE,)))
+
+        def after_trial(study: Any, trial: Any) -> None:
+            if self.progress is not None:
+                self.progress.update_key(task, study)
+            if self.stop_requested or ctx.fatal:
+                study.stop()
+
+        callbacks.append(after_trial)
+        if budget.trials is not None and done >= budget.trials:
+            pass
+        elif seconds is not None and seconds <= 0:
+            pass
+        else:
+            # n_trials caps this process (pruned proposals do not count toward MaxTrialsCallback)
+            cap = None if budget.trials is None else 4 * budget.trials + 20
+            study.optimize(Objective(ctx), n_trials=cap, timeout=seconds, callbacks=callbacks, catch=(),
+                           gc_after_trial=False)
+        self.fatal = self.fatal or ctx.fatal
+        result.measured, result.looked_up = ctx.measured, ctx.looked_up
+        self.summarize(key, study, result)
+        if self.progress is not None:
+            self.progress.finish_key(task, result)
+        return result
+
+    def summarize(self, key: TuneKey, study: Any, result: KeyResult) -> None:
+        """Default vs tuned time of a key, from perf_db (the facts) and the study (the trial count)."""
+        from optuna.trial import TrialState
+
+        result.trials = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        kernel = self.kernel(key)
+        default = key.space(self.spec).default()
+        row = self.db.lookup(self.env_info, kernel, key.workload, default)
+        if row is not None:
+            result.default_status = row["status"]
+            result.default_ms = row["median_ms"] if row["status"] == "ok" else None
+            result.baseline_ms = row.get("baseline_ms")
+        best = self.db.best(self.env_info, key.pass_, key.workload, backend=key.backend)
+        if best is not None and best["match"] == "exact":
+            result.best_ms, result.best_config = best["median_ms"], best["config"]
+            result.baseline_ms = result.baseline_ms or best.get("baseline_ms")
+
+    # -- all keys -------------------------------------------------------------------------------------
+
+    def run(self, on_key_done: Optional[Callable[[KeyResult], None]] = None) -> list[KeyResult]:
+        results = []
+        deadline = None if self.opts.budget.seconds is None else time.monotonic() + self.opts.budget.seconds
+        old = _install_sigint(self)
+        try:
+            for i, key in enumerate(self.keys):
+                if self.stop_requested or self.fatal:
+                    break
+                seconds = None
+                if deadline is not None:
+                    seconds = (deadline - time.monotonic()) / (len(self.keys) - i)
+                    if seconds <= 0:
+                        break
+                res = self.tune_key(key, seconds)
+                results.append(res)
+                if on_key_done is not None:
+                    on_key_done(res)
+        finally:
+            signal.signal(signal.SIGINT, old) if old is not None else None
+        return results
+
+    def close(self) -> None:
+        self.db.close()
+        try:
+            self.storage.engine.dispose()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _retry(fn: Callable[[], Any], attempts: int = 4) -> Any:
+    for i in range(attempts):
+        try:
+            return fn()
+        except Exception:  # noqa: BLE001
+            if i == attempts - 1:
+                raise
+            time.sleep(0.5 + i)
+
+
+def _install_sigint(tuner: Tuner) -> Any:
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        if tuner.stop_requested:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        tuner.stop_requested = True
+        if tuner.progress is not None:
+            tuner.progress.note("Ctrl-C: finishing the running trial, then stopping (Ctrl-C again abandons it; "
+                                "--resume continues either way)")
+        signal.signal(signal.SIGINT, handler_second)
+
+    def handler_second(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGINT, handler)
+
+
+def fmt_ms(v: Optional[float]) -> str:
+    if v is None or not math.isfinite(v) or v >= PENALTY_MS:
+        return "-"
+    return f"{v:.4g}"
