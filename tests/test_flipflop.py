@@ -240,3 +240,47 @@ def test_fla_switch_wires_the_same_layer(monkeypatch):
     with pytest.raises(ValueError):
         with attention_kernel(FlipFlopLM("rope"), "fla"):
             pass
+
+
+def test_failed_model_keeps_the_others_and_resume(tmp_path, monkeypatch):
+    """A crash in one model is recorded and the others' results survive; --resume reruns only it."""
+    from examples.flipflop import run
+
+    real = run.FlipFlopLM
+
+    def flaky(attention, **kw):
+        if attention == "rope":
+            raise RuntimeError("injected failure")
+        return real(attention, **kw)
+
+    out = tmp_path / "r.json"
+    args = ["--tiny", "--no-progress", "--steps", "4", "--out", str(out)]
+    monkeypatch.setattr(run, "FlipFlopLM", flaky)
+    assert run.main(args) == 1
+    res = json.loads(out.read_text())
+    assert res["path"]["status"] == "ok" and res["path_fox"]["status"] == "ok"
+    assert res["rope"]["status"].startswith("failed: RuntimeError: injected failure")
+    assert "traceback" in res["rope"] and res["meta"]["complete"] is False
+    path_before = res["path"]
+
+    monkeypatch.setattr(run, "FlipFlopLM", real)
+    assert run.main(args + ["--resume"]) == 0
+    res = json.loads(out.read_text())
+    assert res["rope"]["status"] == "ok" and res["meta"]["complete"] is True
+    assert res["path"] == path_before                      # kept, not retrained
+    assert list(res) == ["path", "rope", "path_fox", "meta"]
+
+
+def test_throughput_measurement_and_table(monkeypatch):
+    from examples.flipflop.model import FlipFlopLM
+    from examples.flipflop.run import markdown_table
+    from examples.flipflop.train import TrainConfig, measure_throughput
+
+    cfg = TrainConfig(steps=2, batch=2, seq_len=32, warmup=1)
+    r = measure_throughput(FlipFlopLM("path", backend="reference"), cfg, kernel="pathtune", seed=0,
+                           device=torch.device("cpu"), steps=2, warmup=1)
+    assert r["tokens_per_s"] > 0 and r["timed_steps"] == 2 and math.isfinite(r["final_loss"])
+    comp = {"batch": 2, "seq_len": 32, "timed_steps": 2, "path/pathtune": r,
+            "path/fla": {"skipped": "fla not importable"}}
+    table = markdown_table({"meta": {"throughput_comparison": comp}})
+    assert "| PaTH |" in table and "fla not importable" in table
