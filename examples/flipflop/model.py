@@ -23,19 +23,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pathtune import PaTHAttention
+
 from .data import VOCAB_SIZE
 
 ATTENTIONS = ("path", "rope", "path_fox")
 KERNELS = ("pathtune", "fla")
-
-
-def _path_layer_cls():
-    try:
-        from pathtune import PaTHAttention  # the real layer (runtime/layer.py)
-        return PaTHAttention
-    except (ImportError, AttributeError):
-        from ._standin_layer import PaTHAttention  # TEMPORARY until the real layer lands
-        return PaTHAttention
 
 
 class RoPEAttention(nn.Module):
@@ -97,7 +90,7 @@ class FlipFlopLM(nn.Module):
         if attention == "rope":
             self.attn = RoPEAttention(d_model, n_heads)
         else:
-            self.attn = _path_layer_cls()(d_model, n_heads, use_forget_gate=(attention == "path_fox"),
+            self.attn = PaTHAttention(d_model, n_heads, use_forget_gate=(attention == "path_fox"),
                                           backend=backend)
         self.norm2 = nn.RMSNorm(d_model)
         self.mlp = MLP(d_model, mlp_ratio)
