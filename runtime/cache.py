@@ -78,9 +78,9 @@ class PaTHCache:
 
 
 # -- prefill / decode entry points -----------------------------------------------------------------
-# The fused decode kernels export pathtune.runtime.decode.path_attention_prefill / _decode (with a
-# backend argument); until that module exists the PyTorch reference (runtime/reference/recurrent.py)
-# runs both, on any device.
+# pathtune.runtime.decode (prefill + fused decode kernels, backend argument) when present, else the
+# PyTorch reference (runtime/reference/recurrent.py). On CUDA the Triton configs come from the
+# dispatcher: the forward plan for the prefill, plus the "decode" pass's choice for decode steps.
 
 def _decode_module():
     try:
@@ -92,12 +92,48 @@ def _decode_module():
     return None
 
 
+_PARAMS: dict[tuple, Any] = {}
+
+
+def _tuned_params(pass_: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], keys: int, backend: str):
+    """TritonParams for a prefill ("fwd") or decode step on CUDA from the dispatcher (pack / perf_db /
+    heuristic), or None (heuristic inside the launcher) off CUDA or for other backends."""
+    if q.device.type != "cuda" or backend not in ("auto", "triton"):
+        return None
+    from pathtune.specs.canonical import dtype_name
+    from pathtune.specs.workload import batch_bucket, seq_bucket
+
+    B, _, HQ, D = q.shape
+    H, DV = k.shape[2], v.shape[-1]
+    key = (pass_, q.device.index, D, DV, HQ, H, q.dtype, g is not None, seq_bucket(keys), batch_bucket(B))
+    params = _PARAMS.get(key)
+    if params is None:
+        import json
+
+        from pathtune.codegen._knobs import params_from_config
+        from pathtune.codegen.triton.params import TritonParams
+
+        from .dispatch import select_config, select_plan
+
+        plan = select_plan(q.device, D, DV, HQ, H, dtype_name(q.dtype), g is not None, keys, B, False)
+        merged = json.loads(plan.params_json)
+        if pass_ == "decode":
+            from pathtune.specs import Workload
+
+            wl = Workload(head_dim=D, head_dim_v=DV, heads_q=HQ, heads_kv=H, dtype=dtype_name(q.dtype),
+                          use_gate=g is not None, pass_="decode", seq_bucket=key[8], batch_bucket=key[9])
+            merged.update(select_config("decode", wl, q.device).config.to_dict())
+        params = _PARAMS[key] = params_from_config(TritonParams, merged)
+    return params
+
+
 def prefill_fn(backend: str) -> Callable[..., tuple[Tensor, Any]]:
     """``fn(q, k, v, w, beta, g, *, scale) -> (o, kv_cache)`` for ``backend``."""
     mod = _decode_module()
     if mod is not None and backend != "reference":
         def fused(q, k, v, w, beta, g, *, scale):
-            return mod.path_attention_prefill(q, k, v, w, beta, g, scale=scale, backend=backend)
+            config = _tuned_params("fwd", q, k, v, g, q.shape[1], backend)
+            return mod.path_attention_prefill(q, k, v, w, beta, g, scale=scale, backend=backend, config=config)
         return fused
 
     from pathtune.runtime.reference import path_attention_prefill
@@ -114,7 +150,9 @@ def decode_fn(backend: str) -> Callable[..., Tensor]:
     mod = _decode_module()
     if mod is not None and backend != "reference":
         def fused(q, k, v, w, beta, g, cache, *, scale):
-            return mod.path_attention_decode(q, k, v, w, beta, g, cache, scale=scale, backend=backend)
+            config = _tuned_params("decode", q, k, v, g, int(cache.length) + q.shape[1], backend)
+            return mod.path_attention_decode(q, k, v, w, beta, g, cache, scale=scale, backend=backend,
+                                             config=config)
         return fused
 
     from pathtune.runtime.reference import path_attention_decode

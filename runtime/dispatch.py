@@ -163,9 +163,13 @@ def _space(pass_: str) -> KnobSpace:
     return space
 
 
-def _config_of_params(params: Any, names: Sequence[str]) -> Config:
+def _config_of_params(params: Any, names: Sequence[str], defaults: Optional[Mapping[str, Any]] = None) -> Config:
     values = {}
     for name in names:
+        if not hasattr(params, name):  # a knob the backend's params do not have (yet): the spec default
+            if defaults is not None and name in defaults:
+                values[name] = defaults[name]
+            continue
         value = getattr(params, name)
         if name == "beta_clip_eps" and value is None:
             value = "off"
@@ -182,7 +186,8 @@ def _heuristic_params(head_dim: int, head_dim_v: int):
 def _heuristic(pass_: str, wl: Workload, backend: str, detail: str) -> Choice:
     space = _space(pass_)
     if backend == "triton":
-        config = _config_of_params(_heuristic_params(wl.head_dim, wl.head_dim_v), list(space.knobs))
+        config = _config_of_params(_heuristic_params(wl.head_dim, wl.head_dim_v), list(space.knobs),
+                                   space.default())
     else:
         config = space.default()
     return Choice(pass_, backend, config, "heuristic", detail)
