@@ -83,7 +83,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .bwd_intra import bwd_intra_kernel
     from .bwd_prep import bwd_prep_kernel
     from .forward import _pow2
-    from .scan_fwd import scan_fwd_kernel
+    from .scan_fwd import scan_inter_kernel, scan_intra_kernel
     from .transport import superchunk_transport_kernel
     from .ut import ut_bwd_kernel, ut_chunk_kernel, ut_diag_inverse_kernel
 
@@ -105,12 +105,16 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
                  "dbeta_ptr"):
         sig[name] = _PTR_F32
     sig["kj_ptr"] = scan
+    for name in ("x_ptr", "o_part_ptr"):
+        sig[name] = _PTR_F32
     for name in ("chunk_tok0", "chunk_seq", "seq_start", "seq_end", "seq_sc_base", "sc_tok0", "sc_seq",
-                 "seq_pair_base"):
+                 "seq_pair_base", "blk_tok0", "blk_seq"):
         sig[name] = i64
     for name in ("qk_scale", "gate_scale", "scale", "gate_nat"):
         sig[name] = "fp32"
     sig["n_chunks"] = "i32"
+    sig["n_blocks"] = "i32"
+    sig["n_tok"] = "i32"
     ut_sig = dict(sig, k_ptr=io, dk_ptr=io)
     flags = dict(USE_GATE=gate, INTERP=False, TP=tp)
     rows = min(BD, 32)
@@ -118,7 +122,9 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max), 1, 1),
         (ut_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max), utw, 1),
         (superchunk_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype, TP=tp), 4, 1),
-        (scan_fwd_kernel, dict(sig, o_ptr=io), dict(common, BLOCK_N=params.block_n, **flags), params.num_warps, params.num_stages),
+        (scan_intra_kernel, sig, dict(common, WRITE_X=True, **flags), params.num_warps, 1),
+        (scan_inter_kernel, dict(sig, o_ptr=io), dict({k: v for k, v in common.items() if k != 'C'}, BLOCK_M=params.block_m, BLOCK_N=params.block_n, **flags),
+         params.num_warps, params.num_stages),
         (bwd_prep_kernel, sig, dict(common, INTERP=False), params.bwd_num_warps, 1),
         (bwd_inter_dq_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **flags), params.bwd_num_warps, params.bwd_num_stages),
         (bwd_inter_dkv_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **flags), params.bwd_num_warps, params.bwd_num_stages),
@@ -139,14 +145,15 @@ def decode_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16"
 
     rowwise, R = decode_layout(tokens, group)
     io = f"*{dtype}"
-    sig = {n: io for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}
-    for n in ("w_ptr", "beta_ptr", "c_ptr", "m_part", "l_part", "acc_part", "lse_ptr"):
+    sig = {n: io for n in ("q_ptr", "knew_ptr", "vnew_ptr", "k_ptr", "v_ptr", "o_ptr")}
+    for n in ("w_ptr", "beta_ptr", "g_ptr", "c_ptr", "m_part", "l_part", "acc_part", "lse_ptr"):
         sig[n] = _PTR_F32
     for n in ("L", "N", "max_len", "tiles_per_split", "n_splits"):
         sig[n] = "i32"
     sig["qk_scale"] = sig["gate_scale"] = "fp32"
     BD, BDV = _pow2(D), _pow2(DV)
-    const = dict(H=heads, G=group, D=D, DV=DV, BD=BD, BDV=BDV, TN=tokens, R=R, BLOCK_N=params.decode_block_n,
+    const = dict(H=heads, G=group, D=D, DV=DV, BD=BD, BDV=BDV, TN=tokens, TNP=triton.next_power_of_2(tokens),
+                 GP=triton.next_power_of_2(group), R=R, BLOCK_N=params.decode_block_n,
                  ROWWISE=rowwise, F32=dtype == "fp32", USE_GATE=gate, BETA_MAX=params.beta_max, OFF64=False,
                  INTERP=False)
     merge = dict(H=heads, G=group, DV=DV, BDV=BDV, TN=tokens, R=R, INTERP=False)
@@ -176,7 +183,7 @@ def main(argv=None):
             continue
         try:
             res = compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=args.arch,
-                                 aligned=fn.fn.__name__.startswith("decode"))
+                                 aligned=True)
             if fn.fn.__name__ == "decode_kernel":
                 res.name = f"decode_kernel[TN={const['TN']},G={const['G']}]"
             print(res, flush=True)

@@ -61,22 +61,58 @@ def _to_cache(x, cdt: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
+def _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, row_lo, row_hi,
+                 H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+                 BDV: tl.constexpr, TN: tl.constexpr, TNP: tl.constexpr, GP: tl.constexpr,
+                 USE_GATE: tl.constexpr, OFF64: tl.constexpr, INTERP: tl.constexpr):
+    """Write the new tokens' raw keys/values (and gate cumsums) into cache rows L .. L+TN-1 that lie
+    in this program's rows [row_lo, row_hi); the caller's tile loop reads them after a barrier."""
+    HQ: tl.constexpr = H * G
+    cdt = k_base.dtype.element_ty
+    t = tl.arange(0, TNP)
+    d = tl.arange(0, BD)
+    dv = tl.arange(0, BDV)
+    rows = L + t
+    own = (t < TN) & (rows >= row_lo) & (rows < row_hi)
+    nr = rows.to(tl.int64) if OFF64 else rows
+    kn = tl.load(knew_ptr + ((b * TN + t) * H + h)[:, None] * D + d[None, :],
+                 mask=own[:, None] & (d < D)[None, :], other=0.0)
+    tl.store(k_base + nr[:, None] * (H * D) + d[None, :], _to_cache(kn.to(tl.float32), cdt, INTERP),
+             mask=own[:, None] & (d < D)[None, :])
+    vn = tl.load(vnew_ptr + ((b * TN + t) * H + h)[:, None] * DV + dv[None, :],
+                 mask=own[:, None] & (dv < DV)[None, :], other=0.0)
+    tl.store(v_base + nr[:, None] * (H * DV) + dv[None, :], _to_cache(vn.to(tl.float32), cdt, INTERP),
+             mask=own[:, None] & (dv < DV)[None, :])
+    if USE_GATE:
+        gq = tl.arange(0, GP)
+        hq = h * G + gq
+        gmask = gq < G
+        run = tl.load(c_base + (L - 1) * HQ + hq, mask=gmask & (L > 0), other=0.0)
+        cn = tl.zeros([TNP, GP], tl.float32)
+        for s in tl.static_range(TN):
+            run = run + tl.load(g_ptr + (b * TN + s) * HQ + hq, mask=gmask, other=0.0)
+            cn = tl.where((t == s)[:, None], run[None, :], cn)
+        tl.store(c_base + nr[:, None] * HQ + hq[None, :], cn, mask=own[:, None] & gmask[None, :])
+
+
+@triton.jit
 def decode_kernel(
-    q_ptr, w_ptr, beta_ptr, k_ptr, v_ptr, c_ptr,
+    q_ptr, knew_ptr, vnew_ptr, w_ptr, beta_ptr, g_ptr, k_ptr, v_ptr, c_ptr,
     m_part, l_part, acc_part,
     L, N, max_len, tiles_per_split, n_splits,
     qk_scale, gate_scale,
     H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
-    BDV: tl.constexpr, TN: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROWWISE: tl.constexpr, F32: tl.constexpr, USE_GATE: tl.constexpr, BETA_MAX: tl.constexpr,
-    OFF64: tl.constexpr, INTERP: tl.constexpr,
+    BDV: tl.constexpr, TN: tl.constexpr, TNP: tl.constexpr, GP: tl.constexpr, R: tl.constexpr,
+    BLOCK_N: tl.constexpr, ROWWISE: tl.constexpr, F32: tl.constexpr, USE_GATE: tl.constexpr,
+    BETA_MAX: tl.constexpr, OFF64: tl.constexpr, INTERP: tl.constexpr,
 ):
     """One split of one (batch, kv head): in-place rank-one updates of its key tiles + partial softmax.
 
-    q [B, TN, H*G, D], w [B, TN, H, D] fp32, beta [B, TN, H] fp32; cache k [B, max_len, H, D],
-    v [B, max_len, H, DV], c [B, max_len, H*G] fp32 (all contiguous: the row strides are constexpr, so
-    the compiler sees aligned, vectorisable rows); rows 0 .. N-1 valid, N = L + TN.  OFF64: row
-    offsets need 64 bits (max_len * H * max(D, DV, G) >= 2**31).
+    New tokens: q [B, TN, H*G, D], k [B, TN, H, D], v [B, TN, H, DV], w [B, TN, H, D] fp32,
+    beta [B, TN, H] fp32, g [B, TN, H*G] fp32 (contiguous).  Cache: k [B, max_len, H, D],
+    v [B, max_len, H, DV], c [B, max_len, H*G] fp32 (contiguous: the row strides are constexpr, so the
+    compiler sees aligned, vectorisable rows); rows 0 .. L-1 hold the cache, the new tokens go to rows
+    L .. N-1 (N = L + TN), written here by the program that owns them.  OFF64: row offsets need 64 bits.
     Partials: m/l [B*H, n_splits, R], acc [B*H, n_splits, R, BDV] (fp32, base-2 logits).
     Query row r = t * G + g (token t, head h*G + g); rows >= TN*G are padding.
     """
@@ -101,13 +137,18 @@ def decode_kernel(
     t_hi = tl.minimum(t_lo + tiles_per_split, n_tiles)
     part = pid * n_splits + split
 
+    _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, t_lo * BLOCK_N, t_hi * BLOCK_N,
+                 H, G, D, DV, BD, BDV, TN, TNP, GP, USE_GATE, OFF64, INTERP)
+    tl.debug_barrier()  # the new rows are read back by other threads of this program
+
     if ROWWISE:
         # TN == 1, G == 1: one query row; logits and P.V by row reductions
         qv = tl.load(q_ptr + (b * HQ + h) * D + d, mask=dmask, other=0.0).to(tl.float32)
         w0 = tl.load(wb + d, mask=dmask, other=0.0)
         beta0 = tl.minimum(tl.load(bb), BETA_MAX)
         if USE_GATE:
-            c_i = tl.load(c_base + L * HQ + h)
+            c_prev = tl.load(c_base + (L - 1) * HQ + h, mask=L > 0, other=0.0)
+            c_i = c_prev + tl.load(g_ptr + b * HQ + h)
         m_i = tl.full([1], _NEG, tl.float32)
         l_i = tl.zeros([1], tl.float32)
         acc = tl.zeros([BDV], tl.float32)
@@ -149,7 +190,9 @@ def decode_kernel(
         if F32:
             Q = Q.to(tl.float32)
         if USE_GATE:
-            c_i = tl.load(c_base + pos_r * HQ + hq_r, mask=rvalid, other=0.0)
+            c_i = tl.load(c_base + (L - 1) * HQ + hq_r, mask=rvalid & (L > 0), other=0.0)
+            for si in tl.static_range(TN):
+                c_i += tl.load(g_ptr + (b * TN + si) * HQ + hq_r, mask=rvalid & (t_r >= si), other=0.0)
         m_i = tl.full([R], _NEG, tl.float32)
         l_i = tl.zeros([R], tl.float32)
         acc = tl.zeros([R, BDV], tl.float32)
@@ -321,11 +364,6 @@ def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = N
     L = cache.length
     cache.reserve(TN)
     N = L + TN
-    cache.k[:, L:N] = k.to(cache.k.dtype)
-    cache.v[:, L:N] = v.to(cache.v.dtype)
-    if g is not None:
-        prev = cache.c[:, L - 1] if L > 0 else torch.zeros_like(cache.c[:, 0])
-        cache.c[:, L:N] = prev[:, None] + torch.cumsum(g, dim=1)
     rowwise, R = decode_layout(TN, G)
     BLOCK_N = int(params.decode_block_n)
     n_tiles = triton.cdiv(N, BLOCK_N)
@@ -341,11 +379,13 @@ def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = N
     c = cache.c if cache.c is not None else m_part
     gate_scale = (scale if gate_placement == "inside_scale" else 1.0) * _LOG2E
     decode_kernel[(B * H, splits)](
-        q.contiguous(), w.contiguous(), beta.contiguous(), cache.k, cache.v, c,
+        q.contiguous(), k.contiguous(), v.contiguous(), w.contiguous(), beta.contiguous(),
+        g.contiguous() if g is not None else m_part, cache.k, cache.v, c,
         m_part, l_part, acc_part,
         L, N, cache.max_len, per, splits,
         scale * _LOG2E, gate_scale,
-        H=H, G=G, D=D, DV=DV, BD=BD, BDV=BDV, TN=TN, R=R, BLOCK_N=BLOCK_N,
+        H=H, G=G, D=D, DV=DV, BD=BD, BDV=BDV, TN=TN, TNP=triton.next_power_of_2(TN),
+        GP=triton.next_power_of_2(G), R=R, BLOCK_N=BLOCK_N,
         ROWWISE=rowwise, F32=f32, USE_GATE=g is not None, BETA_MAX=params.beta_max,
         OFF64=cache.max_len * H * max(D, DV, G) >= 2 ** 31,
         INTERP=interpreting(), num_warps=int(params.decode_num_warps), num_stages=2,
