@@ -96,6 +96,19 @@ def test_step_matches_reference(HQ, H, D, DV, TN, gate, cdt, splits, block_n):
         assert rel(tri.c[:, :n], ref_cache.c[:, :n]) < 1e-6
 
 
+@pytest.mark.parametrize("HQ,H", [(2, 2), (4, 2)])
+def test_new_tokens_straddle_tiles_and_splits(HQ, H):
+    """New rows 46, 47 | 48 fall in two tiles owned by two programs (one tile per split): each program
+    writes and rotates its own new rows."""
+    B, D, T0, TN = 1, 16, 46, 3
+    tri, ref_cache = prefilled(B, T0, HQ, H, D, D, True, torch.float32)
+    o, ref = step_both(tri, ref_cache, make(B, TN, HQ, H, D, D, True),
+                       config=dict(decode_splits=16, decode_block_n=16))
+    assert rel(o, ref) < TOL_O[torch.float32]
+    assert rel(tri.k[:, :49], ref_cache.k[:, :49]) < TOL_K[torch.float32]
+    assert rel(tri.c[:, :49], ref_cache.c[:, :49]) < 1e-6
+
+
 def test_empty_cache_grows_over_consecutive_steps():
     """From an empty cache (capacity 0): steps of 1, 3, 1, 2 tokens, checked after every step."""
     B, HQ, H, D, DV = 1, 4, 2, 16, 16
