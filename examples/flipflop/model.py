@@ -103,7 +103,9 @@ class FlipFlopLM(nn.Module):
         h = self.norm1(x)
         x = x + (fla_attention_forward(self.attn, h) if self.kernel == "fla" else self.attn(h))
         x = x + self.mlp(self.norm2(x))
-        return self.head(self.norm_f(x))
+        # the 5-way head in float32 even under autocast: bf16 logits can tie at the argmax
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return self.head(self.norm_f(x.float()))
 
 
 # ---------------------------------------------------------------------------------------------
