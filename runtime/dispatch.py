@@ -264,6 +264,7 @@ class Dispatcher:
         self._choices: dict[tuple, Choice] = {}
         self._lock = threading.RLock()
         self._warned: set[str] = set()
+        self._stale_checked = False
         self.db_queries = 0      # PerfDB.best calls (tests: the cached path asks nothing)
         self.pack_queries = 0    # Pack.lookup calls
 
@@ -371,6 +372,22 @@ class Dispatcher:
                                             "kernels use heuristic configs")
         return self._db
 
+    def _warn_if_only_stale(self, env: Mapping[str, Any], pass_: str, backends: Sequence[str]) -> None:
+        """Once per process, on the first miss: say so when this GPU's results are all stale."""
+        self._stale_checked = True
+        try:
+            rows = self._db.query(gpu=env.get("gpu_name") or "cpu", pass_=pass_, status="ok", backend=tuple(backends),
+                                  include_stale=True, limit=200, order="newest")
+        except Exception as e:  # noqa: BLE001
+            _log.debug("dispatch: stale check failed: %s", e)
+            return
+        rows = [r for r in rows if r["gpu"] == env.get("gpu_name") and r["cc"] == env.get("compute_capability")]
+        if rows and all(r["stale"] for r in rows):
+            self._warn_once(f"pathtune: perf_db holds {len(rows)}{'+' if len(rows) == 200 else ''} {pass_} results for "
+                            f"{env.get('gpu_name')} measured with other kernel code ({rows[0]['stale'][0]}); stale "
+                            "results are not served, kernels use heuristic configs: re-tune (`pathtune tune`) or "
+                            "prune them (`pathtune db gc`)")
+
     def _drop_db(self, e: BaseException) -> None:
         db, self._db = self._db, None
         self._warn_once(f"pathtune: perf_db lookups failed ({type(e).__name__}: {_short(e)}); not asked again "
@@ -443,6 +460,8 @@ class Dispatcher:
             except Exception as e:  # noqa: BLE001 - locked / corrupt / gone: fall back, once
                 self._drop_db(e)
                 db_row = None
+            if db_row is None and self._db is not None and not self._stale_checked:
+                self._warn_if_only_stale(env, pass_, backends)
             if db_row is not None and db_row["backend"] not in backends:
                 db_row = None
             if db_row is not None:

@@ -130,7 +130,17 @@ def test_pack_default_then_heuristic(env, db_url):
 def test_stale_source_hash_is_not_served(env, db_url):
     stale = KernelKey(pass_="fwd", backend="triton", spec_hash=load_spec().hash, source_hash="0123456789abcdef")
     record(db_url, env, [(wl(), fwd_cfg(chunk_size=32), 0.4, stale)])
-    assert plan(dispatcher(env, db_url)).source == "heuristic"
+    d = dispatcher(env, db_url)
+    with pytest.warns(DispatchWarning, match=r"perf_db holds 1 fwd results for NVIDIA H200 measured with other "
+                                             r"kernel code \(source_hash 0123456789ab != current"):
+        assert plan(d).source == "heuristic"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plan(d, seq=5000).source == "heuristic"     # warned once per process
+    record(db_url, env, [(wl(seq=4096), fwd_cfg(block_n=32), 0.4)])   # one current result: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plan(dispatcher(env, db_url), seq=100, head_dim=128, head_dim_v=128).source == "heuristic"
 
 
 def test_other_gpu_results_are_not_served(env, db_url):
