@@ -20,6 +20,7 @@ factor, capped by the number of tiles), beta_clip_eps (``TritonParams.beta_max``
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -275,11 +276,27 @@ def _pow2(x: int) -> int:
     return max(16, triton.next_power_of_2(x))
 
 
+@functools.lru_cache(maxsize=256)
+def _params_cached(key) -> TritonParams:
+    if key[0] == "heuristic":
+        return TritonParams.heuristic(key[1], key[2])
+    return TritonParams.from_config(dict(key[1]))
+
+
 def decode_params(config, head_dim: int, head_dim_v: int) -> TritonParams:
-    """TritonParams for a decode launch: ``config`` (spec Config / mapping / TritonParams) or the heuristic."""
+    """TritonParams for a decode launch: ``config`` (spec Config / mapping / TritonParams) or the heuristic.
+
+    Memoised (a decode step is short; building the dataclass costs ~20 us of host time per call)."""
     if config is None:
-        return TritonParams.heuristic(head_dim, head_dim_v)
-    return TritonParams.from_config(config)
+        return _params_cached(("heuristic", head_dim, head_dim_v))
+    if isinstance(config, TritonParams):
+        return config
+    try:
+        items = tuple(sorted(dict(config).items()))
+        hash(items)
+    except TypeError:  # unhashable knob values: no memo
+        return TritonParams.from_config(config)
+    return _params_cached(("config", items))
 
 
 def decode_layout(T_new: int, G: int) -> tuple[bool, int]:
