@@ -390,3 +390,23 @@ def test_decode_bench_runs_end_to_end_with_a_stub_timer(monkeypatch):
     assert row.params["decode_splits"] == 1 and row.times["pathtune_default"] == 2.0
     if DEV == "cpu":
         assert row.times["fla"] is None and "fla" in row.failures
+
+
+@pytest.mark.parametrize("G", [1, 2])
+def test_outside_scale_gate_and_lse(G):
+    """The FoX-kernel gate placement (scale * S + c_i - c_j) and the returned log-sum-exp."""
+    from pathtune.runtime.reference.recurrent import path_attention_decode_step
+
+    B, H, D = 2, 2, 16
+    HQ = G * H
+    tri, ref_cache = prefilled(B, 21, HQ, H, D, D, True, torch.float32)
+    same_cache = copy.deepcopy(ref_cache)
+    q, k, v, w, beta, g = make(B, 1, HQ, H, D, D, True)
+    g = g * 8  # strong decay, so the two placements differ clearly
+    o, lse = path_decode_triton(q, k, v, w, beta, g, tri, config=dict(decode_block_n=16, decode_splits=2),
+                                gate_placement="outside_scale", return_lse=True)
+    ref, ref_lse = path_attention_decode_step(*f64((q, k, v, w, beta, g)), ref_cache, gate_placement="outside_scale",
+                                              return_lse=True)
+    assert rel(o, ref) < TOL_O[torch.float32] and rel(lse, ref_lse) < 1e-6
+    inside = path_attention_decode(*f64((q, k, v, w, beta, g)), same_cache)  # default: inside_scale
+    assert rel(inside[:, 0], ref) > 100 * TOL_O[torch.float32]   # so the placement really reached the kernel
