@@ -194,16 +194,45 @@ def _reference(q, k, v, w, beta, g, scale, cu_seqlens, placement):
 
 
 def _run_kernel(plan, q, k, v, w, beta, g, scale, cu_seqlens, placement):
-    if plan.backend == "tvm":
-        from pathtune.codegen.tvm import path_attention_tvm
-
-        return path_attention_tvm(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, config=plan.fwd.config)
     from pathtune.codegen.triton import autograd  # noqa: F401  (registers torch.ops.pathtune.*)
 
+    if plan.backend == "tvm":
+        if plan.bwd_params_json is None:
+            from pathtune.codegen.tvm import path_attention_tvm
+
+            return path_attention_tvm(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
+                                      config=plan.fwd.config)
+        cu = None if cu_seqlens is None else cu_seqlens.to(device=q.device, dtype=torch.int64)
+        return _TVMForwardTritonBackward.apply(q, k, v, w, beta, g, cu, float(scale), plan.fwd.config,
+                                               plan.bwd_params_json, placement)
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
     return torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, float(scale), plan.params_json,
                                             placement)
+
+
+class _TVMForwardTritonBackward(torch.autograd.Function):
+    """TVM forward kernel (no autograd of its own), Triton backward from the saved o and lse."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, w, beta, g, cu_seqlens, scale, tvm_config, bwd_params_json, placement):
+        from pathtune.codegen.tvm import path_attention_tvm
+
+        args = [None if t is None else t.detach() for t in (q, k, v, w, beta, g)]
+        o, lse = path_attention_tvm(*args, scale=scale, cu_seqlens=cu_seqlens, config=tvm_config)
+        lse = lse.float()
+        ctx.save_for_backward(q, k, v, w, beta, g, o, lse, cu_seqlens)
+        ctx.scale, ctx.params_json, ctx.placement = scale, bwd_params_json, placement
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, w, beta, g, o, lse, cu_seqlens = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(o)
+        dq, dk, dv, dw, dbeta, dg = torch.ops.pathtune.path_attn_bwd(
+            do, dlse, q, k, v, w, beta, g, o, lse, cu_seqlens, ctx.scale, ctx.params_json, ctx.placement)
+        return dq, dk, dv, dw, dbeta, (dg if g is not None else None), None, None, None, None, None
 
 
 # -- torch.compile ---------------------------------------------------------------------------------

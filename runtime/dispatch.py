@@ -15,11 +15,12 @@ dict lookup (``benchmarks/dispatch_overhead.py`` prints the number). The dispatc
 benchmarks: tuning is ``pathtune tune`` / ``pathtune bench --record``, and the results reach the
 runtime through perf_db or an exported pack.
 
-Candidates are Triton and, for forward-only calls on CUDA when its runtime is importable, TVM. A
-call that will be differentiated runs Triton forward and backward (the TVM forward has no
-autograd): its plan merges the forward's tuned config with the backward-only knobs of the bwd
-pass's choice (the knobs both passes share, e.g. ``chunk_size``, come from the forward, because one
-Triton op serves both).
+Candidates for the forward are Triton and, on CUDA when its runtime is importable, TVM; the
+backward always runs Triton. A differentiated call whose forward is Triton runs one Triton op for
+both passes: its params merge the forward's tuned config with the backward-only knobs of the bwd
+pass's choice (the knobs both passes share, e.g. ``chunk_size``, come from the forward). When the
+forward is TVM, the Triton backward (which recomputes its chunk state from q, k, w, beta and the
+saved o, lse) runs with the bwd choice's own knobs. Under torch.compile only Triton is traced.
 
 Packs: ``load_pack(path)`` (or ``PATHTUNE_PACK``, read on the first lookup) installs a read-only
 pack; a pack measured under other hard keys (GPU, compute capability, Triton major.minor, spec)
@@ -88,13 +89,15 @@ class Plan:
     """What a call runs: ``backend`` ("triton" or "tvm") with ``params_json``.
 
     triton: the ``TritonParams`` JSON the custom op reads (forward knobs, plus the backward-only
-    knobs of ``bwd`` when a backward follows); tvm: the forward Config's JSON.
+    knobs of ``bwd`` when a backward follows); tvm: the forward Config's JSON, and the Triton
+    backward's params in ``bwd_params_json`` (TVM forward, Triton backward).
     """
 
     backend: str
     params_json: str
     fwd: Choice
     bwd: Optional[Choice] = None
+    bwd_params_json: Optional[str] = None   # TritonParams JSON of the backward (when one follows)
 
     @property
     def source(self) -> str:
@@ -509,12 +512,12 @@ class Dispatcher:
                 return plan
             (_, _, D, DV, HQ, H, dtype, gate, sb, bb, varlen, backends, grad) = key
             cands = tuple(b for b in backends if b == "triton" or
-                          (b == "tvm" and not grad and device.type == "cuda" and tvm_available()))
+                          (b == "tvm" and device.type == "cuda" and tvm_available()))
             if not cands:
-                why = "a backward follows" if grad else ("inputs are not on CUDA" if device.type != "cuda"
-                                                         else "its runtime (tvm, tvm_ffi) is not importable")
+                why = ("inputs are not on CUDA" if device.type != "cuda"
+                       else "its runtime (tvm, tvm_ffi) is not importable")
                 raise NotImplementedError(f"backend 'tvm' cannot run this call: {why}; the TVM backend is a "
-                                          "forward-only CUDA kernel. Use backend='triton' or 'auto'")
+                                          "CUDA forward kernel. Use backend='triton' or 'auto'")
 
             def workload(pass_: str) -> Workload:
                 return Workload(head_dim=D, head_dim_v=DV, heads_q=HQ, heads_kv=H, dtype=dtype, use_gate=gate,
@@ -524,9 +527,12 @@ class Dispatcher:
             bwd = self.choose("bwd", workload("bwd"), device, ("triton",)) if grad else None
             if fwd.backend == "triton":
                 params_json = _triton_params_json(fwd, bwd, D, DV)
+                bwd_params_json = params_json if bwd is not None else None
             else:
                 params_json = fwd.config.to_json()
-            plan = Plan(fwd.backend, params_json, fwd, bwd)
+                # the Triton backward recomputes its state: it runs with the bwd choice's own knobs
+                bwd_params_json = _triton_params_json(bwd, None, D, DV) if bwd is not None else None
+            plan = Plan(fwd.backend, params_json, fwd, bwd, bwd_params_json)
             self._plans[key] = plan
             _report(key, plan)
             return plan

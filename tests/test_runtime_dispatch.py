@@ -160,13 +160,67 @@ def test_training_plan_merges_backward_knobs(env, db_url):
     assert json.loads(plan(dispatcher(env, db_url), grad=False).params_json)["bwd_block_n"] == 64
 
 
-def test_tvm_only_for_forward_only_cuda_calls(env, monkeypatch):
+def test_tvm_candidates(env, db_url, monkeypatch):
     d = Dispatcher(env_info=env, db=None, pack=None)
-    with pytest.raises(NotImplementedError, match="backend 'tvm' cannot run this call: a backward follows"):
-        d.plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 100, 1, False, backends=("tvm",), grad=True)
+    monkeypatch.setattr(dispatch, "_TVM_OK", False)
+    with pytest.raises(NotImplementedError, match=r"backend 'tvm' cannot run this call: its runtime \(tvm, "
+                                                  r"tvm_ffi\) is not importable"):
+        d.plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 100, 1, False, backends=("tvm",))
+    with pytest.raises(NotImplementedError, match="inputs are not on CUDA"):
+        d.plan(torch.device("cpu"), 64, 64, 4, 2, "bfloat16", True, 100, 1, False, backends=("tvm",))
+    assert d.plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 100, 1, False, backends=("triton", "tvm")).backend == "triton"
     monkeypatch.setattr(dispatch, "_TVM_OK", True)
     p = d.plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 100, 1, False, backends=("tvm",))
     assert p.backend == "tvm" and json.loads(p.params_json) == KnobSpace(load_spec(), "fwd").default().to_dict()
+    assert p.bwd_params_json is None
+    # auto: a faster TVM forward wins; with a backward, the Triton backward keeps the bwd choice's own knobs
+    record(db_url, env, [(wl("fwd"), fwd_cfg(chunk_size=32), 0.5),
+                         (wl("fwd"), fwd_cfg(chunk_size=64), 0.3, kernel("fwd", "tvm")),
+                         (wl("bwd"), bwd_cfg(chunk_size=32, bwd_block_n=128), 0.9)])
+    for grad in (False, True):
+        p = plan_auto = dispatcher(env, db_url).plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 1000, 1, False,
+                                                     backends=("triton", "tvm"), grad=grad)
+        assert (p.backend, p.fwd.config["chunk_size"], p.source) == ("tvm", 64, "perf_db")
+    bwd = json.loads(plan_auto.bwd_params_json)
+    assert (bwd["chunk_size"], bwd["bwd_block_n"]) == (32, 128)
+
+
+def test_tvm_forward_triton_backward_gradients(monkeypatch):
+    """The mixed op: o/lse from the (here: emulated) TVM forward, gradients from the Triton backward."""
+    import torch.nn.functional as F
+
+    from pathtune.codegen.tvm import runtime as tvm_runtime
+    from pathtune.runtime import api
+    from pathtune.runtime.reference import blockwise_path_attention, naive_path_attention
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    calls = []
+
+    def fake_tvm(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None, config=None):
+        assert not any(t.requires_grad for t in (q, k, v, w, beta, g) if t is not None)  # as the real one
+        calls.append(config)
+        return blockwise_path_attention(q, k, v, w, beta, g, scale=scale, chunk_size=16, superchunk_size=32)
+
+    monkeypatch.setattr(tvm_runtime, "path_attention_tvm", fake_tvm)
+    gen = torch.Generator().manual_seed(4)
+    B, T, HQ, H, D = 1, 40, 2, 1, 32
+    q, k, v = (torch.randn(B, T, n, D, generator=gen) for n in (HQ, H, H))
+    w = F.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
+    beta = torch.rand(B, T, H, generator=gen) + 0.5
+    g = F.logsigmoid(torch.randn(B, T, HQ, generator=gen) + 3)
+    xs = [t.requires_grad_() for t in (q, k, v, w, beta, g)]
+    params = json.dumps({**json.loads(dispatch._heuristic_params(32, 32).to_json()), "chunk_size": 16,
+                         "superchunk_size": 32, "block_n": 16, "bwd_block_n": 16, "scan_precision": "tf32"})
+    o, lse = api._TVMForwardTritonBackward.apply(*xs, None, D ** -0.5, fwd_cfg(), params, "inside_scale")
+    assert calls == [fwd_cfg()]
+    (o.square().sum() + lse.sum()).backward()
+    got = [t.grad.clone() for t in xs]
+    ref_xs = [t.detach().double().requires_grad_() for t in xs]
+    ref_o = naive_path_attention(*ref_xs, return_lse=True)
+    (ref_o[0].square().sum() + ref_o[1].sum()).backward()
+    for name, a, b in zip("q k v w beta g".split(), got, ref_xs):
+        err = ((a.double() - b.grad).norm() / b.grad.norm()).item()
+        assert err < 1e-2, (name, err)
 
 
 # -- caching ---------------------------------------------------------------------------------------
