@@ -284,3 +284,35 @@ def test_throughput_measurement_and_table(monkeypatch):
             "path/fla": {"skipped": "fla not importable"}}
     table = markdown_table({"meta": {"throughput_comparison": comp}})
     assert "| PaTH |" in table and "fla not importable" in table
+
+
+def test_evaluate_counts_exactly():
+    """evaluate() over a seeded split equals an independent count with the reference walk."""
+    from dataclasses import replace
+
+    from examples.flipflop.data import batches
+    from examples.flipflop.train import evaluate
+
+    class AlwaysZero(torch.nn.Module):          # predicts bit 0 everywhere
+        def forward(self, tokens):
+            out = torch.zeros(*tokens.shape, 5)
+            out[..., BIT0] = 1.0
+            return out
+
+    class Oracle(torch.nn.Module):              # peeks at the next token: never wrong
+        def forward(self, tokens):
+            out = torch.zeros(*tokens.shape, 5)
+            out[:, :-1].scatter_(-1, tokens[:, 1:, None], 1.0)
+            return out
+
+    seed = _fresh_seed()
+    split = replace(SPLITS["id"], seq_len=64)
+    data = torch.cat(list(batches(split, 7, seed, "cpu", n_sequences=50)))
+    answers = [a for row in data.tolist() for _, a in _reference_answers(row)]
+    kw = dict(n_sequences=50, batch=7, seed=seed, device=torch.device("cpu"), time_limit_s=60, amp=False)
+    ev = evaluate(AlwaysZero(), split, **kw)
+    assert (ev["errors"], ev["reads"], ev["sequences"]) == (sum(answers), len(answers), 50), seed
+    assert ev["error"] == pytest.approx(sum(answers) / len(answers))
+    assert tuple(ev["ci95"]) == wilson_interval(sum(answers), len(answers))
+    ev = evaluate(Oracle(), split, **kw)
+    assert (ev["errors"], ev["reads"]) == (0, len(answers)), seed

@@ -11,8 +11,8 @@ from .data import read_mask
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
 
-def count_read_errors(logits: torch.Tensor, tokens: torch.Tensor) -> Tuple[int, int]:
-    """``(errors, reads)`` for one batch.
+def read_errors(logits: torch.Tensor, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(errors, reads)`` of one batch as 0-dim int64 tensors on the batch's device (no host sync).
 
     ``logits[b, p]`` is the model's next-token prediction after reading ``tokens[b, :p+1]``.  Every
     position ``p`` with ``tokens[b, p] == r`` is a read; it is an error when the argmax over the whole
@@ -20,10 +20,15 @@ def count_read_errors(logits: torch.Tensor, tokens: torch.Tensor) -> Tuple[int, 
     """
     if logits.shape[:2] != tokens.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match tokens {tuple(tokens.shape)}")
-    mask = read_mask(tokens)
-    pred = logits[:, :-1].argmax(dim=-1)
-    wrong = (pred != tokens[:, 1:]) & mask[:, :-1]
-    return int(wrong.sum().item()), int(mask.sum().item())
+    mask = read_mask(tokens)[:, :-1]
+    wrong = (logits[:, :-1].argmax(dim=-1) != tokens[:, 1:]) & mask
+    return wrong.sum(), mask.sum()
+
+
+def count_read_errors(logits: torch.Tensor, tokens: torch.Tensor) -> Tuple[int, int]:
+    """``(errors, reads)`` for one batch as Python ints (see ``read_errors``)."""
+    e, n = read_errors(logits, tokens)
+    return int(e.item()), int(n.item())
 
 
 def wilson_interval(errors: int, n: int, z: float = Z95) -> Tuple[float, float]:

@@ -10,8 +10,8 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from .data import SPLITS, Split, batches, loss_targets, read_mask
-from .metrics import wilson_interval
+from .data import SPLITS, Split, batches, loss_targets
+from .metrics import read_errors, wilson_interval
 from .model import FlipFlopLM, attention_kernel
 
 Callback = Optional[Callable[[int, str], None]]   # (units done so far, status text)
@@ -104,11 +104,10 @@ def train_model(model: FlipFlopLM, cfg: TrainConfig, *, seed: int, device: torch
         sched.step()
         step += 1
         with torch.no_grad():
-            mask = read_mask(tokens)[:, :-1]
-            wrong = (logits[:, :-1].argmax(-1) != tokens[:, 1:]) & mask
+            e, n = read_errors(logits, tokens)
             loss_acc += loss.detach()
-            err_acc += wrong.sum()
-            read_acc += mask.sum()
+            err_acc += e
+            read_acc += n
             n_acc += 1
         if step == cfg.steady_after:
             _sync(device)
@@ -160,9 +159,9 @@ def evaluate(model: FlipFlopLM, split: Split, *, n_sequences: int, batch: int, s
     for tokens in batches(split, batch, seed, device, n_sequences=n_sequences):
         with _autocast(device, amp):
             logits = model(tokens)
-        mask = read_mask(tokens)[:, :-1]
-        errors += ((logits[:, :-1].argmax(-1) != tokens[:, 1:]) & mask).sum()
-        reads += mask.sum()
+        e, n = read_errors(logits, tokens)
+        errors += e
+        reads += n
         done += tokens.shape[0]
         if on_batch:
             on_batch(done, "")
