@@ -96,7 +96,8 @@ def _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, row
         tl.store(c_base + nr[:, None] * HQ + hq[None, :], cn, mask=own[:, None] & gmask[None, :])
 
 
-@triton.jit
+# cache positions change every step: no per-value specialisation (a recompile for every L % 16 == 0 switch)
+@triton.jit(do_not_specialize=["L", "N", "max_len", "tiles_per_split", "n_splits"])
 def decode_kernel(
     q_ptr, knew_ptr, vnew_ptr, w_ptr, beta_ptr, g_ptr, k_ptr, v_ptr, c_ptr,
     m_part, l_part, acc_part,
@@ -240,7 +241,7 @@ def decode_kernel(
         tl.store(acc_part + (part * R + r)[:, None] * BDV + dv[None, :], acc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_splits"])
 def decode_merge_kernel(
     m_part, l_part, acc_part, o_ptr, lse_ptr, n_splits,
     H: tl.constexpr, G: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, TN: tl.constexpr,
