@@ -63,14 +63,15 @@ class TritonParams:
         memory; ``python -m pathtune.codegen.triton.compile_check --head-dim D``): above
         head dim 64 the forward and backward loops run single-stage and the D x D transition
         products use one tf32 pass instead of three; the decode kernel gets 8 warps (with 4, its
-        fp32 key tile of 128 x 128 takes 252 registers a thread).
+        fp32 key tile of 128 x 128 takes 252 registers a thread) and key tiles of 64 rows (112
+        registers: two programs per multiprocessor, instead of one at 128 rows).
         """
         d = max(head_dim, head_dim_v or head_dim)
         if d <= 64:
             return cls()
         return cls(num_stages=1, bwd_num_stages=1, transition_precision="tf32",
                    num_warps=8 if d > 128 else 4, bwd_num_warps=8 if d > 128 else 4,
-                   decode_num_warps=8)
+                   decode_block_n=64, decode_num_warps=8)
 
     @property
     def scan_dtype(self):
