@@ -102,6 +102,19 @@ def generate(model: TinyLM, prompt: torch.Tensor, steps: int, *, use_cache: bool
     return torch.cat(out, dim=1)
 
 
+@torch.no_grad()
+def cached_vs_full_logits(model: TinyLM, prompt: torch.Tensor, tokens: torch.Tensor) -> float:
+    """Teacher-forced on ``tokens``: max |logits(cached decode) - logits(full forward)| / max |logits|."""
+    seq = torch.cat([prompt, tokens[:, :-1]], dim=1)
+    full = model(seq)[:, prompt.shape[1] - 1:].float()
+    cache = PaTHCache()
+    steps = [model(prompt, cache=cache)[:, -1:]]
+    for t in range(tokens.shape[1] - 1):
+        steps.append(model(tokens[:, t:t + 1], cache=cache))
+    cached = torch.cat(steps, dim=1).float()
+    return ((cached - full).abs().max() / full.abs().max()).item()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -177,12 +190,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         rates[use_cache] = outs[use_cache].numel() / (time.perf_counter() - t)
     same = torch.equal(outs[True], outs[False])
     acc = (outs[True] == target).float().mean().item()
+    rel = cached_vs_full_logits(model, prompt, outs[False])
+    tol = 1e-4 if dtype == torch.float32 else 3e-2    # bf16 kernels round differently in prefill vs decode
     print(f"generate: {half} tokens x {prompt.shape[0]} sequences; with cache {rates[True]:.0f} tok/s, "
           f"re-running the sequence {rates[False]:.0f} tok/s")
-    print(f"copy accuracy {acc:.3f} (chance {1 / (vocab - 1):.3f}); cached generation equals uncached: {same}")
-    if not same:
-        print("error: cached and uncached greedy generation differ", file=sys.stderr)
+    print(f"copy accuracy {acc:.3f} (chance {1 / (vocab - 1):.3f}); cached generation equals uncached: {same}; "
+          f"cached vs full logits (teacher-forced): max relative difference {rel:.2e} (tolerance {tol:.0e})")
+    if rel > tol:
+        print("error: cached decoding does not reproduce the full forward", file=sys.stderr)
         return 1
+    if not same:
+        n_diff = int((outs[True] != outs[False]).any(dim=1).sum())
+        print(f"note: {n_diff} sequence(s) diverge at a near-tie of the greedy argmax; the logits agree within "
+              f"the {dtype} tolerance, so this is rounding, not a cache error")
     return 0
 
 
