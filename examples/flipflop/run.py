@@ -110,8 +110,12 @@ def plot_curves(results: dict, path: Path) -> Optional[Path]:
         if not r or "curve" not in r:
             continue
         c = r["curve"]
-        axes[0].plot(c["step"], c["loss"], label=LABEL[name])
-        axes[1].plot(c["step"], [max(e, 1e-6) for e in c["read_error"]], label=LABEL[name])
+        label = LABEL[name]
+        if r.get("sparse_reads"):
+            label += f" (sparse OOD {r['sparse_errors']}/{r['sparse_reads']} wrong)"
+        mk = "." if len(c["step"]) < 20 else None
+        axes[0].plot(c["step"], [max(v, 1e-9) for v in c["loss"]], label=label, marker=mk)
+        axes[1].plot(c["step"], [max(e, 1e-6) for e in c["read_error"]], label=label, marker=mk)
     axes[0].set(xlabel="step", ylabel="train loss (read targets)", yscale="log", title="training loss")
     axes[1].set(xlabel="step", ylabel="train read error (floored at 1e-6)", yscale="log",
                 title="read error on training batches, FFL(0.8)")
