@@ -161,7 +161,7 @@ def test_skipping_the_update_is_detected():
 def test_prefill_then_decode_equals_full_attention():
     """GPU-path prefill (Triton forward + current-frame keys) then Triton decode steps reproduce the
     float64 naive attention of the whole sequence; the prefill cache holds the current-frame keys."""
-    B, HQ, H, D, DV, T0 = 1, 4, 2, 16, 32, 70   # two UT chunks of 64 (one partial)
+    B, HQ, H, D, DV, T0 = 2, 4, 2, 16, 32, 70   # two UT chunks of 64 (one partial) per sequence
     full = make(B, T0 + 5, HQ, H, D, DV, True)
     ref = naive_path_attention(*f64(full))
     cfg = dict(decode_splits=2, decode_block_n=16)
