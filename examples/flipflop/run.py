@@ -25,6 +25,11 @@ from typing import Optional
 
 T_START = time.perf_counter()
 
+if __name__ == "__main__" and not __package__:      # `python examples/flipflop/run.py ...`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from examples.flipflop.run import main as _main
+    sys.exit(_main())
+
 import torch  # noqa: E402
 
 from .data import SPLITS, expected_reads  # noqa: E402
