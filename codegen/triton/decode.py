@@ -7,7 +7,9 @@ j < L+t in place, ``k_j <- k_j - beta_t (k_j . w_t) w_t``, and lets q_t attend (
 FoX gate c_{L+t} - c_j) over rows j <= L+t.
 
 ``decode_kernel`` does all of that in one pass over the cache: grid (B*H, splits); a program owns
-a contiguous range of key tiles of one (batch, kv head).  Per tile it loads K once, applies the
+a contiguous range of key tiles of one (batch, kv head).  It first writes the new tokens' rows that
+fall in its range (raw k, v; gate cumsums c_{L-1} + g_L + ...), so the host issues no copies; then
+per tile it loads K once, applies the
 T_new rank-one updates in order (math in fp32, each result rounded to the cache dtype as the
 reference stores it), computes the logits of token t right after the update by H_t, writes the
 updated K back, loads V, and advances a partial online softmax (m, l, acc) for every query head of
