@@ -195,11 +195,14 @@ def test_public_api_reference_and_triton_agree():
     B, HQ, H, D, T0 = 1, 4, 2, 32, 20
     prompt = make(B, T0, HQ, H, D, D, True)
     o_ref, c_ref = pathtune.path_attention_prefill(*prompt, backend="reference")
+    if DEV == "cpu":  # auto picks the reference for CPU tensors
+        o_auto, _ = pathtune.path_attention_prefill(*prompt)
+        assert torch.equal(o_auto, o_ref)
     o_tri, c_tri = pathtune.path_attention_prefill(*prompt, backend="triton")
     assert isinstance(c_tri, pathtune.PaTHKVCache)
     assert rel(o_tri, o_ref) < 1e-3
     step = make(B, 2, HQ, H, D, D, True)
-    d_ref = pathtune.path_attention_decode(*step, c_ref)            # auto on CPU tensors: reference
+    d_ref = pathtune.path_attention_decode(*step, c_ref, backend="reference")
     d_tri = pathtune.path_attention_decode(*step, c_tri, backend="triton", config=dict(decode_block_n=16))
     assert rel(d_tri, d_ref) < 1e-4
     assert c_ref.length == c_tri.length == T0 + 2
