@@ -50,6 +50,27 @@ def main() -> None:
     print(f"dispatch: first decision {first_ms:.2f} ms (source {plan.source}); cached select_plan "
           f"{cached:.2f} us/call")
 
+    # the rest of path_attention's host work before the launch: spec, validation (shapes, dtypes,
+    # devices, remembered per signature; the value checks are off for GPU inputs), backend resolution
+    from pathtune.runtime.api import _validate, resolve_backend
+    from pathtune.specs import load_spec
+
+    B, T, HQ, H, D = 2, 4096, 8, 2, 64
+    q = torch.empty(B, T, HQ, D, dtype=torch.bfloat16, device="meta")
+    k, v = (torch.empty(B, T, H, D, dtype=torch.bfloat16, device="meta") for _ in range(2))
+    w = torch.empty(B, T, H, D, device="meta")
+    beta = torch.empty(B, T, H, device="meta")
+    g = torch.empty(B, T, HQ, device="meta")
+
+    def host_work():
+        spec = load_spec()
+        _validate(spec, q, k, v, w, beta, g, None, None)
+        resolve_backend("auto", device)
+        d.plan(*args_, backends=("triton", "tvm"), grad=False)
+
+    print(f"path_attention host work before the launch (spec + validation + backend + cached plan): "
+          f"{per_call_us(host_work, max(1, args.n // 10)):.2f} us/call")
+
     if args.e2e:
         if not torch.cuda.is_available():
             raise SystemExit("--e2e needs a CUDA GPU")

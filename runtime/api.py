@@ -15,7 +15,7 @@ from pathtune.specs import load_spec
 from pathtune.specs.canonical import dtype_name
 
 from .dispatch import select_plan
-from .validation import InputInfo, check_head_dims, validate_inputs
+from .validation import InputInfo, check_head_dims, validate_inputs, value_checks_enabled
 
 __all__ = ["path_attention", "BACKENDS", "resolve_backend"]
 
@@ -31,8 +31,18 @@ _REFERENCE_CHUNK = 64
 _REFERENCE_SUPERCHUNK = 256
 
 
+_TRITON_ENTRY: Optional[Tuple[Optional[Callable], str]] = None
+
+
 def _triton_entry() -> Tuple[Optional[Callable], str]:
-    """``(path_attention_triton, "")`` or ``(None, why it is unavailable)``."""
+    """``(path_attention_triton, "")`` or ``(None, why it is unavailable)`` (looked up once)."""
+    global _TRITON_ENTRY
+    if _TRITON_ENTRY is None:
+        _TRITON_ENTRY = _find_triton_entry()
+    return _TRITON_ENTRY
+
+
+def _find_triton_entry() -> Tuple[Optional[Callable], str]:
     try:
         from pathtune.codegen import triton as triton_backend
     except ImportError as e:  # e.g. triton itself missing
@@ -129,7 +139,7 @@ def path_attention(
     if torch.compiler.is_compiling():
         return _path_attention_traced(q, k, v, w, beta, g, scale, cu_seqlens, backend, return_lse)
     spec = load_spec()
-    info = validate_inputs(spec, q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens)
+    info = _validate(spec, q, k, v, w, beta, g, scale, cu_seqlens)
     chosen, reason = resolve_backend(backend, q.device)
     _check_backend(spec, info, chosen, q.device)
     scale = float(info.D) ** -0.5 if scale is None else float(scale)
@@ -147,6 +157,34 @@ def path_attention(
         return o
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return o, lse.to(lse_dtype)
+
+
+_VALIDATED: dict[tuple, InputInfo] = {}
+_VALIDATED_MAX = 4096
+
+
+def _validate(spec, q, k, v, w, beta, g, scale, cu_seqlens) -> InputInfo:
+    """``validate_inputs``, remembered per (shapes, dtypes, devices, scale) when it reads no values.
+
+    Without value checks (GPU inputs, PATHTUNE_CHECK_INPUTS unset) and without cu_seqlens the
+    outcome depends on that signature only, so a repeated call shape skips the spec walk (tens of
+    microseconds) for a dict lookup. Failing calls are never remembered.
+    """
+    try:
+        if cu_seqlens is not None or value_checks_enabled(q.device):
+            return validate_inputs(spec, q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens)
+        key = (id(spec), type(scale), scale,
+               q.shape, q.dtype, q.device, k.shape, k.dtype, k.device, v.shape, v.dtype, v.device,
+               w.shape, w.dtype, w.device, beta.shape, beta.dtype, beta.device,
+               None if g is None else (g.shape, g.dtype, g.device))
+        info = _VALIDATED.get(key)
+    except (AttributeError, TypeError):  # not tensors, unhashable scale: the full check says what is wrong
+        return validate_inputs(spec, q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens)
+    if info is None:
+        info = validate_inputs(spec, q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens)
+        if len(_VALIDATED) < _VALIDATED_MAX:
+            _VALIDATED[key] = info
+    return info
 
 
 def _gate_placement(spec) -> str:

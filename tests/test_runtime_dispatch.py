@@ -479,3 +479,38 @@ def test_gpu_auto_dispatch_serves_perf_db(tmp_path, monkeypatch):
         dispatch.set_dispatcher(old)
     ref = naive_path_attention(*(t.double() for t in (q, k, v, w, beta, g)))
     assert ((o.double() - ref).norm() / ref.norm()).item() < 4e-3
+
+
+def test_validation_is_remembered_per_signature_without_value_checks(monkeypatch):
+    """GPU-like calls (no value checks): a repeated signature skips validate_inputs; errors still raise."""
+    import torch.nn.functional as F
+
+    from pathtune import path_attention
+    from pathtune.runtime import api
+
+    calls = []
+    real = api.validate_inputs
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(api, "validate_inputs", counting)
+    monkeypatch.setattr(api, "value_checks_enabled", lambda device: False)
+    monkeypatch.setattr(api, "_VALIDATED", {})
+    q, k, v = torch.randn(1, 20, 2, 16), torch.randn(1, 20, 1, 16), torch.randn(1, 20, 1, 16)
+    w, beta = F.normalize(torch.randn(1, 20, 1, 16), dim=-1), torch.rand(1, 20, 1) + 0.5
+    o1 = path_attention(q, k, v, w, beta, backend="reference")
+    o2 = path_attention(q, k, v, w, beta, backend="reference")
+    assert len(calls) == 1 and torch.equal(o1, o2)
+    path_attention(q, k, v, w, beta, backend="reference", scale=0.3)        # another signature
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match=r"k.shape\[3\] = 8 does not match D = 16"):
+        path_attention(q, k[..., :8], v, w, beta, backend="reference")
+    with pytest.raises(ValueError, match=r"k.shape\[3\] = 8 does not match D = 16"):
+        path_attention(q, k[..., :8], v, w, beta, backend="reference")   # failures are not remembered
+    spec = load_spec()
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        api._validate(spec, q, k, v, w, beta, None, None, None)
+    assert (time.perf_counter() - t0) / 2000 < 200e-6
