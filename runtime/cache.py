@@ -131,9 +131,13 @@ def prefill_fn(backend: str) -> Callable[..., tuple[Tensor, Any]]:
     """``fn(q, k, v, w, beta, g, *, scale) -> (o, kv_cache)`` for ``backend``."""
     mod = _decode_module()
     if mod is not None and backend != "reference":
+        # TVM has a decode step but no prefill: the (backend-neutral) cache is filled by Triton
+        prefill_backend = "triton" if backend == "tvm" else backend
+
         def fused(q, k, v, w, beta, g, *, scale):
-            config = _tuned_params("fwd", q, k, v, g, q.shape[1], backend)
-            return mod.path_attention_prefill(q, k, v, w, beta, g, scale=scale, backend=backend, config=config)
+            config = _tuned_params("fwd", q, k, v, g, q.shape[1], prefill_backend)
+            return mod.path_attention_prefill(q, k, v, w, beta, g, scale=scale, backend=prefill_backend,
+                                              config=config)
         return fused
 
     from pathtune.runtime.reference import path_attention_prefill

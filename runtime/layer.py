@@ -185,7 +185,8 @@ class PaTHAttention(nn.Module):
 
         ``cache``: a ``PaTHCache``; without an entry for ``layer_idx`` this call is the prefill (and
         stores the entry), otherwise a decode step of T tokens that extends it.
-        ``cu_seqlens``: packed sequences along T (B == 1), as in ``path_attention`` (not with a cache).
+        ``cu_seqlens``: packed sequences along T (B == 1), as in ``path_attention`` (not with a cache;
+        under torch.compile with the Triton backend: the reference reads cu_seqlens on the host).
         """
         if not isinstance(hidden_states, Tensor) or hidden_states.dim() != 3 \
                 or hidden_states.shape[-1] != self.hidden_size:
