@@ -205,22 +205,22 @@ def decode_kernel(
             nmask = n < N
             nr = n.to(tl.int64) if OFF64 else n
             koff = nr[:, None] * (H * D) + d[None, :]
-            K = tl.load(k_base + koff, mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+            Kc = tl.load(k_base + koff, mask=nmask[:, None] & dmask[None, :], other=0.0)
             V = tl.load(v_base + nr[:, None] * (H * DV) + dv[None, :], mask=nmask[:, None] & dvmask[None, :],
                         other=0.0)
             s = tl.zeros([R, BLOCK_N], tl.float32)
-            for t in tl.static_range(TN):
+            for t in tl.static_range(TN):  # keys carried in the cache dtype between the updates
+                K = Kc.to(tl.float32)
                 wt = tl.load(wb + t * H * D + d, mask=dmask, other=0.0)
                 bt = tl.minimum(tl.load(bb + t * H), BETA_MAX)
                 a = tl.where(n < L + t, bt * tl.sum(K * wt[None, :], axis=1), 0.0)
                 Kc = _to_cache(K - a[:, None] * wt[None, :], cdt, INTERP)
-                K = Kc.to(tl.float32)
                 st = _dot(Q, tl.trans(Kc), F32, INTERP)
                 if TN == 1:
                     s = st
                 else:
                     s = tl.where((t_r == t)[:, None], st, s)
-            tl.store(k_base + koff, K.to(cdt), mask=(n < L + TN - 1)[:, None] & dmask[None, :])
+            tl.store(k_base + koff, Kc, mask=(n < L + TN - 1)[:, None] & dmask[None, :])
             s = s * qk_scale
             if USE_GATE:
                 c_j = tl.load(c_base + nr[None, :] * HQ + hq_r[:, None],
