@@ -458,7 +458,8 @@ def test_gpu_auto_dispatch_serves_perf_db(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
     here = collect_env()
     shape = dict(head_dim=64, head_dim_v=64, heads_q=4, heads_kv=2, dtype="bfloat16", use_gate=True)
-    record(url, here, [(Workload(**shape, pass_="fwd", seq_bucket=1024), fwd_cfg(chunk_size=32, block_n=32), 0.1)])
+    record(url, here, [(Workload(**shape, pass_="fwd", seq_bucket=1024, batch_bucket=2),
+                        fwd_cfg(chunk_size=32, block_n=32), 0.1)])
     monkeypatch.setenv("PATHTUNE_DB_URL", url)
     old = dispatch.set_dispatcher(Dispatcher())
     try:
