@@ -6,7 +6,9 @@ For each (heads, head dim, cache length, gate): a bf16 cache of ``cache_len`` ke
 * ``pathtune``: ``path_decode_triton`` -- the fused step (in-place rank-one update of every cached key
   by H_t, the new token written at row ``cache_len``, attention of q over ``cache_len + 1`` keys).
   The kernel mutates the cache; every timed call resets ``cache.length`` to ``cache_len`` first, so
-  the key length stays fixed (the keys keep rotating from call to call, which costs the same).
+  the key length stays fixed (the keys keep rotating from call to call, which costs the same; with
+  beta in [1.5, 2) each call also shrinks them along w_t, so ``--sweep`` restores the keys before
+  every config, and before the baselines).
 * ``sdpa_flash``: torch SDPA (flash backend) of one query over the same ``cache_len + 1`` keys
   (plain attention: no key update, no gate) -- the speed of light of a decode step that reads K and V
   once.  The issue's targets: pathtune <= 1.8x of it at cache 32768, <= 2.5x at 4096.
@@ -207,12 +209,13 @@ def sweep_configs(D: int, DV: int) -> list[dict]:
     return [c.to_dict() for c in space.enumerate({"D": D, "DV": DV}) if c.get("beta_clip_eps") == default_eps]
 
 
-def _sweep(row: DecodeRow, cache, step, D: int, log) -> None:
+def _sweep(row: DecodeRow, cache, step, D: int, log, keys0) -> None:
     """Time every decode config; the fastest accurate one becomes the row's pathtune time and params."""
     from pathtune.codegen.triton.decode import decode_params
 
     best = None
     for cfg in sweep_configs(D, D):
+        cache.k.copy_(keys0)  # every config starts from the same keys (timed calls shrink them along w_t)
         entry = {"config": cfg, "ms": None, "error": ""}
         try:
             params = decode_params(cfg, D, D)
@@ -250,6 +253,7 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                 row = DecodeRow(D, H, T, batch, gate, params=knob_values(params))
                 gen = torch.Generator(device=device).manual_seed(seed)
                 cache = make_cache(batch, T, H, D, gate, device=device, gen=gen)
+                keys0 = cache.k.clone()
                 step = make_step(batch, H, D, gate, device=device, gen=gen)
                 try:
                     row.errors = accuracy(cache, step, params)
@@ -260,10 +264,12 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                     row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 if sweep:
                     row.times["pathtune_default"] = row.times.get("pathtune")
-                    _sweep(row, cache, step, D, log)
+                    _sweep(row, cache, step, D, log, keys0)
                     if row.times.get("pathtune") is not None:
                         row.failures.pop("pathtune", None)
                 cache.length = T
+                cache.k.copy_(keys0)
+                del keys0
                 if "sdpa" in baselines:
                     cache.length = T
                     fn = sdpa_decode_callable(cache, step, "flash")
