@@ -216,6 +216,7 @@ def _sweep(row: DecodeRow, cache, step, D: int, log, keys0) -> None:
     best = None
     for cfg in sweep_configs(D, D):
         cache.k.copy_(keys0)  # every config starts from the same keys (timed calls shrink them along w_t)
+        cache.length = row.cache_len
         entry = {"config": cfg, "ms": None, "error": ""}
         try:
             params = decode_params(cfg, D, D)
@@ -262,6 +263,7 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                     row.times["pathtune"] = _median_ms(pathtune_callable(cache, step, params))
                 except Exception as exc:  # a failing config is a recorded status, not a crash
                     row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                cache.length = T
                 if sweep:
                     row.times["pathtune_default"] = row.times.get("pathtune")
                     _sweep(row, cache, step, D, log, keys0)
