@@ -6,7 +6,8 @@ backward will follow) -- with a ``Plan``. The answer comes, in this order, from
 
 1. the loaded **pack**, exact workload key                           (source ``pack``)
 2. **perf_db** (``PerfDB.best``), exact workload key                  (source ``perf_db``)
-3. the nearest length bucket, pack first, then perf_db               (source ``bucket``)
+3. the nearest length bucket, pack first, then perf_db; then the same
+   shape at the nearest other batch bucket (tuners fix a token budget) (source ``bucket``)
 4. the pack's per-pass default config                               (source ``default``)
 5. ``TritonParams.heuristic`` (the spec's defaults shrunk to fit)     (source ``heuristic``)
 
@@ -57,6 +58,7 @@ __all__ = ["Choice", "Plan", "Dispatcher", "SOURCES", "get_dispatcher", "load_pa
 _log = logging.getLogger("pathtune.dispatch")
 
 SOURCES = ("pack", "perf_db", "bucket", "default", "heuristic")
+_MAX_BATCH_LOG2 = 10   # batch buckets 1 .. 1024 are searched when the caller's own has no result
 _UNSET: Any = object()
 
 
@@ -485,10 +487,54 @@ class Dispatcher:
             return Choice(pass_, db_row["backend"], self._valid(pass_, db_row["config"], wl, "perf_db"), "bucket",
                           f"perf_db measurement #{db_row['measurement_id']}, length bucket {db_row['seq_bucket']} "
                           f"for {wl.seq_bucket}")
+        other = self._other_batch_bucket(pass_, wl, env, backends)
+        if other is not None:
+            return other
         if pack_hit is not None and pack_hit.match == "default":
             return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack"), "default",
                           f"pack {Path(pack.source).name} default for {pass_}")
         return _heuristic(pass_, wl, fallback, "no tuned config for this key")
+
+    def _other_batch_bucket(self, pass_: str, wl: Workload, env: Mapping[str, Any],
+                            backends: tuple[str, ...]) -> Optional[Choice]:
+        """Results of the same shape measured at another batch bucket (nearest first, ties to the
+        larger; within one, the pack before perf_db): tuners fix a token budget, so the batch of a
+        tuned workload rarely equals the caller's. Asked only when the caller's own bucket has nothing."""
+        import dataclasses
+        import math
+
+        buckets = sorted((b for b in (1 << i for i in range(_MAX_BATCH_LOG2 + 1)) if b != wl.batch_bucket),
+                         key=lambda b: (abs(math.log2(b) - math.log2(wl.batch_bucket)), -b))
+        pack, db = self._pack if self._pack is not _UNSET else None, self._db if self._db is not _UNSET else None
+        for b in buckets:
+            alt = dataclasses.replace(wl, batch_bucket=b)
+            if pack is not None:
+                try:
+                    self.pack_queries += 1
+                    hit = pack.lookup(alt, env_info=env, backends=backends, current_keys=current_keys)
+                except Exception:  # noqa: BLE001 - handled (and warned) by the caller's own lookup
+                    hit = None
+                if hit is not None and hit.match != "default":
+                    config = self._valid(pass_, hit.config, wl, "pack")
+                    if config is not None:
+                        return Choice(pass_, hit.backend, config, "bucket",
+                                      f"pack {Path(pack.source).name}, batch bucket {b} for {wl.batch_bucket}, "
+                                      f"length bucket {hit.seq_bucket} for {wl.seq_bucket}")
+            if db is not None:
+                try:
+                    self.db_queries += 1
+                    row = db.best(env, pass_, alt, backend=backends[0] if len(backends) == 1 else None)
+                except Exception as e:  # noqa: BLE001
+                    self._drop_db(e)
+                    db = None
+                    continue
+                if row is not None and row["backend"] in backends:
+                    config = self._valid(pass_, row["config"], wl, "perf_db")
+                    if config is not None:
+                        return Choice(pass_, row["backend"], config, "bucket",
+                                      f"perf_db measurement #{row['measurement_id']}, batch bucket {b} for "
+                                      f"{wl.batch_bucket}, length bucket {row['seq_bucket']} for {wl.seq_bucket}")
+        return None
 
     def plan(self, device: torch.device, head_dim: int, head_dim_v: int, heads_q: int, heads_kv: int, dtype: str,
              use_gate: bool, max_seqlen: int, num_seqs: int, varlen: bool, *,

@@ -37,8 +37,8 @@ def bwd_cfg(**changes):
     return KnobSpace(load_spec(), "bwd").default().replace(**changes)
 
 
-def wl(pass_="fwd", seq=1024, **changes):
-    return Workload(**{**SHAPE, **changes}, pass_=pass_, seq_bucket=seq)
+def wl(pass_="fwd", seq=1024, batch_bucket=1, **changes):
+    return Workload(**{**SHAPE, **changes}, pass_=pass_, seq_bucket=seq, batch_bucket=batch_bucket)
 
 
 def kernel(pass_="fwd", backend="triton"):
@@ -111,6 +111,25 @@ def test_bucket_pack_then_perf_db(env, db_url):
     assert "4096" in p.fwd.detail
     p = plan(dispatcher(env, db_url, None))
     assert (p.source, p.fwd.config) == ("bucket", fwd_cfg(chunk_size=32))
+
+
+def test_other_batch_bucket_before_default(env, db_url):
+    record(db_url, env, [(wl(batch_bucket=8), fwd_cfg(chunk_size=32), 0.4),
+                         (wl(batch_bucket=32), fwd_cfg(block_n=32), 0.2)])
+    pack = make_pack(env, [(wl(head_dim=128, head_dim_v=128, batch_bucket=4), fwd_cfg(num_warps=2), 0.5)],
+                     default=fwd_cfg(num_warps=8))
+    d = dispatcher(env, db_url, pack)
+    p = plan(d)                                     # batch bucket 1: nearest measured bucket is 8
+    assert (p.source, p.fwd.config) == ("bucket", fwd_cfg(chunk_size=32)) and "batch bucket 8 for 1" in p.fwd.detail
+    p = d.plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 1000, 16, False)   # 16: 8 and 32 tie -> the larger
+    assert p.fwd.config == fwd_cfg(block_n=32)
+    p = d.plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 1000, 8, False)    # its own bucket: exact
+    assert (p.source, p.fwd.config) == ("perf_db", fwd_cfg(chunk_size=32))
+    p = plan(d, head_dim=128, head_dim_v=128, seq=100)    # the pack's entry at batch bucket 4, length 1024
+    assert (p.source, p.fwd.config) == ("bucket", fwd_cfg(num_warps=2))
+    assert "batch bucket 4 for 1, length bucket 1024 for 128" in p.fwd.detail
+    p = plan(d, head_dim=96, head_dim_v=96)               # nothing of that shape anywhere: the pack default
+    assert (p.source, p.fwd.config) == ("default", fwd_cfg(num_warps=8))
 
 
 def test_pack_default_then_heuristic(env, db_url):
