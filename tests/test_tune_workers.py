@@ -59,9 +59,16 @@ def _env(tmp_path: Path, url: str) -> dict:
 
 
 def _worker(url: str, worker: int, env: dict, tmp_path: Path) -> subprocess.Popen:
+    spec = tmp_path / "spec.yaml"   # a frozen copy: its hash names the study (the checkout's may be edited)
+    if not spec.exists():
+        import shutil
+
+        import pathtune.specs
+
+        shutil.copy(Path(pathtune.specs.__file__).parent / "path_attention.yaml", spec)
     cmd = [sys.executable, "-m", "pathtune", "tune", "--head-dim", "64", "--pass", "fwd", "--buckets", "1024",
            "--budget", str(BUDGET), "--storage", url, "--resume", "--worker", str(worker), "--heartbeat", "1",
-           "--startup-trials", "6", "--measure-with", FAKE]
+           "--startup-trials", "6", "--measure-with", FAKE, "--spec", str(spec)]
     log = open(tmp_path / f"worker{worker}-{time.monotonic_ns()}.log", "w")
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
 

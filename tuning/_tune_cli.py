@@ -75,6 +75,8 @@ TOL = typer.Option(None, "--tol", help="Override a gate tolerance, e.g. --tol o=
 MEASURE_WITH = typer.Option(None, "--measure-with", hidden=True,
                             help="Tests: module:function or file.py:function replacing the measurement.")
 HEARTBEAT = typer.Option(30, "--heartbeat", hidden=True, help="Optuna heartbeat interval, seconds.")
+SPEC = typer.Option(None, "--spec", help="Spec YAML whose knobs are searched (default: the packaged one).",
+                    show_default=False)
 STARTUP = typer.Option(8, "--startup-trials", help="Random TPE startup trials per study (after the default).")
 
 
@@ -91,9 +93,10 @@ def _keys(head_dim: str, dtype: str, pass_: str, backend: str, buckets: str, gat
 
 def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, worker: int, resume: bool,
              measure_with: Optional[str], check_len: int, tol: Optional[List[str]], heartbeat: int,
-             startup_trials: int, results_out: Optional[Path] = None, env_info: Optional[dict] = None) -> Any:
+             startup_trials: int, results_out: Optional[Path] = None, env_info: Optional[dict] = None,
+             spec: Optional[Path] = None) -> Any:
     from pathtune.perf_db import resolve_url
-    from pathtune.specs import load_spec
+    from pathtune.specs import SpecError, load_spec
 
     from .measure import load_measure_fn
     from .tuner import TuneOptions, is_sqlite, parse_budget
@@ -105,7 +108,10 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
         _fail(str(e))
     url, _ = resolve_url(storage)
     url_str = url.render_as_string(hide_password=False)
-    tolerances = dict(load_spec().numerics.accuracy.tolerances)
+    try:
+        tolerances = dict(load_spec(spec).numerics.accuracy.tolerances)
+    except SpecError as e:
+        _fail(str(e))
     for item in tol or []:
         name, _, value = item.partition("=")
         try:
@@ -119,7 +125,7 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
                        measure_fn=measure_fn,
                        task_defaults={"check_len": check_len, "tolerances": tolerances},
                        heartbeat=heartbeat, startup_trials=startup_trials, command=_command(),
-                       results_out=results_out, env_info=env_info)
+                       results_out=results_out, env_info=env_info, spec_path=spec)
 
 
 def _filter_keys(keys: list, *, local: bool) -> list:
@@ -186,6 +192,7 @@ def tune(
                                                     "(perf_db/RESULTS_FORMAT.md), rewritten after each trial."),
     report_json: Optional[Path] = typer.Option(None, "--report-json", help="Write the per-key summary as JSON."),
     measure_with: Optional[str] = MEASURE_WITH, heartbeat: int = HEARTBEAT, startup_trials: int = STARTUP,
+    spec: Optional[Path] = SPEC,
 ) -> None:
     """Tune every (pass, backend, head dim, dtype, length bucket) key on this GPU host (an Optuna study per key).
 
@@ -200,7 +207,7 @@ def tune(
 
     keys = _filter_keys(_keys(head_dim, dtype, pass_, backend, buckets, gate, heads, heads_kv, tokens), local=True)
     opts = _options(storage, db, budget, seed, worker, resume, measure_with, check_len, tol, heartbeat,
-                    startup_trials, results_out)
+                    startup_trials, results_out, spec=spec)
     tuner = Tuner(keys, opts)
     console.print(f"pathtune tune: {len(keys)} keys, budget {opts.budget}, storage {tuner.db.display_url}, "
                   f"gpu {tuner.env_info.get('gpu_name') or 'none (CPU: Triton interpreter)'}", highlight=False)
@@ -243,6 +250,7 @@ def build(
     buckets: str = BUCKETS, gate: bool = GATE, heads: Optional[int] = HEADS, heads_kv: Optional[int] = HEADS_KV,
     tokens: int = TOKENS, storage: Optional[str] = STORAGE, db: Optional[str] = DB, seed: int = SEED,
     check_len: int = CHECK_LEN, tol: Optional[List[str]] = TOL, startup_trials: int = STARTUP,
+    spec: Optional[Path] = SPEC,
 ) -> None:
     """Propose (Optuna ask) and compile a batch of candidates per key into a self-contained bundle for a GPU host."""
     from .bundle import build_bundle
@@ -256,7 +264,8 @@ def build(
     if not isinstance(env_info, dict) or "gpu_name" not in env_info:
         _fail(f"--gpu-env {gpu_env} is not `pathtune env --json` output")
     keys = _filter_keys(_keys(head_dim, dtype, pass_, backend, buckets, gate, heads, heads_kv, tokens), local=False)
-    opts = _options(storage, db, "1", seed, 0, True, None, check_len, tol, 30, startup_trials, env_info=env_info)
+    opts = _options(storage, db, "1", seed, 0, True, None, check_len, tol, 30, startup_trials, env_info=env_info,
+                    spec=spec)
     tuner = Tuner(keys, opts)
     try:
         doc = build_bundle(tuner, out, batch, precompile=precompile,

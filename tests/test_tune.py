@@ -1,0 +1,252 @@
+"""`pathtune tune` with the deterministic cost model of tests/tune_fake.py (``--measure-with``), on SQLite.
+
+The local loop (lookup before measuring, failures recorded and never best, --resume, the results
+file), Ctrl-C (once: the running trial finishes and is recorded; twice: it is abandoned, flagged and
+re-queued by --resume) and the split flow (build -> runner without a database or Optuna -> ingest).
+The real Triton kernels are tuned in tests/test_tune_triton.py; concurrent workers on PostgreSQL in
+tests/test_tune_workers.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+FAKE = f"{HERE / 'tune_fake.py'}:measure"
+sys.path.insert(0, str(HERE))
+import tune_fake  # noqa: E402
+
+from pathtune.perf_db import PerfDB, _shipped  # noqa: E402
+from pathtune.tuning.space import plan_keys, study_name  # noqa: E402
+from pathtune.tuning.tuner import Budget, parse_budget  # noqa: E402
+
+
+SPEC = ""  # set per test (frozen copy of the spec)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    # a frozen copy of the spec: its hash names the studies, and the checkout's copy may be edited meanwhile
+    import shutil
+
+    import pathtune.specs
+
+    global SPEC
+    SPEC = str(tmp_path / "spec.yaml")
+    shutil.copy(Path(pathtune.specs.__file__).parent / "path_attention.yaml", SPEC)
+    monkeypatch.setattr(_shipped, "SHIPPED_DIR", tmp_path / "no-shipped")
+    monkeypatch.setenv("PATHTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATHTUNE_FAKE_LOG", str(tmp_path / "calls.log"))
+    monkeypatch.delenv("PATHTUNE_DB_URL", raising=False)
+
+
+def _study(url):
+    import optuna
+
+    (name,) = optuna.get_all_study_names(url)
+    return optuna.load_study(study_name=name, storage=url)
+
+
+def _calls(tmp_path):
+    path = tmp_path / "calls.log"
+    return [line.split(" ", 4) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_budget_and_keys():
+    assert parse_budget("10m") == Budget(seconds=600.0)
+    assert parse_budget("40") == Budget(trials=40)
+    assert parse_budget("90s,12") == Budget(seconds=90.0, trials=12)
+    with pytest.raises(ValueError):
+        parse_budget("ten minutes")
+    keys = plan_keys([64, 128], ["bfloat16"], ["fwd", "bwd", "decode"], ["triton"], [1024, 2048, 4096, 8192])
+    assert len(keys) == 24
+    k = keys[0]
+    assert (k.workload.heads_q, k.batch, k.seq_len, k.workload.use_gate) == (16, 32, 1024, True)
+    assert keys[4].workload.head_dim == 128 and keys[4].workload.heads_q == 8
+    names = {study_name("e" * 64, "s" * 64, "c" * 16, key) for key in keys}
+    assert len(names) == 24 and all(len(n) < 200 for n in names)
+    assert study_name("e" * 64, "s" * 64, "d" * 16, k) != study_name("e" * 64, "s" * 64, "c" * 16, k)
+    with pytest.raises(ValueError):
+        plan_keys([64], ["bfloat16"], ["fwd"], ["triton"], [1000])
+
+
+def _tune_args(url, *extra):
+    return ["tune", "--head-dim", "64", "--pass", "fwd,decode", "--buckets", "1024", "--storage", url,
+            "--measure-with", FAKE, "--startup-trials", "4", "--spec", SPEC, *extra]
+
+
+def test_local_tune_lookup_resume_results_file(tmp_path):
+    from typer.testing import CliRunner
+
+    from pathtune.cli import app
+
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    runner = CliRunner()
+    res = runner.invoke(app, _tune_args(url, "--budget", "10", "--report-json", str(tmp_path / "rep.json"),
+                                        "--results-out", str(tmp_path / "results.json")))
+    assert res.exit_code == 0, res.output
+    assert "SQLite storage: run ONE worker" in res.output
+    report = json.loads((tmp_path / "rep.json").read_text())
+    assert [r["pass"] for r in report] == ["fwd", "decode"]
+    for r in report:
+        assert r["trials"] == 10 and r["default_ms"] and r["best_ms"] <= r["default_ms"]
+        assert r["best_ms"] == pytest.approx(tune_fake.cost_ms(r["best_config"], 1024))
+
+    # again without --resume: refused; with --resume and a larger budget: continued, nothing re-measured
+    res = runner.invoke(app, _tune_args(url, "--budget", "10"))
+    assert res.exit_code == 1 and "--resume" in res.output
+    res = runner.invoke(app, _tune_args(url, "--budget", "16", "--resume"))
+    assert res.exit_code == 0, res.output
+
+    with PerfDB(url, current_keys=None) as db:
+        rows = db.query()
+        hashes = [(r["pass"], r["config_hash"]) for r in rows]
+        assert len(hashes) == len(set(hashes)), "a config was measured twice"
+        for r in rows:
+            assert r["status"] == (tune_fake.failure(r["config"]) or "ok")
+            assert r["study_name"] and r["trial_number"] is not None and r["run_id"].startswith("tune-")
+        n_first = len(json.loads((tmp_path / "results.json").read_text())["records"])
+    starts = [c for c in _calls(tmp_path) if c[0] == "start"]
+    assert len(starts) == len(rows), "measure() ran for a config perf_db already held"
+
+    import optuna
+
+    for name in optuna.get_all_study_names(url):
+        study = optuna.load_study(study_name=name, storage=url)
+        complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        assert len(complete) == 16
+        assert complete[0].user_attrs.get("seeded_default")
+        best = study.best_trial
+        assert best.user_attrs["status"] == "ok"
+        for t in complete:
+            if t.user_attrs["status"] != "ok":
+                assert t.value > best.value
+
+    # the results file of the first run ingests into a fresh database
+    with PerfDB(f"sqlite:///{tmp_path / 'other.sqlite3'}") as other:
+        rep = other.ingest(tmp_path / "results.json")
+        assert rep.added == n_first >= 10    # first run: 2 keys x 10 trials, re-proposals looked up
+
+
+def _popen(url, tmp_path, *extra, sleep="0.6"):
+    env = dict(os.environ, PATHTUNE_FAKE_SLEEP=sleep)
+    cmd = [sys.executable, "-m", "pathtune", "tune", "--head-dim", "64", "--pass", "fwd", "--buckets", "1024",
+           "--storage", url, "--measure-with", FAKE, "--startup-trials", "4", "--spec", SPEC, *extra]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+
+
+def _wait_mid_trial(proc, tmp_path, ends):
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        calls = [c for c in _calls(tmp_path) if int(c[1]) == proc.pid]
+        if sum(c[0] == "end" for c in calls) >= ends and calls and calls[-1][0] == "start":
+            return
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
+    pytest.fail("the worker never got mid-trial")
+
+
+def test_ctrl_c_finishes_or_flags_the_trial_and_resume_continues(tmp_path):
+    import optuna
+    from optuna.trial import TrialState
+
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    # Ctrl-C once: the running trial completes and is recorded, then the process stops (exit 0)
+    p = _popen(url, tmp_path, "--budget", "30")
+    _wait_mid_trial(p, tmp_path, ends=2)
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    assert "Ctrl-C" in out and "--resume" in out
+    study = _study(url)
+    states = [t.state for t in study.get_trials()]
+    assert states == [TrialState.COMPLETE] * 3
+    with PerfDB(url, current_keys=None) as db:
+        assert len(db.query()) == 3
+
+    # Ctrl-C twice: the running trial is abandoned (FAIL, flagged), exit 130
+    p = _popen(url, tmp_path, "--budget", "30", "--resume")
+    _wait_mid_trial(p, tmp_path, ends=4)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 130, out
+    study = _study(url)
+    failed = [t for t in study.get_trials() if t.state == TrialState.FAIL]
+    assert len(failed) == 1 and failed[0].user_attrs.get("interrupted")
+
+    # --resume re-queues it and runs to the budget: every trial landed once, nothing measured twice
+    n = len([t for t in study.get_trials() if t.state == TrialState.COMPLETE]) + 2
+    p = _popen(url, tmp_path, "--budget", str(n), "--resume", sleep="0")
+    out, _ = p.communicate(timeout=90)
+    assert p.returncode == 0, out
+    study = _study(url)
+    trials = study.get_trials()
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == n and not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    retry = [t for t in complete if t.system_attrs.get("failed_trial") == failed[0].number]
+    assert retry and retry[0].params == failed[0].params
+    with PerfDB(url, current_keys=None) as db:
+        rows = db.query()
+    assert sorted(r["config_hash"] for r in rows) == sorted({t.user_attrs["config_hash"] for t in complete})
+    assert len(rows) == len({r["config_hash"] for r in rows})
+
+
+def test_split_build_run_ingest(tmp_path):
+    import optuna
+    from optuna.trial import TrialState
+    from typer.testing import CliRunner
+
+    from pathtune.cli import app
+
+    url = f"sqlite:///{tmp_path / 'build.sqlite3'}"
+    runner = CliRunner()
+    res = runner.invoke(app, ["env", "--json"])                      # on the GPU host, in real life
+    (tmp_path / "env.json").write_text(res.output)
+    common = ["--head-dim", "64", "--pass", "fwd,decode", "--buckets", "1024", "--storage", url, "--gpu-env",
+              str(tmp_path / "env.json"), "--batch", "4", "--no-precompile", "--spec", SPEC]
+    res = runner.invoke(app, ["tune", "build", "--out", str(tmp_path / "b1"), *common])
+    assert res.exit_code == 0, res.output
+    bundle = json.loads((tmp_path / "b1" / "bundle.json").read_text())
+    assert bundle["format"] == "pathtune-bundle" and len(bundle["tasks"]) == 8
+    assert (tmp_path / "b1" / "run.sh").exists()
+    first = {json.dumps(t["task"]["config"], sort_keys=True) for t in bundle["tasks"]}
+
+    # the GPU host: no database, no Optuna (both imports fail), only the bundle
+    script = ("import sys; sys.modules['sqlalchemy'] = None; sys.modules['optuna'] = None; "
+              "sys.modules['alembic'] = None; from pathtune.tuning.runner import main; sys.exit(main(sys.argv[1:]))")
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "b1"), "--out", str(tmp_path / "r1.json"),
+                          "--measure-with", FAKE], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = json.loads((tmp_path / "r1.json").read_text())
+    assert len(results["records"]) == 8
+
+    res = runner.invoke(app, ["tune", "ingest", str(tmp_path / "r1.json"), "--storage", url])
+    assert res.exit_code == 0, res.output
+    for name in optuna.get_all_study_names(url):
+        study = optuna.load_study(study_name=name, storage=url)
+        trials = study.get_trials()
+        assert not [t for t in trials if t.state == TrialState.RUNNING]
+        for t in trials:
+            if t.state == TrialState.COMPLETE and t.user_attrs["status"] == "ok":
+                assert t.value == pytest.approx(tune_fake.cost_ms(t.user_attrs["config"], 1024))
+    with PerfDB(url, current_keys=None) as db:
+        assert len(db.query()) == 8
+    # ingest is idempotent
+    res = runner.invoke(app, ["tune", "ingest", str(tmp_path / "r1.json"), "--storage", url])
+    assert res.exit_code == 0 and '"added": 0' in res.output and '"told": 0' in res.output
+
+    # the next batch never ships a config perf_db holds
+    res = runner.invoke(app, ["tune", "build", "--out", str(tmp_path / "b2"), *common])
+    assert res.exit_code == 0, res.output
+    second = {json.dumps(t["task"]["config"], sort_keys=True)
+              for t in json.loads((tmp_path / "b2" / "bundle.json").read_text())["tasks"]}
+    assert second and not (first & second)
