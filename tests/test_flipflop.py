@@ -268,6 +268,8 @@ def test_failed_model_keeps_the_others_and_resume(tmp_path, monkeypatch):
     res = json.loads(out.read_text())
     assert res["rope"]["status"] == "ok" and res["meta"]["complete"] is True
     assert res["path"] == path_before                      # kept, not retrained
+    assert res["meta"]["previous_runs"][0]["models_kept"] == ["path", "path_fox"]
+    assert "--resume" in res["meta"]["command"] and "--resume" not in res["meta"]["previous_runs"][0]["command"]
     assert list(res) == ["path", "rope", "path_fox", "meta"]
 
 

@@ -222,7 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _command_line() -> str:
+def _command_line(argv: Optional[list]) -> str:
+    if argv is not None:        # called in-process
+        return shlex.join(["python", "-m", "examples.flipflop", *map(str, argv)])
     main_mod = sys.modules.get("__main__")
     spec = getattr(main_mod, "__spec__", None)
     head = ["python", "-m", spec.name.removesuffix(".__main__")] if spec is not None else ["python", sys.argv[0]]
@@ -266,6 +268,16 @@ def main(argv: Optional[list] = None) -> int:
             print(f"plot: {out}")
         return 0 if out else 1
 
+    threads = torch.get_num_threads()
+    if args.tiny:
+        torch.set_num_threads(1)    # tiny tensors: extra threads only add contention on shared CPU hosts
+    try:
+        return _run(args, argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace, argv: Optional[list]) -> int:
     tiny = args.tiny
     torch.set_float32_matmul_precision("high")     # TF32 for the few float32 matmuls on the GPU
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
@@ -289,15 +301,17 @@ def main(argv: Optional[list] = None) -> int:
     splits = {s: replace(SPLITS[s], seq_len=cfg.seq_len) for s in ("train",) + EVAL_SPLITS}
 
     results: dict = {}
+    old_meta: dict = {}
     if args.resume and out_path.exists():
         old = json.loads(out_path.read_text())
+        old_meta = old.get("meta", {})
         results = {k: v for k, v in old.items() if k in ATTENTIONS and v.get("status") == "ok"}
         log(f"resume: keeping {sorted(results)} from {out_path}")
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})"
     seeds = {"model_init": args.seed, "train_data": args.seed + SPLITS["train"].seed_offset,
              **{f"{s}_data": args.seed + SPLITS[s].seed_offset for s in EVAL_SPLITS}}
     meta = {
-        "command": _command_line(), "gpu": gpu, "device": str(device), "tiny": tiny, "backend": backend,
+        "command": _command_line(argv), "gpu": gpu, "device": str(device), "tiny": tiny, "backend": backend,
         "seed": args.seed, "seeds": seeds, "budget_seconds": budget_s, "train_config": cfg.to_dict(),
         "model": {"layers": 1, "heads": 2, "d_model": 64, "head_dim": 32, "mlp": "GELU 4x", "norm": "RMSNorm pre-norm",
                   "position": "PaTH or RoPE only (no absolute embedding)"},
@@ -309,6 +323,12 @@ def main(argv: Optional[list] = None) -> int:
         "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "complete": False,
     }
+    if old_meta:   # models kept from earlier commands: record those commands too
+        meta["previous_runs"] = old_meta.get("previous_runs", []) + [
+            {k: old_meta.get(k) for k in ("command", "gpu", "started_utc", "finished_utc", "git_commit", "versions")}
+            | {"models_kept": sorted(results)}]
+        if "throughput_comparison" in old_meta:
+            meta["throughput_comparison"] = old_meta["throughput_comparison"]
     results["meta"] = meta
 
     def save():
