@@ -176,6 +176,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
     print(f"train: {steps} steps in {train_s:.1f} s; copy loss {first:.3f} (first {k}) -> {last:.3f} (last {k}); "
           f"chance = ln({vocab - 1}) = {math.log(vocab - 1):.3f}")
+    marks = sorted({min(steps - 1, round(i * (steps - 1) / 10)) for i in range(11)})
+    print("loss curve: " + ", ".join(f"{s}:{losses[s]:.3f}" for s in marks))
 
     model.eval()
     test = copy_batch(8, half, vocab, torch.Generator().manual_seed(args.seed + 2), device)

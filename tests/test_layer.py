@@ -168,10 +168,11 @@ def test_greedy_generation_triton_interpreter(monkeypatch):
     assert torch.equal(cached, full)
 
 
-def test_compile_fullgraph_matches_eager(monkeypatch):
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_compile_fullgraph_matches_eager(monkeypatch, backend):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     torch.manual_seed(3)
-    m = PaTHAttention(64, 2, num_kv_heads=1, use_forget_gate=True, use_qk_norm=True, w_rank=8, backend="triton")
+    m = PaTHAttention(64, 2, num_kv_heads=1, use_forget_gate=True, use_qk_norm=True, w_rank=8, backend=backend)
     x = torch.randn(1, 24, 64, requires_grad=True)
 
     def loss_fn(x):
