@@ -134,6 +134,57 @@ def bench(quick, only_d=None):
                 return
 
 
+def _kernel_times(fn):
+    """Per-kernel device ms of one call of fn (profiled after two warm calls)."""
+    from torch.profiler import ProfilerActivity, profile as prof
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        fn()
+        torch.cuda.synchronize()
+    rows = [(e.key[:40], round(e.device_time_total / 1000, 3), e.count) for e in p.key_averages()
+            if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    return rows
+
+
+SWEEP = [
+    None, dict(block_n=128), dict(num_warps=8), dict(num_stages=3), dict(superchunk_size=2048),
+    dict(superchunk_size=512), dict(bwd_block_n=128), dict(bwd_num_warps=8), dict(bwd_block_n=32),
+    dict(scan_precision="bf16"), dict(chunk_size=32), dict(chunk_size=128, superchunk_size=2048),
+]
+
+
+def sweep(D=64, H=16, T=16384, gate=True, changes=None):
+    """Per-kernel profile of fwd+bwd for one-knob changes from the heuristic default."""
+    from pathtune.codegen.triton import TritonParams
+    B = 32768 // T
+    q, k, v, w, beta, g = inputs(B, T, H, H, D, D, gate)
+    xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
+    do = torch.randn_like(q)
+    for change in (SWEEP if changes is None else changes):
+        cfg = None
+        if change is not None:
+            import dataclasses
+            cfg = dataclasses.replace(TritonParams.heuristic(D, D), **change)
+        try:
+            def fwd():
+                return path_attention_triton(*xs[:5], xs[5] if gate else None, config=cfg)[0]
+
+            def fb():
+                torch.autograd.grad(fwd(), xs, do)
+            t0 = time.time()
+            fwd(); torch.cuda.synchronize()
+            tf = triton.testing.do_bench(fwd, warmup=10, rep=50, return_mode="median")
+            tfb = triton.testing.do_bench(fb, warmup=5, rep=30, return_mode="median")
+            rows = _kernel_times(fb)
+            emit(dict(kind="sweep", D=D, T=T, B=B, H=H, gate=gate, change=change, f=tf, fb=tfb,
+                      secs=round(time.time() - t0, 1), kernels=rows[:12]))
+        except Exception as exc:
+            emit(dict(kind="sweep", D=D, T=T, change=change, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+
+
 def profile():
     from torch.profiler import ProfilerActivity, profile as prof
     for D, H in ((64, 16), (128, 8)):
@@ -164,7 +215,8 @@ if __name__ == "__main__":
     for step in steps:
         try:
             {"check": check, "profile": profile, "bench": lambda: bench(False), "quick": lambda: bench(True),
-             "nan": nan_long, "check128": lambda: check(128), "bench128": lambda: bench(False, 128)}[step]()
+             "nan": nan_long, "sweep": sweep, "sweep4k": lambda: sweep(T=4096, changes=[None]),
+             "sweep128": lambda: sweep(D=128, H=8), "check128": lambda: check(128), "bench128": lambda: bench(False, 128)}[step]()
         except Exception:
             traceback.print_exc()
         print(f"== {step} done at {time.time()-t0:.0f}s", flush=True)

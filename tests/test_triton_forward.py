@@ -155,6 +155,18 @@ def test_forward_chunk32():
     check(o, lse, *oracle(*x), TOL[F32])
 
 
+@pytest.mark.parametrize("lens", [(150,), (70, 1, 100)], ids=["150", "70-1-100"])
+def test_forward_inter_block_smaller_than_superchunk(lens):
+    """The inter-super-chunk kernel with query tile block_m 16 < superchunk 64: several query
+    blocks per super-chunk, a ragged last block, and blocks that end at a sequence boundary
+    (their rows of the next sequence must be left alone)."""
+    T = sum(lens)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32) if len(lens) > 1 else None
+    x = make_inputs(170 + len(lens), B=1, T=T, HQ=2, H=1, gate=True)
+    o, lse = run(x, params(superchunk_size=64, block_m=16), cu_seqlens=cu)
+    check(o, lse, *oracle(*x, cu_seqlens=cu), TOL[F32])
+
+
 def test_forward_beta_full_range():
     """beta ~ U(0, 2) (small and sign-flipping transitions mixed), no gate."""
     x = make_inputs(150, B=1, T=150, HQ=2, H=1, beta_range=(0.0, 2.0))

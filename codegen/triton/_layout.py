@@ -24,6 +24,10 @@ class SequenceTables:
     seq_end     [n_seq]     one past the last token of each sequence
     seq_sc_base [n_seq]     index (into the super-chunk arrays) of each sequence's first super-chunk
     seq_pair_base [n_seq]   offset of each sequence's n_sc x n_sc block of super-chunk pairs
+    blk_tok0    [n_blocks]  global token index where each query block of the forward's
+                            inter-super-chunk kernel starts (blocks of ``block_m`` tokens,
+                            aligned like chunks; empty unless ``block_m`` was given)
+    blk_seq     [n_blocks]  sequence id of each such block
     """
 
     chunk_tok0: torch.Tensor
@@ -34,7 +38,10 @@ class SequenceTables:
     seq_end: torch.Tensor
     seq_sc_base: torch.Tensor
     seq_pair_base: torch.Tensor
+    blk_tok0: torch.Tensor
+    blk_seq: torch.Tensor
     n_chunks: int
+    n_blocks: int
     n_pairs: int
     n_sc: int
     n_seq: int
@@ -55,6 +62,7 @@ def build_tables(
     chunk_size: int,
     superchunk_size: int,
     device: torch.device,
+    block_m: int | None = None,
 ) -> SequenceTables:
     """Chunk and super-chunk tables for a dense batch or a packed varlen stream.
 
@@ -67,6 +75,7 @@ def build_tables(
         bounds = [int(x) for x in cu_seqlens.detach().to("cpu", torch.int64).tolist()]
     starts, ends = bounds[:-1], bounds[1:]
     chunk_tok0, chunk_seq, sc_tok0, sc_seq, sc_base, pair_base = [], [], [], [], [], []
+    blk_tok0, blk_seq = [], []
     n_pairs = 0
     for sid, (s0, s1) in enumerate(zip(starts, ends)):
         length = s1 - s0
@@ -76,6 +85,10 @@ def build_tables(
         for c in range(_cdiv(length, chunk_size)):
             chunk_tok0.append(s0 + c * chunk_size)
             chunk_seq.append(sid)
+        if block_m:
+            for c in range(_cdiv(length, block_m)):
+                blk_tok0.append(s0 + c * block_m)
+                blk_seq.append(sid)
         for j in range(_cdiv(length, superchunk_size)):
             sc_tok0.append(s0 + j * superchunk_size)
             sc_seq.append(sid)
@@ -92,7 +105,10 @@ def build_tables(
         seq_end=t(ends),
         seq_sc_base=t(sc_base),
         seq_pair_base=t(pair_base),
+        blk_tok0=t(blk_tok0),
+        blk_seq=t(blk_seq),
         n_chunks=len(chunk_tok0),
+        n_blocks=len(blk_tok0),
         n_pairs=n_pairs,
         n_sc=len(sc_tok0),
         n_seq=len(starts),

@@ -148,11 +148,11 @@ def path_attention_bwd(
     dq = torch.empty(N, HQ, D, device=dev, dtype=q.dtype)
     dk_acc = torch.zeros(N, H, D, **f32)
     dm = torch.zeros(N, H, C, **f32)
-    bwd_intra_kernel[(tb.n_sc, H)](
+    bwd_intra_kernel[(tb.n_chunks, HQ)](
         qt, kt_in, vt, wt, state.u, state.m, state.kt, gc, dot_, lset, delta, dy,
         dq, dk_acc, dv, dw_acc, du, dm, dkt, dc,
-        tb.sc_tok0, tb.sc_seq, tb.seq_end,
-        qk_scale, gate_scale, scale, gate_nat,
+        tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end,
+        tb.n_chunks, qk_scale, gate_scale, scale, gate_nat,
         TP=tp, USE_GATE=use_gate, INTERP=interp, num_warps=params.bwd_num_warps, num_stages=1,
         **common,
     )

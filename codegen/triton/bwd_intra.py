@@ -1,13 +1,15 @@
-"""Backward inside one super-chunk: one program per (super-chunk I, kv head), looping over the
-query heads of the GQA group and the query chunks c of I.
+"""Backward inside one super-chunk: one program per (query UT chunk c, query head).
 
-For query chunk c the forward chain inside I was X_c = Q~_c, X_{m-1} = X_m P_m (m = c-1 .. first)
-with logits X_m K~_m^T, ending in Y_c = X_{first-1}, whose gradient dY_c the inter kernels
-produced.  Reverse mode walks m left to right carrying G = dX_{m-1}; the states X_m it needs
-are recomputed from Q~_c (O(s^2) chunk transitions per super-chunk of s chunks, no storage).
-Then the diagonal tile S = tril(Q K^T) - tril(Q W^T) M and Q~ = Q - tril(Q W^T) U give dq
-(final), and the chunk-level gradients dK~, dU, dW, dM, dK, dV, dc are accumulated in place
-(this program owns every row of I, so no atomics).
+For query chunk c of super-chunk I the forward chain inside I was X_c = Q~_c,
+X_{m-1} = X_m P_m (m = c-1 .. first) with logits X_m K~_m^T, ending in Y_c = X_{first-1},
+whose gradient dY_c the inter kernels produced.  Reverse mode walks m left to right carrying
+G = dX_{m-1}; the states X_m it needs are recomputed from Q~_c (O(s^2) chunk transitions per
+query chunk of a super-chunk of s chunks, no storage).  Then the diagonal tile
+S = tril(Q K^T) - tril(Q W^T) M and Q~ = Q - tril(Q W^T) U give dq (final, owned here).
+The key-side gradients dK~, dU, dW, dM, dK, dV, dc of chunk m are shared by every later query
+chunk of I (and every query head of a GQA group): they are added with atomics.  (One program
+per super-chunk owned them without atomics but left the H200 with 512 serial programs at
+32K tokens: 12.9 ms, the largest cost of the backward at T=4096.)
 """
 from __future__ import annotations
 
@@ -18,124 +20,120 @@ from ._ops import mm
 
 
 @triton.jit
-def _rmw(ptr, val, mask):
-    tl.store(ptr, tl.load(ptr, mask=mask, other=0.0) + val, mask=mask)
+def _acc(ptr, val, mask):
+    tl.atomic_add(ptr, val, mask=mask, sem="relaxed")
 
 
 @triton.jit
 def bwd_intra_kernel(
     q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
     dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr,
-    sc_tok0, sc_seq, seq_end,
-    qk_scale, gate_scale, scale, gate_nat,
+    chunk_tok0, chunk_seq, seq_start, seq_end,
+    n_chunks, qk_scale, gate_scale, scale, gate_nat,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
 ):
-    j = tl.program_id(0)
-    h = tl.program_id(1)
-    tokI = tl.load(sc_tok0 + j)
-    send = tl.load(seq_end + tl.load(sc_seq + j))
-    nch = tl.minimum(S // C, (send - tokI + C - 1) // C)
+    n = n_chunks - 1 - tl.program_id(0)     # latest chunks of a super-chunk (most work) first
+    hq = tl.program_id(1)
+    h = hq // (HQ // H)
+    tok0 = tl.load(chunk_tok0 + n)
+    sid = tl.load(chunk_seq + n)
+    s0 = tl.load(seq_start + sid)
+    send = tl.load(seq_end + sid)
+    c_idx = (tok0 - s0) // C
+    ci = c_idx % (S // C)                   # position of the chunk inside its super-chunk
+    tokI = tok0 - ci * C
     r = tl.arange(0, C)
     d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
     dmask = (d < D)[None, :]
     dvmask = (dv < DV)[None, :]
     causal = r[:, None] >= r[None, :]
-    for g_i in range(0, HQ // H):
-        hq = h * (HQ // H) + g_i
-        for ci in range(0, nch):
-            rows = (tokI + ci * C + r).to(tl.int64)
-            rmask = rows < send
-            m2 = rmask[:, None] & dmask
-            koff = (rows[:, None] * H + h) * D + d[None, :]
-            qoff = (rows[:, None] * HQ + hq) * D + d[None, :]
-            voff = (rows[:, None] * H + h) * DV + dv[None, :]
-            Q = tl.load(q_ptr + qoff, mask=m2, other=0.0).to(DT)
-            Wc = tl.load(w_ptr + koff, mask=m2, other=0.0).to(DT)
-            Uc = tl.load(u_ptr + koff, mask=m2, other=0.0).to(DT)
-            dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :], mask=rmask[:, None] & dvmask, other=0.0)
-            lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
-            delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-            if USE_GATE:
-                c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-            QW = tl.where(causal, mm(Q, tl.trans(Wc), INTERP), 0.0)
-            Xc = Q.to(tl.float32) - mm(QW.to(DT), Uc, INTERP)
-            G = tl.load(dy_ptr + qoff, mask=m2, other=0.0)
-            dcq = tl.zeros((C,), dtype=tl.float32)
-            for mi in range(0, ci):
-                X = Xc
-                for t in range(0, ci - 1 - mi):
-                    trows = (tokI + (ci - 1 - t) * C + r).to(tl.int64)
-                    toff = (trows[:, None] * H + h) * D + d[None, :]
-                    Wt = tl.load(w_ptr + toff, mask=dmask, other=0.0).to(DT)
-                    Ut = tl.load(u_ptr + toff, mask=dmask, other=0.0).to(DT)
-                    X = X - mm(mm(X.to(DT), tl.trans(Wt), INTERP).to(DT), Ut, INTERP)
-                Xd = X.to(DT)
-                krows = (tokI + mi * C + r).to(tl.int64)
-                kof = (krows[:, None] * H + h) * D + d[None, :]
-                kvof = (krows[:, None] * H + h) * DV + dv[None, :]
-                Kt = tl.load(kt_ptr + kof, mask=dmask, other=0.0).to(DT)
-                Wm = tl.load(w_ptr + kof, mask=dmask, other=0.0).to(DT)
-                Um = tl.load(u_ptr + kof, mask=dmask, other=0.0).to(DT)
-                Vm = tl.load(v_ptr + kvof, mask=dvmask, other=0.0)
-                Gd = G.to(DT)
-                # chain step X_{m-1} = X_m - (X_m W_m^T) U_m, G = dX_{m-1}
-                Yl = mm(Xd, tl.trans(Wm), INTERP)
-                dYl = -mm(Gd, tl.trans(Um), INTERP)
-                dUm = -mm(tl.trans(Yl.to(DT)), Gd, INTERP)
-                dWm = mm(tl.trans(dYl.to(DT)), Xd, INTERP)
-                dX = G + mm(dYl.to(DT), Wm, INTERP)
-                # logits of key chunk m
-                s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
-                if USE_GATE:
-                    c_k = tl.load(gc_ptr + krows * HQ + hq)
-                    s += (c_q[:, None] - c_k[None, :]) * gate_scale
-                p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
-                dp = mm(dO, tl.trans(Vm), INTERP)
-                ds = p * (dp - delta[:, None])
-                dsd = (ds * scale).to(DT)
-                dX += mm(dsd, Kt, INTERP)
-                tl.debug_barrier()
-                _rmw(dkt_ptr + kof, mm(tl.trans(dsd), Xd, INTERP), dmask)
-                _rmw(du_ptr + kof, dUm, dmask)
-                _rmw(dw_ptr + kof, dWm, dmask)
-                _rmw(dv_ptr + kvof, mm(tl.trans(p).to(Vm.dtype), dO, INTERP), dvmask)
-                if USE_GATE:
-                    dcq += tl.sum(ds, axis=1)
-                    cptr = dc_ptr + krows * HQ + hq
-                    tl.store(cptr, tl.load(cptr) - tl.sum(ds, axis=0) * gate_nat)
-                tl.debug_barrier()
-                G = dX
-            # diagonal tile and the boundary adjustment of the queries
-            K = tl.load(k_ptr + koff, mask=m2, other=0.0).to(DT)
-            M = tl.load(m_ptr + (rows[:, None] * H + h) * C + r[None, :], mask=rmask[:, None], other=0.0)
-            Vc = tl.load(v_ptr + voff, mask=rmask[:, None] & dvmask, other=0.0)
-            s = mm(Q, tl.trans(K), INTERP) - tl.dot(QW, M, input_precision=TP)
-            s = s * qk_scale
-            if USE_GATE:
-                s += (c_q[:, None] - c_q[None, :]) * gate_scale
-            p = tl.where(causal & rmask[:, None] & rmask[None, :], tl.exp2(s - lse2[:, None]), 0.0)
-            dp = mm(dO, tl.trans(Vc), INTERP)
-            ds = p * (dp - delta[:, None])
-            dsr = ds * scale
-            dsd = dsr.to(DT)
-            Gd = G.to(DT)
-            dQ = G + mm(dsd, K, INTERP)
-            dQW = -mm(Gd, tl.trans(Uc), INTERP) - tl.dot(dsr, tl.trans(M), input_precision=TP)
-            dQW = tl.where(causal, dQW, 0.0)
-            dQ += mm(dQW.to(DT), Wc, INTERP)
-            tl.store(dq_ptr + qoff, dQ.to(dq_ptr.dtype.element_ty), mask=m2)
-            tl.debug_barrier()
-            _rmw(du_ptr + koff, -mm(tl.trans(QW.to(DT)), Gd, INTERP), m2)
-            _rmw(dk_ptr + koff, mm(tl.trans(dsd), Q, INTERP), m2)
-            _rmw(dw_ptr + koff, mm(tl.trans(dQW.to(DT)), Q, INTERP), m2)
-            _rmw(dm_ptr + (rows[:, None] * H + h) * C + r[None, :],
-                 -tl.dot(tl.trans(QW), dsr, input_precision=TP), rmask[:, None])
-            _rmw(dv_ptr + voff, mm(tl.trans(p).to(Vc.dtype), dO, INTERP), rmask[:, None] & dvmask)
-            if USE_GATE:
-                cptr = dc_ptr + rows * HQ + hq
-                upd = (dcq + tl.sum(ds, axis=1) - tl.sum(ds, axis=0)) * gate_nat
-                tl.store(cptr, tl.load(cptr, mask=rmask, other=0.0) + upd, mask=rmask)
-            tl.debug_barrier()
+    rows = (tok0 + r).to(tl.int64)
+    rmask = rows < send
+    m2 = rmask[:, None] & dmask
+    koff = (rows[:, None] * H + h) * D + d[None, :]
+    qoff = (rows[:, None] * HQ + hq) * D + d[None, :]
+    voff = (rows[:, None] * H + h) * DV + dv[None, :]
+    Q = tl.load(q_ptr + qoff, mask=m2, other=0.0).to(DT)
+    Wc = tl.load(w_ptr + koff, mask=m2, other=0.0).to(DT)
+    Uc = tl.load(u_ptr + koff, mask=m2, other=0.0).to(DT)
+    dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :], mask=rmask[:, None] & dvmask, other=0.0)
+    lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
+    delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+    if USE_GATE:
+        c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+    QW = tl.where(causal, mm(Q, tl.trans(Wc), INTERP), 0.0)
+    Xc = Q.to(tl.float32) - mm(QW.to(DT), Uc, INTERP)
+    G = tl.load(dy_ptr + qoff, mask=m2, other=0.0)
+    dcq = tl.zeros((C,), dtype=tl.float32)
+    for mi in range(0, ci):
+        X = Xc
+        for t in range(0, ci - 1 - mi):
+            trows = (tokI + (ci - 1 - t) * C + r).to(tl.int64)
+            toff = (trows[:, None] * H + h) * D + d[None, :]
+            Wt = tl.load(w_ptr + toff, mask=dmask, other=0.0).to(DT)
+            Ut = tl.load(u_ptr + toff, mask=dmask, other=0.0).to(DT)
+            X = X - mm(mm(X.to(DT), tl.trans(Wt), INTERP).to(DT), Ut, INTERP)
+        Xd = X.to(DT)
+        krows = (tokI + mi * C + r).to(tl.int64)
+        kof = (krows[:, None] * H + h) * D + d[None, :]
+        kvof = (krows[:, None] * H + h) * DV + dv[None, :]
+        Kt = tl.load(kt_ptr + kof, mask=dmask, other=0.0).to(DT)
+        Wm = tl.load(w_ptr + kof, mask=dmask, other=0.0).to(DT)
+        Um = tl.load(u_ptr + kof, mask=dmask, other=0.0).to(DT)
+        Vm = tl.load(v_ptr + kvof, mask=dvmask, other=0.0)
+        Gd = G.to(DT)
+        # chain step X_{m-1} = X_m - (X_m W_m^T) U_m, G = dX_{m-1}
+        Yl = mm(Xd, tl.trans(Wm), INTERP)
+        dYl = -mm(Gd, tl.trans(Um), INTERP)
+        dUm = -mm(tl.trans(Yl.to(DT)), Gd, INTERP)
+        dWm = mm(tl.trans(dYl.to(DT)), Xd, INTERP)
+        dX = G + mm(dYl.to(DT), Wm, INTERP)
+        # logits of key chunk m
+        s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
+        if USE_GATE:
+            c_k = tl.load(gc_ptr + krows * HQ + hq)
+            s += (c_q[:, None] - c_k[None, :]) * gate_scale
+        p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
+        dp = mm(dO, tl.trans(Vm), INTERP)
+        ds = p * (dp - delta[:, None])
+        dsd = (ds * scale).to(DT)
+        dX += mm(dsd, Kt, INTERP)
+        _acc(dkt_ptr + kof, mm(tl.trans(dsd), Xd, INTERP), dmask)
+        _acc(du_ptr + kof, dUm, dmask)
+        _acc(dw_ptr + kof, dWm, dmask)
+        _acc(dv_ptr + kvof, mm(tl.trans(p).to(Vm.dtype), dO, INTERP), dvmask)
+        if USE_GATE:
+            dcq += tl.sum(ds, axis=1)
+            _acc(dc_ptr + krows * HQ + hq, -tl.sum(ds, axis=0) * gate_nat, krows >= 0)
+        G = dX
+    # diagonal tile and the boundary adjustment of the queries
+    K = tl.load(k_ptr + koff, mask=m2, other=0.0).to(DT)
+    M = tl.load(m_ptr + (rows[:, None] * H + h) * C + r[None, :], mask=rmask[:, None], other=0.0)
+    Vc = tl.load(v_ptr + voff, mask=rmask[:, None] & dvmask, other=0.0)
+    s = mm(Q, tl.trans(K), INTERP) - tl.dot(QW, M, input_precision=TP)
+    s = s * qk_scale
+    if USE_GATE:
+        s += (c_q[:, None] - c_q[None, :]) * gate_scale
+    p = tl.where(causal & rmask[:, None] & rmask[None, :], tl.exp2(s - lse2[:, None]), 0.0)
+    dp = mm(dO, tl.trans(Vc), INTERP)
+    ds = p * (dp - delta[:, None])
+    dsr = ds * scale
+    dsd = dsr.to(DT)
+    Gd = G.to(DT)
+    dQ = G + mm(dsd, K, INTERP)
+    dQW = -mm(Gd, tl.trans(Uc), INTERP) - tl.dot(dsr, tl.trans(M), input_precision=TP)
+    dQW = tl.where(causal, dQW, 0.0)
+    dQ += mm(dQW.to(DT), Wc, INTERP)
+    tl.store(dq_ptr + qoff, dQ.to(dq_ptr.dtype.element_ty), mask=m2)
+    _acc(du_ptr + koff, -mm(tl.trans(QW.to(DT)), Gd, INTERP), m2)
+    _acc(dk_ptr + koff, mm(tl.trans(dsd), Q, INTERP), m2)
+    _acc(dw_ptr + koff, mm(tl.trans(dQW.to(DT)), Q, INTERP), m2)
+    _acc(dm_ptr + (rows[:, None] * H + h) * C + r[None, :],
+         -tl.dot(tl.trans(QW), dsr, input_precision=TP), rmask[:, None])
+    _acc(dv_ptr + voff, mm(tl.trans(p).to(Vc.dtype), dO, INTERP), rmask[:, None] & dvmask)
+    if USE_GATE:
+        upd = (dcq + tl.sum(ds, axis=1) - tl.sum(ds, axis=0)) * gate_nat
+        _acc(dc_ptr + rows * HQ + hq, upd, rmask)

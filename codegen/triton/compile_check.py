@@ -124,7 +124,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (superchunk_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype, TP=tp), 4, 1),
         (scan_intra_kernel, sig, dict(common, WRITE_X=True, **flags), params.num_warps, 1),
         (scan_inter_kernel, dict(sig, o_ptr=io), dict({k: v for k, v in common.items() if k != 'C'}, BLOCK_M=params.block_m, BLOCK_N=params.block_n, **flags),
-         params.num_warps, params.num_stages),
+         params.inter_num_warps, params.num_stages),
         (bwd_prep_kernel, sig, dict(common, INTERP=False), params.bwd_num_warps, 1),
         (bwd_inter_dq_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **flags), params.bwd_num_warps, params.bwd_num_stages),
         (bwd_inter_dkv_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **flags), params.bwd_num_warps, params.bwd_num_stages),

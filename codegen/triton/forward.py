@@ -11,7 +11,7 @@ import triton.language as tl
 from ._ops import interpreting
 from ._layout import SequenceTables, build_tables, gate_cumsum
 from .params import TritonParams
-from .scan_fwd import scan_fwd_kernel
+from .scan_fwd import scan_inter_kernel, scan_intra_kernel
 from .transport import superchunk_transport_kernel
 from .ut import ut_chunk_kernel, ut_diag_inverse_kernel
 
@@ -67,7 +67,7 @@ def prepare_state(
     dt = params.scan_dtype
     store_dtype = {tl.float16: torch.float16, tl.bfloat16: torch.bfloat16, tl.float32: torch.float32}[dt]
 
-    tables = build_tables(B, T, cu_seqlens, C, S, dev)
+    tables = build_tables(B, T, cu_seqlens, C, S, dev, block_m=params.block_m)
     kt_in, wt, bt = _tokens(k), _tokens(w), _tokens(beta)
     N = kt_in.shape[0]
 
@@ -121,13 +121,30 @@ def path_attention_fwd(
     o = torch.empty(N, HQ, DV, device=dev, dtype=q.dtype)
     lse = torch.empty(N, HQ, device=dev, dtype=torch.float32)
     gate_scale = (scale if gate_placement == "inside_scale" else 1.0) * _LOG2E
-    scan_fwd_kernel[(tables.n_chunks, HQ)](
-        qt, kt_in, vt, wt, u, m, ktil, kj, what, gc if gc is not None else lse,
-        o, lse,
-        tables.chunk_tok0, tables.chunk_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base,
+    interp = interpreting()
+    # Earlier super-chunks exist: the intra kernel leaves a float32 partial output and the queries
+    # carried to the start of their super-chunk for the inter kernel, which writes o.
+    inter = tables.max_seq_len > S
+    o_part = torch.empty(N, HQ, DV, device=dev, dtype=torch.float32) if inter else o
+    x = torch.empty(N, HQ, D, device=dev, dtype=torch.float32) if inter else lse
+    gc_arg = gc if gc is not None else lse
+    scan_intra_kernel[(tables.n_chunks, HQ)](
+        qt, kt_in, vt, wt, u, m, ktil, gc_arg,
+        o_part, lse, x,
+        tables.chunk_tok0, tables.chunk_seq, tables.seq_start, tables.seq_end,
         tables.n_chunks, scale * _LOG2E, gate_scale,
-        HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S, BLOCK_N=params.block_n,
-        DT=dt, TP=params.transition_precision, USE_GATE=g is not None, INTERP=interpreting(),
-        num_warps=params.num_warps, num_stages=params.num_stages,
+        HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S,
+        DT=dt, TP=params.transition_precision, USE_GATE=g is not None, WRITE_X=inter, INTERP=interp,
+        num_warps=params.num_warps, num_stages=1,
     )
+    if inter:
+        scan_inter_kernel[(tables.n_blocks, HQ)](
+            x, kj, vt, what, gc_arg, o_part,
+            o, lse,
+            tables.blk_tok0, tables.blk_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base,
+            tables.n_blocks, N, scale * _LOG2E, gate_scale,
+            HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, BLOCK_M=params.block_m, S=S, BLOCK_N=params.block_n,
+            DT=dt, TP=params.transition_precision, USE_GATE=g is not None, INTERP=interp,
+            num_warps=params.inter_num_warps, num_stages=params.num_stages,
+        )
     return o.view(B, T, HQ, DV), lse.view(B, T, HQ), state

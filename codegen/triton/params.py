@@ -24,7 +24,9 @@ class TritonParams:
     chunk_size: int = 64
     superchunk_size: int = 1024
     block_n: int = 64
+    block_m: int = 128
     num_warps: int = 4
+    inter_num_warps: int = 8
     num_stages: int = 2
     scan_precision: str = "fp16"
     transition_precision: str = "tf32x3"
@@ -47,6 +49,12 @@ class TritonParams:
             raise ValueError(
                 f"superchunk_size ({self.superchunk_size}) must be a multiple of chunk_size ({self.chunk_size})"
             )
+        if self.block_m > self.superchunk_size:
+            # a schedule knob only: a super-chunk shorter than the default query tile takes the
+            # whole super-chunk as its tile (configs written before block_m existed keep working)
+            object.__setattr__(self, "block_m", self.superchunk_size)
+        if self.superchunk_size % self.block_m:
+            raise ValueError(f"superchunk_size ({self.superchunk_size}) must be a multiple of block_m ({self.block_m})")
         if self.superchunk_size % self.block_n:
             raise ValueError(f"superchunk_size ({self.superchunk_size}) must be a multiple of block_n ({self.block_n})")
 

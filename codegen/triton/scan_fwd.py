@@ -1,12 +1,17 @@
-"""Stage `blockwise_scan` (+ `fox_gate`), forward: one program per (query UT chunk, query head).
+"""Stage `blockwise_scan` (+ `fox_gate`), forward, in two kernels.
 
-Query chunk c lies in super-chunk I.  The program
-  1. builds the boundary-adjusted queries X = Q - tril(Q W^T) U and the diagonal tile
+``scan_intra_kernel``, one program per (query UT chunk c, query head), c in super-chunk I:
+  1. the boundary-adjusted queries X = Q - tril(Q W^T) U and the diagonal tile
      S = tril(Q K^T) - tril(Q W^T) M (causal inside the chunk);
-  2. scans the earlier chunks of I right to left: logits X K~_m^T, online softmax,
-     then X <- X - (X W_m^T) U_m (the chunk transition, low rank);
-  3. scans earlier super-chunks J right to left: plain FlashAttention over the transported
-     keys KJ in tiles of BLOCK_N, then X <- X What_J (dense D x D transition).
+  2. the earlier chunks of I right to left: logits X K~_m^T, online softmax, then
+     X <- X - (X W_m^T) U_m (the chunk transition, low rank).
+  It writes o and lse of this partial softmax and, when earlier super-chunks exist, X (the
+  queries carried to the start of I, float32).
+``scan_inter_kernel``, one program per (BLOCK_M query rows, query head) of a super-chunk I > 0:
+  3. plain FlashAttention over the transported keys KJ of the super-chunks J < I, right to
+     left, then X <- X What_J (dense D x D transition), merged into the partial softmax.
+Splitting keeps the second kernel a lean FlashAttention loop (few live tiles, its own query
+tile BLOCK_M, no chunk-level work) -- the bulk of the forward at long T.
 Logits are scaled into base 2 (exp2).  Outputs o and the natural-log lse.
 """
 from __future__ import annotations
@@ -28,16 +33,17 @@ def _softmax_step(s, m_i, l_i, acc, v, INTERP: tl.constexpr):
 
 
 @triton.jit
-def scan_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, kj_ptr, what_ptr, gc_ptr,
-    o_ptr, lse_ptr,
-    chunk_tok0, chunk_seq, seq_start, seq_end, seq_sc_base,
+def scan_intra_kernel(
+    q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr,
+    o_ptr, lse_ptr, x_ptr,
+    chunk_tok0, chunk_seq, seq_start, seq_end,
     n_chunks, qk_scale, gate_scale,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
-    DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
+    DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, WRITE_X: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
-    # heaviest chunks (latest in their sequence) first
+    # heaviest chunks (latest in their super-chunk) first
     n = n_chunks - 1 - tl.program_id(0)
     hq = tl.program_id(1)
     h = hq // (HQ // H)
@@ -45,10 +51,8 @@ def scan_fwd_kernel(
     sid = tl.load(chunk_seq + n)
     s0 = tl.load(seq_start + sid)
     send = tl.load(seq_end + sid)
-    sc_base = tl.load(seq_sc_base + sid)
     c_idx = (tok0 - s0) // C
-    sc_idx = c_idx // (S // C)
-    first_chunk_of_sc = sc_idx * (S // C)
+    first_chunk_of_sc = (c_idx // (S // C)) * (S // C)
 
     r = tl.arange(0, C)
     d = tl.arange(0, BD)
@@ -59,7 +63,8 @@ def scan_fwd_kernel(
     rmask = rows < send
 
     koff = (rows[:, None] * H + h) * D + d[None, :]
-    Q = tl.load(q_ptr + (rows[:, None] * HQ + hq) * D + d[None, :], mask=rmask[:, None] & dmask, other=0.0).to(DT)
+    qoff = (rows[:, None] * HQ + hq) * D + d[None, :]
+    Q = tl.load(q_ptr + qoff, mask=rmask[:, None] & dmask, other=0.0).to(DT)
     K = tl.load(k_ptr + koff, mask=rmask[:, None] & dmask, other=0.0).to(DT)
     W = tl.load(w_ptr + koff, mask=rmask[:, None] & dmask, other=0.0).to(DT)
     U = tl.load(u_ptr + koff, mask=rmask[:, None] & dmask, other=0.0).to(DT)
@@ -100,25 +105,84 @@ def scan_fwd_kernel(
         XW = mm(Xd, tl.trans(Wm), INTERP)
         X = X - mm(XW.to(DT), Um, INTERP)
 
-    # 3. earlier super-chunks, right to left (plain FlashAttention on transported keys)
-    rn = tl.arange(0, BLOCK_N)
-    for step in range(0, sc_idx):
-        jj = sc_idx - 1 - step
-        Xd = X.to(DT)
-        for t0 in range(0, S, BLOCK_N):
-            krows = (s0 + jj * S + t0 + rn).to(tl.int64)
-            KJ = tl.load(kj_ptr + (krows[:, None] * H + h) * D + d[None, :], mask=dmask, other=0.0).to(DT)
-            Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
-            sj = mm(Xd, tl.trans(KJ), INTERP) * qk_scale
-            if USE_GATE:
-                c_kj = tl.load(gc_ptr + krows * HQ + hq)
-                sj += (c_q[:, None] - c_kj[None, :]) * gate_scale
-            m_i, l_i, acc = _softmax_step(sj, m_i, l_i, acc, Vt, INTERP)
-        Wh = tl.load(what_ptr + (((sc_base + jj) * H + h) * BD + d[:, None]) * BD + d[None, :])
-        X = tl.dot(X, Wh, input_precision=TP)
-
     o = acc / l_i[:, None]
     tl.store(o_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :], o.to(o_ptr.dtype.element_ty),
              mask=rmask[:, None] & dvmask)
     lse = (m_i + tl.log2(l_i)) * 0.6931471805599453
     tl.store(lse_ptr + rows * HQ + hq, lse, mask=rmask)
+    if WRITE_X:
+        tl.store(x_ptr + qoff, X, mask=rmask[:, None] & dmask)
+
+
+@triton.jit
+def scan_inter_kernel(
+    x_ptr, kj_ptr, v_ptr, what_ptr, gc_ptr, o_part_ptr,
+    o_ptr, lse_ptr,
+    blk_tok0, blk_seq, seq_start, seq_end, seq_sc_base,
+    n_blocks, n_tok, qk_scale, gate_scale,
+    HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
+    DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+):
+    """Merge the earlier super-chunks into the partial softmax of ``scan_intra_kernel``.
+
+    o_part (float32) and lse hold the partial result; o (q's dtype) and lse receive the final one.
+    x [N, HQ, D] float32 holds the queries at the start of their super-chunk; it is overwritten.
+    Blocks of the first super-chunk of a sequence only convert o_part to o.
+    """
+    n = n_blocks - 1 - tl.program_id(0)     # latest blocks (most super-chunks to scan) first
+    hq = tl.program_id(1)
+    h = hq // (HQ // H)
+    tok0 = tl.load(blk_tok0 + n)
+    sid = tl.load(blk_seq + n)
+    s0 = tl.load(seq_start + sid)
+    send = tl.load(seq_end + sid)
+    sc_base = tl.load(seq_sc_base + sid)
+    sc_idx = (tok0 - s0) // S
+
+    # Block pointers (a 64-bit scalar base, 32-bit strides and offsets inside the tile) rather
+    # than tiles of per-element 64-bit pointers, which cost two registers per element and made
+    # this kernel spill.  Their row extent ends at the sequence end, so boundary checks mask the
+    # rows of the next sequence.
+    r = tl.arange(0, BLOCK_M)
+    n_rows = (send - tok0).to(tl.int32)
+    rmask = r < n_rows
+    q_base = tok0.to(tl.int64) * HQ + hq
+    o_blk = tl.make_block_ptr(o_part_ptr + q_base * DV, (n_rows, DV), (HQ * DV, 1), (0, 0), (BLOCK_M, BDV), (1, 0))
+    acc = tl.load(o_blk, boundary_check=(0, 1), padding_option="zero")
+    # the partial softmax as a state with l = 1 at m = its lse (base 2)
+    m_i = tl.load(lse_ptr + q_base + r * HQ, mask=rmask, other=0.0) * 1.4426950408889634
+    l_i = tl.full((BLOCK_M,), 1.0, tl.float32)
+    if sc_idx > 0:
+        # X (float32) lives in its buffer between super-chunks, only its scan-dtype copy Xd in the
+        # key loop: the loop holds FlashAttention's tiles and no more
+        x_blk = tl.make_block_ptr(x_ptr + q_base * D, (n_rows, D), (HQ * D, 1), (0, 0), (BLOCK_M, BD), (1, 0))
+        if USE_GATE:
+            c_q = tl.load(gc_ptr + q_base + r * HQ, mask=rmask, other=0.0)
+        rn = tl.arange(0, BLOCK_N)
+        for step in range(0, sc_idx):
+            jj = sc_idx - 1 - step
+            Xd = tl.load(x_blk, boundary_check=(0, 1), padding_option="zero").to(DT)
+            k0 = (s0 + jj * S).to(tl.int64)
+            k_blk = tl.make_block_ptr(kj_ptr + (k0 * H + h) * D, (S, D), (H * D, 1), (0, 0), (BLOCK_N, BD), (1, 0))
+            v_blk = tl.make_block_ptr(v_ptr + (k0 * H + h) * DV, (S, DV), (H * DV, 1), (0, 0), (BLOCK_N, BDV), (1, 0))
+            for t0 in range(0, S, BLOCK_N):
+                KJ = tl.load(k_blk, boundary_check=(1,), padding_option="zero").to(DT)
+                Vt = tl.load(v_blk, boundary_check=(1,), padding_option="zero")
+                sj = mm(Xd, tl.trans(KJ), INTERP) * qk_scale
+                if USE_GATE:
+                    c_kj = tl.load(gc_ptr + (k0 + t0) * HQ + hq + rn * HQ)
+                    sj += (c_q[:, None] - c_kj[None, :]) * gate_scale
+                m_i, l_i, acc = _softmax_step(sj, m_i, l_i, acc, Vt, INTERP)
+                k_blk = tl.advance(k_blk, (BLOCK_N, 0))
+                v_blk = tl.advance(v_blk, (BLOCK_N, 0))
+            if jj > 0:
+                d = tl.arange(0, BD)
+                Wh = tl.load(what_ptr + (((sc_base + jj) * H + h) * BD + d[:, None]) * BD + d[None, :])
+                X = tl.load(x_blk, boundary_check=(0, 1), padding_option="zero")
+                tl.debug_barrier()
+                tl.store(x_blk, tl.dot(X, Wh, input_precision=TP), boundary_check=(0, 1))
+                tl.debug_barrier()
+        tl.store(lse_ptr + q_base + r * HQ, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=rmask)
+    o_out = tl.make_block_ptr(o_ptr + q_base * DV, (n_rows, DV), (HQ * DV, 1), (0, 0), (BLOCK_M, BDV), (1, 0))
+    tl.store(o_out, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), boundary_check=(0, 1))
