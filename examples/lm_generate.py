@@ -124,7 +124,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true", help="a small model and short sequences (CPU, < 1 minute)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default 300; --tiny: 40)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 300; --tiny: 30)")
     p.add_argument("--backend", default=None, choices=("auto", "reference", "triton", "tvm"),
                    help="path_attention backend (default: auto; --tiny on the CPU: reference)")
     p.add_argument("--pack", default=None, help="tuned-config pack to load (pathtune export --gpu NAME -o pack.json)")
@@ -144,7 +144,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     if args.tiny:
         vocab, hidden, layers, heads, kv_heads, half, batch = 16, 32, 2, 2, 1, 8, 16
-        steps = 40 if args.steps is None else args.steps
+        steps = 30 if args.steps is None else args.steps
         lr = 3e-3
     else:
         vocab, hidden, layers, heads, kv_heads, half, batch = 32, 256, 2, 4, 2, 64, 32
