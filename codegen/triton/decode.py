@@ -393,9 +393,10 @@ def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = N
     BD, BDV = _pow2(D), _pow2(DV)
     dev = q.device
     f32 = cache.k.dtype == torch.float32 or q.dtype != cache.k.dtype
-    m_part = torch.empty(B * H, splits, R, device=dev, dtype=torch.float32)
-    l_part = torch.empty_like(m_part)
-    acc_part = torch.empty(B * H, splits, R, BDV, device=dev, dtype=torch.float32)
+    nrow = B * H * splits * R
+    pad = -(-nrow // 4) * 4  # 16-byte aligned sub-buffers
+    part = torch.empty(pad * (BDV + 2), device=dev, dtype=torch.float32)  # one allocation per step
+    m_part, l_part, acc_part = part[:nrow], part[pad:pad + nrow], part[2 * pad:2 * pad + nrow * BDV]
     c = cache.c if cache.c is not None else m_part
     gate_scale = (scale if gate_placement == "inside_scale" else 1.0) * _LOG2E
     decode_kernel[(B * H, splits)](
