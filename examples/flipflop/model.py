@@ -90,8 +90,7 @@ class FlipFlopLM(nn.Module):
         if attention == "rope":
             self.attn = RoPEAttention(d_model, n_heads)
         else:
-            self.attn = PaTHAttention(d_model, n_heads, use_forget_gate=(attention == "path_fox"),
-                                          backend=backend)
+            self.attn = PaTHAttention(d_model, n_heads, use_forget_gate=(attention == "path_fox"), backend=backend)
         self.norm2 = nn.RMSNorm(d_model)
         self.mlp = MLP(d_model, mlp_ratio)
         self.norm_f = nn.RMSNorm(d_model)
