@@ -109,6 +109,18 @@ def test_new_tokens_straddle_tiles_and_splits(HQ, H):
     assert rel(tri.c[:, :49], ref_cache.c[:, :49]) < 1e-6
 
 
+@pytest.mark.parametrize("HQ,TN", [(2, 1), (4, 2)])
+def test_64bit_row_offsets(monkeypatch, HQ, TN):
+    """The 64-bit offset variant (caches of >= 2**31 elements per sequence), forced on a tiny cache."""
+    from pathtune.codegen.triton import decode as dec
+
+    monkeypatch.setattr(dec, "_OFF64_ELEMS", 0)
+    tri, ref_cache = prefilled(1, 30, HQ, 2, 16, 16, True, torch.float32)
+    o, ref = step_both(tri, ref_cache, make(1, TN, HQ, 2, 16, 16, True), config=dict(decode_block_n=16, decode_splits=2))
+    assert rel(o, ref) < TOL_O[torch.float32]
+    assert rel(tri.k[:, :tri.length], ref_cache.k[:, :tri.length]) < TOL_K[torch.float32]
+
+
 def test_empty_cache_grows_over_consecutive_steps():
     """From an empty cache (capacity 0): steps of 1, 3, 1, 2 tokens, checked after every step."""
     B, HQ, H, D, DV = 1, 4, 2, 16, 16

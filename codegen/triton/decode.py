@@ -38,6 +38,7 @@ __all__ = ["decode_kernel", "decode_merge_kernel", "path_decode_triton", "path_p
 _LOG2E = 1.4426950408889634
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" of the running max (keeps exp2(m_old - m_new) NaN-free)
 _CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_OFF64_ELEMS = 2 ** 31  # per-sequence cache elements from which row offsets are computed in 64 bits
 
 
 @triton.jit
@@ -90,7 +91,8 @@ def _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, row
         gq = tl.arange(0, GP)
         hq = h * G + gq
         gmask = gq < G
-        run = tl.load(c_base + (L - 1) * HQ + hq, mask=gmask & (L > 0), other=0.0)
+        prev = (L - 1).to(tl.int64) if OFF64 else L - 1
+        run = tl.load(c_base + prev * HQ + hq, mask=gmask & (L > 0), other=0.0)
         cn = tl.zeros([TNP, GP], tl.float32)
         for s in tl.static_range(TN):
             run = run + tl.load(g_ptr + (b * TN + s) * HQ + hq, mask=gmask, other=0.0)
@@ -151,7 +153,8 @@ def decode_kernel(
         w0 = tl.load(wb + d, mask=dmask, other=0.0)
         beta0 = tl.minimum(tl.load(bb), BETA_MAX)
         if USE_GATE:
-            c_prev = tl.load(c_base + (L - 1) * HQ + h, mask=L > 0, other=0.0)
+            prev = (L - 1).to(tl.int64) if OFF64 else L - 1
+            c_prev = tl.load(c_base + prev * HQ + h, mask=L > 0, other=0.0)
             c_i = c_prev + tl.load(g_ptr + b * HQ + h)
         m_i = tl.full([1], _NEG, tl.float32)
         l_i = tl.zeros([1], tl.float32)
@@ -194,7 +197,8 @@ def decode_kernel(
         if F32:
             Q = Q.to(tl.float32)
         if USE_GATE:
-            c_i = tl.load(c_base + (L - 1) * HQ + hq_r, mask=rvalid & (L > 0), other=0.0)
+            prev = (L - 1).to(tl.int64) if OFF64 else L - 1
+            c_i = tl.load(c_base + prev * HQ + hq_r, mask=rvalid & (L > 0), other=0.0)
             for si in tl.static_range(TN):
                 c_i += tl.load(g_ptr + (b * TN + si) * HQ + hq_r, mask=rvalid & (t_r >= si), other=0.0)
         m_i = tl.full([R], _NEG, tl.float32)
@@ -408,7 +412,7 @@ def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = N
         H=H, G=G, D=D, DV=DV, BD=BD, BDV=BDV, TN=TN, TNP=triton.next_power_of_2(TN),
         GP=triton.next_power_of_2(G), R=R, BLOCK_N=BLOCK_N,
         ROWWISE=rowwise, F32=f32, USE_GATE=g is not None, BETA_MAX=params.beta_max,
-        OFF64=cache.max_len * H * max(D, DV, G) >= 2 ** 31,
+        OFF64=cache.max_len * H * max(D, DV, G) >= _OFF64_ELEMS,
         INTERP=interpreting(), num_warps=int(params.decode_num_warps), num_stages=2,
     )
     o = torch.empty(B, TN, HQ, DV, device=dev, dtype=q.dtype)
