@@ -298,7 +298,8 @@ class Tuner:
         if budget.trials is not None and done >= budget.trials:
             pass
         elif seconds is not None and seconds <= 0:
-            pass
+            if done == 0:  # out of time: still measure the seeded default, so every key has a default time
+                study.optimize(Objective(ctx), n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=False)
         else:
             # n_trials caps this process (pruned proposals do not count toward MaxTrialsCallback)
             cap = None if budget.trials is None else 4 * budget.trials + 20
@@ -341,8 +342,6 @@ class Tuner:
                 seconds = None
                 if deadline is not None:
                     seconds = (deadline - time.monotonic()) / (len(self.keys) - i)
-                    if seconds <= 0:
-                        break
                 res = self.tune_key(key, seconds)
                 results.append(res)
                 if on_key_done is not None:

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Full tune on one H200 (issue 6): D in {64,128} x {fwd, bwd, decode} x 4 length buckets x triton,
+# accuracy-gated, within ~10 GPU-minutes. Run in the repo root on the GPU host:
+#
+#   WHEELS=/path/to/wheels OUT=/path/to/out bash benchmarks/h200_tune.sh
+#
+#   WHEELS  folder with the optuna / sqlalchemy / alembic wheels (and their deps: colorlog, tqdm, Mako,
+#           greenlet, ...), used only when `import optuna` fails here (pip --no-index).
+#   OUT     where everything goes (default $OUT of the device run, else /tmp/pathtune-h200-tune):
+#             tune.sqlite3                 Optuna studies + perf_db (one worker: SQLite is fine)
+#             H200-tune-<UTC time>.json    every measurement (perf_db/RESULTS_FORMAT.md): copy it to
+#                                          perf_db/shipped/ (PerfDB.open_default ingests it once)
+#             h200_tune_report.json        per key: default ms vs tuned ms, speedup, best config, SDPA ms
+#             env.json, tune.log           `pathtune env --json`, the tune's console output
+#   BUDGET  wall-time budget of the tune (default 9m; every key gets an equal share of what is left)
+#
+# Re-running with the same OUT continues the studies (--resume) and never re-measures a config.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT="${OUT:-/tmp/pathtune-h200-tune}"
+BUDGET="${BUDGET:-9m}"
+mkdir -p "$OUT"
+
+python -c "import pathtune" 2>/dev/null || python -m pip install -q --no-deps -e .
+if ! python -c "import optuna, sqlalchemy, alembic" 2>/dev/null; then
+    [ -n "${WHEELS:-}" ] || { echo "optuna/sqlalchemy/alembic missing: set WHEELS=<folder of wheels>" >&2; exit 1; }
+    python -m pip install -q --no-index --find-links "$WHEELS" optuna sqlalchemy alembic
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+pathtune env --json > "$OUT/env.json"
+
+STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
+RESULTS="$OUT/H200-tune-$STAMP.json"
+set +e
+pathtune tune \
+    --head-dim 64,128 --dtype bfloat16 --pass fwd,bwd,decode --backend triton \
+    --buckets 2048,4096,8192,16384 --gate \
+    --budget "$BUDGET" --storage "sqlite:///$OUT/tune.sqlite3" --resume --seed 0 \
+    --results-out "$RESULTS" --report-json "$OUT/h200_tune_report.json" 2>&1 | tee "$OUT/tune.log"
+status=${PIPESTATUS[0]}
+set -e
+# a summary of what is stored (every status), and the default-vs-tuned table again
+pathtune query --db "sqlite:///$OUT/tune.sqlite3" --format csv > "$OUT/perf_db_rows.csv" || true
+python - "$OUT/h200_tune_report.json" <<'EOF' || true
+import json, sys
+rows = json.load(open(sys.argv[1]))
+print(f"{'key':48s} {'trials':>6s} {'default ms':>11s} {'tuned ms':>9s} {'speedup':>8s} {'tuned/SDPA':>10s}")
+for r in rows:
+    f = lambda v: "-" if v is None else f"{v:.4g}"
+    vs = r["best_ms"] / r["baseline_ms"] if r["best_ms"] and r["baseline_ms"] else None
+    print(f"{r['label']:48s} {r['trials']:6d} {f(r['default_ms']):>11s} {f(r['best_ms']):>9s} "
+          f"{f(r['speedup']):>8s} {f(vs):>10s}")
+EOF
+echo "results file for perf_db/shipped/: $RESULTS (exit status of the tune: $status)"
+exit "$status"
