@@ -425,3 +425,16 @@ def test_outside_scale_gate_and_lse(G):
     assert rel(o, ref) < TOL_O[torch.float32] and rel(lse, ref_lse) < 1e-6
     inside = path_attention_decode(*f64((q, k, v, w, beta, g)), same_cache)  # default: inside_scale
     assert rel(inside[:, 0], ref) > 100 * TOL_O[torch.float32]   # so the placement really reached the kernel
+
+
+def test_bench_cli_decode_pass_options():
+    from typer.testing import CliRunner
+
+    from pathtune.cli import app
+
+    runner = CliRunner()
+    bad = runner.invoke(app, ["bench", "--pass", "prefill"], env={"COLUMNS": "200"})
+    assert bad.exit_code != 0 and "--pass must be fwd or decode" in bad.output
+    if not torch.cuda.is_available():
+        res = runner.invoke(app, ["bench", "--pass", "decode", "--gate", "off"], env={"COLUMNS": "200"})
+        assert res.exit_code == 1 and "needs a CUDA GPU" in res.output
