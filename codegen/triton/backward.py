@@ -115,7 +115,7 @@ def path_attention_bwd(
             num_warps=params.bwd_num_warps, num_stages=params.bwd_num_stages, **common,
         )
         dom = torch.zeros(max(tb.n_pairs, 1), H, BD, BD, **f32)
-        bwd_inter_dkv_kernel[(tb.n_sc, H)](
+        bwd_inter_dkv_kernel[(tb.n_sc * (S // BN), H)](
             y, state.kj, vt, state.what, gc, dot_, lset, delta, dkj, dv, dom, dc,
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             qk_scale, gate_scale, scale, gate_nat,

@@ -7,10 +7,10 @@ Given lse and delta, p and dS of every tile are independent, so:
 
 * ``bwd_inter_dq_kernel`` (per query chunk, query head) walks J right to left with a running
   D x D Om and returns dY_c = scale * sum_J (dS_J KJ_J) Om^T.
-* ``bwd_inter_dkv_kernel`` (per key super-chunk J, kv head) walks its key tiles and, for each,
-  the later super-chunks I left to right with Om_{I+1,J} = What_I Om_{I,J}; it returns dKJ, the
-  inter-super-chunk part of dV and dOm_{I,J} = scale * Y^T dS KJ (one D x D per super-chunk
-  pair, owned by this program, so no atomics).
+* ``bwd_inter_dkv_kernel`` (per key tile of super-chunk J, kv head) walks the later super-chunks
+  I left to right with Om_{I+1,J} = What_I Om_{I,J}; it returns dKJ, the inter-super-chunk part
+  of dV and adds its share of dOm_{I,J} = scale * Y^T dS KJ (one D x D per super-chunk pair,
+  shared by the S / BLOCK_N key tiles of J: atomics).
 Both add the FoX gate's contribution to dc (gradient of the gate cumsum).
 """
 from __future__ import annotations
@@ -96,7 +96,10 @@ def bwd_inter_dkv_kernel(
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
 ):
-    j = tl.program_id(0)
+    # one program per key tile of BLOCK_N keys (the earliest super-chunks, with the most later
+    # queries, first); one program per super-chunk left 512 serial programs at 32K tokens
+    j = tl.program_id(0) // (S // BLOCK_N)
+    t0 = (tl.program_id(0) % (S // BLOCK_N)) * BLOCK_N
     h = tl.program_id(1)
     tokj = tl.load(sc_tok0 + j)
     sid = tl.load(sc_seq + j)
@@ -116,55 +119,52 @@ def bwd_inter_dkv_kernel(
         dpair = d[:, None] * BD + d[None, :]
         for g_i in range(0, HQ // H):
             hq = h * (HQ // H) + g_i
-            for t0 in range(0, S, BLOCK_N):
-                krows = (tokj + t0 + rn).to(tl.int64)
-                koff = (krows[:, None] * H + h) * D + d[None, :]
-                voff = (krows[:, None] * H + h) * DV + dv[None, :]
-                KJ = tl.load(kj_ptr + koff, mask=dmask, other=0.0)
-                Vt = tl.load(v_ptr + voff, mask=dvmask, other=0.0)
-                if USE_GATE:
-                    c_k = tl.load(gc_ptr + krows * HQ + hq)
-                dKJ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
-                dV = tl.zeros((BLOCK_N, BDV), dtype=tl.float32)
-                dck = tl.zeros((BLOCK_N,), dtype=tl.float32)
-                Om = tl.where(d[:, None] == d[None, :], 1.0, 0.0)
-                for il in range(jl + 1, n_sc_seq):
-                    KZ = tl.dot(KJ.to(tl.float32), tl.trans(Om), input_precision=TP).to(DT)
-                    dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
-                    for cc in range(0, S // C):
-                        rows = (s0 + il * S + cc * C + r).to(tl.int64)
-                        rmask = rows < send
-                        Yd = tl.load(y_ptr + (rows[:, None] * HQ + hq) * D + d[None, :],
-                                     mask=rmask[:, None] & dmask, other=0.0).to(DT)
-                        dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :],
-                                     mask=rmask[:, None] & dvmask, other=0.0)
-                        lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
-                        delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-                        s = mm(Yd, tl.trans(KZ), INTERP) * qk_scale
-                        if USE_GATE:
-                            c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-                            s += (c_q[:, None] - c_k[None, :]) * gate_scale
-                        p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
-                        dp = mm(dO, tl.trans(Vt), INTERP)
-                        ds = p * (dp - delta[:, None])
-                        dV += mm(tl.trans(p).to(Vt.dtype), dO, INTERP)
-                        dKZ += mm(tl.trans(ds).to(DT), Yd, INTERP)
-                        if USE_GATE:
-                            dck -= tl.sum(ds, axis=0)
-                    dKJ += tl.dot(dKZ, Om, input_precision=TP)
-                    pptr = dom_ptr + ((pair_base + il * n_sc_seq + jl) * H + h) * BD * BD + dpair
-                    dom = tl.dot(tl.trans(dKZ), KJ.to(tl.float32), input_precision=TP) * scale
-                    tl.debug_barrier()
-                    tl.store(pptr, tl.load(pptr) + dom)
-                    tl.debug_barrier()
-                    # (after the last super-chunk this product is dead; prepare_state zero-fills that
-                    # entry rather than branching here, which cost 64 KB more shared memory at D=128)
-                    Wh = tl.load(what_ptr + (((sc_base + il) * H + h) * BD + d[:, None]) * BD + d[None, :])
-                    Om = tl.dot(Wh, Om, input_precision=TP)
-                tl.debug_barrier()
-                tl.store(dkj_ptr + koff, tl.load(dkj_ptr + koff, mask=dmask, other=0.0) + dKJ * scale, mask=dmask)
-                tl.store(dv_ptr + voff, tl.load(dv_ptr + voff, mask=dvmask, other=0.0) + dV, mask=dvmask)
-                if USE_GATE:
-                    cptr = dc_ptr + krows * HQ + hq
-                    tl.store(cptr, tl.load(cptr) + dck * gate_nat)
-                tl.debug_barrier()
+            krows = (tokj + t0 + rn).to(tl.int64)
+            koff = (krows[:, None] * H + h) * D + d[None, :]
+            voff = (krows[:, None] * H + h) * DV + dv[None, :]
+            KJ = tl.load(kj_ptr + koff, mask=dmask, other=0.0)
+            Vt = tl.load(v_ptr + voff, mask=dvmask, other=0.0)
+            if USE_GATE:
+                c_k = tl.load(gc_ptr + krows * HQ + hq)
+            dKJ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
+            dV = tl.zeros((BLOCK_N, BDV), dtype=tl.float32)
+            dck = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            Om = tl.where(d[:, None] == d[None, :], 1.0, 0.0)
+            for il in range(jl + 1, n_sc_seq):
+                KZ = tl.dot(KJ.to(tl.float32), tl.trans(Om), input_precision=TP).to(DT)
+                dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
+                for cc in range(0, S // C):
+                    rows = (s0 + il * S + cc * C + r).to(tl.int64)
+                    rmask = rows < send
+                    Yd = tl.load(y_ptr + (rows[:, None] * HQ + hq) * D + d[None, :],
+                                 mask=rmask[:, None] & dmask, other=0.0).to(DT)
+                    dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :],
+                                 mask=rmask[:, None] & dvmask, other=0.0)
+                    lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
+                    delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+                    s = mm(Yd, tl.trans(KZ), INTERP) * qk_scale
+                    if USE_GATE:
+                        c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+                        s += (c_q[:, None] - c_k[None, :]) * gate_scale
+                    p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
+                    dp = mm(dO, tl.trans(Vt), INTERP)
+                    ds = p * (dp - delta[:, None])
+                    dV += mm(tl.trans(p).to(Vt.dtype), dO, INTERP)
+                    dKZ += mm(tl.trans(ds).to(DT), Yd, INTERP)
+                    if USE_GATE:
+                        dck -= tl.sum(ds, axis=0)
+                dKJ += tl.dot(dKZ, Om, input_precision=TP)
+                pptr = dom_ptr + ((pair_base + il * n_sc_seq + jl) * H + h) * BD * BD + dpair
+                dom = tl.dot(tl.trans(dKZ), KJ.to(tl.float32), input_precision=TP) * scale
+                tl.atomic_add(pptr, dom, sem="relaxed")
+                # (after the last super-chunk this product is dead; prepare_state zero-fills that
+                # entry rather than branching here, which cost 64 KB more shared memory at D=128)
+                Wh = tl.load(what_ptr + (((sc_base + il) * H + h) * BD + d[:, None]) * BD + d[None, :])
+                Om = tl.dot(Wh, Om, input_precision=TP)
+            tl.debug_barrier()
+            tl.store(dkj_ptr + koff, tl.load(dkj_ptr + koff, mask=dmask, other=0.0) + dKJ * scale, mask=dmask)
+            tl.store(dv_ptr + voff, tl.load(dv_ptr + voff, mask=dvmask, other=0.0) + dV, mask=dvmask)
+            if USE_GATE:
+                cptr = dc_ptr + krows * HQ + hq
+                tl.store(cptr, tl.load(cptr) + dck * gate_nat)
+            tl.debug_barrier()
