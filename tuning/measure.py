@@ -243,6 +243,8 @@ def _inputs(task: MeasureTask, B: int, T: int, HQ: int, H: int, seed: int) -> tu
 
 def _check_shape(task: MeasureTask) -> tuple[int, int]:
     wl = task.workload
+    if task.backend == "tvm":  # TVM modules are compiled for the workload's head counts
+        return wl["heads_q"], wl["heads_kv"]
     group = wl["heads_q"] // wl["heads_kv"]
     H = max(1, min(task.check_heads, wl["heads_kv"]))
     return H * group, H
