@@ -116,7 +116,8 @@ def test_64bit_row_offsets(monkeypatch, HQ, TN):
 
     monkeypatch.setattr(dec, "_OFF64_ELEMS", 0)
     tri, ref_cache = prefilled(1, 30, HQ, 2, 16, 16, True, torch.float32)
-    o, ref = step_both(tri, ref_cache, make(1, TN, HQ, 2, 16, 16, True), config=dict(decode_block_n=16, decode_splits=2))
+    o, ref = step_both(tri, ref_cache, make(1, TN, HQ, 2, 16, 16, True),
+                       config=dict(decode_block_n=16, decode_splits=2))
     assert rel(o, ref) < TOL_O[torch.float32]
     assert rel(tri.k[:, :tri.length], ref_cache.k[:, :tri.length]) < TOL_K[torch.float32]
 
