@@ -256,3 +256,26 @@ def test_public_api_triton_backend(gate):
     # same numbers as the direct entry point with the spec's default parameters
     o2, lse2 = path_attention_triton(*x, config=None)
     assert torch.equal(o, o2) and torch.equal(lse, lse2)
+
+
+@pytest.mark.parametrize("C", [32, 64, 128])
+def test_ut_stage_against_reference(C):
+    """The UT stage alone (U, K~, M of every chunk) at the GPU chunk sizes, vs the float64
+    reference ut_transform: the blocked inverse combines C / 16 diagonal blocks."""
+    from pathtune.codegen.triton.forward import prepare_state
+    from pathtune.runtime.reference.blockwise import boundary_adjust_keys, ut_transform
+
+    T = C + C // 2 + 3  # one full chunk and a ragged one
+    x = make_inputs(190 + C, B=1, T=T, HQ=1, H=1, D=32, DV=32, gate=False)
+    q, k, v, w, beta, _ = x
+    st = prepare_state(q, k, w, beta, None, cu_seqlens=None,
+                       params=params(chunk_size=C, superchunk_size=2 * C, block_n=16))
+    for c0 in range(0, T, C):
+        sl = slice(c0, min(c0 + C, T))
+        W, b, K = w[0, sl, 0].to(F64), beta[0, sl, 0].to(F64), k[0, sl, 0].to(F64)
+        A, U = ut_transform(W, b)
+        n = W.shape[0]
+        assert rel(st.u[sl, 0], U) < 1e-5
+        assert rel(st.kt[sl, 0], boundary_adjust_keys(K, W, A)) < 1e-5
+        M = A @ torch.tril(W @ K.T, -1)
+        assert rel(st.m[sl, 0, :n], M) < 1e-5

@@ -165,7 +165,7 @@ def path_attention_bwd(
     ut_bwd_kernel[(tb.n_chunks, H)](
         wt, bt, kt_in, du, dkt, dm, dw_acc, dk_acc, dw, dk, dbeta, scratch,
         tb.chunk_tok0, tb.chunk_seq, tb.seq_end,
-        H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, num_warps=8, num_stages=1,
+        H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, GP=params.ut_grad_precision, num_warps=8, num_stages=1,
     )
     dg = _gate_grad(dc, tb, (B, T, HQ)).to(g.dtype) if use_gate else None
     return (dq.view(B, T, HQ, D), dk.view(B, T, H, D), dv.to(v.dtype).view(B, T, H, DV),

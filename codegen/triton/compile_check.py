@@ -132,7 +132,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         *([(bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=tp), 4, 1)] if BD <= 64 else []),
         (bwd_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp), 4, 1),
         (bwd_intra_kernel, sig, dict(common, **flags), params.bwd_num_warps, 1),
-        (ut_bwd_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max), utw, 1),
+        (ut_bwd_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, GP=params.ut_grad_precision), utw, 1),
     ]
 
 

@@ -8,11 +8,11 @@ For chunk m with rows W (C x D, unit-norm w), beta (C), K (C x D):
     K~ = K - M^T W                                row j = (H_last ... H_{j+1} k_j)^T
 Outputs U, K~ (float32, [N_tok, H, D]) and M (float32, [N_tok, H, C]).
 
-The inverse is built in 16 x 16 blocks through a float32 scratch tile per (chunk, head) (L2
-resident).  ``ut_diag_inverse_kernel`` inverts the diagonal blocks by row-wise substitution,
-one warp per block: the 15 dependent steps are latency-bound, so they run in many small
-programs instead of inside the wide chunk program.  The chunk kernels then combine block rows
-top to bottom with tensor-core products, T^{-1}_ij = -T^{-1}_ii sum_{j<=k<i} N_ik T^{-1}_kj.
+The inverse is built from 16 x 16 diagonal blocks passed through a float32 scratch tile per
+(chunk, head) (L2 resident).  ``ut_diag_inverse_kernel`` inverts the diagonal blocks by
+row-wise substitution, one warp per block: the 15 dependent steps are latency-bound, so they
+run in many small programs instead of inside the wide chunk program.  The chunk kernels then
+finish the inverse with a few full-tile tensor-core products (``_blocked_inverse``).
 (Substitution row by row over the whole C x C tile spilled 40 KB per thread on sm_90.)
 """
 from __future__ import annotations
@@ -68,28 +68,26 @@ def ut_diag_inverse_kernel(
 
 @triton.jit
 def _blocked_inverse(N, base, C: tl.constexpr):
-    """(I + N)^{-1} for a strictly lower C x C tile N, in 16 x 16 blocks via the scratch tile at base,
-    whose diagonal blocks ut_diag_inverse_kernel already holds."""
+    """(I + N)^{-1} for a strictly lower C x C tile N, from the inverted 16 x 16 diagonal blocks
+    Dinv that ut_diag_inverse_kernel left in the scratch tile at base.
+
+    With D the block diagonal of T = I + N and E its strictly block-lower rest,
+    T = D (I + F) with F = Dinv E strictly block-lower, so F^(C/16) = 0 and
+    (I + F)^{-1} = (I - F)(I + F^2)(I + F^4)...  -- log2(C/16) + 2 full-tile tensor-core products
+    and no serial block-row substitution (that took ~16 dependent scratch round trips per chunk).
+    """
     r = tl.arange(0, C)
-    offdiag = (r // 16)[:, None] != (r // 16)[None, :]
-    tl.store(base + r[:, None] * C + r[None, :], N, mask=offdiag)
-    tl.debug_barrier()
-    s = tl.arange(0, 16)
-    blk = s[:, None] * C + s[None, :]
-    for bi in tl.static_range(C // 16):
-        diag_ptr = base + (bi * 16) * C + bi * 16 + blk
-        inv_ii = tl.load(diag_ptr)
-        for bj in tl.static_range(bi):
-            acc = tl.zeros((16, 16), dtype=tl.float32)
-            for bk in tl.static_range(bj, bi):
-                n_ik = tl.load(base + (bi * 16) * C + bk * 16 + blk)
-                t_kj = tl.load(base + (bk * 16) * C + bj * 16 + blk)
-                acc += tl.dot(n_ik, t_kj, input_precision=UTP)
-            t_ij = -tl.dot(inv_ii, acc, input_precision=UTP)
-            tl.debug_barrier()
-            tl.store(base + (bi * 16) * C + bj * 16 + blk, t_ij)
-            tl.debug_barrier()
-    return tl.load(base + r[:, None] * C + r[None, :])
+    blockdiag = (r // 16)[:, None] == (r // 16)[None, :]
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    Dinv = tl.load(base + r[:, None] * C + r[None, :], mask=blockdiag, other=0.0)
+    F = tl.dot(Dinv, tl.where(blockdiag, 0.0, N), input_precision=UTP)
+    X = eye - F
+    P = F
+    for k in tl.static_range(6):  # C // 16 block rows: F^2, F^4, ... while F^(2^(k+1)) != 0
+        if (2 << k) < C // 16:
+            P = tl.dot(P, P, input_precision=UTP)
+            X = tl.dot(X, eye + P, input_precision=UTP)
+    return tl.dot(X, Dinv, input_precision=UTP)
 
 
 @triton.jit
@@ -136,10 +134,15 @@ def ut_bwd_kernel(
     dw_ptr, dk_ptr, dbeta_ptr, scratch_ptr,
     chunk_tok0, chunk_seq, seq_end,
     H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr,
-    BETA_MAX: tl.constexpr,
+    BETA_MAX: tl.constexpr, GP: tl.constexpr,
 ):
     """Reverse of ut_chunk_kernel: from dU, dK~, dM (and the partial dW, dK accumulated by the
-    scan kernels) to the final dw, dk and dbeta of one chunk."""
+    scan kernels) to the final dw, dk and dbeta of one chunk.
+
+    The forward quantities (T^{-1}, A, M) are recomputed at ~fp32 accuracy (tf32x3); the
+    gradient products run at precision GP (the spec's ut_grad_precision knob).  Each gradient
+    is stored right after its last update so that fewer C x D tiles are live at once.
+    """
     n = tl.program_id(0)
     h = tl.program_id(1)
     tok0 = tl.load(chunk_tok0 + n)
@@ -153,7 +156,6 @@ def ut_bwd_kernel(
     moff = (rows[:, None] * H + h) * C + r[None, :]
 
     W = tl.load(w_ptr + off, mask=mask2, other=0.0).to(tl.float32)
-    K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
     beta_raw = tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32)
     beta = tl.minimum(beta_raw, BETA_MAX)
     strict = r[:, None] > r[None, :]
@@ -161,36 +163,33 @@ def ut_bwd_kernel(
     N = tl.where(strict, beta[:, None] * Gm, 0.0)
     Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C)
     A = Tinv * beta[None, :]
+    K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
     L = tl.where(strict, tl.dot(W, tl.trans(K), input_precision=UTP), 0.0)
     M = tl.dot(A, L, input_precision=UTP)
 
-    dU = tl.load(du_ptr + off, mask=mask2, other=0.0)
-    dKt = tl.load(dkt_ptr + off, mask=mask2, other=0.0)
-    dM = tl.load(dm_ptr + moff, mask=rmask[:, None], other=0.0)
-    dW = tl.load(dw_acc_ptr + off, mask=mask2, other=0.0)
-    dK = tl.load(dk_acc_ptr + off, mask=mask2, other=0.0)
     # K~ = K - M^T W
-    dK += dKt
-    dM -= tl.dot(W, tl.trans(dKt), input_precision=UTP)
-    dW -= tl.dot(M, dKt, input_precision=UTP)
+    dKt = tl.load(dkt_ptr + off, mask=mask2, other=0.0)
+    dM = tl.load(dm_ptr + moff, mask=rmask[:, None], other=0.0) - tl.dot(W, tl.trans(dKt), input_precision=GP)
+    dW = tl.load(dw_acc_ptr + off, mask=mask2, other=0.0) - tl.dot(M, dKt, input_precision=GP)
     # M = A strictLower(W K^T)
-    dA = tl.dot(dM, tl.trans(L), input_precision=UTP)
-    dL = tl.where(strict, tl.dot(tl.trans(A), dM, input_precision=UTP), 0.0)
-    dW += tl.dot(dL, K, input_precision=UTP)
-    dK += tl.dot(tl.trans(dL), W, input_precision=UTP)
+    dA = tl.dot(dM, tl.trans(L), input_precision=GP)
+    dL = tl.where(strict, tl.dot(tl.trans(A), dM, input_precision=GP), 0.0)
+    dW += tl.dot(dL, K, input_precision=GP)
+    dK = tl.load(dk_acc_ptr + off, mask=mask2, other=0.0) + dKt + tl.dot(tl.trans(dL), W, input_precision=GP)
+    tl.store(dk_ptr + off, dK.to(dk_ptr.dtype.element_ty), mask=mask2)
     # U = A W
-    dA += tl.dot(dU, tl.trans(W), input_precision=UTP)
-    dW += tl.dot(tl.trans(A), dU, input_precision=UTP)
+    dU = tl.load(du_ptr + off, mask=mask2, other=0.0)
+    dA += tl.dot(dU, tl.trans(W), input_precision=GP)
+    dW += tl.dot(tl.trans(A), dU, input_precision=GP)
     # A = T^{-1} diag(beta),  T = I + strictLower(diag(beta) W W^T)
     dbeta = tl.sum(Tinv * dA, axis=0)
     dTinv = dA * beta[None, :]
-    dT = -tl.dot(tl.dot(tl.trans(Tinv), dTinv, input_precision=UTP), tl.trans(Tinv), input_precision=UTP)
+    dT = -tl.dot(tl.dot(tl.trans(Tinv), dTinv, input_precision=GP), tl.trans(Tinv), input_precision=GP)
     dN = tl.where(strict, dT, 0.0)
     dbeta += tl.sum(dN * Gm, axis=1)
     dG = beta[:, None] * dN
-    dW += tl.dot(dG + tl.trans(dG), W, input_precision=UTP)
+    dW += tl.dot(dG + tl.trans(dG), W, input_precision=GP)
     dbeta = tl.where(beta_raw < BETA_MAX, dbeta, 0.0)
 
     tl.store(dw_ptr + off, dW.to(dw_ptr.dtype.element_ty), mask=mask2)
-    tl.store(dk_ptr + off, dK.to(dk_ptr.dtype.element_ty), mask=mask2)
     tl.store(dbeta_ptr + rows * H + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=rmask)
