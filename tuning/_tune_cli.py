@@ -206,6 +206,15 @@ def tune(
     from .tuner import StudyExistsError, Tuner
 
     keys = _filter_keys(_keys(head_dim, dtype, pass_, backend, buckets, gate, heads, heads_kv, tokens), local=True)
+    if measure_with is None:
+        import os
+
+        import torch
+
+        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+            _fail("no CUDA GPU here: tune on a GPU host, or use the split flow (`pathtune tune build` here, the "
+                  "bundle runner on the GPU host). TRITON_INTERPRET=1 runs the kernels in Triton's CPU interpreter "
+                  "(tiny shapes only: for tests)")
     opts = _options(storage, db, budget, seed, worker, resume, measure_with, check_len, tol, heartbeat,
                     startup_trials, results_out, spec=spec)
     tuner = Tuner(keys, opts)

@@ -18,7 +18,8 @@ the workload's head dims, dtype, gate and GQA group) on fresh inputs from ``task
 [1.5, 2), real gate decay: ``tuning.bench.make_inputs``). ``fwd`` checks o; ``bwd`` checks
 o and all six gradients. Timing runs at the key's shape (B*T = 32768 tokens by default):
 ``fwd`` = the forward; ``bwd`` = forward + backward (what a training step pays, as ``pathtune
-bench`` records it); ``decode`` = one decoding step over a key cache of T tokens per sequence.
+bench`` records it); ``decode`` = one decoding step over a key cache of T tokens per sequence (gate: see
+``_measure_decode``).
 
 Tests inject a cost model instead: ``pathtune tune --measure-with module:function`` (or
 ``path/to/file.py:function``), any callable taking a ``MeasureTask`` and returning such a dict.
@@ -352,8 +353,10 @@ def _decode_cache(k: Any, v: Any, w: Any, beta: Any, g: Any, HQ: int, dtype: Any
 
 
 def _measure_decode(task: MeasureTask) -> dict:
-    """Gate: a prompt of check_len tokens in a cache, one decoding step by the kernel; its output vs the
-    last row of the float64 naive attention over prompt + token. Timing: one step per sequence over a
+    """Gate: a prompt of check_len tokens in a cache (keys transported in float64, stored in the
+    workload dtype), one decoding step by the kernel; its output vs the float64 reference step on the
+    same cache (``o``, gated) and vs the float64 naive attention over prompt + token (``o_vs_naive``,
+    reported: it adds the cache's storage rounding, which no config changes). Timing: one step per sequence over a
     cache of seq_len tokens, batch sequences (the cache length is reset before each call)."""
     if task.backend != "triton":
         raise NotImplementedError(f"decode tuning runs the Triton decode kernel; backend {task.backend!r} "
@@ -375,10 +378,20 @@ def _measure_decode(task: MeasureTask) -> dict:
     T = task.check_len
     cache = _decode_cache(k[:, :T], v[:, :T], w[:, :T], beta[:, :T], None if g is None else g[:, :T], HQ, dtype)
     step = [x[:, T:] if x is not None else None for x in (q, k, v, w, beta, g)]
+    import copy
+
+    from pathtune.runtime.reference.recurrent import path_attention_decode
+
+    ref_cache = copy.deepcopy(cache)
+    if ref_cache.c is not None:
+        ref_cache.c = ref_cache.c.double()
     with torch.no_grad():
         o = path_decode_triton(*step, cache, config=params)
-        ref = naive_path_attention(*[None if x is None else x.double() for x in (q, k, v, w, beta, g)])[:, T:]
-    errors = {"o": _rel(o, ref)}
+        # gated: vs the float64 reference step on the same stored cache (the config's own error); also
+        # reported: vs the float64 naive attention over prompt + token (adds the cache's storage rounding)
+        ref = path_attention_decode(*[None if x is None else x.double() for x in step], ref_cache)
+        naive = naive_path_attention(*[None if x is None else x.double() for x in (q, k, v, w, beta, g)])[:, T:]
+    errors = {"o": _rel(o, ref), "o_vs_naive": _rel(o, naive)}
     bad = _gate_failures(errors, task.tolerances)
     if bad:
         return {"status": "wrong", "errors": errors,
