@@ -92,7 +92,7 @@ def _keys(head_dim: str, dtype: str, pass_: str, backend: str, buckets: str, gat
 
 
 def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, worker: int, resume: bool,
-             measure_with: Optional[str], check_len: int, tol: Optional[List[str]], heartbeat: int,
+             measure_with: Optional[str], check_len: int, tol: Optional[List[str]], heartbeat: Optional[int],
              startup_trials: int, results_out: Optional[Path] = None, env_info: Optional[dict] = None,
              spec: Optional[Path] = None) -> Any:
     from pathtune.perf_db import resolve_url
@@ -273,7 +273,7 @@ def build(
     if not isinstance(env_info, dict) or "gpu_name" not in env_info:
         _fail(f"--gpu-env {gpu_env} is not `pathtune env --json` output")
     keys = _filter_keys(_keys(head_dim, dtype, pass_, backend, buckets, gate, heads, heads_kv, tokens), local=False)
-    opts = _options(storage, db, "1", seed, 0, True, None, check_len, tol, 30, startup_trials, env_info=env_info,
+    opts = _options(storage, db, "1", seed, 0, True, None, check_len, tol, None, startup_trials, env_info=env_info,
                     spec=spec)
     tuner = Tuner(keys, opts)
     try:

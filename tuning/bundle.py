@@ -190,7 +190,7 @@ def ingest_results(paths: Sequence[Path], storage_url: str, db_url: Optional[str
     from .tuner import make_storage
 
     counts = {"records": 0, "added": 0, "told": 0, "not_waiting": 0, "env_mismatch": 0, "unknown_study": 0}
-    storage = make_storage(storage_url)
+    storage = make_storage(storage_url, None)
     studies: dict[str, Any] = {}
     with PerfDB.open_default(db_url or storage_url) as db:
         for path in paths:

@@ -74,8 +74,9 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
-def make_storage(url: str, heartbeat: int = 30) -> Any:
-    """RDBStorage with heartbeats; stale trials are re-queued once with the same params."""
+def make_storage(url: str, heartbeat: Optional[int] = 30) -> Any:
+    """RDBStorage with heartbeats (``heartbeat`` seconds; None: none, for the split flow's ask/tell);
+    stale trials are re-queued with the same params."""
     import optuna
     from optuna.storages import RDBStorage
 
@@ -89,6 +90,8 @@ def make_storage(url: str, heartbeat: int = 30) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # heartbeat_interval and the retry callback are "experimental"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        if not heartbeat:
+            return RDBStorage(url, engine_kwargs=engine_kwargs)
         callback = _retry_callback()
         return RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
                           grace_period=max(2 * heartbeat, heartbeat + 2), **{cb_arg: callback})
@@ -131,7 +134,7 @@ class TuneOptions:
     resume: bool = False
     measure_fn: Optional[Callable[..., dict]] = None
     task_defaults: dict = field(default_factory=dict)
-    heartbeat: int = 30
+    heartbeat: Optional[int] = 30
     startup_trials: int = 8
     command: Optional[str] = None
     results_out: Optional[Any] = None  # path: a results file rewritten after each record
