@@ -150,9 +150,8 @@ def _kernel_times(fn):
 
 
 SWEEP = [
-    None, dict(block_n=128), dict(num_warps=8), dict(num_stages=3), dict(superchunk_size=2048),
-    dict(superchunk_size=512), dict(bwd_block_n=128), dict(bwd_num_warps=8), dict(bwd_block_n=32),
-    dict(scan_precision="bf16"), dict(chunk_size=32), dict(chunk_size=128, superchunk_size=2048),
+    None, dict(block_m=64), dict(inter_num_warps=4), dict(block_n=128), dict(superchunk_size=2048),
+    dict(superchunk_size=512), dict(bwd_block_n=128), dict(ut_grad_precision="tf32x3"),
 ]
 
 
@@ -220,4 +219,5 @@ if __name__ == "__main__":
         except Exception:
             traceback.print_exc()
         print(f"== {step} done at {time.time()-t0:.0f}s", flush=True)
-        json.dump(RES, open(os.path.join(OUT, "run2.json"), "w"), indent=1)
+        # one file per invocation (a second invocation must not overwrite the first one's results)
+        json.dump(RES, open(os.path.join(OUT, "run_" + "_".join(steps) + ".json"), "w"), indent=1)
