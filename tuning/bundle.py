@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -31,6 +32,7 @@ __all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "build_bundle", "ingest_results", 
 
 BUNDLE_FORMAT = "pathtune-bundle"
 BUNDLE_VERSION = 1
+log = logging.getLogger("pathtune.tune")
 SM90_SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
 
 _RUN_SH = """#!/usr/bin/env bash
@@ -43,31 +45,39 @@ python -m pathtune.tuning.runner "$here" --out "${1:-$here/results.json}" --resu
 
 
 def precompile_triton(task: MeasureTask) -> Optional[dict]:
-    """Compile every Triton kernel of the task's pass for sm_90 (no GPU needed); a failure or a
-    kernel over the shared-memory limit is returned as a pre-measured status, None when all fit."""
+    """Compile every Triton kernel of the task's pass for sm_90 (no GPU needed, ``compile_check``); a
+    kernel over the shared-memory limit is returned as a pre-measured ``out_of_resources``, None otherwise
+    (other offline build failures are left to the GPU host, which compiles the real launches)."""
     from pathtune.codegen.triton import compile_check
 
     from .measure import classify_exception, triton_params
 
     wl = task.workload
     params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"])
-    if task.pass_ == "decode":
-        return None  # the decode kernel's specialisation depends on the step shape; compiled on the GPU
     dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(wl["dtype"], "bf16")
-    launches = compile_check.forward_kernels(params, wl["head_dim"], wl["head_dim_v"], dtype=dtype,
-                                             gate=wl["use_gate"], heads=wl["heads_kv"],
-                                             group=wl["heads_q"] // wl["heads_kv"])
-    fwd_names = {"ut_diag_inverse_kernel", "ut_chunk_kernel", "superchunk_transport_kernel", "scan_fwd_kernel"}
+    group = wl["heads_q"] // wl["heads_kv"]
+    if task.pass_ == "decode":
+        if not hasattr(compile_check, "decode_kernels"):
+            return None
+        launches = compile_check.decode_kernels(params, wl["head_dim"], wl["head_dim_v"], dtype=dtype,
+                                                gate=wl["use_gate"], heads=wl["heads_kv"], group=group)
+    else:
+        launches = compile_check.forward_kernels(params, wl["head_dim"], wl["head_dim_v"], dtype=dtype,
+                                                 gate=wl["use_gate"], heads=wl["heads_kv"], group=group)
     for fn, sig, const, nw, ns in launches:
         name = fn.fn.__name__
-        if task.pass_ == "fwd" and name not in fwd_names:
-            continue
+        if task.pass_ == "fwd" and (name.startswith("bwd_") or name == "ut_bwd_kernel"):
+            continue  # fwd times the forward only; bwd (forward + backward) compiles everything
         try:
             res = compile_check.compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns)
         except Exception as exc:  # noqa: BLE001
             status, message = classify_exception(exc)
-            return {"status": "compile_error" if status == "crash" else status,
-                    "message": f"sm_90 build of {name}: {message}"}
+            if status == "out_of_resources":
+                return {"status": status, "message": f"sm_90 build of {name}: {message}"}
+            # anything else may be this offline build's own limitation (its launch signatures are a model
+            # of the real launches): the GPU host compiles and decides
+            log.warning("sm_90 pre-build of %s failed (%s); the GPU host will compile it", name, message[:200])
+            return None
         if res.shared_bytes > SM90_SHARED_LIMIT:
             return {"status": "out_of_resources",
                     "message": f"{name} needs {res.shared_bytes} B of shared memory > {SM90_SHARED_LIMIT} B on sm_90"}
