@@ -223,7 +223,8 @@ def tune(
     results: list = []
     code = 0
     try:
-        with TuneProgress(len(keys), opts.budget.seconds, console=err) as progress:
+        prog_console = err if err.is_terminal else Console(stderr=True, width=240)
+        with TuneProgress(len(keys), opts.budget.seconds, console=prog_console) as progress:
             tuner.progress = progress
             results = tuner.run()
     except KeyboardInterrupt:

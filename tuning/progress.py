@@ -58,7 +58,14 @@ class TuneProgress:
     def start_key(self, task: Any, study: Any) -> None:
         self.update_key(task, study)
 
-    def update_key(self, task: Any, study: Any) -> None:
+    def update_key(self, task: Any, study: Any, trial: Any = None) -> None:
+        if trial is not None and not self.console.is_terminal:
+            # a log (device run, CI): one line per trial, since a live bar is not drawn there
+            status = trial.user_attrs.get("status", trial.state.name.lower())
+            ms = f" {trial.value:.4g} ms" if status == "ok" and trial.value is not None else ""
+            cfg = " ".join(f"{k}={v}" for k, v in (trial.user_attrs.get("config") or trial.params).items())
+            self.console.print(f"{self.progress.tasks[task].description} #{trial.number} {status}{ms} "
+                               f"[{trial.user_attrs.get('source', '-')}] {cfg}", markup=False, highlight=False)
         n, best, default = _best_ok(study)
         text = "best -" if best is None else f"best {best:.4g} ms"
         if best is not None and default:

@@ -293,7 +293,7 @@ class Tuner:
 
         def after_trial(study: Any, trial: Any) -> None:
             if self.progress is not None:
-                self.progress.update_key(task, study)
+                self.progress.update_key(task, study, trial)
             if self.stop_requested or ctx.fatal:
                 study.stop()
 
