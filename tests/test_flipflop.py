@@ -202,15 +202,11 @@ def test_tiny_end_to_end_cpu(tmp_path):
     assert meta["seeds"]["model_init"] == 0 and meta["backend"] == "reference"
 
 
-def test_fla_switch_wires_the_same_layer(monkeypatch):
-    """The fla kernel switch must feed fla exactly the layer's q, k, v, w, beta, g and use its o_proj.
-
-    fla is not installed on the CPU hosts, so a stand-in ``fla.ops.path_attn`` module that runs the
-    pathtune reference is injected; the model's output must then equal the pathtune path's.
-    """
+def _install_fake_fla(monkeypatch) -> list:
+    """fla is not installed on the CPU hosts: a stand-in ``fla.ops.path_attn.parallel_path_attn`` with
+    fla's signature that runs the pathtune reference. Returns the list its calls are logged to."""
     import types
 
-    from examples.flipflop.model import FlipFlopLM, attention_kernel
     from pathtune.runtime.api import path_attention
 
     calls = []
@@ -224,6 +220,15 @@ def test_fla_switch_wires_the_same_layer(monkeypatch):
     for name in ("fla", "fla.ops"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "fla.ops.path_attn", mod)
+    return calls
+
+
+def test_fla_switch_wires_the_same_layer(monkeypatch):
+    """The fla kernel switch must feed fla exactly the layer's q, k, v, w, beta, g and use its o_proj:
+    with the stand-in fla the model's output must equal the pathtune path's."""
+    from examples.flipflop.model import FlipFlopLM, attention_kernel
+
+    calls = _install_fake_fla(monkeypatch)
 
     for attention in ("path", "path_fox"):
         torch.manual_seed(1)
@@ -318,3 +323,23 @@ def test_evaluate_counts_exactly():
     assert tuple(ev["ci95"]) == wilson_interval(sum(answers), len(answers))
     ev = evaluate(Oracle(), split, **kw)
     assert (ev["errors"], ev["reads"]) == (0, len(answers)), seed
+
+
+def test_runner_tokens_per_s_comparison(tmp_path, monkeypatch):
+    """The runner's same-run comparison (CUDA only in real runs) end to end, with the stand-in fla."""
+    from examples.flipflop import run
+
+    calls = _install_fake_fla(monkeypatch)
+    out = tmp_path / "r.json"
+    assert run.main(["--tiny", "--no-progress", "--steps", "4", "--models", "path,rope", "--bench-steps", "2",
+                     "--compare-on-cpu", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    comp = res["meta"]["throughput_comparison"]
+    assert comp["fla_importable"] is True and calls
+    for kernel in ("pathtune", "fla"):
+        assert comp[f"path/{kernel}"]["tokens_per_s"] > 0 and comp[f"path/{kernel}"]["timed_steps"] == 2
+    assert comp["path/pathtune_over_fla"] == pytest.approx(
+        comp["path/pathtune"]["tokens_per_s"] / comp["path/fla"]["tokens_per_s"])
+    assert set(res["path"]["tokens_per_s_same_run"]) == {"pathtune", "fla"}
+    assert "rope/pathtune" not in comp
+    assert "pathtune / fla" in run.markdown_table(res)

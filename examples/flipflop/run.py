@@ -214,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", help="pathtune backend for the PaTH layers (auto/triton/reference)")
     p.add_argument("--no-fla-compare", action="store_true", help="skip the same-run pathtune vs fla tokens/s")
     p.add_argument("--bench-steps", type=int, default=30, help="timed steps per kernel in the tokens/s comparison")
+    p.add_argument("--compare-on-cpu", action="store_true", help=argparse.SUPPRESS)   # tests: the comparison off CUDA
     p.add_argument("--tiny", action="store_true", help="CPU smoke mode: T=64, few steps, reference backend")
     p.add_argument("--out", type=Path, default=None, help=f"results JSON (default {DEFAULT_OUT}; tiny {TINY_OUT})")
     p.add_argument("--resume", action="store_true", help="keep models already 'ok' in --out and run the rest")
@@ -341,7 +342,8 @@ def _run(args: argparse.Namespace, argv: Optional[list]) -> int:
     log(f"device {gpu}; models {models}; budget {budget_s / 60:.1f} min; out {out_path}")
     log(f"sparse eval: {n_eval['sparse']} sequences ≈ {n_eval['sparse'] * expected_reads(cfg.seq_len, 0.98):.0f} "
         f"reads (0 errors resolve < 0.1% from {reads_to_resolve(1e-3)} reads)")
-    do_bench = (not args.no_fla_compare and device.type == "cuda" and any(m != "rope" for m in models))
+    do_bench = (not args.no_fla_compare and (device.type == "cuda" or args.compare_on_cpu)
+                and any(m != "rope" for m in models))
     fla_ok, fla_why = fla_available() if do_bench else (False, "not attempted")
     bench_reserve = min(100.0, 0.12 * budget_s) if do_bench else 0.0
     deadline = T_START + budget_s - (3.0 if tiny else 15.0)      # JSON + plot at the end
