@@ -28,8 +28,8 @@ def test_tune_triton_forward_in_interpreter(tmp_path, monkeypatch):
     import pathtune.specs
     from pathtune.cli import app
     from pathtune.perf_db import PerfDB, _shipped
-    from pathtune.specs import KnobSpace, load_spec
-    from pathtune.tuning.space import plan_keys
+    from pathtune.specs import load_spec
+    from pathtune.tuning.space import default_config, plan_keys
     from pathtune.tuning.tuner import Budget, TuneOptions, Tuner
 
     monkeypatch.setattr(_shipped, "SHIPPED_DIR", tmp_path / "no-shipped")
@@ -44,7 +44,7 @@ def test_tune_triton_forward_in_interpreter(tmp_path, monkeypatch):
     keys = plan_keys([32], ["float32"], ["fwd"], ["triton"], [64], heads=2, tokens=64)
     tuner = Tuner(keys, TuneOptions(storage=url, budget=Budget(trials=3), spec_path=spec_path))
     study = tuner.open_study(keys[0])
-    default = KnobSpace(load_spec(spec_path), "fwd").default()
+    default = default_config(load_spec(spec_path), keys[0])     # the runtime's untuned choice
     bad = default.replace(scan_precision="bf16")
     study.enqueue_trial(bad.to_dict(), user_attrs={"forced_failure": True})
     tuner.close()

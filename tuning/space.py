@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from pathtune.specs import KnobSpace, Spec, Workload
 
-__all__ = ["TOKENS", "PASSES", "BACKENDS", "TuneKey", "default_heads", "plan_keys", "study_name", "run_id_for",
+__all__ = ["default_config", "TOKENS", "PASSES", "BACKENDS", "TuneKey", "default_heads", "plan_keys", "study_name", "run_id_for",
            "make_sampler", "source_hash_for", "CODEGEN_VERSION"]
 
 TOKENS = 32768
@@ -49,6 +49,34 @@ class TuneKey:
 
     def space(self, spec: Spec) -> KnobSpace:
         return KnobSpace(spec, self.pass_)
+
+
+def default_config(spec: Spec, key: TuneKey) -> Any:
+    """The config a key's study is seeded with: what the runtime runs untuned (Triton:
+    ``TritonParams.heuristic`` for the head dims) restricted to the pass's knobs, or the spec's
+    defaults where that is not a valid config of the spec."""
+    from dataclasses import asdict
+
+    from pathtune.specs import Config
+
+    space = KnobSpace(spec, key.pass_)
+    fallback = space.default()
+    if key.backend != "triton":
+        return fallback
+    from pathtune.codegen.triton import TritonParams
+
+    params = asdict(TritonParams.heuristic(key.workload.head_dim, key.workload.head_dim_v))
+    values = {}
+    for name, knob in space.knobs.items():
+        value = params.get(name, knob.default)
+        if name == "beta_clip_eps" and value is None:
+            value = "off"
+        values[name] = value
+    try:
+        config = Config(values)
+    except (TypeError, ValueError):
+        return fallback
+    return fallback if space.validate(config, key.workload) else config
 
 
 def plan_keys(head_dims: Sequence[int], dtypes: Sequence[str], passes: Sequence[str], backends: Sequence[str],

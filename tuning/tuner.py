@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from .objective import KeyContext, Objective, PENALTY_MS
-from .space import TuneKey, make_sampler, run_id_for, source_hash_for, study_name
+from .space import TuneKey, default_config, make_sampler, run_id_for, source_hash_for, study_name
 
 __all__ = ["Budget", "TuneOptions", "KeyResult", "Tuner", "make_storage", "StudyExistsError", "parse_budget",
            "requeue_interrupted", "is_sqlite"]
@@ -257,7 +257,7 @@ class Tuner:
                                         "workload": key.workload.to_dict(), "batch": key.batch,
                                         "seq_len": key.seq_len, "env_hash": self.env_hash,
                                         "spec_hash": self.spec.hash, "source_hash": self.sources[key.backend]})
-        default = key.space(self.spec).default()
+        default = default_config(self.spec, key)
         if not study.get_trials(deepcopy=False):
             study.enqueue_trial(default.to_dict(), user_attrs={"seeded_default": True}, skip_if_exists=True)
         return study
@@ -321,7 +321,7 @@ class Tuner:
 
         result.trials = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
         kernel = self.kernel(key)
-        default = key.space(self.spec).default()
+        default = default_config(self.spec, key)
         row = self.db.lookup(self.env_info, kernel, key.workload, default)
         if row is not None:
             result.default_status = row["status"]
