@@ -376,12 +376,14 @@ def _run(args: argparse.Namespace, argv: Optional[list]) -> int:
                     f"({(tr['tokens_per_s'] or 0) / 1e6:.2f} M tok/s), stop: {tr['stop_reason']}")
                 save()
                 rec["eval"] = {}
-                eval_budget = max(5.0, t_model + share - time.perf_counter())
-                for s in EVAL_SPLITS:
+                eval_end = max(time.perf_counter() + 5.0, t_model + share)
+                for j, s in enumerate(EVAL_SPLITS):
+                    # this split's share of what is left (time an earlier split did not use carries over)
+                    left = sum(EVAL_TIME_SHARE[x] for x in EVAL_SPLITS[j:])
+                    limit = max(2.0, (eval_end - time.perf_counter()) * EVAL_TIME_SHARE[s] / left)
                     prog.start(f"eval {LABEL[name]} {s}", n_eval[s])
                     ev = evaluate(model, splits[s], n_sequences=n_eval[s], batch=eval_batch, seed=args.seed,
-                                  device=device, time_limit_s=EVAL_TIME_SHARE[s] * eval_budget, amp=cfg.amp,
-                                  on_batch=prog.update)
+                                  device=device, time_limit_s=limit, amp=cfg.amp, on_batch=prog.update)
                     rec["eval"][s] = ev
                     rec[f"{s}_error"], rec[f"{s}_reads"], rec[f"{s}_errors"] = ev["error"], ev["reads"], ev["errors"]
                     rec[f"{s}_sequences"], rec[f"{s}_ci95"] = ev["sequences"], ev["ci95"]
