@@ -343,3 +343,21 @@ def test_runner_tokens_per_s_comparison(tmp_path, monkeypatch):
     assert set(res["path"]["tokens_per_s_same_run"]) == {"pathtune", "fla"}
     assert "rope/pathtune" not in comp
     assert "pathtune / fla" in run.markdown_table(res)
+
+
+def test_issue_checks():
+    from examples.flipflop.run import issue_checks
+
+    def rec(id_e, id_n, sp_e, sp_n):
+        return {"status": "ok", "id_error": id_e / id_n, "id_ci95": list(wilson_interval(id_e, id_n)),
+                "sparse_error": sp_e / sp_n, "sparse_ci95": list(wilson_interval(sp_e, sp_n))}
+
+    good = issue_checks({"path": rec(0, 400_000, 0, 1_000_000), "rope": rec(30_000, 400_000, 400_000, 1_000_000)})
+    assert all(good.values()) and len(good) == 6
+    bad = issue_checks({"path": rec(8_000, 400_000, 2_000, 1_000_000), "rope": rec(30_000, 400_000, 10_000, 1_000_000)})
+    assert not bad["path_sparse_below_0.1pct"] and not bad["path_id_below_1pct_upper_bound"]
+    assert not bad["path_sparse_10x_below_rope"]
+    # too few reads: the point estimate passes, the bound does not resolve it
+    few = issue_checks({"path": rec(0, 100, 0, 1000)})
+    assert few["path_sparse_below_0.1pct"] and not few["path_sparse_below_0.1pct_upper_bound"]
+    assert "path_sparse_10x_below_rope" not in few

@@ -100,6 +100,21 @@ def markdown_table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def issue_checks(results: dict) -> dict:
+    """The issue's pass criteria, on point estimates and on the 95% Wilson bounds (conservative)."""
+    p, r = results.get("path", {}), results.get("rope", {})
+    out: dict = {}
+    if p.get("status") == "ok":
+        out["path_sparse_below_0.1pct"] = p["sparse_error"] < 1e-3
+        out["path_sparse_below_0.1pct_upper_bound"] = p["sparse_ci95"][1] < 1e-3
+        out["path_id_below_1pct"] = p["id_error"] < 1e-2
+        out["path_id_below_1pct_upper_bound"] = p["id_ci95"][1] < 1e-2
+        if r.get("status") == "ok":
+            out["path_sparse_10x_below_rope"] = 10 * p["sparse_error"] <= r["sparse_error"] and r["sparse_error"] > 0
+            out["path_sparse_10x_below_rope_bounds"] = 10 * p["sparse_ci95"][1] < r["sparse_ci95"][0]
+    return out
+
+
 def plot_curves(results: dict, path: Path) -> Optional[Path]:
     try:
         import matplotlib
@@ -443,6 +458,7 @@ def _run(args: argparse.Namespace, argv: Optional[list]) -> int:
                                                               for k in ("pathtune", "fla")}
             save()
 
+    meta["checks"] = issue_checks(results)
     meta["finished_utc"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     meta["complete"] = all(results.get(m, {}).get("status") == "ok" for m in models)
     save()
@@ -451,6 +467,8 @@ def _run(args: argparse.Namespace, argv: Optional[list]) -> int:
         meta["plot"] = str(plot)
         save()
     print(markdown_table(results))
+    if meta["checks"]:
+        log("checks: " + ", ".join(f"{k}={v}" for k, v in meta["checks"].items()))
     log(f"results: {out_path}" + (f", plot: {plot}" if plot else ""))
     return 0 if meta["complete"] else 1
 
