@@ -13,8 +13,8 @@ host can run it from a bundle. The dict holds perf_db ``Measurement`` fields:
 * ``fatal``: True when the CUDA context is unusable afterwards (illegal address, ...): the caller
   records the result and stops the worker (``--resume`` continues in a fresh process).
 
-The accuracy gate runs at a small validation shape (B=1, ``check_len`` tokens, 2 key/value heads,
-the workload's head dims, dtype, gate and GQA group) on fresh inputs from ``task.seed`` (beta in
+The accuracy gate runs at a small validation shape (B=1, ``check_len`` tokens, the workload's heads,
+head dims, dtype and gate) on fresh inputs from ``task.seed`` (beta in
 [1.5, 2), real gate decay: ``tuning.bench.make_inputs``). ``fwd`` checks o; ``bwd`` checks
 o and all six gradients. Timing runs at the key's shape (B*T = 32768 tokens by default):
 ``fwd`` = the forward; ``bwd`` = forward + backward (what a training step pays, as ``pathtune
@@ -60,7 +60,7 @@ class MeasureTask:
     seq_len: int
     seed: int = 0
     check_len: int = 1024
-    check_heads: int = 2
+    check_heads: int = 0                # 0: the workload's heads (see _check_shape)
     tolerances: dict = field(default_factory=dict)
     warmup_ms: int = 25
     rep_ms: int = 100
@@ -244,7 +244,9 @@ def _inputs(task: MeasureTask, B: int, T: int, HQ: int, H: int, seed: int) -> tu
 
 def _check_shape(task: MeasureTask) -> tuple[int, int]:
     wl = task.workload
-    if task.backend == "tvm":  # TVM modules are compiled for the workload's head counts
+    # default (check_heads 0): the workload's head counts, which kernels are specialised on (Triton
+    # constexprs, TVM modules), so the gate shape compiles nothing the timed shape does not
+    if task.backend == "tvm" or task.check_heads <= 0:
         return wl["heads_q"], wl["heads_kv"]
     group = wl["heads_q"] // wl["heads_kv"]
     H = max(1, min(task.check_heads, wl["heads_kv"]))
