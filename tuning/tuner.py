@@ -235,7 +235,22 @@ class Tuner:
 
     # -- one key --------------------------------------------------------------------------------------
 
-    def open_study(self, key: TuneKey, *, create: bool = True) -> Any:
+    def check_new(self) -> None:
+        """Without --resume, refuse (before any work) to run keys whose studies already have trials."""
+        import optuna
+
+        if self.opts.resume:
+            return
+        summaries = {s.study_name: s.n_trials
+                     for s in optuna.get_all_study_summaries(self.storage, include_best_trial=False)}
+        for key in self.keys:
+            n = summaries.get(self.study_name(key), 0)
+            if n:
+                raise StudyExistsError(
+                    f"study {self.study_name(key)} already has {n} trials in {self.db.display_url}; pass --resume "
+                    "to continue it (every worker of a shared study passes --resume)")
+
+    def open_study(self, key: TuneKey) -> Any:
         import optuna
 
         name = self.study_name(key)
@@ -337,6 +352,7 @@ class Tuner:
     def run(self, on_key_done: Optional[Callable[[KeyResult], None]] = None) -> list[KeyResult]:
         results = []
         deadline = None if self.opts.budget.seconds is None else time.monotonic() + self.opts.budget.seconds
+        self.check_new()
         old = _install_sigint(self)
         try:
             for i, key in enumerate(self.keys):
