@@ -228,6 +228,11 @@ def test_split_build_run_ingest(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     results = json.loads((tmp_path / "r1.json").read_text())
     assert len(results["records"]) == 8
+    # a runner restarted with --resume (after a kill) skips what the results file holds
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "b1"), "--out", str(tmp_path / "r1.json"),
+                          "--measure-with", FAKE, "--resume"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads((tmp_path / "r1.json").read_text()) == results
 
     res = runner.invoke(app, ["tune", "ingest", str(tmp_path / "r1.json"), "--storage", url])
     assert res.exit_code == 0, res.output
