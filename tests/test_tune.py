@@ -154,7 +154,6 @@ def _wait_mid_trial(proc, tmp_path, ends):
 
 
 def test_ctrl_c_finishes_or_flags_the_trial_and_resume_continues(tmp_path):
-    import optuna
     from optuna.trial import TrialState
 
     url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"

@@ -25,7 +25,6 @@ from typing import Any, Callable, Optional, Sequence
 
 from .measure import MeasureTask
 from .objective import mark_feasibility, trial_value
-from .space import TuneKey
 
 __all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "build_bundle", "ingest_results", "precompile_triton",
            "SM90_SHARED_LIMIT"]

@@ -286,7 +286,6 @@ class Tuner:
                           on_record=self._on_record)
 
     def tune_key(self, key: TuneKey, seconds: Optional[float]) -> KeyResult:
-        import optuna
         from optuna.study import MaxTrialsCallback
         from optuna.trial import TrialState
 
