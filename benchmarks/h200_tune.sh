@@ -30,6 +30,27 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 pathtune env --json > "$OUT/env.json"
 
+# smoke (~1 min; compiles what the tune then reuses): the untuned config of each pass at D=64, T=2048 is
+# measured first; a crash there is a code problem, so stop before spending the budget on it
+python - <<'PY' || { echo "smoke check failed: not starting the tune" >&2; exit 2; }
+import json, sys
+from pathtune.specs import load_spec
+from pathtune.tuning.measure import MeasureTask, measure
+from pathtune.tuning.space import default_config, plan_keys
+spec = load_spec()
+tol = dict(spec.numerics.accuracy.tolerances)
+bad = []
+for key in plan_keys([64], ["bfloat16"], ["fwd", "bwd", "decode"], ["triton"], [2048]):
+    cfg = default_config(spec, key)
+    r = measure(MeasureTask(key.pass_, "triton", key.workload.to_dict(), cfg.to_dict(), key.batch, key.seq_len,
+                            tolerances=tol))
+    print("smoke", key.label, json.dumps({k: v for k, v in r.items() if k != "message"}),
+          r.get("message", "")[:300], flush=True)
+    if r["status"] == "crash":
+        bad.append(key.label)
+sys.exit(1 if bad else 0)
+PY
+
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 RESULTS="$OUT/H200-tune-$STAMP.json"
 set +e
