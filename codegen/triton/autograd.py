@@ -7,7 +7,7 @@ to the scan), which keeps activation memory at what FlashAttention keeps.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -102,6 +102,14 @@ def _resolve_params_json(config, head_dim: int, head_dim_v: int) -> str:
     """Config -> canonical TritonParams JSON; run at trace time under torch.compile (a constant)."""
     if config is None:
         return TritonParams.heuristic(head_dim, head_dim_v).to_json()
+    if isinstance(config, Mapping) and not isinstance(config, TritonParams):
+        # a partial mapping overrides the heuristic for these head dims (not the spec defaults,
+        # which do not fit shared memory above head dim 64)
+        import dataclasses
+
+        base = TritonParams.heuristic(head_dim, head_dim_v)
+        merged = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)} | dict(config)
+        return TritonParams.from_config(merged).to_json()
     return TritonParams.from_config(config).to_json()
 
 

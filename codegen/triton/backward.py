@@ -154,7 +154,9 @@ def path_attention_bwd(
         tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end,
         tb.n_chunks, qk_scale, gate_scale, scale, gate_nat,
         TP=tp, USE_GATE=use_gate, INTERP=interp, num_warps=params.bwd_num_warps, num_stages=1,
-        **common,
+        # head dims under 64 run on 64-wide (masked) tiles here: at D = 32 this kernel's atomic
+        # adds of 64 x 32 products faulted on the H200 (illegal address; D = 64 ran clean)
+        **dict(common, BD=max(BD, 64), BDV=max(BDV, 64)),
     )
     del y, dy
 
