@@ -47,3 +47,27 @@ def test_fake_tensor_shapes():
         beta = torch.empty(2, 64, 2)
         o, lse = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, None, None, 0.2, "{}", "inside_scale")
         assert o.shape == (2, 64, 4, 16) and lse.shape == (2, 64, 4) and lse.dtype == torch.float32
+
+
+def test_opcheck_fake_matches_real_on_permuted_inputs():
+    """torch.library.opcheck: the fake implementations agree with the real ops in shape, dtype and
+    strides, also for permuted (non-contiguous) inputs as a model's projections produce them.
+    (The backward's fake once copied a permuted q's strides; inductor then asserted on the H200.)"""
+    import json
+
+    from pathtune.codegen.triton import TritonParams
+
+    xs = [x.detach() for x in _inputs(3)]
+    q = xs[0].transpose(1, 2).contiguous().transpose(1, 2)      # [B, T, HQ, D] with permuted strides
+    assert not q.is_contiguous()
+    k, v, w, beta, g = xs[1:]
+    pj = TritonParams.from_config(CFG).to_json()
+    args = (q, k, v, w, beta, g, None, 0.25, pj, "inside_scale")
+    torch.library.opcheck(torch.ops.pathtune.path_attn_fwd.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+    o, lse = torch.ops.pathtune.path_attn_fwd(*args)
+    do = torch.randn_like(o).transpose(1, 2).contiguous().transpose(1, 2)
+    bwd_args = (do, None, q, k, v, w, beta, g, o, lse, None, 0.25, pj, "inside_scale")
+    torch.library.opcheck(torch.ops.pathtune.path_attn_bwd.default, bwd_args,
+                          test_utils=("test_schema", "test_faketensor"))
+    assert json.loads(pj)["chunk_size"] == 16

@@ -73,9 +73,12 @@ def _path_attn_bwd(do: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: 
 
 @_path_attn_bwd.register_fake
 def _(do, dlse, q, k, v, w, beta, g, o, lse, cu_seqlens, scale, params_json, gate_placement):
-    dg = torch.empty_like(g) if g is not None else beta.new_empty(0)
-    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w),
-            torch.empty_like(beta), dg]
+    # contiguous like the real op's results (empty_like would copy the strides of a permuted
+    # input, and inductor asserts the real strides against these)
+    def like(x):
+        return x.new_empty(x.shape)
+    dg = like(g) if g is not None else beta.new_empty(0)
+    return [like(q), like(k), like(v), like(w), like(beta), dg]
 
 
 def _setup_context(ctx, inputs, output):

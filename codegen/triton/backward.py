@@ -169,6 +169,6 @@ def path_attention_bwd(
         tb.chunk_tok0, tb.chunk_seq, tb.seq_end,
         H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, GP=params.ut_grad_precision, num_warps=8, num_stages=1,
     )
-    dg = _gate_grad(dc, tb, (B, T, HQ)).to(g.dtype) if use_gate else None
+    dg = _gate_grad(dc, tb, (B, T, HQ)).to(g.dtype).contiguous() if use_gate else None
     return (dq.view(B, T, HQ, D), dk.view(B, T, H, D), dv.to(v.dtype).view(B, T, H, DV),
             dw.view(B, T, H, D), dbeta.view(B, T, H), dg)
