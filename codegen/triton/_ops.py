@@ -26,3 +26,12 @@ def mm(a, b, INTERP: tl.constexpr):
             b = b.to(tl.float32)
             return tl.dot(a, b, input_precision="ieee")
     return tl.dot(a, b)
+
+
+@triton.jit
+def tile_of(n, tile_tok0, tile_seq, seq_start, seq_end):
+    """Where tile n (a UT chunk or a query block) lies: (first token, sequence id, the sequence's
+    first token, one past its last token) -- the prologue every per-tile kernel starts with."""
+    tok0 = tl.load(tile_tok0 + n)
+    sid = tl.load(tile_seq + n)
+    return tok0, sid, tl.load(seq_start + sid), tl.load(seq_end + sid)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._ops import mm
+from ._ops import mm, tile_of
 
 
 @triton.jit
@@ -37,10 +37,7 @@ def bwd_intra_kernel(
     n = n_chunks - 1 - tl.program_id(0)     # latest chunks of a super-chunk (most work) first
     hq = tl.program_id(1)
     h = hq // (HQ // H)
-    tok0 = tl.load(chunk_tok0 + n)
-    sid = tl.load(chunk_seq + n)
-    s0 = tl.load(seq_start + sid)
-    send = tl.load(seq_end + sid)
+    tok0, sid, s0, send = tile_of(n, chunk_tok0, chunk_seq, seq_start, seq_end)
     c_idx = (tok0 - s0) // C
     ci = c_idx % (S // C)                   # position of the chunk inside its super-chunk
     tokI = tok0 - ci * C

@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._ops import mm
+from ._ops import mm, tile_of
 
 
 @triton.jit
@@ -25,10 +25,7 @@ def bwd_prep_kernel(
     n = tl.program_id(0)
     hq = tl.program_id(1)
     h = hq // (HQ // H)
-    tok0 = tl.load(chunk_tok0 + n)
-    sid = tl.load(chunk_seq + n)
-    s0 = tl.load(seq_start + sid)
-    send = tl.load(seq_end + sid)
+    tok0, sid, s0, send = tile_of(n, chunk_tok0, chunk_seq, seq_start, seq_end)
     c_idx = (tok0 - s0) // C
     first = (c_idx // (S // C)) * (S // C)
 

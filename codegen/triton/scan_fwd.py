@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._ops import mm
+from ._ops import mm, tile_of
 
 
 @triton.jit
@@ -47,10 +47,7 @@ def scan_intra_kernel(
     n = n_chunks - 1 - tl.program_id(0)
     hq = tl.program_id(1)
     h = hq // (HQ // H)
-    tok0 = tl.load(chunk_tok0 + n)
-    sid = tl.load(chunk_seq + n)
-    s0 = tl.load(seq_start + sid)
-    send = tl.load(seq_end + sid)
+    tok0, sid, s0, send = tile_of(n, chunk_tok0, chunk_seq, seq_start, seq_end)
     c_idx = (tok0 - s0) // C
     first_chunk_of_sc = (c_idx // (S // C)) * (S // C)
 
@@ -133,10 +130,7 @@ def scan_inter_kernel(
     n = n_blocks - 1 - tl.program_id(0)     # latest blocks (most super-chunks to scan) first
     hq = tl.program_id(1)
     h = hq // (HQ // H)
-    tok0 = tl.load(blk_tok0 + n)
-    sid = tl.load(blk_seq + n)
-    s0 = tl.load(seq_start + sid)
-    send = tl.load(seq_end + sid)
+    tok0, sid, s0, send = tile_of(n, blk_tok0, blk_seq, seq_start, seq_end)
     sc_base = tl.load(seq_sc_base + sid)
     sc_idx = (tok0 - s0) // S
 
