@@ -12,6 +12,9 @@ then dg = reverse cumsum of dc per sequence.
 """
 from __future__ import annotations
 
+import bisect
+import dataclasses
+
 import torch
 
 from ._layout import SequenceTables
@@ -20,7 +23,7 @@ from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_kernel
 from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
 from .bwd_intra import bwd_intra_kernel
 from .bwd_prep import bwd_prep_kernel
-from .forward import ForwardState, _LOG2E, _pow2, _tokens, ut_inverse_scratch
+from .forward import ForwardState, _LOG2E, _pow2, _tokens, ut_forward, ut_inverse_scratch
 from .params import TritonParams
 from .ut import ut_bwd_kernel
 
@@ -64,13 +67,72 @@ def _superchunk_chain_torch(what: torch.Tensor, dom: torch.Tensor, tables: Seque
     return dwhat
 
 
+# Working set of the per-range stages (transport, intra, UT backward) above which they run over
+# token ranges of whole super-chunks, each with its own recomputed u, K~, m and accumulators.
+# Below it they run once over the whole stream on the forward state (no recomputation).
+PHASE2_RANGE_BYTES = 128 << 20
+
+
+def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool) -> int:
+    """float32 bytes per token of one range: u, K~, m, the UT scratch, the accumulators
+    dK~, dW, dU, dK (D wide) and dM (C wide), and the transport scratch."""
+    BD = _pow2(D)
+    per_head = 2 * D + C + C + 4 * D + C + (BD * BD // C if multi else 0)
+    return 4 * H * per_head
+
+
+def _host_bounds(tb: SequenceTables, B: int, T: int):
+    """(start, end) of every sequence on the host: a dense batch from its shape, else one read."""
+    if tb.n_seq == B and (B > 1 or tb.n_seq == 1):
+        return [(b * T, (b + 1) * T) for b in range(B)]
+    return list(zip(tb.seq_start.tolist(), tb.seq_end.tolist()))   # packed varlen (host sync)
+
+
+def _ranges(tb: SequenceTables, B: int, T: int, N: int, C: int, S: int, n_ranges: int):
+    """Token ranges of whole consecutive super-chunks: [(a, b, c0, c1, j0, j1)] with the UT chunks
+    [c0, c1) and super-chunks [j0, j1) inside tokens [a, b)."""
+    if n_ranges <= 1:
+        return [(0, N, 0, tb.n_chunks, 0, tb.n_sc)]
+    sc = []      # (first token, one past the last) of every super-chunk, in table order
+    for s0, s1 in _host_bounds(tb, B, T):
+        sc += [(t, min(t + S, s1)) for t in range(s0, s1, S)]
+    chunk_tok0 = [t for s0, s1 in _host_bounds(tb, B, T) for t in range(s0, s1, C)]
+    assert len(sc) == tb.n_sc and len(chunk_tok0) == tb.n_chunks
+    n_ranges = min(n_ranges, len(sc))
+    cuts = [round(i * len(sc) / n_ranges) for i in range(n_ranges + 1)]
+    out = []
+    for j0, j1 in zip(cuts[:-1], cuts[1:]):
+        a, b = sc[j0][0], sc[j1 - 1][1]
+        c0, c1 = bisect.bisect_left(chunk_tok0, a), bisect.bisect_left(chunk_tok0, b)
+        out.append((a, b, c0, c1, j0, j1))
+    return out
+
+
+def _range_tables(tb: SequenceTables, a, c0, c1, j0, j1) -> SequenceTables:
+    """The chunk / super-chunk tables of one token range, token indices rebased to its start."""
+    if (a, c0, c1, j0, j1) == (0, 0, tb.n_chunks, 0, tb.n_sc):
+        return tb
+    return dataclasses.replace(
+        tb, chunk_tok0=tb.chunk_tok0[c0:c1] - a, chunk_seq=tb.chunk_seq[c0:c1],
+        sc_tok0=tb.sc_tok0[j0:j1] - a, sc_seq=tb.sc_seq[j0:j1],
+        seq_start=tb.seq_start - a, seq_end=tb.seq_end - a, n_chunks=c1 - c0, n_sc=j1 - j0)
+
+
 def path_attention_bwd(
     do: torch.Tensor, q, k, v, w, beta, g, o, lse, state: ForwardState, *, scale: float,
     params: TritonParams, gate_placement: str = "inside_scale", dlse: torch.Tensor | None = None,
 ):
     """Gradients (dq, dk, dv, dw, dbeta, dg) of PaTH(-FoX) attention; dg is None without a gate.
 
-    do is the gradient of o; dlse (optional) the gradient of the returned lse.
+    do is the gradient of o; dlse (optional) the gradient of the returned lse.  The backward
+    consumes ``state``: each of its tensors is released (the field set to None) once dead.
+
+    Memory: the inter-super-chunk stages (1-4) run over the whole stream; transport, intra and
+    UT backward (5-7) only touch rows of one super-chunk, so above ``PHASE2_RANGE_BYTES`` they
+    run per token range of whole super-chunks, with u, K~, m recomputed for the range (one extra
+    ut_chunk pass) and range-sized accumulators.  Every program computes exactly what it did in
+    one launch over the stream, and a row's atomic adds come from the same programs in the same
+    kernel order, so the gradients are unchanged.
     """
     B, T, HQ, D = q.shape
     H, DV = v.shape[2], v.shape[3]
@@ -90,8 +152,12 @@ def path_attention_bwd(
     gate_scale = gate_nat * _LOG2E
     f32 = dict(device=dev, dtype=torch.float32)
     common = dict(HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S, DT=dt)
+    multi = tb.max_seq_len > S
+    n_ranges = -(-N * _phase2_bytes_per_token(H, D, C, S, multi) // PHASE2_RANGE_BYTES)
+    ranges = _ranges(tb, B, T, N, C, S, n_ranges)
+    recompute = len(ranges) > 1
 
-    # queries at their super-chunk start, stored in the scan dtype: they are only ever GEMM operands
+    # 1. queries at their super-chunk start, stored in the scan dtype: they are only ever GEMM operands
     y = torch.zeros(N, HQ, D, device=dev, dtype=state.kj.dtype)
     delta = torch.empty(N, HQ, **f32)
     dlse_t = _tokens(dlse).float() if dlse is not None else delta
@@ -100,20 +166,16 @@ def path_attention_bwd(
         tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end,
         INTERP=interp, HAS_DLSE=dlse is not None, num_warps=params.bwd_num_warps, num_stages=1, **common,
     )
+    del dlse_t
+    if recompute:   # u, K~, m are recomputed per range below
+        state.u = state.kt = state.m = None
 
-    dy = torch.zeros(N, HQ, D, **f32)
     dc = torch.zeros(N, HQ, **f32)
-    dkj = torch.zeros(N, H, D, **f32)
     dv = torch.zeros(N, H, DV, **f32)
-    multi = tb.max_seq_len > S
     if multi:
-        bwd_inter_dq_kernel[(tb.n_chunks, HQ)](
-            y, state.kj, vt, state.what, gc, dot_, lset, delta, dy, dc,
-            tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base,
-            tb.n_chunks, qk_scale, gate_scale, scale, gate_nat,
-            BLOCK_N=BN, TP=tp, USE_GATE=use_gate, INTERP=interp,
-            num_warps=params.bwd_num_warps, num_stages=params.bwd_num_stages, **common,
-        )
+        # 3. + 4. first (dom and its chain die before dY exists); stage 2 adds to dc after them,
+        # and a sum of two terms from zero does not depend on their order
+        dkj = torch.zeros(N, H, D, **f32)
         dom = torch.zeros(max(tb.n_pairs, 1), H, BD, BD, **f32)
         bwd_inter_dkv_kernel[(tb.n_sc * (S // BN), H)](
             y, state.kj, vt, state.what, gc, dot_, lset, delta, dkj, dv, dom, dc,
@@ -131,44 +193,72 @@ def path_attention_bwd(
         else:
             dwhat = _superchunk_chain_torch(state.what, dom, tb)
         del dom
-    dkt = torch.zeros(N, H, D, **f32)
-    dw_acc = torch.zeros(N, H, D, **f32)
-    du = torch.zeros(N, H, D, **f32)
-    if multi:
-        rows = min(BD, 32)
-        scratch = torch.empty(tb.n_sc * H * (BD // rows) * (S // C) * rows * BD, **f32)
-        bwd_transport_kernel[(tb.n_sc, H, BD // rows)](
-            state.kt, wt, state.u, dkj, dwhat, dkt, dw_acc, du, scratch,
-            tb.sc_tok0, tb.sc_seq, tb.seq_end,
-            H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp, num_warps=4, num_stages=1,
+        dy = torch.zeros(N, HQ, D, **f32)
+        bwd_inter_dq_kernel[(tb.n_chunks, HQ)](
+            y, state.kj, vt, state.what, gc, dot_, lset, delta, dy, dc,
+            tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base,
+            tb.n_chunks, qk_scale, gate_scale, scale, gate_nat,
+            BLOCK_N=BN, TP=tp, USE_GATE=use_gate, INTERP=interp,
+            num_warps=params.bwd_num_warps, num_stages=params.bwd_num_stages, **common,
         )
-        del scratch, dwhat
-    del dkj
+    else:
+        dy = torch.zeros(N, HQ, D, **f32)
+    del y
+    state.kj = state.what = None
 
+    # 5.-7. per token range of whole super-chunks
     dq = torch.empty(N, HQ, D, device=dev, dtype=q.dtype)
-    dk_acc = torch.zeros(N, H, D, **f32)
-    dm = torch.zeros(N, H, C, **f32)
-    bwd_intra_kernel[(tb.n_chunks, HQ)](
-        qt, kt_in, vt, wt, state.u, state.m, state.kt, gc, dot_, lset, delta, dy,
-        dq, dk_acc, dv, dw_acc, du, dm, dkt, dc,
-        tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end,
-        tb.n_chunks, qk_scale, gate_scale, scale, gate_nat,
-        TP=tp, USE_GATE=use_gate, INTERP=interp, num_warps=params.bwd_num_warps, num_stages=1,
-        # head dims under 64 run on 64-wide (masked) tiles here: at D = 32 this kernel's atomic
-        # adds of 64 x 32 products faulted on the H200 (illegal address; D = 64 ran clean)
-        **dict(common, BD=max(BD, 64), BDV=max(BDV, 64)),
-    )
-    del y, dy
-
     dw = torch.empty(N, H, D, device=dev, dtype=w.dtype)
     dk = torch.empty(N, H, D, device=dev, dtype=k.dtype)
     dbeta = torch.empty(N, H, device=dev, dtype=beta.dtype)
-    scratch = ut_inverse_scratch(wt, bt, tb, H, D, C, params)
-    ut_bwd_kernel[(tb.n_chunks, H)](
-        wt, bt, kt_in, du, dkt, dm, dw_acc, dk_acc, dw, dk, dbeta, scratch,
-        tb.chunk_tok0, tb.chunk_seq, tb.seq_end,
-        H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, GP=params.ut_grad_precision, num_warps=8, num_stages=1,
-    )
+    for a, b, c0, c1, j0, j1 in ranges:
+        tr = _range_tables(tb, a, c0, c1, j0, j1)
+        r = slice(a, b)
+        nr = b - a
+        if recompute:
+            u, ktil, m, ut_scratch = ut_forward(kt_in[r], wt[r], bt[r], tr, H, D, C, params)
+        else:
+            u, ktil, m, ut_scratch = state.u, state.kt, state.m, None
+        dkt = torch.zeros(nr, H, D, **f32)
+        dw_acc = torch.zeros(nr, H, D, **f32)
+        du = torch.zeros(nr, H, D, **f32)
+        if multi:
+            rows = min(BD, 32)
+            scratch = torch.empty(tr.n_sc * H * (BD // rows) * (S // C) * rows * BD, **f32)
+            bwd_transport_kernel[(tr.n_sc, H, BD // rows)](
+                ktil, wt[r], u, dkj[r], dwhat[j0:j1], dkt, dw_acc, du, scratch,
+                tr.sc_tok0, tr.sc_seq, tr.seq_end,
+                H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp, num_warps=4, num_stages=1,
+            )
+            del scratch
+        dk_acc = torch.zeros(nr, H, D, **f32)
+        dm = torch.zeros(nr, H, C, **f32)
+        bwd_intra_kernel[(tr.n_chunks, HQ)](
+            qt[r], kt_in[r], vt[r], wt[r], u, m, ktil, gc[r], dot_[r], lset[r], delta[r], dy[r],
+            dq[r], dk_acc, dv[r], dw_acc, du, dm, dkt, dc[r],
+            tr.chunk_tok0, tr.chunk_seq, tr.seq_start, tr.seq_end,
+            tr.n_chunks, qk_scale, gate_scale, scale, gate_nat,
+            TP=tp, USE_GATE=use_gate, INTERP=interp, num_warps=params.bwd_num_warps, num_stages=1,
+            # head dims under 64 run on 64-wide (masked) tiles here: at D = 32 this kernel's atomic
+            # adds of 64 x 32 products faulted on the H200 (illegal address; D = 64 ran clean)
+            **dict(common, BD=max(BD, 64), BDV=max(BDV, 64)),
+        )
+        del u, ktil, m
+        if not recompute:
+            state.u = state.kt = state.m = None
+            ut_scratch = ut_inverse_scratch(wt, bt, tb, H, D, C, params)
+        ut_bwd_kernel[(tr.n_chunks, H)](
+            wt[r], bt[r], kt_in[r], du, dkt, dm, dw_acc, dk_acc, dw[r], dk[r], dbeta[r], ut_scratch,
+            tr.chunk_tok0, tr.chunk_seq, tr.seq_end,
+            H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, GP=params.ut_grad_precision, num_warps=8, num_stages=1,
+        )
+        del ut_scratch, dkt, dw_acc, du, dk_acc, dm
+    del dy, delta
+    if multi:
+        del dkj, dwhat
+    state.gc = None
+    del gc
+    dv = dv.to(v.dtype)
     dg = _gate_grad(dc, tb, (B, T, HQ)).to(g.dtype).contiguous() if use_gate else None
-    return (dq.view(B, T, HQ, D), dk.view(B, T, H, D), dv.to(v.dtype).view(B, T, H, DV),
+    return (dq.view(B, T, HQ, D), dk.view(B, T, H, D), dv.view(B, T, H, DV),
             dw.view(B, T, H, D), dbeta.view(B, T, H), dg)

@@ -50,6 +50,26 @@ def ut_inverse_scratch(wt, bt, tables: SequenceTables, H: int, D: int, C: int, p
     return scratch
 
 
+def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams):
+    """Stage ut_inverse over the chunks of ``tables``: u, K~ ([N, H, D]) and m ([N, H, C]), float32,
+    plus the inverse's scratch tiles (``ut_bwd_kernel`` reads the same ones).
+
+    The token-major inputs may be a token range of a longer stream (``tables`` rebased to it).
+    """
+    N = kt_in.shape[0]
+    u = torch.empty(N, H, D, device=kt_in.device, dtype=torch.float32)
+    ktil = torch.empty(N, H, D, device=kt_in.device, dtype=torch.float32)
+    m = torch.empty(N, H, C, device=kt_in.device, dtype=torch.float32)
+    scratch = ut_inverse_scratch(wt, bt, tables, H, D, C, params)
+    ut_chunk_kernel[(tables.n_chunks, H)](
+        wt, bt, kt_in, u, ktil, m, scratch,
+        tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
+        H=H, D=D, BD=_pow2(D), C=C, BETA_MAX=params.beta_max,
+        num_warps=8, num_stages=1,
+    )
+    return u, ktil, m, scratch
+
+
 def prepare_state(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None,
     *, cu_seqlens: torch.Tensor | None, params: TritonParams,
@@ -71,16 +91,7 @@ def prepare_state(
     kt_in, wt, bt = _tokens(k), _tokens(w), _tokens(beta)
     N = kt_in.shape[0]
 
-    u = torch.empty(N, H, D, device=dev, dtype=torch.float32)
-    ktil = torch.empty(N, H, D, device=dev, dtype=torch.float32)
-    m = torch.empty(N, H, C, device=dev, dtype=torch.float32)
-    scratch = ut_inverse_scratch(wt, bt, tables, H, D, C, params)
-    ut_chunk_kernel[(tables.n_chunks, H)](
-        wt, bt, kt_in, u, ktil, m, scratch,
-        tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
-        H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max,
-        num_warps=8, num_stages=1,
-    )
+    u, ktil, m, scratch = ut_forward(kt_in, wt, bt, tables, H, D, C, params)
     del scratch
 
     kj = torch.empty(N, H, D, device=dev, dtype=store_dtype)
