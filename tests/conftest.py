@@ -1,9 +1,11 @@
-"""Shared pytest setup: the ``gpu`` marker skips cleanly without CUDA; every test starts from seed 0.
+"""Shared pytest setup: the ``gpu`` marker skips cleanly without CUDA; every test starts from seed 0;
+``pg_url`` gives a test its own schema on the PostgreSQL server named by PATHTUNE_TEST_PG_URL.
 
 Without CUDA the Triton kernels run in Triton's CPU interpreter: TRITON_INTERPRET must be set
 before any kernel is decorated, so it is set here, before the test modules import pathtune.
 """
 import os
+import uuid
 
 import pytest
 import torch
@@ -24,3 +26,26 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def pg_url():
+    """A database URL whose search_path is a fresh schema on PATHTUNE_TEST_PG_URL's server (dropped
+    afterwards), so tests and concurrent workers can share one database."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    base = os.environ.get("PATHTUNE_TEST_PG_URL")
+    if not base:
+        pytest.skip("set PATHTUNE_TEST_PG_URL=postgresql+psycopg://... to run")
+    schema = f"pathtune_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(base).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()

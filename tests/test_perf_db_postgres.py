@@ -8,7 +8,6 @@ Records are synthetic (GPU "TEST-GPU").
 """
 import os
 import threading
-import uuid
 
 import pytest
 
@@ -16,8 +15,7 @@ PG_URL = os.environ.get("PATHTUNE_TEST_PG_URL")
 pytestmark = pytest.mark.skipif(not PG_URL, reason="set PATHTUNE_TEST_PG_URL=postgresql+psycopg://... to run")
 
 if PG_URL:
-    from sqlalchemy import create_engine, inspect, text
-    from sqlalchemy.engine import make_url
+    from sqlalchemy import inspect
 
     from pathtune.perf_db import DuplicateMeasurementError, KernelKey, Measurement, PerfDB, export_pack, load_pack
     from pathtune.perf_db import _shipped, results_record, write_results
@@ -50,21 +48,6 @@ def ok(ms, **kw):
 @pytest.fixture(autouse=True)
 def _no_shipped(monkeypatch, tmp_path):
     monkeypatch.setattr(_shipped, "SHIPPED_DIR", tmp_path)
-
-
-@pytest.fixture
-def pg_url():
-    schema = f"pathtune_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG_URL)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 def test_upgrade_idempotent_own_version_table(pg_url):

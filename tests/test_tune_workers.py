@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -31,24 +30,6 @@ sys.path.insert(0, str(HERE))
 import tune_fake  # noqa: E402
 
 BUDGET = 24
-
-
-@pytest.fixture
-def pg_url():
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    schema = f"pathtune_tune_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG_URL)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 def _env(tmp_path: Path, url: str) -> dict:
