@@ -56,14 +56,15 @@ def _superchunk_chain_torch(what: torch.Tensor, dom: torch.Tensor, tables: Seque
         dOm = dom[pb:pb + nsc * nsc].view(nsc, nsc, H, BD, BD)
         Ls, L = [], torch.zeros(nsc, H, BD, BD, device=what.device, dtype=what.dtype)
         for K in range(nsc - 1):       # L_{I,K+1} = L_{I,K} What_K^T + dOm_{I,K}, all I at once
-            Ls.append(L)
+            Ls.append(L[K + 1:].clone())   # only rows I > K are read below (half the memory)
             L = L @ W[K].transpose(-1, -2) + dOm[:, K]
         Om = eye.expand(nsc, H, BD, BD).clone()   # Om[I] = Om_{I,K}, meaningful for I > K
         for K in range(nsc - 2, -1, -1):
             if K < nsc - 2:
                 Om = Om @ W[K + 1]
                 Om[K + 1] = eye
-            dwhat[base + K] = (Om[K + 1:].transpose(-1, -2) @ Ls[K][K + 1:]).sum(0)
+            dwhat[base + K] = (Om[K + 1:].transpose(-1, -2) @ Ls[K]).sum(0)
+            Ls[K] = None
     return dwhat
 
 
