@@ -84,7 +84,7 @@ def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool) -> int:
 
 def _host_bounds(tb: SequenceTables, B: int, T: int):
     """(start, end) of every sequence on the host: a dense batch from its shape, else one read."""
-    if tb.n_seq == B and (B > 1 or tb.n_seq == 1):
+    if tb.n_seq == B and tb.max_seq_len == T:    # dense (varlen has B == 1): no device read
         return [(b * T, (b + 1) * T) for b in range(B)]
     return list(zip(tb.seq_start.tolist(), tb.seq_end.tolist()))   # packed varlen (host sync)
 
