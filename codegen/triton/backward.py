@@ -1,14 +1,17 @@
-"""Host side of the Triton backward: seven launches, every buffer O(T) per head.
+"""Host side of the Triton backward: seven stages, every buffer O(T) per head.
 
 Order (each stage only reads what earlier ones wrote):
   1. bwd_prep          Y (queries at their super-chunk start), delta = rowsum(dO * O)
-  2. bwd_inter_dq      dY from all earlier super-chunks, query side of dc
   3. bwd_inter_dkv     dKJ, inter part of dV, dOm per super-chunk pair, key side of dc
   4. superchunk chain  dWhat from dOm
+  2. bwd_inter_dq      dY from all earlier super-chunks, query side of dc (after 3-4: dOm is
+                       freed before dY is allocated)
   5. bwd_transport     dK~, dW, dU from dKJ and dWhat
   6. bwd_intra         dq (final) and the chunk-level dK~, dU, dW, dM, dK, dV, dc inside super-chunks
   7. ut_bwd            dw, dk, dbeta through the UT transform
-then dg = reverse cumsum of dc per sequence.
+then dg = reverse cumsum of dc per sequence.  Stages 5-7 only touch rows of one super-chunk; on
+long inputs they run per token range of super-chunks (see ``path_attention_bwd``), which bounds
+the extra peak memory (``benchmarks/memory_probe.py``: 0.85 GiB at T=16384, B=2, H=16, D=64).
 """
 from __future__ import annotations
 

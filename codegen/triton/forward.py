@@ -20,7 +20,8 @@ _LOG2E = 1.4426950408889634
 
 @dataclass
 class ForwardState:
-    """Per-call tensors the backward pass reuses (all O(T) in size)."""
+    """Per-call tensors the backward pass reuses (all O(T) in size); the backward releases each
+    (sets the field to None) once it is dead."""
 
     tables: SequenceTables
     u: torch.Tensor        # [N, H, D] float32
