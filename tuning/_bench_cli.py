@@ -38,7 +38,6 @@ def register(app: typer.Typer) -> None:
                                    "(spec domains) and report the fastest (all recorded with --record)."),
     ) -> None:
         """Time pathtune against SDPA (flash, cuDNN) and fla's PaTH kernel in the same run (needs a GPU)."""
-        from dataclasses import asdict
 
         from .bench import command_line, format_table, record_rows, run_bench
 
@@ -54,25 +53,16 @@ def register(app: typer.Typer) -> None:
                     batch, cfg, tuple(b.strip() for b in baselines.split(",")), out, record, db, sweep)
             return
         seq_len = seq_len or "4096,16384"
-        try:
-            rows = run_bench(_ints(head_dim, "--head-dim"), _ints(seq_len, "--seq-len"), gates, tokens=tokens,
-                             config=cfg, baselines=tuple(b.strip() for b in baselines.split(",")),
-                             backward=not forward_only, log=lambda s: console.print(s, style="dim"))
-        except RuntimeError as exc:
-            console.print(f"[red]{exc}[/red]")
-            raise typer.Exit(1)
-        console.print(format_table(rows))
-        if out:
-            out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
-            console.print(f"wrote {out}")
-        if record:
-            n = record_rows(rows, db, cfg, command_line())
-            console.print(f"recorded {n} measurements in perf_db")
+        _run_and_report(
+            console,
+            lambda: run_bench(_ints(head_dim, "--head-dim"), _ints(seq_len, "--seq-len"), gates, tokens=tokens,
+                              config=cfg, baselines=tuple(b.strip() for b in baselines.split(",")),
+                              backward=not forward_only, log=lambda s: console.print(s, style="dim")),
+            format_table, out, record and (lambda rows: record_rows(rows, db, cfg, command_line())))
 
 
 def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, record, db, sweep) -> None:
     """`pathtune bench --pass decode` (logic in tuning/decode_bench.py)."""
-    from dataclasses import asdict
 
     from .bench import HEADS_FOR_DIM, command_line
     from .decode_bench import format_decode_table, record_decode_rows, run_decode_bench
@@ -80,16 +70,27 @@ def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, r
     if batch < 1:
         raise typer.BadParameter(f"--batch must be >= 1, got {batch}")
     shapes = tuple((HEADS_FOR_DIM.get(d, max(1, 1024 // d)), d) for d in head_dims)
+    _run_and_report(
+        console,
+        lambda: run_decode_bench(shapes, cache_lens, gates, batch=batch, config=cfg, baselines=baselines,
+                                 sweep=sweep, log=lambda s: console.print(s, style="dim")),
+        format_decode_table, out, record and (lambda rows: record_decode_rows(rows, db, command_line())))
+
+
+def _run_and_report(console, run, format_rows, out, record) -> None:
+    """Run a benchmark, print its table, write its rows as JSON (``out``) and store them (``record``:
+    a callable taking the rows and returning how many measurements it stored, or a false value)."""
+    from dataclasses import asdict
+
     try:
-        rows = run_decode_bench(shapes, cache_lens, gates, batch=batch, config=cfg, baselines=baselines,
-                                sweep=sweep, log=lambda s: console.print(s, style="dim"))
+        rows = run()
     except RuntimeError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1)
-    console.print(format_decode_table(rows))
+    console.print(format_rows(rows))
     if out:
         out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
         console.print(f"wrote {out}")
     if record:
-        n = record_decode_rows(rows, db, command_line())
+        n = record(rows)
         console.print(f"recorded {n} measurements in perf_db")
