@@ -28,6 +28,11 @@ class KernelConfigError(RuntimeError):
 
 
 def _explain(exc: Exception, q: Tensor, v: Tensor, params_json: str, what: str) -> KernelConfigError:
+    if max(q.shape[-1], v.shape[-1]) > 128:
+        return KernelConfigError(
+            f"the Triton PaTH {what} kernels do not support head dims above 128 yet (D={q.shape[-1]}, "
+            f"DV={v.shape[-1]}): their D x D super-chunk transition tiles alone overflow the shared memory of "
+            f"this GPU ({type(exc).__name__}: {exc}). Use backend='reference' for these head dims.")
     return KernelConfigError(
         f"the Triton PaTH {what} kernels with config {params_json} do not fit this GPU for head dims "
         f"D={q.shape[-1]}, DV={v.shape[-1]} ({type(exc).__name__}: {exc}). Pass a smaller config "
