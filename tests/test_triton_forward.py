@@ -258,8 +258,8 @@ def test_public_api_triton_backend(gate):
     assert torch.equal(o, o2) and torch.equal(lse, lse2)
 
 
-@pytest.mark.parametrize("C", [32, 64, 128])
-def test_ut_stage_against_reference(C):
+@pytest.mark.parametrize("C,ut_precision", [(32, "tf32x3"), (64, "tf32x3"), (128, "tf32x3"), (64, "tf32")])
+def test_ut_stage_against_reference(C, ut_precision):
     """The UT stage alone (U, K~, M of every chunk) at the GPU chunk sizes, vs the float64
     reference ut_transform: the blocked inverse combines C / 16 diagonal blocks."""
     from pathtune.codegen.triton.forward import prepare_state
@@ -269,7 +269,7 @@ def test_ut_stage_against_reference(C):
     x = make_inputs(190 + C, B=1, T=T, HQ=1, H=1, D=32, DV=32, gate=False)
     q, k, v, w, beta, _ = x
     st = prepare_state(q, k, w, beta, None, cu_seqlens=None,
-                       params=params(chunk_size=C, superchunk_size=2 * C, block_n=16))
+                       params=params(chunk_size=C, superchunk_size=2 * C, block_n=16, ut_precision=ut_precision))
     for c0 in range(0, T, C):
         sl = slice(c0, min(c0 + C, T))
         W, b, K = w[0, sl, 0].to(F64), beta[0, sl, 0].to(F64), k[0, sl, 0].to(F64)

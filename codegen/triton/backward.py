@@ -254,7 +254,8 @@ def path_attention_bwd(
         ut_bwd_kernel[(tr.n_chunks, H)](
             wt[r], bt[r], kt_in[r], du, dkt, dm, dw_acc, dk_acc, dw[r], dk[r], dbeta[r], ut_scratch,
             tr.chunk_tok0, tr.chunk_seq, tr.seq_end,
-            H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, GP=params.ut_grad_precision, num_warps=8, num_stages=1,
+            H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, UP=params.ut_precision, GP=params.ut_grad_precision,
+            num_warps=8, num_stages=1,
         )
         del ut_scratch, dkt, dw_acc, du, dk_acc, dm
     del dy, delta

@@ -120,7 +120,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     rows = min(BD, 32)
     return [
         (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max), 1, 1),
-        (ut_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max), utw, 1),
+        (ut_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, UP=params.ut_precision), utw, 1),
         (superchunk_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype, TP=tp), 4, 1),
         (scan_intra_kernel, sig, dict(common, WRITE_X=True, **flags), params.num_warps, 1),
         (scan_inter_kernel, dict(sig, o_ptr=io), dict({k: v for k, v in common.items() if k != 'C'}, BLOCK_M=params.block_m, BLOCK_N=params.block_n, **flags),
@@ -132,7 +132,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         *([(bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=tp), 4, 1)] if BD <= 64 else []),
         (bwd_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp), 4, 1),
         (bwd_intra_kernel, sig, dict(common, **flags), params.bwd_num_warps, 1),
-        (ut_bwd_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, GP=params.ut_grad_precision), utw, 1),
+        (ut_bwd_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
+                                      GP=params.ut_grad_precision), utw, 1),
     ]
 
 

@@ -65,7 +65,7 @@ def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, pa
     ut_chunk_kernel[(tables.n_chunks, H)](
         wt, bt, kt_in, u, ktil, m, scratch,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
-        H=H, D=D, BD=_pow2(D), C=C, BETA_MAX=params.beta_max,
+        H=H, D=D, BD=_pow2(D), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
         num_warps=8, num_stages=1,
     )
     return u, ktil, m, scratch

@@ -31,6 +31,7 @@ class TritonParams:
     scan_precision: str = "fp16"
     transition_precision: str = "tf32x3"
     beta_clip_eps: float | None = None
+    ut_precision: str = "tf32x3"
     ut_grad_precision: str = "tf32"
     bwd_block_n: int = 64
     bwd_num_warps: int = 4
@@ -46,6 +47,8 @@ class TritonParams:
             raise ValueError(
                 f"transition_precision must be one of {sorted(_TRANSITION)}, got {self.transition_precision!r}"
             )
+        if self.ut_precision not in ("tf32", "tf32x3", "ieee"):
+            raise ValueError(f"ut_precision must be tf32, tf32x3 or ieee, got {self.ut_precision!r}")
         if self.ut_grad_precision not in ("tf32", "tf32x3", "ieee"):
             raise ValueError(f"ut_grad_precision must be tf32, tf32x3 or ieee, got {self.ut_grad_precision!r}")
         if self.superchunk_size % self.chunk_size:

@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 SUB = 16  # diagonal block size of the blocked inverse
-UTP = tl.constexpr("tf32x3")  # ~fp32-accurate products on tensor cores (3 tf32 passes)
 
 
 @triton.jit
@@ -67,7 +66,7 @@ def ut_diag_inverse_kernel(
 
 
 @triton.jit
-def _blocked_inverse(N, base, C: tl.constexpr):
+def _blocked_inverse(N, base, C: tl.constexpr, UP: tl.constexpr):
     """(I + N)^{-1} for a strictly lower C x C tile N, from the inverted 16 x 16 diagonal blocks
     Dinv that ut_diag_inverse_kernel left in the scratch tile at base.
 
@@ -80,14 +79,14 @@ def _blocked_inverse(N, base, C: tl.constexpr):
     blockdiag = (r // 16)[:, None] == (r // 16)[None, :]
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
     Dinv = tl.load(base + r[:, None] * C + r[None, :], mask=blockdiag, other=0.0)
-    F = tl.dot(Dinv, tl.where(blockdiag, 0.0, N), input_precision=UTP)
+    F = tl.dot(Dinv, tl.where(blockdiag, 0.0, N), input_precision=UP)
     X = eye - F
     P = F
     for k in tl.static_range(6):  # C // 16 block rows: F^2, F^4, ... while F^(2^(k+1)) != 0
         if (2 << k) < C // 16:
-            P = tl.dot(P, P, input_precision=UTP)
-            X = tl.dot(X, eye + P, input_precision=UTP)
-    return tl.dot(X, Dinv, input_precision=UTP)
+            P = tl.dot(P, P, input_precision=UP)
+            X = tl.dot(X, eye + P, input_precision=UP)
+    return tl.dot(X, Dinv, input_precision=UP)
 
 
 @triton.jit
@@ -96,8 +95,9 @@ def ut_chunk_kernel(
     u_ptr, kt_ptr, m_ptr, scratch_ptr,
     chunk_tok0, chunk_seq, seq_end,
     H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr,
-    BETA_MAX: tl.constexpr,
+    BETA_MAX: tl.constexpr, UP: tl.constexpr,
 ):
+    """UP: float32 matmul mode of every product (the spec's ut_precision knob; tf32x3 ~ fp32)."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     tok0 = tl.load(chunk_tok0 + n)
@@ -113,18 +113,18 @@ def ut_chunk_kernel(
     beta = tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32)
     beta = tl.minimum(beta, BETA_MAX)
     strict = r[:, None] > r[None, :]
-    N = tl.where(strict, beta[:, None] * tl.dot(W, tl.trans(W), input_precision=UTP), 0.0)
+    N = tl.where(strict, beta[:, None] * tl.dot(W, tl.trans(W), input_precision=UP), 0.0)
 
-    Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C)
+    Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C, UP)
     A = Tinv * beta[None, :]
 
     K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
-    U = tl.dot(A, W, input_precision=UTP)
+    U = tl.dot(A, W, input_precision=UP)
     tl.store(u_ptr + off, U, mask=mask2)
-    WK = tl.where(strict, tl.dot(W, tl.trans(K), input_precision=UTP), 0.0)
-    M = tl.dot(A, WK, input_precision=UTP)
+    WK = tl.where(strict, tl.dot(W, tl.trans(K), input_precision=UP), 0.0)
+    M = tl.dot(A, WK, input_precision=UP)
     tl.store(m_ptr + (rows[:, None] * H + h) * C + r[None, :], M, mask=rmask[:, None])
-    Kt = K - tl.dot(tl.trans(M), W, input_precision=UTP)
+    Kt = K - tl.dot(tl.trans(M), W, input_precision=UP)
     tl.store(kt_ptr + off, Kt, mask=mask2)
 
 
@@ -134,12 +134,12 @@ def ut_bwd_kernel(
     dw_ptr, dk_ptr, dbeta_ptr, scratch_ptr,
     chunk_tok0, chunk_seq, seq_end,
     H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr,
-    BETA_MAX: tl.constexpr, GP: tl.constexpr,
+    BETA_MAX: tl.constexpr, UP: tl.constexpr, GP: tl.constexpr,
 ):
     """Reverse of ut_chunk_kernel: from dU, dK~, dM (and the partial dW, dK accumulated by the
     scan kernels) to the final dw, dk and dbeta of one chunk.
 
-    The forward quantities (T^{-1}, A, M) are recomputed at ~fp32 accuracy (tf32x3); the
+    The forward quantities (T^{-1}, A, M) are recomputed at the forward's precision UP; the
     gradient products run at precision GP (the spec's ut_grad_precision knob).  Each gradient
     is stored right after its last update so that fewer C x D tiles are live at once.
     """
@@ -159,13 +159,13 @@ def ut_bwd_kernel(
     beta_raw = tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32)
     beta = tl.minimum(beta_raw, BETA_MAX)
     strict = r[:, None] > r[None, :]
-    Gm = tl.dot(W, tl.trans(W), input_precision=UTP)
+    Gm = tl.dot(W, tl.trans(W), input_precision=UP)
     N = tl.where(strict, beta[:, None] * Gm, 0.0)
-    Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C)
+    Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C, UP)
     A = Tinv * beta[None, :]
     K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
-    L = tl.where(strict, tl.dot(W, tl.trans(K), input_precision=UTP), 0.0)
-    M = tl.dot(A, L, input_precision=UTP)
+    L = tl.where(strict, tl.dot(W, tl.trans(K), input_precision=UP), 0.0)
+    M = tl.dot(A, L, input_precision=UP)
 
     # K~ = K - M^T W
     dKt = tl.load(dkt_ptr + off, mask=mask2, other=0.0)
