@@ -16,6 +16,7 @@
 #   lm [120]        examples/lm_generate.py --device cuda
 #   tvm [200]       codegen/tvm/gpu_check.py with the prebuilt bundle (carry build/tvm_gpu_check)
 #   probe [60]      benchmarks/memory_probe.py next to the bench's measured peak
+#   memcheck [180]  compute-sanitizer memcheck over one small fwd+bwd (catches out-of-bounds accesses)
 #
 # Carry: .whl (wheels: optuna stack, fla, pydantic...), and .tcache if an earlier call brought one
 # back (tar xzf <files_at>/session.tgz tcache.tgz && mkdir -p .tcache && tar xzf tcache.tgz -C .tcache).
@@ -34,6 +35,11 @@ if [ -d .whl ] && ! python3 -c "import optuna" 2>/dev/null; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/pt . >/dev/null 2>&1 \
     && export PYTHONPATH="/tmp/pt${PYTHONPATH:+:$PYTHONPATH}"
+# the pathtune console script lands in /tmp/pt/bin; the GPU image has python3 but maybe no `python`
+export PATH="/tmp/pt/bin:$PATH"
+if ! command -v python >/dev/null; then
+    mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH="/tmp/pybin:$PATH"
+fi
 export PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR="$REPO/.tcache"
 export PATHTUNE_DB_URL="sqlite:///$S/perf.sqlite3"
@@ -77,6 +83,8 @@ for arg in "$@"; do
         lm) run_step lm "${secs:-120}" python3 "$REPO/examples/lm_generate.py" --device cuda ;;
         tvm) run_step tvm "${secs:-200}" python3 "$REPO/codegen/tvm/gpu_check.py" \
                  --budget-min "$(python3 -c "print(round(${secs:-200} / 60 - 0.7, 1))")" ;;
+        memcheck) run_step memcheck "${secs:-180}" compute-sanitizer --tool memcheck --print-limit 20 \
+                      python3 "$REPO/benchmarks/dev_memcheck.py" 64 1300 512 1 ;;
         probe) run_step probe "${secs:-60}" python3 "$REPO/benchmarks/memory_probe.py" --no-timeline ;;
         *) echo "unknown step '$step' (see the header of $0)" | tee -a "$S/steps.txt" ;;
     esac
