@@ -164,6 +164,13 @@ def test_backward_chunk32():
     run_case(inputs, do, params(chunk_size=32, superchunk_size=64, block_n=32, bwd_block_n=32))
 
 
+def test_backward_precision_knobs():
+    """The backward's precision knobs reach its kernels (tf32 transitions and UT products): under the
+    interpreter tf32 products are exact, so the float32 tolerance still holds."""
+    inputs, do = make_inputs(345, T=110, gate=True)
+    run_case(inputs, do, params(bwd_transition_precision="tf32", ut_precision="tf32", ut_grad_precision="tf32x3"))
+
+
 def test_backward_beta_full_range():
     """beta ~ U(0, 2), no gate."""
     inputs, do = make_inputs(350, T=120, beta_range=(0.0, 2.0))

@@ -143,7 +143,8 @@ def path_attention_bwd(
     C, S, BN = params.chunk_size, params.superchunk_size, params.bwd_block_n
     BD, BDV = _pow2(D), _pow2(DV)
     dev = q.device
-    dt, tp = params.scan_dtype, params.transition_precision
+    # the backward's own D x D transition products (the recomputed forward state keeps the forward's)
+    dt, tp = params.scan_dtype, params.bwd_transition_precision
     tb = state.tables
     interp = interpreting()
     use_gate = g is not None

@@ -117,6 +117,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     sig["n_tok"] = "i32"
     ut_sig = dict(sig, k_ptr=io, dk_ptr=io)
     flags = dict(USE_GATE=gate, INTERP=False, TP=tp)
+    btp = params.bwd_transition_precision
+    bflags = dict(flags, TP=btp)
     rows = min(BD, 32)
     return [
         (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max), 1, 1),
@@ -126,12 +128,12 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (scan_inter_kernel, dict(sig, o_ptr=io), dict({k: v for k, v in common.items() if k != 'C'}, BLOCK_M=params.block_m, BLOCK_N=params.block_n, **flags),
          params.inter_num_warps, params.num_stages),
         (bwd_prep_kernel, sig, dict(common, INTERP=False), params.bwd_num_warps, 1),
-        (bwd_inter_dq_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **flags), params.bwd_num_warps, params.bwd_num_stages),
-        (bwd_inter_dkv_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **flags), params.bwd_num_warps, params.bwd_num_stages),
+        (bwd_inter_dq_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **bflags), params.bwd_num_warps, params.bwd_num_stages),
+        (bwd_inter_dkv_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **bflags), params.bwd_num_warps, params.bwd_num_stages),
         # launched for BD <= 64 only; larger head dims use the torch chain (backward.py)
-        *([(bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=tp), 4, 1)] if BD <= 64 else []),
-        (bwd_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp), 4, 1),
-        (bwd_intra_kernel, sig, dict(common, **flags), params.bwd_num_warps, 1),
+        *([(bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=btp), 4, 1)] if BD <= 64 else []),
+        (bwd_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), 4, 1),
+        (bwd_intra_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
         (ut_bwd_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
                                       GP=params.ut_grad_precision), utw, 1),
     ]

@@ -30,6 +30,7 @@ class TritonParams:
     num_stages: int = 2
     scan_precision: str = "fp16"
     transition_precision: str = "tf32x3"
+    bwd_transition_precision: str = "tf32x3"
     beta_clip_eps: float | None = None
     ut_precision: str = "tf32x3"
     ut_grad_precision: str = "tf32"
@@ -43,6 +44,9 @@ class TritonParams:
     def __post_init__(self):
         if self.scan_precision not in _SCAN_DTYPES:
             raise ValueError(f"scan_precision must be one of {sorted(_SCAN_DTYPES)}, got {self.scan_precision!r}")
+        if self.bwd_transition_precision not in _TRANSITION:
+            raise ValueError(f"bwd_transition_precision must be one of {sorted(_TRANSITION)}, "
+                             f"got {self.bwd_transition_precision!r}")
         if self.transition_precision not in _TRANSITION:
             raise ValueError(
                 f"transition_precision must be one of {sorted(_TRANSITION)}, got {self.transition_precision!r}"
@@ -85,7 +89,7 @@ class TritonParams:
         d = max(head_dim, head_dim_v or head_dim)
         if d <= 64:
             return cls(decode_splits=16)
-        return cls(num_stages=1, bwd_num_stages=1, transition_precision="tf32",
+        return cls(num_stages=1, bwd_num_stages=1, transition_precision="tf32", bwd_transition_precision="tf32",
                    num_warps=8 if d > 128 else 4, bwd_num_warps=8 if d > 128 else 4,
                    decode_block_n=64, decode_num_warps=8, decode_splits=16)
 
