@@ -7,7 +7,7 @@ to the scan), which keeps activation memory at what FlashAttention keeps.
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -108,17 +108,9 @@ _path_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 @torch.compiler.assume_constant_result
 def _resolve_params_json(config, head_dim: int, head_dim_v: int) -> str:
     """Config -> canonical TritonParams JSON; run at trace time under torch.compile (a constant)."""
-    if config is None:
-        return TritonParams.heuristic(head_dim, head_dim_v).to_json()
-    if isinstance(config, Mapping) and not isinstance(config, TritonParams):
-        # a partial mapping overrides the heuristic for these head dims (not the spec defaults,
-        # which do not fit shared memory above head dim 64)
-        import dataclasses
-
-        base = TritonParams.heuristic(head_dim, head_dim_v)
-        merged = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)} | dict(config)
-        return TritonParams.from_config(merged).to_json()
-    return TritonParams.from_config(config).to_json()
+    # knobs the config leaves out come from the heuristic for these head dims (not the spec
+    # defaults, which do not fit shared memory above head dim 64)
+    return TritonParams.from_config(config, base=TritonParams.heuristic(head_dim, head_dim_v)).to_json()
 
 
 def path_attention_triton(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, g: Optional[Tensor] = None,

@@ -97,10 +97,11 @@ def _ranges(tb: SequenceTables, B: int, T: int, N: int, C: int, S: int, n_ranges
     [c0, c1) and super-chunks [j0, j1) inside tokens [a, b)."""
     if n_ranges <= 1:
         return [(0, N, 0, tb.n_chunks, 0, tb.n_sc)]
+    bounds = _host_bounds(tb, B, T)
     sc = []      # (first token, one past the last) of every super-chunk, in table order
-    for s0, s1 in _host_bounds(tb, B, T):
+    for s0, s1 in bounds:
         sc += [(t, min(t + S, s1)) for t in range(s0, s1, S)]
-    chunk_tok0 = [t for s0, s1 in _host_bounds(tb, B, T) for t in range(s0, s1, C)]
+    chunk_tok0 = [t for s0, s1 in bounds for t in range(s0, s1, C)]
     assert len(sc) == tb.n_sc and len(chunk_tok0) == tb.n_chunks
     n_ranges = min(n_ranges, len(sc))
     cuts = [round(i * len(sc) / n_ranges) for i in range(n_ranges + 1)]

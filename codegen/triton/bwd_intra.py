@@ -20,7 +20,7 @@ from ._ops import mm, tile_of
 
 
 @triton.jit
-def _acc(ptr, val, mask):
+def _acc(ptr, val, mask=None):
     tl.atomic_add(ptr, val, mask=mask, sem="relaxed")
 
 
@@ -104,7 +104,7 @@ def bwd_intra_kernel(
         _acc(dv_ptr + kvof, mm(tl.trans(p).to(Vm.dtype), dO, INTERP), dvmask)
         if USE_GATE:
             dcq += tl.sum(ds, axis=1)
-            _acc(dc_ptr + krows * HQ + hq, -tl.sum(ds, axis=0) * gate_nat, krows >= 0)
+            _acc(dc_ptr + krows * HQ + hq, -tl.sum(ds, axis=0) * gate_nat)
         G = dX
     # diagonal tile and the boundary adjustment of the queries
     K = tl.load(k_ptr + koff, mask=m2, other=0.0).to(DT)

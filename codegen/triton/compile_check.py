@@ -114,7 +114,6 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         sig[name] = "fp32"
     sig["n_chunks"] = "i32"
     sig["n_blocks"] = "i32"
-    sig["n_tok"] = "i32"
     ut_sig = dict(sig, k_ptr=io, dk_ptr=io)
     flags = dict(USE_GATE=gate, INTERP=False, TP=tp)
     btp = params.bwd_transition_precision

@@ -69,9 +69,11 @@ class TritonParams:
             raise ValueError(f"superchunk_size ({self.superchunk_size}) must be a multiple of block_n ({self.block_n})")
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any] | Any | None) -> "TritonParams":
-        """Build from a spec Config / mapping; unknown knobs are ignored, missing ones take defaults."""
-        return params_from_config(cls, config)
+    def from_config(cls, config: Mapping[str, Any] | Any | None,
+                    base: "TritonParams | None" = None) -> "TritonParams":
+        """Build from a spec Config / mapping; unknown knobs are ignored, missing ones come from
+        ``base`` (default: the spec defaults)."""
+        return params_from_config(cls, config, base)
 
     @classmethod
     def heuristic(cls, head_dim: int, head_dim_v: int | None = None) -> "TritonParams":

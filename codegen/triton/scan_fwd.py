@@ -116,7 +116,7 @@ def scan_inter_kernel(
     x_ptr, kj_ptr, v_ptr, what_ptr, gc_ptr, o_part_ptr,
     o_ptr, lse_ptr,
     blk_tok0, blk_seq, seq_start, seq_end, seq_sc_base,
-    n_blocks, n_tok, qk_scale, gate_scale,
+    n_blocks, qk_scale, gate_scale,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
