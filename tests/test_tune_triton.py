@@ -72,3 +72,19 @@ def test_tune_triton_forward_in_interpreter(tmp_path, monkeypatch):
         best = db.best(ok["env_hash"], "fwd", ok["workload"], backend="triton")
         assert best["config_hash"] != bad.hash
         assert best["median_ms"] == min(r["median_ms"] for r in rows.values() if r["status"] == "ok")
+
+    # two more trials through real compile children (python -m pathtune.tuning.prepare runs the kernels
+    # once in the interpreter), then measured here: same statuses, nothing compiled or measured twice
+    res = CliRunner().invoke(app, ["tune", *args, "--budget", "5", "--resume", "--compile-workers", "2"])
+    assert res.exit_code == 0, res.output
+    assert "compile workers 2" in res.output
+    study = optuna.load_study(study_name=study.study_name, storage=url)
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(complete) == 5
+    fresh = [t for t in complete[3:] if t.user_attrs.get("source") == "measured"]
+    assert fresh and all(t.user_attrs["compile_seconds"] > 0 for t in fresh)
+    with PerfDB(url, current_keys=None) as db:
+        rows = db.query()
+        assert len(rows) == len({r["config_hash"] for r in rows})
+        assert all(r["status"] in ("ok", "wrong") for r in rows)
+

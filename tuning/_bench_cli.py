@@ -25,7 +25,9 @@ def register(app: typer.Typer) -> None:
                        "4096,32768)."),
         tokens: int = typer.Option(32768, help="B*T per point (batch = tokens // seq_len)."),
         gate: str = typer.Option("both", help="FoX gate: off, on or both."),
-        config: Optional[str] = typer.Option(None, help="Knob values as JSON (default: built-in heuristic)."),
+        config: Optional[str] = typer.Option(None, help="Knob values as JSON, or 'tuned': per shape what the "
+                                             "runtime's dispatch picks (perf_db, shipped records, pack) "
+                                             "(default: built-in heuristic)."),
         baselines: str = typer.Option("sdpa,fla", help="Baselines measured in the same run: sdpa, fla."),
         forward_only: bool = typer.Option(False, "--forward-only", help="Skip forward+backward timings."),
         out: Optional[Path] = typer.Option(None, "--json", help="Write the rows as JSON here."),
@@ -47,7 +49,12 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"--gate must be off, on or both, got {gate!r}")
         if pass_ not in ("fwd", "decode"):
             raise typer.BadParameter(f"--pass must be fwd or decode, got {pass_!r}")
-        cfg = json.loads(config) if config else None
+        if config == "tuned" and pass_ == "decode":
+            raise typer.BadParameter("--config tuned is for --pass fwd; the decode bench takes JSON knobs")
+        try:
+            cfg = config if config == "tuned" else (json.loads(config) if config else None)
+        except json.JSONDecodeError as e:
+            raise typer.BadParameter(f"--config must be JSON knob values or 'tuned': {e}") from None
         if pass_ == "decode":
             _decode(console, _ints(head_dim, "--head-dim"), _ints(seq_len or "4096,32768", "--seq-len"), gates,
                     batch, cfg, tuple(b.strip() for b in baselines.split(",")), out, record, db, sweep)

@@ -77,6 +77,10 @@ MEASURE_WITH = typer.Option(None, "--measure-with", hidden=True,
 HEARTBEAT = typer.Option(30, "--heartbeat", hidden=True, help="Optuna heartbeat interval, seconds.")
 SPEC = typer.Option(None, "--spec", help="Spec YAML whose knobs are searched (default: the packaged one).",
                     show_default=False)
+COMPILE_WORKERS = typer.Option(None, "--compile-workers", min=0,
+                               help="Child processes that compile a batch of candidates at once before they are "
+                                    "measured one by one (default: CPU cores - 2 on a CUDA host, at most 16; 0 "
+                                    "compiles in the measuring process).", show_default=False)
 STARTUP = typer.Option(8, "--startup-trials", help="Random TPE startup trials per study (after the default).")
 
 
@@ -94,7 +98,7 @@ def _keys(head_dim: str, dtype: str, pass_: str, backend: str, buckets: str, gat
 def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, worker: int, resume: bool,
              measure_with: Optional[str], check_len: int, tol: Optional[List[str]], heartbeat: Optional[int],
              startup_trials: int, results_out: Optional[Path] = None, env_info: Optional[dict] = None,
-             spec: Optional[Path] = None) -> Any:
+             spec: Optional[Path] = None, compile_workers: Optional[int] = 0) -> Any:
     from pathtune.perf_db import resolve_url
     from pathtune.specs import SpecError, load_spec
 
@@ -125,7 +129,8 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
                        measure_fn=measure_fn,
                        task_defaults={"check_len": check_len, "tolerances": tolerances},
                        heartbeat=heartbeat, startup_trials=startup_trials, command=_command(),
-                       results_out=results_out, env_info=env_info, spec_path=spec)
+                       results_out=results_out, env_info=env_info, spec_path=spec,
+                       compile_workers=compile_workers or 0)
 
 
 def _filter_keys(keys: list, *, local: bool) -> list:
@@ -192,7 +197,7 @@ def tune(
                                                     "(perf_db/RESULTS_FORMAT.md), rewritten after each trial."),
     report_json: Optional[Path] = typer.Option(None, "--report-json", help="Write the per-key summary as JSON."),
     measure_with: Optional[str] = MEASURE_WITH, heartbeat: int = HEARTBEAT, startup_trials: int = STARTUP,
-    spec: Optional[Path] = SPEC,
+    spec: Optional[Path] = SPEC, compile_workers: Optional[int] = COMPILE_WORKERS,
 ) -> None:
     """Tune every (pass, backend, head dim, dtype, length bucket) key on this GPU host (an Optuna study per key).
 
@@ -211,15 +216,20 @@ def tune(
 
         import torch
 
+        if compile_workers is None and torch.cuda.is_available():
+            from .prepare import default_workers
+
+            compile_workers = default_workers()
         if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
             _fail("no CUDA GPU here: tune on a GPU host, or use the split flow (`pathtune tune build` here, the "
                   "bundle runner on the GPU host). TRITON_INTERPRET=1 runs the kernels in Triton's CPU interpreter "
                   "(tiny shapes only: for tests)")
     opts = _options(storage, db, budget, seed, worker, resume, measure_with, check_len, tol, heartbeat,
-                    startup_trials, results_out, spec=spec)
+                    startup_trials, results_out, spec=spec, compile_workers=compile_workers)
     tuner = Tuner(keys, opts)
     console.print(f"pathtune tune: {len(keys)} keys, budget {opts.budget}, storage {tuner.db.display_url}, "
-                  f"gpu {tuner.env_info.get('gpu_name') or 'none (CPU: Triton interpreter)'}", highlight=False)
+                  f"gpu {tuner.env_info.get('gpu_name') or 'none (CPU: Triton interpreter)'}, "
+                  f"compile workers {tuner.preparer.workers if tuner.preparer else 0}", highlight=False)
     results: list = []
     code = 0
     try:

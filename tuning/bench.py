@@ -32,6 +32,8 @@ class BenchRow:
     times: dict[str, Optional[float]] = field(default_factory=dict)
     errors: dict[str, float] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
+    configs: dict[str, dict] = field(default_factory=dict)      # "f"/"fb" -> knobs run (config="tuned")
+    dispatch: dict[str, str] = field(default_factory=dict)      # "f"/"fb" -> where the runtime found them
 
     def ratio(self, num: str, den: str) -> Optional[float]:
         a, b = self.times.get(num), self.times.get(den)
@@ -85,6 +87,17 @@ def _accuracy(q, k, v, w, beta, g, config, prefix: int = 1024) -> float:
     return float((o.double() - ref).norm() / ref.norm())
 
 
+def _tuned(row: BenchRow, device: torch.device, backward: bool) -> dict:
+    """The Triton params the runtime's dispatch (perf_db, shipped records, pack, heuristic) picks
+    for this row's shape: what ``pathtune.path_attention(backend="auto")`` would run."""
+    from pathtune.runtime.dispatch import get_dispatcher
+
+    plan = get_dispatcher().plan(device, row.head_dim, row.head_dim, row.heads, row.heads, "bfloat16", row.gate,
+                                 row.seq_len, row.batch, False, grad=backward)
+    row.dispatch["fb" if backward else "f"] = plan.describe()
+    return json.loads(plan.bwd_params_json if backward else plan.params_json)
+
+
 def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), *, tokens: int = TOKENS,
               config=None, baselines=("sdpa", "fla"), backward: bool = True, device: str = "cuda",
               seed: int = 0, log: Callable[[str], None] = print) -> list[BenchRow]:
@@ -103,9 +116,12 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
                 q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device=device, seed=seed)
                 passes = [("f", False)] + ([("fb", True)] if backward else [])
                 try:
-                    row.errors["o"] = _accuracy(q, k, v, w, beta, g, config)
+                    cfgs = {tag: config for tag, _ in passes}
+                    if config == "tuned":
+                        cfgs = row.configs = {tag: _tuned(row, q.device, bw) for tag, bw in passes}
+                    row.errors["o"] = _accuracy(q, k, v, w, beta, g, cfgs["f"])
                     for tag, bw in passes:
-                        row.times[f"pathtune_{tag}"] = _median_ms(_pathtune_callable(q, k, v, w, beta, g, config, bw))
+                        row.times[f"pathtune_{tag}"] = _median_ms(_pathtune_callable(q, k, v, w, beta, g, cfgs[tag], bw))
                 except Exception as exc:  # a failing config is a recorded status, not a crash
                     row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 for tag, bw in passes:
@@ -142,9 +158,10 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
     with PerfDB(db_url) as db:
         run_id = db.start_run(command=command, notes="pathtune bench")
         for row in rows:
-            params = TritonParams.heuristic(row.head_dim) if config is None else TritonParams.from_config(config)
-            cfg = Config({k: v for k, v in json.loads(params.to_json()).items() if v is not None})
             for tag, pass_ in (("f", "fwd"), ("fb", "bwd")):
+                used = row.configs.get(tag, config)
+                params = TritonParams.heuristic(row.head_dim) if used is None else TritonParams.from_config(used)
+                cfg = Config({k: v for k, v in json.loads(params.to_json()).items() if v is not None})
                 t = row.times.get(f"pathtune_{tag}")
                 failed = row.failures.get("pathtune")
                 if t is None and not failed:

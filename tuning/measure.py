@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-__all__ = ["MeasureTask", "measure", "load_measure_fn", "DecodeUnavailable", "decode_available", "triton_params",
+__all__ = ["MeasureTask", "measure", "prepare", "load_measure_fn", "DecodeUnavailable", "decode_available", "triton_params",
            "classify_exception", "FATAL_MARKERS"]
 
 MeasureFn = Callable[["MeasureTask"], dict]
@@ -275,25 +275,39 @@ def _forward_fn(task: MeasureTask) -> Callable[..., Any]:
     raise ValueError(f"unknown backend {task.backend!r}")
 
 
-def _check_fwd_bwd(task: MeasureTask, run: Callable[..., Any]) -> dict[str, float]:
+def _gate_inputs(task: MeasureTask) -> tuple:
+    HQ, H = _check_shape(task)
+    return _inputs(task, 1, task.check_len, HQ, H, task.seed)
+
+
+def _run_gate_shape(task: MeasureTask, run: Callable[..., Any], xs: tuple) -> tuple:
+    """The candidate at the gate shape: (o, live leaves [(name, tensor)], do, grads); no grads for fwd."""
     import torch
 
-    from pathtune.runtime.reference import naive_path_attention
-
-    HQ, H = _check_shape(task)
-    xs = _inputs(task, 1, task.check_len, HQ, H, task.seed)
     names = ["q", "k", "v", "w", "beta", "g"]
     if task.pass_ == "fwd":
         with torch.no_grad():
-            o = run(*xs)
-            ref = naive_path_attention(*[None if x is None else x.double() for x in xs])
-        return {"o": _rel(o, ref)}
+            return run(*xs), [], None, None
     live = [(n, x.detach().clone().requires_grad_(True)) for n, x in zip(names, xs) if x is not None]
     args = dict(live)
     o = run(*[args.get(n) for n in names])
     gen = torch.Generator(device=o.device).manual_seed(task.seed + 1)
     do = torch.randn(o.shape, device=o.device, generator=gen, dtype=torch.float32).to(o.dtype)
-    grads = torch.autograd.grad(o, [x for _, x in live], do)
+    return o, live, do, torch.autograd.grad(o, [x for _, x in live], do)
+
+
+def _check_fwd_bwd(task: MeasureTask, run: Callable[..., Any]) -> dict[str, float]:
+    import torch
+
+    from pathtune.runtime.reference import naive_path_attention
+
+    names = ["q", "k", "v", "w", "beta", "g"]
+    xs = _gate_inputs(task)
+    o, live, do, grads = _run_gate_shape(task, run, xs)
+    if task.pass_ == "fwd":
+        with torch.no_grad():
+            ref = naive_path_attention(*[None if x is None else x.double() for x in xs])
+        return {"o": _rel(o, ref)}
     ref_args = {n: x.detach().double().requires_grad_(True) for n, x in live}
     o_ref = naive_path_attention(*[ref_args.get(n) for n in names])
     ref_grads = torch.autograd.grad(o_ref, list(ref_args.values()), do.double())
@@ -312,7 +326,8 @@ def _gate_failures(errors: dict[str, float], tolerances: dict[str, float]) -> li
     return bad
 
 
-def _time_fwd_bwd(task: MeasureTask, run: Callable[..., Any]) -> dict:
+def _timed_callable(task: MeasureTask, run: Callable[..., Any]) -> tuple:
+    """(fn, q, k, v): one call of the timed pass at the key's shape, and its q/k/v for the baseline."""
     import torch
 
     wl = task.workload
@@ -330,6 +345,11 @@ def _time_fwd_bwd(task: MeasureTask, run: Callable[..., Any]) -> dict:
         def fn():
             o = run(*live)
             return torch.autograd.grad(o, leaves, do)
+    return fn, q, k, v
+
+
+def _time_fwd_bwd(task: MeasureTask, run: Callable[..., Any]) -> dict:
+    fn, q, k, v = _timed_callable(task, run)
     timing = _time(fn, task)
     base, name = _baseline(task, q, k, v)
     if base is not None:
@@ -354,6 +374,48 @@ def _decode_cache(k: Any, v: Any, w: Any, beta: Any, g: Any, HQ: int, dtype: Any
     return cache
 
 
+def _decode_gate_setup(task: MeasureTask) -> tuple:
+    """Gate shape of the decode pass: (prompt + token inputs, the step's inputs, a cache of the prompt)."""
+    import torch
+
+    wl = task.workload
+    dtype = getattr(torch, wl["dtype"])
+    HQ, H = _check_shape(task)
+    q, k, v, w, beta, g = _inputs(task, 1, task.check_len + 1, HQ, H, task.seed)
+    T = task.check_len
+    cache = _decode_cache(k[:, :T], v[:, :T], w[:, :T], beta[:, :T], None if g is None else g[:, :T], HQ, dtype)
+    step = [x[:, T:] if x is not None else None for x in (q, k, v, w, beta, g)]
+    return (q, k, v, w, beta, g), step, cache
+
+
+def _decode_timed_callable(task: MeasureTask, params: Any) -> tuple:
+    """(fn, q [B,HQ,D], cached k, cached v): one decoding step per sequence over a cache of seq_len tokens
+    (fn resets the cache length before each call)."""
+    import torch
+
+    from pathtune.codegen.triton.decode import path_decode_triton
+    from pathtune.runtime.reference.recurrent import PaTHKVCache
+
+    wl = task.workload
+    dtype = getattr(torch, wl["dtype"])
+    B, T = task.batch, task.seq_len
+    HQ, H = wl["heads_q"], wl["heads_kv"]
+    q, k, v, w, beta, g = _inputs(task, B, 1, HQ, H, task.seed + 7)
+    gen = torch.Generator(device=q.device).manual_seed(task.seed + 11)
+    ck = torch.randn(B, T + 1, H, wl["head_dim"], device=q.device, generator=gen).to(dtype)
+    cv = torch.randn(B, T + 1, H, wl["head_dim_v"], device=q.device, generator=gen).to(dtype)
+    cc = None
+    if g is not None:
+        cc = torch.cumsum(torch.log(torch.rand(B, T + 1, HQ, device=q.device, generator=gen) * 0.05 + 0.95), dim=1)
+    cache = PaTHKVCache(ck, cv, cc, T, HQ)
+
+    def fn():
+        cache.length = T
+        return path_decode_triton(q, k, v, w, beta, g, cache, config=params)
+
+    return fn, q[:, 0], ck[:, :T], cv[:, :T]
+
+
 def _measure_decode(task: MeasureTask) -> dict:
     """Gate: a prompt of check_len tokens in a cache (keys transported in float64, stored in the
     workload dtype), one decoding step by the kernel; its output vs the float64 reference step on the
@@ -373,13 +435,9 @@ def _measure_decode(task: MeasureTask) -> dict:
     from pathtune.runtime.reference import naive_path_attention
 
     wl = task.workload
-    dtype = getattr(torch, wl["dtype"])
     params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"])
-    HQ, H = _check_shape(task)
-    q, k, v, w, beta, g = _inputs(task, 1, task.check_len + 1, HQ, H, task.seed)
+    (q, k, v, w, beta, g), step, cache = _decode_gate_setup(task)
     T = task.check_len
-    cache = _decode_cache(k[:, :T], v[:, :T], w[:, :T], beta[:, :T], None if g is None else g[:, :T], HQ, dtype)
-    step = [x[:, T:] if x is not None else None for x in (q, k, v, w, beta, g)]
     import copy
 
     from pathtune.runtime.reference.recurrent import path_attention_decode
@@ -398,27 +456,11 @@ def _measure_decode(task: MeasureTask) -> dict:
     if bad:
         return {"status": "wrong", "errors": errors,
                 "message": "accuracy gate (decode step vs the float64 reference): " + ", ".join(bad)}
-    B, T = task.batch, task.seq_len
-    HQ, H = wl["heads_q"], wl["heads_kv"]
-    q, k, v, w, beta, g = _inputs(task, B, 1, HQ, H, task.seed + 7)
-    from pathtune.runtime.reference.recurrent import PaTHKVCache
-
-    gen = torch.Generator(device=q.device).manual_seed(task.seed + 11)
-    ck = torch.randn(B, T + 1, H, wl["head_dim"], device=q.device, generator=gen).to(dtype)
-    cv = torch.randn(B, T + 1, H, wl["head_dim_v"], device=q.device, generator=gen).to(dtype)
-    cc = None
-    if g is not None:
-        cc = torch.cumsum(torch.log(torch.rand(B, T + 1, HQ, device=q.device, generator=gen) * 0.05 + 0.95), dim=1)
-    cache = PaTHKVCache(ck, cv, cc, T, HQ)
-
-    def fn():
-        cache.length = T
-        return path_decode_triton(q, k, v, w, beta, g, cache, config=params)
-
+    fn, q_t, ck, cv = _decode_timed_callable(task, params)
     with torch.no_grad():
         timing = _time(fn, task)
     out = {"status": "ok", "errors": errors, **timing}
-    base, name = _baseline(task, q[:, 0], ck[:, :T], cv[:, :T])
+    base, name = _baseline(task, q_t, ck, cv)
     if base is not None:
         out.update(baseline_ms=base, baseline_name=name)
     return out
@@ -449,3 +491,45 @@ def measure(task: MeasureTask) -> dict:
         if any(m in message.lower() for m in FATAL_MARKERS):
             out["fatal"] = True
         return out
+
+
+def prepare(task: MeasureTask) -> dict:
+    """Compile every kernel a ``measure(task)`` will launch, without the reference or the timing.
+
+    Runs the candidate once at the gate shape and once at the timed shape, so Triton compiles (and
+    caches on disk, ``TRITON_CACHE_DIR``) exactly the specialisations the measurement launches; the
+    measuring process then loads them in milliseconds. The tuner runs this in child processes
+    (``tuning.prepare``): many configs compile at once on a many-core GPU host, and a config that
+    faults the GPU never touches the measuring process. Returns ``{"status": "prepared", "seconds"}``
+    or a failure dict as ``measure`` returns it (a recorded status, never an exception).
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    try:
+        if task.pass_ == "decode":
+            if task.backend != "triton":
+                raise NotImplementedError(f"decode tuning runs the Triton decode kernel, not {task.backend!r}")
+            from pathtune.codegen.triton.decode import path_decode_triton
+
+            wl = task.workload
+            params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"])
+            _, step, cache = _decode_gate_setup(task)
+            with torch.no_grad():
+                path_decode_triton(*step, cache, config=params)
+                _decode_timed_callable(task, params)[0]()
+        else:
+            run = _forward_fn(task)
+            _run_gate_shape(task, run, _gate_inputs(task))
+            _timed_callable(task, run)[0]()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- a failing config is a recorded status
+        status, message = classify_exception(exc)
+        out = {"status": status, "message": message, "seconds": time.perf_counter() - t0}
+        if any(m in message.lower() for m in FATAL_MARKERS):
+            out["fatal"] = True
+        return out
+    return {"status": "prepared", "seconds": time.perf_counter() - t0}

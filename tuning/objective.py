@@ -85,10 +85,21 @@ def mark_feasibility(trial: Any, constraint: float) -> None:
 
 
 class Objective:
+    """``Objective(ctx)(trial)`` for ``study.optimize``; the batched tuner calls its three steps itself:
+    ``propose`` (config and its stored outcome, if any), ``measure`` (compile child's outcome or a
+    measurement, recorded) and ``conclude`` (the trial's value)."""
+
     def __init__(self, ctx: KeyContext) -> None:
         self.ctx = ctx
 
     def __call__(self, trial: Any) -> float:
+        config, stored = self.propose(trial)
+        if stored is None:
+            stored = self.measure(trial, config)
+        return self.conclude(trial, stored)
+
+    def propose(self, trial: Any) -> tuple[Config, Optional[dict]]:
+        """The trial's config (``optuna.TrialPruned`` for an invalid one) and its perf_db row, if stored."""
         ctx = self.ctx
         config = ctx.space.suggest(trial, ctx.key.workload)   # optuna.TrialPruned for an invalid config
         trial.set_user_attr("config", config.to_dict())
@@ -97,8 +108,9 @@ class Objective:
         if stored is not None:
             trial.set_user_attr("source", "perf_db")
             ctx.looked_up += 1
-        else:
-            stored = self._measure(trial, config)
+        return config, stored
+
+    def conclude(self, trial: Any, stored: dict) -> float:
         value, constraint = trial_value(stored)
         trial.set_user_attr("status", stored["status"])
         if stored.get("message"):
@@ -106,14 +118,23 @@ class Objective:
         mark_feasibility(trial, constraint)
         return value
 
-    def _measure(self, trial: Any, config: Config) -> dict:
+    def measure(self, trial: Any, config: Config, prepared: Optional[dict] = None) -> dict:
+        """Measure and record ``config``; a failed compile child (``prepared`` with a status other than
+        ``prepared``) is recorded as that failure without running the config in this process."""
         ctx = self.ctx
-        task = ctx.task(config, trial.number)
-        try:
-            result = ctx.measure_fn(task)
-        except KeyboardInterrupt:
-            trial.set_user_attr("interrupted", True)   # --resume re-queues it
-            raise
+        if prepared is not None and prepared.get("status") != "prepared":
+            # the child's failure is the config's outcome; its "fatal" concerned the child's CUDA context
+            result = {k: v for k, v in prepared.items() if k not in ("fatal", "seconds")}
+            result["message"] = "compile child: " + str(result.get("message", ""))
+            source = "compile child"
+        else:
+            task = ctx.task(config, trial.number)
+            try:
+                result = ctx.measure_fn(task)
+            except KeyboardInterrupt:
+                trial.set_user_attr("interrupted", True)   # --resume re-queues it
+                raise
+            source = "measured"
         # the measurement is stored before the trial is told: a worker killed in between loses
         # nothing (its stale trial is retried and finds the row); Ctrl-C waits for this block
         with _sigint_deferred():
@@ -124,7 +145,9 @@ class Objective:
             if ctx.on_record is not None:
                 ctx.on_record({"env": ctx.env_info, "kernel": ctx.kernel, "workload": ctx.key.workload,
                                "config": config, "measurement": m, "run_id": ctx.run_id})
-        trial.set_user_attr("source", "measured")
+        trial.set_user_attr("source", source)
+        if prepared is not None and prepared.get("seconds") is not None:
+            trial.set_user_attr("compile_seconds", round(float(prepared["seconds"]), 3))
         if result.get("fatal"):
             ctx.fatal = f"trial {trial.number}: {result.get('message', '')[:300]}"
         stored = ctx.db.lookup(ctx.env_info, ctx.kernel, ctx.key.workload, config)

@@ -9,6 +9,12 @@
 * Each new study is seeded with the spec's default config (``enqueue_trial``).
 * Ctrl-C once: the running trial finishes, is recorded and told, then the run stops. Ctrl-C twice:
   the running trial is abandoned (state FAIL, flagged ``interrupted``); ``--resume`` re-queues it.
+* Batched (``compile_workers`` > 0, the default on a CUDA host): per key, a batch of proposals is
+  compiled at once in child processes (``tuning.prepare``), then measured one by one with ask/tell.
+  Trials of a batch left unmeasured (stop, budget) are abandoned flagged ``interrupted``, so
+  ``--resume`` re-queues them and finds their kernels in Triton's cache. Without ``study.optimize``
+  there are no heartbeats: a worker killed with SIGKILL leaves its batch's trials RUNNING (its
+  measured configs are in perf_db and are looked up, never re-measured).
 """
 from __future__ import annotations
 
@@ -140,6 +146,9 @@ class TuneOptions:
     results_out: Optional[Any] = None  # path: a results file rewritten after each record
     env_info: Optional[dict] = None    # the GPU host's collect_env() (split flow: the build host has no GPU)
     spec_path: Optional[Any] = None    # default: the packaged spec
+    compile_workers: int = 0           # > 0: batches compiled in that many child processes, then measured
+    compile_timeout: float = 300.0     # seconds one compile child may take
+    preparer: Optional[Any] = None     # injected Preparer-like object (tests); default tuning.prepare.Preparer
 
 
 @dataclass
@@ -199,7 +208,9 @@ class Tuner:
 
         # several workers may open a fresh database at once: the loser of a schema race retries
         self.db = _retry(lambda: PerfDB.open_default(opts.db_url or opts.storage, current_keys=current_keys))
-        self.storage = _retry(lambda: make_storage(opts.storage, opts.heartbeat))
+        # heartbeats are Study.optimize's (its thread); the batched loop asks and tells without them
+        batched = opts.preparer is not None or opts.compile_workers > 0
+        self.storage = _retry(lambda: make_storage(opts.storage, None if batched else opts.heartbeat))
         self.measure_fn = opts.measure_fn or measure
         self.KernelKey = KernelKey
         self.progress = progress
@@ -207,6 +218,12 @@ class Tuner:
         self.fatal: Optional[str] = None
         self._records: list[dict] = []
         self._runs: dict[str, dict] = {}
+        self._deadline: Optional[float] = None
+        self.preparer = opts.preparer
+        if self.preparer is None and opts.compile_workers > 0:
+            from .prepare import Preparer
+
+            self.preparer = Preparer(opts.compile_workers, opts.compile_timeout)
 
     # -- names ----------------------------------------------------------------------------------------
 
@@ -308,12 +325,14 @@ class Tuner:
         def after_trial(study: Any, trial: Any) -> None:
             if self.progress is not None:
                 self.progress.update_key(task, study, trial)
-            if self.stop_requested or ctx.fatal:
-                study.stop()
+            if (self.stop_requested or ctx.fatal) and self.preparer is None:
+                study.stop()     # study.optimize's loop; the batched loop checks the flags itself
 
         callbacks.append(after_trial)
         if budget.trials is not None and done >= budget.trials:
             pass
+        elif self.preparer is not None:
+            self._optimize_batched(study, Objective(ctx), ctx, seconds, after_trial)
         elif seconds is not None and seconds <= 0:
             if done == 0:  # out of time: still measure the seeded default, so every key has a default time
                 study.optimize(Objective(ctx), n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=False)
@@ -328,6 +347,82 @@ class Tuner:
         if self.progress is not None:
             self.progress.finish_key(task, result)
         return result
+
+    def _optimize_batched(self, study: Any, objective: Objective, ctx: KeyContext, seconds: Optional[float],
+                          after_trial: Callable[[Any, Any], None]) -> None:
+        """Ask a batch of trials, compile the new configs in parallel child processes, then measure them
+        one at a time (ask/tell). Every key gets at least one batch (its first holds the seeded default);
+        another batch starts while the key's share of the wall time lasts. Trials compiled but left
+        unmeasured when the run stops are flagged ``interrupted`` (``--resume`` re-queues them)."""
+        import optuna
+        from optuna.trial import TrialState
+
+        budget = self.opts.budget
+        start = time.monotonic()
+        size = self.preparer.workers if seconds is None or seconds > 0 else 1
+        empty_batches = 0
+        while not (self.stop_requested or ctx.fatal):
+            complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+            want = size if budget.trials is None else min(size, budget.trials - complete)
+            if want <= 0:
+                break
+            batch: list[tuple[Any, Any]] = []      # (trial, config) to compile and measure
+            repeats: list[tuple[Any, Any]] = []    # same config as an earlier trial of this batch
+            hashes: set[str] = set()
+            for _ in range(4 * want):
+                if len(batch) >= want:
+                    break
+                trial = study.ask()
+                try:
+                    config, stored = objective.propose(trial)
+                except optuna.TrialPruned:
+                    study.tell(trial, state=TrialState.PRUNED)
+                    continue
+                if stored is not None:
+                    after_trial(study, study.tell(trial, objective.conclude(trial, stored)))
+                elif config.hash in hashes:
+                    repeats.append((trial, config))
+                else:
+                    hashes.add(config.hash)
+                    batch.append((trial, config))
+            empty_batches = 0 if batch else empty_batches + 1
+            untold = [t for t, _ in batch + repeats]
+            try:
+                prepared = self.preparer.run([ctx.task(config, trial.number) for trial, config in batch],
+                                             should_stop=lambda: self.stop_requested) if batch else []
+                for (trial, config), prep in zip(batch, prepared):
+                    late = self._deadline is not None and time.monotonic() > self._deadline
+                    if self.stop_requested or ctx.fatal or late or prep.get("status") == "interrupted":
+                        untold.remove(trial)
+                        self._abandon(study, trial, "not measured: the run stopped before its turn")
+                        continue
+                    stored = objective.measure(trial, config, prepared=prep)
+                    untold.remove(trial)
+                    after_trial(study, study.tell(trial, objective.conclude(trial, stored)))
+            except KeyboardInterrupt:     # second Ctrl-C: nothing left running (--resume re-queues these)
+                for trial in untold:
+                    self._abandon(study, trial, "interrupted")
+                raise
+            for trial, config in repeats:
+                stored = ctx.db.lookup(ctx.env_info, ctx.kernel, ctx.key.workload, config)
+                if stored is None:
+                    self._abandon(study, trial, "not measured: its config's first trial was not measured")
+                    continue
+                trial.set_user_attr("source", "perf_db")
+                ctx.looked_up += 1
+                after_trial(study, study.tell(trial, objective.conclude(trial, stored)))
+            if empty_batches >= 3:       # every proposal pruned or already measured: the space is spent
+                break
+            if seconds is not None and time.monotonic() - start >= seconds:
+                break
+
+    @staticmethod
+    def _abandon(study: Any, trial: Any, why: str) -> None:
+        from optuna.trial import TrialState
+
+        trial.set_user_attr("interrupted", True)
+        trial.set_user_attr("message", why)
+        study.tell(trial, state=TrialState.FAIL)
 
     def summarize(self, key: TuneKey, study: Any, result: KeyResult) -> None:
         """Default vs tuned time of a key, from perf_db (the facts) and the study (the trial count)."""
@@ -351,6 +446,7 @@ class Tuner:
     def run(self, on_key_done: Optional[Callable[[KeyResult], None]] = None) -> list[KeyResult]:
         results = []
         deadline = None if self.opts.budget.seconds is None else time.monotonic() + self.opts.budget.seconds
+        self._deadline = deadline
         self.check_new()
         old = _install_sigint(self)
         try:

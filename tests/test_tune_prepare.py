@@ -1,0 +1,211 @@
+"""Batched tuning: candidates compiled in parallel child processes, then measured one at a time.
+
+* ``Preparer`` against stub children (no torch in them): results in task order, several children at
+  once, a child that dies or hangs is a recorded ``crash`` / ``timeout``, ``should_stop`` cuts the
+  batch short.
+* ``Tuner`` with an injected preparer and the cost model of tune_fake.py: every measured config was
+  compiled first, in batches; a config whose compile child failed is recorded with that status and
+  never measured in the tuner's process; the seeded default leads the first batch; lookups and the
+  trial budget hold as in the unbatched loop.
+(The real child, ``python -m pathtune.tuning.prepare`` on the Triton kernels, runs in
+test_tune_triton.py under the interpreter.)
+"""
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import tune_fake  # noqa: E402
+
+from pathtune.tuning.measure import MeasureTask  # noqa: E402
+from pathtune.tuning.prepare import PREPARED, Preparer  # noqa: E402
+
+STUB = textwrap.dedent("""
+    import json, os, sys, time
+    task = json.loads(sys.stdin.read())
+    what = task["config"]["what"]
+    if what == "die":
+        os._exit(7)
+    time.sleep(float(task["config"].get("sleep", 0)))
+    print("some compiler chatter")
+    if what == "oor":
+        print("PATHTUNE_PREPARE_RESULT " + json.dumps({"status": "out_of_resources", "message": "smem"}))
+    else:
+        print("PATHTUNE_PREPARE_RESULT " + json.dumps({"status": "prepared", "seconds": 0.1, "id": task["task_id"]}))
+""")
+
+
+def _task(i, **config):
+    return MeasureTask(pass_="fwd", backend="triton", workload={}, config=config, batch=1, seq_len=16, task_id=str(i))
+
+
+def _stub(tmp_path, **kw):
+    path = tmp_path / "stub.py"
+    path.write_text(STUB)
+    return Preparer(command=[sys.executable, str(path)], **kw)
+
+
+def test_preparer_runs_children_in_parallel_and_records_failures(tmp_path):
+    prep = _stub(tmp_path, workers=4, timeout_s=20)
+    tasks = [_task(0, what="ok", sleep=1.0), _task(1, what="die"), _task(2, what="oor"),
+             _task(3, what="ok", sleep=1.0), _task(4, what="ok", sleep=1.0)]
+    t0 = time.monotonic()
+    out = prep.run(tasks)
+    elapsed = time.monotonic() - t0
+    assert [r["status"] for r in out] == [PREPARED, "crash", "out_of_resources", PREPARED, PREPARED]
+    assert [out[i]["id"] for i in (0, 3, 4)] == ["0", "3", "4"]        # results in task order
+    assert "exited with code 7" in out[1]["message"]
+    assert elapsed < 2.9, f"three 1 s children on 4 workers took {elapsed:.1f} s: not parallel"
+
+
+def test_preparer_timeout_and_stop(tmp_path):
+    prep = _stub(tmp_path, workers=2, timeout_s=1.0)
+    out = prep.run([_task(0, what="ok", sleep=30), _task(1, what="ok")])
+    assert out[0]["status"] == "timeout" and "killed" in out[0]["message"]
+    assert out[1]["status"] == PREPARED
+
+    prep = _stub(tmp_path, workers=1, timeout_s=30)
+    t0 = time.monotonic()
+    calls = []
+
+    def stop():
+        calls.append(1)
+        return time.monotonic() - t0 > 0.5
+
+    out = prep.run([_task(0, what="ok", sleep=30), _task(1, what="ok")], should_stop=stop)
+    assert time.monotonic() - t0 < 10
+    assert [r["status"] for r in out] == ["interrupted", "interrupted"]
+
+
+class FakePreparer:
+    """Records each batch; configs with num_warps == 2 'fail to compile'."""
+
+    def __init__(self, workers):
+        self.workers = workers
+        self.batches = []
+
+    def run(self, tasks, should_stop=None):
+        self.batches.append([dict(t.config) for t in tasks])
+        return [{"status": "compile_error", "message": "ptxas: too many registers", "fatal": True}
+                if t.config.get("num_warps") == 2 else {"status": PREPARED, "seconds": 0.01} for t in tasks]
+
+
+@pytest.fixture()
+def spec_copy(tmp_path, monkeypatch):
+    import shutil
+
+    import pathtune.specs
+    from pathtune.perf_db import _shipped
+
+    path = tmp_path / "spec.yaml"
+    shutil.copy(Path(pathtune.specs.__file__).parent / "path_attention.yaml", path)
+    monkeypatch.setattr(_shipped, "SHIPPED_DIR", tmp_path / "no-shipped")
+    monkeypatch.setenv("PATHTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATHTUNE_FAKE_LOG", str(tmp_path / "calls.log"))
+    return path
+
+
+def _measured(tmp_path):
+    path = tmp_path / "calls.log"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [line.split(" ", 4) for line in lines if line.startswith("start")]
+
+
+def test_tuner_compiles_batches_before_measuring(tmp_path, spec_copy):
+    import optuna
+    from optuna.trial import TrialState
+
+    from pathtune.perf_db import PerfDB
+    from pathtune.specs import load_spec
+    from pathtune.tuning.space import default_config, plan_keys
+    from pathtune.tuning.tuner import Budget, TuneOptions, Tuner
+
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    keys = plan_keys([64], ["bfloat16"], ["fwd"], ["triton"], [1024])
+    prep = FakePreparer(workers=4)
+    opts = TuneOptions(storage=url, budget=Budget(trials=14), measure_fn=tune_fake.measure, preparer=prep,
+                       spec_path=spec_copy, startup_trials=4, heartbeat=None)
+    tuner = Tuner(keys, opts)
+    (result,) = tuner.run()
+    tuner.close()
+
+    default = default_config(load_spec(spec_copy), keys[0])
+    assert prep.batches[0][0] == default.to_dict(), "the seeded default leads the first batch"
+    assert all(len(b) <= 4 for b in prep.batches) and len(prep.batches) >= 4
+    compiled = [json.dumps(c, sort_keys=True) for b in prep.batches for c in b]
+    assert len(compiled) == len(set(compiled)), "a config was compiled twice"
+
+    measured = _measured(tmp_path)
+    bad_compiles = sum(1 for b in prep.batches for c in b if c.get("num_warps") == 2)
+    assert bad_compiles > 0, "the test wants at least one failing compile among the proposals"
+    assert len(measured) == len(compiled) - bad_compiles
+    assert not any("('num_warps', 2)" in m[4] for m in measured), "a config that failed to compile was run"
+
+    with PerfDB(url, current_keys=None) as db:
+        rows = db.query()
+    assert len(rows) == len(compiled)
+    for r in rows:
+        want = "compile_error" if r["config"].get("num_warps") == 2 else (tune_fake.failure(r["config"]) or "ok")
+        assert r["status"] == want
+        if want == "compile_error":
+            assert r["message"].startswith("compile child:") and r["median_ms"] is None
+    assert tuner.fatal is None, "a compile child's fault must not stop the tuner"
+
+    (name,) = optuna.get_all_study_names(url)
+    study = optuna.load_study(study_name=name, storage=url)
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(complete) == 14 and result.trials == 14
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    assert study.best_trial.user_attrs["status"] == "ok"
+    assert result.best_ms == pytest.approx(tune_fake.cost_ms(result.best_config, 1024))
+
+    # resumed with a larger budget: nothing measured or compiled again
+    n_measured, n_compiled = len(measured), len(compiled)
+    prep2 = FakePreparer(workers=4)
+    tuner = Tuner(keys, TuneOptions(storage=url, budget=Budget(trials=20), measure_fn=tune_fake.measure,
+                                    preparer=prep2, spec_path=spec_copy, startup_trials=4, heartbeat=None,
+                                    resume=True))
+    tuner.run()
+    tuner.close()
+    again = [json.dumps(c, sort_keys=True) for b in prep2.batches for c in b]
+    assert not set(again) & set(compiled)
+    assert len(_measured(tmp_path)) - n_measured == len(again) - sum(
+        1 for b in prep2.batches for c in b if c.get("num_warps") == 2)
+    assert n_compiled + len(again) == len({*compiled, *again})
+
+
+def test_tuner_abandons_compiled_trials_when_stopped(tmp_path, spec_copy):
+    import optuna
+    from optuna.trial import TrialState
+
+    from pathtune.tuning.space import plan_keys
+    from pathtune.tuning.tuner import Budget, TuneOptions, Tuner, requeue_interrupted
+
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    keys = plan_keys([64], ["bfloat16"], ["fwd"], ["triton"], [1024])
+    calls = []
+
+    def measure_then_stop(task):
+        calls.append(task.config)
+        tuner.stop_requested = True          # as a first Ctrl-C during the first measurement
+        return tune_fake.measure(task)
+
+    tuner = Tuner(keys, TuneOptions(storage=url, budget=Budget(trials=10), measure_fn=measure_then_stop,
+                                    preparer=FakePreparer(workers=3), spec_path=spec_copy, heartbeat=None))
+    tuner.run()
+    tuner.close()
+    assert len(calls) == 1
+    (name,) = optuna.get_all_study_names(url)
+    study = optuna.load_study(study_name=name, storage=url)
+    failed = study.get_trials(states=(TrialState.FAIL,))
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 1
+    assert failed and all(t.user_attrs.get("interrupted") for t in failed)
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    assert requeue_interrupted(study) == len(failed)     # --resume measures them next
