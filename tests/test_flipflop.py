@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import subprocess
 import sys
@@ -325,24 +326,122 @@ def test_evaluate_counts_exactly():
     assert (ev["errors"], ev["reads"]) == (0, len(answers)), seed
 
 
+FAKE_FLA = """
+import os
+
+from pathtune.runtime.api import path_attention
+
+
+def parallel_path_attn(q, k, v, w, beta, g=None, scale=None, cu_seqlens=None, use_cache=False):
+    with open(os.environ["FAKE_FLA_LOG"], "a") as f:
+        f.write(f"{tuple(q.shape)} {w.dtype} {beta.dtype} {None if g is None else g.dtype} {scale}\\n")
+    return path_attention(q, k, v, w, beta, g, scale=scale, backend="reference"), None
+"""
+
+
+def _install_fake_fla_on_disk(tmp_path, monkeypatch) -> Path:
+    """The stand-in fla as a package on disk, importable here and in the measurement child processes
+    (they inherit PYTHONPATH). Returns the file its calls are logged to."""
+    pkg = tmp_path / "fakefla" / "fla" / "ops" / "path_attn"
+    pkg.mkdir(parents=True)
+    for d in (pkg.parent.parent, pkg.parent):
+        (d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text(FAKE_FLA)
+    log = tmp_path / "fla_calls.log"
+    monkeypatch.setenv("FAKE_FLA_LOG", str(log))
+    root = str(tmp_path / "fakefla")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.syspath_prepend(root)
+    for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
+        monkeypatch.delitem(sys.modules, name)
+    return log
+
+
 def test_runner_tokens_per_s_comparison(tmp_path, monkeypatch):
-    """The runner's same-run comparison (CUDA only in real runs) end to end, with the stand-in fla."""
+    """The runner's same-run comparison (CUDA only in real runs) end to end, with the stand-in fla;
+    each measurement runs in a child process."""
     from examples.flipflop import run
 
-    calls = _install_fake_fla(monkeypatch)
+    log = _install_fake_fla_on_disk(tmp_path, monkeypatch)
     out = tmp_path / "r.json"
     assert run.main(["--tiny", "--no-progress", "--steps", "4", "--models", "path,rope", "--bench-steps", "2",
                      "--compare-on-cpu", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     comp = res["meta"]["throughput_comparison"]
-    assert comp["fla_importable"] is True and calls
+    assert comp["fla_importable"] is True
+    assert log.exists() and "torch.float32" in log.read_text()      # the child ran fla's stand-in
     for kernel in ("pathtune", "fla"):
         assert comp[f"path/{kernel}"]["tokens_per_s"] > 0 and comp[f"path/{kernel}"]["timed_steps"] == 2
+        assert math.isfinite(comp[f"path/{kernel}"]["final_loss"])
     assert comp["path/pathtune_over_fla"] == pytest.approx(
         comp["path/pathtune"]["tokens_per_s"] / comp["path/fla"]["tokens_per_s"])
+    assert list(comp)[-3:] == ["path/pathtune", "path/fla", "path/pathtune_over_fla"]
     assert set(res["path"]["tokens_per_s_same_run"]) == {"pathtune", "fla"}
     assert "rope/pathtune" not in comp
     assert "pathtune / fla" in run.markdown_table(res)
+
+
+def test_child_measurement_matches_in_process():
+    """The child gets the same weights, config and seed: its final loss equals the in-process one."""
+    from examples.flipflop.model import FlipFlopLM
+    from examples.flipflop.train import TrainConfig, measure_throughput, measure_throughput_in_child
+
+    cfg = TrainConfig(steps=2, batch=2, seq_len=32, warmup=1, amp=False)
+    torch.manual_seed(3)
+    model = FlipFlopLM("path_fox", backend="reference")
+    here = measure_throughput(model, cfg, kernel="pathtune", seed=5, device=torch.device("cpu"), steps=2, warmup=1)
+    there, _ = measure_throughput_in_child(model.state_dict(), "path_fox", cfg, kernel="pathtune", seed=5,
+                                           device=torch.device("cpu"), steps=2, warmup=1, backend="reference",
+                                           timeout_s=120)
+    assert "failed" not in there, there
+    assert set(there) == set(here)
+    assert there["final_loss"] == pytest.approx(here["final_loss"], rel=1e-5, abs=1e-6)
+
+
+def test_measurement_child_timeout_is_recorded():
+    from examples.flipflop.model import FlipFlopLM
+    from examples.flipflop.train import TrainConfig, measure_throughput_in_child
+
+    rec, _ = measure_throughput_in_child(FlipFlopLM("path", backend="reference").state_dict(), "path",
+                                         TrainConfig(batch=2, seq_len=32), kernel="pathtune", seed=0,
+                                         device=torch.device("cpu"), steps=2, warmup=1, backend="reference",
+                                         timeout_s=0.3)
+    assert rec["failed"].startswith("timed out after") and rec["exit_code"] is None and rec["timeout_s"] == 0.3
+
+
+def test_crashing_measurement_child_is_recorded_and_the_next_runs(tmp_path, monkeypatch):
+    """A measurement child that dies (os._exit) is that entry's failure; the next entries are still
+    measured; a fla child failing with a CUDA error is rerun once with CUDA_LAUNCH_BLOCKING=1 and the
+    tail of its traceback recorded."""
+    from examples.flipflop import run
+    from examples.flipflop.train import FAULT_ENV
+
+    _install_fake_fla_on_disk(tmp_path, monkeypatch)
+    monkeypatch.setenv(FAULT_ENV, "path/pathtune=exit,path_fox/fla=cuda")
+    out = tmp_path / "r.json"
+    assert run.main(["--tiny", "--no-progress", "--steps", "4", "--models", "path,path_fox", "--bench-steps", "2",
+                     "--compare-on-cpu", "--out", str(out)]) == 0      # the models themselves are fine
+    res = json.loads(out.read_text())
+    comp = res["meta"]["throughput_comparison"]
+    crashed = comp["path/pathtune"]
+    assert crashed["exit_code"] == 3 and "exited with code 3" in crashed["failed"], crashed
+    assert "hard exit in path/pathtune" in crashed["stderr_tail"]
+    assert "blocking_rerun" not in crashed                  # pathtune: no rerun
+    for key in ("path_fox/pathtune", "path/fla"):           # after the crash: still measured
+        assert comp[key]["tokens_per_s"] > 0, comp[key]
+    faulted = comp["path_fox/fla"]
+    assert faulted["failed"].startswith("RuntimeError: CUDA error: an illegal memory access") and faulted["exit_code"] == 1
+    assert "CUDA_LAUNCH_BLOCKING=None" in faulted["traceback"]
+    assert faulted["blocking_rerun"]["env"] == "CUDA_LAUNCH_BLOCKING=1" and faulted["blocking_rerun"]["exit_code"] == 1
+    tail = faulted["blocking_rerun_tail"]
+    assert "CUDA_LAUNCH_BLOCKING=1" in tail and "Traceback" in tail and len(tail.splitlines()) <= 40
+    assert "path/pathtune_over_fla" not in comp and "path_fox/pathtune_over_fla" not in comp
+    assert "tokens_per_s_same_run" not in res["path"]
+    assert res["path_fox"]["tokens_per_s_same_run"] == {"pathtune": comp["path_fox/pathtune"]["tokens_per_s"],
+                                                        "fla": None}
+    table = run.markdown_table(res)
+    assert "failed: child process exited with code 3" in table
+    assert all(line.startswith("|") or not line for line in table.splitlines()[-3:])   # one row per model
 
 
 def test_issue_checks():

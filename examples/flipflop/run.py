@@ -35,7 +35,8 @@ import torch  # noqa: E402
 from .data import SPLITS, expected_reads  # noqa: E402
 from .metrics import reads_to_resolve  # noqa: E402
 from .model import ATTENTIONS, FlipFlopLM, count_parameters, fla_available  # noqa: E402
-from .train import TrainConfig, evaluate, measure_throughput, train_model  # noqa: E402
+from .train import (TrainConfig, evaluate, is_cuda_fault, measure_throughput_in_child,  # noqa: E402
+                    tail_lines, train_model)
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results.json"
@@ -54,6 +55,10 @@ def write_json(obj: dict, path: Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
     os.replace(tmp, path)
+
+
+def _first_line(text: str) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
 
 
 def _pct(x: Optional[float]) -> str:
@@ -94,7 +99,7 @@ def markdown_table(results: dict) -> str:
                     return "-"
                 if "tokens_per_s" in x:
                     return f"{x['tokens_per_s'] / 1e6:.2f} M ({x['ms_per_step']:.1f} ms/step)"
-                return x.get("skipped") or x.get("failed", "-")
+                return x.get("skipped") or ("failed: " + _first_line(x["failed"]) if "failed" in x else "-")
             ratio = comp.get(f"{name}/pathtune_over_fla")
             rows.append(f"| {LABEL[name]} | {cell(a)} | {cell(b)} | {f'{ratio:.2f}x' if ratio else '-'} |")
     return "\n".join(rows)
@@ -267,6 +272,14 @@ def _git_commit() -> Optional[str]:
         return None
 
 
+def _measure_in_child(*args, **kw) -> tuple:
+    """``measure_throughput_in_child``; a failure to start the child is that entry's failure too."""
+    try:
+        return measure_throughput_in_child(*args, **kw)
+    except Exception as exc:
+        return {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}, ""
+
+
 _CALLS = 0
 
 
@@ -421,38 +434,79 @@ def _run(args: argparse.Namespace, argv: Optional[list]) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
-        # ---- same-run tokens/s: pathtune vs fla, same model, batch, data and optimiser
+        # ---- same-run tokens/s: pathtune vs fla, same model, batch, data and optimiser; each
+        # measurement in its own child process, so a CUDA fault (which poisons a process's CUDA
+        # context) fails only its own entry. pathtune first: a hanging fla child cannot eat their time.
         if do_bench:
             comp: dict = {"batch": cfg.batch, "seq_len": cfg.seq_len, "timed_steps": args.bench_steps,
                           "fla_importable": fla_ok, **({"fla_import_error": fla_why} if not fla_ok else {})}
             meta["throughput_comparison"] = comp
-            for name in [m for m in models if m != "rope"]:
-                for kernel in ("pathtune", "fla"):
-                    key = f"{name}/{kernel}"
-                    if kernel == "fla" and not fla_ok:
-                        comp[key] = {"skipped": f"fla not importable ({fla_why})"}
-                        continue
-                    if time.perf_counter() > deadline - 20:
-                        comp[key] = {"skipped": "budget exhausted"}
-                        continue
-                    try:
-                        torch.manual_seed(args.seed)
-                        model = FlipFlopLM(name, backend=backend).to(device)
-                        if name in inits:
-                            model.load_state_dict(inits[name])
-                        prog.start(f"tokens/s {LABEL[name]} {kernel}", 1)
-                        comp[key] = measure_throughput(model, cfg, kernel=kernel, seed=args.seed, device=device,
-                                                       steps=args.bench_steps)
-                        prog.update(1, f"{comp[key]['tokens_per_s'] / 1e6:.2f} M tok/s")
-                        log(f"tokens/s {LABEL[name]} {kernel}: {comp[key]['tokens_per_s'] / 1e6:.2f} M "
-                            f"({comp[key]['ms_per_step']:.2f} ms/step)")
-                    except Exception as exc:
-                        comp[key] = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
-                        log(f"tokens/s {LABEL[name]} {kernel} FAILED: {type(exc).__name__}: {exc}")
+            names = [m for m in models if m != "rope"]
+            entries = [(n, "pathtune") for n in names] + [(n, "fla") for n in names if fla_ok]
+            if not fla_ok:
+                for n in names:
+                    comp[f"{n}/fla"] = {"skipped": f"fla not importable ({fla_why})"}
+            states: dict = {}
+            reruns: list = []
+            min_child_s = 30.0
+            for i, (name, kernel) in enumerate(entries):
+                key = f"{name}/{kernel}"
+                left = deadline - time.perf_counter()
+                if left < 20:
+                    comp[key] = {"skipped": "budget exhausted"}
                     save()
+                    continue
+                # its fair share of what is left, but at least min_child_s when the budget has it
+                timeout = min(left, max(left / (len(entries) - i), min_child_s))
+                if name not in states:   # the same initial weights as the trained model
+                    if name in inits:
+                        states[name] = {k: v.detach().cpu() for k, v in inits[name].items()}
+                    else:                 # --resume: rebuilt from the seed, as training built it
+                        torch.manual_seed(args.seed)
+                        states[name] = FlipFlopLM(name, backend=backend).state_dict()
+                prog.start(f"tokens/s {LABEL[name]} {kernel}", 1)
+                rec, err = _measure_in_child(states[name], name, cfg, kernel=kernel, seed=args.seed, device=device,
+                                             steps=args.bench_steps, backend=backend, timeout_s=timeout)
+                comp[key] = rec
+                if "failed" in rec:
+                    log(f"tokens/s {LABEL[name]} {kernel} FAILED (exit code {rec.get('exit_code')}): "
+                        f"{_first_line(rec['failed'])}")
+                    if kernel == "fla" and is_cuda_fault(rec, err):
+                        reruns.append((name, kernel))
+                else:
+                    prog.update(1, f"{rec['tokens_per_s'] / 1e6:.2f} M tok/s")
+                    log(f"tokens/s {LABEL[name]} {kernel}: {rec['tokens_per_s'] / 1e6:.2f} M "
+                        f"({rec['ms_per_step']:.2f} ms/step)")
+                save()
+            # a fla CUDA fault: once more with synchronous launches, so the traceback names the kernel
+            for j, (name, kernel) in enumerate(reruns):
+                key = f"{name}/{kernel}"
+                left = deadline - time.perf_counter()
+                if left < 20:
+                    comp[key]["blocking_rerun"] = {"skipped": "budget exhausted"}
+                    save()
+                    continue
+                timeout = min(left, max(left / (len(reruns) - j), min_child_s))
+                prog.start(f"rerun {LABEL[name]} {kernel} (blocking)", 1)
+                rec, err = _measure_in_child(states[name], name, cfg, kernel=kernel, seed=args.seed, device=device,
+                                             steps=args.bench_steps, backend=backend, timeout_s=timeout,
+                                             env={"CUDA_LAUNCH_BLOCKING": "1"})
+                comp[key]["blocking_rerun"] = {
+                    "env": "CUDA_LAUNCH_BLOCKING=1", "exit_code": rec.get("exit_code", 0),
+                    **({"failed": rec["failed"]} if "failed" in rec else
+                       {"completed": True, "tokens_per_s": rec["tokens_per_s"]})}
+                comp[key]["blocking_rerun_tail"] = tail_lines(err or rec.get("stderr_tail", ""))
+                log(f"tokens/s {LABEL[name]} {kernel} rerun with CUDA_LAUNCH_BLOCKING=1: "
+                    + (_first_line(rec["failed"]) if "failed" in rec else "completed without a fault")
+                    + "".join(f"\n    {ln}" for ln in comp[key]["blocking_rerun_tail"].splitlines()[-12:]))
+                save()
+            for name in names:
                 a, b = comp.get(f"{name}/pathtune", {}), comp.get(f"{name}/fla", {})
                 if "tokens_per_s" in a and "tokens_per_s" in b:
                     comp[f"{name}/pathtune_over_fla"] = a["tokens_per_s"] / b["tokens_per_s"]
+                for k in ("pathtune", "fla", "pathtune_over_fla"):     # per model, in this order
+                    if f"{name}/{k}" in comp:
+                        comp[f"{name}/{k}"] = comp.pop(f"{name}/{k}")
                 if name in results and "tokens_per_s" in a:
                     results[name]["tokens_per_s_same_run"] = {k: comp.get(f"{name}/{k}", {}).get("tokens_per_s")
                                                               for k in ("pathtune", "fla")}

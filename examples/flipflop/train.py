@@ -1,10 +1,24 @@
-"""Training, evaluation and the same-run throughput measurement for the flip-flop models."""
+"""Training, evaluation and the same-run throughput measurement for the flip-flop models.
+
+``python -m examples.flipflop.train SPEC.json`` is the child process of one tokens/s measurement
+(``measure_throughput_in_child``): a CUDA fault in one kernel (e.g. an illegal memory access, which
+poisons the process's CUDA context) then fails only that measurement.
+"""
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Callable, Dict, Optional
 
 import torch
@@ -214,3 +228,125 @@ def measure_throughput(model: FlipFlopLM, cfg: TrainConfig, *, kernel: str, seed
     return {"kernel": kernel, "tokens_per_s": steps * c.batch * c.seq_len / dt, "ms_per_step": 1e3 * dt / steps,
             "timed_steps": steps, "warmup_steps": warmup, "warmup_seconds": round(t0 - t_start, 3),
             "final_loss": float(loss.item())}
+
+
+# ------------------------------------------------------------------- tokens/s in a child process
+
+ROOT = Path(__file__).resolve().parents[2]
+# tests only: "path/fla=cuda,path/pathtune=exit" makes those children fail (exit: os._exit(3);
+# raise: a RuntimeError; cuda: a RuntimeError worded like a CUDA fault, which triggers the rerun)
+FAULT_ENV = "FLIPFLOP_BENCH_FAULT"
+CUDA_FAULT = re.compile(r"CUDA error|cudaError|CUDA_ERROR|illegal memory access|illegal instruction|"
+                        r"misaligned address|device-side assert|Triton Error \[CUDA\]")
+TAIL_LINES = 40
+
+
+def tail_lines(text: str, n: int = TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+def is_cuda_fault(record: dict, stderr: str = "") -> bool:
+    """Whether a failed measurement looks like a CUDA fault (message, traceback, stderr or a signal)."""
+    if "failed" not in record:
+        return False
+    if record.get("signal") in ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL"):
+        return True
+    return bool(CUDA_FAULT.search(" ".join((record["failed"], record.get("traceback", ""), stderr))))
+
+
+def measure_throughput_in_child(state: dict[str, torch.Tensor], attention: str, cfg: TrainConfig, *,
+                                kernel: str, seed: int, device: torch.device, steps: int = 30,
+                                warmup: int = 5, backend: str = "auto", timeout_s: float,
+                                env: Optional[dict[str, str]] = None) -> tuple[dict, str]:
+    """``measure_throughput`` of ``FlipFlopLM(attention, backend=backend)`` loaded with ``state``, in a
+    fresh Python process (same interpreter, working directory and environment, plus ``env``).
+
+    Returns ``(record, stderr)``: the dict ``measure_throughput`` returns, or on failure
+    ``{"failed": ..., "exit_code": ...}`` with the child's traceback (an exception it caught) or the
+    tail of its stderr (a hard crash: exit code / signal) or the timeout.
+    """
+    with tempfile.TemporaryDirectory(prefix="flipflop_tokens_s_") as tmp:
+        tmp_p = Path(tmp)
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, tmp_p / "state.pt")
+        spec = {"attention": attention, "kernel": kernel, "backend": backend, "cfg": cfg.to_dict(),
+                "seed": seed, "device": str(device), "steps": steps, "warmup": warmup,
+                "state": str(tmp_p / "state.pt"), "out": str(tmp_p / "result.json"),
+                "threads": torch.get_num_threads(), "matmul_precision": torch.get_float32_matmul_precision()}
+        (tmp_p / "spec.json").write_text(json.dumps(spec))
+        child_env = dict(os.environ)
+        child_env["PYTHONPATH"] = os.pathsep.join(   # `examples` importable; after what the parent had
+            [p for p in (child_env.get("PYTHONPATH"), str(ROOT)) if p])
+        child_env.update(env or {})
+        cmd = [sys.executable, "-m", "examples.flipflop.train", str(tmp_p / "spec.json")]
+        t0 = time.perf_counter()
+        rc: Optional[int] = None
+        try:
+            proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=timeout_s,
+                                  check=False)
+            rc, err, out_text = proc.returncode, proc.stderr or "", proc.stdout or ""
+        except subprocess.TimeoutExpired as exc:
+            err, out_text = (x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                             for x in (exc.stderr, exc.stdout))
+        seconds = round(time.perf_counter() - t0, 2)
+        result = tmp_p / "result.json"
+        rec = json.loads(result.read_text()) if result.exists() else None
+    if rec is not None and "failed" not in rec:     # measured (whatever the exit did after)
+        return rec, err
+    if rec is None:
+        if rc is None:
+            rec = {"failed": f"timed out after {timeout_s:.0f}s (child killed)", "timeout_s": round(timeout_s, 1)}
+        elif rc < 0:   # a signal: a segfault or an abort in native code
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = f"signal {-rc}"
+            rec = {"failed": f"child process killed by {name}", "signal": name}
+        else:
+            rec = {"failed": f"child process exited with code {rc} without a result"}
+        rec["stderr_tail"] = tail_lines(err or out_text)
+    rec["exit_code"] = rc
+    rec["child_seconds"] = seconds
+    return rec, err
+
+
+def _inject_fault(key: str) -> None:
+    for item in os.environ.get(FAULT_ENV, "").split(","):
+        target, _, mode = item.partition("=")
+        if target.strip() != key:
+            continue
+        mode = mode.strip()
+        if mode == "exit":
+            print(f"{FAULT_ENV}: hard exit in {key}", file=sys.stderr, flush=True)
+            os._exit(3)
+        if mode == "raise":
+            raise RuntimeError(f"{FAULT_ENV}: injected failure in {key}")
+        if mode == "cuda":
+            raise RuntimeError(f"CUDA error: an illegal memory access was encountered ({FAULT_ENV}: injected in "
+                               f"{key}; CUDA_LAUNCH_BLOCKING={os.environ.get('CUDA_LAUNCH_BLOCKING')})")
+
+
+def _child_main(argv: list) -> int:
+    """Child process: one tokens/s measurement from a spec file; writes its record next to it."""
+    spec = json.loads(Path(argv[0]).read_text())
+    out = Path(spec["out"])
+    try:
+        torch.set_float32_matmul_precision(spec["matmul_precision"])
+        torch.set_num_threads(spec["threads"])
+        _inject_fault(f"{spec['attention']}/{spec['kernel']}")
+        torch.manual_seed(spec["seed"])
+        model = FlipFlopLM(spec["attention"], backend=spec["backend"])
+        model.load_state_dict(torch.load(spec["state"], map_location="cpu"))
+        rec = measure_throughput(model, TrainConfig(**spec["cfg"]), kernel=spec["kernel"], seed=spec["seed"],
+                                 device=torch.device(spec["device"]), steps=spec["steps"], warmup=spec["warmup"])
+    except Exception as exc:
+        traceback.print_exc()
+        rec = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+    out.write_text(json.dumps(rec))
+    return 1 if "failed" in rec else 0
+
+
+if __name__ == "__main__":
+    _code = _child_main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_code)    # no interpreter teardown: after a CUDA fault it can abort or hang
