@@ -11,23 +11,26 @@
 #   bench [240]     pathtune bench (fwd, fwd+bwd vs SDPA flash/cuDNN and fla, same run) --record
 #   decode [120]    pathtune bench --pass decode --record
 #   dsweep [240]    pathtune bench --pass decode --sweep --record (every decode knob config)
-#   tune [600]      benchmarks/h200_tune.sh (BUDGET from the step's seconds minus 90 s)
+#   benchtuned [240] pathtune bench --config tuned (the runtime's dispatch: shipped records / perf_db) --record
+#   tune [600]      benchmarks/h200_tune.sh (BUDGET: the step's seconds minus 150 s of slack)
+#   ffcompare [240] flip-flop tokens/s comparison only (--resume on a copy of examples/flipflop/results.json)
 #   flipflop [540]  python -m examples.flipflop --device cuda (budget from the step's seconds)
 #   lm [120]        examples/lm_generate.py --device cuda
 #   tvm [200]       codegen/tvm/gpu_check.py with the prebuilt bundle (carry build/tvm_gpu_check)
 #   probe [60]      benchmarks/memory_probe.py next to the bench's measured peak
 #   memcheck [180]  compute-sanitizer memcheck over one small fwd+bwd (catches out-of-bounds accesses)
 #
-# Carry: .whl (wheels: optuna stack, fla, pydantic...), and .tcache if an earlier call brought one
-# back (tar xzf <files_at>/session.tgz tcache.tgz && mkdir -p .tcache && tar xzf tcache.tgz -C .tcache).
+# Carry: .whl (wheels: optuna stack, fla, pydantic...), and .tcache_in if an earlier call brought the
+# Triton cache back (mkdir -p .tcache_in && cp <files_at>/tcache.tgz.* .tcache_in/; both git-excluded).
 # Everything lands in $OUT/session.tgz (logs, JSON, perf_db SQLite with the recorded rows, the tune's
-# results file for perf_db/shipped/, flip-flop results) plus $OUT/tcache.tgz.
+# results file for perf_db/shipped/, flip-flop results) plus $OUT/tcache.tgz.aa, .ab, ... (the device
+# tool returns files of at most 16 MiB; the staging folder lives outside $OUT so that only these return).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
 OUT="${OUT:-/tmp/pathtune-gpu-session}"
-S="$OUT/s"
-mkdir -p "$S"
+S="/tmp/pathtune-session/s"
+mkdir -p "$S" "$OUT"
 
 if [ -d .whl ] && ! python3 -c "import optuna" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -44,6 +47,9 @@ export PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR="$REPO/.tcache"
 export PATHTUNE_DB_URL="sqlite:///$S/perf.sqlite3"
 mkdir -p "$TRITON_CACHE_DIR"
+if ls .tcache_in/tcache.tgz.* >/dev/null 2>&1; then
+    cat .tcache_in/tcache.tgz.* | tar xzf - -C "$TRITON_CACHE_DIR" && echo "Triton cache restored: $(du -sh "$TRITON_CACHE_DIR" | cut -f1)"
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$S/gpu.txt" 2>&1
 python3 -m pathtune.cli env --json > "$S/env.json" 2>&1
 
@@ -71,16 +77,31 @@ for arg in "$@"; do
                     --json "$S/decode.json" ;;
         dsweep) run_step dsweep "${secs:-240}" python3 -m pathtune.cli bench --pass decode --sweep --record \
                     --json "$S/decode_sweep.json" ;;
+        benchtuned)  # dispatch from this call's tune database if a tune step ran, else the shipped records
+                     if [ -f "$S/tune/tune.sqlite3" ]; then dispatch_db="sqlite:///$S/tune/tune.sqlite3"; else dispatch_db=""; fi
+                     run_step benchtuned "${secs:-240}" env PATHTUNE_DB_URL="$dispatch_db" python3 -m pathtune.cli bench \
+                         --config tuned --gate "${BENCH_GATE:-both}" --record --db "$PATHTUNE_DB_URL" \
+                         --json "$S/bench_tuned.json" ;;
         tune) t="${secs:-600}"
-              run_step tune "$t" env OUT="$S/tune" BUDGET="$(( (t - 90) / 60 ))m" WHEELS="$REPO/.whl" \
+              run_step tune "$t" env OUT="$S/tune" BUDGET="$(( (t - 150) / 60 ))m" WHEELS="$REPO/.whl" \
                   bash "$REPO/benchmarks/h200_tune.sh" ;;
+        ffcompare) mkdir -p "$S/flipflop" && cp "$REPO/examples/flipflop/results.json" "$S/flipflop/results.json"
+                   run_step ffcompare "${secs:-240}" env PYTHONPATH="$PYTHONPATH:$REPO" \
+                       python3 -m examples.flipflop --device cuda --no-progress --resume \
+                       --budget-minutes "$(python3 -c "print(round((${secs:-240} - 20) / 60, 1))")" \
+                       --out "$S/flipflop/results.json" ;;
         flipflop) t="${secs:-540}"
                   # run from /tmp like every step: the repo goes after the installed pathtune on the path
                   run_step flipflop "$t" env PYTHONPATH="$PYTHONPATH:$REPO" \
                       python3 -m examples.flipflop --device cuda --no-progress \
                       --budget-minutes "$(python3 -c "print(round(($t - 45) / 60, 1))")" \
                       --out "$S/flipflop/results.json" ;;
-        lm) run_step lm "${secs:-120}" python3 "$REPO/examples/lm_generate.py" --device cuda ;;
+        lm) pack_args=()   # with a tune step in this call: export its pack and train/generate with it
+            if [ -f "$S/tune/tune.sqlite3" ] && python3 -m pathtune.cli export --gpu H200 -o "$S/h200_pack.json" \
+                   --db "sqlite:///$S/tune/tune.sqlite3" > "$S/export.log" 2>&1; then
+                pack_args=(--pack "$S/h200_pack.json")
+            fi
+            run_step lm "${secs:-120}" python3 "$REPO/examples/lm_generate.py" --device cuda "${pack_args[@]}" ;;
         tvm) run_step tvm "${secs:-200}" python3 "$REPO/codegen/tvm/gpu_check.py" \
                  --budget-min "$(python3 -c "print(round(${secs:-200} / 60 - 0.7, 1))")" ;;
         memcheck) run_step memcheck "${secs:-180}" compute-sanitizer --tool memcheck --print-limit 20 \
@@ -90,6 +111,6 @@ for arg in "$@"; do
     esac
 done
 
-tar czf "$OUT/session.tgz" -C "$OUT" s
-tar czf "$OUT/tcache.tgz" -C "$TRITON_CACHE_DIR" . 2>/dev/null
+tar czf "$OUT/session.tgz" -C "$(dirname "$S")" s
+tar czf - -C "$TRITON_CACHE_DIR" . 2>/dev/null | split -b 15m - "$OUT/tcache.tgz."
 ls -la "$OUT"

@@ -84,6 +84,19 @@ def test_preparer_timeout_and_stop(tmp_path):
     assert [r["status"] for r in out] == ["interrupted", "interrupted"]
 
 
+def test_real_child_ignores_a_pathtune_folder_in_the_working_directory(tmp_path, monkeypatch):
+    """A source checkout's root holds a `pathtune/` folder (the package's face, without its
+    subpackages); `python -m` in a child started there must still import the installed package."""
+    decoy = tmp_path / "checkout"
+    (decoy / "pathtune" / "tuning").mkdir(parents=True)
+    (decoy / "pathtune" / "__init__.py").write_text("")
+    (decoy / "pathtune" / "tuning" / "__init__.py").write_text("raise ImportError('the decoy was imported')\n")
+    monkeypatch.chdir(decoy)
+    (out,) = Preparer(workers=1, timeout_s=120).run([_task(0, what="x")])   # fails fast inside prepare()
+    assert not out.get("child_failed"), out
+    assert out["status"] == "crash" and "head_dim" in out["message"]     # prepare() ran: empty workload
+
+
 class FakePreparer:
     """Records each batch; configs with num_warps == 2 'fail to compile'."""
 
@@ -179,6 +192,39 @@ def test_tuner_compiles_batches_before_measuring(tmp_path, spec_copy):
     assert len(_measured(tmp_path)) - n_measured == len(again) - sum(
         1 for b in prep2.batches for c in b if c.get("num_warps") == 2)
     assert n_compiled + len(again) == len({*compiled, *again})
+
+
+def test_tuner_stops_when_every_compile_child_dies(tmp_path, spec_copy):
+    """A setup problem (children cannot import pathtune, ...) is not a property of the configs: the
+    tuner stops with a fatal error instead of recording every proposal as a crash."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from pathtune.perf_db import PerfDB
+    from pathtune.tuning.space import plan_keys
+    from pathtune.tuning.tuner import Budget, TuneOptions, Tuner
+
+    class Broken(FakePreparer):
+        def run(self, tasks, should_stop=None):
+            self.batches.append(tasks)
+            return [{"status": "crash", "child_failed": True, "message": "No module named 'pathtune.tuning'"}
+                    for _ in tasks]
+
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    keys = plan_keys([64], ["bfloat16"], ["fwd", "bwd"], ["triton"], [1024])
+    tuner = Tuner(keys, TuneOptions(storage=url, budget=Budget(trials=10), measure_fn=tune_fake.measure,
+                                    preparer=Broken(workers=3), spec_path=spec_copy, heartbeat=None))
+    results = tuner.run()
+    tuner.close()
+    assert tuner.fatal and "No module named" in tuner.fatal
+    assert len(results) == 1, "the run stops at the first key"
+    with PerfDB(url, current_keys=None) as db:
+        assert db.query() == []
+    assert not _measured(tmp_path)
+    (name,) = optuna.get_all_study_names(url)
+    study = optuna.load_study(study_name=name, storage=url)
+    assert not study.get_trials(states=(TrialState.COMPLETE, TrialState.RUNNING))
+    assert all(t.user_attrs.get("interrupted") for t in study.get_trials(states=(TrialState.FAIL,)))
 
 
 def test_tuner_abandons_compiled_trials_when_stopped(tmp_path, spec_copy):

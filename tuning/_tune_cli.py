@@ -249,7 +249,7 @@ def tune(
     if tuner.stop_requested and code == 0:
         _note("stopped after Ctrl-C; continue with the same command plus --resume")
     if tuner.fatal:
-        _note(f"stopped: a candidate left the GPU unusable ({tuner.fatal}); it is recorded as crash. Continue in a "
+        _note(f"stopped: {tuner.fatal}. A candidate that left the GPU unusable is recorded as crash; continue in a "
               "fresh process with --resume")
         code = 3
     tuner.close()

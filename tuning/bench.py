@@ -125,7 +125,8 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
                 except Exception as exc:  # a failing config is a recorded status, not a crash
                     row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 for tag, bw in passes:
-                    if "sdpa" in baselines and not gate:
+                    # SDPA has no gate: once per shape, on the ungated row unless only gated rows run
+                    if "sdpa" in baselines and (not gate or False not in gates):
                         for kind in ("flash", "cudnn"):
                             fn = sdpa_callable(q, k, v, kind, backward=bw)
                             row.times[f"sdpa_{kind}_{tag}"] = _median_ms(fn) if fn else None

@@ -86,8 +86,12 @@ class Preparer:
         log = tempfile.TemporaryFile(mode="w+b")
         # its own session: a Ctrl-C at the terminal stops the tuner (which then stops the children),
         # not the children mid-compile (a child killed by it would read as a crashed config)
+        # PYTHONSAFEPATH: the child imports pathtune as the parent did, not a `pathtune/` folder in the
+        # working directory (a source checkout's root holds one: `python -m` would put it first)
+        env = {**os.environ, "PYTHONSAFEPATH": "1"}
+        cwd = None if sys.version_info >= (3, 11) else tempfile.gettempdir()
         proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env=env, cwd=cwd)
         try:
             proc.stdin.write(json.dumps(task.to_dict()).encode())
             proc.stdin.close()
@@ -106,7 +110,9 @@ class Preparer:
                 except json.JSONDecodeError:
                     break
         tail = "\n".join(text.strip().splitlines()[-15:])
-        return {"status": "crash", "seconds": elapsed, "fatal": True,
+        # no result line: the child died (a fault, a signal) or never started (cannot import pathtune);
+        # "child_failed" lets the tuner tell a broken setup (every child of a batch) from a bad config
+        return {"status": "crash", "seconds": elapsed, "fatal": True, "child_failed": True,
                 "message": f"compile child exited with code {proc.returncode} without a result: {tail}"[-2000:]}
 
 

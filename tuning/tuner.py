@@ -390,6 +390,10 @@ class Tuner:
             try:
                 prepared = self.preparer.run([ctx.task(config, trial.number) for trial, config in batch],
                                              should_stop=lambda: self.stop_requested) if batch else []
+                if len(batch) > 1 and all(p.get("child_failed") for p in prepared):
+                    # not the configs: the children cannot run at all (environment); record nothing
+                    ctx.fatal = ("every compile child of a batch died without a result (a setup problem, not "
+                                 f"the configs): {str(prepared[0].get('message', ''))[-600:]}")
                 for (trial, config), prep in zip(batch, prepared):
                     late = self._deadline is not None and time.monotonic() > self._deadline
                     if self.stop_requested or ctx.fatal or late or prep.get("status") == "interrupted":
