@@ -51,7 +51,8 @@ if ls .tcache_in/tcache.tgz.* >/dev/null 2>&1; then
     cat .tcache_in/tcache.tgz.* | tar xzf - -C "$TRITON_CACHE_DIR" && echo "Triton cache restored: $(du -sh "$TRITON_CACHE_DIR" | cut -f1)"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$S/gpu.txt" 2>&1
-python3 -m pathtune.cli env --json > "$S/env.json" 2>&1
+# from /tmp, like every step: in the checkout's root, `python -m` would import its pathtune/ folder
+(cd /tmp && python3 -m pathtune.cli env --json) > "$S/env.json" 2>&1
 
 run_step() {  # name seconds command...
     local name="$1" secs="$2"
@@ -83,7 +84,7 @@ for arg in "$@"; do
                          --config tuned --gate "${BENCH_GATE:-both}" --record --db "$PATHTUNE_DB_URL" \
                          --json "$S/bench_tuned.json" ;;
         tune) t="${secs:-600}"
-              run_step tune "$t" env OUT="$S/tune" BUDGET="$(( (t - 150) / 60 ))m" WHEELS="$REPO/.whl" \
+              run_step tune "$t" env OUT="$S/tune" BUDGET="${TUNE_BUDGET:-$(( (t - 150) / 60 ))m}" WHEELS="$REPO/.whl" \
                   bash "$REPO/benchmarks/h200_tune.sh" ;;
         ffcompare) mkdir -p "$S/flipflop" && cp "$REPO/examples/flipflop/results.json" "$S/flipflop/results.json"
                    run_step ffcompare "${secs:-240}" env PYTHONPATH="$PYTHONPATH:$REPO" \
@@ -97,8 +98,8 @@ for arg in "$@"; do
                       --budget-minutes "$(python3 -c "print(round(($t - 45) / 60, 1))")" \
                       --out "$S/flipflop/results.json" ;;
         lm) pack_args=()   # with a tune step in this call: export its pack and train/generate with it
-            if [ -f "$S/tune/tune.sqlite3" ] && python3 -m pathtune.cli export --gpu H200 -o "$S/h200_pack.json" \
-                   --db "sqlite:///$S/tune/tune.sqlite3" > "$S/export.log" 2>&1; then
+            if [ -f "$S/tune/tune.sqlite3" ] && (cd /tmp && python3 -m pathtune.cli export --gpu H200 \
+                   -o "$S/h200_pack.json" --db "sqlite:///$S/tune/tune.sqlite3") > "$S/export.log" 2>&1; then
                 pack_args=(--pack "$S/h200_pack.json")
             fi
             run_step lm "${secs:-120}" python3 "$REPO/examples/lm_generate.py" --device cuda "${pack_args[@]}" ;;

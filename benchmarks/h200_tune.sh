@@ -15,7 +15,8 @@
 #   BUDGET  wall-time budget of the tune (default 9m; every key gets an equal share of what is left, and
 #           at least one batch of candidates; the batch that runs when the budget ends still finishes
 #           compiling, so leave ~2 min of slack under a hard limit)
-#   BUCKETS length buckets (default 2048,4096,8192,16384)
+#   BUCKETS length buckets (default 2048,4096,8192,16384); HEAD_DIMS (64,128); PASSES (decode,fwd,bwd);
+#   TOKENS  B*T of each key's timed shape (default 32768; the decode issue's shapes: 8 x 32768 = 262144)
 #   COMPILE_WORKERS  child processes compiling a batch at once (default 12: the H200 host has 16 cores)
 #
 # Re-running with the same OUT continues the studies (--resume) and never re-measures a config.
@@ -40,7 +41,8 @@ STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 RESULTS="$OUT/H200-tune-$STAMP.json"
 set +e
 pathtune tune \
-    --head-dim 64,128 --dtype bfloat16 --pass decode,fwd,bwd --backend triton \
+    --head-dim "${HEAD_DIMS:-64,128}" --dtype bfloat16 --pass "${PASSES:-decode,fwd,bwd}" --backend triton \
+    --tokens "${TOKENS:-32768}" \
     --compile-workers "${COMPILE_WORKERS:-12}" \
     --buckets "${BUCKETS:-2048,4096,8192,16384}" --gate \
     --budget "$BUDGET" --storage "sqlite:///$OUT/tune.sqlite3" --resume --seed 0 \

@@ -351,14 +351,16 @@ class Tuner:
     def _optimize_batched(self, study: Any, objective: Objective, ctx: KeyContext, seconds: Optional[float],
                           after_trial: Callable[[Any, Any], None]) -> None:
         """Ask a batch of trials, compile the new configs in parallel child processes, then measure them
-        one at a time (ask/tell). Every key gets at least one batch (its first holds the seeded default);
-        another batch starts while the key's share of the wall time lasts. Trials compiled but left
-        unmeasured when the run stops are flagged ``interrupted`` (``--resume`` re-queues them)."""
+        one at a time (ask/tell). Every key gets at least one batch (its first holds the seeded default;
+        a key reached after the budget ran out gets a batch of just that); another batch starts while
+        the key's share of the wall time lasts. Trials left unmeasured by Ctrl-C are flagged
+        ``interrupted`` (``--resume`` re-queues them)."""
         import optuna
         from optuna.trial import TrialState
 
         budget = self.opts.budget
         start = time.monotonic()
+        # out of time: the seeded default alone (compiled and measured), so every key has a default time
         size = self.preparer.workers if seconds is None or seconds > 0 else 1
         empty_batches = 0
         while not (self.stop_requested or ctx.fatal):
@@ -394,9 +396,11 @@ class Tuner:
                     # not the configs: the children cannot run at all (environment); record nothing
                     ctx.fatal = ("every compile child of a batch died without a result (a setup problem, not "
                                  f"the configs): {str(prepared[0].get('message', ''))[-600:]}")
+                # every compiled config of the batch is measured even past the budget: compiling was the
+                # expensive part (session 3 lost a 150 s batch by abandoning it at the deadline); the
+                # budget decides whether another batch starts
                 for (trial, config), prep in zip(batch, prepared):
-                    late = self._deadline is not None and time.monotonic() > self._deadline
-                    if self.stop_requested or ctx.fatal or late or prep.get("status") == "interrupted":
+                    if self.stop_requested or ctx.fatal or prep.get("status") == "interrupted":
                         untold.remove(trial)
                         self._abandon(study, trial, "not measured: the run stopped before its turn")
                         continue
