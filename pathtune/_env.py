@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Generic, Optional, TypeVar
 
 __all__ = ["EnvVar", "ALL", "CHECK_INPUTS", "DB_URL", "PACK", "GPU_NAME", "PRINT_DISPATCH", "CACHE_DIR",
-           "DISPATCH_DB",
+           "DISPATCH_DB", "SHIPPED_DIR",
            "default_db_url", "default_cache_dir"]
 
 T = TypeVar("T")
@@ -107,4 +107,9 @@ DISPATCH_DB: EnvVar[bool] = EnvVar(
     "PATHTUNE_DISPATCH_DB", _parse_bool, lambda: True, "bool", "1",
     "0: the runtime dispatcher never opens perf_db; it uses a loaded pack, then the built-in heuristic.")
 
-ALL: tuple[EnvVar, ...] = (CHECK_INPUTS, DB_URL, PACK, GPU_NAME, PRINT_DISPATCH, CACHE_DIR, DISPATCH_DB)
+SHIPPED_DIR: EnvVar[Optional[Path]] = EnvVar(
+    "PATHTUNE_SHIPPED_DIR", _parse_path, lambda: None, "path", "unset (the package's perf_db/shipped)",
+    "Folder of shipped results files that a database opened by pathtune ingests once (the tuned records of "
+    "reference GPUs); an empty folder starts databases without them (the test suite does).")
+
+ALL: tuple[EnvVar, ...] = (CHECK_INPUTS, DB_URL, PACK, GPU_NAME, PRINT_DISPATCH, CACHE_DIR, DISPATCH_DB, SHIPPED_DIR)

@@ -11,14 +11,22 @@ from ._results import read_results
 if TYPE_CHECKING:  # pragma: no cover
     from ._store import IngestReport, PerfDB
 
-__all__ = ["SHIPPED_DIR", "shipped_files", "ingest_shipped"]
+__all__ = ["SHIPPED_DIR", "shipped_dir", "shipped_files", "ingest_shipped"]
 
 log = logging.getLogger("pathtune.perf_db")
 SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 
 
+def shipped_dir() -> Path:
+    """``PATHTUNE_SHIPPED_DIR`` when set, else the package's ``perf_db/shipped``."""
+    from pathtune import _env
+
+    return _env.SHIPPED_DIR.get() or SHIPPED_DIR
+
+
 def shipped_files() -> list[Path]:
-    return sorted(SHIPPED_DIR.glob("*.json")) if SHIPPED_DIR.is_dir() else []
+    folder = shipped_dir()
+    return sorted(folder.glob("*.json")) if folder.is_dir() else []
 
 
 def ingest_shipped(db: "PerfDB") -> list["IngestReport"]:

@@ -1,5 +1,5 @@
 """Shared pytest setup: the ``gpu`` marker skips cleanly without CUDA; every test starts from seed 0;
-``pg_url`` gives a test its own schema on the PostgreSQL server named by PATHTUNE_TEST_PG_URL.
+databases start without the shipped records; ``pg_url`` gives a test its own schema on the PostgreSQL server named by PATHTUNE_TEST_PG_URL.
 
 Without CUDA the Triton kernels run in Triton's CPU interpreter: TRITON_INTERPRET must be set
 before any kernel is decorated, so it is set here, before the test modules import pathtune.
@@ -12,6 +12,13 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Databases the tests open (also in `pathtune` subprocesses, which inherit this) start without the
+# records shipped in perf_db/shipped/: no test depends on what a GPU session shipped.
+# (tests/test_shipped.py checks the shipped files themselves.)
+import tempfile  # noqa: E402
+
+os.environ["PATHTUNE_SHIPPED_DIR"] = tempfile.mkdtemp(prefix="pathtune-no-shipped-")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -62,7 +62,7 @@ def _isolated(monkeypatch, tmp_path):
     monkeypatch.delenv("PATHTUNE_DB_URL", raising=False)
     empty = tmp_path / "shipped-empty"
     empty.mkdir()
-    monkeypatch.setattr(_shipped, "SHIPPED_DIR", empty)
+    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(empty))
 
 
 @pytest.fixture
@@ -347,7 +347,7 @@ def test_open_default_ingests_shipped_once(url, tmp_path, monkeypatch):
     shipped = tmp_path / "shipped"
     shipped.mkdir()
     _results_file(shipped / "TEST-GPU-gpu-run-1.json")
-    monkeypatch.setattr(_shipped, "SHIPPED_DIR", shipped)
+    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(shipped))
     monkeypatch.setenv("PATHTUNE_DB_URL", url)
     db = PerfDB.open_default(current_keys=current_keys)
     assert db.counts()["perf_measurement"] == 4 and db.counts()["perf_ingest"] == 1

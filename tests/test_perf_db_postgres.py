@@ -47,7 +47,7 @@ def ok(ms, **kw):
 
 @pytest.fixture(autouse=True)
 def _no_shipped(monkeypatch, tmp_path):
-    monkeypatch.setattr(_shipped, "SHIPPED_DIR", tmp_path)
+    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(tmp_path))
 
 
 def test_upgrade_idempotent_own_version_table(pg_url):

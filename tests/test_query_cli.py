@@ -44,7 +44,7 @@ def _isolated(monkeypatch, tmp_path):
     monkeypatch.delenv("PATHTUNE_DB_URL", raising=False)
     empty = tmp_path / "shipped-empty"
     empty.mkdir()
-    monkeypatch.setattr(_shipped, "SHIPPED_DIR", empty)
+    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(empty))
 
 
 @pytest.fixture
@@ -208,7 +208,7 @@ def test_fresh_machine_prints_shipped_table(tmp_path, monkeypatch):
                   [results_record(ENV, kernel(), wl(64), KnobSpace(SPEC, "fwd").default(), ok(1.5, baseline_ms=1.0),
                                   run_id="shipped-run")],
                   runs=[{"run_id": "shipped-run", "command": "synthetic"}])
-    monkeypatch.setattr(_shipped, "SHIPPED_DIR", shipped)
+    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(shipped))
     monkeypatch.setenv("PATHTUNE_DB_URL", f"sqlite:///{tmp_path / 'fresh.sqlite3'}")
     result = run("query", "overhead", "--by", "head_dim", "-f", "json")
     assert result.exit_code == 0, result.output

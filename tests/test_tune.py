@@ -41,7 +41,7 @@ def _isolated(monkeypatch, tmp_path):
     global SPEC
     SPEC = str(tmp_path / "spec.yaml")
     shutil.copy(Path(pathtune.specs.__file__).parent / "path_attention.yaml", SPEC)
-    monkeypatch.setattr(_shipped, "SHIPPED_DIR", tmp_path / "no-shipped")
+    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(tmp_path / "no-shipped"))
     monkeypatch.setenv("PATHTUNE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PATHTUNE_FAKE_LOG", str(tmp_path / "calls.log"))
     monkeypatch.delenv("PATHTUNE_DB_URL", raising=False)

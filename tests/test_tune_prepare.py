@@ -36,9 +36,9 @@ STUB = textwrap.dedent("""
     time.sleep(float(task["config"].get("sleep", 0)))
     print("some compiler chatter")
     if what == "oor":
-        print("PATHTUNE_PREPARE_RESULT " + json.dumps({"status": "out_of_resources", "message": "smem"}))
+        print("pathtune-prepare-result: " + json.dumps({"status": "out_of_resources", "message": "smem"}))
     else:
-        print("PATHTUNE_PREPARE_RESULT " + json.dumps({"status": "prepared", "seconds": 0.1, "id": task["task_id"]}))
+        print("pathtune-prepare-result: " + json.dumps({"status": "prepared", "seconds": 0.1, "id": task["task_id"]}))
 """)
 
 
@@ -119,7 +119,7 @@ def spec_copy(tmp_path, monkeypatch):
 
     path = tmp_path / "spec.yaml"
     shutil.copy(Path(pathtune.specs.__file__).parent / "path_attention.yaml", path)
-    monkeypatch.setattr(_shipped, "SHIPPED_DIR", tmp_path / "no-shipped")
+    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(tmp_path / "no-shipped"))
     monkeypatch.setenv("PATHTUNE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PATHTUNE_FAKE_LOG", str(tmp_path / "calls.log"))
     return path

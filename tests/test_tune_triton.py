@@ -32,7 +32,7 @@ def test_tune_triton_forward_in_interpreter(tmp_path, monkeypatch):
     from pathtune.tuning.space import default_config, plan_keys
     from pathtune.tuning.tuner import Budget, TuneOptions, Tuner
 
-    monkeypatch.setattr(_shipped, "SHIPPED_DIR", tmp_path / "no-shipped")
+    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(tmp_path / "no-shipped"))
     spec_path = tmp_path / "spec.yaml"
     shutil.copy(Path(pathtune.specs.__file__).parent / "path_attention.yaml", spec_path)
     url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"

@@ -30,7 +30,7 @@ from .measure import MeasureTask
 __all__ = ["Preparer", "PREPARED", "default_workers"]
 
 PREPARED = "prepared"
-_RESULT_MARK = "PATHTUNE_PREPARE_RESULT "
+_RESULT_MARK = "pathtune-prepare-result: "
 
 
 def default_workers() -> int:
