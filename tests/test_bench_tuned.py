@@ -4,6 +4,8 @@ and records those knobs (not the heuristic's) in perf_db. Timer, accuracy check 
 the plumbing is under test here; the kernels have their own interpreter tests."""
 from __future__ import annotations
 
+import torch
+
 from pathtune.perf_db import KernelKey, Measurement, PerfDB
 from pathtune.runtime.environment import collect_env
 from pathtune.specs import Config, Workload, load_spec
@@ -55,3 +57,14 @@ def test_bench_tuned_uses_and_records_dispatch_choices(tmp_path, monkeypatch):
     assert len(recorded) == 2
     by_pass = {r["pass"]: r["config"] for r in recorded}
     assert by_pass["fwd"]["superchunk_size"] == 512 and by_pass["bwd"]["bwd_block_n"] == 32
+
+
+def test_bench_accuracy_check_runs_the_kernel_against_the_oracle():
+    """bench's accuracy column: the Triton kernel (interpreter here) on batch 0's first tokens vs the
+    float64 oracle on the first and last kv heads."""
+    from pathtune.tuning import bench
+
+    q, k, v, w, beta, g = bench.make_inputs(2, 40, 4, 2, 16, 16, True, device="cpu", seed=5, dtype=torch.float32)
+    err = bench._accuracy(q, k, v, w, beta, g, dict(chunk_size=16, superchunk_size=32, block_m=16, block_n=16,
+                                                    bwd_block_n=16), check_len=24)
+    assert err < 1e-3

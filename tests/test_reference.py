@@ -350,3 +350,23 @@ def test_blockwise_gradients_match_naive(placement):
                                                    gate_placement=placement))
     for name, a, b in zip("q k v w beta g".split(), g_blk, g_ref):
         assert rel(a, b) < 1e-10, name
+
+
+@pytest.mark.parametrize("steps", [1, 7, 50])
+def test_naive_checkpointed_sweep_is_identical(steps):
+    """checkpoint_steps only changes what autograd keeps: output and every gradient bit for bit,
+    varlen segments and a step count that does not divide T included."""
+    torch.manual_seed(3)
+    B, T, HQ, H, D = 1, 37, 4, 2, 8
+    q, k, v = torch.randn(B, T, HQ, D), torch.randn(B, T, H, D), torch.randn(B, T, H, D)
+    w = F.normalize(torch.randn(B, T, H, D), dim=-1)
+    beta = 1.5 + 0.5 * torch.rand(B, T, H)
+    g = torch.log(0.95 + 0.05 * torch.rand(B, T, HQ))
+    do = torch.randn(B, T, HQ, D, dtype=torch.float64)
+    outs = []
+    for ck in (None, steps):
+        leaves = [x.double().requires_grad_() for x in (q, k, v, w, beta, g)]
+        o = naive_path_attention(*leaves, cu_seqlens=[0, 11, T], checkpoint_steps=ck)
+        outs.append([o, *torch.autograd.grad(o, leaves, do)])
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)

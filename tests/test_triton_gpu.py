@@ -45,35 +45,10 @@ def _tol(name):
     return getattr(TOL, name) if hasattr(TOL, name) else TOL[name]
 
 
-def _oracle_per_kv_head(leaves, do, H, gate, cu):
-    """Float64 oracle output and gradients, one kv head (and its query group) at a time.
-
-    The oracle's autograd keeps every step of its T-step sweep ([B, G, T, D] float64 each), ~30 GiB
-    per call at T ~ 1300 with all heads at once; per kv head it is H times less, so several test
-    workers share the GPU.  Heads are independent, so the slices assemble to the full answer.
-    """
-    from pathtune.runtime.reference import naive_path_attention
-
-    q, k, v, w, beta = leaves[:5]
-    G = q.shape[2] // H
-    outs, grads = [], [[] for _ in leaves]
-    for h in range(H):
-        qs, gs = slice(h * G, (h + 1) * G), slice(h, h + 1)
-        parts = [q[:, :, qs], k[:, :, gs], v[:, :, gs], w[:, :, gs], beta[:, :, gs]]
-        if gate:
-            parts.append(leaves[5][:, :, qs])
-        ref_in = [x.double().requires_grad_() for x in parts]
-        o = naive_path_attention(*ref_in[:5], ref_in[5] if gate else None, cu_seqlens=cu)
-        for acc, gr in zip(grads, torch.autograd.grad(o, ref_in, do[:, :, qs].double())):
-            acc.append(gr)
-        outs.append(o.detach())
-        del o, ref_in
-    return torch.cat(outs, dim=2), [torch.cat(gr, dim=2) for gr in grads]
-
-
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_triton_matches_float64_oracle(case):
     from pathtune.codegen.triton import path_attention_triton
+    from pathtune.tuning.measure import oracle_by_kv_head
 
     D, DV, dt, HQ, H, gate, lens = case
     dev = "cuda"
@@ -90,7 +65,9 @@ def test_triton_matches_float64_oracle(case):
     leaves = [q, k, v, w, beta] + ([g] if gate else [])
 
     do = torch.randn(B, T, HQ, DV, device=dev, generator=gen).to(dt)
-    ref, ref_g = _oracle_per_kv_head(leaves, do, H, gate, cu)
+    # one kv head at a time: the oracle's autograd sweep keeps ~25-40 GiB per call at T ~ 1300 with all
+    # heads at once, and several test workers share the GPU
+    ref, ref_g = oracle_by_kv_head(leaves + ([] if gate else [None]), list(range(H)), do, cu_seqlens=cu)
 
     xs = [x.detach().clone().requires_grad_() for x in leaves]
     o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None, cu_seqlens=cu,

@@ -70,7 +70,8 @@ DB = typer.Option(None, "--db", help="perf_db URL when it differs from --storage
 SEED = typer.Option(0, "--seed", help="TPE sampler seed (and of the random inputs).")
 WORKER = typer.Option(0, "--worker", help="Worker index: workers of one study use distinct values "
                                           "(the sampler seed is seed + 1000 * worker).")
-CHECK_LEN = typer.Option(1024, "--check-len", help="Tokens of the accuracy-gate shape (B=1, the workload's heads).")
+CHECK_LEN = typer.Option(1024, "--check-len", help="Tokens of the accuracy gate's one sequence (the workload's heads); "
+                         "at least two super-chunks of the config when the timed shape spans several.")
 TOL = typer.Option(None, "--tol", help="Override a gate tolerance, e.g. --tol o=2e-3 (default: the spec's).")
 MEASURE_WITH = typer.Option(None, "--measure-with", hidden=True,
                             help="Tests: module:function or file.py:function replacing the measurement.")

@@ -75,16 +75,25 @@ def _pathtune_callable(q, k, v, w, beta, g, config, backward: bool):
     return run
 
 
-def _accuracy(q, k, v, w, beta, g, config, prefix: int = 1024) -> float:
-    """Relative error of o on the first `prefix` tokens of batch 0 vs the float64 oracle."""
-    from pathtune.codegen.triton import path_attention_triton
-    from pathtune.runtime.reference import naive_path_attention
+def _accuracy(q, k, v, w, beta, g, config, check_len: int = 1024) -> float:
+    """Relative error of o vs the float64 oracle on batch 0's first tokens: ``check_len``, or two
+    super-chunks of the config when the row spans several (so the inter-super-chunk kernels are
+    checked), on the first and last kv heads (the tuner's gate: ``measure.gate_tokens``)."""
+    from pathtune.codegen.triton import TritonParams, path_attention_triton
 
-    sl = (slice(0, 1), slice(0, min(prefix, q.shape[1])))
+    from .measure import _head_slice, gate_tokens, oracle_by_kv_head, oracle_kv_heads
+
+    D, DV = q.shape[-1], v.shape[-1]
+    params = TritonParams.heuristic(D, DV) if config is None else TritonParams.from_config(
+        config, base=TritonParams.heuristic(D, DV))
+    n = min(q.shape[1], gate_tokens(params.superchunk_size, q.shape[1], check_len))
+    sl = (slice(0, 1), slice(0, n))
     args = [x[sl] for x in (q, k, v, w, beta)] + [None if g is None else g[sl]]
     o, _ = path_attention_triton(*args, config=config)
-    ref = naive_path_attention(*[None if x is None else x.double() for x in args])
-    return float((o.double() - ref).norm() / ref.norm())
+    heads = oracle_kv_heads(k.shape[2], 2)
+    ref, _ = oracle_by_kv_head(args, heads)
+    got = _head_slice(o, 0, heads, q.shape[2] // k.shape[2]).double()
+    return float((got - ref).norm() / ref.norm())
 
 
 def _tuned(row: BenchRow, device: torch.device, backward: bool) -> dict:

@@ -13,10 +13,13 @@ host can run it from a bundle. The dict holds perf_db ``Measurement`` fields:
 * ``fatal``: True when the CUDA context is unusable afterwards (illegal address, ...): the caller
   records the result and stops the worker (``--resume`` continues in a fresh process).
 
-The accuracy gate runs at a small validation shape (B=1, ``check_len`` tokens, the workload's heads,
-head dims, dtype and gate) on fresh inputs from ``task.seed`` (beta in
-[1.5, 2), real gate decay: ``tuning.bench.make_inputs``). ``fwd`` checks o; ``bwd`` checks
-o and all six gradients. Timing runs at the key's shape (B*T = 32768 tokens by default):
+The accuracy gate runs the candidate on one sequence (B=1) with the workload's heads, head dims,
+dtype and gate, on fresh inputs from ``task.seed`` (beta in [1.5, 2), real gate decay:
+``tuning.bench.make_inputs``): ``check_len`` tokens, or, when the timed shape spans several
+super-chunks, at least two super-chunks of the config (``gate_len``), so the inter-super-chunk
+kernels are checked too. The float64 naive oracle runs on ``check_heads`` kv heads (first and last by
+default; heads are independent) and each error is taken over those heads. ``fwd`` checks o; ``bwd``
+checks o and all six gradients. Timing runs at the key's shape (B*T = 32768 tokens by default):
 ``fwd`` = the forward; ``bwd`` = forward + backward (what a training step pays, as ``pathtune
 bench`` records it); ``decode`` = one decoding step over a key cache of T tokens per sequence (gate: see
 ``_measure_decode``).
@@ -59,8 +62,8 @@ class MeasureTask:
     batch: int
     seq_len: int
     seed: int = 0
-    check_len: int = 1024
-    check_heads: int = 0                # 0: the workload's heads (see _check_shape)
+    check_len: int = 1024               # gate tokens (more when the timed shape spans super-chunks: gate_len)
+    check_heads: int = 2                # kv heads the float64 oracle checks (0: all; the kernel runs all)
     tolerances: dict = field(default_factory=dict)
     warmup_ms: int = 25
     rep_ms: int = 100
@@ -242,15 +245,90 @@ def _inputs(task: MeasureTask, B: int, T: int, HQ: int, H: int, seed: int) -> tu
                        dtype=getattr(torch, wl["dtype"]))
 
 
-def _check_shape(task: MeasureTask) -> tuple[int, int]:
-    wl = task.workload
-    # default (check_heads 0): the workload's head counts, which kernels are specialised on (Triton
-    # constexprs, TVM modules), so the gate shape compiles nothing the timed shape does not
-    if task.backend == "tvm" or task.check_heads <= 0:
-        return wl["heads_q"], wl["heads_kv"]
-    group = wl["heads_q"] // wl["heads_kv"]
-    H = max(1, min(task.check_heads, wl["heads_kv"]))
-    return H * group, H
+GATE_ALIGN = 2048       # gate lengths past one super-chunk: multiples of this, like the timed shapes,
+                        # so every token count a kernel receives has the same divisibility (Triton
+                        # specialises integer arguments on it) and the gate compiles nothing extra
+ORACLE_CHECKPOINT = 256  # the float64 oracle's sweep checkpoint (memory ~ T / 256 under autograd)
+
+
+def _superchunk(task: MeasureTask) -> int:
+    if task.backend == "triton":
+        wl = task.workload
+        return int(triton_params(task.config, wl["head_dim"], wl["head_dim_v"]).superchunk_size)
+    return int(task.config.get("superchunk_size") or 0)
+
+
+def gate_tokens(superchunk: int, seq_len: int, check_len: int) -> int:
+    """Tokens of the gate's one sequence. ``check_len``, unless the timed shape spans several
+    super-chunks: then at least two of them (so the inter-super-chunk kernels run and are checked),
+    rounded up to a multiple of ``GATE_ALIGN``."""
+    if not superchunk or seq_len <= superchunk:
+        return check_len
+    n = max(check_len, 2 * superchunk)
+    return -(-n // GATE_ALIGN) * GATE_ALIGN
+
+
+def gate_len(task: MeasureTask) -> int:
+    return gate_tokens(_superchunk(task), task.seq_len, task.check_len)
+
+
+def oracle_kv_heads(heads_kv: int, n: int) -> list[int]:
+    """The kv heads the float64 oracle checks: ``n`` spread from the first to the last (0 or >= heads: all)."""
+    if n <= 0 or n >= heads_kv:
+        return list(range(heads_kv))
+    if n == 1:
+        return [0]
+    return sorted({round(i * (heads_kv - 1) / (n - 1)) for i in range(n)})
+
+
+def oracle_by_kv_head(xs: list, heads: list[int], do: Any = None, *, checkpoint_steps: Optional[int] = None,
+                      cu_seqlens: Any = None) -> tuple:
+    """Float64 naive oracle on the kv heads ``heads`` (and their query groups), one head at a time.
+
+    xs: (q, k, v, w, beta, g-or-None) in the kernel layout. Heads are independent, so each head's
+    output and gradients equal the full call's. Returns (o, grads): o [B, T, len(heads)*G, DV] and,
+    when ``do`` (the full [B, T, HQ, DV] upstream gradient) is given, the gradients of the present
+    inputs in order, each sliced to the same heads; else grads is None.
+    """
+    import torch
+
+    from pathtune.runtime.reference import naive_path_attention
+
+    q, k = xs[0], xs[1]
+    G = q.shape[2] // k.shape[2]
+    outs, grads = [], None
+    present = [i for i, x in enumerate(xs) if x is not None]
+    for h in heads:
+        qs, ks = slice(h * G, (h + 1) * G), slice(h, h + 1)
+        part = [x[:, :, qs] if i in (0, 5) else x[:, :, ks] for i, x in enumerate(xs) if x is not None]
+        if do is None:
+            with torch.no_grad():
+                outs.append(naive_path_attention(*_six([x.double() for x in part], present), cu_seqlens=cu_seqlens))
+            continue
+        leaves = [x.detach().double().requires_grad_(True) for x in part]
+        o = naive_path_attention(*_six(leaves, present), checkpoint_steps=checkpoint_steps, cu_seqlens=cu_seqlens)
+        gr = torch.autograd.grad(o, leaves, do[:, :, qs].double())
+        grads = [[] for _ in leaves] if grads is None else grads
+        for acc, g_ in zip(grads, gr):
+            acc.append(g_)
+        outs.append(o.detach())
+    return torch.cat(outs, dim=2), (None if grads is None else [torch.cat(g_, dim=2) for g_ in grads])
+
+
+def _six(present_values: list, present: list[int]) -> list:
+    """(q, k, v, w, beta, g) with None where an input is absent."""
+    out = [None] * 6
+    for i, x in zip(present, present_values):
+        out[i] = x
+    return out
+
+
+def _head_slice(x: Any, index: int, heads: list[int], G: int) -> Any:
+    """x (input ``index`` of q, k, v, w, beta, g) restricted to the oracle's heads, concatenated."""
+    import torch
+
+    per_query = index in (0, 5)
+    return torch.cat([x[:, :, h * G:(h + 1) * G] if per_query else x[:, :, h:h + 1] for h in heads], dim=2)
 
 
 def _forward_fn(task: MeasureTask) -> Callable[..., Any]:
@@ -276,8 +354,10 @@ def _forward_fn(task: MeasureTask) -> Callable[..., Any]:
 
 
 def _gate_inputs(task: MeasureTask) -> tuple:
-    HQ, H = _check_shape(task)
-    return _inputs(task, 1, task.check_len, HQ, H, task.seed)
+    """One sequence of ``gate_len`` tokens with the workload's heads (kernels are specialised on the
+    head counts: the gate compiles nothing the timed shape does not)."""
+    wl = task.workload
+    return _inputs(task, 1, gate_len(task), wl["heads_q"], wl["heads_kv"], task.seed)
 
 
 def _run_gate_shape(task: MeasureTask, run: Callable[..., Any], xs: tuple) -> tuple:
@@ -297,23 +377,19 @@ def _run_gate_shape(task: MeasureTask, run: Callable[..., Any], xs: tuple) -> tu
 
 
 def _check_fwd_bwd(task: MeasureTask, run: Callable[..., Any]) -> dict[str, float]:
-    import torch
-
-    from pathtune.runtime.reference import naive_path_attention
-
-    names = ["q", "k", "v", "w", "beta", "g"]
+    """Relative errors of o (and, for bwd, every gradient) on the oracle's kv heads (``check_heads``)."""
     xs = _gate_inputs(task)
     o, live, do, grads = _run_gate_shape(task, run, xs)
+    wl = task.workload
+    G = wl["heads_q"] // wl["heads_kv"]
+    heads = oracle_kv_heads(wl["heads_kv"], task.check_heads)
+    o_ref, ref_grads = oracle_by_kv_head(list(xs), heads, do, checkpoint_steps=ORACLE_CHECKPOINT)
+    errors = {"o": _rel(_head_slice(o, 0, heads, G), o_ref)}
     if task.pass_ == "fwd":
-        with torch.no_grad():
-            ref = naive_path_attention(*[None if x is None else x.double() for x in xs])
-        return {"o": _rel(o, ref)}
-    ref_args = {n: x.detach().double().requires_grad_(True) for n, x in live}
-    o_ref = naive_path_attention(*[ref_args.get(n) for n in names])
-    ref_grads = torch.autograd.grad(o_ref, list(ref_args.values()), do.double())
-    errors = {"o": _rel(o, o_ref)}
+        return errors
+    names = ["q", "k", "v", "w", "beta", "g"]
     for (n, _), gr, gref in zip(live, grads, ref_grads):
-        errors["d" + n] = _rel(gr, gref)
+        errors["d" + n] = _rel(_head_slice(gr, names.index(n), heads, G), gref)
     return errors
 
 
@@ -380,7 +456,7 @@ def _decode_gate_setup(task: MeasureTask) -> tuple:
 
     wl = task.workload
     dtype = getattr(torch, wl["dtype"])
-    HQ, H = _check_shape(task)
+    HQ, H = wl["heads_q"], wl["heads_kv"]
     q, k, v, w, beta, g = _inputs(task, 1, task.check_len + 1, HQ, H, task.seed)
     T = task.check_len
     cache = _decode_cache(k[:, :T], v[:, :T], w[:, :T], beta[:, :T], None if g is None else g[:, :T], HQ, dtype)
