@@ -154,6 +154,36 @@ def test_kernel_template_compiles_for_sm90(name, variant, D, gated, dtype):
     check_device_binary(ex)                                       # sm_90 machine code, not source only
 
 
+def _decode_variant_cases():
+    from pathtune.codegen.tvm.build_gpu_check import DEC_DIMS, DEC_KNOBS, DEC_PLAN
+
+    out = []
+    for dname, gated in (("D128-G4", True), ("D64-G1", False)):
+        for kname in DEC_PLAN[dname]:
+            out.append(pytest.param(DEC_KNOBS[kname], dict(DEC_DIMS[dname], gated=gated),
+                                    id=f"{dname}-{'fox' if gated else 'path'}-{kname}"))
+    return out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("knobs,dims", _decode_variant_cases())
+def test_decode_variant_compiles_for_sm90(knobs, dims):
+    """Every decode layout the GPU check times (build_gpu_check.DEC_KNOBS) lowers, compiles to sm_90 machine
+    code (not source only), uses vector loads and warp shuffles, and fits in registers (ptxas: no spills)."""
+    from pathtune.codegen.tvm.toolchain import ptxas_stats
+
+    params, kd = TVMParams.from_config(knobs), KernelDims(**dims)
+    mod, is_tirx = make_kernel("decode", params, kd, target="cuda")
+    ex = compile_cuda(mod, "sm_90", tirx=is_tirx, explicit_barriers=True, what="decode")
+    check_device_binary(ex)
+    src = _cu(ex)
+    assert "__shfl_xor_sync" in src                                           # the row sums
+    assert set(re.findall(r"\*\((\w+)\*\)\(cache_k_ptr", src)) <= {"uint4", "uint2", "nv_bfloat164", "half4"}
+    assert re.search(r"\*\((\w+)\*\)\(cache_k_ptr", src)                     # vector loads / stores of key rows
+    stats = ptxas_stats(ex)["decode_kernel"]
+    assert stats["spill_stores"] == 0 and stats["spill_loads"] == 0 and stats["stack"] == 0, stats
+
+
 def test_source_only_module_is_an_error():
     class _Fake:
         kind = "cuda"

@@ -56,3 +56,44 @@ def test_gpu_check_decode_rows_on_emulated_kernels(cpu_mode):
                  dims=dict(H=1, HQ=2, D=32, DV=32, dtype="bfloat16", gated=True))
     rows = gpu_check._check_decode(entry, _emulated(entry), timing=False, sizes=((2, 40), (1, 70)))
     assert len(rows) == 2 and all(r["ok"] for r in rows), rows
+
+
+def test_decode_summary_ranks_variants_against_triton():
+    """The closing table of a GPU run: per workload and length, the Triton baseline, then the TVM variants
+    fastest first with their ratio to it (rows as _time_decode writes them)."""
+    base = dict(kind="dec_time", D=128, H=8, HQ=32, gated=False, L=4096)
+    rows = [dict(base, set="dec-a", tvm_graph_ms=0.3, tvm_ms=0.35, tvm_GBps=670.0, regs=200, spill_bytes=0,
+                 triton_graph_ms=0.2, triton_cfg="N256w8s2", triton_GBps=1000.0, sdpa_ms=0.1),
+            dict(base, set="dec-b", tvm_graph_ms=0.25, tvm_ms=0.3, tvm_GBps=800.0, regs=150, spill_bytes=0),
+            dict(base, set="dec-c", tvm_graph_ms="error: RuntimeError: x", tvm_ms=1.0, regs=150, spill_bytes=0)]
+    lines = gpu_check._decode_summary(rows)
+    assert "triton 0.2 ms (N256w8s2" in lines[0]
+    assert [ln.split()[0] for ln in lines[1:]] == ["dec-b", "dec-a", "dec-c"]
+    assert "1.25x triton" in lines[1] and "1.50x triton" in lines[2]
+
+
+@pytest.mark.timeout(900)
+def test_gpu_check_decode_timing_rows_dry_run(cpu_mode, monkeypatch):
+    """The decode timing code the GPU run executes (TVM eager + graph, the Triton decode baseline over its
+    configs, SDPA, the torch step, GB/s, the summary), on the CPU: emulated TVM kernels, the Triton decode in
+    Triton's interpreter (tests/conftest.py), each benchmark replaced by one call."""
+    monkeypatch.setattr(gpu_check, "_bench", lambda fn: (fn(), 1.0)[1])
+    monkeypatch.setattr(gpu_check, "_bench_graph", lambda fn: (fn(), 0.5)[1])
+    monkeypatch.setattr(gpu_check, "DEC_LENGTHS", (37,))
+    monkeypatch.setattr(gpu_check, "DEC_BATCH", 1)
+    monkeypatch.setattr(gpu_check, "TRITON_DEC_CONFIGS", (None, dict(decode_block_n=64, decode_num_warps=4,
+                                                                      decode_splits=2)))
+    entry = dict(id="dry-dec-time", pass_="decode", variant="simt", baselines=True,
+                 knobs=dict(decode_rows_per_thread=2, decode_splits=2, decode_num_warps=1, decode_prefetch=1),
+                 dims=dict(H=1, HQ=2, D=32, DV=32, dtype="bfloat16", gated=True),
+                 ptxas={"decode": {"decode_kernel": dict(registers=100, spill_stores=0)}})
+    rows = gpu_check._check_decode(entry, _emulated(entry), timing=True, sizes=((1, 20),))
+    t = [r for r in rows if r["kind"] == "dec_time"]
+    assert len(t) == 1, rows
+    r = t[0]
+    assert r["tvm_ms"] == 1.0 and r["tvm_graph_ms"] == 0.5 and r["regs"] == 100
+    assert r["triton_graph_ms"] == 0.5 and r["triton_cfg"] == "heuristic", r
+    assert isinstance(r["sdpa_ms"], float) and isinstance(r["torch_ref_ms"], float), r
+    assert r["tvm_GBps"] == pytest.approx(r["bytes_moved"] / 0.5e-3 / 1e9)
+    assert r["bytes_floor"] == 1 * 37 * 1 * (2 * 32 + 32) * 2
+    assert any("0.5 ms" in ln for ln in gpu_check._decode_summary(rows))

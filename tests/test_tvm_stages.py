@@ -200,20 +200,52 @@ def test_forward_low_precision_float32_build(dtype, scan):
 
 # ---------------------------------------------------------------- decode
 
-@pytest.mark.parametrize("gated", [False, True])
-def test_decode_step_matches_reference(gated):
-    params = TVMParams(decode_block_n=8, decode_splits=3)
-    dims = KernelDims(H=2, HQ=4, D=16, DV=12, dtype="float64", gated=gated)
+# (D, DV, H, HQ, gated, prefill length, knobs): every case runs 4 steps, so the cache crosses step tiles and
+# split boundaries; lengths are no multiple of any tile; the last case leaves most splits empty.
+DECODE_CASES = [
+    (64, 64, 2, 4, True, 53, dict(decode_splits=3, decode_num_warps=1, decode_vec=8, decode_rows_per_thread=2)),
+    (64, 64, 2, 4, False, 53, dict(decode_splits=5, decode_num_warps=2, decode_vec=8, decode_rows_per_thread=1,
+                                    decode_prefetch=1)),
+    (128, 128, 1, 4, True, 45, dict(decode_splits=2, decode_num_warps=1, decode_vec=8, decode_rows_per_thread=2,
+                                     decode_prefetch=1)),
+    (128, 128, 2, 2, False, 45, dict(decode_splits=4, decode_num_warps=1, decode_vec=8, decode_threads_per_row=8,
+                                      decode_rows_per_thread=3)),
+    (128, 64, 1, 2, True, 3, dict(decode_splits=8, decode_num_warps=1, decode_vec=4, decode_rows_per_thread=1)),
+]
+
+
+def _decode_steps(kernels, params, dims, B, T0, steps, dtype=F64, fdt=F64):
+    """Prefill (reference), then ``steps`` decode steps through host.decode_step and the reference, side by side;
+    yields (o, lse, ref, ref_lse, cache, cache_ref) after each step."""
+    H, HQ, D, DV, gated = dims.H, dims.HQ, dims.D, dims.DV, dims.gated
+    q, k, v, w, beta, g = _inputs(B, T0, HQ, H, D, DV, gated, dtype=dtype)
+    _, cache_ref = path_attention_prefill(q, k, v, w, beta, g, max_len=T0 + steps + 2)
+    _, cache = path_attention_prefill(q, k, v, w, beta, g, max_len=T0 + steps + 2)
+    if fdt != F64 and gated:
+        cache.c, cache_ref.c = cache.c.to(fdt), cache_ref.c.to(fdt)
+    for step in range(steps):
+        qt, kt, vt, wt, bt, gt = (None if x is None else x[:, 0] for x in _inputs(B, 1, HQ, H, D, DV, gated,
+                                                                                  dtype=dtype, seed=100 + step))
+        if fdt != F64:
+            wt, bt, gt = wt.to(fdt), bt.to(fdt), None if gt is None else gt.to(fdt)
+        ref, ref_lse = path_attention_decode_step(qt, kt, vt, wt, bt, gt, cache_ref, scale=D ** -0.5,
+                                                  return_lse=True)
+        o, lse = host.decode_step(kernels, qt, kt, vt, wt, bt, gt, cache, scale=D ** -0.5, params=params, dims=dims,
+                                  fdt=fdt)
+        yield o, lse, ref, ref_lse, cache, cache_ref
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=[f"D{c[0]}-DV{c[1]}-G{c[3] // c[2]}-{'fox' if c[4] else 'path'}-L{c[5]}"
+                                                    f"-s{c[6]['decode_splits']}" for c in DECODE_CASES])
+def test_decode_step_matches_reference(case):
+    """The decode kernel's CPU form (the same generator as the GPU kernel, thread loops serial, the shuffle
+    butterfly replayed) in float64 against the float64 recurrent reference: o, lse, the in-place updated keys,
+    the appended value and gate cumsum."""
+    D, DV, H, HQ, gated, T0, knobs = case
+    params = TVMParams(**knobs)
+    dims = KernelDims(H=H, HQ=HQ, D=D, DV=DV, dtype="float64", gated=gated)
     kernels = compile_cpu_kernels("decode", params, dims, fdt="float64")
-    q, k, v, w, beta, g = _inputs(2, 29, 4, 2, 16, 12, gated)
-    _, cache_ref = path_attention_prefill(q, k, v, w, beta, g, max_len=40)
-    _, cache = path_attention_prefill(q, k, v, w, beta, g, max_len=40)
-    for step in range(4):
-        qt, kt, vt, wt, bt, gt = (None if x is None else x[:, 0] for x in _inputs(2, 1, 4, 2, 16, 12, gated,
-                                                                                  seed=100 + step))
-        ref, ref_lse = path_attention_decode_step(qt, kt, vt, wt, bt, gt, cache_ref, scale=0.25, return_lse=True)
-        o, lse = host.decode_step(kernels, qt, kt, vt, wt, bt, gt, cache, scale=0.25, params=params, dims=dims,
-                                  fdt=F64)
+    for o, lse, ref, ref_lse, cache, cache_ref in _decode_steps(kernels, params, dims, 2, T0, 4):
         assert _maxerr(o, ref) < 1e-12 and _maxerr(lse, ref_lse) < 1e-12
         n = cache_ref.length
         assert cache.length == n
@@ -221,6 +253,38 @@ def test_decode_step_matches_reference(gated):
         assert _maxerr(cache.v[:, :n], cache_ref.v[:, :n]) == 0
         if gated:
             assert _maxerr(cache.c[:, :n], cache_ref.c[:, :n]) < 1e-12
+
+
+def test_decode_step_bf16_rounding_model():
+    """bf16 cache, float32 math (the GPU kernel's precision): keys rounded as the reference rounds them."""
+    params = TVMParams(decode_splits=3, decode_num_warps=1, decode_rows_per_thread=2, decode_prefetch=1)
+    dims = KernelDims(H=1, HQ=2, D=64, DV=64, dtype="bfloat16", gated=True)
+    kernels = compile_cpu_kernels("decode", params, dims, fdt="float32")
+    for o, lse, ref, ref_lse, cache, cache_ref in _decode_steps(kernels, params, dims, 2, 37, 3, dtype=torch.bfloat16,
+                                                                fdt=torch.float32):
+        n = cache_ref.length
+        dk = (cache.k[:, :n].float() - cache_ref.k[:, :n].float()).abs()
+        ulp = cache_ref.k[:, :n].float().abs().clamp_min(1e-30) * 2.0 ** -7
+        assert bool((dk <= ulp).all())                                      # at most one bf16 ulp (sum order)
+        assert (o.float() - ref.float()).abs().max().item() < 2e-2
+        assert (lse - ref_lse).abs().max().item() < 2e-3                  # a key one ulp off moves its logit ~5e-4
+
+
+def test_decode_layout_resolution():
+    from pathtune.codegen.tvm.stir_decode import decode_layout
+
+    lay = decode_layout(TVMParams(), 128, 128, "bfloat16")       # spec defaults: 4 warps, block_n 128
+    assert (lay.vec, lay.tpr, lay.ng, lay.nj, lay.rpt, lay.bn) == (8, 16, 8, 1, 4, 32)
+    lay = decode_layout(TVMParams(decode_num_warps=8), 64, 64, "bfloat16")
+    assert (lay.vec, lay.tpr, lay.ng, lay.rpt) == (8, 8, 32, 4)
+    lay = decode_layout(TVMParams(decode_block_n=64), 128, 64, "float16")   # DV != D: 8 lanes, two vectors of K
+    assert (lay.tpr, lay.nj, lay.njv, lay.rpt) == (8, 2, 1, 4)
+    assert decode_layout(TVMParams(), 128, 128, "float32").vec == 4
+    assert decode_layout(TVMParams(decode_threads_per_row=32, decode_vec=4), 128, 128, "bfloat16").nj == 1
+    for bad in (dict(decode_vec=3), dict(decode_threads_per_row=64), dict(decode_rows_per_thread=9),
+                dict(decode_threads_per_row=32, decode_vec=8)):
+        with pytest.raises(UnsupportedConfig):
+            decode_layout(TVMParams(**bad), 128, 128, "bfloat16")
 
 
 # ---------------------------------------------------------------- knobs

@@ -11,8 +11,9 @@ them rebuilds.
 
 Kernels per pass: fwd = ut, transport, scan; decode = decode, decode_merge. The scan has two
 variants: "tc" (TIRx, mma.sync tensor cores; the default) and "simt" (the S-TIR stage with the
-CUDA-core schedule). Everything else is S-TIR with the CUDA-core schedule (float32 stages, or
-memory-bound decode).
+CUDA-core schedule). The decode kernel is S-TIR written with its own thread layout (stir_decode.py:
+vector loads, warp-shuffle row sums; the same generator gives its CPU form); everything else is
+S-TIR with the CUDA-core schedule.
 """
 from __future__ import annotations
 
@@ -86,9 +87,10 @@ def _check_supported(name: str, params: TVMParams, dims: KernelDims, variant: st
 
         _smem_check("the transport stage", transport_smem_bytes(params.chunk_size, dims.D))
     if name == "decode":
-        from .stir_decode import decode_smem_bytes
+        from .stir_decode import decode_layout, decode_smem_bytes
 
-        _smem_check("the decode kernel", decode_smem_bytes(params.decode_block_n, dims.G, dims.D, dims.DV, dims.dtype))
+        lay = decode_layout(params, dims.D, dims.DV, dims.dtype)
+        _smem_check("the decode kernel", decode_smem_bytes(lay, dims.G))
     if name == "scan" and variant == "tc":
         from .tc_scan import check_tc_supported
 
@@ -135,10 +137,12 @@ def make_kernel(name: str, params: TVMParams, dims: KernelDims, *, target: str =
 
         func = scan_func(C, S, params.block_n, H, HQ, D, DV, dims.dtype, sdt, dims.gated, fdt, smem, unroll)
     elif name == "decode":
-        from .stir_decode import decode_func
+        # written with its thread layout (row groups, lane vectors, warp-shuffle row sums): not scheduled here
+        from .stir_decode import decode_func, decode_layout
 
-        func = decode_func(params.decode_block_n, params.decode_splits, H, HQ, D, DV, dims.dtype, dims.dtype,
-                           dims.gated, fdt, smem, unroll)
+        func = decode_func(decode_layout(params, D, DV, dims.dtype), H, HQ, dims.dtype, dims.dtype, dims.gated, fdt,
+                           gpu=gpu)
+        return tvm.IRModule({name: func}), False
     elif name == "decode_merge":
         from .stir_decode import merge_func
 
@@ -152,13 +156,15 @@ def make_kernel(name: str, params: TVMParams, dims: KernelDims, *, target: str =
 
 
 def build_kernels(pass_: str, config: Any, dims: KernelDims, *, arch: str = DEFAULT_ARCH, variant: str = "tc",
-                  cache_dir: Optional[os.PathLike] = None, force: bool = False, log=None) -> Dict[str, Path]:
+                  cache_dir: Optional[os.PathLike] = None, force: bool = False, log=None,
+                  ptxas: bool = False) -> Dict[str, Path]:
     """Build (or take from the cache) the exported modules of one pass; returns kernel name -> .so path.
 
     config: a spec Config (or mapping, or TVMParams) of the pass's knobs. Raises UnsupportedConfig
     for combinations the kernels cannot compile, BuildError (toolchain.py) for compile failures.
+    ptxas: also record the kernels' registers / spills / stack (``ptxas -v``) in the .json metadata.
     """
-    from .toolchain import cache_root, compile_cuda
+    from .toolchain import cache_root, compile_cuda, ptxas_stats
 
     params = TVMParams.from_config(config)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "tvm" / "modules"
@@ -168,7 +174,7 @@ def build_kernels(pass_: str, config: Any, dims: KernelDims, *, arch: str = DEFA
         key = module_key(name, params, dims, arch, variant)
         kdir = root / key
         path = kdir / f"{name}.so"
-        if path.exists() and not force:
+        if path.exists() and not force and (not ptxas or "ptxas" in json.loads(path.with_suffix(".json").read_text())):
             out[name] = path
             continue
         t0 = time.time()
@@ -180,6 +186,8 @@ def build_kernels(pass_: str, config: Any, dims: KernelDims, *, arch: str = DEFA
         meta = dict(kernel=name, entry=name, pass_=pass_, arch=arch, variant=variant if name == "scan" else "simt",
                     params=json.loads(params.to_json()), dims=dims.key(), tvm=_tvm_version(), spec=_spec_hash(),
                     src=source_hash(), build_seconds=round(time.time() - t0, 2))
+        if ptxas:
+            meta["ptxas"] = ptxas_stats(ex, arch)
         (kdir / f"{name}.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
         os.replace(tmp, path)
         if log:

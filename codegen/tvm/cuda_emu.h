@@ -106,6 +106,25 @@ struct nv_bfloat16 {
 };
 inline half::half(const nv_bfloat16& b) : x(emu_float_to_half_bits((float)b)) {}
 static_assert(sizeof(half) == 2 && sizeof(nv_bfloat16) == 2, "16-bit storage types");
+struct nv_bfloat162 { nv_bfloat16 x, y; };
+struct half2 { half x, y; };
+struct alignas(8) nv_bfloat164 { nv_bfloat16 x, y, z, w; };
+struct alignas(8) half4 { half x, y, z, w; };
+
+// CUDA vector types (TVM's vectorised loads/stores reinterpret memory as these: plain storage here)
+struct alignas(4) uint1 { uint x; };
+struct alignas(8) uint2 { uint x, y; };
+struct alignas(16) uint4 { uint x, y, z, w; };
+struct alignas(8) int2 { int x, y; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) double2 { double x, y; };
+struct alignas(16) ulonglong2 { unsigned long long x, y; };
+struct alignas(16) ulonglong4 { unsigned long long x, y, z, w; };
+struct alignas(16) longlong2 { long long x, y; };
+struct alignas(16) longlong4 { long long x, y, z, w; };
+static_assert(sizeof(uint4) == 16 && sizeof(ulonglong4) == 32 && sizeof(nv_bfloat162) == 4, "vector types");
 static inline half __float2half_rn(float f) { return half(f); }
 static inline nv_bfloat16 __float2bfloat16_rn(float f) { return nv_bfloat16(f); }
 

@@ -16,8 +16,12 @@ o / lse vs runtime.reference.naive_path_attention in float64 (dense and packed v
 fused steps vs runtime.reference.recurrent (o, lse and the in-place updated key cache); "diag" sets also
 check the ut / transport intermediates. Timed sets: triton.testing.do_bench medians of the TVM forward
 (B*T = 32768 tokens, T = 4096 and 16384) next to the Triton backend and SDPA (flash, no PaTH) in the same
-run, and of the decode step (B = 8, cache 4096 / 16384) next to the torch reference step and SDPA.
+run; every decode variant's step (B = 8, caches of 4096 / 16384 / 32768 keys) eager and from a CUDA graph,
+with its GB/s, and in the first set of each decode workload the Triton decode (best of a few configs), SDPA
+and the torch reference step; a summary ranks the decode variants against the Triton decode.
 Prints a table and writes $OUT/tvm_gpu_check.json (OUT defaults to /tmp).
+
+Decode only (one device call):  python codegen/tvm/gpu_check.py --only dec- --budget-min 8
 """
 from __future__ import annotations
 
@@ -302,44 +306,147 @@ def _check_decode(entry, kernels, timing, sizes=((2, 777), (1, 3000))):
         r["ok"] = err["o"] < SPEC_TOL_O and err["lse"] < 1e-2 and err["k"] < 0.1
         rows.append(r)
     if timing:
-        for L in (4096, 16384):
-            B = 8
-            kc = torch.randn(B, L + 64, H, D, device="cuda").to(dt)
-            vc = torch.randn(B, L + 64, H, DV, device="cuda").to(dt)
-            from pathtune.runtime.reference import PaTHKVCache
+        rows += _time_decode(entry, kernels, params, dims, dt)
+    return rows
 
-            cc = torch.cumsum(torch.log(torch.rand(B, L + 64, HQ, device="cuda") * 0.05 + 0.95), 1) if gated else None
-            cache = PaTHKVCache(kc, vc, cc, L, HQ)
-            qt, kt, vt, wt, bt, gt = (None if x is None else x[:, 0]
-                                      for x in _inputs(B, 1, HQ, H, D, DV, gated, dt, seed=5))
-            row = dict(kind="dec_time", set=entry["id"], B=B, L=L, H=H, HQ=HQ, D=D, gated=gated, knobs=entry["knobs"])
 
-            def tvm_step():
-                cache.length = L
-                host.decode_step(kernels, qt, kt, vt, wt, bt, gt, cache, scale=D ** -0.5, params=params, dims=dims)
+DEC_LENGTHS = (4096, 16384, 32768)
+DEC_BATCH = 8
+# Triton decode configs timed as the baseline (best of them is the comparison): the heuristic (None), the spec
+# default, the H200-tuned (B8 H8 D128 L32768: 256 keys, 8 warps, 2 splits) and two neighbours
+TRITON_DEC_CONFIGS = (None, dict(decode_block_n=128, decode_num_warps=4, decode_splits=4),
+                      dict(decode_block_n=256, decode_num_warps=8, decode_splits=2),
+                      dict(decode_block_n=128, decode_num_warps=4, decode_splits=8),
+                      dict(decode_block_n=64, decode_num_warps=4, decode_splits=16))
 
-            row["tvm_ms"] = _try(lambda: _bench(tvm_step))
+
+def _bench_graph(fn):
+    """Median ms of ``fn`` replayed from a CUDA graph (no host overhead: the kernels' own time)."""
+    import triton
+
+    fn()                                                         # loads modules / compiles outside the capture
+    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+
+
+def _time_decode(entry, kernels, params, dims, dt):
+    """One decode step at B=8 over caches of DEC_LENGTHS keys: the TVM kernels eager (host.decode_step, as a
+    caller runs it) and from a CUDA graph (kernel time); in the "baselines" set of a workload also the Triton
+    decode (best of TRITON_DEC_CONFIGS), SDPA over the same K/V (no PaTH update; K/V repeated to HQ heads, so
+    it reads G x the bytes) and the torch reference step. GB/s = host.decode_bytes_moved()["total"] / time."""
+    import torch
+    from pathtune.codegen.tvm import host
+    from pathtune.runtime.reference import PaTHKVCache, path_attention_decode_step
+
+    rows = []
+    H, HQ, D, DV, gated = dims.H, dims.HQ, dims.D, dims.DV, dims.gated
+    B = DEC_BATCH
+    regs = {n: v.get("registers") for st in entry.get("ptxas", {}).values() for n, v in st.items()}
+    spills = sum(v.get("spill_stores", 0) for st in entry.get("ptxas", {}).values() for v in st.values())
+    for L in DEC_LENGTHS:
+        kc = torch.randn(B, L + 64, H, D, device=DEV).to(dt)
+        vc = torch.randn(B, L + 64, H, DV, device=DEV).to(dt)
+        cc = torch.cumsum(torch.log(torch.rand(B, L + 64, HQ, device=DEV) * 0.05 + 0.95), 1) if gated else None
+        cache = PaTHKVCache(kc, vc, cc, L, HQ)
+        qt, kt, vt, wt, bt, gt = (None if x is None else x[:, 0] for x in _inputs(B, 1, HQ, H, D, DV, gated, dt, seed=5))
+        moved = host.decode_bytes_moved(B, L, H, HQ, D, DV, kc.element_size(), gated, params.decode_splits)
+        row = dict(kind="dec_time", set=entry["id"], B=B, L=L, H=H, HQ=HQ, D=D, gated=gated, knobs=entry["knobs"],
+                   regs=regs.get("decode_kernel"), spill_bytes=spills, bytes_moved=moved["total"],
+                   bytes_floor=moved["kv"])
+
+        def tvm_step():
+            cache.length = L
+            host.decode_step(kernels, qt, kt, vt, wt, bt, gt, cache, scale=D ** -0.5, params=params, dims=dims)
+
+        row["tvm_ms"] = _try(lambda: _bench(tvm_step))
+        row["tvm_graph_ms"] = _try(lambda: _bench_graph(tvm_step))
+        best = row["tvm_graph_ms"] if isinstance(row["tvm_graph_ms"], float) else row["tvm_ms"]
+        if isinstance(best, float):
+            row["tvm_GBps"] = moved["total"] / (best * 1e-3) / 1e9
+        if entry.get("baselines"):
+            row.update(_decode_baselines(cache, L, qt, kt, vt, wt, bt, gt, kc, vc, dims, moved))
+            cache.length = L
 
             def ref_step():
                 cache.length = L
                 path_attention_decode_step(qt, kt, vt, wt, bt, gt, cache, scale=D ** -0.5)
 
             row["torch_ref_ms"] = _try(lambda: _bench(ref_step))
-
-            def sdpa():
-                qs = qt[:, :, None]                                              # [B, HQ, 1, D]
-                ks = kc[:, :L].transpose(1, 2).repeat_interleave(HQ // H, 1)
-                vs = vc[:, :L].transpose(1, 2).repeat_interleave(HQ // H, 1)
-                return _bench(lambda: torch.nn.functional.scaled_dot_product_attention(qs, ks, vs))
-
-            row["sdpa_ms"] = _try(sdpa)
-            if isinstance(row["tvm_ms"], float):
-                nbytes = B * L * H * (2 * D + DV) * kc.element_size()              # read K, write K, read V
-                row["tvm_GBps"] = nbytes / (row["tvm_ms"] * 1e-3) / 1e9
-            rows.append(row)
-            del kc, vc, cache
-            torch.cuda.empty_cache()
+        rows.append(row)
+        kc = vc = cc = cache = None                                  # free this length's caches
+        torch.cuda.empty_cache()
     return rows
+
+
+def _decode_baselines(cache, L, qt, kt, vt, wt, bt, gt, kc, vc, dims, moved):
+    import torch
+
+    H, HQ, D = dims.H, dims.HQ, dims.D
+    out = {}
+    try:
+        from pathtune.codegen.triton.decode import path_decode_triton
+    except Exception as e:  # triton backend unavailable: report, keep the TVM numbers
+        return dict(triton_ms=f"error: {type(e).__name__}: {str(e)[:200]}")
+    args = [x[:, None] if x is not None else None for x in (qt, kt, vt, wt, bt, gt)]
+    per_cfg = {}
+    for cfg in TRITON_DEC_CONFIGS:
+        name = "heuristic" if cfg is None else "N{decode_block_n}w{decode_num_warps}s{decode_splits}".format(**cfg)
+
+        def tri_step(cfg=cfg):
+            cache.length = L
+            path_decode_triton(*args, cache, scale=D ** -0.5, config=cfg)
+
+        per_cfg[name] = _try(lambda: _bench_graph(tri_step))
+        if isinstance(per_cfg[name], float) and (not isinstance(out.get("triton_graph_ms"), float)
+                                                 or per_cfg[name] < out["triton_graph_ms"]):
+            out.update(triton_graph_ms=per_cfg[name], triton_cfg=name)
+            out["triton_ms"] = _try(lambda: _bench(tri_step))
+    out["triton_by_cfg"] = per_cfg
+    if isinstance(out.get("triton_graph_ms"), float):
+        out["triton_GBps"] = moved["total"] / (out["triton_graph_ms"] * 1e-3) / 1e9
+
+    def sdpa():
+        qs = qt[:, :, None]                                              # [B, HQ, 1, D]
+        ks = kc[:, :L].transpose(1, 2).repeat_interleave(HQ // H, 1)
+        vs = vc[:, :L].transpose(1, 2).repeat_interleave(HQ // H, 1)
+        return _bench(lambda: torch.nn.functional.scaled_dot_product_attention(qs, ks, vs))
+
+    out["sdpa_ms"] = _try(sdpa)
+    return out
+
+
+def _decode_summary(results) -> list:
+    """Lines: per decode workload and cache length, the Triton baseline and every TVM variant (fastest first)."""
+    base, tvm = {}, {}
+    for r in results:
+        if r.get("kind") != "dec_time":
+            continue
+        key = (r["D"], r["H"], r["HQ"], r["gated"], r["L"])
+        if "triton_graph_ms" in r or "sdpa_ms" in r:
+            base[key] = r
+        tvm.setdefault(key, []).append(r)
+    lines = []
+    for key in sorted(tvm):
+        D, H, HQ, gated, L = key
+        b = base.get(key, {})
+        tri = b.get("triton_graph_ms")
+        head = f"  D={D} H={H} HQ={HQ} {'FoX' if gated else 'PaTH'} B={DEC_BATCH} L={L}: "
+        if isinstance(tri, float):
+            head += f"triton {tri:.4g} ms ({b.get('triton_cfg')}, {b.get('triton_GBps', 0):.0f} GB/s)"
+        else:
+            head += f"triton {tri}"
+        head += f", sdpa {_fmt(b.get('sdpa_ms'))} ms"
+        lines.append(head)
+
+        def t(r):
+            x = r.get("tvm_graph_ms")
+            return x if isinstance(x, float) else float("inf")
+
+        for r in sorted(tvm[key], key=t):
+            x = r.get("tvm_graph_ms")
+            ratio = f"{x / tri:.2f}x triton" if isinstance(x, float) and isinstance(tri, float) else "-"
+            lines.append(f"      {r['set']:40s} graph {_fmt(x)} ms eager {_fmt(r.get('tvm_ms'))} ms "
+                         f"{_fmt(r.get('tvm_GBps'))} GB/s {ratio} (regs {r.get('regs')}, spills {r.get('spill_bytes')} B)")
+    return lines
 
 
 # ---------------------------------------------------------------- driver
@@ -356,6 +463,8 @@ def _child(args) -> int:
 
         from pathtune.codegen.tvm.runtime import load_kernels
 
+        if entry.get("build_error"):
+            raise RuntimeError(f"not built: {entry['build_error']}")
         kernels = load_kernels({n: bundle / p for n, p in entry["kernels"].items()}, lib_dir)
         fn = _check_forward if entry["pass_"] == "fwd" else _check_decode
         rows = fn(entry, kernels, _timed(entry, args.timing))
@@ -373,6 +482,8 @@ def _child(args) -> int:
 def _timed(entry, mode):
     if mode == "none" or not entry.get("timing", False):
         return False
+    if entry["pass_"] == "decode":
+        return True                      # every decode variant: choosing the layout is what the run is for
     return mode == "all" or entry.get("default", False) or entry["variant"] == "simt" and entry["pass_"] == "fwd"
 
 
@@ -450,9 +561,15 @@ def main(argv=None) -> int:
     print("\ntimings (ms, do_bench median)")
     for r in results:
         if r["kind"] in ("fwd_time", "dec_time"):
-            keys = [kk for kk in ("B", "T", "L", "tvm_ms", "triton_ms", "sdpa_flash_ms", "torch_ref_ms", "sdpa_ms",
-                                  "tvm_attn_tflops", "tvm_GBps") if kk in r]
+            keys = [kk for kk in ("B", "T", "L", "tvm_ms", "tvm_graph_ms", "triton_ms", "triton_graph_ms", "triton_cfg",
+                                  "sdpa_flash_ms", "torch_ref_ms", "sdpa_ms", "tvm_attn_tflops", "tvm_GBps",
+                                  "triton_GBps", "regs") if kk in r]
             print(f"  {r['kind']:8s} {r['set']:40s} " + " ".join(f"{kk}={_fmt(r[kk])}" for kk in keys))
+    summary = _decode_summary(results)
+    if summary:
+        print("\ndecode step vs the Triton decode (CUDA-graph medians; GB/s over read K + write K + read V"
+              " [+ gate cumsums] + split partials; the issue's target: TVM <= 1.5x triton)")
+        print("\n".join(summary))
     out_dir = Path(os.environ.get("OUT", "/tmp"))
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = dict(results=results, manifest=dict(arch=manifest.get("arch"), tvm=manifest.get("tvm")),

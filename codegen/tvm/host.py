@@ -14,7 +14,7 @@ import torch
 
 from .params import KernelDims, TVMParams
 
-__all__ = ["forward", "decode_step", "torch_dtype", "check_forward_inputs"]
+__all__ = ["forward", "decode_step", "decode_bytes_moved", "torch_dtype", "check_forward_inputs"]
 
 _LOG2E = 1.4426950408889634
 _TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
@@ -138,6 +138,14 @@ def _gate_cumsum64(g: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> torch
     return c
 
 
+_VEC_ALIGN = 32
+
+
+def _vec_aligned(x: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    return x if x.data_ptr() % _VEC_ALIGN == 0 else x.clone()
+
+
 def decode_step(kernels: Mapping[str, Callable], q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor,
                 w_t: torch.Tensor, beta_t: torch.Tensor, g_t: Optional[torch.Tensor], cache, *, scale: float,
                 params: TVMParams, dims: KernelDims, gate_placement: str = "inside_scale",
@@ -163,14 +171,21 @@ def decode_step(kernels: Mapping[str, Callable], q_t: torch.Tensor, k_t: torch.T
     o_part = torch.empty(B, HQ, NSPLIT, dims.DV, device=dev, dtype=fdt)
     ml_part = torch.empty(B, HQ, NSPLIT, 2, device=dev, dtype=fdt)
     gate_scale = (scale if gate_placement == "inside_scale" else 1.0) * _LOG2E
-    args = [q_t.contiguous(), k_t.contiguous(), v_t.contiguous(), w_t.to(fdt).contiguous(), beta_t.to(fdt).contiguous()]
+    # the decode kernel reads/writes rows with vector accesses of up to 32 bytes: every tensor must be contiguous
+    # and start on a 32-byte boundary (fresh torch allocations do; views with an offset are copied)
+    args = [_vec_aligned(x) for x in (q_t, k_t, v_t, w_t.to(fdt), beta_t.to(fdt))]
     if g_t is not None:
-        args.append(g_t.to(fdt).contiguous())
-    args += [cache.k, cache.v]
+        args.append(_vec_aligned(g_t.to(fdt)))
+    caches = [("cache.k", cache.k), ("cache.v", cache.v)]
     if g_t is not None:
         if cache.c.dtype != fdt:
             raise ValueError(f"the gate cumsum of the cache must be {fdt}")
-        args.append(cache.c)
+        caches.append(("cache.c", cache.c))
+    for name, x in caches:                            # updated in place: cannot be copied
+        if not x.is_contiguous() or x.data_ptr() % _VEC_ALIGN:
+            raise ValueError(f"{name} must be contiguous and {_VEC_ALIGN}-byte aligned for the TVM decode kernel "
+                             "(rebuild the cache with PaTHKVCache.empty or .contiguous() its tensors)")
+        args.append(x)
     args += [o_part, ml_part, int(L), scale * _LOG2E, gate_scale, params.beta_max]
     kernels["decode"](*args)
     o = torch.empty(B, HQ, dims.DV, device=dev, dtype=q_t.dtype)
@@ -178,6 +193,18 @@ def decode_step(kernels: Mapping[str, Callable], q_t: torch.Tensor, k_t: torch.T
     kernels["decode_merge"](o_part, ml_part, o, lse)
     cache.length = L + 1
     return o, lse
+
+
+def decode_bytes_moved(B: int, L: int, H: int, HQ: int, D: int, DV: int, esize: int, gated: bool,
+                       splits: int = 1) -> dict:
+    """DRAM bytes of one decode step over a cache of L keys (what a GB/s figure divides).
+
+    kv: read K, write the updated K, read V (the floor: B*L*H*(2D+DV)*esize); gate: the FoX gate cumsums
+    (fp32, B*L*HQ*4); partials: the split partials written by ``decode`` and read by ``decode_merge``."""
+    kv = B * L * H * (2 * D + DV) * esize
+    gate = B * L * HQ * 4 if gated else 0
+    part = 2 * B * HQ * splits * (DV + 2) * 4
+    return dict(kv=kv, gate=gate, partials=part, total=kv + gate + part)
 
 
 def default_scale(D: int, scale: Optional[float]) -> float:

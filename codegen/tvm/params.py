@@ -44,6 +44,12 @@ class TVMParams:
     decode_block_n: int = 128
     decode_num_warps: int = 4
     decode_splits: int = 4
+    # TVM-local decode knobs (not in the spec: adding them there would change files outside codegen/tvm;
+    # the tuner does not tune the TVM decode pass yet). 0 = auto, see stir_decode.decode_layout.
+    decode_vec: int = 0               # elements per vector load/store (auto: 16 bytes of the cache dtype)
+    decode_threads_per_row: int = 0   # threads sharing one key row (auto: one vector per thread, <= 32)
+    decode_rows_per_thread: int = 0   # rows per thread per step (auto: min(4, decode_block_n / row groups))
+    decode_prefetch: int = 0          # 1: load the next step's rows (second register set) before computing this one
 
     def __post_init__(self):
         if self.scan_precision not in _SCAN_DTYPES:
@@ -58,6 +64,9 @@ class TVMParams:
         for name in ("chunk_size", "block_n", "num_warps", "decode_block_n", "decode_num_warps", "decode_splits"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        for name in ("decode_vec", "decode_threads_per_row", "decode_rows_per_thread", "decode_prefetch"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = auto)")
 
     @classmethod
     def from_config(cls, config: Any = None) -> "TVMParams":
@@ -87,7 +96,8 @@ class TVMParams:
                                                "num_stages", "scan_precision", "transition_precision")}
 
     def decode_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("decode_block_n", "decode_num_warps", "decode_splits")}
+        return {k: getattr(self, k) for k in ("decode_block_n", "decode_num_warps", "decode_splits", "decode_vec",
+                                               "decode_threads_per_row", "decode_rows_per_thread", "decode_prefetch")}
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))

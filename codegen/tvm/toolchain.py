@@ -183,6 +183,43 @@ def compile_cpu(mod, what: str = "module"):
         raise BuildError(f"{what}: TVM compile for llvm failed: {e}") from e
 
 
+def ptxas_stats(executable, arch: str = "sm_90") -> dict:
+    """Registers, spills and stack of every kernel of a built CUDA module: its generated source recompiled
+    with ``nvcc -cubin -Xptxas -v`` (the flags TVM's nvcc build uses: -O3 --use_fast_math).
+
+    Returns {kernel name: dict(registers=, spill_stores=, spill_loads=, stack=)}; {} when nvcc is missing."""
+    import re
+    import tempfile
+
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    if not os.path.exists(nvcc):
+        return {}
+    mod = getattr(executable, "mod", executable)
+    src = [m for m in mod.imports if m.kind == "cuda"][0].inspect_source()
+    with tempfile.TemporaryDirectory() as d:
+        cu = Path(d) / "k.cu"
+        cu.write_text(src)
+        proc = subprocess.run([nvcc, f"-arch={arch}", "-cubin", "-O3", "--use_fast_math", "-w", "-Xptxas", "-v",
+                               "-o", str(Path(d) / "k.cubin"), str(cu)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"nvcc -Xptxas -v failed:\n{proc.stderr[-2000:]}")
+    out: dict = {}
+    name = None
+    for line in proc.stderr.splitlines():
+        m = re.search(r"Function properties for (\w+)", line)
+        if m:
+            name = m.group(1)
+            out[name] = {}
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and name:
+            out[name].update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name:
+            out[name]["registers"] = int(m.group(1))
+    return out
+
+
 def nvcc_version() -> Optional[str]:
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     try:
