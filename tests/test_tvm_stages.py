@@ -255,6 +255,26 @@ def test_decode_step_matches_reference(case):
             assert _maxerr(cache.c[:, :n], cache_ref.c[:, :n]) < 1e-12
 
 
+def test_decode_from_an_empty_cache():
+    """L = 0 .. 4: one row, then a handful, spread over 4 splits (most empty), against the reference."""
+    from pathtune.runtime.reference import PaTHKVCache
+
+    params = TVMParams(decode_splits=4, decode_num_warps=1, decode_vec=4, decode_rows_per_thread=1,
+                       decode_prefetch=1)
+    dims = KernelDims(H=2, HQ=4, D=64, DV=64, dtype="float64", gated=True)
+    kernels = compile_cpu_kernels("decode", params, dims, fdt="float64")
+    cache_ref = PaTHKVCache.empty(2, 2, 64, 64, 4, max_len=8, gated=True, dtype=F64, gate_dtype=F64)
+    cache = PaTHKVCache.empty(2, 2, 64, 64, 4, max_len=8, gated=True, dtype=F64, gate_dtype=F64)
+    for step in range(5):
+        qt, kt, vt, wt, bt, gt = (x[:, 0] for x in _inputs(2, 1, 4, 2, 64, 64, True, seed=200 + step))
+        ref, ref_lse = path_attention_decode_step(qt, kt, vt, wt, bt, gt, cache_ref, scale=0.125, return_lse=True)
+        o, lse = host.decode_step(kernels, qt, kt, vt, wt, bt, gt, cache, scale=0.125, params=params, dims=dims,
+                                  fdt=F64)
+        n = cache_ref.length
+        assert _maxerr(o, ref) < 1e-12 and _maxerr(lse, ref_lse) < 1e-12
+        assert _maxerr(cache.k[:, :n], cache_ref.k[:, :n]) < 1e-12 and _maxerr(cache.c[:, :n], cache_ref.c[:, :n]) == 0
+
+
 def test_decode_step_bf16_rounding_model():
     """bf16 cache, float32 math (the GPU kernel's precision): keys rounded as the reference rounds them."""
     params = TVMParams(decode_splits=3, decode_num_warps=1, decode_rows_per_thread=2, decode_prefetch=1)

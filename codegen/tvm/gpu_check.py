@@ -21,7 +21,8 @@ with its GB/s, and in the first set of each decode workload the Triton decode (b
 and the torch reference step; a summary ranks the decode variants against the Triton decode.
 Prints a table and writes $OUT/tvm_gpu_check.json (OUT defaults to /tmp).
 
-Decode only (one device call):  python codegen/tvm/gpu_check.py --only dec- --budget-min 8
+Decode only (one device call; bundle from build_gpu_check.py --only dec- --out build/tvm_gpu_check_decode):
+    python codegen/tvm/gpu_check.py --bundle build/tvm_gpu_check_decode --budget-min 8
 """
 from __future__ import annotations
 
