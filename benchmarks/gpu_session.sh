@@ -17,6 +17,8 @@
 #   flipflop [540]  python -m examples.flipflop --device cuda (budget from the step's seconds)
 #   lm [120]        examples/lm_generate.py --device cuda
 #   tvm [200]       codegen/tvm/gpu_check.py with the prebuilt bundle (carry build/tvm_gpu_check)
+#   tvmdecode [480] the TVM decode layouts vs the Triton decode and SDPA (carry build/tvm_gpu_check_decode,
+#                   built by codegen/tvm/build_gpu_check.py; see codegen/tvm/README.md)
 #   probe [60]      benchmarks/memory_probe.py next to the bench's measured peak
 #   memcheck [180]  compute-sanitizer memcheck over one small fwd+bwd (catches out-of-bounds accesses)
 #
@@ -105,6 +107,9 @@ for arg in "$@"; do
             run_step lm "${secs:-120}" python3 "$REPO/examples/lm_generate.py" --device cuda "${pack_args[@]}" ;;
         tvm) run_step tvm "${secs:-200}" python3 "$REPO/codegen/tvm/gpu_check.py" \
                  --budget-min "$(python3 -c "print(round(${secs:-200} / 60 - 0.7, 1))")" ;;
+        tvmdecode) run_step tvmdecode "${secs:-480}" python3 "$REPO/codegen/tvm/gpu_check.py" \
+                       --bundle "$REPO/build/tvm_gpu_check_decode" \
+                       --budget-min "$(python3 -c "print(round(${secs:-480} / 60 - 0.7, 1))")" ;;
         memcheck) run_step memcheck "${secs:-180}" compute-sanitizer --tool memcheck --print-limit 20 \
                       python3 "$REPO/benchmarks/dev_memcheck.py" 64 1300 512 1 ;;
         probe) run_step probe "${secs:-60}" python3 "$REPO/benchmarks/memory_probe.py" --no-timeline ;;
