@@ -7,7 +7,7 @@ fresh schema of that database.
 
 Checks: every COMPLETE trial's config is in perf_db exactly once (no lost, no duplicated
 measurement), the killed worker's trial was failed by the heartbeat and re-run by a retry trial,
-and the best config (Optuna's best trial, ``PerfDB.best``) is the argmin of the cost model over the
+and the best config (Optuna's best trial, ``PerfDB.best``) is an argmin of the cost model over the
 measured set, i.e. what a single worker that measured the same configs reports.
 """
 from __future__ import annotations
@@ -137,12 +137,15 @@ def test_workers_share_study_kill_and_resume(pg_url, tmp_path):
         if t.user_attrs["status"] != "ok":
             assert t.value >= 1e9   # a failed candidate never wins
 
-    # the best config: what one worker reports over the same measured set
+    # the best config: what one worker reports over the same measured set (the cost model's argmin;
+    # configs that differ only in knobs it weighs alike tie, and any of them is a right answer)
     ok = [r for r in rows if r["status"] == "ok"]
-    single = min(ok, key=lambda r: (tune_fake.cost_ms(r["config"], 1024), r["config_hash"]))
-    assert study.best_trial.user_attrs["config_hash"] == single["config_hash"]
+    best_cost = min(tune_fake.cost_ms(r["config"], 1024) for r in ok)
+    argmin = {r["config_hash"] for r in ok if tune_fake.cost_ms(r["config"], 1024) == best_cost}
+    assert study.best_trial.user_attrs["config_hash"] in argmin
+    assert study.best_trial.value == pytest.approx(best_cost)
     wl = rows[0]["workload"]
     best = db.best(rows[0]["env_hash"], "fwd", wl, backend="triton")
-    assert best["config_hash"] == single["config_hash"] and best["match"] == "exact"
+    assert best["config_hash"] in argmin and best["match"] == "exact"
     db.close()
     storage.engine.dispose()
