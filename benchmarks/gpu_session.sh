@@ -23,7 +23,8 @@
 #   memcheck [180]  compute-sanitizer memcheck over one small fwd+bwd (catches out-of-bounds accesses)
 #
 # Carry: .whl (wheels: optuna stack, fla, pydantic...), and .tcache_in if an earlier call brought the
-# Triton cache back (mkdir -p .tcache_in && cp <files_at>/tcache.tgz.* .tcache_in/; both git-excluded).
+# Triton cache back (mkdir -p .tcache_in && cp <files_at>/tcache.tgz.* .tcache_in/; both git-excluded),
+# and .tune_in/tune.sqlite3 to continue an earlier call's tune (git-excluded too).
 # Everything lands in $OUT/session.tgz (logs, JSON, perf_db SQLite with the recorded rows, the tune's
 # results file for perf_db/shipped/, flip-flop results) plus $OUT/tcache.tgz.aa, .ab, ... (the device
 # tool returns files of at most 16 MiB; the staging folder lives outside $OUT so that only these return).
@@ -86,6 +87,11 @@ for arg in "$@"; do
                          --config tuned --gate "${BENCH_GATE:-both}" --record --db "$PATHTUNE_DB_URL" \
                          --json "$S/bench_tuned.json" ;;
         tune) t="${secs:-600}"
+              # a tune spread over several calls: carry the last call's database in (.tune_in/tune.sqlite3,
+              # from session.tgz s/tune/), h200_tune.sh resumes its studies and looks up what it measured
+              if [ -f .tune_in/tune.sqlite3 ] && [ ! -f "$S/tune/tune.sqlite3" ]; then
+                  mkdir -p "$S/tune" && cp .tune_in/tune.sqlite3 "$S/tune/tune.sqlite3"
+              fi
               run_step tune "$t" env OUT="$S/tune" BUDGET="${TUNE_BUDGET:-$(( (t - 150) / 60 ))m}" WHEELS="$REPO/.whl" \
                   bash "$REPO/benchmarks/h200_tune.sh" ;;
         ffcompare) mkdir -p "$S/flipflop" && cp "$REPO/examples/flipflop/results.json" "$S/flipflop/results.json"

@@ -83,6 +83,7 @@ def test_tune_triton_forward_in_interpreter(tmp_path, monkeypatch):
     assert len(complete) == 5
     fresh = [t for t in complete[3:] if t.user_attrs.get("source") == "measured"]
     assert fresh and all(t.user_attrs["compile_seconds"] > 0 for t in fresh)
+    assert all(set(t.user_attrs["compile_phases"]) == {"startup", "setup", "gate_shape", "timed_shape"} for t in fresh)
     with PerfDB(url, current_keys=None) as db:
         rows = db.query()
         assert len(rows) == len({r["config_hash"] for r in rows})

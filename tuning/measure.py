@@ -582,6 +582,15 @@ def prepare(task: MeasureTask) -> dict:
     import torch
 
     t0 = time.perf_counter()
+    phases: dict[str, float] = {}      # seconds per phase (where a slow compile goes)
+
+    def lap(name: str, t: float) -> float:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        phases[name] = round(now - t, 3)
+        return now
+
     try:
         if task.pass_ == "decode":
             if task.backend != "triton":
@@ -591,21 +600,26 @@ def prepare(task: MeasureTask) -> dict:
             wl = task.workload
             params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"])
             _, step, cache = _decode_gate_setup(task)
+            t = lap("setup", t0)
             with torch.no_grad():
                 path_decode_triton(*step, cache, config=params)
+                t = lap("gate_shape", t)
                 _decode_timed_callable(task, params)[0]()
+                lap("timed_shape", t)
         else:
             run = _forward_fn(task)
-            _run_gate_shape(task, run, _gate_inputs(task))
+            xs = _gate_inputs(task)
+            t = lap("setup", t0)
+            _run_gate_shape(task, run, xs)
+            t = lap("gate_shape", t)
             _timed_callable(task, run)[0]()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+            lap("timed_shape", t)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # noqa: BLE001 -- a failing config is a recorded status
         status, message = classify_exception(exc)
-        out = {"status": status, "message": message, "seconds": time.perf_counter() - t0}
+        out = {"status": status, "message": message, "seconds": time.perf_counter() - t0, "phases": phases}
         if any(m in message.lower() for m in FATAL_MARKERS):
             out["fatal"] = True
         return out
-    return {"status": "prepared", "seconds": time.perf_counter() - t0}
+    return {"status": "prepared", "seconds": time.perf_counter() - t0, "phases": phases}

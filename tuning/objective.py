@@ -124,7 +124,7 @@ class Objective:
         ctx = self.ctx
         if prepared is not None and prepared.get("status") != "prepared":
             # the child's failure is the config's outcome; its "fatal" concerned the child's CUDA context
-            result = {k: v for k, v in prepared.items() if k not in ("fatal", "seconds")}
+            result = {k: v for k, v in prepared.items() if k not in ("fatal", "seconds", "phases", "child_failed")}
             result["message"] = "compile child: " + str(result.get("message", ""))
             source = "compile child"
         else:
@@ -148,6 +148,8 @@ class Objective:
         trial.set_user_attr("source", source)
         if prepared is not None and prepared.get("seconds") is not None:
             trial.set_user_attr("compile_seconds", round(float(prepared["seconds"]), 3))
+        if prepared is not None and prepared.get("phases"):
+            trial.set_user_attr("compile_phases", prepared["phases"])   # startup / setup / gate / timed shape
         if result.get("fatal"):
             ctx.fatal = f"trial {trial.number}: {result.get('message', '')[:300]}"
         stored = ctx.db.lookup(ctx.env_info, ctx.kernel, ctx.key.workload, config)
