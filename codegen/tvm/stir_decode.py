@@ -454,6 +454,22 @@ def decode_func(lay: DecodeLayout, H: int, HQ: int, qdt: str, cdt: str, gated: b
 
     program = program_gpu if gpu else program_cpu
 
+    @T.macro
+    def launch(q_t, k_t, v_t, w_t, beta_t, g_t, cache_k, cache_v, cache_c, o_part, ml_part,
+               L, qk_scale, gate_scale, beta_max):
+        """One program per (batch, kv head, split): block indices on the GPU, loops on the CPU."""
+        with T.sblock("root"):
+            if gpu:
+                for b in T.thread_binding(o_part.shape[0], thread="blockIdx.x"):
+                    for h in T.thread_binding(H, thread="blockIdx.y"):
+                        for sp in T.thread_binding(NSPLIT, thread="blockIdx.z"):
+                            program(q_t, k_t, v_t, w_t, beta_t, g_t, cache_k, cache_v, cache_c, o_part, ml_part,
+                                    L, qk_scale, gate_scale, beta_max, b, h, sp)
+            else:
+                for b, h, sp in T.grid(o_part.shape[0], H, NSPLIT):
+                    program(q_t, k_t, v_t, w_t, beta_t, g_t, cache_k, cache_v, cache_c, o_part, ml_part,
+                            L, qk_scale, gate_scale, beta_max, b, h, sp)
+
     if gated:
         @T.prim_func(s_tir=True)
         def decode(q_h: T.handle, k_h: T.handle, v_h: T.handle, w_h: T.handle, beta_h: T.handle, g_h: T.handle,
@@ -473,17 +489,8 @@ def decode_func(lay: DecodeLayout, H: int, HQ: int, qdt: str, cdt: str, gated: b
             cache_c = T.match_buffer(cc_h, (B, ML, HQ), fdt)
             o_part = T.match_buffer(op_h, (B, HQ, NSPLIT, DV), fdt)
             ml_part = T.match_buffer(ml_h, (B, HQ, NSPLIT, 2), fdt)
-            with T.sblock("root"):
-                if gpu:
-                    for b in T.thread_binding(B, thread="blockIdx.x"):
-                        for h in T.thread_binding(H, thread="blockIdx.y"):
-                            for sp in T.thread_binding(NSPLIT, thread="blockIdx.z"):
-                                program(q_t, k_t, v_t, w_t, beta_t, g_t, cache_k, cache_v, cache_c, o_part, ml_part,
-                                        L, qk_scale, gate_scale, beta_max, b, h, sp)
-                else:
-                    for b, h, sp in T.grid(B, H, NSPLIT):
-                        program(q_t, k_t, v_t, w_t, beta_t, g_t, cache_k, cache_v, cache_c, o_part, ml_part,
-                                L, qk_scale, gate_scale, beta_max, b, h, sp)
+            launch(q_t, k_t, v_t, w_t, beta_t, g_t, cache_k, cache_v, cache_c, o_part, ml_part,
+                   L, qk_scale, gate_scale, beta_max)
         return decode
 
     @T.prim_func(s_tir=True)
@@ -502,17 +509,8 @@ def decode_func(lay: DecodeLayout, H: int, HQ: int, qdt: str, cdt: str, gated: b
         cache_v = T.match_buffer(cv_h, (B, ML, H, DV), cdt)
         o_part = T.match_buffer(op_h, (B, HQ, NSPLIT, DV), fdt)
         ml_part = T.match_buffer(ml_h, (B, HQ, NSPLIT, 2), fdt)
-        with T.sblock("root"):
-            if gpu:
-                for b in T.thread_binding(B, thread="blockIdx.x"):
-                    for h in T.thread_binding(H, thread="blockIdx.y"):
-                        for sp in T.thread_binding(NSPLIT, thread="blockIdx.z"):
-                            program(q_t, k_t, v_t, w_t, beta_t, None, cache_k, cache_v, None, o_part, ml_part,
-                                    L, qk_scale, gate_scale, beta_max, b, h, sp)
-            else:
-                for b, h, sp in T.grid(B, H, NSPLIT):
-                    program(q_t, k_t, v_t, w_t, beta_t, None, cache_k, cache_v, None, o_part, ml_part,
-                            L, qk_scale, gate_scale, beta_max, b, h, sp)
+        launch(q_t, k_t, v_t, w_t, beta_t, None, cache_k, cache_v, None, o_part, ml_part,
+               L, qk_scale, gate_scale, beta_max)
     return decode
 
 
