@@ -79,13 +79,11 @@ def _accuracy(q, k, v, w, beta, g, config, check_len: int = 1024) -> float:
     """Relative error of o vs the float64 oracle on batch 0's first tokens: ``check_len``, or two
     super-chunks of the config when the row spans several (so the inter-super-chunk kernels are
     checked), on the first and last kv heads (the tuner's gate: ``measure.gate_tokens``)."""
-    from pathtune.codegen.triton import TritonParams, path_attention_triton
+    from pathtune.codegen.triton import path_attention_triton
 
-    from .measure import _head_slice, gate_tokens, oracle_by_kv_head, oracle_kv_heads
+    from .measure import _head_slice, gate_tokens, oracle_by_kv_head, oracle_kv_heads, triton_params
 
-    D, DV = q.shape[-1], v.shape[-1]
-    params = TritonParams.heuristic(D, DV) if config is None else TritonParams.from_config(
-        config, base=TritonParams.heuristic(D, DV))
+    params = triton_params(config or {}, q.shape[-1], v.shape[-1])
     n = min(q.shape[1], gate_tokens(params.superchunk_size, q.shape[1], check_len))
     sl = (slice(0, 1), slice(0, n))
     args = [x[sl] for x in (q, k, v, w, beta)] + [None if g is None else g[sl]]
@@ -170,6 +168,8 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
         for row in rows:
             for tag, pass_ in (("f", "fwd"), ("fb", "bwd")):
                 used = row.configs.get(tag, config)
+                if used == "tuned":    # dispatch failed before it named a config: nothing to key a row by
+                    continue
                 params = TritonParams.heuristic(row.head_dim) if used is None else TritonParams.from_config(used)
                 cfg = Config({k: v for k, v in json.loads(params.to_json()).items() if v is not None})
                 t = row.times.get(f"pathtune_{tag}")

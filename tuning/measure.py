@@ -249,6 +249,8 @@ GATE_ALIGN = 2048       # gate lengths past one super-chunk: multiples of this, 
                         # so every token count a kernel receives has the same divisibility (Triton
                         # specialises integer arguments on it) and the gate compiles nothing extra
 ORACLE_CHECKPOINT = 256  # the float64 oracle's sweep checkpoint (memory ~ T / 256 under autograd)
+INPUTS = ("q", "k", "v", "w", "beta", "g")   # path_attention's inputs, in order
+_PER_QUERY_HEAD = (0, 5)                     # q and g have a query-head axis; k, v, w, beta a kv-head axis
 
 
 def _superchunk(task: MeasureTask) -> int:
@@ -299,8 +301,8 @@ def oracle_by_kv_head(xs: list, heads: list[int], do: Any = None, *, checkpoint_
     outs, grads = [], None
     present = [i for i, x in enumerate(xs) if x is not None]
     for h in heads:
-        qs, ks = slice(h * G, (h + 1) * G), slice(h, h + 1)
-        part = [x[:, :, qs] if i in (0, 5) else x[:, :, ks] for i, x in enumerate(xs) if x is not None]
+        qs = slice(h * G, (h + 1) * G)
+        part = [_head_slice(x, i, [h], G) for i, x in enumerate(xs) if x is not None]
         if do is None:
             with torch.no_grad():
                 outs.append(naive_path_attention(*_six([x.double() for x in part], present), cu_seqlens=cu_seqlens))
@@ -327,7 +329,7 @@ def _head_slice(x: Any, index: int, heads: list[int], G: int) -> Any:
     """x (input ``index`` of q, k, v, w, beta, g) restricted to the oracle's heads, concatenated."""
     import torch
 
-    per_query = index in (0, 5)
+    per_query = index in _PER_QUERY_HEAD
     return torch.cat([x[:, :, h * G:(h + 1) * G] if per_query else x[:, :, h:h + 1] for h in heads], dim=2)
 
 
@@ -364,13 +366,12 @@ def _run_gate_shape(task: MeasureTask, run: Callable[..., Any], xs: tuple) -> tu
     """The candidate at the gate shape: (o, live leaves [(name, tensor)], do, grads); no grads for fwd."""
     import torch
 
-    names = ["q", "k", "v", "w", "beta", "g"]
     if task.pass_ == "fwd":
         with torch.no_grad():
             return run(*xs), [], None, None
-    live = [(n, x.detach().clone().requires_grad_(True)) for n, x in zip(names, xs) if x is not None]
+    live = [(n, x.detach().clone().requires_grad_(True)) for n, x in zip(INPUTS, xs) if x is not None]
     args = dict(live)
-    o = run(*[args.get(n) for n in names])
+    o = run(*[args.get(n) for n in INPUTS])
     gen = torch.Generator(device=o.device).manual_seed(task.seed + 1)
     do = torch.randn(o.shape, device=o.device, generator=gen, dtype=torch.float32).to(o.dtype)
     return o, live, do, torch.autograd.grad(o, [x for _, x in live], do)
@@ -387,9 +388,8 @@ def _check_fwd_bwd(task: MeasureTask, run: Callable[..., Any]) -> dict[str, floa
     errors = {"o": _rel(_head_slice(o, 0, heads, G), o_ref)}
     if task.pass_ == "fwd":
         return errors
-    names = ["q", "k", "v", "w", "beta", "g"]
     for (n, _), gr, gref in zip(live, grads, ref_grads):
-        errors["d" + n] = _rel(_head_slice(gr, names.index(n), heads, G), gref)
+        errors["d" + n] = _rel(_head_slice(gr, INPUTS.index(n), heads, G), gref)
     return errors
 
 
@@ -562,11 +562,16 @@ def measure(task: MeasureTask) -> dict:
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # noqa: BLE001 -- a failing config is a recorded status
-        status, message = classify_exception(exc)
-        out = {"status": status, "message": message}
-        if any(m in message.lower() for m in FATAL_MARKERS):
-            out["fatal"] = True
-        return out
+        return _failure(exc)
+
+
+def _failure(exc: BaseException) -> dict:
+    """A failed candidate's result: its status and message, ``fatal`` when the CUDA context is gone."""
+    status, message = classify_exception(exc)
+    out = {"status": status, "message": message}
+    if any(m in message.lower() for m in FATAL_MARKERS):
+        out["fatal"] = True
+    return out
 
 
 def prepare(task: MeasureTask) -> dict:
@@ -617,9 +622,5 @@ def prepare(task: MeasureTask) -> dict:
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # noqa: BLE001 -- a failing config is a recorded status
-        status, message = classify_exception(exc)
-        out = {"status": status, "message": message, "seconds": time.perf_counter() - t0, "phases": phases}
-        if any(m in message.lower() for m in FATAL_MARKERS):
-            out["fatal"] = True
-        return out
+        return {**_failure(exc), "seconds": time.perf_counter() - t0, "phases": phases}
     return {"status": "prepared", "seconds": time.perf_counter() - t0, "phases": phases}

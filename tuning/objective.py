@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 from pathtune.specs import Config, KnobSpace
 
 from .measure import MeasureTask
+from .prepare import PREPARED
 from .space import TuneKey
 
 __all__ = ["KeyContext", "Objective", "PENALTY_MS", "trial_value", "mark_feasibility", "measurement_from"]
@@ -104,11 +105,16 @@ class Objective:
         config = ctx.space.suggest(trial, ctx.key.workload)   # optuna.TrialPruned for an invalid config
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("config_hash", config.hash)
+        return config, self.lookup(trial, config)
+
+    def lookup(self, trial: Any, config: Config) -> Optional[dict]:
+        """The stored outcome of ``config`` (then the trial's source is perf_db), or None."""
+        ctx = self.ctx
         stored = ctx.db.lookup(ctx.env_info, ctx.kernel, ctx.key.workload, config)
         if stored is not None:
             trial.set_user_attr("source", "perf_db")
             ctx.looked_up += 1
-        return config, stored
+        return stored
 
     def conclude(self, trial: Any, stored: dict) -> float:
         value, constraint = trial_value(stored)
@@ -122,7 +128,7 @@ class Objective:
         """Measure and record ``config``; a failed compile child (``prepared`` with a status other than
         ``prepared``) is recorded as that failure without running the config in this process."""
         ctx = self.ctx
-        if prepared is not None and prepared.get("status") != "prepared":
+        if prepared is not None and prepared.get("status") != PREPARED:
             # the child's failure is the config's outcome; its "fatal" concerned the child's CUDA context
             result = {k: v for k, v in prepared.items() if k not in ("fatal", "seconds", "phases", "child_failed")}
             result["message"] = "compile child: " + str(result.get("message", ""))

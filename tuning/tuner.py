@@ -11,8 +11,9 @@
   the running trial is abandoned (state FAIL, flagged ``interrupted``); ``--resume`` re-queues it.
 * Batched (``compile_workers`` > 0, the default on a CUDA host): per key, a batch of proposals is
   compiled at once in child processes (``tuning.prepare``), then measured one by one with ask/tell.
-  Trials of a batch left unmeasured (stop, budget) are abandoned flagged ``interrupted``, so
-  ``--resume`` re-queues them and finds their kernels in Triton's cache. Without ``study.optimize``
+  Every compiled config of a batch is measured (the budget only decides whether another batch
+  starts); trials left unmeasured by Ctrl-C are abandoned flagged ``interrupted``, so ``--resume``
+  re-queues them and finds their kernels in Triton's cache. Without ``study.optimize``
   there are no heartbeats: a worker killed with SIGKILL leaves its batch's trials RUNNING (its
   measured configs are in perf_db and are looked up, never re-measured).
 """
@@ -218,7 +219,6 @@ class Tuner:
         self.fatal: Optional[str] = None
         self._records: list[dict] = []
         self._runs: dict[str, dict] = {}
-        self._deadline: Optional[float] = None
         self.preparer = opts.preparer
         if self.preparer is None and opts.compile_workers > 0:
             from .prepare import Preparer
@@ -412,12 +412,10 @@ class Tuner:
                     self._abandon(study, trial, "interrupted")
                 raise
             for trial, config in repeats:
-                stored = ctx.db.lookup(ctx.env_info, ctx.kernel, ctx.key.workload, config)
+                stored = objective.lookup(trial, config)
                 if stored is None:
                     self._abandon(study, trial, "not measured: its config's first trial was not measured")
                     continue
-                trial.set_user_attr("source", "perf_db")
-                ctx.looked_up += 1
                 after_trial(study, study.tell(trial, objective.conclude(trial, stored)))
             if empty_batches >= 3:       # every proposal pruned or already measured: the space is spent
                 break
@@ -454,7 +452,6 @@ class Tuner:
     def run(self, on_key_done: Optional[Callable[[KeyResult], None]] = None) -> list[KeyResult]:
         results = []
         deadline = None if self.opts.budget.seconds is None else time.monotonic() + self.opts.budget.seconds
-        self._deadline = deadline
         self.check_new()
         old = _install_sigint(self)
         try:
