@@ -1,7 +1,8 @@
 """GPU session script (run 2): fwd+bwd correctness vs float64, per-kernel profile, timings and
 peak memory against SDPA and fla measured in the same run.  Writes JSON to $OUT.
 
-    python benchmarks/dev_gpu_run2.py [--quick]
+    python benchmarks/dev_gpu_run2.py [STEP ...]      (check profile bench nan quick sweep ranges ...)
+    python benchmarks/dev_gpu_run2.py ranges          # fwd+bwd per backward range budget, same run
 """
 from __future__ import annotations
 
@@ -137,6 +138,57 @@ def bench(quick, only_d=None, cases=None):
                 return
 
 
+def range_budgets(budgets=("128", "256", "unbounded"), shapes=((64, 16, 4096), (64, 16, 16384),
+                                                           (128, 8, 4096), (128, 8, 16384)), tokens=32768):
+    """fwd+bwd time and extra peak per backward range budget (PATHTUNE_BWD_RANGE_MIB, read at every
+    backward call), all budgets on the same inputs in one process: gated, bf16, B*T = tokens, heuristic
+    config.  The budgets take turns twice per shape, so drift hits them alike."""
+    import pathtune.codegen.triton.backward as tb
+
+    saved = os.environ.get("PATHTUNE_BWD_RANGE_MIB")
+    try:
+        for D, H, T in shapes:
+            B = tokens // T
+            q, k, v, w, beta, g = inputs(B, T, H, H, D, D, True)
+            xs = [x.detach().requires_grad_() for x in (q, k, v, w, beta, g)]
+            do = torch.randn_like(q)
+            p = TritonParams.heuristic(D, D)
+            S = p.superchunk_size
+            per_token = tb._phase2_bytes_per_token(H, D, p.chunk_size, S, T > S)
+
+            def run():
+                o, _ = path_attention_triton(*xs)
+                torch.autograd.grad(o, xs, do)
+            row = dict(kind="ranges", D=D, T=T, B=B, H=H, gate=True)
+            for rep in range(2):
+                for mib in budgets:
+                    os.environ["PATHTUNE_BWD_RANGE_MIB"] = mib
+                    budget = tb._range_budget()
+                    n = 1 if budget is None else min(-(-B * T * per_token // budget), B * -(-T // S))
+                    try:
+                        run()
+                        torch.cuda.synchronize()
+                        ms = triton.testing.do_bench(run, warmup=10, rep=60, return_mode="median")
+                        row.setdefault(f"fb_ms_{mib}", []).append(ms)
+                        if rep == 0:
+                            torch.cuda.reset_peak_memory_stats()
+                            base = torch.cuda.memory_allocated()
+                            run()
+                            torch.cuda.synchronize()
+                            row[f"extra_peak_GiB_{mib}"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+                            row[f"ranges_{mib}"] = n
+                    except Exception as exc:
+                        row[f"fb_ms_{mib}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(row)
+            del xs, q, k, v, w, beta, g, do
+            torch.cuda.empty_cache()
+    finally:
+        if saved is None:
+            os.environ.pop("PATHTUNE_BWD_RANGE_MIB", None)
+        else:
+            os.environ["PATHTUNE_BWD_RANGE_MIB"] = saved
+
+
 def _kernel_times(fn):
     """Per-kernel device ms of one call of fn (profiled after two warm calls)."""
     from torch.profiler import ProfilerActivity, profile as prof
@@ -217,7 +269,7 @@ if __name__ == "__main__":
     for step in steps:
         try:
             {"check": check, "profile": profile, "bench": lambda: bench(False), "quick": lambda: bench(True),
-             "nan": nan_long, "sweep": sweep, "sweep4k": lambda: sweep(T=4096, changes=[None]),
+             "nan": nan_long, "sweep": sweep, "ranges": range_budgets, "sweep4k": lambda: sweep(T=4096, changes=[None]),
              "sweep128": lambda: sweep(D=128, H=8),
              "bench_rest": lambda: bench(False, cases=[(64, 16, 16384, True), (128, 8, 4096, False), (128, 8, 4096, True),
                                                       (128, 8, 16384, False), (128, 8, 16384, True)]), "check128": lambda: check(128), "bench128": lambda: bench(False, 128)}[step]()

@@ -20,6 +20,8 @@
 #   tvmdecode [480] the TVM decode layouts vs the Triton decode and SDPA (carry build/tvm_gpu_check_decode,
 #                   built by codegen/tvm/build_gpu_check.py; see codegen/tvm/README.md)
 #   probe [60]      benchmarks/memory_probe.py next to the bench's measured peak
+#   ranges [150]    benchmarks/dev_gpu_run2.py ranges: fwd+bwd time and peak per backward range budget
+#                   (PATHTUNE_BWD_RANGE_MIB 128 / 256 / unbounded), D 64/128 x T 4K/16K, one process
 #   memcheck [180]  compute-sanitizer memcheck over one small fwd+bwd (catches out-of-bounds accesses)
 #
 # Carry: .whl (wheels: optuna stack, fla, pydantic...), and .tcache_in if an earlier call brought the
@@ -119,6 +121,7 @@ for arg in "$@"; do
         memcheck) run_step memcheck "${secs:-180}" compute-sanitizer --tool memcheck --print-limit 20 \
                       python3 "$REPO/benchmarks/dev_memcheck.py" 64 1300 512 1 ;;
         probe) run_step probe "${secs:-60}" python3 "$REPO/benchmarks/memory_probe.py" --no-timeline ;;
+        ranges) run_step ranges "${secs:-150}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ranges ;;
         *) echo "unknown step '$step' (see the header of $0)" | tee -a "$S/steps.txt" ;;
     esac
 done

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Generic, Optional, TypeVar
 
 __all__ = ["EnvVar", "ALL", "CHECK_INPUTS", "DB_URL", "PACK", "GPU_NAME", "PRINT_DISPATCH", "CACHE_DIR",
-           "DISPATCH_DB", "SHIPPED_DIR",
+           "DISPATCH_DB", "SHIPPED_DIR", "BWD_RANGE_MIB",
            "default_db_url", "default_cache_dir"]
 
 T = TypeVar("T")
@@ -40,6 +40,28 @@ def _parse_str(name: str, raw: str) -> Optional[str]:
 def _parse_path(name: str, raw: str) -> Optional[Path]:
     raw = raw.strip()
     return Path(raw).expanduser() if raw else None
+
+
+_UNBOUNDED = {"unbounded", "inf", "off", "none"}
+
+
+def _parse_mib(name: str, raw: str):
+    """A positive number of MiB (an int), or 'unbounded' (math.inf); empty: unset."""
+    import math
+
+    value = raw.strip().lower()
+    if not value:
+        return None
+    if value in _UNBOUNDED:
+        return math.inf
+    try:
+        mib = int(value)
+    except ValueError:
+        mib = 0
+    if mib <= 0:
+        raise ValueError(f"{name}={raw!r} is not a budget; use a positive whole number of MiB (e.g. 256) "
+                         "or 'unbounded'")
+    return mib
 
 
 def default_cache_dir() -> Path:
@@ -112,4 +134,12 @@ SHIPPED_DIR: EnvVar[Optional[Path]] = EnvVar(
     "Folder of shipped results files that a database opened by pathtune ingests once (the tuned records of "
     "reference GPUs); an empty folder starts databases without them (the test suite does).")
 
-ALL: tuple[EnvVar, ...] = (CHECK_INPUTS, DB_URL, PACK, GPU_NAME, PRINT_DISPATCH, CACHE_DIR, DISPATCH_DB, SHIPPED_DIR)
+BWD_RANGE_MIB: EnvVar[Optional[float]] = EnvVar(
+    "PATHTUNE_BWD_RANGE_MIB", _parse_mib, lambda: None, "MiB or 'unbounded'",
+    "unset (codegen/triton/backward.py PHASE2_RANGE_BYTES)",
+    "Working-set budget of the Triton backward's per-range stages (5-7): above it they run per token range "
+    "of super-chunks (lower peak memory, u / K~ / m recomputed per range). 'unbounded': one range. A "
+    "measuring knob (gradients are identical); read at every backward call.")
+
+ALL: tuple[EnvVar, ...] = (CHECK_INPUTS, DB_URL, PACK, GPU_NAME, PRINT_DISPATCH, CACHE_DIR, DISPATCH_DB, SHIPPED_DIR,
+                           BWD_RANGE_MIB)

@@ -100,11 +100,13 @@ def _bound(B, T, H, D, C, S, range_bytes):
 
 def test_backward_peak_within_the_analysis(mp, monkeypatch):
     """D=64, H=16, B=2, T=4096 with the range budget scaled like the tokens (as at T=16384): the
-    extra peak lies between what must be live and the bound (measured 217.0 MiB, bound 217.5): one
-    more [N, H, D] float32 buffer (32 MiB) kept alive, or stages 5-7 over the whole stream, exceed
-    it.  A change that frees more must lower the analysis here too."""
+    extra peak lies between what must be live and the bound (measured 253.0 MiB, bound 253.5 at the
+    256 MiB budget; 217.0 / 217.5 at 128 MiB): one more [N, H, D] float32 buffer (32 MiB) kept
+    alive, or stages 5-7 over the whole stream, exceed it.  A change that frees more must lower
+    the analysis here too."""
     import pathtune.codegen.triton.backward as tb
 
+    monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB", raising=False)
     B, T, H, D = 2, 4096, 16, 64
     budget = tb.PHASE2_RANGE_BYTES // 4
     monkeypatch.setattr(tb, "PHASE2_RANGE_BYTES", budget)
@@ -115,8 +117,10 @@ def test_backward_peak_within_the_analysis(mp, monkeypatch):
 
 
 @pytest.mark.parametrize("D,H", [(64, 16), (128, 8)])
-def test_issue_target_under_one_gib(mp, D, H):
+def test_issue_target_under_one_gib(mp, monkeypatch, D, H):
     """Issue 3's target shape: extra peak of one fwd+bwd at T=16384, B=2, gated, bf16 <= 1.0 GiB
-    (the H200 measured 1.71 GiB at D=64 before the per-range backward)."""
+    (the H200 measured 1.71 GiB at D=64 before the per-range backward; the probe counts 0.953 /
+    0.928 GiB at the 256 MiB range budget)."""
+    monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB", raising=False)
     mode = mp.measure(*mp.probe_inputs(2, 16384, H, D))
     assert mode.peak <= 1 << 30, mp.report(mode, timeline=False)

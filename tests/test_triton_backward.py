@@ -354,9 +354,10 @@ def test_range_split_gives_identical_gradients(monkeypatch, case):
         return out
 
     monkeypatch.setattr(tri_backward, "_ranges", spy)
-    monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1 << 40)
+    monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")     # one range, through the env override
     whole = kernel_grads(inputs, do, p, **kw)
-    monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)
+    monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB")
+    monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
     split = kernel_grads(inputs, do, p, **kw)
     n_sc = 8 if case == "dense_gqa" else 1 + 1 + 3 + 2
     assert ranges == [1, n_sc]
@@ -364,3 +365,24 @@ def test_range_split_gives_identical_gradients(monkeypatch, case):
         if b is not None:
             assert torch.equal(a, b), name
     check(split, oracle_grads(inputs, do, **kw), TOL[F32])
+
+
+def test_range_budget(monkeypatch):
+    """PHASE2_RANGE_BYTES (256 MiB: 5 ranges at the tuner's 32768 tokens, D=64, H=16; the memory
+    probe's extra peak at T=16384, B=2 stays under 1 GiB) and its PATHTUNE_BWD_RANGE_MIB override."""
+    monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB", raising=False)
+    assert tri_backward._range_budget() == tri_backward.PHASE2_RANGE_BYTES == 256 << 20
+    per_token = tri_backward._phase2_bytes_per_token(16, 64, 64, 1024, True)
+    assert -(-32768 * per_token // tri_backward.PHASE2_RANGE_BYTES) == 5
+    assert -(-32768 * per_token // (128 << 20)) == 10
+    monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "128")
+    assert tri_backward._range_budget() == 128 << 20
+    for raw in ("unbounded", "inf", "Off"):
+        monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", raw)
+        assert tri_backward._range_budget() is None
+    monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", " ")       # empty: the module's budget
+    assert tri_backward._range_budget() == tri_backward.PHASE2_RANGE_BYTES
+    for bad in ("0", "-5", "1.5", "lots"):
+        monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", bad)
+        with pytest.raises(ValueError, match="PATHTUNE_BWD_RANGE_MIB"):
+            tri_backward._range_budget()

@@ -11,7 +11,8 @@ Order (each stage only reads what earlier ones wrote):
   7. ut_bwd            dw, dk, dbeta through the UT transform
 then dg = reverse cumsum of dc per sequence.  Stages 5-7 only touch rows of one super-chunk; on
 long inputs they run per token range of super-chunks (see ``path_attention_bwd``), which bounds
-the extra peak memory (``benchmarks/memory_probe.py``: 0.85 GiB at T=16384, B=2, H=16, D=64).
+the extra peak memory (``benchmarks/memory_probe.py``: 0.95 GiB at T=16384, B=2, H=16, D=64, with
+the 256 MiB budget ``PHASE2_RANGE_BYTES``).
 """
 from __future__ import annotations
 
@@ -74,7 +75,26 @@ def _superchunk_chain_torch(what: torch.Tensor, dom: torch.Tensor, tables: Seque
 # Working set of the per-range stages (transport, intra, UT backward) above which they run over
 # token ranges of whole super-chunks, each with its own recomputed u, K~, m and accumulators.
 # Below it they run once over the whole stream on the forward state (no recomputation).
-PHASE2_RANGE_BYTES = 128 << 20
+# Extra peak of one gated bf16 fwd+bwd at T=16384, B=2 (benchmarks/memory_probe.py, CPU count;
+# D=64 H=16 / D=128 H=8) per budget:
+#   128 MiB 0.848 / 0.834 GiB   192 MiB 0.883 / 0.865   256 MiB 0.953 / 0.928
+#   384 MiB 0.988 / 0.959       512 MiB 1.094 / 1.053   unbounded 1.707 / 1.646
+# The bound is 1.0 GiB; 256 MiB keeps ~0.05 GiB of margin below it (384 MiB keeps 0.01).  With
+# 128 MiB (10 ranges at B*T = 32768 tokens, D=64 H=16) the H200 measured the gated fwd+bwd 23%
+# slower at T=4096 and 11% slower at T=16384 than session 2's single range (33.1 vs 27.0 ms,
+# 59.8 vs 53.9 ms); 256 MiB halves the ranges (5), so the extra launches and ut_chunk recomputes.  PATHTUNE_BWD_RANGE_MIB overrides it per call
+# (``_range_budget``), so one process can time several budgets (benchmarks/dev_gpu_run2.py ranges).
+PHASE2_RANGE_BYTES = 256 << 20
+
+
+def _range_budget():
+    """Bytes of the per-range stages' working set above which they split; None: never split."""
+    from pathtune import _env
+
+    mib = _env.BWD_RANGE_MIB.get()
+    if mib is None:
+        return PHASE2_RANGE_BYTES
+    return None if mib == float("inf") else int(mib) << 20
 
 
 def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool) -> int:
@@ -133,11 +153,11 @@ def path_attention_bwd(
     consumes ``state``: each of its tensors is released (the field set to None) once dead.
 
     Memory: the inter-super-chunk stages (1-4) run over the whole stream; transport, intra and
-    UT backward (5-7) only touch rows of one super-chunk, so above ``PHASE2_RANGE_BYTES`` they
-    run per token range of whole super-chunks, with u, K~, m recomputed for the range (one extra
-    ut_chunk pass) and range-sized accumulators.  Every program computes exactly what it did in
-    one launch over the stream, and a row's atomic adds come from the same programs in the same
-    kernel order, so the gradients are unchanged.
+    UT backward (5-7) only touch rows of one super-chunk, so above ``PHASE2_RANGE_BYTES`` (or
+    ``PATHTUNE_BWD_RANGE_MIB``) they run per token range of whole super-chunks, with u, K~, m
+    recomputed for the range (one extra ut_chunk pass) and range-sized accumulators.  Every
+    program computes exactly what it did in one launch over the stream, and a row's atomic adds
+    come from the same programs in the same kernel order, so the gradients are unchanged.
     """
     B, T, HQ, D = q.shape
     H, DV = v.shape[2], v.shape[3]
@@ -159,7 +179,8 @@ def path_attention_bwd(
     f32 = dict(device=dev, dtype=torch.float32)
     common = dict(HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S, DT=dt)
     multi = tb.max_seq_len > S
-    n_ranges = -(-N * _phase2_bytes_per_token(H, D, C, S, multi) // PHASE2_RANGE_BYTES)
+    budget = _range_budget()
+    n_ranges = 1 if budget is None else -(-N * _phase2_bytes_per_token(H, D, C, S, multi) // budget)
     ranges = _ranges(tb, B, T, N, C, S, n_ranges)
     recompute = len(ranges) > 1
 
