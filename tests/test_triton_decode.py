@@ -148,6 +148,47 @@ def test_mha_single_token_consecutive_steps_fp32():
     assert rel(tri.k[:, :tri.length], ref_cache.k[:, :tri.length]) < 1e-5
 
 
+@pytest.mark.parametrize("stages", [1, 3])
+@pytest.mark.parametrize("HQ,TN,cdt", [(2, 1, torch.float32), (2, 1, torch.bfloat16), (4, 2, torch.bfloat16)],
+                         ids=["row-fp32", "row-bf16", "matrix-bf16"])
+def test_pipelined_tile_loop_matches_reference(monkeypatch, stages, HQ, TN, cdt):
+    """decode_num_stages pipelines the key-tile loop (tl.range(num_stages=)) of both paths: the one-row
+    path (MHA, one token) and the tensor-core path (GQA, two tokens).  Several tiles per split, so the
+    loop runs more iterations than stages; the result equals the float64 reference either way, and the
+    launch carries STAGES (None for 1: the loop as written)."""
+    from pathtune.codegen.triton import decode as dec
+
+    launches = []
+    real = dec.decode_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launches.append(kw["STAGES"])
+                return real[grid](*args, **kw)
+            return launch
+    monkeypatch.setattr(dec, "decode_kernel", Spy())
+    B, H, D = 2, 2, 16
+    tri, ref_cache = prefilled(B, 75, HQ, H, D, D, True, cdt)   # 75 + TN rows: 5 tiles of 16, 3 per split
+    inputs = make(B, TN, HQ, H, D, D, True, dtype=torch.float32 if cdt == torch.float32 else cdt)
+    o, ref = step_both(tri, ref_cache, inputs,
+                       config=dict(decode_block_n=16, decode_splits=2, decode_num_stages=stages))
+    assert launches == [None if stages == 1 else stages]
+    assert rel(o, ref) < TOL_O[cdt], rel(o, ref)
+    n = tri.length
+    assert rel(tri.k[:, :n], ref_cache.k[:, :n]) < TOL_K[cdt]
+
+
+def test_decode_num_stages_is_validated():
+    from pathtune.codegen.triton import TritonParams
+    from pathtune.codegen.triton.decode import decode_loop_stages
+
+    assert TritonParams().decode_num_stages == 1 and decode_loop_stages(TritonParams()) is None
+    assert decode_loop_stages(TritonParams(decode_num_stages=4)) == 4
+    with pytest.raises(ValueError, match="decode_num_stages must be >= 1"):
+        TritonParams(decode_num_stages=0)
+
+
 def test_layout_paths():
     """One token and one query head per kv head uses the row path; anything else the padded tile."""
     assert decode_layout(1, 1) == (True, 1)
@@ -274,22 +315,28 @@ _CHILD = textwrap.dedent("""
     assert "TRITON_INTERPRET" not in os.environ
     from pathtune.codegen.triton import TritonParams
     from pathtune.codegen.triton.compile_check import compile_kernel, decode_kernels
+    from dataclasses import replace
     out = []
     for D in (64, 128):
-        params = TritonParams.heuristic(D, D)
-        for group, tokens in ((1, 1), (4, 4)):
-            for fn, sig, const, nw, ns in decode_kernels(params, D, D, group=group, tokens=tokens):
-                r = compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=90, aligned=True)
-                out.append(dict(D=D, group=group, tokens=tokens, name=r.name, shared=r.shared_bytes,
-                                regs=r.registers, spills=r.spill_bytes))
+        for stages in (1, 3):
+            params = replace(TritonParams.heuristic(D, D), decode_num_stages=stages)
+            for group, tokens in ((1, 1), (4, 4)):
+                for fn, sig, const, nw, ns in decode_kernels(params, D, D, group=group, tokens=tokens):
+                    if stages > 1 and fn.fn.__name__ != "decode_kernel":
+                        continue
+                    r = compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=90, aligned=True)
+                    out.append(dict(D=D, stages=stages, group=group, tokens=tokens, name=r.name,
+                                    shared=r.shared_bytes, regs=r.registers, spills=r.spill_bytes))
     print("RESULT " + json.dumps(out), flush=True)
 """)
 
 
 @pytest.mark.slow
 def test_decode_kernels_compile_for_sm90():
-    """Both decode kernels compile for sm_90 at the heuristic knobs for D = 64 and 128; the hot
-    single-token MHA launch does not spill; shared memory fits an H200 block."""
+    """Both decode kernels compile for sm_90 at the heuristic knobs for D = 64 and 128, and the decode
+    kernel also with its tile loop pipelined 3 deep (decode_num_stages=3); the hot single-token MHA
+    launch does not spill; shared memory fits an H200 block.  Pipelining shows in the one-row path's
+    shared memory (its loads are staged there; unpipelined it only holds reduction scratch)."""
     ptxas = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "ptxas")
     if not os.path.exists(ptxas):
         pytest.skip("Triton's bundled ptxas is missing")
@@ -302,6 +349,10 @@ def test_decode_kernels_compile_for_sm90():
         assert r["shared"] <= 232448, r
         if r["name"] == "decode_kernel" and r["tokens"] == 1 and r["group"] == 1 and r["spills"] is not None:
             assert r["spills"] == 0, r
+    row = {(r["D"], r["stages"]): r["shared"] for r in rows
+           if r["name"] == "decode_kernel" and r["tokens"] == 1 and r["group"] == 1}
+    for D in (64, 128):
+        assert row[(D, 3)] > row[(D, 1)] + 16384, row
 
 
 # ---- GPU ---------------------------------------------------------------------------------------------------
@@ -315,6 +366,22 @@ def test_gpu_long_cache_bf16(D, H, HQ, TN):
     for _ in range(3):
         inputs = make(B, TN, HQ, H, D, D, True, dtype=torch.bfloat16)
         o, ref = step_both(tri, ref_cache, inputs)
+        assert rel(o, ref) < 1e-2
+    n = tri.length
+    assert rel(tri.k[:, :n], ref_cache.k[:, :n]) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("D,H,HQ,TN", [(128, 8, 8, 1), (64, 2, 8, 4)])
+def test_gpu_pipelined_tile_loop(D, H, HQ, TN, stages):
+    """decode_num_stages > 1 on the GPU (the interpreter ignores tl.range's num_stages): cp.async loads of
+    later tiles in flight while a tile is rotated in place and written back; several tiles per split."""
+    B, T0 = 2, 4096
+    tri, ref_cache = prefilled(B, T0, HQ, H, D, D, True, torch.bfloat16)
+    cfg = dict(decode_block_n=64, decode_num_warps=8, decode_splits=4, decode_num_stages=stages)
+    for _ in range(2):
+        o, ref = step_both(tri, ref_cache, make(B, TN, HQ, H, D, D, True, dtype=torch.bfloat16), config=cfg)
         assert rel(o, ref) < 1e-2
     n = tri.length
     assert rel(tri.k[:, :n], ref_cache.k[:, :n]) < 2e-3
@@ -381,7 +448,8 @@ def test_decode_bench_sweep_space():
     from pathtune.tuning.decode_bench import sweep_configs
 
     cfgs = sweep_configs(64, 64)
-    assert len(cfgs) == 4 * 3 * 5 and all(c["beta_clip_eps"] == "off" for c in cfgs)
+    assert len(cfgs) == 4 * 3 * 5 * 4 and all(c["beta_clip_eps"] == "off" for c in cfgs)
+    assert {c["decode_num_stages"] for c in cfgs} == {1, 2, 3, 4}
 
 
 def test_decode_bench_runs_end_to_end_with_a_stub_timer(monkeypatch):

@@ -62,7 +62,7 @@ class DecodeRow:
 
 def knob_values(params) -> dict:
     """The decode pass's knob values of a TritonParams, as the spec spells them (beta_clip_eps 'off')."""
-    out = {k: getattr(params, k) for k in ("decode_block_n", "decode_num_warps", "decode_splits")}
+    out = {k: getattr(params, k) for k in ("decode_block_n", "decode_num_warps", "decode_splits", "decode_num_stages")}
     out["beta_clip_eps"] = "off" if params.beta_clip_eps is None else params.beta_clip_eps
     return out
 
@@ -328,7 +328,7 @@ def format_decode_table(rows: list[DecodeRow]):
     table = Table(title="PaTH decode step (1 token), ms (do_bench median); targets: /flash <= 2.5 at 4096, "
                         "<= 1.8 at 32768")
     for col in ("BxH", "D", "cache", "gate", "sdpa flash", "fla", "pathtune", "/flash", "fla/ours", "GB/s",
-                "o err", "k err", "block_n/warps/splits"):
+                "o err", "k err", "block_n/warps/splits/stages"):
         table.add_column(col, justify="right")
 
     def f(x, fmt="{:.3f}"):
@@ -341,5 +341,5 @@ def format_decode_table(rows: list[DecodeRow]):
                       f(r.bytes_moved / (t * 1e6) if t else None, "{:.0f}"),
                       f(r.errors.get("o"), "{:.1e}"), f(r.errors.get("k"), "{:.1e}"),
                       "/".join(str(r.params.get(k, "-")) for k in ("decode_block_n", "decode_num_warps",
-                                                                     "decode_splits")))
+                                                                     "decode_splits", "decode_num_stages")))
     return table

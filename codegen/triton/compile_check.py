@@ -73,6 +73,7 @@ def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int, num
 
 
 _PTR_F32 = "*fp32"
+SMEM_LIMIT_SM90 = 232448  # bytes of dynamic shared memory a block may opt in to on H100/H200 (227 KiB)
 
 
 def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
@@ -142,7 +143,7 @@ def decode_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16"
                    heads: int = 8, group: int = 1, tokens: int = 1):
     """(fn, signature, constexprs, num_warps, num_stages) of the decode step's two launches
     (``decode.py``) for ``tokens`` new tokens and ``group`` query heads per kv head."""
-    from .decode import decode_kernel, decode_layout, decode_merge_kernel
+    from .decode import decode_kernel, decode_layout, decode_loop_stages, decode_merge_kernel
     from .forward import _pow2
 
     rowwise, R = decode_layout(tokens, group)
@@ -157,7 +158,7 @@ def decode_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16"
     const = dict(H=heads, G=group, D=D, DV=DV, BD=BD, BDV=BDV, TN=tokens, TNP=triton.next_power_of_2(tokens),
                  GP=triton.next_power_of_2(group), R=R, BLOCK_N=params.decode_block_n,
                  ROWWISE=rowwise, F32=dtype == "fp32", USE_GATE=gate, BETA_MAX=params.beta_max, OFF64=False,
-                 INTERP=False)
+                 INTERP=False, STAGES=decode_loop_stages(params))
     merge = dict(H=heads, G=group, DV=DV, BDV=BDV, TN=tokens, R=R, INTERP=False)
     return [(decode_kernel, sig, const, params.decode_num_warps, 2), (decode_merge_kernel, sig, merge, 4, 1)]
 
@@ -188,7 +189,9 @@ def main(argv=None):
                                  aligned=True)
             if fn.fn.__name__ == "decode_kernel":
                 res.name = f"decode_kernel[TN={const['TN']},G={const['G']}]"
-            print(res, flush=True)
+            over = args.arch >= 90 and res.shared_bytes > SMEM_LIMIT_SM90
+            print(f"{res}{f'  OVER the sm_90 limit of {SMEM_LIMIT_SM90} B: the launch fails' if over else ''}",
+                  flush=True)
         except Exception as exc:  # report and continue: a failing config is a status
             print(f"{fn.fn.__name__:32s} FAILED: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
 

@@ -18,7 +18,8 @@ splits.  A step with one token and one query head per kv head (MHA) uses row red
 tensor-core products (no padding of the single query row to 16).
 
 Knobs (spec pass ``decode``): decode_block_n (key tile), decode_num_warps, decode_splits (split-K
-factor, capped by the number of tiles), beta_clip_eps (``TritonParams.beta_max``).
+factor, capped by the number of tiles), decode_num_stages (software pipelining of the key-tile loop),
+beta_clip_eps (``TritonParams.beta_max``).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from ._ops import interpreting, mm
 from .params import TritonParams
 
 __all__ = ["decode_kernel", "decode_merge_kernel", "path_decode_triton", "path_prefill_triton",
-           "current_frame_keys_triton", "decode_params"]
+           "current_frame_keys_triton", "decode_params", "decode_loop_stages"]
 
 _LOG2E = 1.4426950408889634
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" of the running max (keeps exp2(m_old - m_new) NaN-free)
@@ -110,7 +111,7 @@ def decode_kernel(
     H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr, TN: tl.constexpr, TNP: tl.constexpr, GP: tl.constexpr, R: tl.constexpr,
     BLOCK_N: tl.constexpr, ROWWISE: tl.constexpr, F32: tl.constexpr, USE_GATE: tl.constexpr,
-    BETA_MAX: tl.constexpr, OFF64: tl.constexpr, INTERP: tl.constexpr,
+    BETA_MAX: tl.constexpr, OFF64: tl.constexpr, INTERP: tl.constexpr, STAGES: tl.constexpr = None,
 ):
     """One split of one (batch, kv head): in-place rank-one updates of its key tiles + partial softmax.
 
@@ -121,6 +122,9 @@ def decode_kernel(
     L .. N-1 (N = L + TN), written here by the program that owns them.  OFF64: row offsets need 64 bits.
     Partials: m/l [B*H, n_splits, R], acc [B*H, n_splits, R, BDV] (fp32, base-2 logits).
     Query row r = t * G + g (token t, head h*G + g); rows >= TN*G are padding.
+    STAGES: software-pipelining stages of the key-tile loop (``tl.range(num_stages=)``: the loads of
+    later tiles are issued while one tile is processed); None leaves the loop as written (Triton then
+    pipelines only the loads that feed a tensor-core product, by the launch's num_stages).
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -159,7 +163,7 @@ def decode_kernel(
         m_i = tl.full([1], _NEG, tl.float32)
         l_i = tl.zeros([1], tl.float32)
         acc = tl.zeros([BDV], tl.float32)
-        for tile in range(t_lo, t_hi):
+        for tile in tl.range(t_lo, t_hi, num_stages=STAGES):
             n = tile * BLOCK_N + rn
             nmask = n < N
             nr = n.to(tl.int64) if OFF64 else n
@@ -204,7 +208,7 @@ def decode_kernel(
         m_i = tl.full([R], _NEG, tl.float32)
         l_i = tl.zeros([R], tl.float32)
         acc = tl.zeros([R, BDV], tl.float32)
-        for tile in range(t_lo, t_hi):
+        for tile in tl.range(t_lo, t_hi, num_stages=STAGES):
             n = tile * BLOCK_N + rn
             nmask = n < N
             nr = n.to(tl.int64) if OFF64 else n
@@ -304,6 +308,13 @@ def decode_params(config, head_dim: int, head_dim_v: int) -> TritonParams:
     except TypeError:  # unhashable knob values: no memo
         return TritonParams.from_config(config)
     return _params_cached(("config", items))
+
+
+def decode_loop_stages(params: TritonParams) -> Optional[int]:
+    """``STAGES`` of decode_kernel for the decode_num_stages knob: 1 (the default) leaves the tile loop
+    as it was before the knob existed (no ``tt.num_stages`` on the loop), k > 1 pipelines it k deep."""
+    stages = int(params.decode_num_stages)
+    return stages if stages > 1 else None
 
 
 def decode_layout(T_new: int, G: int) -> tuple[bool, int]:
@@ -413,7 +424,8 @@ def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = N
         GP=triton.next_power_of_2(G), R=R, BLOCK_N=BLOCK_N,
         ROWWISE=rowwise, F32=f32, USE_GATE=g is not None, BETA_MAX=params.beta_max,
         OFF64=cache.max_len * H * max(D, DV, G) >= _OFF64_ELEMS,
-        INTERP=interpreting(), num_warps=int(params.decode_num_warps), num_stages=2,
+        INTERP=interpreting(), STAGES=decode_loop_stages(params),
+        num_warps=int(params.decode_num_warps), num_stages=2,
     )
     o = torch.empty(B, TN, HQ, DV, device=dev, dtype=q.dtype)
     lse = torch.empty(B, TN, HQ, device=dev, dtype=torch.float32)

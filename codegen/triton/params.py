@@ -40,6 +40,7 @@ class TritonParams:
     decode_block_n: int = 128
     decode_num_warps: int = 4
     decode_splits: int = 4
+    decode_num_stages: int = 1
 
     def __post_init__(self):
         if self.scan_precision not in _SCAN_DTYPES:
@@ -55,6 +56,9 @@ class TritonParams:
             raise ValueError(f"ut_precision must be tf32, tf32x3 or ieee, got {self.ut_precision!r}")
         if self.ut_grad_precision not in ("tf32", "tf32x3", "ieee"):
             raise ValueError(f"ut_grad_precision must be tf32, tf32x3 or ieee, got {self.ut_grad_precision!r}")
+        if int(self.decode_num_stages) < 1:
+            raise ValueError(f"decode_num_stages must be >= 1 (1: the tile loop is not pipelined), "
+                             f"got {self.decode_num_stages!r}")
         if self.superchunk_size % self.chunk_size:
             raise ValueError(
                 f"superchunk_size ({self.superchunk_size}) must be a multiple of chunk_size ({self.chunk_size})"
