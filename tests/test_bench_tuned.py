@@ -27,7 +27,7 @@ def test_bench_tuned_uses_and_records_dispatch_choices(tmp_path, monkeypatch):
         for pass_, knobs in tuned.items():
             wl = Workload(head_dim=D, head_dim_v=D, heads_q=H, heads_kv=H, dtype="bfloat16", use_gate=True,
                           pass_=pass_, seq_bucket=T, batch_bucket=B)
-            kernel = KernelKey(pass_=pass_, backend="triton", spec_hash=spec.hash, source_hash=source_hash())
+            kernel = KernelKey(pass_=pass_, backend="triton", spec_hash=spec.hash, source_hash=source_hash(pass_))
             db.record(env, kernel, wl, Config(knobs), Measurement(status="ok", median_ms=1.0, errors={"o": 1e-3}))
     db = PerfDB(url)
     old = dispatch.set_dispatcher(dispatch.Dispatcher(env_info=env, db=db, pack=None, gpu_only=False))

@@ -179,7 +179,8 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
                 wl = Workload(head_dim=row.head_dim, head_dim_v=row.head_dim, heads_q=row.heads,
                               heads_kv=row.heads, dtype="bfloat16", use_gate=row.gate, pass_=pass_,
                               seq_bucket=row.seq_len, batch_bucket=row.batch)
-                kernel = KernelKey(pass_=pass_, backend="triton", spec_hash=spec.hash, source_hash=source_hash())
+                kernel = KernelKey(pass_=pass_, backend="triton", spec_hash=spec.hash,
+                                   source_hash=source_hash(pass_))
                 meas = (Measurement(status="ok", median_ms=t, bench_method="triton.testing.do_bench median",
                                     errors=dict(row.errors), baseline_ms=row.times.get(f"sdpa_flash_{tag}"),
                                     baseline_name="sdpa_flash", command=command)

@@ -108,12 +108,14 @@ def _pow2_ceil(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def source_hash_for(backend: str) -> str:
-    """The kernel source hash of a backend (a perf_db hard key and part of the study name)."""
+def source_hash_for(backend: str, pass_: Optional[str] = None) -> str:
+    """The kernel source hash of a backend's pass (a perf_db hard key and part of the study name):
+    Triton hashes the files of that pass (``pathtune.codegen.triton.PASS_SOURCES``; ``pass_`` None:
+    all of them), TVM its whole codegen."""
     if backend == "triton":
         from pathtune.codegen.triton import source_hash
 
-        return source_hash()
+        return source_hash(pass_)
     if backend == "tvm":
         from pathtune.codegen.tvm.build import source_hash as tvm_source_hash  # light: no TVM import
 

@@ -198,13 +198,15 @@ class Tuner:
         self.env_hash = env_hash(self.env_info)
         # an injected measurement backend (tests' cost model) names its own "kernel source"
         fake_source = getattr(inspect.getmodule(opts.measure_fn), "SOURCE_HASH", None) if opts.measure_fn else None
-        self.sources = {b: fake_source or source_hash_for(b) for b in {k.backend for k in self.keys}}
+        # per (backend, pass): a Triton pass's hash covers only that pass's kernel files
+        self.sources = {(b, p): fake_source or source_hash_for(b, p)
+                        for b, p in {(k.backend, k.pass_) for k in self.keys}}
         sources = self.sources
         spec_hash = self.spec.hash
 
         def current_keys(op: str, pass_: str, backend: str) -> Optional[dict]:
-            if backend in sources:
-                return {"spec_hash": spec_hash, "source_hash": sources[backend]}
+            if (backend, pass_) in sources:
+                return {"spec_hash": spec_hash, "source_hash": sources[(backend, pass_)]}
             return None
 
         # several workers may open a fresh database at once: the loser of a schema race retries
@@ -228,13 +230,13 @@ class Tuner:
     # -- names ----------------------------------------------------------------------------------------
 
     def study_name(self, key: TuneKey) -> str:
-        return study_name(self.env_hash, self.spec.hash, self.sources[key.backend], key)
+        return study_name(self.env_hash, self.spec.hash, self.sources[(key.backend, key.pass_)], key)
 
     def kernel(self, key: TuneKey) -> Any:
         from .space import CODEGEN_VERSION
 
         return self.KernelKey(pass_=key.pass_, backend=key.backend, spec_hash=self.spec.hash,
-                              codegen_version=CODEGEN_VERSION, source_hash=self.sources[key.backend])
+                              codegen_version=CODEGEN_VERSION, source_hash=self.sources[(key.backend, key.pass_)])
 
     # -- results file ---------------------------------------------------------------------------------
 
@@ -288,7 +290,8 @@ class Tuner:
             study.set_user_attr("key", {"label": key.label, "pass": key.pass_, "backend": key.backend,
                                         "workload": key.workload.to_dict(), "batch": key.batch,
                                         "seq_len": key.seq_len, "env_hash": self.env_hash,
-                                        "spec_hash": self.spec.hash, "source_hash": self.sources[key.backend]})
+                                        "spec_hash": self.spec.hash,
+                                        "source_hash": self.sources[(key.backend, key.pass_)]})
         default = default_config(self.spec, key)
         if not study.get_trials(deepcopy=False):
             study.enqueue_trial(default.to_dict(), user_attrs={"seeded_default": True}, skip_if_exists=True)
