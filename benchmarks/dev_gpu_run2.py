@@ -168,7 +168,7 @@ def range_budgets(budgets=("128", "256", "unbounded"), shapes=((64, 16, 4096), (
                     try:
                         run()
                         torch.cuda.synchronize()
-                        ms = triton.testing.do_bench(run, warmup=10, rep=60, return_mode="median")
+                        ms = triton.testing.do_bench(run, warmup=50, rep=500, return_mode="median")  # ~10 calls
                         row.setdefault(f"fb_ms_{mib}", []).append(ms)
                         if rep == 0:
                             torch.cuda.reset_peak_memory_stats()
