@@ -24,6 +24,14 @@
 #                   (PATHTUNE_BWD_RANGE_MIB 128 / 256 / unbounded), D 64/128 x T 4K/16K, one process
 #   memcheck [180]  compute-sanitizer memcheck over one small fwd+bwd (catches out-of-bounds accesses)
 #
+# Two GPUs (the nvidia-h200-x2 kind: same device time, twice the GPUs and cores), one lane per GPU:
+#
+#   bash benchmarks/gpu_session.sh --lanes "HEAD_DIMS=64 tune:560" "HEAD_DIMS=128 tune:560"
+#
+# Each quoted lane runs its steps in order on its own GPU (CUDA_VISIBLE_DEVICES = lane index), with the
+# leading VAR=value words set for that lane only; lanes run at the same time and share the Triton cache.
+# Lane i keeps its files in s/lane<i>/ and continues a tune from .tune_in/lane<i>/tune.sqlite3.
+#
 # Carry: .whl (wheels: optuna stack, fla, pydantic...), and .tcache_in if an earlier call brought the
 # Triton cache back (mkdir -p .tcache_in && cp <files_at>/tcache.tgz.* .tcache_in/; both git-excluded),
 # and .tune_in/tune.sqlite3 to continue an earlier call's tune (git-excluded too).
@@ -34,7 +42,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
 OUT="${OUT:-/tmp/pathtune-gpu-session}"
-S="/tmp/pathtune-session/s"
+ROOT_S="/tmp/pathtune-session/s"
+S="$ROOT_S"
 mkdir -p "$S" "$OUT"
 
 if [ -d .whl ] && ! python3 -c "import optuna" 2>/dev/null; then
@@ -50,7 +59,6 @@ if ! command -v python >/dev/null; then
 fi
 export PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR="$REPO/.tcache"
-export PATHTUNE_DB_URL="sqlite:///$S/perf.sqlite3"
 mkdir -p "$TRITON_CACHE_DIR"
 if ls .tcache_in/tcache.tgz.* >/dev/null 2>&1; then
     cat .tcache_in/tcache.tgz.* | tar xzf - -C "$TRITON_CACHE_DIR" && echo "Triton cache restored: $(du -sh "$TRITON_CACHE_DIR" | cut -f1)"
@@ -70,61 +78,91 @@ run_step() {  # name seconds command...
     tail -n 25 "$S/$name.log"
 }
 
-for arg in "$@"; do
-    step="${arg%%:*}"
-    secs="${arg#*:}"
-    [ "$secs" = "$arg" ] && secs=""
-    case "$step" in
-        tests) run_step tests "${secs:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -n 6 \
-                   "$REPO/tests/test_triton_gpu.py" "$REPO/tests/test_triton_decode.py" \
-                   "$REPO/tests/test_runtime_dispatch.py" "$REPO/tests/test_layer.py" -rA ;;
-        bench) run_step bench "${secs:-240}" python3 -m pathtune.cli bench --record --json "$S/bench.json" ;;
-        decode) run_step decode "${secs:-120}" python3 -m pathtune.cli bench --pass decode --record \
-                    --json "$S/decode.json" ;;
-        dsweep) run_step dsweep "${secs:-240}" python3 -m pathtune.cli bench --pass decode --sweep --record \
-                    --json "$S/decode_sweep.json" ;;
-        benchtuned)  # dispatch from this call's tune database if a tune step ran, else the shipped records
-                     if [ -f "$S/tune/tune.sqlite3" ]; then dispatch_db="sqlite:///$S/tune/tune.sqlite3"; else dispatch_db=""; fi
-                     run_step benchtuned "${secs:-240}" env PATHTUNE_DB_URL="$dispatch_db" python3 -m pathtune.cli bench \
-                         --config tuned --gate "${BENCH_GATE:-both}" --record --db "$PATHTUNE_DB_URL" \
-                         --json "$S/bench_tuned.json" ;;
-        tune) t="${secs:-600}"
-              # a tune spread over several calls: carry the last call's database in (.tune_in/tune.sqlite3,
-              # from session.tgz s/tune/), h200_tune.sh resumes its studies and looks up what it measured
-              if [ -f .tune_in/tune.sqlite3 ] && [ ! -f "$S/tune/tune.sqlite3" ]; then
-                  mkdir -p "$S/tune" && cp .tune_in/tune.sqlite3 "$S/tune/tune.sqlite3"
-              fi
-              run_step tune "$t" env OUT="$S/tune" BUDGET="${TUNE_BUDGET:-$(( (t - 150) / 60 ))m}" WHEELS="$REPO/.whl" \
-                  bash "$REPO/benchmarks/h200_tune.sh" ;;
-        ffcompare) mkdir -p "$S/flipflop" && cp "$REPO/examples/flipflop/results.json" "$S/flipflop/results.json"
-                   run_step ffcompare "${secs:-240}" env PYTHONPATH="$PYTHONPATH:$REPO" \
-                       python3 -m examples.flipflop --device cuda --no-progress --resume \
-                       --budget-minutes "$(python3 -c "print(round((${secs:-240} - 20) / 60, 1))")" \
-                       --out "$S/flipflop/results.json" ;;
-        flipflop) t="${secs:-540}"
-                  # run from /tmp like every step: the repo goes after the installed pathtune on the path
-                  run_step flipflop "$t" env PYTHONPATH="$PYTHONPATH:$REPO" \
-                      python3 -m examples.flipflop --device cuda --no-progress \
-                      --budget-minutes "$(python3 -c "print(round(($t - 45) / 60, 1))")" \
-                      --out "$S/flipflop/results.json" ;;
-        lm) pack_args=()   # with a tune step in this call: export its pack and train/generate with it
-            if [ -f "$S/tune/tune.sqlite3" ] && (cd /tmp && python3 -m pathtune.cli export --gpu H200 \
-                   -o "$S/h200_pack.json" --db "sqlite:///$S/tune/tune.sqlite3") > "$S/export.log" 2>&1; then
-                pack_args=(--pack "$S/h200_pack.json")
-            fi
-            run_step lm "${secs:-120}" python3 "$REPO/examples/lm_generate.py" --device cuda "${pack_args[@]}" ;;
-        tvm) run_step tvm "${secs:-200}" python3 "$REPO/codegen/tvm/gpu_check.py" \
-                 --budget-min "$(python3 -c "print(round(${secs:-200} / 60 - 0.7, 1))")" ;;
-        tvmdecode) run_step tvmdecode "${secs:-480}" python3 "$REPO/codegen/tvm/gpu_check.py" \
-                       --bundle "$REPO/build/tvm_gpu_check_decode" \
-                       --budget-min "$(python3 -c "print(round(${secs:-480} / 60 - 0.7, 1))")" ;;
-        memcheck) run_step memcheck "${secs:-180}" compute-sanitizer --tool memcheck --print-limit 20 \
-                      python3 "$REPO/benchmarks/dev_memcheck.py" 64 1300 512 1 ;;
-        probe) run_step probe "${secs:-60}" python3 "$REPO/benchmarks/memory_probe.py" --no-timeline ;;
-        ranges) run_step ranges "${secs:-150}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ranges ;;
-        *) echo "unknown step '$step' (see the header of $0)" | tee -a "$S/steps.txt" ;;
-    esac
-done
+run_steps() {  # the steps of one lane, in order, with S set
+    export PATHTUNE_DB_URL="sqlite:///$S/perf.sqlite3"
+    local arg step secs t dispatch_db pack_args
+    for arg in "$@"; do
+        step="${arg%%:*}"
+        secs="${arg#*:}"
+        [ "$secs" = "$arg" ] && secs=""
+        case "$step" in
+            tests) run_step tests "${secs:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -n 6 \
+                       "$REPO/tests/test_triton_gpu.py" "$REPO/tests/test_triton_decode.py" \
+                       "$REPO/tests/test_runtime_dispatch.py" "$REPO/tests/test_layer.py" -rA ;;
+            bench) run_step bench "${secs:-240}" python3 -m pathtune.cli bench --head-dim "${HEAD_DIMS:-64,128}" --record --json "$S/bench.json" ;;
+            decode) run_step decode "${secs:-120}" python3 -m pathtune.cli bench --pass decode --record \
+                        --json "$S/decode.json" ;;
+            dsweep) run_step dsweep "${secs:-240}" python3 -m pathtune.cli bench --pass decode --sweep --record \
+                        --json "$S/decode_sweep.json" ;;
+            benchtuned)  # dispatch from this call's tune database if a tune step ran, else the shipped records
+                         if [ -f "$S/tune/tune.sqlite3" ]; then dispatch_db="sqlite:///$S/tune/tune.sqlite3"; else dispatch_db=""; fi
+                         run_step benchtuned "${secs:-240}" env PATHTUNE_DB_URL="$dispatch_db" python3 -m pathtune.cli bench \
+                             --head-dim "${HEAD_DIMS:-64,128}" --config tuned --gate "${BENCH_GATE:-both}" --record --db "$PATHTUNE_DB_URL" \
+                             --json "$S/bench_tuned.json" ;;
+            tune) t="${secs:-600}"
+                  # a tune spread over several calls: carry the last call's database in (.tune_in/tune.sqlite3,
+                  # from session.tgz s/tune/), h200_tune.sh resumes its studies and looks up what it measured
+                  if [ -f ".tune_in/${LANE:+$LANE/}tune.sqlite3" ] && [ ! -f "$S/tune/tune.sqlite3" ]; then
+                      mkdir -p "$S/tune" && cp ".tune_in/${LANE:+$LANE/}tune.sqlite3" "$S/tune/tune.sqlite3"
+                  fi
+                  run_step tune "$t" env OUT="$S/tune" BUDGET="${TUNE_BUDGET:-$(( (t - 150) / 60 ))m}" WHEELS="$REPO/.whl" \
+                      bash "$REPO/benchmarks/h200_tune.sh" ;;
+            ffcompare) mkdir -p "$S/flipflop" && cp "$REPO/examples/flipflop/results.json" "$S/flipflop/results.json"
+                       run_step ffcompare "${secs:-240}" env PYTHONPATH="$PYTHONPATH:$REPO" \
+                           python3 -m examples.flipflop --device cuda --no-progress --resume \
+                           --budget-minutes "$(python3 -c "print(round((${secs:-240} - 20) / 60, 1))")" \
+                           --out "$S/flipflop/results.json" ;;
+            flipflop) t="${secs:-540}"
+                      # run from /tmp like every step: the repo goes after the installed pathtune on the path
+                      run_step flipflop "$t" env PYTHONPATH="$PYTHONPATH:$REPO" \
+                          python3 -m examples.flipflop --device cuda --no-progress \
+                          --budget-minutes "$(python3 -c "print(round(($t - 45) / 60, 1))")" \
+                          --out "$S/flipflop/results.json" ;;
+            lm) pack_args=()   # with a tune step in this call: export its pack and train/generate with it
+                if [ -f "$S/tune/tune.sqlite3" ] && (cd /tmp && python3 -m pathtune.cli export --gpu H200 \
+                       -o "$S/h200_pack.json" --db "sqlite:///$S/tune/tune.sqlite3") > "$S/export.log" 2>&1; then
+                    pack_args=(--pack "$S/h200_pack.json")
+                fi
+                run_step lm "${secs:-120}" python3 "$REPO/examples/lm_generate.py" --device cuda "${pack_args[@]}" ;;
+            tvm) run_step tvm "${secs:-200}" python3 "$REPO/codegen/tvm/gpu_check.py" \
+                     --budget-min "$(python3 -c "print(round(${secs:-200} / 60 - 0.7, 1))")" ;;
+            tvmdecode) run_step tvmdecode "${secs:-480}" python3 "$REPO/codegen/tvm/gpu_check.py" \
+                           --bundle "$REPO/build/tvm_gpu_check_decode" \
+                           --budget-min "$(python3 -c "print(round(${secs:-480} / 60 - 0.7, 1))")" ;;
+            memcheck) run_step memcheck "${secs:-180}" compute-sanitizer --tool memcheck --print-limit 20 \
+                          python3 "$REPO/benchmarks/dev_memcheck.py" 64 1300 512 1 ;;
+            probe) run_step probe "${secs:-60}" python3 "$REPO/benchmarks/memory_probe.py" --no-timeline ;;
+            ranges) run_step ranges "${secs:-150}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ranges ;;
+            *) echo "unknown step '$step' (see the header of $0)" | tee -a "$S/steps.txt" ;;
+        esac
+    done
+}
+
+if [ "${1:-}" = "--lanes" ]; then
+    shift
+    lane_index=0
+    # the compile children of a lane's tune share the host's cores with the other lanes
+    export COMPILE_WORKERS="${COMPILE_WORKERS:-$(( $(nproc) / $# - 2 ))}"
+    for lane_spec in "$@"; do
+        (
+            read -r -a words <<< "$lane_spec"
+            steps=()
+            for word in "${words[@]}"; do
+                if [[ "$word" =~ ^[A-Z_][A-Z0-9_]*= ]]; then export "$word"; else steps+=("$word"); fi
+            done
+            export CUDA_VISIBLE_DEVICES="$lane_index" LANE="lane$lane_index"
+            S="$ROOT_S/$LANE"
+            mkdir -p "$S"
+            echo "== $LANE on GPU $lane_index: $lane_spec" | tee -a "$S/steps.txt"
+            run_steps "${steps[@]}" > "$S/lane.log" 2>&1
+        ) &
+        lane_index=$((lane_index + 1))
+    done
+    wait
+    for lane_dir in "$ROOT_S"/lane*; do echo "#### $(basename "$lane_dir")"; cat "$lane_dir/steps.txt"; done
+else
+    run_steps "$@"
+fi
 
 tar czf "$OUT/session.tgz" -C "$(dirname "$S")" s
 tar czf - -C "$TRITON_CACHE_DIR" . 2>/dev/null | split -b 15m - "$OUT/tcache.tgz."

@@ -38,7 +38,8 @@ pathtune env --json > "$OUT/env.json"
 # no serial smoke run: every candidate compiles in its own child process first (--compile-workers),
 # so a config that faults the GPU is recorded as crash there and never reaches the measuring process
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
-RESULTS="$OUT/H200-tune-$STAMP.json"
+HD="${HEAD_DIMS:-64,128}"
+RESULTS="$OUT/H200-tune-d${HD//,/-}-$STAMP.json"
 set +e
 pathtune tune \
     --head-dim "${HEAD_DIMS:-64,128}" --dtype bfloat16 --pass "${PASSES:-decode,fwd,bwd}" --backend triton \

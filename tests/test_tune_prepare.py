@@ -84,6 +84,23 @@ def test_preparer_timeout_and_stop(tmp_path):
     assert [r["status"] for r in out] == ["interrupted", "interrupted"]
 
 
+def test_preparer_kills_a_straggler_once_half_the_batch_compiled(tmp_path):
+    """A child far slower than the median of its batch (ptxas on a spilling config) is killed and
+    recorded as timeout, so the batch does not wait minutes for it; the hard timeout stays the cap."""
+    prep = _stub(tmp_path, workers=4, timeout_s=60, straggler_factor=3.0, straggler_floor_s=1.5)
+    tasks = [_task(i, what="ok", sleep=0.3) for i in range(3)] + [_task(3, what="ok", sleep=30)]
+    t0 = time.monotonic()
+    out = prep.run(tasks)
+    assert time.monotonic() - t0 < 10
+    assert [r["status"] for r in out] == [PREPARED] * 3 + ["timeout"]
+    assert "straggler" in out[3]["message"] and "killed" in out[3]["message"]
+
+    # fewer than four tasks: no straggler rule (a median of one or two says little)
+    out = _stub(tmp_path, workers=3, timeout_s=60, straggler_floor_s=0.1).run(
+        [_task(0, what="ok", sleep=0.1), _task(1, what="ok", sleep=1.5)])
+    assert [r["status"] for r in out] == [PREPARED, PREPARED]
+
+
 def test_real_child_ignores_a_pathtune_folder_in_the_working_directory(tmp_path, monkeypatch):
     """A source checkout's root holds a `pathtune/` folder (the package's face, without its
     subpackages); `python -m` in a child started there must still import the installed package."""
