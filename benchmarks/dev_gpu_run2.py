@@ -239,10 +239,10 @@ def sweep(D=64, H=16, T=16384, gate=True, changes=None):
             emit(dict(kind="sweep", D=D, T=T, change=change, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 
 
-def profile():
+def profile(T=16384):
     from torch.profiler import ProfilerActivity, profile as prof
     for D, H in ((64, 16), (128, 8)):
-        T, B = 16384, 2
+        B = 32768 // T
         q, k, v, w, beta, g = inputs(B, T, H, H, D, D, True)
         xs = [x.requires_grad_() for x in (q, k, v, w, beta, g)]
         do = torch.randn_like(q)
@@ -268,7 +268,7 @@ if __name__ == "__main__":
     steps = sys.argv[1:] or ["check", "profile", "bench", "nan"]
     for step in steps:
         try:
-            {"check": check, "profile": profile, "bench": lambda: bench(False), "quick": lambda: bench(True),
+            {"check": check, "profile": profile, "profile4k": lambda: profile(4096), "bench": lambda: bench(False), "quick": lambda: bench(True),
              "nan": nan_long, "sweep": sweep, "ranges": range_budgets, "sweep4k": lambda: sweep(T=4096, changes=[None]),
              "sweep128": lambda: sweep(D=128, H=8),
              "bench_rest": lambda: bench(False, cases=[(64, 16, 16384, True), (128, 8, 4096, False), (128, 8, 4096, True),

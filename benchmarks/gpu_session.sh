@@ -19,6 +19,7 @@
 #   tvm [200]       codegen/tvm/gpu_check.py with the prebuilt bundle (carry build/tvm_gpu_check)
 #   tvmdecode [480] the TVM decode layouts vs the Triton decode and SDPA (carry build/tvm_gpu_check_decode,
 #                   built by codegen/tvm/build_gpu_check.py; see codegen/tvm/README.md)
+#   profile [120]   per-kernel device time of one fwd+bwd (heuristic config), D 64/128, T 16K and 4K
 #   probe [60]      benchmarks/memory_probe.py next to the bench's measured peak
 #   ranges [150]    benchmarks/dev_gpu_run2.py ranges: fwd+bwd time and peak per backward range budget
 #                   (PATHTUNE_BWD_RANGE_MIB 128 / 256 / unbounded), D 64/128 x T 4K/16K, one process
@@ -29,7 +30,7 @@
 #   bash benchmarks/gpu_session.sh --lanes "HEAD_DIMS=64 tune:560" "HEAD_DIMS=128 tune:560"
 #
 # Each quoted lane runs its steps in order on its own GPU (CUDA_VISIBLE_DEVICES = lane index), with the
-# leading VAR=value words set for that lane only; lanes run at the same time and share the Triton cache.
+# VAR=value words set for that lane's later steps only (in a single lane too); lanes run at the same time and share the Triton cache.
 # Lane i keeps its files in s/lane<i>/ and continues a tune from .tune_in/lane<i>/tune.sqlite3.
 #
 # Carry: .whl (wheels: optuna stack, fla, pydantic...), and .tcache_in if an earlier call brought the
@@ -82,6 +83,8 @@ run_steps() {  # the steps of one lane, in order, with S set
     export PATHTUNE_DB_URL="sqlite:///$S/perf.sqlite3"
     local arg step secs t dispatch_db pack_args
     for arg in "$@"; do
+        # VAR=value: set for the steps after it (e.g. PASSES=bwd tune:300 PASSES=decode tune:90)
+        if [[ "$arg" =~ ^[A-Z_][A-Z0-9_]*= ]]; then export "$arg"; continue; fi
         step="${arg%%:*}"
         secs="${arg#*:}"
         [ "$secs" = "$arg" ] && secs=""
@@ -118,8 +121,10 @@ run_steps() {  # the steps of one lane, in order, with S set
                           python3 -m examples.flipflop --device cuda --no-progress \
                           --budget-minutes "$(python3 -c "print(round(($t - 45) / 60, 1))")" \
                           --out "$S/flipflop/results.json" ;;
-            lm) pack_args=()   # with a tune step in this call: export its pack and train/generate with it
-                if [ -f "$S/tune/tune.sqlite3" ] && (cd /tmp && python3 -m pathtune.cli export --gpu H200 \
+            lm) pack_args=()   # PACK=<file in the checkout> (carried), else this call's tune exported as a pack
+                if [ -n "${PACK:-}" ]; then
+                    pack_args=(--pack "$REPO/$PACK")
+                elif [ -f "$S/tune/tune.sqlite3" ] && (cd /tmp && python3 -m pathtune.cli export --gpu H200 \
                        -o "$S/h200_pack.json" --db "sqlite:///$S/tune/tune.sqlite3") > "$S/export.log" 2>&1; then
                     pack_args=(--pack "$S/h200_pack.json")
                 fi
@@ -132,7 +137,8 @@ run_steps() {  # the steps of one lane, in order, with S set
             memcheck) run_step memcheck "${secs:-180}" compute-sanitizer --tool memcheck --print-limit 20 \
                           python3 "$REPO/benchmarks/dev_memcheck.py" 64 1300 512 1 ;;
             probe) run_step probe "${secs:-60}" python3 "$REPO/benchmarks/memory_probe.py" --no-timeline ;;
-            ranges) run_step ranges "${secs:-150}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ranges ;;
+            profile) run_step profile "${secs:-120}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" profile profile4k ;;
+        ranges) run_step ranges "${secs:-150}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ranges ;;
             *) echo "unknown step '$step' (see the header of $0)" | tee -a "$S/steps.txt" ;;
         esac
     done
@@ -146,15 +152,11 @@ if [ "${1:-}" = "--lanes" ]; then
     for lane_spec in "$@"; do
         (
             read -r -a words <<< "$lane_spec"
-            steps=()
-            for word in "${words[@]}"; do
-                if [[ "$word" =~ ^[A-Z_][A-Z0-9_]*= ]]; then export "$word"; else steps+=("$word"); fi
-            done
             export CUDA_VISIBLE_DEVICES="$lane_index" LANE="lane$lane_index"
             S="$ROOT_S/$LANE"
             mkdir -p "$S"
             echo "== $LANE on GPU $lane_index: $lane_spec" | tee -a "$S/steps.txt"
-            run_steps "${steps[@]}" > "$S/lane.log" 2>&1
+            run_steps "${words[@]}" > "$S/lane.log" 2>&1
         ) &
         lane_index=$((lane_index + 1))
     done
@@ -165,5 +167,6 @@ else
 fi
 
 tar czf "$OUT/session.tgz" -C "$(dirname "$S")" s
-tar czf - -C "$TRITON_CACHE_DIR" . 2>/dev/null | split -b 15m - "$OUT/tcache.tgz."
+# TCACHE_OUT=0: leave the Triton cache behind (it outgrows what a call brings back after a tune)
+[ "${TCACHE_OUT:-1}" = 1 ] && tar czf - -C "$TRITON_CACHE_DIR" . 2>/dev/null | split -b 15m - "$OUT/tcache.tgz."
 ls -la "$OUT"

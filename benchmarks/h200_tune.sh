@@ -10,7 +10,7 @@
 #             tune.sqlite3                 Optuna studies + perf_db (one worker: SQLite is fine)
 #             H200-tune-<UTC time>.json    every measurement (perf_db/RESULTS_FORMAT.md): copy it to
 #                                          perf_db/shipped/ (PerfDB.open_default ingests it once)
-#             h200_tune_report.json        per key: default ms vs tuned ms, speedup, best config, SDPA ms
+#             h200_tune_report-<time>.json       per key: default ms vs tuned ms, speedup, best config, SDPA ms
 #             env.json, tune.log           `pathtune env --json`, the tune's console output
 #   BUDGET  wall-time budget of the tune (default 9m; every key gets an equal share of what is left, and
 #           at least one batch of candidates; the batch that runs when the budget ends still finishes
@@ -47,12 +47,12 @@ pathtune tune \
     --compile-workers "${COMPILE_WORKERS:-12}" \
     --buckets "${BUCKETS:-2048,4096,8192,16384}" --gate \
     --budget "$BUDGET" --storage "sqlite:///$OUT/tune.sqlite3" --resume --seed 0 \
-    --results-out "$RESULTS" --report-json "$OUT/h200_tune_report.json" 2>&1 | tee "$OUT/tune.log"
+    --results-out "$RESULTS" --report-json "$OUT/h200_tune_report-$STAMP.json" 2>&1 | tee "$OUT/tune.log"
 status=${PIPESTATUS[0]}
 set -e
 # a summary of what is stored (every status), and the default-vs-tuned table again
 pathtune query --db "sqlite:///$OUT/tune.sqlite3" --format csv > "$OUT/perf_db_rows.csv" || true
-python - "$OUT/h200_tune_report.json" <<'EOF' || true
+python - "$OUT/h200_tune_report-$STAMP.json" <<'EOF' || true
 import json, sys
 rows = json.load(open(sys.argv[1]))
 print(f"{'key':48s} {'trials':>6s} {'default ms':>11s} {'tuned ms':>9s} {'speedup':>8s} {'tuned/SDPA':>10s}")
