@@ -132,7 +132,7 @@ run_steps() {  # the steps of one lane, in order, with S set
             tvm) run_step tvm "${secs:-200}" python3 "$REPO/codegen/tvm/gpu_check.py" \
                      --budget-min "$(python3 -c "print(round(${secs:-200} / 60 - 0.7, 1))")" ;;
             tvmdecode) run_step tvmdecode "${secs:-480}" python3 "$REPO/codegen/tvm/gpu_check.py" \
-                           --bundle "$REPO/build/tvm_gpu_check_decode" \
+                           --bundle "$REPO/build/tvm_gpu_check_decode" ${TVM_ONLY:+--only "$TVM_ONLY"} \
                            --budget-min "$(python3 -c "print(round(${secs:-480} / 60 - 0.7, 1))")" ;;
             memcheck) run_step memcheck "${secs:-180}" compute-sanitizer --tool memcheck --print-limit 20 \
                           python3 "$REPO/benchmarks/dev_memcheck.py" 64 1300 512 1 ;;

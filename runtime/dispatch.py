@@ -18,8 +18,10 @@ runtime through perf_db or an exported pack.
 
 Candidates for the forward are Triton and, on CUDA when its runtime is importable, TVM; the
 backward always runs Triton. A differentiated call whose forward is Triton runs one Triton op for
-both passes: its params merge the forward's tuned config with the backward-only knobs of the bwd
-pass's choice (the knobs both passes share, e.g. ``chunk_size``, come from the forward). When the
+both passes: its params take every knob of the bwd pass's choice (the knobs both passes share, e.g.
+``chunk_size``, ``ut_precision`` or ``beta_clip_eps``, decide the gradients, and only the bwd tune's
+accuracy gate checked them on gradients: a forward-gated ``ut_precision=tf32`` or β clip passes o but
+fails dβ by ~0.2) and the forward-only schedule knobs (tiles, warps, stages) of the fwd choice. When the
 forward is TVM, the Triton backward (which recomputes its chunk state from q, k, w, beta and the
 saved o, lse) runs with the bwd choice's own knobs. Under torch.compile only Triton is traced.
 
@@ -593,15 +595,14 @@ def _soft_warning() -> type[Warning]:
 
 
 def _triton_params_json(fwd: Choice, bwd: Optional[Choice], D: int, DV: int) -> str:
-    """Heuristic params, overlaid with the forward's knobs, then the backward-only knobs of ``bwd``."""
+    """Heuristic params, overlaid with the forward's knobs, then every knob of ``bwd`` (see module doc)."""
     from pathtune.codegen._knobs import params_from_config
     from pathtune.codegen.triton.params import TritonParams
 
     base = _heuristic_params(D, DV)
     merged = {**_config_of_params(base, [f for f in base.__dataclass_fields__]).to_dict(), **fwd.config.to_dict()}
     if bwd is not None:
-        fwd_knobs = set(_space("fwd").knobs)
-        with_bwd = {**merged, **{k: v for k, v in bwd.config.items() if k not in fwd_knobs}}
+        with_bwd = {**merged, **dict(bwd.config.items())}
         try:
             return params_from_config(TritonParams, with_bwd).to_json()
         except (TypeError, ValueError) as e:

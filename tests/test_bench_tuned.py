@@ -34,16 +34,20 @@ def test_bench_tuned_uses_and_records_dispatch_choices(tmp_path, monkeypatch):
 
     seen = []
     monkeypatch.setattr(bench, "_median_ms", lambda fn: 2.0)
-    monkeypatch.setattr(bench, "_accuracy", lambda *a: 1e-3)
+    monkeypatch.setattr(bench, "_accuracy", lambda *a, **kw: {"o": 1e-3, **({"dq": 2e-3} if kw.get("backward") else {})})
     monkeypatch.setattr(bench, "_pathtune_callable",
                         lambda q, k, v, w, beta, g, config, bw: seen.append((bw, config)) or (lambda: None))
     rows = bench.run_bench((D,), (T,), (True,), tokens=T, config="tuned", baselines=(), device="cpu",
                            log=lambda s: None)
     (row,) = rows
     assert not row.failures, row.failures
+    assert row.errors == {"o": 1e-3, "dq": 2e-3}
     (_, f_cfg), (_, fb_cfg) = seen
     for name, value in tuned["fwd"].items():
-        assert f_cfg[name] == value and fb_cfg[name] == value
+        assert f_cfg[name] == value
+    # fwd+bwd: forward-only knobs from the fwd row, the shared ones (superchunk_size) from the bwd row
+    # (spec defaults there), whose gate checked them on the gradients
+    assert (fb_cfg["block_n"], fb_cfg["inter_num_warps"], fb_cfg["superchunk_size"]) == (128, 4, 1024)
     for name, value in tuned["bwd"].items():
         assert fb_cfg[name] == value
     assert row.configs == {"f": f_cfg, "fb": fb_cfg}
@@ -65,6 +69,13 @@ def test_bench_accuracy_check_runs_the_kernel_against_the_oracle():
     from pathtune.tuning import bench
 
     q, k, v, w, beta, g = bench.make_inputs(2, 40, 4, 2, 16, 16, True, device="cpu", seed=5, dtype=torch.float32)
-    err = bench._accuracy(q, k, v, w, beta, g, dict(chunk_size=16, superchunk_size=32, block_m=16, block_n=16,
-                                                    bwd_block_n=16), check_len=24)
-    assert err < 1e-3
+    cfg = dict(chunk_size=16, superchunk_size=32, block_m=16, block_n=16, bwd_block_n=16)
+    errors = bench._accuracy(q, k, v, w, beta, g, cfg, check_len=24)
+    assert list(errors) == ["o"] and errors["o"] < 1e-3
+    # with the backward: o and every gradient of the fwd+bwd config
+    errors = bench._accuracy(q, k, v, w, beta, g, cfg, check_len=24, backward=True)
+    assert set(errors) == {"o", "dq", "dk", "dv", "dw", "dbeta", "dg"}
+    assert max(errors.values()) < 1e-3, errors
+    # a wrong kernel shows: beta clipped where beta > 2 - 2^-4 changes dbeta (the tuner's gate rejects it)
+    errors = bench._accuracy(q, k, v, w, beta, g, {**cfg, "beta_clip_eps": 0.0625}, check_len=24, backward=True)
+    assert errors["dbeta"] > 1e-2, errors

@@ -168,15 +168,19 @@ def test_other_gpu_results_are_not_served(env, db_url):
 
 
 def test_training_plan_merges_backward_knobs(env, db_url):
-    record(db_url, env, [(wl("fwd"), fwd_cfg(chunk_size=32, superchunk_size=512), 0.4),
+    record(db_url, env, [(wl("fwd"), fwd_cfg(chunk_size=32, superchunk_size=512, block_n=128, ut_precision="tf32",
+                                             beta_clip_eps=0.015625), 0.4),
                          (wl("bwd"), bwd_cfg(chunk_size=64, bwd_block_n=128, bwd_num_warps=8), 0.9)])
     p = plan(dispatcher(env, db_url), grad=True)
     params = json.loads(p.params_json)
     assert p.fwd.source == "perf_db" and p.bwd.source == "perf_db"
-    # shared knobs from the forward (one op serves both passes), backward-only knobs from the bwd choice
-    assert (params["chunk_size"], params["superchunk_size"]) == (32, 512)
-    assert (params["bwd_block_n"], params["bwd_num_warps"]) == (128, 8)
-    assert json.loads(plan(dispatcher(env, db_url), grad=False).params_json)["bwd_block_n"] == 64
+    # the knobs both passes share come from the bwd choice (its gate checked them on the gradients: a
+    # forward-gated tf32 UT or beta clip passes o and fails dbeta), the forward-only ones from the fwd choice
+    assert (params["chunk_size"], params["superchunk_size"]) == (64, 1024)
+    assert (params["ut_precision"], params["beta_clip_eps"]) == ("tf32x3", None)
+    assert (params["bwd_block_n"], params["bwd_num_warps"], params["block_n"]) == (128, 8, 128)
+    inference = json.loads(plan(dispatcher(env, db_url), grad=False).params_json)
+    assert (inference["bwd_block_n"], inference["chunk_size"], inference["ut_precision"]) == (64, 32, "tf32")
 
 
 def test_tvm_candidates(env, db_url, monkeypatch):

@@ -75,23 +75,43 @@ def _pathtune_callable(q, k, v, w, beta, g, config, backward: bool):
     return run
 
 
-def _accuracy(q, k, v, w, beta, g, config, check_len: int = 1024) -> float:
-    """Relative error of o vs the float64 oracle on batch 0's first tokens: ``check_len``, or two
+def _accuracy(q, k, v, w, beta, g, config, check_len: int = 1024, backward: bool = False) -> dict[str, float]:
+    """Relative errors vs the float64 oracle on batch 0's first tokens: ``check_len``, or two
     super-chunks of the config when the row spans several (so the inter-super-chunk kernels are
-    checked), on the first and last kv heads (the tuner's gate: ``measure.gate_tokens``)."""
+    checked), on the first and last kv heads (the tuner's gate: ``measure.gate_tokens``).
+    ``o`` only, or with ``backward`` o and every gradient (dq, dk, dv, dw, dbeta, dg)."""
     from pathtune.codegen.triton import path_attention_triton
 
-    from .measure import _head_slice, gate_tokens, oracle_by_kv_head, oracle_kv_heads, triton_params
+    from .measure import (INPUTS, ORACLE_CHECKPOINT, _head_slice, gate_tokens, oracle_by_kv_head, oracle_kv_heads,
+                          triton_params)
 
     params = triton_params(config or {}, q.shape[-1], v.shape[-1])
     n = min(q.shape[1], gate_tokens(params.superchunk_size, q.shape[1], check_len))
     sl = (slice(0, 1), slice(0, n))
-    args = [x[sl] for x in (q, k, v, w, beta)] + [None if g is None else g[sl]]
-    o, _ = path_attention_triton(*args, config=config)
+    args = [x[sl].detach().requires_grad_(backward) for x in (q, k, v, w, beta)]
+    args.append(None if g is None else g[sl].detach().requires_grad_(backward))
     heads = oracle_kv_heads(k.shape[2], 2)
-    ref, _ = oracle_by_kv_head(args, heads)
-    got = _head_slice(o, 0, heads, q.shape[2] // k.shape[2]).double()
-    return float((got - ref).norm() / ref.norm())
+    G = q.shape[2] // k.shape[2]
+
+    def rel(got, ref):
+        return float((got.double() - ref).norm() / ref.norm())
+
+    if not backward:
+        with torch.no_grad():
+            o, _ = path_attention_triton(*args, config=config)
+        ref, _ = oracle_by_kv_head(args, heads)
+        return {"o": rel(_head_slice(o, 0, heads, G), ref)}
+    o, _ = path_attention_triton(*args, config=config)
+    gen = torch.Generator(device=o.device).manual_seed(1)
+    do = torch.randn(o.shape, device=o.device, generator=gen, dtype=torch.float32).to(o.dtype)
+    live = [(name, x) for name, x in zip(INPUTS, args) if x is not None]
+    grads = torch.autograd.grad(o, [x for _, x in live], do)
+    ref, ref_grads = oracle_by_kv_head([x.detach() if x is not None else None for x in args], heads, do,
+                                       checkpoint_steps=ORACLE_CHECKPOINT)
+    errors = {"o": rel(_head_slice(o.detach(), 0, heads, G), ref)}
+    for (name, _), got, want in zip(live, grads, ref_grads):
+        errors["d" + name] = rel(_head_slice(got, INPUTS.index(name), heads, G), want)
+    return errors
 
 
 def _tuned(row: BenchRow, device: torch.device, backward: bool) -> dict:
@@ -126,7 +146,10 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
                     cfgs = {tag: config for tag, _ in passes}
                     if config == "tuned":
                         cfgs = row.configs = {tag: _tuned(row, q.device, bw) for tag, bw in passes}
-                    row.errors["o"] = _accuracy(q, k, v, w, beta, g, cfgs["f"])
+                    row.errors.update(_accuracy(q, k, v, w, beta, g, cfgs["f"]))
+                    if backward:   # the gradients of what fwd+bwd runs (its own config when tuned)
+                        row.errors.update({name: err for name, err in _accuracy(
+                            q, k, v, w, beta, g, cfgs["fb"], backward=True).items() if name != "o"})
                     for tag, bw in passes:
                         row.times[f"pathtune_{tag}"] = _median_ms(_pathtune_callable(q, k, v, w, beta, g, cfgs[tag], bw))
                 except Exception as exc:  # a failing config is a recorded status, not a crash
@@ -196,7 +219,7 @@ def format_table(rows: list[BenchRow]):
 
     table = Table(title="PaTH attention, ms (do_bench median); ratios vs SDPA flash and fla of this run")
     for col in ("D", "T", "BxH", "gate", "sdpa flash f", "fla f", "pathtune f", "/flash", "fla/ours",
-                "sdpa flash f+b", "fla f+b", "pathtune f+b", "/flash", "fla/ours", "o err"):
+                "sdpa flash f+b", "fla f+b", "pathtune f+b", "/flash", "fla/ours", "o err", "max grad err"):
         table.add_column(col, justify="right")
 
     def f(x):
@@ -207,7 +230,9 @@ def format_table(rows: list[BenchRow]):
                       f(r.ratio("pathtune_f", "sdpa_flash_f")), f(r.ratio("fla_f", "pathtune_f")),
                       f(r.times.get("sdpa_flash_fb")), f(r.times.get("fla_fb")), f(r.times.get("pathtune_fb")),
                       f(r.ratio("pathtune_fb", "sdpa_flash_fb")), f(r.ratio("fla_fb", "pathtune_fb")),
-                      "-" if "o" not in r.errors else f"{r.errors['o']:.1e}")
+                      "-" if "o" not in r.errors else f"{r.errors['o']:.1e}",
+                      max((f"{e:.1e}" for n, e in r.errors.items() if n.startswith("d")), default="-",
+                          key=lambda t: float(t)))
     return table
 
 

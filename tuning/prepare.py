@@ -64,7 +64,7 @@ class Preparer:
         results: list[Optional[dict]] = [None] * len(tasks)
         waiting = list(range(len(tasks)))
         running: dict[int, tuple[subprocess.Popen, float, object]] = {}
-        finished: list[float] = []     # seconds of the children that compiled their config
+        finished: list[float] = []     # seconds of the children that compiled (a result, any status)
         try:
             while waiting or running:
                 if should_stop is not None and should_stop():
@@ -87,7 +87,7 @@ class Preparer:
                         results[i] = {"status": "timeout", "seconds": elapsed, "message": f"{why} (killed)"}
                     else:
                         results[i] = self._result(proc, log, elapsed)
-                        if results[i].get("status") == PREPARED:
+                        if not results[i].get("child_failed"):   # it compiled (maybe into a failing config)
                             finished.append(elapsed)
                     log.close()
                     del running[i]
