@@ -271,6 +271,10 @@ if __name__ == "__main__":
             {"check": check, "profile": profile, "profile4k": lambda: profile(4096), "bench": lambda: bench(False), "quick": lambda: bench(True),
              "nan": nan_long, "sweep": sweep, "ranges": range_budgets, "sweep4k": lambda: sweep(T=4096, changes=[None]),
              "sweep128": lambda: sweep(D=128, H=8),
+             # D = 128 backward knobs (its kernels spill at 4 warps: compile_check bwd_intra 4.4 KB, dkv 3.0 KB)
+             "bwd128": lambda: sweep(D=128, H=8, T=4096, changes=[
+                 None, dict(bwd_num_warps=8), dict(bwd_num_warps=8, bwd_num_stages=2), dict(superchunk_size=512),
+                 dict(bwd_block_n=32), dict(superchunk_size=2048)]),
              "bench_rest": lambda: bench(False, cases=[(64, 16, 16384, True), (128, 8, 4096, False), (128, 8, 4096, True),
                                                       (128, 8, 16384, False), (128, 8, 16384, True)]), "check128": lambda: check(128), "bench128": lambda: bench(False, 128)}[step]()
         except Exception:
