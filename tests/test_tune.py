@@ -79,7 +79,7 @@ def test_budget_and_keys():
 
 def _tune_args(url, *extra):
     return ["tune", "--head-dim", "64", "--pass", "fwd,decode", "--buckets", "1024", "--storage", url,
-            "--measure-with", FAKE, "--startup-trials", "4", "--spec", SPEC, *extra]
+            "--measure-with", FAKE, "--startup-trials", "4", "--seed-neighbours", "0", "--spec", SPEC, *extra]
 
 
 def test_local_tune_lookup_resume_results_file(tmp_path):
@@ -138,7 +138,8 @@ def test_local_tune_lookup_resume_results_file(tmp_path):
 def _popen(url, tmp_path, *extra, sleep="0.6"):
     env = dict(os.environ, PATHTUNE_FAKE_SLEEP=sleep)
     cmd = [sys.executable, "-m", "pathtune", "tune", "--head-dim", "64", "--pass", "fwd", "--buckets", "1024",
-           "--storage", url, "--measure-with", FAKE, "--startup-trials", "4", "--spec", SPEC, *extra]
+           "--storage", url, "--measure-with", FAKE, "--startup-trials", "4", "--seed-neighbours", "0", "--spec", SPEC,
+           *extra]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
 
 
@@ -211,7 +212,7 @@ def test_split_build_run_ingest(tmp_path):
     res = runner.invoke(app, ["env", "--json"])                      # on the GPU host, in real life
     (tmp_path / "env.json").write_text(res.output)
     common = ["--head-dim", "64", "--pass", "fwd,decode", "--buckets", "1024", "--storage", url, "--gpu-env",
-              str(tmp_path / "env.json"), "--batch", "4", "--no-precompile", "--spec", SPEC]
+              str(tmp_path / "env.json"), "--batch", "4", "--no-precompile", "--seed-neighbours", "0", "--spec", SPEC]
     res = runner.invoke(app, ["tune", "build", "--out", str(tmp_path / "b1"), *common])
     assert res.exit_code == 0, res.output
     bundle = json.loads((tmp_path / "b1" / "bundle.json").read_text())
@@ -254,3 +255,36 @@ def test_split_build_run_ingest(tmp_path):
     second = {json.dumps(t["task"]["config"], sort_keys=True)
               for t in json.loads((tmp_path / "b2" / "bundle.json").read_text())["tasks"]}
     assert second and not (first & second)
+
+
+def test_new_study_starts_with_the_default_and_its_schedule_neighbours(tmp_path):
+    """--seed-neighbours N: after the seeded default, a new study measures up to N configs that each
+    change one schedule knob of it (adjacent domain values first), before any random proposal."""
+    import optuna
+    from optuna.trial import TrialState
+    from typer.testing import CliRunner
+
+    from pathtune.cli import app
+    from pathtune.specs import KnobSpace, load_spec
+
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    args = ["tune", "--head-dim", "64", "--pass", "bwd", "--buckets", "1024", "--storage", url, "--measure-with",
+            FAKE, "--startup-trials", "2", "--seed-neighbours", "5", "--budget", "8", "--spec", SPEC]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    study = _study(url)
+    trials = sorted(study.get_trials(states=(TrialState.COMPLETE,)), key=lambda t: t.number)
+    assert len(trials) == 8
+    default = trials[0].params
+    assert trials[0].user_attrs.get("seeded_default")
+    knobs = KnobSpace(load_spec(SPEC), "bwd").knobs
+    for t in trials[1:6]:
+        assert t.user_attrs.get("seeded_neighbour"), t.number
+        changed = [n for n in default if t.params[n] != default[n]]
+        assert len(changed) == 1 and knobs[changed[0]].role == "schedule", (t.number, changed)
+        name = changed[0]
+        # adjacent values of a knob's domain come before farther ones
+        assert abs(knobs[name].domain.index(t.params[name]) - knobs[name].domain.index(default[name])) == 1
+    assert not any(t.user_attrs.get("seeded_neighbour") for t in trials[6:])
+    assert len({json.dumps(t.params, sort_keys=True) for t in trials[:6]}) == 6
+    assert optuna.load_study(study_name=study.study_name, storage=url).best_trial.user_attrs["status"] == "ok"

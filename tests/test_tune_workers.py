@@ -49,7 +49,7 @@ def _worker(url: str, worker: int, env: dict, tmp_path: Path) -> subprocess.Pope
         shutil.copy(Path(pathtune.specs.__file__).parent / "path_attention.yaml", spec)
     cmd = [sys.executable, "-m", "pathtune", "tune", "--head-dim", "64", "--pass", "fwd", "--buckets", "1024",
            "--budget", str(BUDGET), "--storage", url, "--resume", "--worker", str(worker), "--heartbeat", "1",
-           "--startup-trials", "6", "--measure-with", FAKE, "--spec", str(spec)]
+           "--startup-trials", "6", "--seed-neighbours", "0", "--measure-with", FAKE, "--spec", str(spec)]
     log = open(tmp_path / f"worker{worker}-{time.monotonic_ns()}.log", "w")
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
 

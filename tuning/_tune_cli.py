@@ -83,6 +83,9 @@ COMPILE_WORKERS = typer.Option(None, "--compile-workers", min=0,
                                     "measured one by one (default: CPU cores - 2 on a CUDA host, at most 16; 0 "
                                     "compiles in the measuring process).", show_default=False)
 STARTUP = typer.Option(8, "--startup-trials", help="Random TPE startup trials per study (after the default).")
+NEIGHBOURS = typer.Option(12, "--seed-neighbours", min=0,
+                          help="A new study also starts with up to this many configs one schedule knob (tile, warps, "
+                               "stages, chunk size) away from the default, before the random start-up trials.")
 
 
 def _keys(head_dim: str, dtype: str, pass_: str, backend: str, buckets: str, gate: bool, heads: Optional[int],
@@ -99,7 +102,7 @@ def _keys(head_dim: str, dtype: str, pass_: str, backend: str, buckets: str, gat
 def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, worker: int, resume: bool,
              measure_with: Optional[str], check_len: int, tol: Optional[List[str]], heartbeat: Optional[int],
              startup_trials: int, results_out: Optional[Path] = None, env_info: Optional[dict] = None,
-             spec: Optional[Path] = None, compile_workers: Optional[int] = 0) -> Any:
+             spec: Optional[Path] = None, compile_workers: Optional[int] = 0, seed_neighbours: int = 0) -> Any:
     from pathtune.perf_db import resolve_url
     from pathtune.specs import SpecError, load_spec
 
@@ -131,7 +134,7 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
                        task_defaults={"check_len": check_len, "tolerances": tolerances},
                        heartbeat=heartbeat, startup_trials=startup_trials, command=_command(),
                        results_out=results_out, env_info=env_info, spec_path=spec,
-                       compile_workers=compile_workers or 0)
+                       compile_workers=compile_workers or 0, seed_neighbours=seed_neighbours)
 
 
 def _filter_keys(keys: list, *, local: bool) -> list:
@@ -199,6 +202,7 @@ def tune(
     report_json: Optional[Path] = typer.Option(None, "--report-json", help="Write the per-key summary as JSON."),
     measure_with: Optional[str] = MEASURE_WITH, heartbeat: int = HEARTBEAT, startup_trials: int = STARTUP,
     spec: Optional[Path] = SPEC, compile_workers: Optional[int] = COMPILE_WORKERS,
+    seed_neighbours: int = NEIGHBOURS,
 ) -> None:
     """Tune every (pass, backend, head dim, dtype, length bucket) key on this GPU host (an Optuna study per key).
 
@@ -226,7 +230,8 @@ def tune(
                   "bundle runner on the GPU host). TRITON_INTERPRET=1 runs the kernels in Triton's CPU interpreter "
                   "(tiny shapes only: for tests)")
     opts = _options(storage, db, budget, seed, worker, resume, measure_with, check_len, tol, heartbeat,
-                    startup_trials, results_out, spec=spec, compile_workers=compile_workers)
+                    startup_trials, results_out, spec=spec, compile_workers=compile_workers,
+                    seed_neighbours=seed_neighbours)
     tuner = Tuner(keys, opts)
     console.print(f"pathtune tune: {len(keys)} keys, budget {opts.budget}, storage {tuner.db.display_url}, "
                   f"gpu {tuner.env_info.get('gpu_name') or 'none (CPU: Triton interpreter)'}, "
@@ -271,7 +276,7 @@ def build(
     buckets: str = BUCKETS, gate: bool = GATE, heads: Optional[int] = HEADS, heads_kv: Optional[int] = HEADS_KV,
     tokens: int = TOKENS, storage: Optional[str] = STORAGE, db: Optional[str] = DB, seed: int = SEED,
     check_len: int = CHECK_LEN, tol: Optional[List[str]] = TOL, startup_trials: int = STARTUP,
-    spec: Optional[Path] = SPEC,
+    spec: Optional[Path] = SPEC, seed_neighbours: int = NEIGHBOURS,
 ) -> None:
     """Propose (Optuna ask) and compile a batch of candidates per key into a self-contained bundle for a GPU host."""
     from .bundle import build_bundle
@@ -286,7 +291,7 @@ def build(
         _fail(f"--gpu-env {gpu_env} is not `pathtune env --json` output")
     keys = _filter_keys(_keys(head_dim, dtype, pass_, backend, buckets, gate, heads, heads_kv, tokens), local=False)
     opts = _options(storage, db, "1", seed, 0, True, None, check_len, tol, None, startup_trials, env_info=env_info,
-                    spec=spec)
+                    spec=spec, seed_neighbours=seed_neighbours)
     tuner = Tuner(keys, opts)
     try:
         doc = build_bundle(tuner, out, batch, precompile=precompile,

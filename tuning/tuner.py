@@ -6,7 +6,8 @@
   retry finds the measurement in perf_db if the killed worker had stored it.
 * Budget: wall time (shared by the keys still to do: each key gets remaining / keys left) and/or a
   number of COMPLETE trials per study (``MaxTrialsCallback``, counted over every worker).
-* Each new study is seeded with the spec's default config (``enqueue_trial``).
+* Each new study is seeded with the default config (``enqueue_trial``), then with up to
+  ``seed_neighbours`` configs one schedule knob away from it (``space.neighbour_configs``).
 * Ctrl-C once: the running trial finishes, is recorded and told, then the run stops. Ctrl-C twice:
   the running trial is abandoned (state FAIL, flagged ``interrupted``); ``--resume`` re-queues it.
 * Batched (``compile_workers`` > 0, the default on a CUDA host): per key, a batch of proposals is
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from .objective import KeyContext, Objective, PENALTY_MS
-from .space import TuneKey, default_config, make_sampler, run_id_for, source_hash_for, study_name
+from .space import TuneKey, default_config, make_sampler, neighbour_configs, run_id_for, source_hash_for, study_name
 
 __all__ = ["Budget", "TuneOptions", "KeyResult", "Tuner", "make_storage", "StudyExistsError", "parse_budget",
            "requeue_interrupted", "is_sqlite"]
@@ -143,6 +144,7 @@ class TuneOptions:
     task_defaults: dict = field(default_factory=dict)
     heartbeat: Optional[int] = 30
     startup_trials: int = 8
+    seed_neighbours: int = 0           # a new study also gets up to this many one-knob neighbours of the default
     command: Optional[str] = None
     results_out: Optional[Any] = None  # path: a results file rewritten after each record
     env_info: Optional[dict] = None    # the GPU host's collect_env() (split flow: the build host has no GPU)
@@ -295,6 +297,8 @@ class Tuner:
         default = default_config(self.spec, key)
         if not study.get_trials(deepcopy=False):
             study.enqueue_trial(default.to_dict(), user_attrs={"seeded_default": True}, skip_if_exists=True)
+            for config in neighbour_configs(self.spec, key, default, self.opts.seed_neighbours):
+                study.enqueue_trial(config.to_dict(), user_attrs={"seeded_neighbour": True}, skip_if_exists=True)
         return study
 
     def context(self, key: TuneKey, name: str) -> KeyContext:
