@@ -288,3 +288,19 @@ def test_new_study_starts_with_the_default_and_its_schedule_neighbours(tmp_path)
     assert not any(t.user_attrs.get("seeded_neighbour") for t in trials[6:])
     assert len({json.dumps(t.params, sort_keys=True) for t in trials[:6]}) == 6
     assert optuna.load_study(study_name=study.study_name, storage=url).best_trial.user_attrs["status"] == "ok"
+
+    # a study tuned without neighbours gets them once when resumed with them (tried configs are skipped)
+    url2 = f"sqlite:///{tmp_path / 'tune2.sqlite3'}"
+    base = [a if a != url else url2 for a in args]
+    first = [a if a != "5" else "0" for a in base]
+    assert CliRunner().invoke(app, first).exit_code == 0
+    before = {json.dumps(t.params, sort_keys=True) for t in _study(url2).get_trials(states=(TrialState.COMPLETE,))}
+    res = CliRunner().invoke(app, [*[a if a != "8" else "14" for a in base], "--resume"])
+    assert res.exit_code == 0, res.output
+    again = _study(url2)
+    seeded = [t for t in again.get_trials(states=(TrialState.COMPLETE,)) if t.user_attrs.get("seeded_neighbour")]
+    assert seeded and not {json.dumps(t.params, sort_keys=True) for t in seeded} & before
+    assert again.user_attrs["neighbours_seeded"] == 5
+    res = CliRunner().invoke(app, [*[a if a != "8" else "16" for a in base], "--resume"])
+    assert res.exit_code == 0, res.output
+    assert len([t for t in _study(url2).get_trials() if t.user_attrs.get("seeded_neighbour")]) == len(seeded)

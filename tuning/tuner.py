@@ -297,8 +297,12 @@ class Tuner:
         default = default_config(self.spec, key)
         if not study.get_trials(deepcopy=False):
             study.enqueue_trial(default.to_dict(), user_attrs={"seeded_default": True}, skip_if_exists=True)
+        # once per study, also into one resumed from before neighbour seeding existed (a config the
+        # study already tried is skipped, and perf_db lookups keep a re-proposal from being re-measured)
+        if self.opts.seed_neighbours > 0 and not study.user_attrs.get("neighbours_seeded"):
             for config in neighbour_configs(self.spec, key, default, self.opts.seed_neighbours):
                 study.enqueue_trial(config.to_dict(), user_attrs={"seeded_neighbour": True}, skip_if_exists=True)
+            study.set_user_attr("neighbours_seeded", self.opts.seed_neighbours)
         return study
 
     def context(self, key: TuneKey, name: str) -> KeyContext:
