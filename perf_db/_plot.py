@@ -74,7 +74,9 @@ def plot_overhead(rows: Sequence[dict[str, Any]], by: str, out: Path) -> Path:
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [str(x) for x in xs])
         ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="SDPA (same run)")
-        ax.set_title(f"{gpu}, {pass_}: pathtune / SDPA")
+        # a bwd key times forward + backward (against SDPA's forward + backward)
+        what = "bwd (forward + backward)" if pass_ == "bwd" else pass_
+        ax.set_title(f"{gpu}, {what}: pathtune / SDPA")
         ax.set_xlabel(by)
         ax.set_ylabel("time ratio (lower is better)")
         ax.grid(True, alpha=0.3)
