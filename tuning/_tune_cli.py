@@ -84,8 +84,9 @@ COMPILE_WORKERS = typer.Option(None, "--compile-workers", min=0,
                                     "compiles in the measuring process).", show_default=False)
 STARTUP = typer.Option(8, "--startup-trials", help="Random TPE startup trials per study (after the default).")
 NEIGHBOURS = typer.Option(12, "--seed-neighbours", min=0,
-                          help="A new study also starts with up to this many configs one schedule knob (tile, warps, "
-                               "stages, chunk size) away from the default, before the random start-up trials.")
+                          help="Each study also gets (once, before its random start-up trials; a resumed study "
+                               "too) up to this many configs one schedule knob (tile, warps, stages, chunk size) "
+                               "away from the default.")
 
 
 def _keys(head_dim: str, dtype: str, pass_: str, backend: str, buckets: str, gate: bool, heads: Optional[int],
