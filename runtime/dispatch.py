@@ -8,8 +8,10 @@ backward will follow) -- with a ``Plan``. The answer comes, in this order, from
 2. **perf_db** (``PerfDB.best``), exact workload key                  (source ``perf_db``)
 3. the nearest length bucket, pack first, then perf_db; then the same
    shape at the nearest other batch bucket (tuners fix a token budget) (source ``bucket``)
-4. the pack's per-pass default config                               (source ``default``)
-5. ``TritonParams.heuristic`` (the spec's defaults shrunk to fit)     (source ``heuristic``)
+4. a result of the same shape with the FoX gate the other way: its schedule knobs (tiles, warps,
+   stages), precision and beta-clip knobs from the heuristic         (source ``gate``)
+5. the pack's per-pass default config                               (source ``default``)
+6. ``TritonParams.heuristic`` (the spec's defaults shrunk to fit)     (source ``heuristic``)
 
 and is cached per key, so only the first call of a shape pays for the lookup; later calls cost a
 dict lookup (``benchmarks/dispatch_overhead.py`` prints the number). The dispatcher never
@@ -59,7 +61,7 @@ __all__ = ["Choice", "Plan", "Dispatcher", "SOURCES", "get_dispatcher", "load_pa
 
 _log = logging.getLogger("pathtune.dispatch")
 
-SOURCES = ("pack", "perf_db", "bucket", "default", "heuristic")
+SOURCES = ("pack", "perf_db", "bucket", "gate", "default", "heuristic")
 _MAX_BATCH_LOG2 = 10   # batch buckets 1 .. 1024 are searched when the caller's own has no result
 _UNSET: Any = object()
 
@@ -494,6 +496,9 @@ class Dispatcher:
         other = self._other_batch_bucket(pass_, wl, env, backends)
         if other is not None:
             return other
+        other = self._other_gate(pass_, wl, env, backends)
+        if other is not None:
+            return other
         if pack_hit is not None and pack_hit.match == "default":
             return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack"), "default",
                           f"pack {Path(pack.source).name} default for {pass_}")
@@ -539,6 +544,51 @@ class Dispatcher:
                                       f"perf_db measurement #{row['measurement_id']}, batch bucket {b} for "
                                       f"{wl.batch_bucket}, length bucket {row['seq_bucket']} for {wl.seq_bucket}")
         return None
+
+    def _other_gate(self, pass_: str, wl: Workload, env: Mapping[str, Any],
+                    backends: tuple[str, ...]) -> Optional[Choice]:
+        """The schedule of a result for the same shape with the FoX gate the other way (PaTH for a
+        PaTH-FoX call, or the reverse), precision and semantics knobs from the heuristic.
+
+        The kernels differ only in the gate terms, so tiles, warps and stages carry over; the
+        precision and beta-clip knobs passed that result's accuracy gate on the other function (the
+        decay of FoX damps the long-range terms where a tf32 product's error accumulates), so they
+        do not. Asked after every result of the caller's own gate setting, before the pack default."""
+        import dataclasses
+
+        alt = dataclasses.replace(wl, use_gate=not wl.use_gate)
+        pack, db = self._pack if self._pack is not _UNSET else None, self._db if self._db is not _UNSET else None
+        found = None
+        if pack is not None:
+            try:
+                self.pack_queries += 1
+                hit = pack.lookup(alt, env_info=env, backends=backends, current_keys=current_keys)
+            except Exception:  # noqa: BLE001 - handled (and warned) by the caller's own lookup
+                hit = None
+            if hit is not None and hit.match != "default":
+                found = (hit.backend, hit.config, f"pack {Path(pack.source).name}")
+        if found is None and db is not None:
+            try:
+                self.db_queries += 1
+                row = db.best(env, pass_, alt, backend=backends[0] if len(backends) == 1 else None)
+            except Exception as e:  # noqa: BLE001
+                self._drop_db(e)
+                row = None
+            if row is not None and row["backend"] in backends:
+                found = (row["backend"], row["config"], f"perf_db measurement #{row['measurement_id']}")
+        if found is None:
+            return None
+        backend, config, where = found
+        space = _space(pass_)
+        base = _heuristic(pass_, wl, backend, "").config
+        mixed = {name: (config[name] if knob.role == "schedule" and name in config else base[name])
+                 for name, knob in space.knobs.items()}
+        valid = self._valid(pass_, mixed, wl, "gate transfer")
+        if valid is None:
+            return None
+        other = "PaTH-FoX" if alt.use_gate else "PaTH"
+        return Choice(pass_, backend, valid, "gate",
+                      f"schedule knobs of the {other} result ({where}), precision and semantics knobs untuned")
 
     def plan(self, device: torch.device, head_dim: int, head_dim_v: int, heads_q: int, heads_kv: int, dtype: str,
              use_gate: bool, max_seqlen: int, num_seqs: int, varlen: bool, *,

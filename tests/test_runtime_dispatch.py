@@ -132,6 +132,33 @@ def test_other_batch_bucket_before_default(env, db_url):
     assert (p.source, p.fwd.config) == ("default", fwd_cfg(num_warps=8))
 
 
+def test_other_gate_lends_its_schedule_only(env, db_url):
+    """A PaTH call (gate off) with results only for PaTH-FoX (gate on, the shipped H200 tune) runs their
+    tiles, warps and stages with the heuristic's precision and beta clip (those passed the gate on the
+    other function only), before the pack default; an own-gate result at any bucket wins over it."""
+    tuned = fwd_cfg(block_n=128, num_stages=3, superchunk_size=256, ut_precision="tf32", beta_clip_eps=0.015625,
+                    scan_precision="bf16")
+    record(db_url, env, [(wl(), tuned, 0.4)])
+    pack = make_pack(env, [(wl(head_dim=128, head_dim_v=128), fwd_cfg(num_warps=2), 0.5)],
+                     default=fwd_cfg(num_warps=8))
+    d = dispatcher(env, db_url, pack)
+    p = plan(d, use_gate=False)
+    cfg = p.fwd.config
+    assert p.source == "gate" and "schedule knobs of the PaTH-FoX result" in p.fwd.detail
+    assert (cfg["block_n"], cfg["num_stages"], cfg["superchunk_size"]) == (128, 3, 256)
+    heuristic = dispatch._heuristic("fwd", wl(use_gate=False), "triton", "").config
+    for name in ("ut_precision", "beta_clip_eps", "scan_precision", "transition_precision"):
+        assert cfg[name] == heuristic[name], name
+    assert json.loads(p.params_json)["beta_clip_eps"] is None
+    # the pack's other-gate entry too (D = 128)
+    p = plan(d, use_gate=False, head_dim=128, head_dim_v=128)
+    assert p.source == "gate" and p.fwd.config["num_warps"] == 2 and "pack" in p.fwd.detail
+    # a result of the call's own gate setting, even at another length bucket, comes first
+    record(db_url, env, [(wl(use_gate=False, seq=4096), fwd_cfg(chunk_size=32), 0.3)])
+    p = plan(dispatcher(env, db_url, pack), use_gate=False)
+    assert (p.source, p.fwd.config) == ("bucket", fwd_cfg(chunk_size=32))
+
+
 def test_pack_default_then_heuristic(env, db_url):
     other_shape = wl(head_dim=128, head_dim_v=128)
     record(db_url, env, [(other_shape, fwd_cfg(chunk_size=32), 0.4)])      # another head dim: not served
