@@ -504,6 +504,29 @@ class Dispatcher:
                           f"pack {Path(pack.source).name} default for {pass_}")
         return _heuristic(pass_, wl, fallback, "no tuned config for this key")
 
+    def _results_for(self, pass_: str, alt: Workload, env: Mapping[str, Any], backends: tuple[str, ...]):
+        """Results for workload ``alt``, in order: the pack's (exact or nearest length bucket, not its
+        per-pass default), then perf_db's best; each as (backend, config, where, seq_bucket)."""
+        pack = self._pack if self._pack is not _UNSET else None
+        if pack is not None:
+            try:
+                self.pack_queries += 1
+                hit = pack.lookup(alt, env_info=env, backends=backends, current_keys=current_keys)
+            except Exception:  # noqa: BLE001 - handled (and warned) by the caller's own lookup
+                hit = None
+            if hit is not None and hit.match != "default":
+                yield hit.backend, hit.config, f"pack {Path(pack.source).name}", hit.seq_bucket
+        db = self._db if self._db is not _UNSET else None
+        if db is not None:
+            try:
+                self.db_queries += 1
+                row = db.best(env, pass_, alt, backend=backends[0] if len(backends) == 1 else None)
+            except Exception as e:  # noqa: BLE001
+                self._drop_db(e)
+                return
+            if row is not None and row["backend"] in backends:
+                yield row["backend"], row["config"], f"perf_db measurement #{row['measurement_id']}", row["seq_bucket"]
+
     def _other_batch_bucket(self, pass_: str, wl: Workload, env: Mapping[str, Any],
                             backends: tuple[str, ...]) -> Optional[Choice]:
         """Results of the same shape measured at another batch bucket (nearest first, ties to the
@@ -514,35 +537,13 @@ class Dispatcher:
 
         buckets = sorted((b for b in (1 << i for i in range(_MAX_BATCH_LOG2 + 1)) if b != wl.batch_bucket),
                          key=lambda b: (abs(math.log2(b) - math.log2(wl.batch_bucket)), -b))
-        pack, db = self._pack if self._pack is not _UNSET else None, self._db if self._db is not _UNSET else None
         for b in buckets:
-            alt = dataclasses.replace(wl, batch_bucket=b)
-            if pack is not None:
-                try:
-                    self.pack_queries += 1
-                    hit = pack.lookup(alt, env_info=env, backends=backends, current_keys=current_keys)
-                except Exception:  # noqa: BLE001 - handled (and warned) by the caller's own lookup
-                    hit = None
-                if hit is not None and hit.match != "default":
-                    config = self._valid(pass_, hit.config, wl, "pack")
-                    if config is not None:
-                        return Choice(pass_, hit.backend, config, "bucket",
-                                      f"pack {Path(pack.source).name}, batch bucket {b} for {wl.batch_bucket}, "
-                                      f"length bucket {hit.seq_bucket} for {wl.seq_bucket}")
-            if db is not None:
-                try:
-                    self.db_queries += 1
-                    row = db.best(env, pass_, alt, backend=backends[0] if len(backends) == 1 else None)
-                except Exception as e:  # noqa: BLE001
-                    self._drop_db(e)
-                    db = None
-                    continue
-                if row is not None and row["backend"] in backends:
-                    config = self._valid(pass_, row["config"], wl, "perf_db")
-                    if config is not None:
-                        return Choice(pass_, row["backend"], config, "bucket",
-                                      f"perf_db measurement #{row['measurement_id']}, batch bucket {b} for "
-                                      f"{wl.batch_bucket}, length bucket {row['seq_bucket']} for {wl.seq_bucket}")
+            for backend, config, where, seq in self._results_for(pass_, dataclasses.replace(wl, batch_bucket=b),
+                                                                 env, backends):
+                valid = self._valid(pass_, config, wl, where)
+                if valid is not None:
+                    return Choice(pass_, backend, valid, "bucket", f"{where}, batch bucket {b} for "
+                                  f"{wl.batch_bucket}, length bucket {seq} for {wl.seq_bucket}")
         return None
 
     def _other_gate(self, pass_: str, wl: Workload, env: Mapping[str, Any],
@@ -557,38 +558,17 @@ class Dispatcher:
         import dataclasses
 
         alt = dataclasses.replace(wl, use_gate=not wl.use_gate)
-        pack, db = self._pack if self._pack is not _UNSET else None, self._db if self._db is not _UNSET else None
-        found = None
-        if pack is not None:
-            try:
-                self.pack_queries += 1
-                hit = pack.lookup(alt, env_info=env, backends=backends, current_keys=current_keys)
-            except Exception:  # noqa: BLE001 - handled (and warned) by the caller's own lookup
-                hit = None
-            if hit is not None and hit.match != "default":
-                found = (hit.backend, hit.config, f"pack {Path(pack.source).name}")
-        if found is None and db is not None:
-            try:
-                self.db_queries += 1
-                row = db.best(env, pass_, alt, backend=backends[0] if len(backends) == 1 else None)
-            except Exception as e:  # noqa: BLE001
-                self._drop_db(e)
-                row = None
-            if row is not None and row["backend"] in backends:
-                found = (row["backend"], row["config"], f"perf_db measurement #{row['measurement_id']}")
-        if found is None:
-            return None
-        backend, config, where = found
         space = _space(pass_)
-        base = _heuristic(pass_, wl, backend, "").config
-        mixed = {name: (config[name] if knob.role == "schedule" and name in config else base[name])
-                 for name, knob in space.knobs.items()}
-        valid = self._valid(pass_, mixed, wl, "gate transfer")
-        if valid is None:
-            return None
         other = "PaTH-FoX" if alt.use_gate else "PaTH"
-        return Choice(pass_, backend, valid, "gate",
-                      f"schedule knobs of the {other} result ({where}), precision and semantics knobs untuned")
+        for backend, config, where, _ in self._results_for(pass_, alt, env, backends):
+            base = _heuristic(pass_, wl, backend, "").config
+            mixed = {name: (config[name] if knob.role == "schedule" and name in config else base[name])
+                     for name, knob in space.knobs.items()}
+            valid = self._valid(pass_, mixed, wl, f"{where} (gate transfer)")
+            if valid is not None:
+                return Choice(pass_, backend, valid, "gate",
+                              f"schedule knobs of the {other} result ({where}), precision and semantics knobs untuned")
+        return None
 
     def plan(self, device: torch.device, head_dim: int, head_dim_v: int, heads_q: int, heads_kv: int, dtype: str,
              use_gate: bool, max_seqlen: int, num_seqs: int, varlen: bool, *,
