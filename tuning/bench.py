@@ -82,36 +82,14 @@ def _accuracy(q, k, v, w, beta, g, config, check_len: int = 1024, backward: bool
     ``o`` only, or with ``backward`` o and every gradient (dq, dk, dv, dw, dbeta, dg)."""
     from pathtune.codegen.triton import path_attention_triton
 
-    from .measure import (INPUTS, ORACLE_CHECKPOINT, _head_slice, gate_tokens, oracle_by_kv_head, oracle_kv_heads,
-                          triton_params)
+    from .measure import gate_tokens, oracle_errors, oracle_kv_heads, triton_params
 
     params = triton_params(config or {}, q.shape[-1], v.shape[-1])
     n = min(q.shape[1], gate_tokens(params.superchunk_size, q.shape[1], check_len))
     sl = (slice(0, 1), slice(0, n))
-    args = [x[sl].detach().requires_grad_(backward) for x in (q, k, v, w, beta)]
-    args.append(None if g is None else g[sl].detach().requires_grad_(backward))
-    heads = oracle_kv_heads(k.shape[2], 2)
-    G = q.shape[2] // k.shape[2]
-
-    def rel(got, ref):
-        return float((got.double() - ref).norm() / ref.norm())
-
-    if not backward:
-        with torch.no_grad():
-            o, _ = path_attention_triton(*args, config=config)
-        ref, _ = oracle_by_kv_head(args, heads)
-        return {"o": rel(_head_slice(o, 0, heads, G), ref)}
-    o, _ = path_attention_triton(*args, config=config)
-    gen = torch.Generator(device=o.device).manual_seed(1)
-    do = torch.randn(o.shape, device=o.device, generator=gen, dtype=torch.float32).to(o.dtype)
-    live = [(name, x) for name, x in zip(INPUTS, args) if x is not None]
-    grads = torch.autograd.grad(o, [x for _, x in live], do)
-    ref, ref_grads = oracle_by_kv_head([x.detach() if x is not None else None for x in args], heads, do,
-                                       checkpoint_steps=ORACLE_CHECKPOINT)
-    errors = {"o": rel(_head_slice(o.detach(), 0, heads, G), ref)}
-    for (name, _), got, want in zip(live, grads, ref_grads):
-        errors["d" + name] = rel(_head_slice(got, INPUTS.index(name), heads, G), want)
-    return errors
+    args = [x[sl] for x in (q, k, v, w, beta)] + [None if g is None else g[sl]]
+    return oracle_errors(lambda *xs: path_attention_triton(*xs, config=config)[0], args, backward=backward,
+                         heads=oracle_kv_heads(k.shape[2], 2), seed=1)
 
 
 def _tuned(row: BenchRow, device: torch.device, backward: bool) -> dict:
@@ -231,9 +209,13 @@ def format_table(rows: list[BenchRow]):
                       f(r.times.get("sdpa_flash_fb")), f(r.times.get("fla_fb")), f(r.times.get("pathtune_fb")),
                       f(r.ratio("pathtune_fb", "sdpa_flash_fb")), f(r.ratio("fla_fb", "pathtune_fb")),
                       "-" if "o" not in r.errors else f"{r.errors['o']:.1e}",
-                      max((f"{e:.1e}" for n, e in r.errors.items() if n.startswith("d")), default="-",
-                          key=lambda t: float(t)))
+                      _max_grad_error(r.errors))
     return table
+
+
+def _max_grad_error(errors: dict[str, float]) -> str:
+    worst = max((e for name, e in errors.items() if name.startswith("d")), default=None)
+    return "-" if worst is None else f"{worst:.1e}"
 
 
 def command_line() -> str:

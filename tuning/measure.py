@@ -36,7 +36,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 __all__ = ["MeasureTask", "measure", "prepare", "load_measure_fn", "DecodeUnavailable", "decode_available", "triton_params",
            "classify_exception", "FATAL_MARKERS"]
@@ -364,33 +364,42 @@ def _gate_inputs(task: MeasureTask) -> tuple:
 
 def _run_gate_shape(task: MeasureTask, run: Callable[..., Any], xs: tuple) -> tuple:
     """The candidate at the gate shape: (o, live leaves [(name, tensor)], do, grads); no grads for fwd."""
+    return _run_candidate(run, xs, task.pass_ != "fwd", task.seed + 1)
+
+
+def _run_candidate(run: Callable[..., Any], xs: Sequence[Any], backward: bool, seed: int) -> tuple:
+    """run(*xs) -> (o, live leaves [(name, tensor)], do, grads); with ``backward`` the gradients of
+    o under an upstream gradient ``do`` drawn from ``seed``, else no grads (and no autograd)."""
     import torch
 
-    if task.pass_ == "fwd":
+    if not backward:
         with torch.no_grad():
             return run(*xs), [], None, None
     live = [(n, x.detach().clone().requires_grad_(True)) for n, x in zip(INPUTS, xs) if x is not None]
     args = dict(live)
     o = run(*[args.get(n) for n in INPUTS])
-    gen = torch.Generator(device=o.device).manual_seed(task.seed + 1)
+    gen = torch.Generator(device=o.device).manual_seed(seed)
     do = torch.randn(o.shape, device=o.device, generator=gen, dtype=torch.float32).to(o.dtype)
     return o, live, do, torch.autograd.grad(o, [x for _, x in live], do)
 
 
-def _check_fwd_bwd(task: MeasureTask, run: Callable[..., Any]) -> dict[str, float]:
-    """Relative errors of o (and, for bwd, every gradient) on the oracle's kv heads (``check_heads``)."""
-    xs = _gate_inputs(task)
-    o, live, do, grads = _run_gate_shape(task, run, xs)
-    wl = task.workload
-    G = wl["heads_q"] // wl["heads_kv"]
-    heads = oracle_kv_heads(wl["heads_kv"], task.check_heads)
+def oracle_errors(run: Callable[..., Any], xs: Sequence[Any], *, backward: bool, heads: list[int],
+                  seed: int) -> dict[str, float]:
+    """Relative errors of run(*xs) -> o (and, with ``backward``, of every gradient) against the
+    float64 oracle on the kv heads ``heads``. xs: (q, k, v, w, beta, g-or-None)."""
+    o, live, do, grads = _run_candidate(run, xs, backward, seed)
+    G = xs[0].shape[2] // xs[1].shape[2]
     o_ref, ref_grads = oracle_by_kv_head(list(xs), heads, do, checkpoint_steps=ORACLE_CHECKPOINT)
     errors = {"o": _rel(_head_slice(o, 0, heads, G), o_ref)}
-    if task.pass_ == "fwd":
-        return errors
-    for (n, _), gr, gref in zip(live, grads, ref_grads):
+    for (n, _), gr, gref in zip(live, grads or (), ref_grads or ()):
         errors["d" + n] = _rel(_head_slice(gr, INPUTS.index(n), heads, G), gref)
     return errors
+
+
+def _check_fwd_bwd(task: MeasureTask, run: Callable[..., Any]) -> dict[str, float]:
+    """Relative errors of o (and, for bwd, every gradient) on the oracle's kv heads (``check_heads``)."""
+    return oracle_errors(run, _gate_inputs(task), backward=task.pass_ != "fwd",
+                         heads=oracle_kv_heads(task.workload["heads_kv"], task.check_heads), seed=task.seed + 1)
 
 
 def _gate_failures(errors: dict[str, float], tolerances: dict[str, float]) -> list[str]:
