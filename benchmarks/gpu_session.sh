@@ -139,8 +139,8 @@ run_steps() {  # the steps of one lane, in order, with S set
                           python3 "$REPO/benchmarks/dev_memcheck.py" 64 1300 512 1 ;;
             probe) run_step probe "${secs:-60}" python3 "$REPO/benchmarks/memory_probe.py" --no-timeline ;;
             profile) run_step profile "${secs:-120}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" profile profile4k ;;
-        sweep) run_step sweep "${secs:-240}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ${SWEEP:-sweep} ;;
-        ranges) run_step ranges "${secs:-150}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ranges ;;
+            sweep) run_step sweep "${secs:-240}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ${SWEEP:-sweep} ;;
+            ranges) run_step ranges "${secs:-150}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ranges ;;
             *) echo "unknown step '$step' (see the header of $0)" | tee -a "$S/steps.txt" ;;
         esac
     done

@@ -632,7 +632,7 @@ def _triton_params_json(fwd: Choice, bwd: Optional[Choice], D: int, DV: int) -> 
     base = _heuristic_params(D, DV)
     merged = {**_config_of_params(base, [f for f in base.__dataclass_fields__]).to_dict(), **fwd.config.to_dict()}
     if bwd is not None:
-        with_bwd = {**merged, **dict(bwd.config.items())}
+        with_bwd = {**merged, **bwd.config.to_dict()}
         try:
             return params_from_config(TritonParams, with_bwd).to_json()
         except (TypeError, ValueError) as e:
