@@ -258,15 +258,18 @@ def test_public_api_triton_backend(gate):
     assert torch.equal(o, o2) and torch.equal(lse, lse2)
 
 
-@pytest.mark.parametrize("C,ut_precision", [(32, "tf32x3"), (64, "tf32x3"), (128, "tf32x3"), (64, "tf32")])
-def test_ut_stage_against_reference(C, ut_precision):
+@pytest.mark.parametrize("C,ut_precision,D", [(32, "tf32x3", 32), (64, "tf32x3", 32), (128, "tf32x3", 32),
+                                               (64, "tf32", 32), (64, "tf32x3", 96), (32, "tf32x3", 128)])
+def test_ut_stage_against_reference(C, ut_precision, D):
     """The UT stage alone (U, K~, M of every chunk) at the GPU chunk sizes, vs the float64
-    reference ut_transform: the blocked inverse combines C / 16 diagonal blocks."""
+    reference ut_transform: the blocked inverse combines C / 16 diagonal blocks; D = 96 and 128
+    span two 64-wide column blocks (ut_chunk accumulates over them, ut_apply splits over them;
+    96 masks half of the second)."""
     from pathtune.codegen.triton.forward import prepare_state
     from pathtune.runtime.reference.blockwise import boundary_adjust_keys, ut_transform
 
     T = C + C // 2 + 3  # one full chunk and a ragged one
-    x = make_inputs(190 + C, B=1, T=T, HQ=1, H=1, D=32, DV=32, gate=False)
+    x = make_inputs(190 + C + D, B=1, T=T, HQ=1, H=1, D=D, DV=32, gate=False)
     q, k, v, w, beta, _ = x
     st = prepare_state(q, k, w, beta, None, cu_seqlens=None,
                        params=params(chunk_size=C, superchunk_size=2 * C, block_n=16, ut_precision=ut_precision))

@@ -86,7 +86,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .forward import _pow2
     from .scan_fwd import scan_inter_kernel, scan_intra_kernel
     from .transport import superchunk_transport_kernel
-    from .ut import ut_bwd_kernel, ut_chunk_kernel, ut_diag_inverse_kernel
+    from .forward import UT_COLUMN_BLOCK, UT_NUM_WARPS
+    from .ut import ut_apply_kernel, ut_bwd_kernel, ut_chunk_kernel, ut_diag_inverse_kernel
 
     io = f"*{dtype}"
     scan = {tl.float16: "*fp16", tl.bfloat16: "*bf16", tl.float32: "*fp32"}[params.scan_dtype]
@@ -103,7 +104,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     for name in ("w_ptr", "u_ptr", "m_ptr", "kt_ptr", "what_ptr", "gc_ptr", "lse_ptr", "beta_ptr", "y_ptr",
                  "delta_ptr", "dy_ptr", "dc_ptr", "dkj_ptr", "dv_ptr", "dom_ptr", "dwhat_ptr", "dkt_ptr",
                  "dw_ptr", "du_ptr", "dm_ptr", "dk_ptr", "scratch_ptr", "dw_acc_ptr", "dk_acc_ptr",
-                 "dbeta_ptr"):
+                 "dbeta_ptr", "a_ptr"):
         sig[name] = _PTR_F32
     sig["kj_ptr"] = scan
     for name in ("x_ptr", "o_part_ptr"):
@@ -121,8 +122,12 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     bflags = dict(flags, TP=btp)
     rows = min(BD, 32)
     return [
-        (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max), 1, 1),
-        (ut_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, UP=params.ut_precision), utw, 1),
+        (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C,
+                                           BETA_MAX=params.beta_max), 1, 1),
+        (ut_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
+                                       UP=params.ut_precision), UT_NUM_WARPS, 1),
+        (ut_apply_kernel, ut_sig, dict(H=H, D=D, DB=min(BD, UT_COLUMN_BLOCK), C=C, UP=params.ut_precision),
+         UT_NUM_WARPS, 1),
         (superchunk_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype, TP=tp), 4, 1),
         (scan_intra_kernel, sig, dict(common, WRITE_X=True, **flags), params.num_warps, 1),
         (scan_inter_kernel, dict(sig, o_ptr=io), dict({k: v for k, v in common.items() if k != 'C'}, BLOCK_M=params.block_m, BLOCK_N=params.block_n, **flags),

@@ -13,9 +13,11 @@ from ._layout import SequenceTables, build_tables, gate_cumsum
 from .params import TritonParams
 from .scan_fwd import scan_inter_kernel, scan_intra_kernel
 from .transport import superchunk_transport_kernel
-from .ut import ut_chunk_kernel, ut_diag_inverse_kernel
+from .ut import ut_apply_kernel, ut_chunk_kernel, ut_diag_inverse_kernel
 
 _LOG2E = 1.4426950408889634
+UT_COLUMN_BLOCK = 64   # D columns per UT program (ut_chunk accumulates over them, ut_apply splits over them)
+UT_NUM_WARPS = 8
 
 
 @dataclass
@@ -46,7 +48,8 @@ def ut_inverse_scratch(wt, bt, tables: SequenceTables, H: int, D: int, C: int, p
     scratch = torch.empty(tables.n_chunks * H * C * C, device=wt.device, dtype=torch.float32)
     ut_diag_inverse_kernel[(tables.n_chunks * (C // 16), H)](
         wt, bt, scratch, tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
-        H=H, D=D, BD=_pow2(D), C=C, BETA_MAX=params.beta_max, num_warps=1, num_stages=1,
+        H=H, D=D, BD=_pow2(D), DB=min(_pow2(D), UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
+        num_warps=1, num_stages=1,
     )
     return scratch
 
@@ -62,11 +65,20 @@ def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, pa
     ktil = torch.empty(N, H, D, device=kt_in.device, dtype=torch.float32)
     m = torch.empty(N, H, C, device=kt_in.device, dtype=torch.float32)
     scratch = ut_inverse_scratch(wt, bt, tables, H, D, C, params)
+    a = torch.empty(N, H, C, device=kt_in.device, dtype=torch.float32)   # A = T^{-1} diag(beta), per chunk row
+    BD = _pow2(D)
+    DB = min(BD, UT_COLUMN_BLOCK)
     ut_chunk_kernel[(tables.n_chunks, H)](
-        wt, bt, kt_in, u, ktil, m, scratch,
+        wt, bt, kt_in, a, m, scratch,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
-        H=H, D=D, BD=_pow2(D), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
-        num_warps=8, num_stages=1,
+        H=H, D=D, BD=BD, DB=DB, C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
+        num_warps=UT_NUM_WARPS, num_stages=1,
+    )
+    ut_apply_kernel[(tables.n_chunks, H, BD // DB)](
+        wt, kt_in, a, m, u, ktil,
+        tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
+        H=H, D=D, DB=DB, C=C, UP=params.ut_precision,
+        num_warps=UT_NUM_WARPS, num_stages=1,
     )
     return u, ktil, m, scratch
 

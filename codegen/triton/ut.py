@@ -8,6 +8,10 @@ For chunk m with rows W (C x D, unit-norm w), beta (C), K (C x D):
     K~ = K - M^T W                                row j = (H_last ... H_{j+1} k_j)^T
 Outputs U, K~ (float32, [N_tok, H, D]) and M (float32, [N_tok, H, C]).
 
+Two kernels: ``ut_chunk_kernel`` (the C x C work: W W^T and W K^T over column blocks, the inverse,
+A and M; A goes to a float32 [N_tok, H, C] buffer) and ``ut_apply_kernel`` (U and K~, one program per
+64-wide column block of D).
+
 The inverse is built from 16 x 16 diagonal blocks passed through a float32 scratch tile per
 (chunk, head) (L2 resident).  ``ut_diag_inverse_kernel`` inverts the diagonal blocks by
 row-wise substitution, one warp per block: the 15 dependent steps are latency-bound, so they
@@ -39,7 +43,8 @@ def _invert_unit_lower_16(Nbb):
 def ut_diag_inverse_kernel(
     w_ptr, beta_ptr, scratch_ptr,
     chunk_tok0, chunk_seq, seq_end,
-    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, BETA_MAX: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr, C: tl.constexpr,
+    BETA_MAX: tl.constexpr,
 ):
     """Diagonal 16 x 16 blocks of (I + strictLower(diag(beta) W W^T))^{-1}, into the scratch tiles.
 
@@ -52,13 +57,17 @@ def ut_diag_inverse_kernel(
     tok0 = tl.load(chunk_tok0 + n)
     send = tl.load(seq_end + tl.load(chunk_seq + n))
     s = tl.arange(0, 16)
-    d = tl.arange(0, BD)
+    d = tl.arange(0, DB)
     rows = (tok0 + bi * 16 + s).to(tl.int64)
     rmask = rows < send
-    W = tl.load(w_ptr + (rows[:, None] * H + h) * D + d[None, :], mask=rmask[:, None] & (d < D)[None, :],
-                other=0.0).to(tl.float32)
+    # float32-exact (FMA) products over DB-wide column blocks: a 16 x 16 x BD broadcast product
+    # spilled 528 B per thread at D = 128
+    G = tl.zeros((16, 16), dtype=tl.float32)
+    for d0 in tl.static_range(0, BD, DB):
+        W = tl.load(w_ptr + (rows[:, None] * H + h) * D + d0 + d[None, :],
+                    mask=rmask[:, None] & (d0 + d < D)[None, :], other=0.0).to(tl.float32)
+        G = tl.dot(W, tl.trans(W), G, input_precision="ieee")
     beta = tl.minimum(tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32), BETA_MAX)
-    G = tl.sum(W[:, None, :] * W[None, :, :], axis=2)
     Nbb = tl.where(s[:, None] > s[None, :], beta[:, None] * G, 0.0)
     inv = _invert_unit_lower_16(Nbb)
     base = scratch_ptr + (n * H + h).to(tl.int64) * C * C
@@ -92,40 +101,74 @@ def _blocked_inverse(N, base, C: tl.constexpr, UP: tl.constexpr):
 @triton.jit
 def ut_chunk_kernel(
     w_ptr, beta_ptr, k_ptr,
-    u_ptr, kt_ptr, m_ptr, scratch_ptr,
+    a_ptr, m_ptr, scratch_ptr,
     chunk_tok0, chunk_seq, seq_end,
-    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr, C: tl.constexpr,
     BETA_MAX: tl.constexpr, UP: tl.constexpr,
 ):
-    """UP: float32 matmul mode of every product (the spec's ut_precision knob; tf32x3 ~ fp32)."""
+    """The C x C half of the UT stage: A = T^{-1} diag(beta) and M = A strictLower(W K^T), stored
+    (float32, [N_tok, H, C] rows) for ``ut_apply_kernel``.  W W^T and W K^T are accumulated over
+    DB-wide column blocks, so no C x D tile is live (at D = 128 the single-kernel UT stage held W,
+    K, U and K~ at once: 255 registers and 1.6 KB of spills per thread on sm_90).
+
+    UP: float32 matmul mode of every product (the spec's ut_precision knob; tf32x3 ~ fp32)."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     tok0 = tl.load(chunk_tok0 + n)
     send = tl.load(seq_end + tl.load(chunk_seq + n))
     r = tl.arange(0, C)
-    d = tl.arange(0, BD)
+    db = tl.arange(0, DB)
     rows = (tok0 + r).to(tl.int64)
     rmask = rows < send
-    mask2 = rmask[:, None] & (d < D)[None, :]
-    off = (rows[:, None] * H + h) * D + d[None, :]
 
-    W = tl.load(w_ptr + off, mask=mask2, other=0.0).to(tl.float32)
+    Gm = tl.zeros((C, C), dtype=tl.float32)
+    L = tl.zeros((C, C), dtype=tl.float32)
+    for d0 in tl.static_range(0, BD, DB):
+        mask2 = rmask[:, None] & (d0 + db < D)[None, :]
+        off = (rows[:, None] * H + h) * D + d0 + db[None, :]
+        W = tl.load(w_ptr + off, mask=mask2, other=0.0).to(tl.float32)
+        K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
+        Gm = tl.dot(W, tl.trans(W), Gm, input_precision=UP)
+        L = tl.dot(W, tl.trans(K), L, input_precision=UP)
     beta = tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32)
     beta = tl.minimum(beta, BETA_MAX)
     strict = r[:, None] > r[None, :]
-    N = tl.where(strict, beta[:, None] * tl.dot(W, tl.trans(W), input_precision=UP), 0.0)
-
+    N = tl.where(strict, beta[:, None] * Gm, 0.0)
     Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C, UP)
     A = Tinv * beta[None, :]
+    M = tl.dot(A, tl.where(strict, L, 0.0), input_precision=UP)
+    coff = (rows[:, None] * H + h) * C + r[None, :]
+    tl.store(a_ptr + coff, A, mask=rmask[:, None])
+    tl.store(m_ptr + coff, M, mask=rmask[:, None])
 
+
+@triton.jit
+def ut_apply_kernel(
+    w_ptr, k_ptr, a_ptr, m_ptr,
+    u_ptr, kt_ptr,
+    chunk_tok0, chunk_seq, seq_end,
+    H: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, C: tl.constexpr, UP: tl.constexpr,
+):
+    """The C x D half of the UT stage, one program per (chunk, kv head, DB-wide column block):
+    U = A W (P_m = I - W^T U = H_last ... H_first) and K~ = K - M^T W (row j = (H_last ... H_{j+1} k_j)^T)."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    d0 = tl.program_id(2) * DB
+    tok0 = tl.load(chunk_tok0 + n)
+    send = tl.load(seq_end + tl.load(chunk_seq + n))
+    r = tl.arange(0, C)
+    db = tl.arange(0, DB)
+    rows = (tok0 + r).to(tl.int64)
+    rmask = rows < send
+    mask2 = rmask[:, None] & (d0 + db < D)[None, :]
+    off = (rows[:, None] * H + h) * D + d0 + db[None, :]
+    coff = (rows[:, None] * H + h) * C + r[None, :]
+    A = tl.load(a_ptr + coff, mask=rmask[:, None], other=0.0)
+    M = tl.load(m_ptr + coff, mask=rmask[:, None], other=0.0)
+    W = tl.load(w_ptr + off, mask=mask2, other=0.0).to(tl.float32)
     K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
-    U = tl.dot(A, W, input_precision=UP)
-    tl.store(u_ptr + off, U, mask=mask2)
-    WK = tl.where(strict, tl.dot(W, tl.trans(K), input_precision=UP), 0.0)
-    M = tl.dot(A, WK, input_precision=UP)
-    tl.store(m_ptr + (rows[:, None] * H + h) * C + r[None, :], M, mask=rmask[:, None])
-    Kt = K - tl.dot(tl.trans(M), W, input_precision=UP)
-    tl.store(kt_ptr + off, Kt, mask=mask2)
+    tl.store(u_ptr + off, tl.dot(A, W, input_precision=UP), mask=mask2)
+    tl.store(kt_ptr + off, K - tl.dot(tl.trans(M), W, input_precision=UP), mask=mask2)
 
 
 @triton.jit
