@@ -27,7 +27,8 @@ PASS_SOURCES = {
             "backward", "bwd_chain", "bwd_inter", "bwd_intra", "bwd_prep"),
     "decode": ("decode",),
 }
-_NOT_HASHED = ("compile_check",)
+# compile_check runs no kernel; heuristics only picks default knob values (records store full configs)
+_NOT_HASHED = ("compile_check", "heuristics")
 
 
 def source_files(pass_: str | None = None):

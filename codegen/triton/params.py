@@ -81,23 +81,11 @@ class TritonParams:
 
     @classmethod
     def heuristic(cls, head_dim: int, head_dim_v: int | None = None) -> "TritonParams":
-        """The built-in fallback when neither perf_db nor a pack has a config for this shape.
+        """The built-in fallback when neither perf_db nor a pack has a config for this shape
+        (``heuristics.py``: its choices key no measurement, so tuning them retires no record)."""
+        from .heuristics import heuristic_knobs
 
-        Spec defaults, shrunk where they do not fit an sm_90 multiprocessor (228 KB shared
-        memory; ``python -m pathtune.codegen.triton.compile_check --head-dim D``): above
-        head dim 64 the forward and backward loops run single-stage and the D x D transition
-        products use one tf32 pass instead of three; the decode kernel gets 8 warps (with 4, its
-        fp32 key tile of 128 x 128 takes 252 registers a thread) and key tiles of 64 rows (112
-        registers: two programs per multiprocessor, instead of one at 128 rows).  Decoding splits
-        the cache 16 ways (capped by its tiles): with 4, a batch of 8 x 16 heads launches 512
-        programs, 1.3 waves of an H200 at three programs per SM, and the second wave runs a third full.
-        """
-        d = max(head_dim, head_dim_v or head_dim)
-        if d <= 64:
-            return cls(decode_splits=16)
-        return cls(num_stages=1, bwd_num_stages=1, transition_precision="tf32", bwd_transition_precision="tf32",
-                   num_warps=8 if d > 128 else 4, bwd_num_warps=8 if d > 128 else 4,
-                   decode_block_n=64, decode_num_warps=8, decode_splits=16)
+        return cls(**heuristic_knobs(head_dim, head_dim_v))
 
     @property
     def scan_dtype(self):
