@@ -23,12 +23,12 @@ __all__ = ["path_attention_triton", "path_decode_triton", "path_prefill_triton",
 SHARED_SOURCES = ("__init__", "_ops", "params")
 PASS_SOURCES = {
     "fwd": ("autograd", "forward", "_layout", "scan_fwd", "transport", "ut"),
+    # heuristics: a bwd record times forward + backward, and its forward-only tiles are the defaults
     "bwd": ("autograd", "forward", "_layout", "scan_fwd", "transport", "ut",
-            "backward", "bwd_chain", "bwd_inter", "bwd_intra", "bwd_prep"),
+            "backward", "bwd_chain", "bwd_inter", "bwd_intra", "bwd_prep", "heuristics"),
     "decode": ("decode",),
 }
-# compile_check runs no kernel; heuristics only picks default knob values (records store full configs)
-_NOT_HASHED = ("compile_check", "heuristics")
+_NOT_HASHED = ("compile_check",)
 
 
 def source_files(pass_: str | None = None):

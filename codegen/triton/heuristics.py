@@ -1,8 +1,9 @@
 """The untuned defaults of the Triton backend (``TritonParams.heuristic``).
 
-Kept out of the kernel source hash (``_NOT_HASHED``): a perf_db record stores the full config it
-measured, so which config the runtime falls back to, or a tune starts from, decides no measurement;
-revising these choices retires no shipped record.
+Hashed for the bwd pass only (``PASS_SOURCES``): a fwd or decode record stores every knob its
+kernels read, so which config the runtime falls back to, or a tune starts from, changes none of those
+measurements; a bwd record times forward + backward, and the forward's own tiles (block_m, block_n,
+warps, stages) come from here.  Revising a default retires the bwd records, not the others.
 """
 from __future__ import annotations
 
