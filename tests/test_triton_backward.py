@@ -164,6 +164,14 @@ def test_backward_chunk32():
     run_case(inputs, do, params(chunk_size=32, superchunk_size=64, block_n=32, bwd_block_n=32))
 
 
+@pytest.mark.parametrize("S,block_m", [(32, 16), (64, 32), (64, 64)], ids=lambda v: str(v))
+def test_backward_inter_query_step(S, block_m):
+    """bwd_block_m, the query rows per step of the key-side inter pass, is independent of the UT
+    chunk (16 here): one chunk, two chunks, a whole super-chunk per step."""
+    inputs, do = make_inputs(350 + S + block_m, T=150, gate=True)
+    run_case(inputs, do, params(superchunk_size=S, bwd_block_m=block_m))
+
+
 def test_backward_precision_knobs():
     """The backward's precision knobs reach its kernels (tf32 transitions and UT products): under the
     interpreter tf32 products are exact, so the float32 tolerance still holds."""

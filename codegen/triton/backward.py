@@ -208,7 +208,7 @@ def path_attention_bwd(
             y, state.kj, vt, state.what, gc, dot_, lset, delta, dkj, dv, dom, dc,
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             qk_scale, gate_scale, scale, gate_nat,
-            BLOCK_N=BN, TP=tp, USE_GATE=use_gate, INTERP=interp,
+            BLOCK_N=BN, BLOCK_M=params.bwd_block_m, TP=tp, USE_GATE=use_gate, INTERP=interp,
             num_warps=params.bwd_num_warps, num_stages=params.bwd_num_stages, **common,
         )
         if BD <= 64:

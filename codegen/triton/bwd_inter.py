@@ -94,8 +94,11 @@ def bwd_inter_dkv_kernel(
     qk_scale, gate_scale, scale, gate_nat,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
 ):
+    # BLOCK_M: query rows per step of the walk over a later super-chunk (the bwd_block_m knob; the
+    # UT chunk is no unit here: p and dS of every query row are independent given lse and delta)
     # one program per key tile of BLOCK_N keys (the earliest super-chunks, with the most later
     # queries, first); one program per super-chunk left 512 serial programs at 32K tokens
     j = tl.program_id(0) // (S // BLOCK_N)
@@ -110,7 +113,7 @@ def bwd_inter_dkv_kernel(
         pair_base = tl.load(seq_pair_base + sid)
         n_sc_seq = (send - s0 + S - 1) // S
         jl = j - sc_base
-        r = tl.arange(0, C)
+        r = tl.arange(0, BLOCK_M)
         d = tl.arange(0, BD)
         dv = tl.arange(0, BDV)
         rn = tl.arange(0, BLOCK_N)
@@ -133,8 +136,8 @@ def bwd_inter_dkv_kernel(
             for il in range(jl + 1, n_sc_seq):
                 KZ = tl.dot(KJ.to(tl.float32), tl.trans(Om), input_precision=TP).to(DT)
                 dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
-                for cc in range(0, S // C):
-                    rows = (s0 + il * S + cc * C + r).to(tl.int64)
+                for m0 in range(0, S, BLOCK_M):
+                    rows = (s0 + il * S + m0 + r).to(tl.int64)
                     rmask = rows < send
                     Yd = tl.load(y_ptr + (rows[:, None] * HQ + hq) * D + d[None, :],
                                  mask=rmask[:, None] & dmask, other=0.0).to(DT)

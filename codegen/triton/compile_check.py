@@ -134,7 +134,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          params.inter_num_warps, params.num_stages),
         (bwd_prep_kernel, sig, dict(common, INTERP=False), params.bwd_num_warps, 1),
         (bwd_inter_dq_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **bflags), params.bwd_num_warps, params.bwd_num_stages),
-        (bwd_inter_dkv_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **bflags), params.bwd_num_warps, params.bwd_num_stages),
+        (bwd_inter_dkv_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, BLOCK_M=params.bwd_block_m, **bflags),
+         params.bwd_num_warps, params.bwd_num_stages),
         # launched for BD <= 64 only; larger head dims use the torch chain (backward.py)
         *([(bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=btp), 4, 1)] if BD <= 64 else []),
         (bwd_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), 4, 1),

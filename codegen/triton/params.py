@@ -35,6 +35,7 @@ class TritonParams:
     ut_precision: str = "tf32x3"
     ut_grad_precision: str = "tf32"
     bwd_block_n: int = 64
+    bwd_block_m: int = 64
     bwd_num_warps: int = 4
     bwd_num_stages: int = 2
     decode_block_n: int = 128
@@ -69,6 +70,11 @@ class TritonParams:
             object.__setattr__(self, "block_m", self.superchunk_size)
         if self.superchunk_size % self.block_m:
             raise ValueError(f"superchunk_size ({self.superchunk_size}) must be a multiple of block_m ({self.block_m})")
+        if self.bwd_block_m > self.superchunk_size:   # as block_m: a short super-chunk is one step
+            object.__setattr__(self, "bwd_block_m", self.superchunk_size)
+        if self.superchunk_size % self.bwd_block_m:
+            raise ValueError(f"superchunk_size ({self.superchunk_size}) must be a multiple of bwd_block_m "
+                             f"({self.bwd_block_m})")
         if self.superchunk_size % self.block_n:
             raise ValueError(f"superchunk_size ({self.superchunk_size}) must be a multiple of block_n ({self.block_n})")
 
