@@ -28,6 +28,15 @@ SUB = 16  # diagonal block size of the blocked inverse
 
 
 @triton.jit
+def _chunk_rows(n, chunk_tok0, chunk_seq, seq_end, C: tl.constexpr):
+    """Token rows (int64) of UT chunk n and which of them lie inside its sequence."""
+    tok0 = tl.load(chunk_tok0 + n)
+    send = tl.load(seq_end + tl.load(chunk_seq + n))
+    rows = (tok0 + tl.arange(0, C)).to(tl.int64)
+    return rows, rows < send
+
+
+@triton.jit
 def _invert_unit_lower_16(Nbb):
     """(I + Nbb)^{-1} for a strictly lower 16 x 16 block, by forward substitution."""
     r = tl.arange(0, 16)
@@ -114,12 +123,9 @@ def ut_chunk_kernel(
     UP: float32 matmul mode of every product (the spec's ut_precision knob; tf32x3 ~ fp32)."""
     n = tl.program_id(0)
     h = tl.program_id(1)
-    tok0 = tl.load(chunk_tok0 + n)
-    send = tl.load(seq_end + tl.load(chunk_seq + n))
+    rows, rmask = _chunk_rows(n, chunk_tok0, chunk_seq, seq_end, C)
     r = tl.arange(0, C)
     db = tl.arange(0, DB)
-    rows = (tok0 + r).to(tl.int64)
-    rmask = rows < send
 
     Gm = tl.zeros((C, C), dtype=tl.float32)
     L = tl.zeros((C, C), dtype=tl.float32)
@@ -154,12 +160,9 @@ def ut_apply_kernel(
     n = tl.program_id(0)
     h = tl.program_id(1)
     d0 = tl.program_id(2) * DB
-    tok0 = tl.load(chunk_tok0 + n)
-    send = tl.load(seq_end + tl.load(chunk_seq + n))
+    rows, rmask = _chunk_rows(n, chunk_tok0, chunk_seq, seq_end, C)
     r = tl.arange(0, C)
     db = tl.arange(0, DB)
-    rows = (tok0 + r).to(tl.int64)
-    rmask = rows < send
     mask2 = rmask[:, None] & (d0 + db < D)[None, :]
     off = (rows[:, None] * H + h) * D + d0 + db[None, :]
     coff = (rows[:, None] * H + h) * C + r[None, :]
@@ -188,12 +191,9 @@ def ut_bwd_kernel(
     """
     n = tl.program_id(0)
     h = tl.program_id(1)
-    tok0 = tl.load(chunk_tok0 + n)
-    send = tl.load(seq_end + tl.load(chunk_seq + n))
+    rows, rmask = _chunk_rows(n, chunk_tok0, chunk_seq, seq_end, C)
     r = tl.arange(0, C)
     d = tl.arange(0, BD)
-    rows = (tok0 + r).to(tl.int64)
-    rmask = rows < send
     mask2 = rmask[:, None] & (d < D)[None, :]
     off = (rows[:, None] * H + h) * D + d[None, :]
     moff = (rows[:, None] * H + h) * C + r[None, :]
