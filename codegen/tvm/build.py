@@ -35,11 +35,15 @@ REDUCTION_UNROLL = 4  # inner unroll of the CUDA-core reduction loops (a backend
 _PKG_DIR = Path(__file__).resolve().parent
 
 
+# the GPU-host scripts, the runtime loader and the module store do not change what a module computes
+_NOT_KERNEL_SOURCES = ("gpu_check.py", "build_gpu_check.py", "build_decode_bench.py", "runtime.py", "module_store.py")
+
+
 def source_hash() -> str:
     """Hash of this package's kernel sources (a code change invalidates cached modules)."""
     h = hashlib.sha256()
     for p in sorted(_PKG_DIR.glob("*.py")) + sorted(_PKG_DIR.glob("*.c")):
-        if p.name in ("gpu_check.py", "build_gpu_check.py", "runtime.py"):
+        if p.name in _NOT_KERNEL_SOURCES:
             continue
         h.update(p.name.encode())
         h.update(p.read_bytes())

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from .._knobs import params_from_config
 
-__all__ = ["TVMParams", "KernelDims", "UnsupportedConfig", "SCAN_VARIANTS"]
+__all__ = ["TVMParams", "KernelDims", "UnsupportedConfig", "SCAN_VARIANTS", "DECODE_LOCAL_KNOBS"]
 
 # scan_precision knob -> operand dtype of the scan matmuls ("tf32" keeps float32 operands; only the
 # CUDA-core variant supports it, mma.sync has no tf32 path in TIRx)
@@ -23,6 +23,10 @@ _QKV_DTYPES = ("bfloat16", "float16", "float32", "float64")
 # scan kernels: "tc" = TIRx kernel whose matmuls are mma.sync (tensor cores),
 #               "simt" = scheduled S-TIR on CUDA cores (the CPU-verified TensorIR, thread-bound)
 SCAN_VARIANTS = ("tc", "simt")
+
+
+# TVMParams' decode knobs that are not spec knobs: a TVM decode record stores them next to the spec's
+DECODE_LOCAL_KNOBS = ("decode_vec", "decode_threads_per_row", "decode_rows_per_thread", "decode_prefetch")
 
 
 class UnsupportedConfig(ValueError):
