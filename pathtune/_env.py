@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Generic, Optional, TypeVar
 
 __all__ = ["EnvVar", "ALL", "CHECK_INPUTS", "DB_URL", "PACK", "GPU_NAME", "PRINT_DISPATCH", "CACHE_DIR",
-           "DISPATCH_DB", "SHIPPED_DIR", "BWD_RANGE_MIB",
+           "DISPATCH_DB", "SHIPPED_DIR", "BWD_RANGE_MIB", "TVM_MODULES",
            "default_db_url", "default_cache_dir"]
 
 T = TypeVar("T")
@@ -141,5 +141,11 @@ BWD_RANGE_MIB: EnvVar[Optional[float]] = EnvVar(
     "of super-chunks (lower peak memory, u / K~ / m recomputed per range). 'unbounded': one range. A "
     "measuring knob (gradients are identical); read at every backward call.")
 
+TVM_MODULES: EnvVar[Optional[Path]] = EnvVar(
+    "PATHTUNE_TVM_MODULES", _parse_path, lambda: None, "path", "unset",
+    "Folder of prebuilt TVM modules (e.g. a `python -m pathtune.codegen.tvm.build_decode_bench` bundle) that "
+    "backend='auto' decoding searches first, before tvm_modules/ beside a loaded pack and "
+    "<PATHTUNE_CACHE_DIR>/tvm/modules; modules are matched by their build metadata, not by name.")
+
 ALL: tuple[EnvVar, ...] = (CHECK_INPUTS, DB_URL, PACK, GPU_NAME, PRINT_DISPATCH, CACHE_DIR, DISPATCH_DB, SHIPPED_DIR,
-                           BWD_RANGE_MIB)
+                           BWD_RANGE_MIB, TVM_MODULES)

@@ -154,7 +154,9 @@ def decode_fn(backend: str) -> Callable[..., Tensor]:
     mod = _decode_module()
     if mod is not None and backend != "reference":
         def fused(q, k, v, w, beta, g, cache, *, scale):
-            config = _tuned_params("decode", q, k, v, g, int(cache.length) + q.shape[1], backend)
+            # "auto": path_attention_decode dispatches (the Triton or the TVM step, runtime/decode_dispatch.py)
+            config = None if backend == "auto" else _tuned_params("decode", q, k, v, g,
+                                                                   int(cache.length) + q.shape[1], backend)
             return mod.path_attention_decode(q, k, v, w, beta, g, cache, scale=scale, backend=backend,
                                              config=config)
         return fused

@@ -7,7 +7,8 @@ new query attends to the cache (PaTH-FoX: plus the gate bias).  See ``runtime/re
 
 Backends: ``reference`` (PyTorch, any device, float64 capable), ``triton`` (the fused decode kernel
 of ``codegen/triton/decode.py``; CUDA tensors, or CPU tensors under TRITON_INTERPRET=1), ``tvm``
-(the TVM fused decode step, CUDA only, one token per launch), ``auto`` (triton on CUDA, else reference).
+(the TVM fused decode step, CUDA only, one token per launch), ``auto`` (on CUDA: the Triton step, or the
+TVM step when its tuning record is faster and it can run here -- runtime/decode_dispatch.py; else reference).
 """
 from __future__ import annotations
 
@@ -126,12 +127,19 @@ def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Opt
 
     q [B,T_new,HQ,D], k/w [B,T_new,H,D], v [B,T_new,H,DV], beta [B,T_new,H], g [B,T_new,HQ] or None
     (given iff the cache is gated). Token t attends to the cache and to tokens <= t of this call.
-    ``config``: decode knobs for the Triton backend (spec Config / mapping; None = heuristic).
+    ``config``: decode knobs for the Triton backend (spec Config / mapping; None = heuristic, or with
+    ``backend="auto"`` on CUDA the dispatcher's choice of backend and knobs: runtime/decode_dispatch.py).
     Returns o [B,T_new,HQ,DV] in q's dtype.
     """
     spec = load_spec()
     info = validate_inputs(spec, q, k, v, w, beta, g, scale=scale)
     chosen = _resolve(backend, q.device)
+    tvm_step = None
+    if backend == "auto" and chosen == "triton" and config is None and isinstance(cache, PaTHKVCache):
+        from .decode_dispatch import decode_plan
+
+        plan = decode_plan(q, k, v, g, cache)
+        chosen, config, tvm_step = plan.backend, plan.triton_params, plan.tvm_step
     _check_cache(cache, q, k, v, g, chosen)
     placement = _placement(spec)
     if chosen == "reference":
@@ -147,6 +155,10 @@ def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Opt
         return path_decode_triton(q, k, v, w32, b32, g32, cache, scale=scale, config=config,
                                   gate_placement=placement)
     # tvm: its fused step takes one token per launch; a multi-token call runs them in order
+    if tvm_step is not None:   # dispatched: modules found and loaded by the plan
+        return torch.stack([tvm_step(q[:, t], k[:, t], v[:, t], w32[:, t], b32[:, t],
+                                     None if g32 is None else g32[:, t], cache, scale=scale)[0]
+                            for t in range(q.shape[1])], dim=1)
     if placement != "inside_scale":
         raise NotImplementedError(f"backend 'tvm' implements gate placement 'inside_scale' only, the spec says "
                                   f"{placement!r}; use backend='triton'")

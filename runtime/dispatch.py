@@ -57,7 +57,7 @@ from pathtune.specs.workload import batch_bucket, seq_bucket
 
 __all__ = ["Choice", "Plan", "Dispatcher", "SOURCES", "get_dispatcher", "load_pack", "unload_pack", "loaded_pack",
            "select_plan", "select_config", "clear_cache", "PackRefusedWarning", "DispatchWarning",
-           "current_keys", "tvm_available"]
+           "current_keys", "tvm_available", "tvm_runtime_available"]
 
 _log = logging.getLogger("pathtune.dispatch")
 
@@ -130,6 +130,29 @@ def tvm_available() -> bool:
         except (ImportError, ValueError):
             _TVM_OK = False
     return _TVM_OK
+
+
+_TVM_RUNTIME_OK: Optional[bool] = None
+
+
+def tvm_runtime_available() -> bool:
+    """The TVM runtime (tvm_ffi) can be imported: enough to run prebuilt modules (no compiler needed)."""
+    global _TVM_RUNTIME_OK
+    if _TVM_RUNTIME_OK is None:
+        try:
+            _TVM_RUNTIME_OK = importlib.util.find_spec("tvm_ffi") is not None
+        except (ImportError, ValueError):
+            _TVM_RUNTIME_OK = False
+    return _TVM_RUNTIME_OK
+
+
+def _local_knobs(backend: str, pass_: str) -> tuple[str, ...]:
+    """Knobs a backend reads beyond the spec's for a pass (records store them; dispatch keeps them)."""
+    if backend == "tvm" and pass_ == "decode":
+        from pathtune.codegen.tvm.params import DECODE_LOCAL_KNOBS
+
+        return DECODE_LOCAL_KNOBS
+    return ()
 
 
 _SOURCE_HASHES: dict[tuple[str, str], Optional[str]] = {}
@@ -273,6 +296,7 @@ class Dispatcher:
         self.gpu_only = gpu_only
         self._plans: dict[tuple, Plan] = {}
         self._choices: dict[tuple, Choice] = {}
+        self.decode_plans: dict[tuple, Any] = {}   # runtime/decode_dispatch.py's per-key decode plans
         self._lock = threading.RLock()
         self._warned: set[str] = set()
         self._stale_checked = False
@@ -285,6 +309,7 @@ class Dispatcher:
         with self._lock:
             self._plans.clear()
             self._choices.clear()
+            self.decode_plans.clear()
 
     def _warn_once(self, message: str, category: type[Warning] = DispatchWarning) -> None:
         if message not in self._warned:
@@ -423,8 +448,15 @@ class Dispatcher:
                     self._choices[key] = hit
         return hit
 
-    def _valid(self, pass_: str, config: Mapping[str, Any], wl: Workload, where: str) -> Optional[Config]:
+    def _valid(self, pass_: str, config: Mapping[str, Any], wl: Workload, where: str,
+               backend: str = "triton") -> Optional[Config]:
+        """The spec knobs of ``config`` completed and checked for ``wl`` (None: not valid), plus the
+        backend's own knobs outside the spec (the TVM decode's layout knobs) when they are valid."""
         space = _space(pass_)
+        local = {k: config[k] for k in _local_knobs(backend, pass_) if k in config}
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in local.values()):
+            _log.debug("dispatch: %s config %s has invalid %s knobs %s", where, dict(config), backend, local)
+            return None
         full = dict(config)
         for name, knob in space.knobs.items():  # older entries may lack a knob added since: its default
             full.setdefault(name, knob.default)
@@ -433,7 +465,7 @@ class Dispatcher:
         if problems:
             _log.debug("dispatch: %s config %s is not valid for %s: %s", where, dict(config), wl, problems)
             return None
-        return Config(full)
+        return Config({**full, **local})
 
     def _choose(self, pass_: str, wl: Workload, device: torch.device, backends: tuple[str, ...]) -> Choice:
         fallback = backends[0]
@@ -455,7 +487,7 @@ class Dispatcher:
             except Exception as e:  # noqa: BLE001
                 self._warn_once(f"pathtune: pack lookup failed ({type(e).__name__}: {_short(e)}); skipped")
             if pack_hit is not None:
-                config = self._valid(pass_, pack_hit.config, wl, "pack")
+                config = self._valid(pass_, pack_hit.config, wl, "pack", pack_hit.backend)
                 if config is None:
                     pack_hit = None
                 else:
@@ -476,7 +508,7 @@ class Dispatcher:
             if db_row is not None and db_row["backend"] not in backends:
                 db_row = None
             if db_row is not None:
-                config = self._valid(pass_, db_row["config"], wl, "perf_db")
+                config = self._valid(pass_, db_row["config"], wl, "perf_db", db_row["backend"])
                 if config is None:
                     db_row = None
                 else:
@@ -487,10 +519,10 @@ class Dispatcher:
                         return Choice(pass_, db_row["backend"], config, "perf_db",
                                       f"measurement #{db_row['measurement_id']}, {db_row['median_ms']:.4g} ms")
         if pack_hit is not None and pack_hit.match == "nearest":
-            return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack"), "bucket",
+            return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack", pack_hit.backend), "bucket",
                           f"pack {Path(pack.source).name}, length bucket {pack_hit.seq_bucket} for {wl.seq_bucket}")
         if db_row is not None:  # nearest
-            return Choice(pass_, db_row["backend"], self._valid(pass_, db_row["config"], wl, "perf_db"), "bucket",
+            return Choice(pass_, db_row["backend"], self._valid(pass_, db_row["config"], wl, "perf_db", db_row["backend"]), "bucket",
                           f"perf_db measurement #{db_row['measurement_id']}, length bucket {db_row['seq_bucket']} "
                           f"for {wl.seq_bucket}")
         other = self._other_batch_bucket(pass_, wl, env, backends)
@@ -500,7 +532,7 @@ class Dispatcher:
         if other is not None:
             return other
         if pack_hit is not None and pack_hit.match == "default":
-            return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack"), "default",
+            return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack", pack_hit.backend), "default",
                           f"pack {Path(pack.source).name} default for {pass_}")
         return _heuristic(pass_, wl, fallback, "no tuned config for this key")
 
@@ -540,7 +572,7 @@ class Dispatcher:
         for b in buckets:
             for backend, config, where, seq in self._results_for(pass_, dataclasses.replace(wl, batch_bucket=b),
                                                                  env, backends):
-                valid = self._valid(pass_, config, wl, where)
+                valid = self._valid(pass_, config, wl, where, backend)
                 if valid is not None:
                     return Choice(pass_, backend, valid, "bucket", f"{where}, batch bucket {b} for "
                                   f"{wl.batch_bucket}, length bucket {seq} for {wl.seq_bucket}")

@@ -1,0 +1,200 @@
+"""Which kernel runs a decode step with ``backend="auto"``: the Triton step or the TVM step.
+
+Per key -- CUDA device, head dims, heads, q and cache dtypes, FoX gate, the power-of-two bucket of the
+keys attended (cache length + new tokens) and the batch bucket -- the dispatcher's "decode" choice over
+both backends decides (runtime/dispatch.py: pack, perf_db, length / batch buckets, ...; a record is the
+fastest of its key whatever its backend). A TVM choice runs only when the TVM step can run here:
+
+* it comes from a measured record of this shape (source pack, perf_db or bucket; a gate transfer or a
+  default cannot name a module built for this shape);
+* the TVM runtime (``tvm_ffi``) is importable -- the compiler is not needed;
+* the spec's gate placement is ``inside_scale`` (the only one the TVM step implements), the cache holds
+  k/v in q's dtype (bf16, fp16 or fp32);
+* its prebuilt modules are in a module store (codegen/tvm/module_store.py: ``PATHTUNE_TVM_MODULES``,
+  ``tvm_modules/`` beside a loaded pack, ``<PATHTUNE_CACHE_DIR>/tvm/modules``), matched by knobs, dims,
+  spec and kernel source hashes and the GPU's arch, and they load.
+
+Otherwise the Triton step runs with Triton's own best record, and why is logged once (INFO on the
+``pathtune.dispatch`` logger; printed to stderr with ``PATHTUNE_PRINT_DISPATCH=1``). The plan is cached per
+key on the dispatcher (``clear_cache()`` forgets it): after the first call a step pays one dict lookup.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pathtune import _env
+
+from . import dispatch
+
+__all__ = ["DecodePlan", "decode_plan", "plan_for"]
+
+_log = logging.getLogger("pathtune.dispatch")
+_MEASURED = ("pack", "perf_db", "bucket")    # sources that name a config measured for this shape
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """What a decode call runs: ``backend`` "triton" (``triton_params``) or "tvm" (``tvm_step``, a
+    codegen.tvm.runtime.TVMDecode). ``choice``: the dispatcher's answer that runs; ``fallback``: why a
+    TVM choice was not run (empty when none was passed over)."""
+
+    backend: str
+    choice: Any
+    triton_params: Any = None
+    tvm_step: Any = None
+    fallback: str = ""
+
+    def describe(self) -> str:
+        out = self.choice.describe()
+        if self.fallback:
+            out += f"; {self.fallback}"
+        return out
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def _placement() -> str:
+    from pathtune.specs import load_spec
+
+    gate = load_spec().stage("fox_gate")
+    return gate.placement if gate is not None else "inside_scale"
+
+
+def _load_tvm_step(found, dims, params):
+    """The TVM decode step from prebuilt modules (a hook: tests replace it with a fake)."""
+    from pathtune.codegen.tvm.runtime import TVMDecode, load_kernels
+
+    return TVMDecode(load_kernels(found.paths, found.runtime_dir), dims, params, _placement())
+
+
+def _tvm_step_or_reason(d: "dispatch.Dispatcher", choice, device: torch.device, dims, cache_dtype: torch.dtype,
+                        q_dtype: torch.dtype) -> tuple[Any, str]:
+    """(the loaded TVM step, "") or (None, why it cannot run here)."""
+    if choice.source not in _MEASURED:
+        return None, f"the TVM config comes from a {choice.source} answer, not a record of this shape"
+    if device.type != "cuda":
+        return None, f"inputs are on {device.type}, the TVM step runs on CUDA"
+    if not dispatch.tvm_runtime_available():
+        return None, "the TVM runtime (tvm_ffi, from the apache-tvm-ffi wheel) is not importable"
+    placement = _placement()
+    if placement != "inside_scale":
+        return None, f"the TVM step implements gate placement 'inside_scale', the spec says {placement!r}"
+    if cache_dtype != q_dtype or cache_dtype not in _KERNEL_DTYPES:
+        return None, (f"the TVM step keeps the cache in q's dtype (bf16/fp16/fp32); q is {_dtype_name(q_dtype)}, "
+                      f"the cache {_dtype_name(cache_dtype)}")
+    from pathtune.codegen.tvm.module_store import arch_of, find_decode_modules, store_roots
+    from pathtune.codegen.tvm.params import TVMParams, UnsupportedConfig
+
+    try:
+        params = TVMParams.from_config(choice.config)
+    except (TypeError, ValueError, UnsupportedConfig) as e:
+        return None, f"the TVM config does not make TVM params ({e})"
+    arch = arch_of(d.env_for(device).get("compute_capability"))
+    pack = d.pack
+    roots = store_roots(getattr(pack, "source", None))
+    found = find_decode_modules(params, dims, arch, roots) if arch else None
+    if found is None:
+        where = ", ".join(map(str, roots)) or "no module store exists"
+        return None, (f"no prebuilt TVM decode modules for {dims} with {params.decode_dict()} ({arch}) in {where}; "
+                      f"set {_env.TVM_MODULES.name} to a folder built by "
+                      "`python -m pathtune.codegen.tvm.build_decode_bench`, or export the pack with --tvm-modules")
+    try:
+        return _load_tvm_step(found, dims, params), ""
+    except Exception as e:  # noqa: BLE001 - a module that does not load must not fail the decode call
+        return None, f"the TVM modules in {found.paths['decode'].parent} did not load ({type(e).__name__}: {e})"
+
+
+def plan_for(device: torch.device, head_dim: int, head_dim_v: int, heads_q: int, heads_kv: int,
+             q_dtype: torch.dtype, cache_dtype: torch.dtype, gated: bool, keys: int, batch: int,
+             triton_params=None) -> DecodePlan:
+    """The plan of a decode step (cached per key on the process-wide dispatcher).
+
+    ``keys``: cache length + new tokens; ``triton_params``: a callable giving the TritonParams of the
+    Triton step (asked only when Triton runs; default: the decode pass's choice merged with the heuristic).
+    """
+    from pathtune.specs import Workload
+    from pathtune.specs.workload import batch_bucket, seq_bucket
+
+    d = dispatch.get_dispatcher()
+    key = (device.type, device.index, head_dim, head_dim_v, heads_q, heads_kv, q_dtype, cache_dtype, gated,
+           seq_bucket(keys), batch_bucket(batch))
+    plan = d.decode_plans.get(key)
+    if plan is not None:
+        return plan
+    wl = Workload(head_dim=head_dim, head_dim_v=head_dim_v, heads_q=heads_q, heads_kv=heads_kv,
+                  dtype=_dtype_name(q_dtype), use_gate=gated, pass_="decode", seq_bucket=key[9], batch_bucket=key[10])
+    best = d.choose("decode", wl, device, ("triton", "tvm"))
+    fallback = ""
+    if best.backend == "tvm":
+        from pathtune.codegen.tvm.params import KernelDims
+
+        dims = KernelDims(H=heads_kv, HQ=heads_q, D=head_dim, DV=head_dim_v, dtype=_dtype_name(q_dtype), gated=gated)
+        step, why = _tvm_step_or_reason(d, best, device, dims, cache_dtype, q_dtype)
+        if step is not None:
+            plan = DecodePlan("tvm", best, tvm_step=step)
+        else:
+            fallback = f"TVM decode ({best.detail or best.source}) not run: {why}"
+            _tell(f"pathtune: decode {_key_text(key)}: {fallback}; running the Triton step")
+    if plan is None:
+        choice = d.choose("decode", wl, device, ("triton",))
+        params = triton_params() if triton_params is not None else _triton_params(choice, head_dim, head_dim_v)
+        plan = DecodePlan("triton", choice, triton_params=params, fallback=fallback)
+    d.decode_plans[key] = plan
+    _report(key, plan)
+    return plan
+
+
+def decode_plan(q, k, v, g, cache) -> DecodePlan:
+    """``plan_for`` of a ``path_attention_decode`` call (q [B,T,HQ,D], k [B,T,H,D], v [B,T,H,DV])."""
+    B, T, HQ, D = q.shape
+
+    def triton_params():
+        from .cache import _tuned_params   # the layer's Triton decode params (fwd plan + decode choice)
+
+        return _tuned_params("decode", q, k, v, g, int(cache.length) + T, "triton")
+
+    return plan_for(q.device, D, v.shape[-1], HQ, k.shape[2], q.dtype, cache.k.dtype, g is not None,
+                    int(cache.length) + T, B, triton_params)
+
+
+def _triton_params(choice, D: int, DV: int):
+    from pathtune.codegen._knobs import params_from_config
+    from pathtune.codegen.triton.params import TritonParams
+
+    return params_from_config(TritonParams, choice.config, TritonParams.heuristic(D, DV))
+
+
+def _key_text(key: tuple) -> str:
+    (dev_type, dev_index, D, DV, HQ, H, qdt, cdt, gated, sb, bb) = key
+    dev = dev_type if dev_index is None else f"{dev_type}:{dev_index}"
+    return (f"{dev} D={D} DV={DV} HQ={HQ} H={H} {_dtype_name(qdt)} cache {_dtype_name(cdt)} gate={int(gated)} "
+            f"keys<={sb} seqs<={bb}")
+
+
+_told: set[str] = set()
+
+
+def _tell(line: str) -> None:
+    """Log (INFO) and, with PATHTUNE_PRINT_DISPATCH=1, print a line once per process."""
+    if line in _told:
+        return
+    _told.add(line)
+    _log.info("%s", line)
+    if _env.PRINT_DISPATCH.get():
+        print(f"[pathtune] {line}", file=sys.stderr)
+
+
+def _report(key: tuple, plan: DecodePlan) -> None:
+    line = f"dispatch decode {_key_text(key)} -> {plan.backend}: {plan.describe()}"
+    _log.debug("%s", line)
+    if _env.PRINT_DISPATCH.get() and line not in _told:
+        _told.add(line)
+        print(f"[pathtune] {line}", file=sys.stderr)
