@@ -38,6 +38,8 @@ def register(app: typer.Typer) -> None:
         batch: int = typer.Option(8, help="--pass decode: batch size."),
         sweep: bool = typer.Option(False, "--sweep", help="--pass decode: also time every decode knob config "
                                    "(spec domains) and report the fastest (all recorded with --record)."),
+        backends: str = typer.Option("triton", "--backends", help="pathtune backends to time: triton, tvm (comma-separated; tvm runs the forward from prebuilt modules, see --tvm-modules)."),
+        tvm_modules: Optional[Path] = typer.Option(None, "--tvm-modules", help="Folder of TVM modules built for the bench shapes (pathtune bench-build-tvm), for GPU hosts without the TVM compiler."),
     ) -> None:
         """Time pathtune against SDPA (flash, cuDNN) and fla's PaTH kernel in the same run (needs a GPU)."""
 
@@ -57,7 +59,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"--config must be JSON knob values or 'tuned': {e}") from None
         if pass_ == "decode":
             _decode(console, _ints(head_dim, "--head-dim"), _ints(seq_len or "4096,32768", "--seq-len"), gates,
-                    batch, cfg, tuple(b.strip() for b in baselines.split(",")), out, record, db, sweep)
+                    batch, cfg, tuple(b.strip() for b in baselines.split(",")), out, record, db, sweep,
+                    _decode_backends(backends, tvm_modules), tvm_modules)
             return
         seq_len = seq_len or "4096,16384"
         _run_and_report(
@@ -68,19 +71,46 @@ def register(app: typer.Typer) -> None:
             format_table, out, record and (lambda rows: record_rows(rows, db, cfg, command_line())))
 
 
-def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, record, db, sweep) -> None:
-    """`pathtune bench --pass decode` (logic in tuning/decode_bench.py)."""
+def _decode_backends(text: str, tvm_modules: Optional[Path]) -> tuple[str, ...]:
+    """--backends of --pass decode: triton and/or tvm; tvm needs --tvm-modules (no compiler on GPU hosts)."""
+    names = tuple(dict.fromkeys(b.strip() for b in text.split(",") if b.strip()))
+    bad = [b for b in names if b not in ("triton", "tvm")]
+    if not names or bad:
+        raise typer.BadParameter(f"--backends takes triton and/or tvm (comma-separated), got {text!r}")
+    if "tvm" in names and tvm_modules is None:
+        raise typer.BadParameter("--backends tvm times prebuilt TVM decode modules: pass --tvm-modules DIR, built "
+                                 "with `python -m pathtune.codegen.tvm.build_decode_bench --out DIR`")
+    if tvm_modules is not None and "tvm" not in names:
+        raise typer.BadParameter("--tvm-modules is only read with --backends ...,tvm")
+    return names
+
+
+def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, record, db, sweep,
+            backends=("triton",), tvm_modules=None) -> None:
+    """`pathtune bench --pass decode` (logic in tuning/decode_bench.py; the TVM step: tuning/decode_tvm.py)."""
 
     from .bench import HEADS_FOR_DIM, command_line
     from .decode_bench import format_decode_table, record_decode_rows, run_decode_bench
 
     if batch < 1:
         raise typer.BadParameter(f"--batch must be >= 1, got {batch}")
+    tvm_sets = None
+    if "tvm" in backends:
+        from .decode_tvm import load_sets
+
+        try:
+            tvm_sets, stale = load_sets(tvm_modules)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+        if stale:
+            console.print(f"skipped {len(stale)} TVM module sets built from other kernel sources: "
+                          f"{', '.join(stale)}", style="yellow")
     shapes = tuple((HEADS_FOR_DIM.get(d, max(1, 1024 // d)), d) for d in head_dims)
     _run_and_report(
         console,
         lambda: run_decode_bench(shapes, cache_lens, gates, batch=batch, config=cfg, baselines=baselines,
-                                 sweep=sweep, log=lambda s: console.print(s, style="dim")),
+                                 sweep=sweep, backends=backends, tvm_sets=tvm_sets,
+                                 log=lambda s: console.print(s, style="dim")),
         format_decode_table, out, record and (lambda rows: record_decode_rows(rows, db, command_line())))
 
 

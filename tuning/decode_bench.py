@@ -1,4 +1,5 @@
-"""`pathtune bench --pass decode`: one decoding step of pathtune's fused Triton kernel vs SDPA and fla.
+"""`pathtune bench --pass decode`: one decoding step of pathtune's fused Triton kernel (and, with
+``--backends triton,tvm``, its TVM step from prebuilt modules: tuning/decode_tvm.py) vs SDPA and fla.
 
 For each (heads, head dim, cache length, gate): a bf16 cache of ``cache_len`` keys per sequence
 (batch B), one new token.  Timed with ``triton.testing.do_bench`` medians, all in one process:
@@ -49,6 +50,8 @@ class DecodeRow:
     failures: dict[str, str] = field(default_factory=dict)
     params: dict = field(default_factory=dict)
     sweep: list = field(default_factory=list)   # [{"config": {...}, "ms": float | None, "error": str}] with --sweep
+    tvm_params: dict = field(default_factory=dict)   # the fastest TVM set's record config (+ its "set" id)
+    tvm_sweep: list = field(default_factory=list)    # every TVM set timed: {"set", "config", "ms", "error", "errors"}
 
     def ratio(self, num: str, den: str) -> Optional[float]:
         a, b = self.times.get(num), self.times.get(den)
@@ -99,8 +102,10 @@ def make_step(B: int, H: int, D: int, gate: bool, *, device: str, gen: torch.Gen
     return q, k, v, w, beta, g
 
 
-def accuracy(cache, step, config, prefix: int = 2048) -> dict[str, float]:
-    """One step on a copy of batch 0's first `prefix` keys: Triton vs the float64 reference (o and K)."""
+def accuracy(cache, step, config, prefix: int = 2048, decode: Optional[Callable] = None) -> dict[str, float]:
+    """One step on a copy of batch 0's first `prefix` keys: Triton vs the float64 reference (o and K).
+
+    ``decode(xs, sub_cache) -> o [1,1,HQ,DV]``: another step to check instead of Triton's (the TVM step)."""
     from pathtune.codegen.triton import path_decode_triton
     from pathtune.runtime.reference.recurrent import PaTHKVCache, path_attention_decode
 
@@ -111,7 +116,7 @@ def accuracy(cache, step, config, prefix: int = 2048) -> dict[str, float]:
     if ref_cache.c is not None:
         ref_cache.c = ref_cache.c.double()
     xs = [None if x is None else x[:1] for x in step]
-    o = path_decode_triton(*xs, sub, config=config)
+    o = path_decode_triton(*xs, sub, config=config) if decode is None else decode(xs, sub)
     ref = path_attention_decode(*[None if x is None else x.double() for x in xs], ref_cache)
 
     def rel(a, b):
@@ -237,13 +242,18 @@ def _sweep(row: DecodeRow, cache, step, D: int, log, keys0) -> None:
 
 def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), *, batch: int = BATCH, config=None,
                      baselines=("sdpa", "fla"), device: str = "cuda", seed: int = 0, sweep: bool = False,
+                     backends=("triton",), tvm_sets=None, tvm_loader=None,
                      log: Callable[[str], None] = print) -> list[DecodeRow]:
     """Measure every (heads, D, cache length, gate) point; see the module docstring.
 
     ``sweep``: also time every config of the decode knobs (spec domains) and report the fastest.
+    ``backends``: which pathtune steps to time ("triton", "tvm"); "tvm" times every set of ``tvm_sets``
+    (decode_tvm.load_sets) built for the row's shape, each loaded by ``tvm_loader`` (default: its modules).
     """
     from pathtune.codegen.triton.decode import decode_params
 
+    if "tvm" in backends and not tvm_sets:
+        raise ValueError("backend tvm needs prebuilt module sets (tvm_sets, from decode_tvm.load_sets)")
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("pathtune bench --pass decode needs a CUDA GPU (torch.cuda.is_available() is False)")
     rows = []
@@ -251,20 +261,27 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
         params = decode_params(config, D, D)
         for T in cache_lens:
             for gate in gates:
-                row = DecodeRow(D, H, T, batch, gate, params=knob_values(params))
+                row = DecodeRow(D, H, T, batch, gate, params=knob_values(params) if "triton" in backends else {})
                 gen = torch.Generator(device=device).manual_seed(seed)
                 cache = make_cache(batch, T, H, D, gate, device=device, gen=gen)
                 keys0 = cache.k.clone()
                 step = make_step(batch, H, D, gate, device=device, gen=gen)
-                try:
-                    row.errors = accuracy(cache, step, params)
-                    if not row.errors["o"] < ACCURACY_LIMIT:
-                        raise RuntimeError(f"accuracy check failed: o error {row.errors['o']:.3g} >= {ACCURACY_LIMIT}")
-                    row.times["pathtune"] = _median_ms(pathtune_callable(cache, step, params))
-                except Exception as exc:  # a failing config is a recorded status, not a crash
-                    row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                if "tvm" in backends:
+                    from .decode_tvm import load_step, time_tvm
+
+                    time_tvm(row, cache, step, tvm_sets, keys0, median_ms=_median_ms, log=log,
+                             loader=tvm_loader or load_step)
+                if "triton" in backends:
+                    try:
+                        row.errors = accuracy(cache, step, params)
+                        if not row.errors["o"] < ACCURACY_LIMIT:
+                            raise RuntimeError(f"accuracy check failed: o error {row.errors['o']:.3g} >= "
+                                               f"{ACCURACY_LIMIT}")
+                        row.times["pathtune"] = _median_ms(pathtune_callable(cache, step, params))
+                    except Exception as exc:  # a failing config is a recorded status, not a crash
+                        row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 cache.length = T
-                if sweep:
+                if sweep and "triton" in backends:
                     row.times["pathtune_default"] = row.times.get("pathtune")
                     _sweep(row, cache, step, D, log, keys0)
                     if row.times.get("pathtune") is not None:
@@ -283,14 +300,16 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                     if fn is None:
                         row.failures["fla"] = why
                 del cache
-                torch.cuda.empty_cache()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
                 rows.append(row)
                 log(json.dumps(asdict(row)))
     return rows
 
 
 def record_decode_rows(rows: list[DecodeRow], db_url: Optional[str], command: str) -> int:
-    """Store pathtune's decode times in perf_db (pass ``decode``) with SDPA flash of the same run as baseline."""
+    """Store pathtune's decode times in perf_db (pass ``decode``, backend triton and, when timed, tvm) with
+    SDPA flash of the same run as baseline."""
     from pathtune.codegen.triton import source_hash
     from pathtune.perf_db import KernelKey, Measurement, PerfDB
     from pathtune.runtime.environment import collect_env
@@ -302,22 +321,28 @@ def record_decode_rows(rows: list[DecodeRow], db_url: Optional[str], command: st
     with PerfDB(db_url) as db:
         run_id = db.start_run(command=command, notes="pathtune bench --pass decode")
         kernel = KernelKey(pass_="decode", backend="triton", spec_hash=spec.hash, source_hash=source_hash("decode"))
+        tvm_kernel = None
+        if any(row.tvm_sweep for row in rows):
+            from pathtune.codegen.tvm.build import source_hash as tvm_source_hash
+
+            tvm_kernel = KernelKey(pass_="decode", backend="tvm", spec_hash=spec.hash, source_hash=tvm_source_hash())
         for row in rows:
             wl = Workload(head_dim=row.head_dim, head_dim_v=row.head_dim, heads_q=row.heads, heads_kv=row.heads,
                           dtype="bfloat16", use_gate=row.gate, pass_="decode", seq_bucket=row.cache_len,
                           batch_bucket=row.batch)
             # one measurement per config: the swept ones, or the single timed config
-            entries = ([(e["config"], e["ms"], e["error"]) for e in row.sweep] if row.sweep else
-                       [(row.params, row.times.get("pathtune"), row.failures.get("pathtune"))])
-            for knobs, t, failed in entries:
+            entries = ([(kernel, e["config"], e["ms"], e["error"], row.errors) for e in row.sweep] if row.sweep else
+                       [(kernel, row.params, row.times.get("pathtune"), row.failures.get("pathtune"), row.errors)])
+            entries += [(tvm_kernel, e["config"], e["ms"], e["error"], e["errors"]) for e in row.tvm_sweep]
+            for kern, knobs, t, failed, errors in entries:
                 if t is None and not failed:
                     continue
                 cfg = Config(knobs)
                 meas = (Measurement(status="ok", median_ms=t, bench_method="triton.testing.do_bench median",
-                                    errors=dict(row.errors), baseline_ms=row.times.get("sdpa_flash"),
+                                    errors=dict(errors), baseline_ms=row.times.get("sdpa_flash"),
                                     baseline_name="sdpa_flash", command=command)
                         if t is not None else Measurement(status="crash", message=failed, command=command))
-                db.record(env, kernel, wl, cfg, meas, run_id=run_id, on_conflict="skip")
+                db.record(env, kern, wl, cfg, meas, run_id=run_id, on_conflict="skip")
                 n += 1
     return n
 
@@ -331,15 +356,25 @@ def format_decode_table(rows: list[DecodeRow]):
                 "o err", "k err", "block_n/warps/splits/stages"):
         table.add_column(col, justify="right")
 
+    tvm = any(r.tvm_sweep or "tvm" in r.failures for r in rows)
+    if tvm:
+        for col in ("tvm", "tvm/flash", "tvm/triton", "tvm set"):
+            table.add_column(col, justify="right")
+
     def f(x, fmt="{:.3f}"):
         return "-" if x is None else fmt.format(x)
     for r in rows:
         t = r.times.get("pathtune")
-        table.add_row(f"{r.batch}x{r.heads}", str(r.head_dim), str(r.cache_len), "FoX" if r.gate else "-",
-                      f(r.times.get("sdpa_flash")), f(r.times.get("fla")), f(t) if t else "FAIL",
-                      f(r.ratio("pathtune", "sdpa_flash"), "{:.2f}"), f(r.ratio("fla", "pathtune"), "{:.2f}"),
-                      f(r.bytes_moved / (t * 1e6) if t else None, "{:.0f}"),
-                      f(r.errors.get("o"), "{:.1e}"), f(r.errors.get("k"), "{:.1e}"),
-                      "/".join(str(r.params.get(k, "-")) for k in ("decode_block_n", "decode_num_warps",
-                                                                     "decode_splits", "decode_num_stages")))
+        cells = [f"{r.batch}x{r.heads}", str(r.head_dim), str(r.cache_len), "FoX" if r.gate else "-",
+                 f(r.times.get("sdpa_flash")), f(r.times.get("fla")), f(t) if t else ("FAIL" if r.params else "-"),
+                 f(r.ratio("pathtune", "sdpa_flash"), "{:.2f}"), f(r.ratio("fla", "pathtune"), "{:.2f}"),
+                 f(r.bytes_moved / (t * 1e6) if t else None, "{:.0f}"),
+                 f(r.errors.get("o"), "{:.1e}"), f(r.errors.get("k"), "{:.1e}"),
+                 "/".join(str(r.params.get(k, "-")) for k in ("decode_block_n", "decode_num_warps",
+                                                                "decode_splits", "decode_num_stages"))]
+        if tvm:
+            tv = r.times.get("tvm")
+            cells += [f(tv) if tv else "FAIL", f(r.ratio("tvm", "sdpa_flash"), "{:.2f}"),
+                      f(r.ratio("tvm", "pathtune"), "{:.2f}"), str(r.tvm_params.get("set", "-"))]
+        table.add_row(*cells)
     return table
