@@ -349,17 +349,30 @@ def export_cmd(
     gpu: str = typer.Option(..., "--gpu", help="GPU name (substring, case-insensitive) to export."),
     out: Path = typer.Option(..., "-o", "--output", help="Pack file to write (JSON)."),
     env_hash: Optional[str] = typer.Option(None, "--env-hash", help="Environment (prefix) when the GPU has several."),
+    tvm_modules: Optional[list[Path]] = typer.Option(
+        None, "--tvm-modules", help="Folder of prebuilt TVM modules (repeatable; e.g. a build_decode_bench bundle) to "
+        "copy the modules of the pack's TVM decode entries from, into tvm_modules/ beside the pack, where the "
+        "runtime finds them. Without them a TVM entry is skipped at runtime (the Triton step runs)."),
     fmt: Format = _fmt_opt(),
     db: Optional[str] = _db_opt(),
 ) -> None:
-    """Write the tuned-config pack of one GPU (fastest current config per workload, per-pass default)."""
+    """Write the tuned-config pack of one GPU (fastest current config per workload and backend, per-pass default)."""
     from ._pack import export_pack
 
+    for folder in tvm_modules or ():
+        if not folder.is_dir():
+            raise typer.BadParameter(f"--tvm-modules {folder} is not a folder")
     perf = _open(db)
     doc = _guard(lambda: export_pack(perf, gpu, out, env_hash=env_hash))
     meta = doc["_metadata"]
     summary = {"path": str(out), "gpu": meta["gpu_name"], "env_hash": meta["env_hash"],
                "entries": len(doc["entries"]), "default": {p: d["config"] for p, d in doc["default"].items()}}
+    n_tvm = sum(1 for e in doc["entries"] if e["backend"] == "tvm" and e["pass"] == "decode")
+    if tvm_modules and n_tvm:
+        from pathtune.codegen.tvm.module_store import copy_pack_modules
+
+        copied, missing = copy_pack_modules(doc, tvm_modules, out)
+        summary.update(tvm_module_sets=[str(p) for p in copied], tvm_modules_missing=missing)
     if fmt == Format.json:
         print(json.dumps(summary, indent=2))
         return
@@ -369,6 +382,16 @@ def export_cmd(
     for pass_, d in doc["default"].items():
         console.print(f"  default {pass_}: {d['backend']} {_cell(d['config'])} (fastest on {d['wins']} of "
                       f"{d['workloads']} workloads)", highlight=False, markup=False)
+    if "tvm_module_sets" in summary:
+        console.print(f"  copied {len(summary['tvm_module_sets'])} TVM decode module sets to "
+                      f"{Path(out).resolve().parent / 'tvm_modules'}", highlight=False, markup=False)
+        for line in summary["tvm_modules_missing"]:
+            _note(f"no prebuilt TVM modules for {line} in {', '.join(map(str, tvm_modules))}: that entry is "
+                  "skipped at runtime (the Triton step runs); build them (python -m "
+                  "pathtune.codegen.tvm.build_decode_bench) and export again")
+    elif n_tvm:
+        _note(f"{n_tvm} TVM decode entries: the runtime runs them only where their modules are found "
+              "(PATHTUNE_TVM_MODULES, or export with --tvm-modules DIR to copy them beside the pack)")
     others = [e for e in perf.gpus() if e["gpu"] == meta["gpu_name"] and e["env_hash"] != meta["env_hash"]]
     if others:
         _note(f"{len(others)} other environment(s) of {meta['gpu_name']} exist (older Triton/CUDA?); the newest was "

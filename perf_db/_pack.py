@@ -313,8 +313,8 @@ def export_pack(db: "PerfDB", gpu: str, path: Union[str, Path, None] = None, *, 
     ``gpu`` matches a substring of the recorded GPU names (case-insensitive) and must name one GPU.
     When several environments of it exist (e.g. two Triton versions) the one with the newest
     measurement is exported unless ``env_hash`` (a prefix) says which. Entries: the fastest ok,
-    non-stale measurement per (workload, backend). Default per pass: the config that is fastest on
-    the most workloads (ties: lowest geometric-mean slowdown over the workloads it was measured on).
+    non-stale measurement per (workload, backend). Default per pass: the Triton config that is fastest
+    on the most workloads (ties: lowest geometric-mean slowdown over the workloads it was measured on).
     """
     envs = [e for e in db.gpus() if gpu.strip().lower() in e["gpu"].lower()]
     if not envs:
@@ -355,9 +355,13 @@ def export_pack(db: "PerfDB", gpu: str, path: Union[str, Path, None] = None, *, 
                                                    r["use_gate"], r["heads_q"], r["heads_kv"], r["seq_bucket"],
                                                    r["batch_bucket"], r["varlen"], r["backend"]))
 
+    # Defaults come from Triton results only: a default serves shapes nothing was measured for, and a TVM
+    # config runs only where modules were built for the exact shape (tvm entries stay per workload).
     defaults: dict[str, dict[str, Any]] = {}
-    for pass_ in sorted({r["pass"] for r in rows}):
-        workloads = {h: rs for h, rs in by_workload.items() if rs[0]["pass"] == pass_}
+    for pass_ in sorted({r["pass"] for r in rows if r["backend"] == "triton"}):
+        workloads = {h: [r for r in rs if r["backend"] == "triton"] for h, rs in by_workload.items()
+                     if rs[0]["pass"] == pass_}
+        workloads = {h: rs for h, rs in workloads.items() if rs}
         fastest = {h: min(r["median_ms"] for r in rs) for h, rs in workloads.items()}
         stats: dict[tuple[str, str], dict[str, Any]] = {}
         for h, rs in workloads.items():
