@@ -19,6 +19,12 @@
 #   tvm [200]       codegen/tvm/gpu_check.py with the prebuilt bundle (carry build/tvm_gpu_check)
 #   tvmdecode [480] the TVM decode layouts vs the Triton decode and SDPA (carry build/tvm_gpu_check_decode,
 #                   built by codegen/tvm/build_gpu_check.py; see codegen/tvm/README.md)
+#   tvmdecodebench [300] the decode bench with the TVM step next to the Triton step and SDPA flash, recorded
+#                   (pathtune bench --pass decode --backends triton,tvm --tvm-modules build/tvm_decode_bench
+#                   --baselines sdpa --seq-len 4096,32768 --record), then benchmarks/tvm_decode_auto.py: the plan
+#                   backend="auto" takes for D128 at the 32K bucket from those fresh records, and that step timed
+#                   through the public API next to backend="triton" and SDPA (~60 s of the limit). Carry .whl and
+#                   build/tvm_decode_bench (5.3 MiB; built here by `python -m pathtune.codegen.tvm.build_decode_bench`)
 #   profile [120]   per-kernel device time of one fwd+bwd (heuristic config), D 64/128, T 16K and 4K
 #   sweep [240]     benchmarks/dev_gpu_run2.py $SWEEP (default sweep): fwd / fwd+bwd and per-kernel times per knob change
 #   probe [60]      benchmarks/memory_probe.py next to the bench's measured peak
@@ -135,6 +141,18 @@ run_steps() {  # the steps of one lane, in order, with S set
             tvmdecode) run_step tvmdecode "${secs:-480}" python3 "$REPO/codegen/tvm/gpu_check.py" \
                            --bundle "$REPO/build/tvm_gpu_check_decode" ${TVM_ONLY:+--only "$TVM_ONLY"} \
                            --budget-min "$(python3 -c "print(round(${secs:-480} / 60 - 0.7, 1))")" ;;
+            tvmdecodebench) t="${secs:-300}"
+                            # the TVM runtime (tvm_ffi) comes from .whl when the image lacks it (no compiler needed)
+                            if ! python3 -c "import tvm_ffi" 2>/dev/null && ls .whl/apache_tvm_ffi-*.whl >/dev/null 2>&1; then
+                                python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/apache_tvm_ffi-*.whl
+                                export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+                            fi
+                            run_step tvmdecodebench "$((t - 60))" python3 -m pathtune.cli bench --pass decode \
+                                --backends triton,tvm --tvm-modules "$REPO/build/tvm_decode_bench" --baselines sdpa \
+                                --seq-len 4096,32768 --record --json "$S/decode_tvm.json"
+                            run_step tvmdecodeauto 60 env PATHTUNE_TVM_MODULES="$REPO/build/tvm_decode_bench" \
+                                PATHTUNE_PRINT_DISPATCH=1 python3 "$REPO/benchmarks/tvm_decode_auto.py" \
+                                --json "$S/decode_auto.json" ;;
             memcheck) run_step memcheck "${secs:-180}" compute-sanitizer --tool memcheck --print-limit 20 \
                           python3 "$REPO/benchmarks/dev_memcheck.py" 64 1300 512 1 ;;
             probe) run_step probe "${secs:-60}" python3 "$REPO/benchmarks/memory_probe.py" --no-timeline ;;
