@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
+from pathtune import _env
 from pathtune.cli import app
 from pathtune.codegen.tvm.build import source_hash as tvm_source_hash
 from pathtune.codegen.tvm.params import KernelDims, TVMParams
@@ -26,6 +27,8 @@ from pathtune.tuning.decode_tvm import TVMSet, record_config
 
 CUDA0 = torch.device("cuda", 0)
 REAL_TVM_RUNTIME_AVAILABLE = dispatch.tvm_runtime_available
+BUILD_STORE = _env.CACHE_DIR.get() / "tvm" / "modules"      # the real compile cache (tests point theirs elsewhere)
+GIVEN_STORE = _env.TVM_MODULES.get()                          # the GPU test's prebuilt modules (build_decode_bench)
 LAYOUT = dict(decode_rows_per_thread=2, decode_num_warps=8, decode_splits=8, decode_prefetch=1)   # r2w8s8pf
 SHAPE = dict(head_dim=128, head_dim_v=128, heads_q=8, heads_kv=8, dtype="bfloat16", use_gate=False)
 DIMS = KernelDims(H=8, HQ=8, D=128, DV=128, dtype="bfloat16", gated=False)
@@ -351,23 +354,60 @@ def test_decode_bench_times_and_records_tvm_sets(monkeypatch, tmp_path):
     assert (c.backend, c.source, c.config["decode_splits"]) == ("tvm", "perf_db", 8)
 
 
+# -- the runtime-only path with real modules --------------------------------------------------------
+
+def test_runtime_only_host_dispatches_to_real_prebuilt_modules(env, db_url):
+    """A fresh process without the TVM compiler (tvm_ffi + the runtime libraries; the libcuda stub stands in
+    for a driver): a faster TVM record is planned onto real modules found in the compile-cache layout of a
+    store (decode and decode_merge in separate folders), loaded, and `import tvm` never happens."""
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("tvm", reason="apache-tvm builds the modules")
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc")
+    from pathtune.codegen.tvm.build import build_kernels
+
+    knobs = dict(decode_rows_per_thread=2, decode_num_warps=4, decode_splits=4)
+    dims = KernelDims(H=2, HQ=2, D=64, DV=64, dtype="bfloat16", gated=True)
+    build_kernels("decode", knobs, dims, cache_dir=BUILD_STORE)       # cached across runs
+    shape = dict(head_dim=64, head_dim_v=64, heads_q=2, heads_kv=2, use_gate=True)
+    record(db_url, env, [(wl(**shape), "triton", triton_cfg(), 0.2), (wl(**shape), "tvm", record_config(knobs), 0.1)])
+    code = f"""
+import ctypes, json, os, sys
+from pathtune.codegen.tvm.toolchain import stub_path
+ctypes.CDLL(str(stub_path()), mode=ctypes.RTLD_GLOBAL)
+os.environ["PATHTUNE_TVM_MODULES"] = {str(BUILD_STORE)!r}
+import torch
+from pathtune.perf_db import PerfDB
+from pathtune.runtime import decode_dispatch, dispatch
+dispatch.set_dispatcher(dispatch.Dispatcher(env_info=json.loads({json.dumps(env)!r}),
+                        db=PerfDB({db_url!r}, read_only=True, current_keys=dispatch.current_keys)))
+p = decode_dispatch.plan_for(torch.device("cuda", 0), 64, 64, 2, 2, torch.bfloat16, torch.bfloat16, True, 30000, 8)
+assert p.backend == "tvm", p.describe()
+assert sorted(p.tvm_step.kernels) == ["decode", "decode_merge"] and p.tvm_step.params.decode_splits == 4
+assert "tvm" not in sys.modules, "the runtime path must not import the TVM compiler"
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
 # -- on a GPU host with prebuilt modules -----------------------------------------------------------
 
 @pytest.mark.gpu
 def test_gpu_auto_decode_runs_prebuilt_tvm_modules(tmp_path, monkeypatch):
-    """With PATHTUNE_TVM_MODULES (build/tvm_decode_bench) and a faster TVM record, backend='auto' runs the TVM
+    """With PATHTUNE_TVM_MODULES (build/tvm_decode_bench, H8 D128) and a faster TVM record, backend='auto' runs the TVM
     step (two tokens, two launches) and matches the float64 reference."""
-    import os
-
     from pathtune import path_attention_decode
     from pathtune.runtime.reference import path_attention_decode as ref_decode
     from pathtune.tuning.decode_bench import make_cache
 
-    store = os.environ.get("PATHTUNE_GPU_TVM_MODULES")
-    if not store:
-        pytest.skip("set PATHTUNE_GPU_TVM_MODULES to a build_decode_bench folder")
+    if GIVEN_STORE is None or not REAL_TVM_RUNTIME_AVAILABLE():
+        pytest.skip("set PATHTUNE_TVM_MODULES to a build_decode_bench folder and install apache-tvm-ffi")
     monkeypatch.setattr(dispatch, "tvm_runtime_available", REAL_TVM_RUNTIME_AVAILABLE)
-    monkeypatch.setenv("PATHTUNE_TVM_MODULES", store)
+    monkeypatch.setenv("PATHTUNE_TVM_MODULES", str(GIVEN_STORE))
     url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
     here = collect_env()
     record(url, here, [(wl(seq=1024), "triton", triton_cfg(), 1.0), (wl(seq=1024), "tvm", record_config(LAYOUT), 0.1)])
