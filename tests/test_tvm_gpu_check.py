@@ -97,3 +97,29 @@ def test_gpu_check_decode_timing_rows_dry_run(cpu_mode, monkeypatch):
     assert r["tvm_GBps"] == pytest.approx(r["bytes_moved"] / 0.5e-3 / 1e9)
     assert r["bytes_floor"] == 1 * 37 * 1 * (2 * 32 + 32) * 2
     assert any("0.5 ms" in ln for ln in gpu_check._decode_summary(rows))
+
+
+@pytest.mark.timeout(600)
+def test_decode_bench_tvm_path_on_emulated_kernels(monkeypatch):
+    """`pathtune bench --pass decode --backends tvm`'s TVM path (tuning/decode_tvm.py: the accuracy gate on a
+    copy of batch 0, the timed step with the cache length reset) through TVMDecode and the generated CUDA of a
+    small decode set run in the emulator; the timer replaced by one call."""
+    from pathtune.codegen.tvm.runtime import TVMDecode
+    from pathtune.tuning import decode_bench
+    from pathtune.tuning.decode_tvm import TVMSet
+
+    entry = dict(id="dry-bench", pass_="decode", variant="simt",
+                 knobs=dict(decode_block_n=32, decode_splits=2, decode_num_warps=1),
+                 dims=dict(H=2, HQ=2, D=32, DV=32, dtype="bfloat16", gated=True))
+    kernels = _emulated(entry)
+    tvm_set = TVMSet(entry["id"], entry["knobs"], KernelDims(**entry["dims"]), {}, None)
+    calls = []
+    monkeypatch.setattr(decode_bench, "_median_ms", lambda fn: (fn(), calls.append(1), 0.5)[2])
+    rows = decode_bench.run_decode_bench(
+        ((2, 32),), (48,), (True,), batch=2, baselines=(), device="cpu", backends=("tvm",), tvm_sets=[tvm_set],
+        tvm_loader=lambda s: TVMDecode(kernels, s.dims, TVMParams.from_config(s.knobs)), log=lambda s: None)
+    (row,) = rows
+    assert not row.failures, row.failures
+    assert row.times["tvm"] == 0.5 and len(calls) == 1
+    assert row.tvm_sweep[0]["errors"]["o"] < 2e-2 and row.tvm_sweep[0]["errors"]["k"] < 2e-2
+    assert row.tvm_params["decode_splits"] == 2 and row.tvm_params["set"] == "dry-bench"
