@@ -134,13 +134,13 @@ def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Opt
     spec = load_spec()
     info = validate_inputs(spec, q, k, v, w, beta, g, scale=scale)
     chosen = _resolve(backend, q.device)
+    _check_cache(cache, q, k, v, g, chosen)
     tvm_step = None
-    if backend == "auto" and chosen == "triton" and config is None and isinstance(cache, PaTHKVCache):
-        from .decode_dispatch import decode_plan
+    if backend == "auto" and chosen == "triton" and config is None:
+        from .decode_dispatch import decode_plan   # a TVM plan also means the cache is in q's dtype
 
         plan = decode_plan(q, k, v, g, cache)
         chosen, config, tvm_step = plan.backend, plan.triton_params, plan.tvm_step
-    _check_cache(cache, q, k, v, g, chosen)
     placement = _placement(spec)
     if chosen == "reference":
         from .reference.recurrent import path_attention_decode as ref_decode
