@@ -196,7 +196,9 @@ def test_tvm_rows_time_check_and_record(tmp_path, small_bench):
     url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
     assert bench.record_rows(rows, url, None, "pathtune bench --backends triton,tvm (test)") == 4
     with PerfDB(url, current_keys=None) as db:
-        tvm = [r for r in db.query() if r["backend"] == "tvm"]
+        recorded = db.query()
+    tvm = [r for r in recorded if r["backend"] == "tvm"]
+    assert all(set(r["errors"]) == {"o"} for r in recorded)           # each backend its own o error
     assert len(tvm) == 2 and {r["status"] for r in tvm} == {"ok"}
     assert sorted(r["median_ms"] for r in tvm) == sorted(r.times["tvm_f"] for r in rows)
     assert all(r["config"]["chunk_size"] == 32 and r["source_hash"] == source_hash() for r in tvm)
@@ -221,3 +223,27 @@ def test_failing_sets_are_row_failures(tmp_path, small_bench):
     with PerfDB(url, current_keys=None) as db:
         statuses = sorted(r["status"] for r in db.query() if r["backend"] == "tvm")
     assert statuses == ["compile_error", "wrong"]
+
+
+def test_profile_row_notes_errors_and_skips_failed_tvm(tmp_path):
+    """The per-kernel breakdown is diagnostic: a profiler failure is noted in the row, a failed TVM row is
+    not profiled (its set may not load)."""
+    from pathtune.tuning.bench import BenchRow
+    from pathtune.tuning.tvm_bench import profile_row
+
+    row = BenchRow(64, 4096, 8, 16, False, failures={"tvm": "BuildError: x"})
+
+    def broken():
+        raise RuntimeError("CUPTI unavailable")
+    profile_row(row, (), TVMBenchModules(tmp_path, _manifest()), broken)
+    assert row.tvm_profile == {} and row.triton_stages["error"].startswith("RuntimeError")
+
+
+@pytest.mark.gpu
+def test_device_kernel_ms_names_the_triton_forward_kernels():
+    from pathtune.tuning.tvm_bench import device_kernel_ms
+
+    xs = bench.make_inputs(2, 2048, 8, 8, 64, 64, True, device="cuda", seed=0)
+    ms = device_kernel_ms(bench._pathtune_callable(*xs, None, False))
+    assert all(t > 0 for t in ms.values()), ms
+    assert any(n.startswith("ut_chunk") for n in ms) and any(n.startswith("scan_") for n in ms), ms

@@ -41,7 +41,8 @@ class BenchRow:
     dispatch: dict[str, str] = field(default_factory=dict)      # "f"/"fb" -> where the runtime found them
     statuses: dict[str, str] = field(default_factory=dict)      # "tvm" -> perf_db status of its forward
     tvm_stages: dict[str, float] = field(default_factory=dict)  # TVM kernel (ut, transport, scan, host) -> ms
-    triton_stages: dict[str, Any] = field(default_factory=dict)  # Triton forward kernel -> device ms
+    tvm_profile: dict[str, Any] = field(default_factory=dict)    # TVM forward kernel -> device ms (profiler)
+    triton_stages: dict[str, Any] = field(default_factory=dict)  # Triton forward kernel -> device ms (profiler)
     ratios: dict[str, float] = field(default_factory=dict)      # "tvm_f/pathtune_f", "tvm_f/sdpa_flash_f"
 
     def ratio(self, num: str, den: str) -> Optional[float]:
@@ -193,25 +194,36 @@ def _open_tvm(tvm_modules, head_dims, gates, device):
 
 
 def _tvm_column(rows: list[BenchRow], tvm, config, backends, device: str, seed: int, log) -> None:
-    """Every row's TVM forward (tvm_bench.measure_row) on the row's inputs, after all other timings."""
-    from .tvm_bench import measure_row
+    """Every row's TVM forward (tvm_bench.measure_row) on the row's inputs, after all other timings; then,
+    on CUDA, both forwards' per-kernel device times (tvm_bench.profile_row: the profiler comes last)."""
+    from .tvm_bench import measure_row, profile_row
+
+    def inputs(row):
+        return make_inputs(row.batch, row.seq_len, row.heads, row.heads, row.head_dim, row.head_dim, row.gate,
+                           device=device, seed=seed)
 
     for row in rows:
-        xs = make_inputs(row.batch, row.seq_len, row.heads, row.heads, row.head_dim, row.head_dim, row.gate,
-                         device=device, seed=seed)
-        triton_fn = None
-        if "triton" in backends and "pathtune" not in row.failures:
-            triton_fn = _pathtune_callable(*xs, row.configs.get("f", config), False)
-        measure_row(row, xs, tvm, timer=_median_ms, triton_fn=triton_fn)
+        measure_row(row, inputs(row), tvm, timer=_median_ms)
         for num, den in (("tvm_f", "pathtune_f"), ("tvm_f", "sdpa_flash_f")):
             if row.ratio(num, den) is not None:
                 row.ratios[f"{num}/{den}"] = row.ratio(num, den)
         log(json.dumps(dict(tvm=True, head_dim=row.head_dim, seq_len=row.seq_len, gate=row.gate,
                             ms=row.times.get("tvm_f"), o_err=row.errors.get("tvm_o"), stages=row.tvm_stages,
                             ratios=row.ratios, failure=row.failures.get("tvm"))))
-        del xs
         if device == "cuda":
             torch.cuda.empty_cache()
+    if device != "cuda":
+        return
+    for row in rows:
+        xs = inputs(row)
+        triton_fn = None
+        if "triton" in backends and "pathtune" not in row.failures:
+            triton_fn = _pathtune_callable(*xs, row.configs.get("f", config), False)
+        profile_row(row, xs, tvm, triton_fn)
+        log(json.dumps(dict(profile=True, head_dim=row.head_dim, seq_len=row.seq_len, gate=row.gate,
+                            tvm=row.tvm_profile, triton=row.triton_stages)))
+        del xs, triton_fn
+        torch.cuda.empty_cache()
 
 
 def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: str) -> int:
@@ -244,8 +256,9 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
                               seq_bucket=row.seq_len, batch_bucket=row.batch)
                 kernel = KernelKey(pass_=pass_, backend="triton", spec_hash=spec.hash,
                                    source_hash=source_hash(pass_))
+                own = {k: e for k, e in row.errors.items() if not k.startswith("tvm_")}   # tvm_o: _record_tvm
                 meas = (Measurement(status="ok", median_ms=t, bench_method="triton.testing.do_bench median",
-                                    errors={k: e for k, e in row.errors.items() if not k.startswith("tvm_")}, baseline_ms=row.times.get(f"sdpa_flash_{tag}"),
+                                    errors=own, baseline_ms=row.times.get(f"sdpa_flash_{tag}"),
                                     baseline_name="sdpa_flash", command=command)
                         if t is not None else
                         Measurement(status="crash", message=failed, command=command))

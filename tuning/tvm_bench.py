@@ -8,8 +8,8 @@ libraries of the wheel that built them) and ``OUT/manifest.json`` (dims, knobs, 
 GPU host (torch, triton, ``tvm_ffi``): ``pathtune bench --backends triton,tvm --tvm-modules OUT`` opens the
 folder (``TVMBenchModules.open``), checks up front that every row has a current set (``require``), and times
 each row's forward (``measure_row``): accuracy vs the float64 oracle first, then the do_bench median of the
-whole forward and of each kernel alone (``tvm_stages``), and the Triton forward's kernels from the profiler
-(``triton_stages``), which is where the TVM / Triton gap is.
+whole forward and of each kernel alone (``tvm_stages``); then (``profile_row``) both forwards' kernel device
+times from torch.profiler (``tvm_profile``, ``triton_stages``), which is where the TVM / Triton gap is.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 __all__ = ["TVMBenchError", "TVMBenchModules", "TVMModuleSet", "bench_dims", "build_bench_modules", "fwd_config",
-           "measure_row", "device_kernel_ms", "folder_bytes", "set_id"]
+           "measure_row", "profile_row", "device_kernel_ms", "folder_bytes", "set_id"]
 
 MANIFEST = "manifest.json"
 FORMAT = "pathtune-tvm-bench"
@@ -220,7 +220,8 @@ class TVMBenchModules:
         except (FileNotFoundError, OSError) as e:
             raise TVMBenchError(f"--backends tvm: cannot load the TVM runtime libraries ({e}). They are "
                                 f"{' and '.join(RUNTIME_LIBS)} (in {self.folder / 'tvm_runtime'}, written by "
-                                "bench-build-tvm) and need the NVIDIA driver's libcuda.so.1 (run on the GPU host)") from None
+                                "bench-build-tvm) and need the NVIDIA driver's libcuda.so.1 (run on the GPU "
+                                "host)") from None
 
     def require(self, head_dims: Sequence[int], gates: Sequence[bool], device: Any = None) -> None:
         """Every row's set is in the folder, built from this pathtune's TVM sources for this GPU's arch."""
@@ -280,11 +281,10 @@ class TVMBenchModules:
 # one row
 
 def measure_row(row: Any, xs: Sequence[Any], modules: Any, *, timer: Callable[[Callable[[], Any]], float],
-                check_len: int = 1024, triton_fn: Optional[Callable[[], Any]] = None) -> None:
+                check_len: int = 1024) -> None:
     """The TVM forward of one bench row (inputs ``xs``): accuracy gate, time, per-stage times; fills
     ``row.times["tvm_f"]``, ``row.errors["tvm_o"]``, ``row.tvm_stages``, ``row.configs["tvm"]``,
-    ``row.statuses["tvm"]``, or on any failure ``row.failures["tvm"]`` (never raises). ``triton_fn``: the
-    Triton forward of the same row, whose kernels are profiled into ``row.triton_stages`` (CUDA only)."""
+    ``row.statuses["tvm"]``, or on any failure ``row.failures["tvm"]`` (never raises)."""
     import torch
 
     from pathtune.specs import load_spec
@@ -314,12 +314,21 @@ def measure_row(row: Any, xs: Sequence[Any], modules: Any, *, timer: Callable[[C
         status, message = classify_exception(exc)
         row.statuses["tvm"] = modules.build_status(row.head_dim, row.gate) or status
         row.failures["tvm"] = message[:300]
-        return
-    if triton_fn is not None and xs[0].is_cuda:
+
+
+def profile_row(row: Any, xs: Sequence[Any], modules: Any, triton_fn: Optional[Callable[[], Any]]) -> None:
+    """Device ms per kernel of one TVM forward (``row.tvm_profile``) and one Triton forward (``triton_stages``)
+    of a row, from torch.profiler: kernel time without launch overhead, the same measure for both. Run after
+    all timings (the profiler must not be live while do_bench measures). Diagnostic: errors are noted."""
+    tvm_fn = None if "tvm" in row.failures else (lambda: modules.load(row.head_dim, row.gate).forward(*xs))
+    fns = {"tvm_profile": tvm_fn, "triton_stages": triton_fn}
+    for name, fn in fns.items():
+        if fn is None:
+            continue
         try:
-            row.triton_stages = device_kernel_ms(triton_fn)
-        except Exception as exc:  # noqa: BLE001 -- the breakdown is diagnostic; the times stand without it
-            row.triton_stages = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            setattr(row, name, device_kernel_ms(fn))
+        except Exception as exc:  # noqa: BLE001 -- the breakdown explains the times; they stand without it
+            setattr(row, name, {"error": f"{type(exc).__name__}: {str(exc)[:200]}"})
 
 
 def device_kernel_ms(fn: Callable[[], Any], reps: int = 5) -> dict[str, float]:
