@@ -62,6 +62,12 @@ def test_build_then_open_with_the_runtime_only(tmp_path):
     assert "UnsupportedConfig" in by_id["fwd-D32-H32-bfloat16-path"]["build_error"]
     assert p.stdout.split() == ["OK", "compile_error"]
 
+    # sets built from other TVM sources are not carried into a new manifest (its source hash covers every set)
+    doc = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps(dict(doc, source_hash="0" * 16)))
+    assert build_bench_modules([], None, out, log=lambda s: None)["sets"] == []
+    assert not (out / sid).exists()
+
 
 def test_cli_build_rejects_bad_configs(tmp_path):
     from typer.testing import CliRunner

@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
         import importlib.util
 
         from .bench import command_line
-        from .tvm_bench import bench_dims, build_bench_modules, folder_bytes
+        from .tvm_bench import TVMBenchError, bench_dims, build_bench_modules, folder_bytes
 
         console = Console()
         gates = {"off": (False,), "on": (True,), "both": (False, True)}.get(gate)
@@ -108,6 +108,9 @@ def register(app: typer.Typer) -> None:
                                            log=lambda s: console.print(s, highlight=False, markup=False))
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
+        except TVMBenchError as e:                  # --out holds something else (e.g. a gpu_check bundle)
+            console.print(f"[red]{e}[/red]")
+            raise typer.Exit(1)
         failed = [s["id"] for s in manifest["sets"] if s.get("build_error")]
         console.print(f"{len(manifest['sets'])} module sets in {out} ({folder_bytes(out) / 2**20:.1f} MiB, "
                       f"TVM source hash {manifest['source_hash']})")

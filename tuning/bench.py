@@ -10,8 +10,8 @@ of the same pass and shapes).
 
 ``backends`` adds the TVM forward (``tvm``, from prebuilt module sets: tuning/tvm_bench.py), timed
 after every row's Triton and baseline times (so a TVM kernel that breaks the CUDA context costs only
-TVM rows), with its own accuracy gate, per-kernel times (``tvm_stages``) and the Triton forward's
-per-kernel device times (``triton_stages``) next to them.
+TVM rows), with its own accuracy gate, per-kernel do_bench times (``tvm_stages``) and, last, both
+forwards' per-kernel device times from the profiler (``tvm_profile``, ``triton_stages``).
 """
 from __future__ import annotations
 

@@ -83,7 +83,8 @@ def build_bench_modules(dims_list: Sequence[Any], knobs: Optional[Mapping[str, A
                         arch: str = "sm_90", command: str = "", log: Callable[[str], None] = print) -> dict:
     """Build the forward modules of every dims in ``dims_list`` with ``knobs`` into ``out`` (see module doc).
 
-    Sets already in ``out`` for other dims are kept; a set whose build fails is recorded with its
+    Sets already in ``out`` for other dims are kept if built from the same TVM sources for the same arch (stale
+    ones are dropped: the manifest's source hash must hold for every set); a set whose build fails is recorded with its
     ``build_error`` (the bench reports it as that row's failure). Returns the manifest."""
     import tvm
 
@@ -96,7 +97,14 @@ def build_bench_modules(dims_list: Sequence[Any], knobs: Optional[Mapping[str, A
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     old = _read_manifest(out) if (out / MANIFEST).exists() else {}
-    sets = {s["id"]: s for s in old.get("sets", [])} if old.get("arch") == arch else {}
+    src = source_hash()
+    sets = {}
+    for entry in old.get("sets", []):
+        if old.get("arch") == arch and old.get("source_hash") == src:
+            sets[entry["id"]] = entry
+        else:
+            shutil.rmtree(out / entry["id"], ignore_errors=True)
+            log(f"[build] {entry['id']}: dropped (built from other TVM sources or for another arch)")
     for dims, config in zip(dims_list, configs):
         sid = set_id(dims)
         entry = dict(id=sid, dims=dims.key(), config=config, knobs=dict(knobs or {}))
@@ -121,7 +129,7 @@ def build_bench_modules(dims_list: Sequence[Any], knobs: Optional[Mapping[str, A
     for name in RUNTIME_LIBS:
         shutil.copy2(lib / name, out / "tvm_runtime" / name)
     manifest = dict(format=FORMAT, version=1, arch=arch, tvm=str(tvm.__version__), spec_hash=load_spec().hash,
-                    source_hash=source_hash(), command=command, sets=sorted(sets.values(), key=lambda s: s["id"]))
+                    source_hash=src, command=command, sets=sorted(sets.values(), key=lambda s: s["id"]))
     tmp = out / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     tmp.replace(out / MANIFEST)
