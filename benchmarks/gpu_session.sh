@@ -18,6 +18,10 @@
 #   flipflop [540]  python -m examples.flipflop --device cuda (budget from the step's seconds)
 #   lm [120]        examples/lm_generate.py --device cuda
 #   tvm [200]       codegen/tvm/gpu_check.py with the prebuilt bundle (carry build/tvm_gpu_check)
+#   tvmbench [240]  pathtune bench --backends triton,tvm --forward-only --config tuned --record: the TVM forward
+#                   (and its ut / transport / scan kernel times) next to Triton, SDPA and fla in one run (carry
+#                   build/tvm_bench, built by `pathtune bench-build-tvm --head-dim 64,128 --out build/tvm_bench`;
+#                   HEAD_DIMS and BENCH_GATE as benchtuned; JSON in s/bench_tvm.json)
 #   tvmdecode [480] the TVM decode layouts vs the Triton decode and SDPA (carry build/tvm_gpu_check_decode,
 #                   built by codegen/tvm/build_gpu_check.py; see codegen/tvm/README.md)
 #   tvmdecodebench [300] the decode bench with the TVM step next to the Triton step and SDPA flash, recorded
@@ -141,6 +145,16 @@ run_steps() {  # the steps of one lane, in order, with S set
                 run_step lm "${secs:-120}" python3 "$REPO/examples/lm_generate.py" --device cuda "${pack_args[@]}" ;;
             tvm) run_step tvm "${secs:-200}" python3 "$REPO/codegen/tvm/gpu_check.py" \
                      --budget-min "$(python3 -c "print(round(${secs:-200} / 60 - 0.7, 1))")" ;;
+            tvmbench)  # the TVM runtime: tvm_ffi from .whl when the image lacks it; the libraries from the folder
+                       if ! python3 -c "import tvm_ffi" 2>/dev/null && ls "$REPO"/.whl/apache_tvm_ffi-*.whl >/dev/null 2>&1; then
+                           python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-tvm \
+                               "$REPO"/.whl/apache_tvm_ffi-*.whl && export PYTHONPATH="/tmp/site-tvm${PYTHONPATH:+:$PYTHONPATH}"
+                       fi
+                       if [ -f "$S/tune/tune.sqlite3" ]; then dispatch_db="sqlite:///$S/tune/tune.sqlite3"; else dispatch_db=""; fi
+                       run_step tvmbench "${secs:-240}" env PATHTUNE_DB_URL="$dispatch_db" python3 -m pathtune.cli bench \
+                           --head-dim "${HEAD_DIMS:-64,128}" --gate "${BENCH_GATE:-both}" --config tuned \
+                           --backends triton,tvm --tvm-modules "$REPO/build/tvm_bench" --forward-only \
+                           --record --db "$PATHTUNE_DB_URL" --json "$S/bench_tvm.json" ;;
             tvmdecode) run_step tvmdecode "${secs:-480}" python3 "$REPO/codegen/tvm/gpu_check.py" \
                            --bundle "$REPO/build/tvm_gpu_check_decode" ${TVM_ONLY:+--only "$TVM_ONLY"} \
                            --budget-min "$(python3 -c "print(round(${secs:-480} / 60 - 0.7, 1))")" ;;

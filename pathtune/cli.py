@@ -267,6 +267,9 @@ _perf_db_cli.register(app)
 from pathtune.tuning import _bench_cli  # noqa: E402
 
 _bench_cli.register(app)
+from pathtune.tuning import _tvm_bench_cli  # noqa: E402
+
+_tvm_bench_cli.register(app)
 from pathtune.tuning import _tune_cli  # noqa: E402
 
 _tune_cli.register(app)

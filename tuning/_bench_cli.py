@@ -63,11 +63,13 @@ def register(app: typer.Typer) -> None:
                     _decode_backends(backends, tvm_modules), tvm_modules)
             return
         seq_len = seq_len or "4096,16384"
+        fwd_backends = _fwd_backends(backends, tvm_modules)
         _run_and_report(
             console,
             lambda: run_bench(_ints(head_dim, "--head-dim"), _ints(seq_len, "--seq-len"), gates, tokens=tokens,
                               config=cfg, baselines=tuple(b.strip() for b in baselines.split(",")),
-                              backward=not forward_only, log=lambda s: console.print(s, style="dim")),
+                              backward=not forward_only, backends=fwd_backends, tvm_modules=tvm_modules,
+                              log=lambda s: console.print(s, style="dim")),
             format_table, out, record and (lambda rows: record_rows(rows, db, cfg, command_line())))
 
 
@@ -131,3 +133,18 @@ def _run_and_report(console, run, format_rows, out, record) -> None:
     if record:
         n = record(rows)
         console.print(f"recorded {n} measurements in perf_db")
+
+
+def _fwd_backends(text: str, tvm_modules: Optional[Path]) -> tuple[str, ...]:
+    """--backends of the forward bench: triton and/or tvm; tvm needs --tvm-modules (GPU hosts have no compiler)."""
+    from .bench import BACKENDS
+
+    names = tuple(b.strip() for b in text.split(",") if b.strip())
+    bad = [b for b in names if b not in BACKENDS]
+    if bad or not names:
+        raise typer.BadParameter(f"--backends takes {', '.join(BACKENDS)} (comma-separated), got {text!r}")
+    if "tvm" in names and tvm_modules is None:
+        raise typer.BadParameter("--backends tvm needs --tvm-modules FOLDER: the TVM forward runs from module sets "
+                                 "built on a host with apache-tvm and nvcc (pathtune bench-build-tvm --head-dim "
+                                 "64,128 --out build/tvm_bench)")
+    return names

@@ -7,6 +7,11 @@ oracle on a short prefix (so a wrong config never gets a time), then takes
 available baseline, all in the same process.  Rows go to a table, a JSON file and, optionally,
 perf_db (pass ``fwd`` = forward time, pass ``bwd`` = forward+backward time; baseline = SDPA flash
 of the same pass and shapes).
+
+``backends`` adds the TVM forward (``tvm``, from prebuilt module sets: tuning/tvm_bench.py), timed
+after every row's Triton and baseline times (so a TVM kernel that breaks the CUDA context costs only
+TVM rows), with its own accuracy gate, per-kernel do_bench times (``tvm_stages``) and, last, both
+forwards' per-kernel device times from the profiler (``tvm_profile``, ``triton_stages``).
 """
 from __future__ import annotations
 
@@ -34,6 +39,11 @@ class BenchRow:
     failures: dict[str, str] = field(default_factory=dict)
     configs: dict[str, dict] = field(default_factory=dict)      # "f"/"fb" -> knobs run (config="tuned")
     dispatch: dict[str, str] = field(default_factory=dict)      # "f"/"fb" -> where the runtime found them
+    statuses: dict[str, str] = field(default_factory=dict)      # "tvm" -> perf_db status of its forward
+    tvm_stages: dict[str, float] = field(default_factory=dict)  # TVM kernel (ut, transport, scan, host) -> ms
+    tvm_profile: dict[str, Any] = field(default_factory=dict)    # TVM forward kernel -> device ms (profiler)
+    triton_stages: dict[str, Any] = field(default_factory=dict)  # Triton forward kernel -> device ms (profiler)
+    ratios: dict[str, float] = field(default_factory=dict)      # "tvm_f/pathtune_f", "tvm_f/sdpa_flash_f"
 
     def ratio(self, num: str, den: str) -> Optional[float]:
         a, b = self.times.get(num), self.times.get(den)
@@ -103,12 +113,21 @@ def _tuned(row: BenchRow, device: torch.device, backward: bool) -> dict:
     return json.loads(plan.bwd_params_json if backward else plan.params_json)
 
 
+BACKENDS = ("triton", "tvm")
+
+
 def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), *, tokens: int = TOKENS,
               config=None, baselines=("sdpa", "fla"), backward: bool = True, device: str = "cuda",
-              seed: int = 0, log: Callable[[str], None] = print) -> list[BenchRow]:
-    """Measure every (D, T, gate) point; see the module docstring."""
+              seed: int = 0, backends=("triton",), tvm_modules=None,
+              log: Callable[[str], None] = print) -> list[BenchRow]:
+    """Measure every (D, T, gate) point; see the module docstring. ``tvm_modules``: the folder of
+    TVM module sets (or an opened ``tvm_bench.TVMBenchModules``), needed when ``backends`` has tvm."""
     from .baselines import fla_path_callable, sdpa_callable
 
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown backends {unknown}: choose from {', '.join(BACKENDS)}")
+    tvm = _open_tvm(tvm_modules, head_dims, gates, device) if "tvm" in backends else None
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("pathtune bench needs a CUDA GPU (torch.cuda.is_available() is False)")
     rows = []
@@ -120,18 +139,8 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
                 row = BenchRow(D, T, B, H, gate)
                 q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device=device, seed=seed)
                 passes = [("f", False)] + ([("fb", True)] if backward else [])
-                try:
-                    cfgs = {tag: config for tag, _ in passes}
-                    if config == "tuned":
-                        cfgs = row.configs = {tag: _tuned(row, q.device, bw) for tag, bw in passes}
-                    row.errors.update(_accuracy(q, k, v, w, beta, g, cfgs["f"]))
-                    if backward:   # the gradients of what fwd+bwd runs (its own config when tuned)
-                        row.errors.update({name: err for name, err in _accuracy(
-                            q, k, v, w, beta, g, cfgs["fb"], backward=True).items() if name != "o"})
-                    for tag, bw in passes:
-                        row.times[f"pathtune_{tag}"] = _median_ms(_pathtune_callable(q, k, v, w, beta, g, cfgs[tag], bw))
-                except Exception as exc:  # a failing config is a recorded status, not a crash
-                    row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                if "triton" in backends:
+                    _triton_row(row, (q, k, v, w, beta, g), config, passes)
                 for tag, bw in passes:
                     # SDPA has no gate: once per shape, on the ungated row unless only gated rows run
                     if "sdpa" in baselines and (not gate or False not in gates):
@@ -151,11 +160,76 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
                 for key, val in twin.times.items():
                     if key.startswith("sdpa_"):
                         row.times.setdefault(key, val)
+    if tvm is not None:
+        _tvm_column(rows, tvm, config, backends, device, seed, log)
     return rows
 
 
+def _triton_row(row: BenchRow, xs: tuple, config, passes: list) -> None:
+    """pathtune-Triton's accuracy and times of one row (a failing config is a recorded status, not a crash)."""
+    try:
+        cfgs = {tag: config for tag, _ in passes}
+        if config == "tuned":
+            cfgs = row.configs = {tag: _tuned(row, xs[0].device, bw) for tag, bw in passes}
+        row.errors.update(_accuracy(*xs, cfgs["f"]))
+        if "fb" in cfgs:   # the gradients of what fwd+bwd runs (its own config when tuned)
+            row.errors.update({name: err for name, err in _accuracy(*xs, cfgs["fb"], backward=True).items()
+                               if name != "o"})
+        for tag, bw in passes:
+            row.times[f"pathtune_{tag}"] = _median_ms(_pathtune_callable(*xs, cfgs[tag], bw))
+    except Exception as exc:
+        row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def _open_tvm(tvm_modules, head_dims, gates, device):
+    """The TVM module sets, checked before any GPU work (TVMBenchError says what to build or install)."""
+    from .tvm_bench import TVMBenchError, TVMBenchModules
+
+    if tvm_modules is None:
+        raise TVMBenchError("--backends tvm needs --tvm-modules FOLDER: module sets built on a host with apache-tvm "
+                            "(pathtune bench-build-tvm --head-dim 64,128 --out build/tvm_bench)")
+    mods = tvm_modules if hasattr(tvm_modules, "load") else TVMBenchModules.open(tvm_modules)
+    mods.require(head_dims, gates, torch.device(device))
+    return mods
+
+
+def _tvm_column(rows: list[BenchRow], tvm, config, backends, device: str, seed: int, log) -> None:
+    """Every row's TVM forward (tvm_bench.measure_row) on the row's inputs, after all other timings; then,
+    on CUDA, both forwards' per-kernel device times (tvm_bench.profile_row: the profiler comes last)."""
+    from .tvm_bench import measure_row, profile_row
+
+    def inputs(row):
+        return make_inputs(row.batch, row.seq_len, row.heads, row.heads, row.head_dim, row.head_dim, row.gate,
+                           device=device, seed=seed)
+
+    for row in rows:
+        measure_row(row, inputs(row), tvm, timer=_median_ms)
+        for num, den in (("tvm_f", "pathtune_f"), ("tvm_f", "sdpa_flash_f")):
+            if row.ratio(num, den) is not None:
+                row.ratios[f"{num}/{den}"] = row.ratio(num, den)
+        log(json.dumps(dict(tvm=True, head_dim=row.head_dim, seq_len=row.seq_len, gate=row.gate,
+                            ms=row.times.get("tvm_f"), o_err=row.errors.get("tvm_o"), stages=row.tvm_stages,
+                            ratios=row.ratios, failure=row.failures.get("tvm"))))
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    if device != "cuda":
+        return
+    for row in rows:
+        xs = inputs(row)
+        triton_fn = None
+        if "triton" in backends and "pathtune" not in row.failures:
+            triton_fn = _pathtune_callable(*xs, row.configs.get("f", config), False)
+        profile_row(row, xs, tvm, triton_fn)
+        log(json.dumps(dict(profile=True, head_dim=row.head_dim, seq_len=row.seq_len, gate=row.gate,
+                            tvm=row.tvm_profile, triton=row.triton_stages)))
+        del xs, triton_fn
+        torch.cuda.empty_cache()
+
+
 def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: str) -> int:
-    """Store pathtune's times in perf_db with SDPA flash of the same run as the baseline."""
+    """Store pathtune's times in perf_db with SDPA flash of the same run as the baseline; the TVM forward
+    (backend "tvm", keyed like the tuner's TVM records: the spec fwd Config its modules were built with and
+    the TVM source hash, which ``tvm_bench`` checked the modules against)."""
     from pathtune.codegen.triton import TritonParams, source_hash
     from pathtune.perf_db import KernelKey, Measurement, PerfDB
     from pathtune.runtime.environment import collect_env
@@ -182,34 +256,67 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
                               seq_bucket=row.seq_len, batch_bucket=row.batch)
                 kernel = KernelKey(pass_=pass_, backend="triton", spec_hash=spec.hash,
                                    source_hash=source_hash(pass_))
+                own = {k: e for k, e in row.errors.items() if not k.startswith("tvm_")}   # tvm_o: _record_tvm
                 meas = (Measurement(status="ok", median_ms=t, bench_method="triton.testing.do_bench median",
-                                    errors=dict(row.errors), baseline_ms=row.times.get(f"sdpa_flash_{tag}"),
+                                    errors=own, baseline_ms=row.times.get(f"sdpa_flash_{tag}"),
                                     baseline_name="sdpa_flash", command=command)
                         if t is not None else
                         Measurement(status="crash", message=failed, command=command))
                 db.record(env, kernel, wl, cfg, meas, run_id=run_id, on_conflict="skip")
                 n += 1
+            if _record_tvm(db, env, spec, row, command, run_id):
+                n += 1
     return n
+
+
+def _record_tvm(db, env, spec, row: BenchRow, command: str, run_id) -> bool:
+    """One TVM forward measurement of a row (ok with its time, or its failure status); False if none ran."""
+    from pathtune.codegen.tvm.build import source_hash
+    from pathtune.perf_db import KernelKey, Measurement
+    from pathtune.specs import Config, Workload
+
+    status, cfg = row.statuses.get("tvm"), row.configs.get("tvm")
+    if status is None or cfg is None:
+        return False
+    wl = Workload(head_dim=row.head_dim, head_dim_v=row.head_dim, heads_q=row.heads, heads_kv=row.heads,
+                  dtype="bfloat16", use_gate=row.gate, pass_="fwd", seq_bucket=row.seq_len, batch_bucket=row.batch)
+    kernel = KernelKey(pass_="fwd", backend="tvm", spec_hash=spec.hash, source_hash=source_hash())
+    errors = {"o": row.errors["tvm_o"]} if "tvm_o" in row.errors else None
+    if status == "ok":
+        meas = Measurement(status="ok", median_ms=row.times["tvm_f"], bench_method="triton.testing.do_bench median",
+                           errors=errors, baseline_ms=row.times.get("sdpa_flash_f"), baseline_name="sdpa_flash",
+                           command=command)
+    else:
+        meas = Measurement(status=status, errors=errors, message=row.failures.get("tvm"), command=command)
+    db.record(env, kernel, wl, Config(cfg), meas, run_id=run_id, on_conflict="skip")
+    return True
 
 
 def format_table(rows: list[BenchRow]):
     from rich.table import Table
 
     table = Table(title="PaTH attention, ms (do_bench median); ratios vs SDPA flash and fla of this run")
-    for col in ("D", "T", "BxH", "gate", "sdpa flash f", "fla f", "pathtune f", "/flash", "fla/ours",
-                "sdpa flash f+b", "fla f+b", "pathtune f+b", "/flash", "fla/ours", "o err", "max grad err"):
+    tvm = any("tvm" in r.statuses for r in rows)
+    cols = ["D", "T", "BxH", "gate", "sdpa flash f", "fla f", "pathtune f", "/flash", "fla/ours",
+            "sdpa flash f+b", "fla f+b", "pathtune f+b", "/flash", "fla/ours", "o err", "max grad err"]
+    for col in cols + (["tvm f", "tvm/ours", "tvm o err"] if tvm else []):
         table.add_column(col, justify="right")
 
     def f(x):
         return "-" if x is None else f"{x:.2f}"
     for r in rows:
+        extra = []
+        if tvm:   # a failed TVM row says so (the reason is in the JSON's failures)
+            extra = [f(r.times.get("tvm_f")) if "tvm" not in r.failures else r.statuses.get("tvm", "failed"),
+                     f(r.ratio("tvm_f", "pathtune_f")),
+                     "-" if "tvm_o" not in r.errors else f"{r.errors['tvm_o']:.1e}"]
         table.add_row(str(r.head_dim), str(r.seq_len), f"{r.batch}x{r.heads}", "FoX" if r.gate else "-",
                       f(r.times.get("sdpa_flash_f")), f(r.times.get("fla_f")), f(r.times.get("pathtune_f")),
                       f(r.ratio("pathtune_f", "sdpa_flash_f")), f(r.ratio("fla_f", "pathtune_f")),
                       f(r.times.get("sdpa_flash_fb")), f(r.times.get("fla_fb")), f(r.times.get("pathtune_fb")),
                       f(r.ratio("pathtune_fb", "sdpa_flash_fb")), f(r.ratio("fla_fb", "pathtune_fb")),
                       "-" if "o" not in r.errors else f"{r.errors['o']:.1e}",
-                      _max_grad_error(r.errors))
+                      _max_grad_error(r.errors), *extra)
     return table
 
 
