@@ -60,10 +60,10 @@ def register(app: typer.Typer) -> None:
         if pass_ == "decode":
             _decode(console, _ints(head_dim, "--head-dim"), _ints(seq_len or "4096,32768", "--seq-len"), gates,
                     batch, cfg, tuple(b.strip() for b in baselines.split(",")), out, record, db, sweep,
-                    _decode_backends(backends, tvm_modules), tvm_modules)
+                    _parse_backends(backends, tvm_modules, "decode"), tvm_modules)
             return
         seq_len = seq_len or "4096,16384"
-        fwd_backends = _fwd_backends(backends, tvm_modules)
+        fwd_backends = _parse_backends(backends, tvm_modules, "fwd")
         _run_and_report(
             console,
             lambda: run_bench(_ints(head_dim, "--head-dim"), _ints(seq_len, "--seq-len"), gates, tokens=tokens,
@@ -71,20 +71,6 @@ def register(app: typer.Typer) -> None:
                               backward=not forward_only, backends=fwd_backends, tvm_modules=tvm_modules,
                               log=lambda s: console.print(s, style="dim")),
             format_table, out, record and (lambda rows: record_rows(rows, db, cfg, command_line())))
-
-
-def _decode_backends(text: str, tvm_modules: Optional[Path]) -> tuple[str, ...]:
-    """--backends of --pass decode: triton and/or tvm; tvm needs --tvm-modules (no compiler on GPU hosts)."""
-    names = tuple(dict.fromkeys(b.strip() for b in text.split(",") if b.strip()))
-    bad = [b for b in names if b not in ("triton", "tvm")]
-    if not names or bad:
-        raise typer.BadParameter(f"--backends takes triton and/or tvm (comma-separated), got {text!r}")
-    if "tvm" in names and tvm_modules is None:
-        raise typer.BadParameter("--backends tvm times prebuilt TVM decode modules: pass --tvm-modules DIR, built "
-                                 "with `python -m pathtune.codegen.tvm.build_decode_bench --out DIR`")
-    if tvm_modules is not None and "tvm" not in names:
-        raise typer.BadParameter("--tvm-modules is only read with --backends ...,tvm")
-    return names
 
 
 def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, record, db, sweep,
@@ -135,16 +121,20 @@ def _run_and_report(console, run, format_rows, out, record) -> None:
         console.print(f"recorded {n} measurements in perf_db")
 
 
-def _fwd_backends(text: str, tvm_modules: Optional[Path]) -> tuple[str, ...]:
-    """--backends of the forward bench: triton and/or tvm; tvm needs --tvm-modules (GPU hosts have no compiler)."""
-    from .bench import BACKENDS
+_BUILD_HINT = {"fwd": "pathtune bench-build-tvm --head-dim 64,128 --out build/tvm_bench",
+               "decode": "python -m pathtune.codegen.tvm.build_decode_bench --out build/tvm_decode_bench"}
 
-    names = tuple(b.strip() for b in text.split(",") if b.strip())
-    bad = [b for b in names if b not in BACKENDS]
+
+def _parse_backends(text: str, tvm_modules: Optional[Path], pass_: str) -> tuple[str, ...]:
+    """--backends: triton and/or tvm; tvm needs --tvm-modules (GPU hosts have no TVM compiler: the modules
+    are built on a host with apache-tvm and nvcc, by the command in ``_BUILD_HINT``)."""
+    names = tuple(dict.fromkeys(b.strip() for b in text.split(",") if b.strip()))
+    bad = [b for b in names if b not in ("triton", "tvm")]
     if bad or not names:
-        raise typer.BadParameter(f"--backends takes {', '.join(BACKENDS)} (comma-separated), got {text!r}")
+        raise typer.BadParameter(f"--backends takes triton and/or tvm (comma-separated), got {text!r}")
     if "tvm" in names and tvm_modules is None:
-        raise typer.BadParameter("--backends tvm needs --tvm-modules FOLDER: the TVM forward runs from module sets "
-                                 "built on a host with apache-tvm and nvcc (pathtune bench-build-tvm --head-dim "
-                                 "64,128 --out build/tvm_bench)")
+        raise typer.BadParameter(f"--backends tvm times prebuilt TVM modules: pass --tvm-modules DIR, built with "
+                                 f"`{_BUILD_HINT[pass_]}`")
+    if tvm_modules is not None and "tvm" not in names:
+        raise typer.BadParameter("--tvm-modules is only read with --backends ...,tvm")
     return names
