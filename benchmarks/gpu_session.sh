@@ -33,6 +33,8 @@
 #   profile [120]   per-kernel device time of one fwd+bwd (heuristic config), D 64/128, T 16K and 4K
 #   sweep [240]     benchmarks/dev_gpu_run2.py $SWEEP (default sweep): fwd / fwd+bwd and per-kernel times per knob change
 #   probe [60]      benchmarks/memory_probe.py next to the bench's measured peak
+#   split [150]     the split flow's GPU half: bash $BUNDLE/run.sh (BUNDLE: a bundle folder from `pathtune tune
+#                   build`, carried; default build/split/bundle) -> s/split_results.json for `pathtune tune ingest`
 #   ranges [150]    benchmarks/dev_gpu_run2.py ranges: fwd+bwd time and peak per backward range budget
 #                   (PATHTUNE_BWD_RANGE_MIB 128 / 256 / unbounded), D 64/128 x T 4K/16K, one process
 #   memcheck [180]  compute-sanitizer memcheck over one small fwd+bwd (catches out-of-bounds accesses)
@@ -175,6 +177,7 @@ run_steps() {  # the steps of one lane, in order, with S set
             probe) run_step probe "${secs:-60}" python3 "$REPO/benchmarks/memory_probe.py" --no-timeline ;;
             profile) run_step profile "${secs:-120}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" profile profile4k ;;
             sweep) run_step sweep "${secs:-240}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ${SWEEP:-sweep} ;;
+            split) run_step split "${secs:-150}" bash "$REPO/${BUNDLE:-build/split/bundle}/run.sh" "$S/split_results.json" ;;
             ranges) run_step ranges "${secs:-150}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ranges ;;
             *) echo "unknown step '$step' (see the header of $0)" | tee -a "$S/steps.txt" ;;
         esac
