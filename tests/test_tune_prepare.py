@@ -272,3 +272,40 @@ def test_tuner_abandons_compiled_trials_when_stopped(tmp_path, spec_copy):
     assert failed and all(t.user_attrs.get("interrupted") for t in failed)
     assert not study.get_trials(states=(TrialState.RUNNING,))
     assert requeue_interrupted(study) == len(failed)     # --resume measures them next
+
+
+def test_resume_on_sqlite_requeues_a_killed_workers_running_trials_default_first(tmp_path, spec_copy):
+    """A batched worker killed by SIGTERM/SIGKILL leaves its asked trials RUNNING (no heartbeats); on
+    SQLite (one worker) ``--resume`` puts them back in the queue where they were, so the seeded default
+    is still the first config a resumed key measures, even with a budget of one trial."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from pathtune.tuning.space import default_config, plan_keys
+    from pathtune.tuning.tuner import Budget, TuneOptions, Tuner
+
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    keys = plan_keys([64], ["bfloat16"], ["fwd"], ["triton"], [1024])
+    opts = dict(storage=url, preparer=FakePreparer(workers=3), spec_path=spec_copy, heartbeat=None,
+                seed_neighbours=4)
+    killed = Tuner(keys, TuneOptions(budget=Budget(trials=10), measure_fn=tune_fake.measure, **opts))
+    study = killed.open_study(keys[0])
+    asked = [study.ask() for _ in range(3)]              # the killed worker's batch: default + 2 neighbours
+    killed.close()
+    assert [t.number for t in study.get_trials(states=(TrialState.RUNNING,))] == [t.number for t in asked]
+
+    measured = []
+
+    def measure(task):
+        measured.append(task.config)
+        return tune_fake.measure(task)
+
+    measure.__module__ = tune_fake.__name__          # the same fake kernel source, so the same study
+    resumed = Tuner(keys, TuneOptions(budget=Budget(trials=1), measure_fn=measure, resume=True, **opts))
+    resumed.run()
+    resumed.close()
+    study = optuna.load_study(study_name=study.study_name, storage=url)
+    default = default_config(resumed.spec, keys[0]).to_dict()
+    assert measured and {k: measured[0][k] for k in default} == default
+    assert study.trials[0].state != TrialState.WAITING and study.trials[0].number == 0, [(t.number, t.state) for t in study.trials]
+    assert not study.get_trials(states=(TrialState.RUNNING,))

@@ -34,7 +34,7 @@ from .objective import KeyContext, Objective, PENALTY_MS
 from .space import TuneKey, default_config, make_sampler, neighbour_configs, run_id_for, source_hash_for, study_name
 
 __all__ = ["Budget", "TuneOptions", "KeyResult", "Tuner", "make_storage", "StudyExistsError", "parse_budget",
-           "requeue_interrupted", "is_sqlite"]
+           "requeue_interrupted", "requeue_stale_running", "is_sqlite"]
 
 log = logging.getLogger("pathtune.tune")
 
@@ -128,6 +128,23 @@ def requeue_interrupted(study: Any) -> int:
     for t in trials:
         if t.state == TrialState.FAIL and t.user_attrs.get("interrupted") and t.number not in retried and t.params:
             cb(study, t)
+            n += 1
+    return n
+
+
+def requeue_stale_running(study: Any) -> int:
+    """Put RUNNING trials back in the queue (state WAITING, same trial and params, same queue place).
+
+    Only for a study on SQLite, where one worker runs at a time, so on ``--resume`` a RUNNING trial
+    belongs to a dead process: the batched mode has no heartbeats, and a worker killed by a signal
+    it cannot catch (a step timeout's SIGTERM, SIGKILL) leaves its batch RUNNING.  Session 5 lost a
+    key's seeded default that way: the resumed key's one out-of-time trial was a neighbour.
+    """
+    from optuna.trial import TrialState
+
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if study._storage.set_trial_state_values(t._trial_id, TrialState.WAITING):
             n += 1
     return n
 
@@ -321,6 +338,8 @@ class Tuner:
         name = study.study_name
         if self.opts.resume:
             requeue_interrupted(study)
+            if is_sqlite(self.opts.storage):
+                requeue_stale_running(study)
         ctx = self.context(key, name)
         result = KeyResult(key, name)
         budget = self.opts.budget
