@@ -6,6 +6,7 @@ peak memory against SDPA and fla measured in the same run.  Writes JSON to $OUT.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -239,19 +240,23 @@ def sweep(D=64, H=16, T=16384, gate=True, changes=None):
             emit(dict(kind="sweep", D=D, T=T, change=change, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 
 
-def profile(T=16384):
+def profile(T=16384, gates=(True,)):
+    """Device ms per kernel of one fwd+bwd (heuristic config); PROFILE_GATES=both adds PaTH (no gate)
+    next to PaTH-FoX, to see where the gate's backward cost goes."""
     from torch.profiler import ProfilerActivity, profile as prof
-    for D, H in ((64, 16), (128, 8)):
+    if os.environ.get("PROFILE_GATES") == "both":
+        gates = (True, False)
+    for (D, H), gate in itertools.product(((64, 16), (128, 8)), gates):
         B = 32768 // T
-        q, k, v, w, beta, g = inputs(B, T, H, H, D, D, True)
-        xs = [x.requires_grad_() for x in (q, k, v, w, beta, g)]
+        q, k, v, w, beta, g = inputs(B, T, H, H, D, D, gate)
+        xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
         do = torch.randn_like(q)
         for _ in range(2):
-            o, _ = path_attention_triton(*xs)
+            o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None)
             torch.autograd.grad(o, xs, do)
         torch.cuda.synchronize()
         with prof(activities=[ProfilerActivity.CUDA]) as p:
-            o, _ = path_attention_triton(*xs)
+            o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None)
             torch.autograd.grad(o, xs, do)
             torch.cuda.synchronize()
         rows = []
@@ -259,7 +264,7 @@ def profile(T=16384):
             if e.device_time_total > 0:
                 rows.append((e.key[:40], round(e.device_time_total / 1000, 3), e.count))
         rows.sort(key=lambda r: -r[1])
-        emit(dict(kind="profile", D=D, T=T, B=B, H=H, kernels=rows[:14]))
+        emit(dict(kind="profile", D=D, T=T, B=B, H=H, gate=gate, kernels=rows[:14]))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@
 #                   through the public API next to backend="triton" and SDPA (~60 s of the limit). Carry .whl and
 #                   build/tvm_decode_bench (5.3 MiB; built here by `python -m pathtune.codegen.tvm.build_decode_bench`)
 #   profile [120]   per-kernel device time of one fwd+bwd (heuristic config), D 64/128, T 16K and 4K
+#                   (PROFILE_STEPS=profile4k: 4K only; PROFILE_GATES=both: PaTH next to PaTH-FoX)
 #   sweep [240]     benchmarks/dev_gpu_run2.py $SWEEP (default sweep): fwd / fwd+bwd and per-kernel times per knob change
 #   probe [60]      benchmarks/memory_probe.py next to the bench's measured peak
 #   split [150]     the split flow's GPU half: bash $BUNDLE/run.sh (BUNDLE: a bundle folder from `pathtune tune
@@ -175,7 +176,7 @@ run_steps() {  # the steps of one lane, in order, with S set
             memcheck) run_step memcheck "${secs:-180}" compute-sanitizer --tool memcheck --print-limit 20 \
                           python3 "$REPO/benchmarks/dev_memcheck.py" 64 1300 512 1 ;;
             probe) run_step probe "${secs:-60}" python3 "$REPO/benchmarks/memory_probe.py" --no-timeline ;;
-            profile) run_step profile "${secs:-120}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" profile profile4k ;;
+            profile) run_step profile "${secs:-120}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ${PROFILE_STEPS:-profile profile4k} ;;
             sweep) run_step sweep "${secs:-240}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ${SWEEP:-sweep} ;;
             split) run_step split "${secs:-150}" bash "$REPO/${BUNDLE:-build/split/bundle}/run.sh" "$S/split_results.json" ;;
             ranges) run_step ranges "${secs:-150}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ranges ;;
