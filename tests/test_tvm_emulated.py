@@ -88,6 +88,42 @@ def test_forward_gpu_kernels_emulated(case):
     assert (lse.double() - ref_lse).abs().max().item() < 1e-2
 
 
+# (C, D, warps, cu_seqlens): the register-tiled UT kernel alone (blocked inverse: 1, 2, 3 merge levels)
+UT_EMU_CASES = [(32, 32, 1, [0, 45, 90]), (64, 64, 4, [0, 70, 128]), (128, 64, 4, [0, 100, 128])]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("case", UT_EMU_CASES, ids=[f"C{c[0]}-D{c[1]}-w{c[2]}" for c in UT_EMU_CASES])
+def test_ut_kernel_emulated(case):
+    from pathtune.runtime.reference import boundary_adjust_keys, ut_transform
+
+    C, D, W, cu = case
+    params = TVMParams(chunk_size=C, superchunk_size=2 * C, block_n=C, num_warps=W)
+    dims = KernelDims(H=2, HQ=2, D=D, DV=D, dtype="bfloat16", gated=False)
+    ut = _emulated(("ut",), params, dims)["ut"]
+    q, k, v, w, beta, _ = _inputs(1, cu[-1], 2, 2, D, D, False, torch.bfloat16, seed=3)
+    tab = host.build_tables(1, cu[-1], torch.tensor(cu), C, 2 * C, "cpu")
+    N = cu[-1]
+    wt, bt, kt_in = w[0].float().contiguous(), beta[0].float().contiguous(), k[0].contiguous()
+    u, ktil, m = torch.empty(N, 2, D), torch.empty(N, 2, D), torch.empty(N, 2, C)
+    ut(wt, bt, kt_in, u, ktil, m, tab.chunk_tok0, tab.chunk_seq, tab.seq_end, params.beta_max)
+    for s0, s1 in zip(cu[:-1], cu[1:]):
+        for c0 in range(s0, s1, C):
+            rows = slice(c0, min(c0 + C, s1))
+            n = rows.stop - rows.start
+            for h in range(2):
+                Wc = torch.zeros(C, D, dtype=torch.float64)
+                Kc = torch.zeros(C, D, dtype=torch.float64)
+                bc = torch.zeros(C, dtype=torch.float64)
+                Wc[:n], Kc[:n] = wt[rows, h].double(), kt_in[rows, h].double()
+                bc[:n] = bt[rows, h].double().clamp(max=params.beta_max)
+                A, U = ut_transform(Wc, bc)
+                M = A @ torch.tril(Wc @ Kc.T, -1)
+                assert (u[rows, h].double() - U[:n]).abs().max().item() < 1e-4
+                assert (m[rows, h].double() - M[:n]).abs().max().item() < 1e-3
+                assert (ktil[rows, h].double() - boundary_adjust_keys(Kc, Wc, A)[:n]).abs().max().item() < 1e-3
+
+
 # (H, HQ, D, gated, prefill length, knobs): the generated CUDA of the decode kernel (vector loads, warp-shuffle
 # row sums, register online softmax, shared-memory combine) on the CPU
 DECODE_EMU_CASES = [
