@@ -67,6 +67,7 @@ FWD_CASES = [
     ("tc", 64, 128, 64, 2, 1, 1, 32, 32, "bfloat16", "fp16", False, 150, None),    # 2 m16 tiles per warp
     ("tc", 32, 128, 64, 2, 2, 4, 32, 64, "float16", "bf16", True, 200, [0, 33, 150, 200]),  # varlen, DV != D
     ("simt", 32, 64, 32, 1, 1, 2, 32, 32, "bfloat16", "fp16", True, 150, None),    # CUDA-core scan
+    ("tc", 64, 128, 64, 4, 1, 1, 64, 64, "bfloat16", "fp16", False, 300, None),    # 4 warps, register tiles x2
 ]
 
 

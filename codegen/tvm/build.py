@@ -135,7 +135,7 @@ def make_kernel(name: str, params: TVMParams, dims: KernelDims, *, target: str =
     elif name == "transport":
         from .stir_transport import transport_func
 
-        func = transport_func(C, S, H, D, sdt, fdt, smem, unroll)
+        func = transport_func(C, S, H, D, sdt, fdt, smem, unroll, params.threads)
     elif name == "scan":
         from .stir_scan import scan_func
 

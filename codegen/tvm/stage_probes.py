@@ -242,10 +242,11 @@ def probe_transport(C: int, s: int, D: int):
                 vp = T.axis.remap("S", [p])
                 Suf = T.sblock_alloc_buffer((D, D), F)
                 SW = T.sblock_alloc_buffer((D, C), F)
+                Xs = T.sblock_alloc_buffer((C, D), F)
                 suffix_init(Suf)
                 for step in T.serial(s):
-                    transport_keys(KT, Suf, KJg, T.int64((s - 1) * C), step, s, vp)
-                    transition_lowrank(Suf, Wg, Ug, SW, T.int64((s - 1) * C), step, s, vp)
+                    transport_keys(KT, Suf, KJg, Xs, T.int64((s - 1) * C), step, s, vp)
+                    transition_lowrank(Suf, Wg, Ug, SW, Xs, T.int64((s - 1) * C), step, s, vp)
                 _copy_out(WH, Suf, vp, D, D)
 
     return probe

@@ -13,17 +13,45 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
-from .stir_common import barrier_macro, const, keep_alive_macro, unroll_factor
+from .stir_common import barrier_macro, const, keep_alive_macro, tiled_product_macro
 
 __all__ = ["transport_macros", "transport_func", "transport_smem_bytes"]
 
 
-def transport_macros(C: int, D: int, fdt: str, unroll: int = 1, sync: bool = False):
-    """Pieces of the stage. The chunk tiles K~, W, U are read straight from global memory (L2): the only
+def transport_macros(C: int, D: int, fdt: str, unroll: int = 1, sync: bool = False, threads: int = 128):
+    """Pieces of the stage. Each chunk tile (K~, then W, then U) is staged in shared memory (Xs, rows padded
+    to D+1 words) and every product is a register-tiled leaf (stir_common.tiled_product_macro); the other
     shared scratch is Suf (D x D) and Suf W^T (D x C)."""
     zero, one = const(0, fdt), const(1, fdt)
-    uD, uC = unroll_factor(D, unroll), unroll_factor(C, unroll)
     barrier = barrier_macro(sync)
+
+    def tp(name, M, N, K, a_at, b_at, out_buf, out_idx, value):
+        return tiled_product_macro(name, 1, M, N, K, fdt, threads, unroll, a_at, b_at, out_buf, out_idx, value)
+
+    def grow(c, s, r):
+        """token of chunk row r at step s; ctx c = (row0, h)."""
+        return c[0] - T.Cast("int64", s * C) + T.Cast("int64", r)
+
+    # kj[rows] = K~ Suf^T;  bufs (Xs = K~, Suf, kj)
+    kj_mm = tp("tr_kj", C, D, D, lambda b, c, s, p, r, d: b[0][r, d], lambda b, c, s, p, d, e: b[1][e, d],
+               lambda b: b[2], lambda c, s, p, r, e: (grow(c, s, r), c[1], e),
+               lambda b, c, s, p, r, e, a: T.Cast(b[2].dtype, a))
+    # SW = Suf W^T;  bufs (Suf, Xs = W, SW)
+    sw_mm = tp("tr_sw", D, C, D, lambda b, c, s, p, e, d: b[0][e, d], lambda b, c, s, p, d, r: b[1][r, d],
+               lambda b: b[2], lambda c, s, p, e, r: (e, r), lambda b, c, s, p, e, r, a: a)
+    # Suf <- Suf - SW U (each thread reads only its own Suf outputs: in place);  bufs (SW, Xs = U, Suf)
+    su_mm = tp("tr_su", D, D, C, lambda b, c, s, p, e, r: b[0][e, r], lambda b, c, s, p, r, d: b[1][r, d],
+               lambda b: b[2], lambda c, s, p, e, d: (e, d), lambda b, c, s, p, e, d, a: b[2][e, d] - a)
+
+    @T.macro
+    def stage(src, Xs, row0, step, sdom, h):
+        """Xs[r, :] = src[row0 - step * C + r, h, :] (a super-chunk being transported is full: no mask)."""
+        barrier()
+        for r, d in T.grid(C, D):
+            with T.sblock("tr_stage"):
+                vs = T.axis.opaque(sdom, step)
+                vr, vd = T.axis.remap("SS", [r, d])
+                Xs[vr, vd] = T.Cast(fdt, src[row0 - T.Cast("int64", vs * C) + T.Cast("int64", vr), h, vd])
 
     @T.macro
     def suffix_init(Suf):
@@ -34,65 +62,38 @@ def transport_macros(C: int, D: int, fdt: str, unroll: int = 1, sync: bool = Fal
                 Suf[ve, vd] = T.if_then_else(ve == vd, one, zero)
 
     @T.macro
-    def transport_keys(kt, Suf, kj, row0, step, sdom, h):
+    def transport_keys(kt, Suf, kj, Xs, row0, step, sdom, h):
         """kj[chunk rows] = K~ Suf^T for the chunk whose first row is row0 - step * C (K~ read from kt)."""
+        stage(kt, Xs, row0, step, sdom, h)
         barrier()
-        for r, e in T.grid(C, D):
-            with T.sblock("tr_kj"):
-                vs = T.axis.opaque(sdom, step)
-                vr, ve = T.axis.remap("SS", [r, e])
-                a = T.sblock_alloc_buffer((1,), fdt, scope="local")
-                a[0] = zero
-                for d0 in T.serial(D // uD):
-                    for d1 in T.unroll(uD):
-                        a[0] = a[0] + T.Cast(fdt, kt[row0 - T.Cast("int64", vs * C) + T.Cast("int64", vr), h, d0 * uD + d1]) \
-                            * Suf[ve, d0 * uD + d1]
-                kj[row0 - T.Cast("int64", vs * C) + T.Cast("int64", vr), h, ve] = T.Cast(kj.dtype, a[0])
+        kj_mm((Xs, Suf, kj), (row0, h), sdom, step)
 
     @T.macro
-    def transition_lowrank(Suf, w, u, SW, row0, step, sdom, h):
-        """Suf <- Suf - (Suf W^T) U, i.e. Suf <- Suf P for P = I - W^T U (low rank C); W, U from global."""
+    def transition_lowrank(Suf, w, u, SW, Xs, row0, step, sdom, h):
+        """Suf <- Suf - (Suf W^T) U, i.e. Suf <- Suf P for P = I - W^T U (low rank C)."""
+        stage(w, Xs, row0, step, sdom, h)
         barrier()
-        for e, r in T.grid(D, C):
-            with T.sblock("tr_sw"):
-                vs = T.axis.opaque(sdom, step)
-                ve, vr = T.axis.remap("SS", [e, r])
-                a = T.sblock_alloc_buffer((1,), fdt, scope="local")
-                a[0] = zero
-                for d0 in T.serial(D // uD):
-                    for d1 in T.unroll(uD):
-                        a[0] = a[0] + Suf[ve, d0 * uD + d1] * \
-                            T.Cast(fdt, w[row0 - T.Cast("int64", vs * C) + T.Cast("int64", vr), h, d0 * uD + d1])
-                SW[ve, vr] = a[0]
+        sw_mm((Suf, Xs, SW), (row0, h), sdom, step)
+        stage(u, Xs, row0, step, sdom, h)
         barrier()
-        for e, d in T.grid(D, D):
-            with T.sblock("tr_su"):
-                vs = T.axis.opaque(sdom, step)
-                ve, vd = T.axis.remap("SS", [e, d])
-                a = T.sblock_alloc_buffer((1,), fdt, scope="local")
-                a[0] = Suf[ve, vd]
-                for r0 in T.serial(C // uC):
-                    for r1 in T.unroll(uC):
-                        a[0] = a[0] - SW[ve, r0 * uC + r1] * \
-                            T.Cast(fdt, u[row0 - T.Cast("int64", vs * C) + T.Cast("int64", r0 * uC + r1), h, vd])
-                Suf[ve, vd] = a[0]
+        su_mm((SW, Xs, Suf), (row0, h), sdom, step)
 
     return suffix_init, transport_keys, transition_lowrank
 
 
 def transport_smem_bytes(C: int, D: int, fdt: str = "float32") -> int:
-    return (D * D + D * C) * (8 if fdt == "float64" else 4)
+    return (D * (D + 1) + D * (C + 1) + C * (D + 1)) * (8 if fdt == "float64" else 4)
 
 
 def transport_func(C: int, S: int, H: int, D: int, kjdt: str, fdt: str = "float32", smem: str = "global",
-                   unroll: int = 1):
+                   unroll: int = 1, threads: int = 128):
     """prim_func ``transport``: (kt, w, u) -> (kj, what) for every (super-chunk, kv head).
 
     Arguments: kt/w/u [N,H,D] fdt, kj [N,H,D] kjdt (out), what [NSC,H,D,D] fdt (out),
     sc_tok0 [NSC], sc_seq [NSC], seq_end [NS] int64.
     """
     sync = smem != "global"
-    suffix_init, transport_keys, transition_lowrank = transport_macros(C, D, fdt, unroll, sync)
+    suffix_init, transport_keys, transition_lowrank = transport_macros(C, D, fdt, unroll, sync, threads)
     barrier = barrier_macro(sync)
     keep_alive = keep_alive_macro(sync)
     s = S // C
@@ -115,8 +116,10 @@ def transport_func(C: int, S: int, H: int, D: int, kjdt: str, fdt: str = "float3
         for j, h in T.grid(NSC, H):
             with T.sblock("program"):
                 vj, vh = T.axis.remap("SS", [j, h])
-                Suf = T.sblock_alloc_buffer((D, D), fdt, scope=smem)
-                SW = T.sblock_alloc_buffer((D, C), fdt, scope=smem)
+                # rows padded by one word: a warp reading one column of 32 rows hits 32 banks
+                Suf = T.sblock_alloc_buffer((D, D + 1), fdt, scope=smem)
+                SW = T.sblock_alloc_buffer((D, C + 1), fdt, scope=smem)
+                Xs = T.sblock_alloc_buffer((C, D + 1), fdt, scope=smem)
                 tok0 = T.meta_var(sc_tok0[vj])
                 send = T.meta_var(seq_end[sc_seq[vj]])
                 # the last super-chunk of a sequence is read by no later query: 0 steps, What = I
@@ -125,13 +128,13 @@ def transport_func(C: int, S: int, H: int, D: int, kjdt: str, fdt: str = "float3
                 row_last = T.meta_var(tok0 + (s - 1) * C)          # first row of the super-chunk's last chunk
                 suffix_init(Suf)
                 for step in T.serial(nsteps):
-                    transport_keys(kt, Suf, kj, row_last, step, s, vh)
-                    transition_lowrank(Suf, w, u, SW, row_last, step, s, vh)
+                    transport_keys(kt, Suf, kj, Xs, row_last, step, s, vh)
+                    transition_lowrank(Suf, w, u, SW, Xs, row_last, step, s, vh)
                 barrier()
                 for e, d in T.grid(D, D):
                     with T.sblock("tr_store_what"):
                         ve, vd = T.axis.remap("SS", [e, d])
                         what[vj, vh, ve, vd] = Suf[ve, vd]
-                keep_alive(what, (0, 0, 0, 0), tok0 < 0, [Suf, SW])
+                keep_alive(what, (0, 0, 0, 0), tok0 < 0, [Suf, SW, Xs])
 
     return transport
