@@ -5,7 +5,8 @@ Conventions of every S-TIR stage in this package:
   ids become blockIdx.* on the GPU (schedule.py) and plain loops on the CPU;
 * every piece of work inside a program is a leaf sblock over spatial iterators only (its own loops are
   its innermost loops); an outer (serial) loop var it needs is bound as ``T.axis.opaque`` and declared
-  first. A reduction is a loop INSIDE the leaf into a one-element "local" accumulator, then one store
+  first. A reduction is a loop INSIDE the leaf into a "local" accumulator (one element, or a register
+  tile: ``tiled_product_macro``, whose spatial iterators are then tile indices), then the stores
   (a register accumulator on the GPU; an S-TIR reduction block into shared memory would need
   barriers inside the spare-thread guard). schedule.py relies on exactly this to bind threads;
 * a leaf stores to ONE buffer (the GPU schedule guards spare threads with an `if`, and TVM cannot

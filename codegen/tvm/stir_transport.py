@@ -7,7 +7,7 @@ Walks the super-chunk's UT chunks right to left with a running D x D matrix Suf 
 
 and stores What_J = Suf = P_last ... P_first (float32, [n_sc, H, D, D]). The last super-chunk of each
 sequence is read by no later query and is skipped (like the Triton kernel). Math in float32 on CUDA
-cores: this stage is O(T D^2), small next to the scan.
+cores (register-tiled products over shared-memory tiles): this stage is O(T D^2), small next to the scan.
 """
 from __future__ import annotations
 

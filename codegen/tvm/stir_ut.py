@@ -3,7 +3,8 @@
 For chunk m with rows W (C x D), beta (C), K (C x D), all in float32 (spec: numerics.float32):
 
     G  = strictLower(diag(beta) W W^T)
-    T^-1 = (I + G)^-1           forward substitution, row by row       (macro ``ut_inverse``)
+    T^-1 = (I + G)^-1           by blocks: 16 x 16 diagonal blocks by forward substitution, then
+                                log2(C/16) levels merging block pairs  (macro ``ut_inverse``)
     A  = T^-1 diag(beta)        lower triangular
     U  = A W                    P_m = I - W^T U = H_last ... H_first  (macro ``ut_apply``)
     M  = A strictLower(W K^T)   used by the diagonal tile of the scan (macro ``boundary_keys``)
@@ -14,7 +15,8 @@ Rows past the end of a sequence are padding (w = k = 0, beta = 0) and are never 
 
 The macros are used by the prim_func here and by the CPU stage tests. ``smem`` is the storage scope
 of the per-program scratch: "global" for the CPU (llvm) build, "shared.dyn" for the GPU build
-(schedule.py binds threads). ``unroll`` is the inner unroll of the reduction loops.
+(schedule.py binds threads). ``unroll`` is the inner unroll of the reduction loops; ``threads`` sizes the
+register tiles of the products (an output's summation order does not depend on them).
 """
 from __future__ import annotations
 
