@@ -125,6 +125,37 @@ def test_ut_kernel_emulated(case):
                 assert (ktil[rows, h].double() - boundary_adjust_keys(Kc, Wc, A)[:n]).abs().max().item() < 1e-3
 
 
+# (C, S, D, warps): the transport kernel alone; C 64 D 128 stages U by 16-row slices (two blocks per SM)
+TRANSPORT_EMU_CASES = [(32, 96, 64, 2), (64, 128, 128, 4)]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("case", TRANSPORT_EMU_CASES, ids=[f"C{c[0]}-S{c[1]}-D{c[2]}" for c in TRANSPORT_EMU_CASES])
+def test_transport_kernel_emulated(case):
+    from pathtune.codegen.tvm.stir_transport import transport_slice
+
+    C, S, D, W = case
+    params = TVMParams(chunk_size=C, superchunk_size=S, block_n=C, num_warps=W)
+    dims = KernelDims(H=1, HQ=1, D=D, DV=D, dtype="bfloat16", gated=False)
+    tr = _emulated(("transport",), params, dims)["transport"]
+    assert (D == 128) == (transport_slice(C, D) < C)
+    N = 2 * S + C                                                  # two full super-chunks, then a short last one
+    gen = torch.Generator().manual_seed(5)
+    ktil, w, u = (0.3 * torch.randn(N, 1, D, generator=gen) for _ in range(3))
+    tab = host.build_tables(1, N, None, C, S, "cpu")
+    kj = torch.zeros(N, 1, D, dtype=host.torch_dtype(params.scan_dtype()))
+    what = torch.empty(tab.n_sc, 1, D, D)
+    tr(ktil, w, u, kj, what, tab.sc_tok0, tab.sc_seq, tab.seq_end)
+    for j in range(2):
+        Suf = torch.eye(D, dtype=torch.float64)
+        for c in reversed(range(S // C)):
+            rows = slice(j * S + c * C, j * S + (c + 1) * C)
+            K, Wc, Uc = (x[rows, 0].double() for x in (ktil, w, u))
+            assert (kj[rows, 0].double() - K @ Suf.T).abs().max().item() < 2e-2 * max(1.0, (K @ Suf.T).abs().max())
+            Suf = Suf - (Suf @ Wc.T) @ Uc
+        assert (what[j, 0].double() - Suf).abs().max().item() < 1e-4
+
+
 # (H, HQ, D, gated, prefill length, knobs): the generated CUDA of the decode kernel (vector loads, warp-shuffle
 # row sums, register online softmax, shared-memory combine) on the CPU
 DECODE_EMU_CASES = [

@@ -132,10 +132,11 @@ def test_fox_bias_stage(diag):
         assert _maxerr(out, ref) < TOL
 
 
-def test_superchunk_transport_stage():
+@pytest.mark.parametrize("C,s,D", [(8, 3, 8), (32, 2, 128)])   # (32, 2, 128): U staged 16 rows at a time
+def test_superchunk_transport_stage(C, s, D):
     from pathtune.codegen.tvm.stage_probes import probe_transport
 
-    n, C, s, D = 2, 8, 3, 8
+    n = 2
     W, b, K = _unit(n, s * C, D), _beta(n, s * C), torch.randn(n, s * C, D, dtype=F64)
     Kt, U, P = [], [], []
     for c in range(s):
