@@ -90,7 +90,8 @@ def test_forward_gpu_kernels_emulated(case):
 
 
 # (C, D, warps, cu_seqlens): the register-tiled UT kernel alone (blocked inverse: 1, 2, 3 merge levels)
-UT_EMU_CASES = [(32, 32, 1, [0, 45, 90]), (64, 64, 4, [0, 70, 128]), (128, 64, 4, [0, 100, 128])]
+UT_EMU_CASES = [(32, 32, 1, [0, 45, 90]), (64, 64, 4, [0, 70, 128]), (128, 64, 4, [0, 100, 128]),
+                (128, 128, 4, [0, 100, 256])]   # the last: the low-memory form (K, M read from global)
 
 
 @pytest.mark.timeout(600)

@@ -43,7 +43,7 @@ def _copy_out(dst, src, p, R, Cc):
 
 
 def probe_ut_inverse(C: int, D: int):
-    ut_inverse, _, _, _ = ut_macros(C, D, F)
+    ut_inverse = ut_macros(C, D, F)[0]
 
     @T.prim_func(s_tir=True)
     def probe(w_h: T.handle, b_h: T.handle, a_h: T.handle):

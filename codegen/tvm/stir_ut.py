@@ -160,6 +160,33 @@ def ut_macros(C: int, D: int, fdt: str, unroll: int = 1, sync: bool = False, thr
                lambda b, c, s, p, j, d, a: T.Cast(fdt, b[3][grow(c, j), c[2], d]) - a,
                lambda c, s, p, j, d: valid(c, j))
 
+    def gload(buf, c, r, col):
+        """buf[tok0 + r, h, col] as fdt, 0 past the end of the sequence (ctx c = (tok0, send, h))."""
+        return T.if_then_else(valid(c, r), T.Cast(fdt, buf[grow(c, r), c[2], col]), zero)
+
+    # the low-memory forms (chunk_size 128 at D 128: no K tile, no M tile): K and M read from global memory
+    wk_g_mm = tp("bk_wk", 1, C, C, D, lambda b, c, s, p, i, k: b[0][i, k], lambda b, c, s, p, k, j: gload(b[1], c, j, k),
+                 lambda b: b[2], lambda c, s, p, i, j: (i, j),
+                 lambda b, c, s, p, i, j, a: T.if_then_else(i > j, a, zero))
+    m_g_mm = tp("bk_m", 1, C, C, C, lambda b, c, s, p, i, k: b[0][i, k], lambda b, c, s, p, k, j: b[1][k, j],
+                lambda b: b[2], lambda c, s, p, i, j: (grow(c, i), c[2], j), lambda b, c, s, p, i, j, a: a,
+                lambda c, s, p, i, j: valid(c, i))
+    kt_g_mm = tp("bk_kt", 1, C, D, C, lambda b, c, s, p, j, i: gload(b[0], c, i, j), lambda b, c, s, p, i, d: b[1][i, d],
+                 lambda b: b[2], lambda c, s, p, j, d: (grow(c, j), c[2], d),
+                 lambda b, c, s, p, j, d, a: T.Cast(fdt, b[3][grow(c, j), c[2], d]) - a,
+                 lambda c, s, p, j, d: valid(c, j))
+
+    @T.macro
+    def boundary_lowmem(A, Ws, k, WK, m, kt, tok0, send, h):
+        """WK = strictLower(W K^T), m[rows] = M = A WK, kt[rows] = K - M^T W, with K and M read from global
+        (M after a barrier: the block's own stores are visible to it)."""
+        barrier()
+        wk_g_mm((Ws, k, WK), (tok0, send, h), 1, 0)
+        barrier()
+        m_g_mm((A, WK, m), (tok0, send, h), 1, 0)
+        barrier()
+        kt_g_mm((m, Ws, kt, k), (tok0, send, h), 1, 0)
+
     @T.macro
     def boundary_wk(Ws, Ks, WK):
         """WK = strictLower(W K^T) (K staged in Ks)."""
@@ -180,12 +207,25 @@ def ut_macros(C: int, D: int, fdt: str, unroll: int = 1, sync: bool = False, thr
         barrier()
         kt_mm((Ms, Ws, kt, k), (tok0, send, h), 1, 0)
 
-    return ut_inverse, ut_apply, boundary_wk, boundary_keys
+    return ut_inverse, ut_apply, boundary_wk, boundary_keys, boundary_lowmem
+
+
+SMEM_LIMIT = 227 * 1024   # dynamic shared memory per block on sm_90
+
+
+def _smem(C: int, D: int, nb: int, lowmem: bool) -> int:
+    if lowmem:   # W, G / W K^T, T^-1 / A
+        return (C * (D + 1) + 2 * C * (C + 1) + C) * nb
+    return (C * (D + 1) + C * (max(C, D) + 1) + 2 * C * (C + 1) + C) * nb
+
+
+def ut_lowmem(C: int, D: int, fdt: str = "float32") -> bool:
+    """The K and M tiles do not fit next to W, G and T^-1 (chunk_size 128 at D 128): read them from global."""
+    return _smem(C, D, 8 if fdt == "float64" else 4, False) > SMEM_LIMIT
 
 
 def ut_smem_bytes(C: int, D: int, fdt: str = "float32") -> int:
-    nb = 8 if fdt == "float64" else 4
-    return (C * (D + 1) + C * (max(C, D) + 1) + 2 * C * (C + 1) + C) * nb
+    return _smem(C, D, 8 if fdt == "float64" else 4, ut_lowmem(C, D, fdt))
 
 
 def ut_func(C: int, H: int, D: int, kdt: str, fdt: str = "float32", smem: str = "global", unroll: int = 1,
@@ -196,12 +236,15 @@ def ut_func(C: int, H: int, D: int, kdt: str, fdt: str = "float32", smem: str = 
     chunk_tok0 [nc], chunk_seq [nc], seq_end [ns] int64, beta_max (scalar: beta is clipped to it).
     """
     sync = smem != "global"
-    ut_inverse, ut_apply, boundary_wk, boundary_keys = ut_macros(C, D, fdt, unroll, sync, threads)
+    ut_inverse, ut_apply, boundary_wk, boundary_keys, boundary_lowmem = ut_macros(C, D, fdt, unroll, sync, threads)
+    # the choice follows the GPU's float32 footprint (the CPU float64 build takes the same path)
+    lowmem = ut_lowmem(C, D)
+    XW = C + 1 if lowmem else max(C, D) + 1
+    S2_SHAPE = (1, 2) if lowmem else (C, C + 1)
     barrier = barrier_macro(sync)
     load_rows_masked = load_rows_macro(sync)
     keep_alive = keep_alive_macro(sync)
     zero = const(0, fdt)
-    E = max(C, D)
     FS = T.float64 if fdt == "float64" else T.float32  # scalar parameter type
 
     @T.prim_func(s_tir=True)
@@ -226,13 +269,14 @@ def ut_func(C: int, H: int, D: int, kdt: str, fdt: str = "float32", smem: str = 
                 # rows padded by one word: a warp reading one column of 32 rows hits 32 banks
                 Ws = T.sblock_alloc_buffer((C, D + 1), fdt, scope=smem)
                 bs = T.sblock_alloc_buffer((C,), fdt, scope=smem)
-                X = T.sblock_alloc_buffer((C, E + 1), fdt, scope=smem)     # K (staged), then T^-1, then A
+                X = T.sblock_alloc_buffer((C, XW), fdt, scope=smem)        # K (staged), then T^-1, then A
                 S1 = T.sblock_alloc_buffer((C, C + 1), fdt, scope=smem)    # G (+ inverse scratch), then M
-                S2 = T.sblock_alloc_buffer((C, C + 1), fdt, scope=smem)    # W K^T
+                S2 = T.sblock_alloc_buffer(S2_SHAPE, fdt, scope=smem)      # W K^T (low-memory form: unused)
                 tok0 = T.meta_var(chunk_tok0[vn])
                 send = T.meta_var(seq_end[chunk_seq[vn]])
                 load_rows_masked(Ws, w, tok0, send, vh, C, D)
-                load_rows_masked(X, k, tok0, send, vh, C, D)
+                if not lowmem:
+                    load_rows_masked(X, k, tok0, send, vh, C, D)
                 barrier()
                 for r in T.serial(C):
                     with T.sblock("ut_load_beta"):
@@ -240,10 +284,15 @@ def ut_func(C: int, H: int, D: int, kdt: str, fdt: str = "float32", smem: str = 
                         bs[vr] = T.if_then_else(tok0 + T.Cast("int64", vr) < send,
                                                 T.min(T.Cast(fdt, beta[tok0 + T.Cast("int64", vr), vh]),
                                                       T.Cast(fdt, beta_max)), zero)
-                boundary_wk(Ws, X, S2)
+                if not lowmem:
+                    boundary_wk(Ws, X, S2)
                 ut_inverse(Ws, bs, S1, X)
                 ut_apply(X, Ws, u, tok0, send, vh)
-                boundary_keys(X, Ws, k, S2, S1, m, kt, tok0, send, vh)
-                keep_alive(u, (0, 0, 0), tok0 < 0, [Ws, bs, X, S1, S2])
+                if lowmem:
+                    boundary_lowmem(X, Ws, k, S1, m, kt, tok0, send, vh)
+                    keep_alive(u, (0, 0, 0), tok0 < 0, [Ws, bs, X, S1])
+                else:
+                    boundary_keys(X, Ws, k, S2, S1, m, kt, tok0, send, vh)
+                    keep_alive(u, (0, 0, 0), tok0 < 0, [Ws, bs, X, S1, S2])
 
     return ut
