@@ -67,6 +67,7 @@ FWD_CASES = [
     ("tc", 64, 128, 64, 2, 1, 1, 32, 32, "bfloat16", "fp16", False, 150, None),    # 2 m16 tiles per warp
     ("tc", 32, 128, 64, 2, 2, 4, 32, 64, "float16", "bf16", True, 200, [0, 33, 150, 200]),  # varlen, DV != D
     ("simt", 32, 64, 32, 1, 1, 2, 32, 32, "bfloat16", "fp16", True, 150, None),    # CUDA-core scan
+    ("tc", 64, 128, 64, 4, 1, 1, 64, 64, "bfloat16", "fp16", False, 300, None),    # 4 warps, register tiles x2
 ]
 
 
@@ -86,6 +87,74 @@ def test_forward_gpu_kernels_emulated(case):
     assert not torch.isnan(o).any()
     assert _rel(o, ref) < 4e-3                       # the spec's accuracy gate for o
     assert (lse.double() - ref_lse).abs().max().item() < 1e-2
+
+
+# (C, D, warps, cu_seqlens): the register-tiled UT kernel alone (blocked inverse: 1, 2, 3 merge levels)
+UT_EMU_CASES = [(32, 32, 1, [0, 45, 90]), (64, 64, 4, [0, 70, 128]), (128, 64, 4, [0, 100, 128]),
+                (128, 128, 4, [0, 100, 256])]   # the last: the low-memory form (K, M read from global)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("case", UT_EMU_CASES, ids=[f"C{c[0]}-D{c[1]}-w{c[2]}" for c in UT_EMU_CASES])
+def test_ut_kernel_emulated(case):
+    from pathtune.runtime.reference import boundary_adjust_keys, ut_transform
+
+    C, D, W, cu = case
+    params = TVMParams(chunk_size=C, superchunk_size=2 * C, block_n=C, num_warps=W)
+    dims = KernelDims(H=2, HQ=2, D=D, DV=D, dtype="bfloat16", gated=False)
+    ut = _emulated(("ut",), params, dims)["ut"]
+    q, k, v, w, beta, _ = _inputs(1, cu[-1], 2, 2, D, D, False, torch.bfloat16, seed=3)
+    tab = host.build_tables(1, cu[-1], torch.tensor(cu), C, 2 * C, "cpu")
+    N = cu[-1]
+    wt, bt, kt_in = w[0].float().contiguous(), beta[0].float().contiguous(), k[0].contiguous()
+    u, ktil, m = torch.empty(N, 2, D), torch.empty(N, 2, D), torch.empty(N, 2, C)
+    ut(wt, bt, kt_in, u, ktil, m, tab.chunk_tok0, tab.chunk_seq, tab.seq_end, params.beta_max)
+    for s0, s1 in zip(cu[:-1], cu[1:]):
+        for c0 in range(s0, s1, C):
+            rows = slice(c0, min(c0 + C, s1))
+            n = rows.stop - rows.start
+            for h in range(2):
+                Wc = torch.zeros(C, D, dtype=torch.float64)
+                Kc = torch.zeros(C, D, dtype=torch.float64)
+                bc = torch.zeros(C, dtype=torch.float64)
+                Wc[:n], Kc[:n] = wt[rows, h].double(), kt_in[rows, h].double()
+                bc[:n] = bt[rows, h].double().clamp(max=params.beta_max)
+                A, U = ut_transform(Wc, bc)
+                M = A @ torch.tril(Wc @ Kc.T, -1)
+                assert (u[rows, h].double() - U[:n]).abs().max().item() < 1e-4
+                assert (m[rows, h].double() - M[:n]).abs().max().item() < 1e-3
+                assert (ktil[rows, h].double() - boundary_adjust_keys(Kc, Wc, A)[:n]).abs().max().item() < 1e-3
+
+
+# (C, S, D, warps): the transport kernel alone; C 64 D 128 stages U by 16-row slices (two blocks per SM)
+TRANSPORT_EMU_CASES = [(32, 96, 64, 2), (64, 128, 128, 4)]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("case", TRANSPORT_EMU_CASES, ids=[f"C{c[0]}-S{c[1]}-D{c[2]}" for c in TRANSPORT_EMU_CASES])
+def test_transport_kernel_emulated(case):
+    from pathtune.codegen.tvm.stir_transport import transport_slice
+
+    C, S, D, W = case
+    params = TVMParams(chunk_size=C, superchunk_size=S, block_n=C, num_warps=W)
+    dims = KernelDims(H=1, HQ=1, D=D, DV=D, dtype="bfloat16", gated=False)
+    tr = _emulated(("transport",), params, dims)["transport"]
+    assert (D == 128) == (transport_slice(C, D) < C)
+    N = 2 * S + C                                                  # two full super-chunks, then a short last one
+    gen = torch.Generator().manual_seed(5)
+    ktil, w, u = (0.3 * torch.randn(N, 1, D, generator=gen) for _ in range(3))
+    tab = host.build_tables(1, N, None, C, S, "cpu")
+    kj = torch.zeros(N, 1, D, dtype=host.torch_dtype(params.scan_dtype()))
+    what = torch.empty(tab.n_sc, 1, D, D)
+    tr(ktil, w, u, kj, what, tab.sc_tok0, tab.sc_seq, tab.seq_end)
+    for j in range(2):
+        Suf = torch.eye(D, dtype=torch.float64)
+        for c in reversed(range(S // C)):
+            rows = slice(j * S + c * C, j * S + (c + 1) * C)
+            K, Wc, Uc = (x[rows, 0].double() for x in (ktil, w, u))
+            assert (kj[rows, 0].double() - K @ Suf.T).abs().max().item() < 2e-2 * max(1.0, (K @ Suf.T).abs().max())
+            Suf = Suf - (Suf @ Wc.T) @ Uc
+        assert (what[j, 0].double() - Suf).abs().max().item() < 1e-4
 
 
 # (H, HQ, D, gated, prefill length, knobs): the generated CUDA of the decode kernel (vector loads, warp-shuffle

@@ -51,6 +51,21 @@ def test_ut_inverse_stage():
     assert _maxerr(A, A_ref) < TOL
 
 
+@pytest.mark.parametrize("C", [32, 64, 128])
+def test_ut_inverse_blocked(C):
+    """C > 16: 16 x 16 diagonal blocks by forward substitution, then log2(C/16) merge levels."""
+    from pathtune.codegen.tvm.stage_probes import probe_ut_inverse
+
+    n, D = 2, 16
+    W, b = _unit(n, C, D), _beta(n, C)
+    b[1, C // 2 + 3:] = 0.0                                       # padding rows (beta = 0) inside a block
+    A = torch.empty(n, C, C, dtype=F64)
+    _llvm(probe_ut_inverse(C, D))(W, b, A)
+    A_ref, _ = ut_transform(W, b)
+    assert _maxerr(A, A_ref) < TOL * max(1.0, A_ref.abs().max().item())
+    assert (torch.triu(A, 1) == 0).all()
+
+
 def test_boundary_adjust_stage():
     from pathtune.codegen.tvm.stage_probes import probe_boundary_queries, probe_diag_logits
 
@@ -117,10 +132,11 @@ def test_fox_bias_stage(diag):
         assert _maxerr(out, ref) < TOL
 
 
-def test_superchunk_transport_stage():
+@pytest.mark.parametrize("C,s,D", [(8, 3, 8), (32, 2, 128)])   # (32, 2, 128): U staged 16 rows at a time
+def test_superchunk_transport_stage(C, s, D):
     from pathtune.codegen.tvm.stage_probes import probe_transport
 
-    n, C, s, D = 2, 8, 3, 8
+    n = 2
     W, b, K = _unit(n, s * C, D), _beta(n, s * C), torch.randn(n, s * C, D, dtype=F64)
     Kt, U, P = [], [], []
     for c in range(s):

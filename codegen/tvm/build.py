@@ -131,11 +131,11 @@ def make_kernel(name: str, params: TVMParams, dims: KernelDims, *, target: str =
     if name == "ut":
         from .stir_ut import ut_func
 
-        func = ut_func(C, H, D, dims.dtype, fdt, smem, unroll)
+        func = ut_func(C, H, D, dims.dtype, fdt, smem, unroll, params.threads)
     elif name == "transport":
         from .stir_transport import transport_func
 
-        func = transport_func(C, S, H, D, sdt, fdt, smem, unroll)
+        func = transport_func(C, S, H, D, sdt, fdt, smem, unroll, params.threads)
     elif name == "scan":
         from .stir_scan import scan_func
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from .stir_scan import scan_macros
-from .stir_transport import transport_macros
+from .stir_transport import transport_macros, transport_slice
 from .stir_ut import ut_macros
 
 __all__ = ["probe_ut_inverse", "probe_boundary_queries", "probe_diag_logits", "probe_lowrank_update",
@@ -43,7 +43,7 @@ def _copy_out(dst, src, p, R, Cc):
 
 
 def probe_ut_inverse(C: int, D: int):
-    ut_inverse, _, _ = ut_macros(C, D, F)
+    ut_inverse = ut_macros(C, D, F)[0]
 
     @T.prim_func(s_tir=True)
     def probe(w_h: T.handle, b_h: T.handle, a_h: T.handle):
@@ -228,6 +228,7 @@ def probe_fox_logits(C: int, N: int, diag: bool):
 def probe_transport(C: int, s: int, D: int):
     """Tensors are token-major like the kernels': K~, W, U, KJ [s*C, n, D] (n independent super-chunks)."""
     suffix_init, transport_keys, transition_lowrank = transport_macros(C, D, F)
+    Q = transport_slice(C, D, F)
 
     @T.prim_func(s_tir=True)
     def probe(kt_h: T.handle, w_h: T.handle, u_h: T.handle, kj_h: T.handle, what_h: T.handle):
@@ -242,10 +243,11 @@ def probe_transport(C: int, s: int, D: int):
                 vp = T.axis.remap("S", [p])
                 Suf = T.sblock_alloc_buffer((D, D), F)
                 SW = T.sblock_alloc_buffer((D, C), F)
+                Us = T.sblock_alloc_buffer((Q, D), F)
                 suffix_init(Suf)
                 for step in T.serial(s):
                     transport_keys(KT, Suf, KJg, T.int64((s - 1) * C), step, s, vp)
-                    transition_lowrank(Suf, Wg, Ug, SW, T.int64((s - 1) * C), step, s, vp)
+                    transition_lowrank(Suf, Wg, Ug, SW, Us, T.int64((s - 1) * C), step, s, vp)
                 _copy_out(WH, Suf, vp, D, D)
 
     return probe

@@ -5,7 +5,8 @@ Conventions of every S-TIR stage in this package:
   ids become blockIdx.* on the GPU (schedule.py) and plain loops on the CPU;
 * every piece of work inside a program is a leaf sblock over spatial iterators only (its own loops are
   its innermost loops); an outer (serial) loop var it needs is bound as ``T.axis.opaque`` and declared
-  first. A reduction is a loop INSIDE the leaf into a one-element "local" accumulator, then one store
+  first. A reduction is a loop INSIDE the leaf into a "local" accumulator (one element, or a register
+  tile: ``tiled_product_macro``, whose spatial iterators are then tile indices), then the stores
   (a register accumulator on the GPU; an S-TIR reduction block into shared memory would need
   barriers inside the spare-thread guard). schedule.py relies on exactly this to bind threads;
 * a leaf stores to ONE buffer (the GPU schedule guards spare threads with an `if`, and TVM cannot
@@ -18,6 +19,7 @@ import tvm
 from tvm.script import tirx as T
 
 __all__ = ["const", "barrier_macro", "keep_alive_macro", "load_rows_macro", "online_softmax_macro", "unroll_factor",
+           "tile_shape", "tiled_product_macro",
            "NEG_INF"]
 
 NEG_INF = -3.0e38  # finite "minus infinity" for running maxima (keeps exp2(m - m_new) NaN-free)
@@ -160,3 +162,65 @@ def online_softmax_macro(rows: int, DV: int, fdt: str, pdt: str, unroll: int = 1
                 st[0, vi] = st[2, vi]
 
     return online_softmax
+
+
+def tile_shape(M: int, N: int, threads: int, max_outputs: int = 32):
+    """Register tile (RI, RJ) of one thread for an M x N product: the largest RI * RJ <= max_outputs (RJ >= RI,
+    powers of two dividing M, N) that still leaves at least ``threads`` tiles; 1 x 1 when even that leaves fewer."""
+    best = (1, 1)
+    for ri in (1, 2, 4, 8):
+        for rj in (1, 2, 4, 8):
+            if M % ri or N % rj or ri * rj > max_outputs or rj < ri or (M // ri) * (N // rj) < threads:
+                continue
+            if ri * rj > best[0] * best[1] or (ri * rj == best[0] * best[1] and rj - ri < best[1] - best[0]):
+                best = (ri, rj)
+    return best
+
+
+def tiled_product_macro(name: str, P: int, M: int, N: int, K: int, fdt: str, threads: int, unroll: int,
+                        a_at, b_at, out_buf, out_idx, value, guard=None, max_outputs: int = 32):
+    """Macro ``mm(bufs, ctx, odom, oval)``: a leaf computing P independent M x N products sum_k A(i, k) B(k, j)
+    with a register tile per thread (tile_shape).
+
+    A thread owns rows i = ti + (M/RI)*ii and columns j = tj + (N/RJ)*jj (strided, so a warp's threads read
+    consecutive columns / rows: with a row stride of D+1 words in shared memory both are bank-conflict free).
+    Per k it loads RI values of A and RJ of B into registers for RI*RJ FMAs (one output per thread needs two
+    shared loads per FMA). Expressions come from Python callables of (bufs, ctx, vs, p, ...):
+    a_at(.., i, k), b_at(.., k, j), out_buf(bufs), out_idx(ctx, vs, p, i, j), value(.., i, j, acc) and
+    guard(ctx, vs, p, i, j) (None: store every output). ``vs`` is an enclosing serial loop var bound as opaque
+    (odom, oval) -- pass (1, 0) when there is none. The k loop order is the one-output-per-thread order."""
+    RI, RJ = tile_shape(M, N, max(1, threads // P), max_outputs)
+    MI, NJ = M // RI, N // RJ
+    uk = unroll_factor(K, unroll)
+    zero = const(0, fdt)
+    ok = guard if guard is not None else (lambda c, s, p, i, j: True)
+
+    @T.macro
+    def mm(bufs, ctx, odom, oval):
+        for pp, ti, tj in T.grid(P, MI, NJ):
+            with T.sblock(name):
+                vs = T.axis.opaque(odom, oval)
+                vp, vi, vj = T.axis.remap("SSS", [pp, ti, tj])
+                acc = T.sblock_alloc_buffer((RI, RJ), fdt, scope="local")
+                af = T.sblock_alloc_buffer((RI,), fdt, scope="local")
+                bf = T.sblock_alloc_buffer((RJ,), fdt, scope="local")
+                for ii in T.unroll(RI):
+                    for jj in T.unroll(RJ):
+                        acc[ii, jj] = zero
+                for k0 in T.serial(K // uk):
+                    for k1 in T.unroll(uk):
+                        for ii in T.unroll(RI):
+                            af[ii] = a_at(bufs, ctx, vs, vp, vi + MI * ii, k0 * uk + k1)
+                        for jj in T.unroll(RJ):
+                            bf[jj] = b_at(bufs, ctx, vs, vp, k0 * uk + k1, vj + NJ * jj)
+                        for ii in T.unroll(RI):
+                            for jj in T.unroll(RJ):
+                                acc[ii, jj] = acc[ii, jj] + af[ii] * bf[jj]
+                for ii in T.unroll(RI):
+                    for jj in T.unroll(RJ):
+                        if ok(ctx, vs, vp, vi + MI * ii, vj + NJ * jj):
+                            T.buffer_store(out_buf(bufs),
+                                           value(bufs, ctx, vs, vp, vi + MI * ii, vj + NJ * jj, acc[ii, jj]),
+                                           out_idx(ctx, vs, vp, vi + MI * ii, vj + NJ * jj))
+
+    return mm

@@ -7,23 +7,64 @@ Walks the super-chunk's UT chunks right to left with a running D x D matrix Suf 
 
 and stores What_J = Suf = P_last ... P_first (float32, [n_sc, H, D, D]). The last super-chunk of each
 sequence is read by no later query and is skipped (like the Triton kernel). Math in float32 on CUDA
-cores: this stage is O(T D^2), small next to the scan.
+cores (register-tiled products): this stage is O(T D^2), small next to the scan.
+
+Shared memory holds Suf, SW = Suf W^T and a slice of U (``transport_slice`` rows: the whole chunk when that
+fits two blocks per SM, else 16 rows at a time). K~ and W are read straight from global memory as the row
+operand of their products (a warp's threads share a row: one broadcast load, each element read once per
+program); U, the column operand of Suf - SW U, is reused by every row of Suf and is staged.
 """
 from __future__ import annotations
 
 from tvm.script import tirx as T
 
-from .stir_common import barrier_macro, const, keep_alive_macro, unroll_factor
+from .stir_common import barrier_macro, const, keep_alive_macro, tiled_product_macro
 
-__all__ = ["transport_macros", "transport_func", "transport_smem_bytes"]
+__all__ = ["transport_macros", "transport_func", "transport_smem_bytes", "transport_slice"]
+
+_TWO_BLOCKS = 112 * 1024   # shared memory per block that lets two blocks share an SM (sm_90: 228 KB less 1 KB each)
 
 
-def transport_macros(C: int, D: int, fdt: str, unroll: int = 1, sync: bool = False):
-    """Pieces of the stage. The chunk tiles K~, W, U are read straight from global memory (L2): the only
-    shared scratch is Suf (D x D) and Suf W^T (D x C)."""
+def transport_slice(C: int, D: int, fdt: str = "float32") -> int:
+    """Rows of U staged at a time: C, else the largest power-of-two slice (>= 16) for two blocks per SM."""
+    q = C
+    while q > 16 and q % 2 == 0 and _smem(C, D, q, fdt) > _TWO_BLOCKS:
+        q //= 2
+    return q
+
+
+def _smem(C: int, D: int, q: int, fdt: str) -> int:
+    return (D * (D + 1) + D * (C + 1) + q * (D + 1)) * (8 if fdt == "float64" else 4)
+
+
+def transport_smem_bytes(C: int, D: int, fdt: str = "float32") -> int:
+    return _smem(C, D, transport_slice(C, D, fdt), fdt)
+
+
+def transport_macros(C: int, D: int, fdt: str, unroll: int = 1, sync: bool = False, threads: int = 128):
+    """Pieces of the stage; U is staged ``Q = transport_slice(C, D)`` rows at a time in Us (Q x D)."""
     zero, one = const(0, fdt), const(1, fdt)
-    uD, uC = unroll_factor(D, unroll), unroll_factor(C, unroll)
     barrier = barrier_macro(sync)
+    Q = transport_slice(C, D, fdt)
+
+    def tp(name, M, N, K, a_at, b_at, out_buf, out_idx, value):
+        return tiled_product_macro(name, 1, M, N, K, fdt, threads, unroll, a_at, b_at, out_buf, out_idx, value)
+
+    def grow(c, s, r):
+        """token of chunk row r at step s; ctx c = (row0, h)."""
+        return c[0] - T.Cast("int64", s * C) + T.Cast("int64", r)
+
+    # kj[rows] = K~ Suf^T;  bufs (kt, Suf, kj)
+    kj_mm = tp("tr_kj", C, D, D, lambda b, c, s, p, r, d: T.Cast(fdt, b[0][grow(c, s, r), c[1], d]),
+               lambda b, c, s, p, d, e: b[1][e, d], lambda b: b[2], lambda c, s, p, r, e: (grow(c, s, r), c[1], e),
+               lambda b, c, s, p, r, e, a: T.Cast(b[2].dtype, a))
+    # SW = Suf W^T, computed as (W Suf^T)^T so that W is the broadcast row operand;  bufs (w, Suf, SW)
+    sw_mm = tp("tr_sw", C, D, D, lambda b, c, s, p, r, d: T.Cast(fdt, b[0][grow(c, s, r), c[1], d]),
+               lambda b, c, s, p, d, e: b[1][e, d], lambda b: b[2], lambda c, s, p, r, e: (e, r),
+               lambda b, c, s, p, r, e, a: a)
+    # Suf <- Suf - SW[:, slice] U[slice] (each thread reads only its own Suf outputs: in place);  bufs (SW, Us, Suf)
+    su_mm = tp("tr_su", D, D, Q, lambda b, c, q, p, e, r: b[0][e, q * Q + r], lambda b, c, q, p, r, d: b[1][r, d],
+               lambda b: b[2], lambda c, q, p, e, d: (e, d), lambda b, c, q, p, e, d, a: b[2][e, d] - a)
 
     @T.macro
     def suffix_init(Suf):
@@ -37,65 +78,40 @@ def transport_macros(C: int, D: int, fdt: str, unroll: int = 1, sync: bool = Fal
     def transport_keys(kt, Suf, kj, row0, step, sdom, h):
         """kj[chunk rows] = K~ Suf^T for the chunk whose first row is row0 - step * C (K~ read from kt)."""
         barrier()
-        for r, e in T.grid(C, D):
-            with T.sblock("tr_kj"):
-                vs = T.axis.opaque(sdom, step)
-                vr, ve = T.axis.remap("SS", [r, e])
-                a = T.sblock_alloc_buffer((1,), fdt, scope="local")
-                a[0] = zero
-                for d0 in T.serial(D // uD):
-                    for d1 in T.unroll(uD):
-                        a[0] = a[0] + T.Cast(fdt, kt[row0 - T.Cast("int64", vs * C) + T.Cast("int64", vr), h, d0 * uD + d1]) \
-                            * Suf[ve, d0 * uD + d1]
-                kj[row0 - T.Cast("int64", vs * C) + T.Cast("int64", vr), h, ve] = T.Cast(kj.dtype, a[0])
+        kj_mm((kt, Suf, kj), (row0, h), sdom, step)
 
     @T.macro
-    def transition_lowrank(Suf, w, u, SW, row0, step, sdom, h):
-        """Suf <- Suf - (Suf W^T) U, i.e. Suf <- Suf P for P = I - W^T U (low rank C); W, U from global."""
-        barrier()
-        for e, r in T.grid(D, C):
-            with T.sblock("tr_sw"):
-                vs = T.axis.opaque(sdom, step)
-                ve, vr = T.axis.remap("SS", [e, r])
-                a = T.sblock_alloc_buffer((1,), fdt, scope="local")
-                a[0] = zero
-                for d0 in T.serial(D // uD):
-                    for d1 in T.unroll(uD):
-                        a[0] = a[0] + Suf[ve, d0 * uD + d1] * \
-                            T.Cast(fdt, w[row0 - T.Cast("int64", vs * C) + T.Cast("int64", vr), h, d0 * uD + d1])
-                SW[ve, vr] = a[0]
-        barrier()
-        for e, d in T.grid(D, D):
-            with T.sblock("tr_su"):
-                vs = T.axis.opaque(sdom, step)
-                ve, vd = T.axis.remap("SS", [e, d])
-                a = T.sblock_alloc_buffer((1,), fdt, scope="local")
-                a[0] = Suf[ve, vd]
-                for r0 in T.serial(C // uC):
-                    for r1 in T.unroll(uC):
-                        a[0] = a[0] - SW[ve, r0 * uC + r1] * \
-                            T.Cast(fdt, u[row0 - T.Cast("int64", vs * C) + T.Cast("int64", r0 * uC + r1), h, vd])
-                Suf[ve, vd] = a[0]
+    def transition_lowrank(Suf, w, u, SW, Us, row0, step, sdom, h):
+        """Suf <- Suf - (Suf W^T) U, i.e. Suf <- Suf P for P = I - W^T U (low rank C); U staged by slices.
+        (No barrier before SW: it only reads Suf, like transport_keys before it.)"""
+        sw_mm((w, Suf, SW), (row0, h), sdom, step)
+        for q in T.serial(C // Q):
+            barrier()
+            for r, d in T.grid(Q, D):
+                with T.sblock("tr_stage_u"):
+                    vs = T.axis.opaque(sdom, step)
+                    vq = T.axis.opaque(C // Q, q)
+                    vr, vd = T.axis.remap("SS", [r, d])
+                    Us[vr, vd] = T.Cast(fdt, u[row0 - T.Cast("int64", vs * C) + T.Cast("int64", vq * Q + vr), h, vd])
+            barrier()
+            su_mm((SW, Us, Suf), (), C // Q, q)
 
     return suffix_init, transport_keys, transition_lowrank
 
 
-def transport_smem_bytes(C: int, D: int, fdt: str = "float32") -> int:
-    return (D * D + D * C) * (8 if fdt == "float64" else 4)
-
-
 def transport_func(C: int, S: int, H: int, D: int, kjdt: str, fdt: str = "float32", smem: str = "global",
-                   unroll: int = 1):
+                   unroll: int = 1, threads: int = 128):
     """prim_func ``transport``: (kt, w, u) -> (kj, what) for every (super-chunk, kv head).
 
     Arguments: kt/w/u [N,H,D] fdt, kj [N,H,D] kjdt (out), what [NSC,H,D,D] fdt (out),
     sc_tok0 [NSC], sc_seq [NSC], seq_end [NS] int64.
     """
     sync = smem != "global"
-    suffix_init, transport_keys, transition_lowrank = transport_macros(C, D, fdt, unroll, sync)
+    suffix_init, transport_keys, transition_lowrank = transport_macros(C, D, fdt, unroll, sync, threads)
     barrier = barrier_macro(sync)
     keep_alive = keep_alive_macro(sync)
     s = S // C
+    Q = transport_slice(C, D, fdt)
 
     @T.prim_func(s_tir=True)
     def transport(kt_h: T.handle, w_h: T.handle, u_h: T.handle, kj_h: T.handle, what_h: T.handle,
@@ -115,8 +131,10 @@ def transport_func(C: int, S: int, H: int, D: int, kjdt: str, fdt: str = "float3
         for j, h in T.grid(NSC, H):
             with T.sblock("program"):
                 vj, vh = T.axis.remap("SS", [j, h])
-                Suf = T.sblock_alloc_buffer((D, D), fdt, scope=smem)
-                SW = T.sblock_alloc_buffer((D, C), fdt, scope=smem)
+                # rows padded by one word: a warp reading one column of 32 rows hits 32 banks
+                Suf = T.sblock_alloc_buffer((D, D + 1), fdt, scope=smem)
+                SW = T.sblock_alloc_buffer((D, C + 1), fdt, scope=smem)
+                Us = T.sblock_alloc_buffer((Q, D + 1), fdt, scope=smem)
                 tok0 = T.meta_var(sc_tok0[vj])
                 send = T.meta_var(seq_end[sc_seq[vj]])
                 # the last super-chunk of a sequence is read by no later query: 0 steps, What = I
@@ -126,12 +144,12 @@ def transport_func(C: int, S: int, H: int, D: int, kjdt: str, fdt: str = "float3
                 suffix_init(Suf)
                 for step in T.serial(nsteps):
                     transport_keys(kt, Suf, kj, row_last, step, s, vh)
-                    transition_lowrank(Suf, w, u, SW, row_last, step, s, vh)
+                    transition_lowrank(Suf, w, u, SW, Us, row_last, step, s, vh)
                 barrier()
                 for e, d in T.grid(D, D):
                     with T.sblock("tr_store_what"):
                         ve, vd = T.axis.remap("SS", [e, d])
                         what[vj, vh, ve, vd] = Suf[ve, vd]
-                keep_alive(what, (0, 0, 0, 0), tok0 < 0, [Suf, SW])
+                keep_alive(what, (0, 0, 0, 0), tok0 < 0, [Suf, SW, Us])
 
     return transport
