@@ -96,7 +96,7 @@ run_step() {  # name seconds command...
 
 run_steps() {  # the steps of one lane, in order, with S set
     export PATHTUNE_DB_URL="sqlite:///$S/perf.sqlite3"
-    local arg step secs t dispatch_db pack_args
+    local arg step secs t dispatch_db pack_args pack_db
     for arg in "$@"; do
         # VAR=value: set for the steps after it (e.g. PASSES=bwd tune:300 PASSES=decode tune:90)
         if [[ "$arg" =~ ^[A-Z_][A-Z0-9_]*= ]]; then export "$arg"; continue; fi
@@ -138,11 +138,14 @@ run_steps() {  # the steps of one lane, in order, with S set
                           python3 -m examples.flipflop --device cuda --no-progress \
                           --budget-minutes "$(python3 -c "print(round(($t - 45) / 60, 1))")" \
                           --out "$S/flipflop/results.json" ;;
-            lm) pack_args=()   # PACK=<file in the checkout> (carried), else this call's tune exported as a pack
+            lm) pack_args=()   # PACK=<file in the checkout> (carried), else a pack exported here from this
+                # call's tune, or from the shipped records (a fresh database ingests them; the lane's
+                # PATHTUNE_DB_URL file may not exist, and the runtime would then use its heuristics)
+                if [ -f "$S/tune/tune.sqlite3" ]; then pack_db="sqlite:///$S/tune/tune.sqlite3"; else pack_db="sqlite:///$S/shipped.sqlite3"; fi
                 if [ -n "${PACK:-}" ]; then
                     pack_args=(--pack "$REPO/$PACK")
-                elif [ -f "$S/tune/tune.sqlite3" ] && (cd /tmp && python3 -m pathtune.cli export --gpu H200 \
-                       -o "$S/h200_pack.json" --db "sqlite:///$S/tune/tune.sqlite3") > "$S/export.log" 2>&1; then
+                elif (cd /tmp && python3 -m pathtune.cli export --gpu H200 -o "$S/h200_pack.json" --db "$pack_db") \
+                       > "$S/export.log" 2>&1; then
                     pack_args=(--pack "$S/h200_pack.json")
                 fi
                 run_step lm "${secs:-120}" python3 "$REPO/examples/lm_generate.py" --device cuda "${pack_args[@]}" ;;
