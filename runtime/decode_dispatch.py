@@ -193,8 +193,4 @@ def _tell(line: str) -> None:
 
 
 def _report(key: tuple, plan: DecodePlan) -> None:
-    line = f"dispatch decode {_key_text(key)} -> {plan.backend}: {plan.describe()}"
-    _log.debug("%s", line)
-    if _env.PRINT_DISPATCH.get() and line not in _told:
-        _told.add(line)
-        print(f"[pathtune] {line}", file=sys.stderr)
+    dispatch.report_choice(f"dispatch decode {_key_text(key)} -> {plan.backend}: {plan.describe()}")

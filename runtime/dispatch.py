@@ -683,12 +683,16 @@ def _key_text(key: tuple) -> str:
 _printed: set[str] = set()
 
 
-def _report(key: tuple, plan: Plan) -> None:
-    line = f"dispatch {_key_text(key)} -> {plan.describe()}"
+def report_choice(line: str) -> None:
+    """Log a dispatch choice (debug) and, with PATHTUNE_PRINT_DISPATCH=1, print it once per process."""
     _log.debug("%s", line)
     if _env.PRINT_DISPATCH.get() and line not in _printed:
         _printed.add(line)
         print(f"[pathtune] {line}", file=sys.stderr)
+
+
+def _report(key: tuple, plan: Plan) -> None:
+    report_choice(f"dispatch {_key_text(key)} -> {plan.describe()}")
 
 
 # -- the process-wide dispatcher -------------------------------------------------------------------

@@ -56,3 +56,14 @@ def pg_url():
         with admin.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def fake_h200_env():
+    """This machine's environment record posing as an H200 host (the dispatch tests' records are keyed on it)."""
+    from pathtune.runtime.environment import collect_env
+
+    info = collect_env()
+    info.update(gpu_name="NVIDIA H200", compute_capability="9.0", cuda_runtime="12.8", ptxas="12.8.93",
+                driver="570.1", sm_count=132, gpu_memory_bytes=150_000_000_000, gpu_count=1)
+    return info

@@ -35,11 +35,8 @@ DIMS = KernelDims(H=8, HQ=8, D=128, DV=128, dtype="bfloat16", gated=False)
 
 
 @pytest.fixture(scope="module")
-def env():
-    info = collect_env()
-    info.update(gpu_name="NVIDIA H200", compute_capability="9.0", cuda_runtime="12.8", ptxas="12.8.93",
-                driver="570.1", sm_count=132, gpu_memory_bytes=150_000_000_000, gpu_count=1)
-    return info
+def env(fake_h200_env):
+    return fake_h200_env
 
 
 @pytest.fixture(autouse=True)

@@ -22,11 +22,8 @@ SHAPE = dict(head_dim=64, head_dim_v=64, heads_q=4, heads_kv=2, dtype="bfloat16"
 
 
 @pytest.fixture(scope="module")
-def env():
-    info = collect_env()
-    info.update(gpu_name="NVIDIA H200", compute_capability="9.0", cuda_runtime="12.8", ptxas="12.8.93",
-                driver="570.1", sm_count=132, gpu_memory_bytes=150_000_000_000, gpu_count=1)
-    return info
+def env(fake_h200_env):
+    return fake_h200_env
 
 
 def fwd_cfg(**changes):
