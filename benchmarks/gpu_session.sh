@@ -7,7 +7,9 @@
 #   bash benchmarks/gpu_session.sh STEP[:SECONDS] ...        (in the repo root on the GPU host)
 #
 # Steps (each bounded by its SECONDS, default in brackets):
-#   tests [240]     pytest -m gpu over the Triton matrix, decode, dispatch and layer tests, 6 workers (the TVM
+#   tests [240]     pytest -m gpu over the Triton matrix, decode, dispatch, layer and TVM tests, 6 workers
+#                   (carry build/tvm_bench and build/tvm_decode_bench for the TVM ones)
+#   tvmtests [120]  pytest -m gpu tests/test_tvm_gpu.py: the TVM forward vs the float64 oracle (carry build/tvm_bench) (the TVM
 #                   decode dispatch test runs build/tvm_decode_bench when carried, with tvm_ffi importable)
 #   bench [240]     pathtune bench (fwd, fwd+bwd vs SDPA flash/cuDNN and fla, same run) --record
 #   decode [120]    pathtune bench --pass decode --record
@@ -105,10 +107,13 @@ run_steps() {  # the steps of one lane, in order, with S set
         [ "$secs" = "$arg" ] && secs=""
         case "$step" in
             tests) run_step tests "${secs:-240}" env PATHTUNE_TVM_MODULES="$REPO/build/tvm_decode_bench" \
+                       PATHTUNE_TVM_BENCH_MODULES="$REPO/build/tvm_bench" \
                        python3 -m pytest -q -m gpu -p no:cacheprovider -n 6 \
                        "$REPO/tests/test_triton_gpu.py" "$REPO/tests/test_triton_decode.py" \
                        "$REPO/tests/test_runtime_dispatch.py" "$REPO/tests/test_layer.py" \
-                       "$REPO/tests/test_decode_dispatch.py" -rA ;;
+                       "$REPO/tests/test_decode_dispatch.py" "$REPO/tests/test_tvm_gpu.py" -rA ;;
+            tvmtests) run_step tvmtests "${secs:-120}" env PATHTUNE_TVM_BENCH_MODULES="$REPO/build/tvm_bench" \
+                          python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests/test_tvm_gpu.py" -rA ;;
             bench) run_step bench "${secs:-240}" python3 -m pathtune.cli bench --head-dim "${HEAD_DIMS:-64,128}" --record --json "$S/bench.json" ;;
             decode) run_step decode "${secs:-120}" python3 -m pathtune.cli bench --pass decode --record \
                         --json "$S/decode.json" ;;
