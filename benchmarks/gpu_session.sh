@@ -7,10 +7,9 @@
 #   bash benchmarks/gpu_session.sh STEP[:SECONDS] ...        (in the repo root on the GPU host)
 #
 # Steps (each bounded by its SECONDS, default in brackets):
-#   tests [240]     pytest -m gpu over the Triton matrix, decode, dispatch, layer and TVM tests, 6 workers
-#                   (carry build/tvm_bench and build/tvm_decode_bench for the TVM ones)
-#   tvmtests [120]  pytest -m gpu tests/test_tvm_gpu.py: the TVM forward vs the float64 oracle (carry build/tvm_bench) (the TVM
-#                   decode dispatch test runs build/tvm_decode_bench when carried, with tvm_ffi importable)
+#   tests [240]     pytest -m gpu over the Triton matrix, decode, dispatch, layer and TVM tests, 6 workers (the
+#                   TVM ones run the carried build/tvm_bench and build/tvm_decode_bench, with tvm_ffi importable)
+#   tvmtests [120]  pytest -m gpu tests/test_tvm_gpu.py: the TVM forward vs the float64 oracle (carry build/tvm_bench)
 #   bench [240]     pathtune bench (fwd, fwd+bwd vs SDPA flash/cuDNN and fla, same run) --record
 #   decode [120]    pathtune bench --pass decode --record
 #   dsweep [240]    pathtune bench --pass decode --sweep --record (every decode knob config)
