@@ -143,7 +143,7 @@ def path_attention(
     chosen, reason = resolve_backend(backend, q.device)
     _check_backend(spec, info, chosen, q.device)
     scale = float(info.D) ** -0.5 if scale is None else float(scale)
-    placement = _gate_placement(spec)
+    placement = spec.gate_placement
 
     _report(chosen, reason, info)
     if chosen == "reference":
@@ -187,17 +187,12 @@ def _validate(spec, q, k, v, w, beta, g, scale, cu_seqlens) -> InputInfo:
     return info
 
 
-def _gate_placement(spec) -> str:
-    gate = spec.stage("fox_gate")
-    return gate.placement if gate is not None else "inside_scale"
-
-
 def _check_backend(spec, info: InputInfo, chosen: str, device: torch.device) -> None:
     if chosen == "tvm":
         if device.type != "cuda":
             raise ValueError(f"backend 'tvm' needs CUDA tensors, but q is on {device}; its kernels run on a GPU "
                              "(forward only); use backend='reference' on the CPU")
-        placement = _gate_placement(spec)
+        placement = spec.gate_placement
         if placement != "inside_scale":
             raise NotImplementedError(f"backend 'tvm' implements gate placement 'inside_scale' only, the spec "
                                       f"says {placement!r}; use backend='triton'")
@@ -327,7 +322,7 @@ def _traced_plan(signature: str, backend: str, grad_enabled: bool) -> Tuple[str,
         raise NotImplementedError("backend 'tvm' cannot be traced by torch.compile (its kernels are not torch "
                                   "ops); use backend='triton' or 'auto' in compiled code")
     _check_backend(spec, info, chosen, device)
-    placement = _gate_placement(spec)
+    placement = spec.gate_placement
     if chosen == "reference":
         return "reference", "", info.D, placement
     plan = select_plan(device, info.D, info.DV, info.HQ, info.H, str(metas["q"].dtype).replace("torch.", ""),

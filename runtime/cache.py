@@ -141,8 +141,9 @@ def prefill_fn(backend: str) -> Callable[..., tuple[Tensor, Any]]:
         return fused
 
     from pathtune.runtime.reference import path_attention_prefill
+    from pathtune.specs import load_spec
 
-    placement = _placement()
+    placement = load_spec().gate_placement
 
     def reference(q, k, v, w, beta, g, *, scale):
         return path_attention_prefill(q, k, v, w, beta, g, scale=scale, gate_placement=placement)
@@ -162,19 +163,14 @@ def decode_fn(backend: str) -> Callable[..., Tensor]:
         return fused
 
     from pathtune.runtime.reference import path_attention_decode
+    from pathtune.specs import load_spec
 
-    placement = _placement()
+    placement = load_spec().gate_placement
 
     def reference(q, k, v, w, beta, g, cache, *, scale):
         return path_attention_decode(q, k, v, w, beta, g, cache, scale=scale, gate_placement=placement)
     return reference
 
-
-def _placement() -> str:
-    from pathtune.specs import load_spec
-
-    gate = load_spec().stage("fox_gate")
-    return gate.placement if gate is not None else "inside_scale"
 
 
 def _check_decode_inputs(hidden: Tensor, state: LayerState) -> None:

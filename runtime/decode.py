@@ -28,11 +28,6 @@ DECODE_BACKENDS = ("auto", "reference", "triton", "tvm")
 _KERNEL_CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _placement(spec) -> str:
-    gate = spec.stage("fox_gate")
-    return gate.placement if gate is not None else "inside_scale"
-
-
 def _resolve(backend: str, device: torch.device) -> str:
     if backend not in DECODE_BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, DECODE_BACKENDS))}, got {backend!r}")
@@ -101,7 +96,7 @@ def path_attention_prefill(q, k, v, w, beta, g=None, *, scale: Optional[float] =
         raise ValueError(f"max_len must be a non-negative int (cache capacity), got {max_len!r}")
     if cache_dtype is not None and (not isinstance(cache_dtype, torch.dtype) or not cache_dtype.is_floating_point):
         raise ValueError(f"cache_dtype must be a floating torch.dtype, got {cache_dtype!r}")
-    placement = _placement(spec)
+    placement = spec.gate_placement
     if chosen == "reference":
         from .reference.recurrent import path_attention_prefill as ref_prefill
 
@@ -141,7 +136,7 @@ def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Opt
 
         plan = decode_plan(q, k, v, g, cache)
         chosen, config, tvm_step = plan.backend, plan.triton_params, plan.tvm_step
-    placement = _placement(spec)
+    placement = spec.gate_placement
     if chosen == "reference":
         from .reference.recurrent import path_attention_decode as ref_decode
 

@@ -64,8 +64,7 @@ def _dtype_name(dt: torch.dtype) -> str:
 def _placement() -> str:
     from pathtune.specs import load_spec
 
-    gate = load_spec().stage("fox_gate")
-    return gate.placement if gate is not None else "inside_scale"
+    return load_spec().gate_placement
 
 
 def _load_tvm_step(found, dims, params):

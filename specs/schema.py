@@ -645,6 +645,12 @@ class Spec(_Model):
         """Supported head dims DV of v, o (the DV domain)."""
         return tuple(self.dims["DV"].domain or ())
 
+    @property
+    def gate_placement(self) -> str:
+        """Where the FoX bias enters the logits: the fox_gate stage's placement ("inside_scale" without one)."""
+        gate = self.stage("fox_gate")
+        return gate.placement if gate is not None else "inside_scale"
+
     def stage(self, kind: str) -> Optional[Stage]:
         """The stage of a kind, or None when the spec has none (only fox_gate may be absent)."""
         if kind not in STAGE_KINDS:
