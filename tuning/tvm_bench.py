@@ -27,7 +27,6 @@ __all__ = ["TVMBenchError", "TVMBenchModules", "TVMModuleSet", "bench_dims", "bu
 MANIFEST = "manifest.json"
 FORMAT = "pathtune-tvm-bench"
 DTYPE = "bfloat16"
-RUNTIME_LIBS = ("libtvm_runtime.so", "libtvm_runtime_cuda.so")
 
 
 class TVMBenchError(RuntimeError):
@@ -89,6 +88,7 @@ def build_bench_modules(dims_list: Sequence[Any], knobs: Optional[Mapping[str, A
     import tvm
 
     from pathtune.codegen.tvm.build import build_kernels, source_hash
+    from pathtune.codegen.tvm.runtime import copy_runtime_libs
     from pathtune.specs import load_spec
 
     from .measure import classify_exception
@@ -124,10 +124,7 @@ def build_bench_modules(dims_list: Sequence[Any], knobs: Optional[Mapping[str, A
             shutil.copy2(Path(p).with_suffix(".json"), dst / f"{name}.json")
         sets[sid] = dict(entry, kernels={n: f"{sid}/{n}.so" for n in paths})
         log(f"[build] {sid}: {time.time() - t0:.1f} s")
-    lib = Path(tvm.__file__).resolve().parent / "lib"
-    (out / "tvm_runtime").mkdir(exist_ok=True)
-    for name in RUNTIME_LIBS:
-        shutil.copy2(lib / name, out / "tvm_runtime" / name)
+    copy_runtime_libs(out / "tvm_runtime")
     manifest = dict(format=FORMAT, version=1, arch=arch, tvm=str(tvm.__version__), spec_hash=load_spec().hash,
                     source_hash=src, command=command, sets=sorted(sets.values(), key=lambda s: s["id"]))
     tmp = out / (MANIFEST + ".tmp")
@@ -221,7 +218,7 @@ class TVMBenchModules:
             raise TVMBenchError(f"--backends tvm needs the TVM runtime, but `import tvm_ffi` failed ({e}). Install "
                                 "the apache-tvm-ffi==0.1.14.post1 wheel (GPU host: pip install --no-deps "
                                 ".whl/apache_tvm_ffi-*.whl; else pip install 'pathtune[tvm]')") from None
-        from pathtune.codegen.tvm.runtime import load_tvm_runtime
+        from pathtune.codegen.tvm.runtime import RUNTIME_LIBS, load_tvm_runtime
 
         try:
             load_tvm_runtime(runtime_dir, near=self.folder)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from .build_gpu_check import DEC_KNOBS, _build_one, _init_worker
+from .runtime import copy_runtime_libs
 
 # the layouts timed: the three that won a (shape, length) of session 4's G1 runs, and the spec default
 LAYOUTS = ("r2w8s8pf", "r4w4s8", "r2w4s8pf", "N128s4w4")
@@ -37,16 +37,6 @@ def plan(shapes=None, layouts=LAYOUTS) -> list[dict]:
                                  variant="simt", knobs=DEC_KNOBS[name], layout=name,
                                  dims=dict(H=H, HQ=H, D=D, DV=D, dtype="bfloat16", gated=gated)))
     return sets
-
-
-def copy_runtime(out: Path) -> None:
-    """The TVM runtime libraries the GPU host loads (it has no compiler), into OUT/tvm_runtime."""
-    import tvm
-
-    lib = Path(tvm.__file__).resolve().parent / "lib"
-    (out / "tvm_runtime").mkdir(parents=True, exist_ok=True)
-    for name in ("libtvm_runtime.so", "libtvm_runtime_cuda.so"):
-        shutil.copy2(lib / name, out / "tvm_runtime" / name)
 
 
 def main(argv=None) -> int:
@@ -69,7 +59,7 @@ def main(argv=None) -> int:
         built = [_build_one(j) for j in jobs]
     for b in built:
         print(f"[build] {b['id']}: {b['build_seconds']} s {b.get('build_error', '')}", flush=True)
-    copy_runtime(out)
+    copy_runtime_libs(out / "tvm_runtime")
     import tvm
 
     manifest = dict(arch=a.arch, tvm=str(tvm.__version__), sets=built, built_seconds=round(time.time() - t0, 1))

@@ -146,10 +146,9 @@ def main(argv=None) -> int:
     # the TVM runtime libraries the GPU host loads (no compiler there)
     import tvm
 
-    lib = Path(tvm.__file__).resolve().parent / "lib"
-    (out / "tvm_runtime").mkdir(exist_ok=True)
-    for name in ("libtvm_runtime.so", "libtvm_runtime_cuda.so"):
-        shutil.copy2(lib / name, out / "tvm_runtime" / name)
+    from .runtime import copy_runtime_libs
+
+    copy_runtime_libs(out / "tvm_runtime")
     manifest = dict(arch=a.arch, tvm=str(tvm.__version__), sets=built, built_seconds=round(time.time() - t0, 1))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())

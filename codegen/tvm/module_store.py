@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
 from .params import KernelDims, TVMParams
+from .runtime import RUNTIME_LIBS
 
 __all__ = ["ModuleSet", "store_roots", "find_decode_modules", "copy_decode_modules", "copy_pack_modules",
            "pack_decode_sets", "arch_of", "DECODE_KERNELS"]
@@ -27,7 +28,6 @@ __all__ = ["ModuleSet", "store_roots", "find_decode_modules", "copy_decode_modul
 DECODE_KERNELS = ("decode", "decode_merge")
 _MAX_DEPTH = 3          # <root>/<key>/k.json (cache), <root>/modules/<set>/k.json (bundle)
 _RUNTIME = "tvm_runtime"
-_LIBS = ("libtvm_runtime.so", "libtvm_runtime_cuda.so")
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def _matches(meta: dict, want: dict) -> bool:
 def _runtime_dir(so: Path, root: Path) -> Optional[Path]:
     for d in [so.parent, *so.parent.parents]:
         cand = d / _RUNTIME
-        if all((cand / lib).exists() for lib in _LIBS):
+        if all((cand / lib).exists() for lib in RUNTIME_LIBS):
             return cand
         if d == root:
             break
@@ -161,7 +161,7 @@ def copy_decode_modules(wanted: Sequence[tuple[TVMParams, KernelDims]], arch: st
         runtime = runtime or found.runtime_dir
     if copied and runtime is not None:
         (dest / _RUNTIME).mkdir(parents=True, exist_ok=True)
-        for lib in _LIBS:
+        for lib in RUNTIME_LIBS:
             shutil.copy2(runtime / lib, dest / _RUNTIME / lib)
     return copied, missing
 

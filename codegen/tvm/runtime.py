@@ -17,16 +17,33 @@ import ctypes
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from .params import KernelDims, TVMParams
 
-__all__ = ["load_tvm_runtime", "runtime_dir_candidates", "load_kernels", "TVMForward", "TVMDecode",
+__all__ = ["RUNTIME_LIBS", "copy_runtime_libs", "load_tvm_runtime", "runtime_dir_candidates", "load_kernels",
+           "TVMForward", "TVMDecode",
            "path_attention_tvm", "path_attention_decode_step_tvm"]
 
-_LIBS = ("libtvm_runtime.so", "libtvm_runtime_cuda.so")
+RUNTIME_LIBS = ("libtvm_runtime.so", "libtvm_runtime_cuda.so")
 _LOADED: Dict[str, Any] = {}
+
+
+def copy_runtime_libs(dest: os.PathLike) -> Path:
+    """Copy the installed apache-tvm wheel's runtime libraries into ``dest`` (a build host's bundle: the GPU
+    host that loads them has no compiler). Raises FileNotFoundError when apache-tvm is not installed."""
+    spec = importlib.util.find_spec("tvm")
+    if spec is None or not spec.origin:
+        raise FileNotFoundError("apache-tvm is not installed here: the TVM runtime libraries come from its wheel "
+                                "(pip install 'pathtune[tvm]')")
+    lib = Path(spec.origin).resolve().parent / "lib"
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in RUNTIME_LIBS:
+        shutil.copy2(lib / name, dest / name)
+    return dest
 
 
 def runtime_dir_candidates(near: Optional[os.PathLike] = None) -> Sequence[Path]:
@@ -49,12 +66,12 @@ def load_tvm_runtime(lib_dir: Optional[os.PathLike] = None, near: Optional[os.Pa
         return _LOADED["dir"]
     cands = [Path(lib_dir)] if lib_dir is not None else list(runtime_dir_candidates(near))
     for d in cands:
-        if all((d / lib).exists() for lib in _LIBS):
-            for lib in _LIBS:
+        if all((d / lib).exists() for lib in RUNTIME_LIBS):
+            for lib in RUNTIME_LIBS:
                 _LOADED[lib] = ctypes.CDLL(str(d / lib), mode=ctypes.RTLD_GLOBAL)
             _LOADED["dir"] = d
             return d
-    raise FileNotFoundError(f"{' and '.join(_LIBS)} not found in {', '.join(map(str, cands)) or '(no candidates)'}; "
+    raise FileNotFoundError(f"{' and '.join(RUNTIME_LIBS)} not found in {', '.join(map(str, cands)) or '(no candidates)'}; "
                             "pass the folder that holds them (they come from the apache-tvm==0.27.0.post1 wheel)")
 
 
@@ -124,8 +141,7 @@ _DEC_CACHE: Dict[Tuple, TVMDecode] = {}
 def _gate_placement() -> str:
     from pathtune.specs import load_spec
 
-    gate = load_spec().stage("fox_gate")
-    return gate.placement if gate is not None else "inside_scale"
+    return load_spec().gate_placement
 
 
 def _pass_for(kind: str, dims: KernelDims, config: Any, module_dir: Optional[os.PathLike], lib_dir, variant: str):
