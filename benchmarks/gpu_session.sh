@@ -84,6 +84,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
 # from /tmp, like every step: in the checkout's root, `python -m` would import its pathtune/ folder
 (cd /tmp && python3 -m pathtune.cli env --json) > "$S/env.json" 2>&1
 
+ensure_tvm_ffi() {  # the TVM runtime's Python side, from .whl when the image lacks it (no compiler needed)
+    if ! python3 -c "import tvm_ffi" 2>/dev/null && ls "$REPO"/.whl/apache_tvm_ffi-*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-tvm \
+            "$REPO"/.whl/apache_tvm_ffi-*.whl && export PYTHONPATH="/tmp/site-tvm${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+}
+
 run_step() {  # name seconds command...
     local name="$1" secs="$2"
     shift 2
@@ -155,11 +162,7 @@ run_steps() {  # the steps of one lane, in order, with S set
                 run_step lm "${secs:-120}" python3 "$REPO/examples/lm_generate.py" --device cuda "${pack_args[@]}" ;;
             tvm) run_step tvm "${secs:-200}" python3 "$REPO/codegen/tvm/gpu_check.py" \
                      --budget-min "$(python3 -c "print(round(${secs:-200} / 60 - 0.7, 1))")" ;;
-            tvmbench)  # the TVM runtime: tvm_ffi from .whl when the image lacks it; the libraries from the folder
-                       if ! python3 -c "import tvm_ffi" 2>/dev/null && ls "$REPO"/.whl/apache_tvm_ffi-*.whl >/dev/null 2>&1; then
-                           python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-tvm \
-                               "$REPO"/.whl/apache_tvm_ffi-*.whl && export PYTHONPATH="/tmp/site-tvm${PYTHONPATH:+:$PYTHONPATH}"
-                       fi
+            tvmbench)  ensure_tvm_ffi   # the runtime libraries come from the module folder
                        if [ -f "$S/tune/tune.sqlite3" ]; then dispatch_db="sqlite:///$S/tune/tune.sqlite3"; else dispatch_db=""; fi
                        run_step tvmbench "${secs:-240}" env PATHTUNE_DB_URL="$dispatch_db" python3 -m pathtune.cli bench \
                            --head-dim "${HEAD_DIMS:-64,128}" --gate "${BENCH_GATE:-both}" --config tuned \
@@ -169,11 +172,7 @@ run_steps() {  # the steps of one lane, in order, with S set
                            --bundle "$REPO/build/tvm_gpu_check_decode" ${TVM_ONLY:+--only "$TVM_ONLY"} \
                            --budget-min "$(python3 -c "print(round(${secs:-480} / 60 - 0.7, 1))")" ;;
             tvmdecodebench) t="${secs:-300}"
-                            # the TVM runtime (tvm_ffi) comes from .whl when the image lacks it (no compiler needed)
-                            if ! python3 -c "import tvm_ffi" 2>/dev/null && ls .whl/apache_tvm_ffi-*.whl >/dev/null 2>&1; then
-                                python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/apache_tvm_ffi-*.whl
-                                export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-                            fi
+                            ensure_tvm_ffi
                             run_step tvmdecodebench "$((t - 60))" python3 -m pathtune.cli bench --pass decode \
                                 --backends triton,tvm --tvm-modules "$REPO/build/tvm_decode_bench" --baselines sdpa \
                                 --seq-len 4096,32768 --record --json "$S/decode_tvm.json"
