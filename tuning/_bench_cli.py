@@ -128,8 +128,10 @@ _BUILD_HINT = {"fwd": "pathtune bench-build-tvm --head-dim 64,128 --out build/tv
 def _parse_backends(text: str, tvm_modules: Optional[Path], pass_: str) -> tuple[str, ...]:
     """--backends: triton and/or tvm; tvm needs --tvm-modules (GPU hosts have no TVM compiler: the modules
     are built on a host with apache-tvm and nvcc, by the command in ``_BUILD_HINT``)."""
+    from .bench import BACKENDS
+
     names = tuple(dict.fromkeys(b.strip() for b in text.split(",") if b.strip()))
-    bad = [b for b in names if b not in ("triton", "tvm")]
+    bad = [b for b in names if b not in BACKENDS]
     if bad or not names:
         raise typer.BadParameter(f"--backends takes triton and/or tvm (comma-separated), got {text!r}")
     if "tvm" in names and tvm_modules is None:
