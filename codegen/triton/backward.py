@@ -76,7 +76,8 @@ def _superchunk_chain_torch(what: torch.Tensor, dom: torch.Tensor, tables: Seque
 # token ranges of whole super-chunks, each with its own recomputed u, K~, m and accumulators.
 # Below it they run once over the whole stream on the forward state (no recomputation).
 # Extra peak of one gated bf16 fwd+bwd at T=16384, B=2 (benchmarks/memory_probe.py, CPU count;
-# D=64 H=16 / D=128 H=8) per budget:
+# D=64 H=16 / D=128 H=8) per budget (before bwd_intra's chain-state slots joined the range: with
+# them 0.961 / 0.934 GiB at 256 MiB):
 #   128 MiB 0.848 / 0.834 GiB   192 MiB 0.883 / 0.865   256 MiB 0.953 / 0.928
 #   384 MiB 0.988 / 0.959       512 MiB 1.094 / 1.053   unbounded 1.707 / 1.646
 # The bound is 1.0 GiB; 256 MiB keeps ~0.05 GiB of margin below it (384 MiB keeps 0.01).  With
@@ -97,12 +98,15 @@ def _range_budget():
     return None if mib == float("inf") else int(mib) << 20
 
 
-def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool) -> int:
-    """float32 bytes per token of one range: u, K~, m, the UT scratch, the accumulators
-    dK~, dW, dU, dK (D wide) and dM (C wide), and the transport scratch."""
+def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool, HQ: int | None = None,
+                            scan_bytes: int = 2) -> int:
+    """Bytes per token of one range: float32 u, K~, m, the UT scratch, the accumulators dK~, dW, dU,
+    dK (D wide) and dM (C wide) and the transport scratch per kv head; per query head (HQ, default
+    H) bwd_intra's chain states (S // (2C) slots of its 64-or-wider tiles, scan dtype)."""
     BD = _pow2(D)
     per_head = 2 * D + C + C + 4 * D + C + (BD * BD // C if multi else 0)
-    return 4 * H * per_head
+    states = (HQ or H) * (S // (2 * C)) * max(BD, 64) * scan_bytes
+    return 4 * H * per_head + states
 
 
 def _host_bounds(tb: SequenceTables, B: int, T: int):
@@ -180,12 +184,13 @@ def path_attention_bwd(
     common = dict(HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S, DT=dt)
     multi = tb.max_seq_len > S
     budget = _range_budget()
-    n_ranges = 1 if budget is None else -(-N * _phase2_bytes_per_token(H, D, C, S, multi) // budget)
+    scan_store = state.kj.dtype     # the scan dtype's storage type (state.kj dies before stage 6)
+    n_ranges = 1 if budget is None else -(-N * _phase2_bytes_per_token(H, D, C, S, multi, HQ, state.kj.element_size()) // budget)
     ranges = _ranges(tb, B, T, N, C, S, n_ranges)
     recompute = len(ranges) > 1
 
     # 1. queries at their super-chunk start, stored in the scan dtype: they are only ever GEMM operands
-    y = torch.zeros(N, HQ, D, device=dev, dtype=state.kj.dtype)
+    y = torch.zeros(N, HQ, D, device=dev, dtype=scan_store)
     delta = torch.empty(N, HQ, **f32)
     dlse_t = _tokens(dlse).float() if dlse is not None else delta
     bwd_prep_kernel[(tb.n_chunks, HQ)](
@@ -260,9 +265,11 @@ def path_attention_bwd(
             del scratch
         dk_acc = torch.zeros(nr, H, D, **f32)
         dm = torch.zeros(nr, H, C, **f32)
+        # bwd_intra's chain-state slots (see the kernel): S // (2C) per chunk and query head
+        xs = torch.empty(max(1, HQ * tr.n_chunks * (S // (2 * C)) * C * max(BD, 64)), device=dev, dtype=scan_store)
         bwd_intra_kernel[(tr.n_chunks, HQ)](
             qt[r], kt_in[r], vt[r], wt[r], u, m, ktil, gc[r], dot_[r], lset[r], delta[r], dy[r],
-            dq[r], dk_acc, dv[r], dw_acc, du, dm, dkt, dc[r],
+            dq[r], dk_acc, dv[r], dw_acc, du, dm, dkt, dc[r], xs,
             tr.chunk_tok0, tr.chunk_seq, tr.seq_start, tr.seq_end,
             tr.n_chunks, qk_scale, gate_scale, scale, gate_nat,
             TP=tp, USE_GATE=use_gate, INTERP=interp, num_warps=params.bwd_num_warps, num_stages=1,
@@ -270,7 +277,7 @@ def path_attention_bwd(
             # adds of 64 x 32 products faulted on the H200 (illegal address; D = 64 ran clean)
             **dict(common, BD=max(BD, 64), BDV=max(BDV, 64)),
         )
-        del u, ktil, m
+        del u, ktil, m, xs
         if not recompute:
             state.u = state.kt = state.m = None
             ut_scratch = ut_inverse_scratch(wt, bt, tb, H, D, C, params)

@@ -3,8 +3,11 @@
 For query chunk c of super-chunk I the forward chain inside I was X_c = Q~_c,
 X_{m-1} = X_m P_m (m = c-1 .. first) with logits X_m K~_m^T, ending in Y_c = X_{first-1},
 whose gradient dY_c the inter kernels produced.  Reverse mode walks m left to right carrying
-G = dX_{m-1}; the states X_m it needs are recomputed from Q~_c (O(s^2) chunk transitions per
-query chunk of a super-chunk of s chunks, no storage).  Then the diagonal tile
+G = dX_{m-1}; the states X_m it needs come from one right-to-left pass from Q~_c (the forward's
+own chain, the same float32 operations) that parks each X_m, in the scan dtype it is used in,
+in a per-program scratch slot; the reverse walk reads them back.  (Recomputing X_m from Q~_c
+for every m instead took O(s^2) chunk transitions per query chunk -- at s = 16 chunks per
+super-chunk about as many products as the whole backward step itself.)  Then the diagonal tile
 S = tril(Q K^T) - tril(Q W^T) M and Q~ = Q - tril(Q W^T) U give dq (final, owned here).
 The key-side gradients dK~, dU, dW, dM, dK, dV, dc of chunk m are shared by every later query
 chunk of I (and every query head of a GQA group): they are added with atomics.  (One program
@@ -27,7 +30,7 @@ def _acc(ptr, val, mask=None):
 @triton.jit
 def bwd_intra_kernel(
     q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr,
     chunk_tok0, chunk_seq, seq_start, seq_end,
     n_chunks, qk_scale, gate_scale, scale, gate_nat,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
@@ -63,17 +66,27 @@ def bwd_intra_kernel(
         c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
     QW = tl.where(causal, mm(Q, tl.trans(Wc), INTERP), 0.0)
     Xc = Q.to(tl.float32) - mm(QW.to(DT), Uc, INTERP)
-    G = tl.load(dy_ptr + qoff, mask=m2, other=0.0)
-    dcq = tl.zeros((C,), dtype=tl.float32)
-    for mi in range(0, ci):
-        X = Xc
-        for t in range(0, ci - 1 - mi):
-            trows = (tokI + (ci - 1 - t) * C + r).to(tl.int64)
+    # the chain states X_m (m = ci-1 .. 0) of this query chunk, parked in its scratch slots:
+    # S // (2C) slots per chunk and query head; a super-chunk of s' chunks starting at chunk n - ci
+    # needs s' (s' - 1) / 2 of its s' * S // (2C), chunk ci the ci slots from ci (ci - 1) / 2 on
+    slot0 = (hq * n_chunks + n - ci).to(tl.int64) * (S // (2 * C)) + ci * (ci - 1) // 2
+    xs = xs_ptr + slot0 * C * BD
+    xso = r[:, None] * BD + d[None, :]
+    X = Xc
+    for t in range(0, ci):
+        tm = ci - 1 - t
+        tl.store(xs + tm * C * BD + xso, X.to(DT))
+        if t < ci - 1:
+            trows = (tokI + tm * C + r).to(tl.int64)
             toff = (trows[:, None] * H + h) * D + d[None, :]
             Wt = tl.load(w_ptr + toff, mask=dmask, other=0.0).to(DT)
             Ut = tl.load(u_ptr + toff, mask=dmask, other=0.0).to(DT)
             X = X - mm(mm(X.to(DT), tl.trans(Wt), INTERP).to(DT), Ut, INTERP)
-        Xd = X.to(DT)
+    tl.debug_barrier()
+    G = tl.load(dy_ptr + qoff, mask=m2, other=0.0)
+    dcq = tl.zeros((C,), dtype=tl.float32)
+    for mi in range(0, ci):
+        Xd = tl.load(xs + mi * C * BD + xso)
         krows = (tokI + mi * C + r).to(tl.int64)
         kof = (krows[:, None] * H + h) * D + d[None, :]
         kvof = (krows[:, None] * H + h) * DV + dv[None, :]
