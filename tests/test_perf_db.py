@@ -357,6 +357,56 @@ def test_open_default_ingests_shipped_once(url, tmp_path, monkeypatch):
     assert again.counts()["perf_measurement"] == 1
 
 
+def test_retired_matches_other_sources_of_the_same_key_only(db, tmp_path):
+    """PerfDB.retired (SQL) and shipped_retired (results files, read directly) apply one rule: same env
+    (dispatcher's per-backend hard keys), op, pass, backend, spec hash and workload key; another source
+    hash; status ok."""
+    from pathtune.perf_db._retired import shipped_retired
+
+    old = kernel(source="src-old")
+    facts = [
+        (ENV, old, wl(), cfg(num_warps=8), ok(1.0)),                                   # yes
+        (ENV, old, wl(), cfg(num_warps=2), ok(0.9)),                                   # yes
+        (ENV, kernel(source="src-older"), wl(), cfg(num_stages=3), ok(1.1)),           # yes: any other source
+        (make_env(driver="999.1", torch="9.9"), old, wl(), cfg(block_n=128), ok(1.3)),  # yes: soft keys differ
+        (make_env(tvm="0.20"), old, wl(), cfg(block_m=64), ok(1.4)),                   # yes: TVM is not Triton's key
+        (ENV, kernel(), wl(), cfg(chunk_size=128), ok(0.5)),                           # no: the current source
+        (ENV, old, wl(seq=2048), cfg(chunk_size=32), ok(0.5)),                         # no: another length bucket
+        (ENV, old, wl(heads=(8, 8)), cfg(chunk_size=32), ok(0.5)),                     # no: other heads
+        (ENV, kernel(pass_="bwd", source="src-old"), wl(pass_="bwd"), cfg(), ok(0.5)),  # no: another pass
+        (ENV, kernel("tvm", source="src-old"), wl(), cfg(), ok(0.5)),                  # no: another backend
+        (ENV, KernelKey(pass_="fwd", backend="triton", spec_hash="other-spec", codegen_version="cg1",
+                        source_hash="src-old"), wl(), cfg(), ok(0.5)),                 # no: another spec
+        (make_env(triton="3.3.0"), old, wl(), cfg(), ok(0.2)),                         # no: another Triton
+        (make_env(gpu="TEST-GPU-B"), old, wl(), cfg(), ok(0.2)),                       # no: another GPU
+        (make_env(cuda="12.8"), old, wl(), cfg(), ok(0.2)),                            # no: another CUDA
+        (ENV, old, wl(), cfg(chunk_size=32), Measurement(status="wrong", errors={"o": 0.5})),  # no: failed the gate
+        (ENV, old, wl(), cfg(num_stages=4), Measurement(status="out_of_resources")),           # no: failed
+    ]
+    for env, k, w, c, m in facts:
+        db.record(env, k, w, c, m)
+    want = {cfg(num_warps=8).hash, cfg(num_warps=2).hash, cfg(num_stages=3).hash, cfg(block_n=128).hash,
+            cfg(block_m=64).hash}
+    rows = db.retired(ENV, kernel(), wl())
+    assert {r["config_hash"] for r in rows} == want and len(rows) == 5
+    r = next(r for r in rows if r["config_hash"] == cfg(num_stages=3).hash)
+    assert (r["source_hash"], r["median_ms"], r["config"]) == ("src-older", 1.1, cfg(num_stages=3).to_dict())
+    assert r["origin"].startswith("perf_db #") and r["created_at"] is not None
+    # an env_hash string matches exactly (hard keys, TVM's included): soft-key differences still match
+    assert {r["config_hash"] for r in db.retired(env_hash(ENV), kernel(), wl())} == want - {cfg(block_m=64).hash}
+
+    # the same facts in a results file, read without a database: the same rows
+    path = write_results(tmp_path / "TEST-GPU-20250102T030405Z-x.json",
+                         [results_record(env, k, w, c, m, run_id="run-1") for env, k, w, c, m in facts],
+                         runs=[{"run_id": "run-1", "command": "pathtune tune --synthetic"}])
+    from_file = shipped_retired(ENV, kernel(), wl(), files=[path])
+    assert sorted((r["config_hash"], r["median_ms"], r["source_hash"]) for r in from_file) == \
+        sorted((r["config_hash"], r["median_ms"], r["source_hash"]) for r in rows)
+    assert all(r["origin"] == f"shipped/{path.name}" for r in from_file)
+    assert {r["created_at"].isoformat() for r in from_file} == {"2025-01-02T03:04:05+00:00"}  # the name's time
+    assert shipped_retired(ENV, kernel(), wl(), files=[tmp_path / "missing.json"]) == []
+
+
 # ---------------------------------------------------------------------------------------------------
 # packs
 

@@ -99,6 +99,10 @@ def test_record_best_overhead_gc_ingest(pg_url, tmp_path):
     pack = tmp_path / "pack.json"
     export_pack(db, "TEST-GPU", pack)
     assert load_pack(pack).lookup(wl(128), "fwd", ENV).match == "exact"
+    # warm start: the same key's ok records under other kernel sources
+    db.record(ENV, KernelKey(pass_="fwd", backend="triton", spec_hash=SPEC.hash, source_hash="src-old"), wl(128),
+              cfg(num_warps=8), ok(0.9), run_id="r3")
+    assert [r["config_hash"] for r in db.retired(ENV, kernel(), wl(128))] == [cfg(num_warps=8).hash]
     db.close()
 
 

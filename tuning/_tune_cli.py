@@ -87,6 +87,12 @@ NEIGHBOURS = typer.Option(12, "--seed-neighbours", min=0,
                           help="Each study also gets (once, before its random start-up trials; a resumed study "
                                "too) up to this many configs one schedule knob (tile, warps, stages, chunk size) "
                                "away from the default.")
+RETIRED = typer.Option(3, "--seed-retired", min=0, metavar="K",
+                       help="Warm start: a new study also measures, right after the default (in its first batch), "
+                            "the K fastest distinct configs that perf_db and the shipped results hold for the same "
+                            "key under older kernel sources (same GPU env, spec, pass, backend and workload), "
+                            "newest source first; configs that no longer validate are dropped with a note. "
+                            "0: off.")
 
 
 def _keys(head_dim: str, dtype: str, pass_: str, backend: str, buckets: str, gate: bool, heads: Optional[int],
@@ -103,7 +109,8 @@ def _keys(head_dim: str, dtype: str, pass_: str, backend: str, buckets: str, gat
 def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, worker: int, resume: bool,
              measure_with: Optional[str], check_len: int, tol: Optional[List[str]], heartbeat: Optional[int],
              startup_trials: int, results_out: Optional[Path] = None, env_info: Optional[dict] = None,
-             spec: Optional[Path] = None, compile_workers: Optional[int] = 0, seed_neighbours: int = 0) -> Any:
+             spec: Optional[Path] = None, compile_workers: Optional[int] = 0, seed_neighbours: int = 0,
+             seed_retired: int = 0) -> Any:
     from pathtune.perf_db import resolve_url
     from pathtune.specs import SpecError, load_spec
 
@@ -135,7 +142,8 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
                        task_defaults={"check_len": check_len, "tolerances": tolerances},
                        heartbeat=heartbeat, startup_trials=startup_trials, command=_command(),
                        results_out=results_out, env_info=env_info, spec_path=spec,
-                       compile_workers=compile_workers or 0, seed_neighbours=seed_neighbours)
+                       compile_workers=compile_workers or 0, seed_neighbours=seed_neighbours,
+                       seed_retired=seed_retired)
 
 
 def _filter_keys(keys: list, *, local: bool) -> list:
@@ -203,7 +211,7 @@ def tune(
     report_json: Optional[Path] = typer.Option(None, "--report-json", help="Write the per-key summary as JSON."),
     measure_with: Optional[str] = MEASURE_WITH, heartbeat: int = HEARTBEAT, startup_trials: int = STARTUP,
     spec: Optional[Path] = SPEC, compile_workers: Optional[int] = COMPILE_WORKERS,
-    seed_neighbours: int = NEIGHBOURS,
+    seed_neighbours: int = NEIGHBOURS, seed_retired: int = RETIRED,
 ) -> None:
     """Tune every (pass, backend, head dim, dtype, length bucket) key on this GPU host (an Optuna study per key).
 
@@ -232,7 +240,7 @@ def tune(
                   "(tiny shapes only: for tests)")
     opts = _options(storage, db, budget, seed, worker, resume, measure_with, check_len, tol, heartbeat,
                     startup_trials, results_out, spec=spec, compile_workers=compile_workers,
-                    seed_neighbours=seed_neighbours)
+                    seed_neighbours=seed_neighbours, seed_retired=seed_retired)
     tuner = Tuner(keys, opts)
     console.print(f"pathtune tune: {len(keys)} keys, budget {opts.budget}, storage {tuner.db.display_url}, "
                   f"gpu {tuner.env_info.get('gpu_name') or 'none (CPU: Triton interpreter)'}, "
@@ -277,7 +285,7 @@ def build(
     buckets: str = BUCKETS, gate: bool = GATE, heads: Optional[int] = HEADS, heads_kv: Optional[int] = HEADS_KV,
     tokens: int = TOKENS, storage: Optional[str] = STORAGE, db: Optional[str] = DB, seed: int = SEED,
     check_len: int = CHECK_LEN, tol: Optional[List[str]] = TOL, startup_trials: int = STARTUP,
-    spec: Optional[Path] = SPEC, seed_neighbours: int = NEIGHBOURS,
+    spec: Optional[Path] = SPEC, seed_neighbours: int = NEIGHBOURS, seed_retired: int = RETIRED,
 ) -> None:
     """Propose (Optuna ask) and compile a batch of candidates per key into a self-contained bundle for a GPU host."""
     from .bundle import build_bundle
@@ -292,8 +300,9 @@ def build(
         _fail(f"--gpu-env {gpu_env} is not `pathtune env --json` output")
     keys = _filter_keys(_keys(head_dim, dtype, pass_, backend, buckets, gate, heads, heads_kv, tokens), local=False)
     opts = _options(storage, db, "1", seed, 0, True, None, check_len, tol, None, startup_trials, env_info=env_info,
-                    spec=spec, seed_neighbours=seed_neighbours)
+                    spec=spec, seed_neighbours=seed_neighbours, seed_retired=seed_retired)
     tuner = Tuner(keys, opts)
+    tuner.on_note = _note
     try:
         doc = build_bundle(tuner, out, batch, precompile=precompile,
                            log=lambda s: console.print(s, highlight=False, markup=False))

@@ -6,8 +6,12 @@
   retry finds the measurement in perf_db if the killed worker had stored it.
 * Budget: wall time (shared by the keys still to do: each key gets remaining / keys left) and/or a
   number of COMPLETE trials per study (``MaxTrialsCallback``, counted over every worker).
-* Each new study is seeded with the default config (``enqueue_trial``), then with up to
-  ``seed_neighbours`` configs one schedule knob away from it (``space.neighbour_configs``).
+* Each new study is seeded with the default config (``enqueue_trial``), then (warm start, a new
+  study only) with up to ``seed_retired`` configs that won under retired kernel sources of the same
+  key (``tuning/warm.py``; from perf_db and the shipped results files), then with up to
+  ``seed_neighbours`` configs one schedule knob away from the default (``space.neighbour_configs``).
+  The default and the warm-start configs are measured first, whatever the budget: the batched loop
+  puts them all in the key's first batch, the unbatched one runs them before its timed trials.
 * Ctrl-C once: the running trial finishes, is recorded and told, then the run stops. Ctrl-C twice:
   the running trial is abandoned (state FAIL, flagged ``interrupted``); ``--resume`` re-queues it.
 * Batched (``compile_workers`` > 0, the default on a CUDA host): per key, a batch of proposals is
@@ -162,6 +166,7 @@ class TuneOptions:
     heartbeat: Optional[int] = 30
     startup_trials: int = 8
     seed_neighbours: int = 0           # a new study also gets up to this many one-knob neighbours of the default
+    seed_retired: int = 3              # ... and first (after the default) up to this many winners of retired sources
     command: Optional[str] = None
     results_out: Optional[Any] = None  # path: a results file rewritten after each record
     env_info: Optional[dict] = None    # the GPU host's collect_env() (split flow: the build host has no GPU)
@@ -184,6 +189,7 @@ class KeyResult:
     best_config: Optional[dict] = None
     baseline_ms: Optional[float] = None
     skipped: Optional[str] = None
+    seeded_retired: Optional[int] = None   # warm-start configs the study was seeded with (None: not tried)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -197,7 +203,7 @@ class KeyResult:
                 "study_name": self.study_name, "trials": self.trials, "measured": self.measured,
                 "looked_up": self.looked_up, "default_ms": self.default_ms, "default_status": self.default_status,
                 "best_ms": self.best_ms, "best_config": self.best_config, "speedup": self.speedup,
-                "baseline_ms": self.baseline_ms, "skipped": self.skipped}
+                "baseline_ms": self.baseline_ms, "skipped": self.skipped, "seeded_retired": self.seeded_retired}
 
 
 class Tuner:
@@ -238,6 +244,7 @@ class Tuner:
         self.progress = progress
         self.stop_requested = False
         self.fatal: Optional[str] = None
+        self.on_note: Optional[Callable[[str], None]] = None   # where notes go without a progress display
         self._records: list[dict] = []
         self._runs: dict[str, dict] = {}
         self.preparer = opts.preparer
@@ -312,8 +319,16 @@ class Tuner:
                                         "spec_hash": self.spec.hash,
                                         "source_hash": self.sources[(key.backend, key.pass_)]})
         default = default_config(self.spec, key)
-        if not study.get_trials(deepcopy=False):
+        new = not study.get_trials(deepcopy=False)
+        if new:
             study.enqueue_trial(default.to_dict(), user_attrs={"seeded_default": True}, skip_if_exists=True)
+        # warm start: a new study only (a resumed one has its seeds, or predates them), once (the flag)
+        if new and self.opts.seed_retired > 0 and "retired_seeded" not in study.user_attrs:
+            warm = self.warm_start(key, default)
+            for config, row in warm.configs:
+                study.enqueue_trial(config.to_dict(), skip_if_exists=True, user_attrs={
+                    "seeded_retired": True, "retired_source": row["source_hash"], "retired_ms": row["median_ms"]})
+            study.set_user_attr("retired_seeded", len(warm.configs))
         # once per study, also into one resumed from before neighbour seeding existed (a config the
         # study already tried is skipped, and perf_db lookups keep a re-proposal from being re-measured)
         if self.opts.seed_neighbours > 0 and not study.user_attrs.get("neighbours_seeded"):
@@ -321,6 +336,53 @@ class Tuner:
                 study.enqueue_trial(config.to_dict(), user_attrs={"seeded_neighbour": True}, skip_if_exists=True)
             study.set_user_attr("neighbours_seeded", self.opts.seed_neighbours)
         return study
+
+    def warm_start(self, key: TuneKey, default: Any) -> Any:
+        """The configs a new study of ``key`` is warm-started with (``tuning/warm.py``), from perf_db and
+        the shipped results files; says what it chose and what no longer validates."""
+        from pathtune.perf_db._retired import shipped_retired
+
+        from .warm import WarmStart, select_retired
+
+        kernel = self.kernel(key)
+        try:
+            rows = self.db.retired(self.env_info, kernel, key.workload)
+            rows += shipped_retired(self.env_info, kernel, key.workload)
+        except Exception as e:  # noqa: BLE001  (an optimisation: never the reason a tune fails)
+            self._note(f"{key.label}: warm start skipped: reading retired results failed: {e}")
+            return WarmStart()
+        warm = select_retired(self.spec, key, default, rows, self.opts.seed_retired)
+        for config, problems, row in warm.dropped:
+            self._note(f"{key.label}: warm start: dropped a config of retired source {row['source_hash'][:10]} "
+                       f"({row['median_ms']:.4g} ms there; {row['origin']}): it no longer validates: "
+                       + "; ".join(problems))
+        if warm.configs:
+            by_source: dict[str, list[str]] = {}
+            for _, row in warm.configs:
+                by_source.setdefault(row["source_hash"][:10], []).append(f"{row['median_ms']:.4g}")
+            n = len(warm.configs)
+            self._note(f"{key.label}: warm start: {n} config{'s' if n > 1 else ''} that won under retired kernel "
+                       "sources, measured right after the default: " + "; ".join(
+                           f"{', '.join(times)} ms under {src}" for src, times in by_source.items())
+                       + (" (the default's own knobs were among them: measured once)" if warm.same_as_default else ""))
+        elif rows:
+            log.info("%s: warm start: none of %d retired configs is usable (%d dropped, %d the default)",
+                     key.label, warm.candidates, len(warm.dropped), warm.same_as_default)
+        return warm
+
+    def _note(self, message: str) -> None:
+        log.info(message)
+        sink = self.progress.note if self.progress is not None else self.on_note
+        if sink is not None:
+            sink(message)
+
+    @staticmethod
+    def _seeded_waiting(study: Any) -> int:
+        """Queued trials of the seeded default and the warm start (measured first, whatever the budget)."""
+        from optuna.trial import TrialState
+
+        return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                   if t.user_attrs.get("seeded_default") or t.user_attrs.get("seeded_retired"))
 
     def context(self, key: TuneKey, name: str) -> KeyContext:
         self.db.start_run(command=self.opts.command, notes=f"pathtune tune {name}", run_id=run_id_for(name))
@@ -363,16 +425,24 @@ class Tuner:
             pass
         elif self.preparer is not None:
             self._optimize_batched(study, Objective(ctx), ctx, seconds, after_trial)
-        elif seconds is not None and seconds <= 0:
-            if done == 0:  # out of time: still measure the seeded default, so every key has a default time
-                study.optimize(Objective(ctx), n_trials=1, callbacks=callbacks, catch=(), gc_after_trial=False)
         else:
-            # n_trials caps this process (pruned proposals do not count toward MaxTrialsCallback)
-            cap = None if budget.trials is None else 4 * budget.trials + 20
-            study.optimize(Objective(ctx), n_trials=cap, timeout=seconds, callbacks=callbacks, catch=(),
-                           gc_after_trial=False)
+            # first the seeded default and the warm-start configs, even out of time: every key gets a
+            # default time, and the winners of its retired sources re-measured
+            first = max(self._seeded_waiting(study), 1 if done == 0 else 0)
+            start = time.monotonic()
+            if first:
+                study.optimize(Objective(ctx), n_trials=first, callbacks=callbacks, catch=(), gc_after_trial=False)
+            left = None if seconds is None else seconds - (time.monotonic() - start)
+            complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+            if (left is None or left > 0) and not (self.stop_requested or ctx.fatal) and \
+                    (budget.trials is None or complete < budget.trials):
+                # n_trials caps this process (pruned proposals do not count toward MaxTrialsCallback)
+                cap = None if budget.trials is None else 4 * budget.trials + 20
+                study.optimize(Objective(ctx), n_trials=cap, timeout=left, callbacks=callbacks, catch=(),
+                               gc_after_trial=False)
         self.fatal = self.fatal or ctx.fatal
         result.measured, result.looked_up = ctx.measured, ctx.looked_up
+        result.seeded_retired = study.user_attrs.get("retired_seeded")
         self.summarize(key, study, result)
         if self.progress is not None:
             self.progress.finish_key(task, result)
@@ -381,21 +451,25 @@ class Tuner:
     def _optimize_batched(self, study: Any, objective: Objective, ctx: KeyContext, seconds: Optional[float],
                           after_trial: Callable[[Any, Any], None]) -> None:
         """Ask a batch of trials, compile the new configs in parallel child processes, then measure them
-        one at a time (ask/tell). Every key gets at least one batch (its first holds the seeded default;
-        a key reached after the budget ran out gets a batch of just that); another batch starts while
-        the key's share of the wall time lasts. Trials left unmeasured by Ctrl-C are flagged
+        one at a time (ask/tell). Every key gets at least one batch (its first holds the seeded default
+        and the warm-start configs, however many compile workers there are; a key reached after the
+        budget ran out gets a batch of just those); another batch starts while the key's share of the
+        wall time lasts. Trials left unmeasured by Ctrl-C are flagged
         ``interrupted`` (``--resume`` re-queues them)."""
         import optuna
         from optuna.trial import TrialState
 
         budget = self.opts.budget
         start = time.monotonic()
-        # out of time: the seeded default alone (compiled and measured), so every key has a default time
+        # out of time: a batch of just the seeded default (so every key has a default time) and the
+        # warm-start configs (the winners of its retired sources: the best bet for one batch)
         size = self.preparer.workers if seconds is None or seconds > 0 else 1
         empty_batches = 0
         while not (self.stop_requested or ctx.fatal):
             complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-            want = size if budget.trials is None else min(size, budget.trials - complete)
+            want = max(size, self._seeded_waiting(study))     # the seeded configs share one batch
+            if budget.trials is not None:
+                want = min(want, budget.trials - complete)
             if want <= 0:
                 break
             batch: list[tuple[Any, Any]] = []      # (trial, config) to compile and measure

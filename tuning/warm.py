@@ -1,0 +1,95 @@
+"""Warm start: a new study measures, right after its default, the configs that won under retired
+kernel sources.
+
+perf_db records and studies are keyed by the kernel source hash of a pass, so an edit of a kernel
+file retires every record of that pass and the next ``pathtune tune`` starts each key's study from
+scratch. The retired records (same GPU environment, spec, pass, backend and workload key; older
+source hash; ``perf_db/_retired.py`` has the exact rule) still say which configs won, and after a
+kernel edit those are usually still near the best. ``select_retired`` picks up to K of them:
+
+* order: newest source first (a source's newest measurement time), then fastest first;
+* one per config (its best time under its newest source), never the default's knob values (the
+  default is already the study's first trial and the reference of "speedup over default");
+* re-validated against the current spec (``KnobSpace.validate``: knobs of the pass, domains,
+  constraints for the workload): a config that no longer validates is dropped and reported.
+
+This module imports neither Optuna nor torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Iterable, Optional
+
+from pathtune.specs import Config, KnobSpace, Spec
+
+from .space import TuneKey
+
+__all__ = ["WarmStart", "rank_retired", "select_retired"]
+
+
+@dataclass
+class WarmStart:
+    """What ``select_retired`` chose (best first) and what it left out."""
+
+    configs: list[tuple[Config, dict]] = field(default_factory=list)           # (config, its retired row)
+    dropped: list[tuple[Any, list[str], dict]] = field(default_factory=list)   # (config, problems, row)
+    same_as_default: int = 0
+    candidates: int = 0                                                         # distinct configs looked at
+
+
+def rank_retired(rows: Iterable[dict]) -> list[dict]:
+    """One row per (source, config): its fastest; sources newest first (by their newest
+    ``created_at``; sources without times last), then fastest first, then config hash."""
+    newest: dict[str, Optional[datetime]] = {}
+    best: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        src, when = r["source_hash"], r.get("created_at")
+        if src not in newest:
+            newest[src] = when
+        elif when is not None and (newest[src] is None or when > newest[src]):
+            newest[src] = when
+        key = (src, r["config_hash"])
+        if key not in best or r["median_ms"] < best[key]["median_ms"]:
+            best[key] = r
+
+    def order(r: dict) -> tuple:
+        when = newest[r["source_hash"]]
+        return (when is None, -when.timestamp() if when is not None else 0.0, r["source_hash"], r["median_ms"],
+                r["config_hash"])
+
+    return sorted(best.values(), key=order)
+
+
+def select_retired(spec: Spec, key: TuneKey, default: Config, rows: Iterable[dict], limit: int) -> WarmStart:
+    """Up to ``limit`` distinct configs of ``rows`` (``PerfDB.retired`` / ``shipped_retired``), ranked
+    by ``rank_retired``, that differ from ``default`` and validate for ``key`` now."""
+    space = KnobSpace(spec, key.pass_)
+    out = WarmStart()
+    seen: set[str] = set()
+    if limit <= 0:
+        return out
+    for row in rank_retired(rows):
+        if len(out.configs) >= limit:
+            break
+        try:
+            config = Config(row["config"])
+        except (TypeError, ValueError) as e:
+            if row["config_hash"] not in seen:
+                seen.add(row["config_hash"])
+                out.candidates += 1
+                out.dropped.append((row["config"], [str(e)], row))
+            continue
+        if config.hash in seen:
+            continue
+        seen.add(config.hash)
+        out.candidates += 1
+        if config == default:
+            out.same_as_default += 1
+            continue
+        problems = space.validate(config, key.workload)
+        if problems:
+            out.dropped.append((config, problems, row))
+            continue
+        out.configs.append((config, row))
+    return out
