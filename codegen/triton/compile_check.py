@@ -86,7 +86,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .forward import _pow2
     from .scan_fwd import scan_inter_kernel, scan_intra_kernel
     from .transport import superchunk_transport_kernel
-    from .forward import UT_COLUMN_BLOCK, UT_NUM_WARPS
+    from .forward import UT_COLUMN_BLOCK, UT_NUM_WARPS, transition_column_block
     from .ut import ut_apply_kernel, ut_bwd_kernel, ut_chunk_kernel, ut_diag_inverse_kernel
 
     io = f"*{dtype}"
@@ -121,6 +121,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     btp = params.bwd_transition_precision
     bflags = dict(flags, TP=btp)
     rows = min(BD, 32)
+    DB = transition_column_block(BD)   # < BD: the column-blocked transition path of wide head dims
     return [
         (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C,
                                            BETA_MAX=params.beta_max), 1, 1),
@@ -130,7 +131,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          UT_NUM_WARPS, 1),
         (superchunk_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype, TP=tp), 4, 1),
         (scan_intra_kernel, sig, dict(common, WRITE_X=True, **flags), params.num_warps, 1),
-        (scan_inter_kernel, dict(sig, o_ptr=io), dict({k: v for k, v in common.items() if k != 'C'}, BLOCK_M=params.block_m, BLOCK_N=params.block_n, **flags),
+        (scan_inter_kernel, dict(sig, o_ptr=io), dict({k: v for k, v in common.items() if k != 'C'}, BLOCK_M=params.block_m, BLOCK_N=params.block_n, DB=DB, **flags),
          params.inter_num_warps, params.num_stages),
         (bwd_prep_kernel, sig, dict(common, INTERP=False), params.bwd_num_warps, 1),
         (bwd_inter_dq_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **bflags), params.bwd_num_warps, params.bwd_num_stages),
