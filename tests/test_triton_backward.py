@@ -250,7 +250,7 @@ def test_superchunk_chain_torch_matches_kernel(BD):
     assert rel(ref, got) < 1e-5
 
 
-# ----------------------------------------------------------------------------- wide head dims (column-blocked transitions)
+# ----------------------------------------------------------------------------- wide head dims, column-blocked
 
 TRANSITION_KERNELS = ((tri_forward, "scan_inter_kernel"), (tri_backward, "bwd_inter_dkv_kernel"),
                       (tri_backward, "bwd_inter_dq_kernel"))

@@ -5,9 +5,9 @@ Order (each stage only reads what earlier ones wrote):
   3. bwd_inter_dkv     dKJ, inter part of dV, dOm per super-chunk pair, key side of dc
   4. superchunk chain  dWhat from dOm
   2. bwd_inter_dq      dY from all earlier super-chunks, query side of dc (after 3-4: dOm is
-                       freed before dY is allocated)
-Wide head dims (padded D above 128) run 2 and 3 column-blocked on every pair's Om_{I,J}, computed
-in torch before 3 (``_superchunk_pairs_torch``, as large as dOm) and freed after 2.
+                       freed before dY is allocated; wide head dims, padded D above 128: 3 and 2
+                       run column-blocked on every pair's Om_{I,J}, computed in torch before 3
+                       by ``_superchunk_pairs_torch``, as large as dOm, freed after 2)
   5. bwd_transport     dK~, dW, dU from dKJ and dWhat
   6. bwd_intra         dq (final) and the chunk-level dK~, dU, dW, dM, dK, dV, dc inside super-chunks
   7. ut_bwd            dw, dk, dbeta through the UT transform

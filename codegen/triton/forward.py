@@ -182,7 +182,8 @@ def path_attention_fwd(
             tables.blk_tok0, tables.blk_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base,
             tables.n_blocks, scale * _LOG2E, gate_scale,
             HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, BLOCK_M=params.block_m, S=S, BLOCK_N=params.block_n,
-            DB=transition_column_block(BD), DT=dt, TP=params.transition_precision, USE_GATE=g is not None, INTERP=interp,
+            DB=transition_column_block(BD), DT=dt, TP=params.transition_precision, USE_GATE=g is not None,
+            INTERP=interp,
             num_warps=params.inter_num_warps, num_stages=params.num_stages,
         )
     return o.view(B, T, HQ, DV), lse.view(B, T, HQ), state
