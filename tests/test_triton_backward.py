@@ -250,6 +250,97 @@ def test_superchunk_chain_torch_matches_kernel(BD):
     assert rel(ref, got) < 1e-5
 
 
+# ----------------------------------------------------------------------------- wide head dims, column-blocked
+
+TRANSITION_KERNELS = ((tri_forward, "scan_inter_kernel"), (tri_backward, "bwd_inter_dkv_kernel"),
+                      (tri_backward, "bwd_inter_dq_kernel"))
+
+
+def _record_transition_blocks(monkeypatch):
+    """{kernel: [(BD, DB) per launch]} of the three kernels with D x D transition products
+    (DB < BD: the column-blocked path of wide head dims)."""
+    seen = {}
+
+    def spy(name, real):
+        class Spy:
+            def __getitem__(self, grid):
+                def launch(*args, **kw):
+                    seen.setdefault(name, []).append((kw["BD"], kw["DB"]))
+                    return real[grid](*args, **kw)
+                return launch
+        return Spy()
+
+    for mod, name in TRANSITION_KERNELS:
+        monkeypatch.setattr(mod, name, spy(name, getattr(mod, name)))
+    return seen
+
+
+@pytest.mark.parametrize("D,DV,HQ,H,lens,gate,dtype", [
+    (256, 256, 2, 1, None, True, F32),
+    (192, 128, 4, 2, None, True, F32),
+    (256, 256, 2, 1, (45, 1, 74), True, F32),
+    (192, 192, 2, 1, None, False, F32),
+    (256, 256, 2, 1, None, True, F16),
+], ids=["D256", "D192-DV128-gqa", "D256-varlen", "D192-nogate", "D256-fp16"])
+def test_backward_wide_head_dims(monkeypatch, D, DV, HQ, H, lens, gate, dtype):
+    """D = 192 / 256 (padded to 256): the inter-super-chunk kernels run column-blocked on the Om_{I,J}
+    of every super-chunk pair (precomputed in torch), forward and backward.  T = 100: 4 super-chunks
+    of 32 (varlen 45 / 1 / 74: 2 + 1 + 3); GQA with DV != D; D = 192 leaves the fourth column block
+    empty; one case without the gate; fp16 (scan dtype fp16: the KZ / Z scratch rows are fp16)."""
+    seen = _record_transition_blocks(monkeypatch)
+    T = sum(lens) if lens else 100
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32) if lens else None
+    inputs, do = make_inputs(460 + D + DV + HQ + len(lens or ()), T=T, HQ=HQ, H=H, D=D, DV=DV, gate=gate,
+                             dtype=dtype)
+    kw = {} if cu is None else dict(cu_seqlens=cu)
+    run_case(inputs, do, params(dtype), dtype=dtype, **kw)
+    # forward, its recompute in the backward (prepare_state runs no scan), dkv, dq: all column-blocked
+    assert seen == {"scan_inter_kernel": [(256, 64)], "bwd_inter_dkv_kernel": [(256, 64)],
+                    "bwd_inter_dq_kernel": [(256, 64)]}, seen
+
+
+@pytest.mark.parametrize("D,DV,HQ,H,lens", [(40, 24, 4, 2, None), (24, 16, 2, 1, (45, 1, 74))],
+                         ids=["D40-gqa", "D24-varlen"])
+def test_column_blocked_transitions_at_small_head_dims(monkeypatch, D, DV, HQ, H, lens):
+    """The column-blocked path forced at small head dims (blocks of 16): D = 40 on BD = 64 has two
+    full column blocks, a partial third and an empty fourth; D = 24 on BD = 32 a partial second.
+    Exercises the masks of column blocks that straddle D, which D = 192 / 256 (multiples of 64) do not."""
+    monkeypatch.setattr(tri_forward, "TRANSITION_BLOCKED_ABOVE", 16)
+    monkeypatch.setattr(tri_forward, "TRANSITION_COLUMN_BLOCK", 16)
+    seen = _record_transition_blocks(monkeypatch)
+    T = sum(lens) if lens else 120
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32) if lens else None
+    inputs, do = make_inputs(470 + D, T=T, HQ=HQ, H=H, D=D, DV=DV, gate=True)
+    kw = {} if cu is None else dict(cu_seqlens=cu)
+    run_case(inputs, do, params(), **kw)
+    BD = 64 if D > 32 else 32
+    assert {k: set(v) for k, v in seen.items()} == {name: {(BD, 16)} for _, name in TRANSITION_KERNELS}
+
+
+def test_superchunk_pairs_torch():
+    """Om_{I,J} = What_{I-1} ... What_{J+1} (identity for J = I-1) at pair_base + I * n_sc + J, for
+    packed sequences of 1, 2, 5 and 3 super-chunks, against the product taken one factor at a time."""
+    from pathtune.codegen.triton._layout import build_tables
+
+    lens = [20, 64, 150, 70]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    tb = build_tables(1, sum(lens), cu, 16, 32, torch.device("cpu"))
+    H, BD = 2, 16
+    gen = torch.Generator().manual_seed(480)
+    what = torch.eye(BD) + 0.3 * torch.randn(tb.n_sc, H, BD, BD, generator=gen)
+    om = tri_backward._superchunk_pairs_torch(what, tb, torch.zeros(tb.n_pairs, H, BD, BD))
+    n_checked = 0
+    for nsc, base, pb in zip(tb.seq_nsc_host, tb.sc_base_host, tb.pair_base_host):
+        for i in range(nsc):
+            for j in range(i):
+                ref = torch.eye(BD).expand(H, BD, BD).to(F64)
+                for k in range(i - 1, j, -1):       # What_{I-1} first, What_{J+1} last
+                    ref = ref @ what[base + k].to(F64)
+                assert rel(om[pb + i * nsc + j], ref) < 1e-6, (nsc, i, j)
+                n_checked += 1
+    assert n_checked == 0 + 1 + 10 + 3
+
+
 def test_last_superchunk_transition_is_zero_and_backward_warns_nothing():
     """No super-chunk follows a sequence's last one, so its transition What is never computed; the
     forward leaves it zero (the backward's dkv kernel reads it into a dead product rather than

@@ -11,8 +11,11 @@ D=64 (spec defaults): compile + shared memory <= 232448 B (the sm_90 per-block o
 D=128 (with ``TritonParams.heuristic(128, 128)``, the parameters ``path_attention_triton`` picks when
 no config is given, when that exists): compile asserted; a kernel over the shared-memory limit is an
 xfail that prints its numbers (being fixed; it turns into a pass by itself once the kernel fits).
+D=256 (``TritonParams.heuristic(256, 256)``: the column-blocked transition path, DB = 64 < BD, and
+the heuristic's small tiles): compile + shared memory <= 232448 B asserted for every launch
+(D=192 pads to the same 256-wide tiles).
 
-Takes ~20 s (D=64) + ~80 s (D=128) of CPU on a cold Triton cache: marked ``slow``.
+Takes ~20 s (D=64) + ~80 s (D=128) + ~100 s (D=256) of CPU on a cold Triton cache: marked ``slow``.
 Skipped cleanly when Triton's bundled ptxas is missing.
 """
 from __future__ import annotations
@@ -37,7 +40,7 @@ from pathtune.codegen.triton import TritonParams  # noqa: E402
 from pathtune.codegen.triton.compile_check import compile_kernel, forward_kernels  # noqa: E402
 
 SMEM_LIMIT_SM90 = 232448  # bytes: max dynamic shared memory per block on H100/H200 (227 KiB)
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 CHILD_TIMEOUT_S = 900
 
 
@@ -143,3 +146,17 @@ def test_kernel_compiles_sm90_d128(compiled, name):
                 "compile_check.forward_kernels still lists it" if name == "bwd_superchunk_chain_kernel" else "")
         pytest.xfail(f"D=128 shared memory being fixed: {name} needs {r['shared']} B > {SMEM_LIMIT_SM90} B "
                      f"(regs {r['regs']}, spills {r['spills']} B){note}")
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_kernel_compiles_and_fits_sm90_d256(compiled, name):
+    """Head dim 256 on the heuristic's config: the three kernels with D x D transition products run
+    column-blocked (bytes of shared memory unblocked -> blocked, same tiles: scan_inter 327680 -> 131072,
+    bwd_inter_dq 606208 -> 147456, bwd_inter_dkv 688128 -> 147456)."""
+    if name not in compiled[256]:
+        assert name == "bwd_superchunk_chain_kernel"      # launched for padded head dims <= 64 only
+        pytest.skip(f"compile_check does not list {name} for D=256")
+    r = compiled[256][name]
+    assert r["ok"], f"{name} (D=256) does not compile for sm_90: {r['error']}"
+    assert 0 <= r["shared"] <= SMEM_LIMIT_SM90, (
+        f"{name} (D=256) needs {r['shared']} B of shared memory > {SMEM_LIMIT_SM90} B (sm_90)")

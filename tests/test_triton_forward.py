@@ -282,3 +282,48 @@ def test_ut_stage_against_reference(C, ut_precision, D):
         assert rel(st.kt[sl, 0], boundary_adjust_keys(K, W, A)) < 1e-5
         M = A @ torch.tril(W @ K.T, -1)
         assert rel(st.m[sl, 0, :n], M) < 1e-5
+
+
+# ----------------------------------------------------------------------------- wide head dims
+
+def _record_transition_blocks(monkeypatch):
+    """(BD, DB) of every scan_inter_kernel launch (DB < BD: the column-blocked transition path)."""
+    import pathtune.codegen.triton.forward as tri_forward
+
+    seen, real = [], tri_forward.scan_inter_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append((kw["BD"], kw["DB"]))
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(tri_forward, "scan_inter_kernel", Spy())
+    return seen
+
+
+def test_transition_column_block():
+    """Padded head dims up to 128 keep one BD x BD transition product (DB == BD: the code path the
+    D <= 128 kernels always had); 256 (D = 192 and 256) runs column blocks of 64."""
+    from pathtune.codegen.triton.forward import transition_column_block
+
+    assert [transition_column_block(bd) for bd in (16, 32, 64, 128)] == [16, 32, 64, 128]
+    assert transition_column_block(256) == 64
+
+
+@pytest.mark.parametrize("D,DV,HQ,H,lens", [(256, 256, 2, 1, None), (192, 64, 4, 2, None),
+                                            (256, 128, 2, 1, (45, 1, 74))],
+                         ids=["D256", "D192-DV64-gqa", "D256-DV128-varlen"])
+def test_forward_wide_head_dims(monkeypatch, D, DV, HQ, H, lens):
+    """D = 192 / 256 (padded to 256): the inter-super-chunk scan applies What_J in 64-column blocks.
+    T = 120 over 4 super-chunks of 32 (varlen: 45 / 1 / 74 tokens, 2 + 1 + 3 super-chunks), FoX gate;
+    D = 192 leaves the fourth column block empty, DV != D, GQA."""
+    seen = _record_transition_blocks(monkeypatch)
+    T = sum(lens) if lens else 120
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32) if lens else None
+    x = make_inputs(210 + D + DV + HQ, B=1, T=T, HQ=HQ, H=H, D=D, DV=DV, gate=True)
+    o, lse = run(x, params(), cu_seqlens=cu)
+    check(o, lse, *oracle(*x, cu_seqlens=cu), TOL[F32])
+    assert seen == [(256, 64)], seen       # the column-blocked path ran
+

@@ -41,20 +41,50 @@ def _id(case):
             f"{'-varlen' if lens else ''}")
 
 
+# Head dims above 128 (padded to 256: the column-blocked D x D transitions, backward.py's per-pair Om)
+# with their heuristic tiles: (D, DV, dtype, HQ, H, gate, lens, B, T, config).  T = 4096 at the
+# heuristic's super-chunk of 2048 (2 super-chunks), at 512 (8 super-chunks, 28 pairs), and varlen.
+WIDE_CASES = [
+    (192, 192, torch.bfloat16, 4, 4, True, None, 1, 4096, None),
+    (256, 256, torch.bfloat16, 4, 4, True, None, 1, 4096, None),
+    (256, 256, torch.bfloat16, 8, 2, True, None, 1, 4096, dict(superchunk_size=512)),
+    (192, 128, torch.float16, 4, 2, True, None, 2, 1300, dict(superchunk_size=512)),
+    (256, 256, torch.bfloat16, 4, 4, False, (1500, 1, 2600), 1, None, dict(superchunk_size=512)),
+]
+
+
+def _wide_id(case):
+    *narrow, B, T, config = case
+    S = (config or {}).get("superchunk_size", "h")
+    return f"{_id(narrow)}-B{B}-T{T or sum(narrow[-1])}-S{S}"
+
+
 def _tol(name):
     return getattr(TOL, name) if hasattr(TOL, name) else TOL[name]
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_triton_matches_float64_oracle(case):
+    D, DV, dt, HQ, H, gate, lens = case
+    _check_against_oracle(D, DV, dt, HQ, H, gate, lens, B=1 if lens else 2, T=sum(lens) if lens else 1300,
+                          config=dict(superchunk_size=512), seed=D * 131 + HQ * 7 + H + int(gate))
+
+
+@pytest.mark.parametrize("case", WIDE_CASES, ids=_wide_id)
+def test_triton_wide_head_dims_match_float64_oracle(case):
+    """Head dims 192 / 256 with the heuristic's tiles (config: overrides of TritonParams.heuristic).
+    The oracle sweeps in checkpointed segments at T = 4096 (without, autograd keeps ~40 GiB per head)."""
+    D, DV, dt, HQ, H, gate, lens, B, T, config = case
+    _check_against_oracle(D, DV, dt, HQ, H, gate, lens, B=B, T=T or sum(lens), config=config,
+                          seed=D * 131 + DV + HQ * 7 + H + int(gate) + 1, checkpoint_steps=64)
+
+
+def _check_against_oracle(D, DV, dt, HQ, H, gate, lens, *, B, T, config, seed, checkpoint_steps=None):
     from pathtune.codegen.triton import path_attention_triton
     from pathtune.tuning.measure import oracle_by_kv_head
 
-    D, DV, dt, HQ, H, gate, lens = case
     dev = "cuda"
-    gen = torch.Generator(device=dev).manual_seed(D * 131 + HQ * 7 + H + int(gate))
-    T = sum(lens) if lens else 1300
-    B = 1 if lens else 2
+    gen = torch.Generator(device=dev).manual_seed(seed)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=dev) if lens else None
     q = torch.randn(B, T, HQ, D, device=dev, generator=gen).to(dt)
     k = torch.randn(B, T, H, D, device=dev, generator=gen).to(dt)
@@ -67,17 +97,18 @@ def test_triton_matches_float64_oracle(case):
     do = torch.randn(B, T, HQ, DV, device=dev, generator=gen).to(dt)
     # one kv head at a time: the oracle's autograd sweep keeps ~25-40 GiB per call at T ~ 1300 with all
     # heads at once, and several test workers share the GPU
-    ref, ref_g = oracle_by_kv_head(leaves + ([] if gate else [None]), list(range(H)), do, cu_seqlens=cu)
+    ref, ref_g = oracle_by_kv_head(leaves + ([] if gate else [None]), list(range(H)), do, cu_seqlens=cu,
+                                   checkpoint_steps=checkpoint_steps)
 
     xs = [x.detach().clone().requires_grad_() for x in leaves]
-    o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None, cu_seqlens=cu,
-                                 config=dict(superchunk_size=512))
+    o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None, cu_seqlens=cu, config=config)
     got_g = torch.autograd.grad(o, xs, do)
 
     def rel(a, b):
         return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
     errs = {"o": rel(o, ref)} | {n: rel(a, b) for n, a, b in zip(GRADS, got_g, ref_g)}
-    print(_id(case), {k_: f"{e:.2e}" for k_, e in errs.items()})
+    print(f"D{D}-DV{DV}-{str(dt)[6:]}-{HQ}q{H}kv-B{B}-T{T}{'-fox' if gate else ''}{'-varlen' if lens else ''}",
+          config, {k_: f"{e:.2e}" for k_, e in errs.items()})
     bad = {n: e for n, e in errs.items() if not e < _tol(n)}
     assert not bad, f"over the spec tolerance: {bad} (all: {errs})"

@@ -28,15 +28,16 @@ class KernelConfigError(RuntimeError):
 
 
 def _explain(exc: Exception, q: Tensor, v: Tensor, params_json: str, what: str) -> KernelConfigError:
-    if max(q.shape[-1], v.shape[-1]) > 128:
-        return KernelConfigError(
-            f"the Triton PaTH {what} kernels do not support head dims above 128 yet (D={q.shape[-1]}, "
-            f"DV={v.shape[-1]}): their D x D super-chunk transition tiles alone overflow the shared memory of "
-            f"this GPU ({type(exc).__name__}: {exc}). Use backend='reference' for these head dims.")
+    D, DV = q.shape[-1], v.shape[-1]
+    wide = (" (above head dim 128, TritonParams.heuristic(D, DV)'s tiles are the ones checked to fit an "
+            "sm_90 GPU: chunk_size 32, block_m and bwd_block_m 64, block_n and bwd_block_n 32, one stage)"
+            if max(D, DV) > 128 else "")
     return KernelConfigError(
         f"the Triton PaTH {what} kernels with config {params_json} do not fit this GPU for head dims "
-        f"D={q.shape[-1]}, DV={v.shape[-1]} ({type(exc).__name__}: {exc}). Pass a smaller config "
-        f"(chunk_size, num_stages, block_n), tune one for this GPU, or use backend='reference'.")
+        f"D={D}, DV={DV} ({type(exc).__name__}: {exc}). Pass a smaller config (chunk_size, num_stages, "
+        f"block_m, block_n, bwd_block_m, bwd_block_n){wide}, tune one for this GPU, or use "
+        f"backend='reference'. `python -m pathtune.codegen.triton.compile_check --head-dim {D} --pass fwd "
+        f"--config JSON` reports a config's shared memory per kernel without a GPU.")
 
 
 @torch.library.custom_op("pathtune::path_attn_fwd", mutates_args=())

@@ -5,7 +5,9 @@ Order (each stage only reads what earlier ones wrote):
   3. bwd_inter_dkv     dKJ, inter part of dV, dOm per super-chunk pair, key side of dc
   4. superchunk chain  dWhat from dOm
   2. bwd_inter_dq      dY from all earlier super-chunks, query side of dc (after 3-4: dOm is
-                       freed before dY is allocated)
+                       freed before dY is allocated; wide head dims, padded D above 128: 3 and 2
+                       run column-blocked on every pair's Om_{I,J}, computed in torch before 3
+                       by ``_superchunk_pairs_torch``, as large as dOm, freed after 2)
   5. bwd_transport     dK~, dW, dU from dKJ and dWhat
   6. bwd_intra         dq (final) and the chunk-level dK~, dU, dW, dM, dK, dV, dc inside super-chunks
   7. ut_bwd            dw, dk, dbeta through the UT transform
@@ -27,7 +29,8 @@ from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_kernel
 from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
 from .bwd_intra import bwd_intra_kernel
 from .bwd_prep import bwd_prep_kernel
-from .forward import ForwardState, _LOG2E, _pow2, _tokens, ut_forward, ut_inverse_scratch
+from .forward import (ForwardState, _LOG2E, _pow2, _tokens, transition_column_block, ut_forward,
+                      ut_inverse_scratch)
 from .params import TritonParams
 from .ut import ut_bwd_kernel
 
@@ -70,6 +73,31 @@ def _superchunk_chain_torch(what: torch.Tensor, dom: torch.Tensor, tables: Seque
             dwhat[base + K] = (Om[K + 1:].transpose(-1, -2) @ Ls[K]).sum(0)
             Ls[K] = None
     return dwhat
+
+
+def _superchunk_pairs_torch(what: torch.Tensor, tables: SequenceTables, like: torch.Tensor) -> torch.Tensor:
+    """Om_{I,J} = What_{I-1} ... What_{J+1} (the identity for J = I-1) of every super-chunk pair
+    J < I of every sequence, laid out like dOm (``like``: [n_pairs, H, BD, BD] float32, entry
+    pair_base + I * n_sc + J).  Entries J >= I are left unwritten (no kernel reads them).
+
+    The inter backward kernels read these on the column-blocked path (DB < BD), where no kernel
+    can hold a BD x BD float32 tile to carry the running product itself.  One batched matmul per
+    distance I - J and sequence: Om_{I,J} = Om_{I,J+1} What_{J+1}.
+    """
+    om = torch.empty_like(like)
+    H, BD = what.shape[1], what.shape[2]
+    eye = torch.eye(BD, device=what.device, dtype=what.dtype)
+    for nsc, base, pb in zip(tables.seq_nsc_host, tables.sc_base_host, tables.pair_base_host):
+        if nsc < 2:
+            continue
+        W = what[base:base + nsc]
+        o = om[pb:pb + nsc * nsc].view(nsc, nsc, H, BD, BD)
+        i = torch.arange(1, nsc, device=what.device)
+        o[i, i - 1] = eye
+        for k in range(2, nsc):
+            i = torch.arange(k, nsc, device=what.device)
+            o[i, i - k] = o[i, i - k + 1] @ W[i - k + 1]
+    return om
 
 
 # Working set of the per-range stages (transport, intra, UT backward) above which they run over
@@ -209,13 +237,19 @@ def path_attention_bwd(
         # and a sum of two terms from zero does not depend on their order
         dkj = torch.zeros(N, H, D, **f32)
         dom = torch.zeros(max(tb.n_pairs, 1), H, BD, BD, **f32)
+        # column-blocked transitions (wide head dims): every pair's Om (like dom) from torch, and
+        # scratch rows for KZ / Z; otherwise the kernels carry Om themselves (dummy pointers)
+        DB = transition_column_block(BD)
+        om = _superchunk_pairs_torch(state.what, tb, dom) if DB < BD else state.what
+        kz = torch.empty(N, H, D, device=dev, dtype=state.kj.dtype) if DB < BD else dkj
         bwd_inter_dkv_kernel[(tb.n_sc * (S // BN), H)](
-            y, state.kj, vt, state.what, gc, dot_, lset, delta, dkj, dv, dom, dc,
+            y, state.kj, vt, state.what, gc, dot_, lset, delta, dkj, dv, dom, dc, om, kz,
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             qk_scale, gate_scale, scale, gate_nat,
-            BLOCK_N=BN, BLOCK_M=params.bwd_block_m, TP=tp, USE_GATE=use_gate, INTERP=interp,
+            BLOCK_N=BN, BLOCK_M=params.bwd_block_m, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
             num_warps=params.bwd_num_warps, num_stages=params.bwd_num_stages, **common,
         )
+        del kz
         if BD <= 64:
             dwhat = torch.zeros_like(state.what)
             bwd_superchunk_chain_kernel[(tb.n_seq, H)](
@@ -226,13 +260,15 @@ def path_attention_bwd(
             dwhat = _superchunk_chain_torch(state.what, dom, tb)
         del dom
         dy = torch.zeros(N, HQ, D, **f32)
+        z = torch.empty(N, HQ, D, device=dev, dtype=y.dtype) if DB < BD else dy
         bwd_inter_dq_kernel[(tb.n_chunks, HQ)](
-            y, state.kj, vt, state.what, gc, dot_, lset, delta, dy, dc,
-            tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base,
+            y, state.kj, vt, state.what, gc, dot_, lset, delta, dy, dc, om, z,
+            tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             tb.n_chunks, qk_scale, gate_scale, scale, gate_nat,
-            BLOCK_N=BN, TP=tp, USE_GATE=use_gate, INTERP=interp,
+            BLOCK_N=BN, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
             num_warps=params.bwd_num_warps, num_stages=params.bwd_num_stages, **common,
         )
+        del om, z
     else:
         dy = torch.zeros(N, HQ, D, **f32)
     del y

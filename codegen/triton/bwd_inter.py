@@ -12,6 +12,17 @@ Given lse and delta, p and dS of every tile are independent, so:
   of dV and adds its share of dOm_{I,J} = scale * Y^T dS KJ (one D x D per super-chunk pair,
   shared by the S / BLOCK_N key tiles of J: atomics).
 Both add the FoX gate's contribution to dc (gradient of the gate cumsum).
+
+Wide head dims (constexpr DB < BD, ``forward.transition_column_block``): a BD x BD float32 tile
+does not fit shared memory (256 KB at BD = 256), so no kernel holds Om.  The host precomputes
+Om_{I,J} for every pair (``backward._superchunk_pairs_torch``, laid out like dOm) and every
+product with it runs "full K, column-blocked output", out[:, cb] = A @ B[:, cb] with BD x DB
+blocks of B read from global memory:
+* dq: Z = Y Om goes block by block into a scratch row buffer of the program's own rows (scan
+  dtype), is read back whole for the key loop, and dY[:, cb] += scale * dZ Om^T[:, cb] is
+  added straight into the program's own rows of dy.
+* dkv: KZ = KJ Om^T through a scratch the same way; dKJ[:, cb] += scale * dKZ Om[:, cb] into
+  the program's own rows of dkj; dOm[:, cb] += scale * dKZ^T KJ[:, cb] (atomics); no Om update.
 """
 from __future__ import annotations
 
@@ -24,13 +35,16 @@ from ._ops import mm
 @triton.jit
 def bwd_inter_dq_kernel(
     y_ptr, kj_ptr, v_ptr, what_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
-    dy_ptr, dc_ptr,
-    chunk_tok0, chunk_seq, seq_start, seq_end, seq_sc_base,
+    dy_ptr, dc_ptr, om_ptr, z_ptr,
+    chunk_tok0, chunk_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
     n_chunks, qk_scale, gate_scale, scale, gate_nat,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
-    DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+    DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
 ):
+    # DB == BD: Om is a running register tile (om_ptr, z_ptr, seq_pair_base unused).  DB < BD:
+    # om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J}; z_ptr [N, HQ, D] (scan dtype) is the
+    # scratch of Z = Y Om for this program's rows; dy (zero-filled) accumulates in place.
     n = n_chunks - 1 - tl.program_id(0)
     hq = tl.program_id(1)
     h = hq // (HQ // H)
@@ -56,31 +70,71 @@ def bwd_inter_dq_kernel(
         delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
         if USE_GATE:
             c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-        Om = tl.where(d[:, None] == d[None, :], 1.0, 0.0)
-        dY = tl.zeros((C, BD), dtype=tl.float32)
         dcq = tl.zeros((C,), dtype=tl.float32)
-        for step in range(0, sc_idx):
-            jj = sc_idx - 1 - step
-            Zd = tl.dot(Y, Om, input_precision=TP).to(DT)
-            dZ = tl.zeros((C, BD), dtype=tl.float32)
-            for t0 in range(0, S, BLOCK_N):
-                krows = (s0 + jj * S + t0 + rn).to(tl.int64)
-                KJ = tl.load(kj_ptr + (krows[:, None] * H + h) * D + d[None, :], mask=dmask, other=0.0).to(DT)
-                Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
-                s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
-                if USE_GATE:
-                    c_k = tl.load(gc_ptr + krows * HQ + hq)
-                    s += (c_q[:, None] - c_k[None, :]) * gate_scale
-                p = tl.exp2(s - lse2[:, None])
-                dp = mm(dO, tl.trans(Vt), INTERP)
-                ds = p * (dp - delta[:, None])
-                dZ += mm(ds.to(DT), KJ, INTERP)
-                if USE_GATE:
-                    dcq += tl.sum(ds, axis=1)
-            dY += tl.dot(dZ, tl.trans(Om), input_precision=TP)
-            Wh = tl.load(what_ptr + (((sc_base + jj) * H + h) * BD + d[:, None]) * BD + d[None, :])
-            Om = tl.dot(Om, Wh, input_precision=TP)
-        tl.store(dy_ptr + qoff, dY * scale, mask=rmask[:, None] & dmask)
+        if DB == BD:
+            Om = tl.where(d[:, None] == d[None, :], 1.0, 0.0)
+            dY = tl.zeros((C, BD), dtype=tl.float32)
+            for step in range(0, sc_idx):
+                jj = sc_idx - 1 - step
+                Zd = tl.dot(Y, Om, input_precision=TP).to(DT)
+                dZ = tl.zeros((C, BD), dtype=tl.float32)
+                for t0 in range(0, S, BLOCK_N):
+                    krows = (s0 + jj * S + t0 + rn).to(tl.int64)
+                    KJ = tl.load(kj_ptr + (krows[:, None] * H + h) * D + d[None, :], mask=dmask, other=0.0).to(DT)
+                    Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
+                    s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
+                    if USE_GATE:
+                        c_k = tl.load(gc_ptr + krows * HQ + hq)
+                        s += (c_q[:, None] - c_k[None, :]) * gate_scale
+                    p = tl.exp2(s - lse2[:, None])
+                    dp = mm(dO, tl.trans(Vt), INTERP)
+                    ds = p * (dp - delta[:, None])
+                    dZ += mm(ds.to(DT), KJ, INTERP)
+                    if USE_GATE:
+                        dcq += tl.sum(ds, axis=1)
+                dY += tl.dot(dZ, tl.trans(Om), input_precision=TP)
+                Wh = tl.load(what_ptr + (((sc_base + jj) * H + h) * BD + d[:, None]) * BD + d[None, :])
+                Om = tl.dot(Om, Wh, input_precision=TP)
+            tl.store(dy_ptr + qoff, dY * scale, mask=rmask[:, None] & dmask)
+        else:
+            pair_base = tl.load(seq_pair_base + sid)
+            n_sc_seq = (send - s0 + S - 1) // S
+            qrow = (rows * HQ + hq) * D
+            for step in range(0, sc_idx):
+                jj = sc_idx - 1 - step
+                om_base = om_ptr + ((pair_base + sc_idx * n_sc_seq + jj) * H + h) * BD * BD
+                tl.debug_barrier()      # every read of z and dy of the previous step is done
+                for cb in tl.static_range(BD // DB):
+                    if cb * DB < D:     # column blocks wholly past D are zero
+                        e = cb * DB + tl.arange(0, DB)
+                        Omb = tl.load(om_base + d[:, None] * BD + e[None, :])            # Om[:, cb]
+                        tl.store(z_ptr + qrow[:, None] + e[None, :], tl.dot(Y, Omb, input_precision=TP).to(DT),
+                                 mask=rmask[:, None] & (e < D)[None, :])
+                tl.debug_barrier()
+                Zd = tl.load(z_ptr + qoff, mask=rmask[:, None] & dmask, other=0.0)
+                dZ = tl.zeros((C, BD), dtype=tl.float32)
+                for t0 in range(0, S, BLOCK_N):
+                    krows = (s0 + jj * S + t0 + rn).to(tl.int64)
+                    KJ = tl.load(kj_ptr + (krows[:, None] * H + h) * D + d[None, :], mask=dmask, other=0.0).to(DT)
+                    Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
+                    s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
+                    if USE_GATE:
+                        c_k = tl.load(gc_ptr + krows * HQ + hq)
+                        s += (c_q[:, None] - c_k[None, :]) * gate_scale
+                    p = tl.exp2(s - lse2[:, None])
+                    dp = mm(dO, tl.trans(Vt), INTERP)
+                    ds = p * (dp - delta[:, None])
+                    dZ += mm(ds.to(DT), KJ, INTERP)
+                    if USE_GATE:
+                        dcq += tl.sum(ds, axis=1)
+                for cb in tl.static_range(BD // DB):
+                    if cb * DB < D:
+                        e = cb * DB + tl.arange(0, DB)
+                        OmR = tl.load(om_base + e[:, None] * BD + d[None, :])            # Om[cb, :]
+                        yptr = dy_ptr + qrow[:, None] + e[None, :]
+                        ymask = rmask[:, None] & (e < D)[None, :]
+                        upd = tl.dot(dZ, tl.trans(OmR), input_precision=TP) * scale
+                        tl.store(yptr, tl.load(yptr, mask=ymask, other=0.0) + upd, mask=ymask)
         if USE_GATE:
             cptr = dc_ptr + rows * HQ + hq
             tl.store(cptr, tl.load(cptr, mask=rmask, other=0.0) + dcq * gate_nat, mask=rmask)
@@ -89,14 +143,17 @@ def bwd_inter_dq_kernel(
 @triton.jit
 def bwd_inter_dkv_kernel(
     y_ptr, kj_ptr, v_ptr, what_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
-    dkj_ptr, dv_ptr, dom_ptr, dc_ptr,
+    dkj_ptr, dv_ptr, dom_ptr, dc_ptr, om_ptr, kz_ptr,
     sc_tok0, sc_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
     qk_scale, gate_scale, scale, gate_nat,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+    DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
 ):
+    # DB == BD: Om is a running register tile, Om_{I+1,J} = What_I Om_{I,J} (om_ptr, kz_ptr unused).
+    # DB < BD: om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J}; kz_ptr [N, H, D] (scan dtype) is
+    # the scratch of KZ = KJ Om^T for this program's key rows; dkj accumulates in place per pair.
     # BLOCK_M: query rows per step of the walk over a later super-chunk (the bwd_block_m knob; the
     # UT chunk is no unit here: p and dS of every query row are independent given lse and delta)
     # one program per key tile of BLOCK_N keys (the earliest super-chunks, with the most later
@@ -132,40 +189,89 @@ def bwd_inter_dkv_kernel(
             dKJ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
             dV = tl.zeros((BLOCK_N, BDV), dtype=tl.float32)
             dck = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            Om = tl.where(d[:, None] == d[None, :], 1.0, 0.0)
-            for il in range(jl + 1, n_sc_seq):
-                KZ = tl.dot(KJ.to(tl.float32), tl.trans(Om), input_precision=TP).to(DT)
-                dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
-                for m0 in range(0, S, BLOCK_M):
-                    rows = (s0 + il * S + m0 + r).to(tl.int64)
-                    rmask = rows < send
-                    Yd = tl.load(y_ptr + (rows[:, None] * HQ + hq) * D + d[None, :],
-                                 mask=rmask[:, None] & dmask, other=0.0).to(DT)
-                    dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :],
-                                 mask=rmask[:, None] & dvmask, other=0.0)
-                    lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
-                    delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-                    s = mm(Yd, tl.trans(KZ), INTERP) * qk_scale
-                    if USE_GATE:
-                        c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-                        s += (c_q[:, None] - c_k[None, :]) * gate_scale
-                    p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
-                    dp = mm(dO, tl.trans(Vt), INTERP)
-                    ds = p * (dp - delta[:, None])
-                    dV += mm(tl.trans(p).to(Vt.dtype), dO, INTERP)
-                    dKZ += mm(tl.trans(ds).to(DT), Yd, INTERP)
-                    if USE_GATE:
-                        dck -= tl.sum(ds, axis=0)
-                dKJ += tl.dot(dKZ, Om, input_precision=TP)
-                pptr = dom_ptr + ((pair_base + il * n_sc_seq + jl) * H + h) * BD * BD + dpair
-                dom = tl.dot(tl.trans(dKZ), KJ.to(tl.float32), input_precision=TP) * scale
-                tl.atomic_add(pptr, dom, sem="relaxed")
-                # (after the last super-chunk this product is dead; prepare_state zero-fills that
-                # entry rather than branching here, which cost 64 KB more shared memory at D=128)
-                Wh = tl.load(what_ptr + (((sc_base + il) * H + h) * BD + d[:, None]) * BD + d[None, :])
-                Om = tl.dot(Wh, Om, input_precision=TP)
+            if DB == BD:
+                Om = tl.where(d[:, None] == d[None, :], 1.0, 0.0)
+                for il in range(jl + 1, n_sc_seq):
+                    KZ = tl.dot(KJ.to(tl.float32), tl.trans(Om), input_precision=TP).to(DT)
+                    dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
+                    for m0 in range(0, S, BLOCK_M):
+                        rows = (s0 + il * S + m0 + r).to(tl.int64)
+                        rmask = rows < send
+                        Yd = tl.load(y_ptr + (rows[:, None] * HQ + hq) * D + d[None, :],
+                                     mask=rmask[:, None] & dmask, other=0.0).to(DT)
+                        dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :],
+                                     mask=rmask[:, None] & dvmask, other=0.0)
+                        lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
+                        delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+                        s = mm(Yd, tl.trans(KZ), INTERP) * qk_scale
+                        if USE_GATE:
+                            c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+                            s += (c_q[:, None] - c_k[None, :]) * gate_scale
+                        p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
+                        dp = mm(dO, tl.trans(Vt), INTERP)
+                        ds = p * (dp - delta[:, None])
+                        dV += mm(tl.trans(p).to(Vt.dtype), dO, INTERP)
+                        dKZ += mm(tl.trans(ds).to(DT), Yd, INTERP)
+                        if USE_GATE:
+                            dck -= tl.sum(ds, axis=0)
+                    dKJ += tl.dot(dKZ, Om, input_precision=TP)
+                    pptr = dom_ptr + ((pair_base + il * n_sc_seq + jl) * H + h) * BD * BD + dpair
+                    dom = tl.dot(tl.trans(dKZ), KJ.to(tl.float32), input_precision=TP) * scale
+                    tl.atomic_add(pptr, dom, sem="relaxed")
+                    # (after the last super-chunk this product is dead; prepare_state zero-fills that
+                    # entry rather than branching here, which cost 64 KB more shared memory at D=128)
+                    Wh = tl.load(what_ptr + (((sc_base + il) * H + h) * BD + d[:, None]) * BD + d[None, :])
+                    Om = tl.dot(Wh, Om, input_precision=TP)
+            else:
+                krow = (krows * H + h) * D
+                for il in range(jl + 1, n_sc_seq):
+                    pair = ((pair_base + il * n_sc_seq + jl) * H + h) * BD * BD
+                    tl.debug_barrier()      # every read of kz and dkj of the previous pair is done
+                    for cb in tl.static_range(BD // DB):
+                        if cb * DB < D:     # column blocks wholly past D are zero
+                            e = cb * DB + tl.arange(0, DB)
+                            OmR = tl.load(om_ptr + pair + e[:, None] * BD + d[None, :])          # Om[cb, :]
+                            tl.store(kz_ptr + krow[:, None] + e[None, :],
+                                     tl.dot(KJ.to(tl.float32), tl.trans(OmR), input_precision=TP).to(DT),
+                                     mask=(e < D)[None, :])
+                    tl.debug_barrier()
+                    KZ = tl.load(kz_ptr + koff, mask=dmask, other=0.0)
+                    dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
+                    for m0 in range(0, S, BLOCK_M):
+                        rows = (s0 + il * S + m0 + r).to(tl.int64)
+                        rmask = rows < send
+                        Yd = tl.load(y_ptr + (rows[:, None] * HQ + hq) * D + d[None, :],
+                                     mask=rmask[:, None] & dmask, other=0.0).to(DT)
+                        dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :],
+                                     mask=rmask[:, None] & dvmask, other=0.0)
+                        lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
+                        delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+                        s = mm(Yd, tl.trans(KZ), INTERP) * qk_scale
+                        if USE_GATE:
+                            c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+                            s += (c_q[:, None] - c_k[None, :]) * gate_scale
+                        p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
+                        dp = mm(dO, tl.trans(Vt), INTERP)
+                        ds = p * (dp - delta[:, None])
+                        dV += mm(tl.trans(p).to(Vt.dtype), dO, INTERP)
+                        dKZ += mm(tl.trans(ds).to(DT), Yd, INTERP)
+                        if USE_GATE:
+                            dck -= tl.sum(ds, axis=0)
+                    for cb in tl.static_range(BD // DB):
+                        if cb * DB < D:
+                            e = cb * DB + tl.arange(0, DB)
+                            emask = (e < D)[None, :]
+                            Omb = tl.load(om_ptr + pair + d[:, None] * BD + e[None, :])          # Om[:, cb]
+                            kptr = dkj_ptr + krow[:, None] + e[None, :]
+                            upd = tl.dot(dKZ, Omb, input_precision=TP) * scale
+                            tl.store(kptr, tl.load(kptr, mask=emask, other=0.0) + upd, mask=emask)
+                            KJb = tl.load(kj_ptr + krow[:, None] + e[None, :], mask=emask, other=0.0)
+                            dom = tl.dot(tl.trans(dKZ), KJb.to(tl.float32), input_precision=TP) * scale
+                            tl.atomic_add(dom_ptr + pair + d[:, None] * BD + e[None, :], dom,
+                                          mask=(d < D)[:, None] & emask, sem="relaxed")
             tl.debug_barrier()
-            tl.store(dkj_ptr + koff, tl.load(dkj_ptr + koff, mask=dmask, other=0.0) + dKJ * scale, mask=dmask)
+            if DB == BD:
+                tl.store(dkj_ptr + koff, tl.load(dkj_ptr + koff, mask=dmask, other=0.0) + dKJ * scale, mask=dmask)
             tl.store(dv_ptr + voff, tl.load(dv_ptr + voff, mask=dvmask, other=0.0) + dV, mask=dvmask)
             if USE_GATE:
                 cptr = dc_ptr + krows * HQ + hq

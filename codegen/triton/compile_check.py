@@ -86,7 +86,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .forward import _pow2
     from .scan_fwd import scan_inter_kernel, scan_intra_kernel
     from .transport import superchunk_transport_kernel
-    from .forward import UT_COLUMN_BLOCK, UT_NUM_WARPS
+    from .forward import UT_COLUMN_BLOCK, UT_NUM_WARPS, transition_column_block
     from .ut import ut_apply_kernel, ut_bwd_kernel, ut_chunk_kernel, ut_diag_inverse_kernel
 
     io = f"*{dtype}"
@@ -104,9 +104,9 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     for name in ("w_ptr", "u_ptr", "m_ptr", "kt_ptr", "what_ptr", "gc_ptr", "lse_ptr", "beta_ptr", "y_ptr",
                  "delta_ptr", "dy_ptr", "dc_ptr", "dkj_ptr", "dv_ptr", "dom_ptr", "dwhat_ptr", "dkt_ptr",
                  "dw_ptr", "du_ptr", "dm_ptr", "dk_ptr", "scratch_ptr", "dw_acc_ptr", "dk_acc_ptr",
-                 "dbeta_ptr", "a_ptr"):
+                 "dbeta_ptr", "a_ptr", "om_ptr"):
         sig[name] = _PTR_F32
-    sig["kj_ptr"] = scan
+    sig["kj_ptr"] = sig["z_ptr"] = sig["kz_ptr"] = scan
     for name in ("x_ptr", "o_part_ptr"):
         sig[name] = _PTR_F32
     for name in ("chunk_tok0", "chunk_seq", "seq_start", "seq_end", "seq_sc_base", "sc_tok0", "sc_seq",
@@ -121,6 +121,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     btp = params.bwd_transition_precision
     bflags = dict(flags, TP=btp)
     rows = min(BD, 32)
+    DB = transition_column_block(BD)   # < BD: the column-blocked transition path of wide head dims
     return [
         (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C,
                                            BETA_MAX=params.beta_max), 1, 1),
@@ -130,11 +131,14 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          UT_NUM_WARPS, 1),
         (superchunk_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype, TP=tp), 4, 1),
         (scan_intra_kernel, sig, dict(common, WRITE_X=True, **flags), params.num_warps, 1),
-        (scan_inter_kernel, dict(sig, o_ptr=io), dict({k: v for k, v in common.items() if k != 'C'}, BLOCK_M=params.block_m, BLOCK_N=params.block_n, **flags),
+        (scan_inter_kernel, dict(sig, o_ptr=io), dict({k: v for k, v in common.items() if k != 'C'},
+                                                      BLOCK_M=params.block_m, BLOCK_N=params.block_n, DB=DB, **flags),
          params.inter_num_warps, params.num_stages),
         (bwd_prep_kernel, sig, dict(common, INTERP=False), params.bwd_num_warps, 1),
-        (bwd_inter_dq_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, **bflags), params.bwd_num_warps, params.bwd_num_stages),
-        (bwd_inter_dkv_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, BLOCK_M=params.bwd_block_m, **bflags),
+        (bwd_inter_dq_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags), params.bwd_num_warps,
+         params.bwd_num_stages),
+        (bwd_inter_dkv_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, BLOCK_M=params.bwd_block_m, DB=DB,
+                                         **bflags),
          params.bwd_num_warps, params.bwd_num_stages),
         # launched for BD <= 64 only; larger head dims use the torch chain (backward.py)
         *([(bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=btp), 4, 1)] if BD <= 64 else []),

@@ -20,6 +20,20 @@ UT_COLUMN_BLOCK = 64   # D columns per UT program (ut_chunk accumulates over the
 # 4 warps: on the H200 (benchmarks/dev_kernel_probe.py, session 6, one launch over 32K tokens) ut_chunk took
 # 1.12 -> 0.59 ms (D=64) and 0.69 -> 0.37 ms (D=128) from 8 warps to 4, ut_apply 0.50 -> 0.30 ms at both
 UT_NUM_WARPS = 4
+# Column block of the dense BD x BD super-chunk transition products (the forward's X What_J, the
+# backward's Om_{I,J} products).  Up to BD = 128 a kernel holds a whole BD x BD float32 tile
+# (DB == BD, one product).  Above, such a tile alone (256 KB at BD = 256) exceeds the 227 KB of
+# shared memory of an sm_90 block, so the products run "full K, column-blocked output":
+# out[:, cb] = A @ B[:, cb] with BD x DB blocks of B read from global memory (DB < BD).
+TRANSITION_COLUMN_BLOCK = 64
+TRANSITION_BLOCKED_ABOVE = 128   # padded head dims above this take the column-blocked path
+
+
+def transition_column_block(BD: int) -> int:
+    """DB, the constexpr column block of the transition products for padded head dim BD:
+    BD itself (one unblocked product) up to ``TRANSITION_BLOCKED_ABOVE``, else
+    ``TRANSITION_COLUMN_BLOCK``."""
+    return BD if BD <= TRANSITION_BLOCKED_ABOVE else min(BD, TRANSITION_COLUMN_BLOCK)
 
 
 @dataclass
@@ -170,7 +184,8 @@ def path_attention_fwd(
             tables.blk_tok0, tables.blk_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base,
             tables.n_blocks, scale * _LOG2E, gate_scale,
             HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, BLOCK_M=params.block_m, S=S, BLOCK_N=params.block_n,
-            DT=dt, TP=params.transition_precision, USE_GATE=g is not None, INTERP=interp,
+            DB=transition_column_block(BD), DT=dt, TP=params.transition_precision, USE_GATE=g is not None,
+            INTERP=interp,
             num_warps=params.inter_num_warps, num_stages=params.num_stages,
         )
     return o.view(B, T, HQ, DV), lse.view(B, T, HQ), state

@@ -21,10 +21,23 @@ def heuristic_knobs(head_dim: int, head_dim_v: int | None = None) -> dict:
     rows).  Decoding splits the cache 16 ways (capped by its tiles): with 4, a batch of 8 x 16 heads
     launches 512 programs, 1.3 waves of an H200 at three programs per SM, and the second wave runs
     a third full.
+
+    Above head dim 128 (padded 256) the D x D transitions run column-blocked (forward
+    ``transition_column_block``) and the tiles shrink until every kernel fits (compile_check, sm_90,
+    D = 256): UT chunks of 32 (at 64 the backward's intra, transport and UT kernels need 393, 246
+    and 377 KB); query tiles of 64 rows and key tiles of 32 in the inter kernels, forward and
+    backward (block_m, block_n, bwd_block_m, bwd_block_n; with bwd 128 / 64 the key-side inter
+    backward needs 279 KB, and the forward's inter scan at 128 / 64 spills 1.5 KB a thread
+    instead of 148 B).  Super-chunks of 2048 tokens: the backward holds dOm and the precomputed
+    Om of every super-chunk pair at once (n_sc^2 tiles of 256 x 256 float32 per head and sequence,
+    256 KB each): 2 x 16 MB per head and sequence at T = 16384 (64 pairs), against 2 x 64 MB at 1024.
     """
     d = max(head_dim, head_dim_v or head_dim)
     if d <= 64:
         return dict(decode_splits=16)
-    return dict(num_stages=1, bwd_num_stages=1, transition_precision="tf32", bwd_transition_precision="tf32",
-                num_warps=8 if d > 128 else 4, bwd_num_warps=8,
-                decode_block_n=64, decode_num_warps=8, decode_splits=16)
+    knobs = dict(num_stages=1, bwd_num_stages=1, transition_precision="tf32", bwd_transition_precision="tf32",
+                 num_warps=8 if d > 128 else 4, bwd_num_warps=8,
+                 decode_block_n=64, decode_num_warps=8, decode_splits=16)
+    if d > 128:
+        knobs.update(chunk_size=32, superchunk_size=2048, block_m=64, block_n=32, bwd_block_m=64, bwd_block_n=32)
+    return knobs

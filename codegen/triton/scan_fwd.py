@@ -119,13 +119,16 @@ def scan_inter_kernel(
     n_blocks, qk_scale, gate_scale,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
-    DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+    DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
 ):
     """Merge the earlier super-chunks into the partial softmax of ``scan_intra_kernel``.
 
     o_part (float32) and lse hold the partial result; o (q's dtype) and lse receive the final one.
     x [N, HQ, D] float32 holds the queries at the start of their super-chunk; it is overwritten.
     Blocks of the first super-chunk of a sequence only convert o_part to o.
+    DB (``forward.transition_column_block``): DB == BD multiplies X by the whole BD x BD What_J;
+    DB < BD (wide head dims) writes X What_J one DB-column block at a time, each from the full X
+    (read before the first write) and a BD x DB block of What_J.
     """
     n = n_blocks - 1 - tl.program_id(0)     # latest blocks (most super-chunks to scan) first
     hq = tl.program_id(1)
@@ -172,10 +175,23 @@ def scan_inter_kernel(
                 v_blk = tl.advance(v_blk, (BLOCK_N, 0))
             if jj > 0:
                 d = tl.arange(0, BD)
-                Wh = tl.load(what_ptr + (((sc_base + jj) * H + h) * BD + d[:, None]) * BD + d[None, :])
-                X = tl.load(x_blk, boundary_check=(0, 1), padding_option="zero")
-                tl.debug_barrier()
-                tl.store(x_blk, tl.dot(X, Wh, input_precision=TP), boundary_check=(0, 1))
+                if DB == BD:
+                    Wh = tl.load(what_ptr + (((sc_base + jj) * H + h) * BD + d[:, None]) * BD + d[None, :])
+                    X = tl.load(x_blk, boundary_check=(0, 1), padding_option="zero")
+                    tl.debug_barrier()
+                    tl.store(x_blk, tl.dot(X, Wh, input_precision=TP), boundary_check=(0, 1))
+                else:
+                    # in place: every thread holds its part of the whole X before any column is written
+                    X = tl.load(x_blk, boundary_check=(0, 1), padding_option="zero")
+                    tl.debug_barrier()
+                    wh_base = what_ptr + ((sc_base + jj) * H + h) * BD * BD
+                    for cb in tl.static_range(BD // DB):
+                        if cb * DB < D:     # column blocks wholly past D hold nothing to store
+                            e = cb * DB + tl.arange(0, DB)
+                            Wh = tl.load(wh_base + d[:, None] * BD + e[None, :])
+                            xb_blk = tl.make_block_ptr(x_ptr + q_base * D, (n_rows, D), (HQ * D, 1), (0, cb * DB),
+                                                       (BLOCK_M, DB), (1, 0))
+                            tl.store(xb_blk, tl.dot(X, Wh, input_precision=TP), boundary_check=(0, 1))
                 tl.debug_barrier()
         tl.store(lse_ptr + q_base + r * HQ, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=rmask)
     o_out = tl.make_block_ptr(o_ptr + q_base * DV, (n_rows, DV), (HQ * DV, 1), (0, 0), (BLOCK_M, BDV), (1, 0))
