@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import inspect
 import json
 import os
 import re
@@ -26,9 +25,6 @@ import triton
 
 from pathtune.codegen.triton import path_attention_triton
 import pathtune.codegen.triton.backward as bwd_mod
-import pathtune.codegen.triton.bwd_chain as chain_mod
-import pathtune.codegen.triton.bwd_inter as inter_mod
-import pathtune.codegen.triton.bwd_intra as intra_mod
 import pathtune.codegen.triton.forward as fwd_mod
 from pathtune.tuning.bench import make_inputs
 
@@ -94,7 +90,8 @@ def run_case(D, H, T, gate, old_intra_src):
     q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0, dtype=torch.bfloat16)
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
     do = torch.randn_like(q)
-    with Capture(bwd_mod, "bwd_transport_kernel") as tr, Capture(bwd_mod, "bwd_intra_kernel") as ia, \
+    with Capture(bwd_mod, "bwd_transport_chain_kernel") as trc, Capture(bwd_mod, "bwd_transport_grads_kernel") as trg, \
+            Capture(bwd_mod, "bwd_intra_kernel") as ia, \
             Capture(bwd_mod, "bwd_inter_dkv_kernel") as dkv, Capture(fwd_mod, "ut_chunk_kernel") as utc, \
             Capture(fwd_mod, "ut_apply_kernel") as uta, Capture(fwd_mod, "ut_diag_inverse_kernel") as utd:
         o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None)
@@ -110,28 +107,13 @@ def run_case(D, H, T, gate, old_intra_src):
         for change in ([dict(num_warps=4), dict(UP="tf32"), dict(num_warps=4, UP="tf32")] if "UP" in kw else []):
             emit(dict(base, kernel=name, variant=str(change), ms=time_launch(cap.real, grid, args, dict(kw, **change))))
 
-    # bwd_transport: rows per program (fewer programs, fewer redundant atomics) and atomics -> stores
-    grid, args, kw = tr.calls[0]
-    emit(dict(base, kernel="bwd_transport", variant="as is", rows=kw["ROWS"], ms=time_launch(tr.real, grid, args, kw)))
-    BD = kw["BD"]
-    chain_src = inspect.getsource(chain_mod)
-    no_atomics = load_variant(chain_src, "bwd_transport_kernel", f"tr_store_{D}",
-                              [("tl.atomic_add(", "tl.store(")])
-    emit(dict(base, kernel="bwd_transport", variant="stores instead of atomics (timing only)", rows=kw["ROWS"],
-              ms=time_launch(no_atomics, grid, args, kw)))
-    for rows in (16, 64, 128):
-        if rows > BD:
-            continue
+    # the transport backward's two kernels (chain: serial per row block; grads: per chunk) and their warps
+    for cap, name in ((trc, "bwd_transport_chain"), (trg, "bwd_transport_grads")):
+        grid, args, kw = cap.calls[0]
+        emit(dict(base, kernel=name, variant=f"as is (warps {kw['num_warps']})", ms=time_launch(cap.real, grid, args, kw)))
         for nw in (4, 8):
-            a = list(args)
-            a[8] = torch.empty(grid[0] * grid[1] * (BD // kw["ROWS"]) * kw["S"] // kw["C"] * kw["ROWS"] * BD,
-                               device=args[8].device, dtype=torch.float32)   # scratch: same total size for any ROWS
-            k2 = dict(kw, ROWS=rows, num_warps=nw)
-            try:
-                ms = time_launch(tr.real, (grid[0], grid[1], BD // rows), a, k2)
-            except Exception as exc:   # out of resources is a result here
-                ms = f"{type(exc).__name__}: {str(exc)[:120]}"
-            emit(dict(base, kernel="bwd_transport", variant=f"ROWS {rows} warps {nw}", rows=rows, ms=ms))
+            if nw != kw["num_warps"]:
+                emit(dict(base, kernel=name, variant=f"warps {nw}", ms=time_launch(cap.real, grid, args, dict(kw, num_warps=nw))))
 
     # bwd_intra: this tree's kernel (chain states parked in scratch) vs an older file's
     grid, args, kw = ia.calls[0]
@@ -148,19 +130,6 @@ def run_case(D, H, T, gate, old_intra_src):
     if gate:
         emit(dict(base, kernel="bwd_inter_dkv", variant="gate off (same args)",
                   ms=time_launch(dkv.real, grid, args, dict(kw, USE_GATE=False))))
-        try:
-            dsacc = load_variant(inspect.getsource(inter_mod), "bwd_inter_dkv_kernel", f"dkv_acc_{D}", [
-                ("            dck = tl.zeros((BLOCK_N,), dtype=tl.float32)\n",
-                 "            dsacc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n"),
-                ("                        dck -= tl.sum(ds, axis=0)\n", "                        dsacc += ds\n"),
-                ("                tl.store(cptr, tl.load(cptr) + dck * gate_nat)",
-                 "                tl.store(cptr, tl.load(cptr) - tl.sum(dsacc, axis=0) * gate_nat)"),
-            ])
-            emit(dict(base, kernel="bwd_inter_dkv", variant="gate column sums once per program",
-                      ms=time_launch(dsacc, grid, args, kw)))
-        except Exception as exc:
-            emit(dict(base, kernel="bwd_inter_dkv", variant="gate column sums once per program",
-                      ms=f"{type(exc).__name__}: {str(exc)[:160]}"))
 
 
 def main():

@@ -32,7 +32,7 @@
 #                   through the public API next to backend="triton" and SDPA (~60 s of the limit). Carry .whl and
 #                   build/tvm_decode_bench (5.3 MiB; built here by `python -m pathtune.codegen.tvm.build_decode_bench`)
 #   kprobe [150]    benchmarks/dev_kernel_probe.py $KPROBE_ARGS: single launches of one fwd+bwd timed next to
-#                   variants of their kernels (rows per program, warps, precision, an older bwd_intra file)
+#                   variants of their kernels (warps, precision, an older bwd_intra file)
 #   profile [120]   per-kernel device time of one fwd+bwd (heuristic config), D 64/128, T 16K and 4K
 #                   (PROFILE_STEPS=profile4k: 4K only; PROFILE_GATES=both: PaTH next to PaTH-FoX)
 #   sweep [240]     benchmarks/dev_gpu_run2.py $SWEEP (default sweep): fwd / fwd+bwd and per-kernel times per knob change

@@ -467,14 +467,14 @@ def test_range_split_gives_identical_gradients(monkeypatch, case):
 
 
 def test_range_budget(monkeypatch):
-    """PHASE2_RANGE_BYTES (256 MiB: 7 ranges at the tuner's 32768 tokens, D=64, H=16, bwd_intra's
-    chain-state slots included; the memory
+    """PHASE2_RANGE_BYTES (256 MiB: 8 ranges at the tuner's 32768 tokens, D=64, H=16, bwd_intra's
+    chain-state slots and the transport backward's stored states and gradients included; the memory
     probe's extra peak at T=16384, B=2 stays under 1 GiB) and its PATHTUNE_BWD_RANGE_MIB override."""
     monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB", raising=False)
     assert tri_backward._range_budget() == tri_backward.PHASE2_RANGE_BYTES == 256 << 20
     per_token = tri_backward._phase2_bytes_per_token(16, 64, 64, 1024, True)
-    assert -(-32768 * per_token // tri_backward.PHASE2_RANGE_BYTES) == 7
-    assert -(-32768 * per_token // (128 << 20)) == 14
+    assert -(-32768 * per_token // tri_backward.PHASE2_RANGE_BYTES) == 8
+    assert -(-32768 * per_token // (128 << 20)) == 15
     monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "128")
     assert tri_backward._range_budget() == 128 << 20
     for raw in ("unbounded", "inf", "Off"):

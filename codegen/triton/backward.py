@@ -8,7 +8,8 @@ Order (each stage only reads what earlier ones wrote):
                        freed before dY is allocated; wide head dims, padded D above 128: 3 and 2
                        run column-blocked on every pair's Om_{I,J}, computed in torch before 3
                        by ``_superchunk_pairs_torch``, as large as dOm, freed after 2)
-  5. bwd_transport     dK~, dW, dU from dKJ and dWhat
+  5. bwd_transport     dK~, dW, dU from dKJ and dWhat (a chain kernel storing the states, then a
+                       per-chunk kernel summing their products)
   6. bwd_intra         dq (final) and the chunk-level dK~, dU, dW, dM, dK, dV, dc inside super-chunks
   7. ut_bwd            dw, dk, dbeta through the UT transform
 then dg = reverse cumsum of dc per sequence.  Stages 5-7 only touch rows of one super-chunk; on
@@ -25,7 +26,7 @@ import torch
 
 from ._layout import SequenceTables
 from ._ops import interpreting
-from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_kernel
+from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_chain_kernel, bwd_transport_grads_kernel
 from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
 from .bwd_intra import bwd_intra_kernel
 from .bwd_prep import bwd_prep_kernel
@@ -104,8 +105,8 @@ def _superchunk_pairs_torch(what: torch.Tensor, tables: SequenceTables, like: to
 # token ranges of whole super-chunks, each with its own recomputed u, K~, m and accumulators.
 # Below it they run once over the whole stream on the forward state (no recomputation).
 # Extra peak of one gated bf16 fwd+bwd at T=16384, B=2 (benchmarks/memory_probe.py, CPU count;
-# D=64 H=16 / D=128 H=8) per budget (before bwd_intra's chain-state slots joined the range: with
-# them 0.961 / 0.934 GiB at 256 MiB):
+# D=64 H=16 / D=128 H=8) per budget (before bwd_intra's chain-state slots and the transport
+# backward's stored states joined the range count: with them 0.910 / 0.889 GiB at 256 MiB, 8 ranges):
 #   128 MiB 0.848 / 0.834 GiB   192 MiB 0.883 / 0.865   256 MiB 0.953 / 0.928
 #   384 MiB 0.988 / 0.959       512 MiB 1.094 / 1.053   unbounded 1.707 / 1.646
 # The bound is 1.0 GiB; 256 MiB keeps ~0.05 GiB of margin below it (384 MiB keeps 0.01).  With
@@ -114,6 +115,15 @@ def _superchunk_pairs_torch(what: torch.Tensor, tables: SequenceTables, like: to
 # 59.8 vs 53.9 ms); 256 MiB halves the ranges (5), so the extra launches and ut_chunk recomputes.  PATHTUNE_BWD_RANGE_MIB overrides it per call
 # (``_range_budget``), so one process can time several budgets (benchmarks/dev_gpu_run2.py ranges).
 PHASE2_RANGE_BYTES = 256 << 20
+# Warps of the transport backward's two kernels, from compile_check for sm_90 at the heuristic configs:
+# the chain kernel spills 260 B per thread at D = 64 with 4 warps (tf32x3 products), none with 8, and
+# none at D = 128 with 4; the per-chunk kernel (three C x BD float32 accumulators) spills 732 B at
+# D = 64 with 4 warps, 40 B with 8, none at D = 128 with 8.
+def transport_warps(BD: int) -> tuple[int, int]:
+    """(chain kernel, grads kernel) warps for padded head dim BD."""
+    return (8 if BD <= 64 else 4), 8
+
+
 
 
 def _range_budget():
@@ -129,10 +139,10 @@ def _range_budget():
 def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool, HQ: int | None = None,
                             scan_bytes: int = 2) -> int:
     """Bytes per token of one range: float32 u, K~, m, the UT scratch, the accumulators dK~, dW, dU,
-    dK (D wide) and dM (C wide) and the transport scratch per kv head; per query head (HQ, default
+    dK (D wide) and dM (C wide) and the transport's states and their gradients per kv head; per query head (HQ, default
     H) bwd_intra's chain states (S // (2C) slots of its 64-or-wider tiles, scan dtype)."""
     BD = _pow2(D)
-    per_head = 2 * D + C + C + 4 * D + C + (BD * BD // C if multi else 0)
+    per_head = 2 * D + C + C + 4 * D + C + (2 * BD * BD // C if multi else 0)
     states = (HQ or H) * (S // (2 * C)) * max(BD, 64) * scan_bytes
     return 4 * H * per_head + states
 
@@ -291,14 +301,21 @@ def path_attention_bwd(
         dw_acc = torch.zeros(nr, H, D, **f32)
         du = torch.zeros(nr, H, D, **f32)
         if multi:
+            # the states Suf_m and their gradients G_m of every chunk: S / C of ROWS x BD per row block
             rows = min(BD, 32)
-            scratch = torch.empty(tr.n_sc * H * (BD // rows) * (S // C) * rows * BD, **f32)
-            bwd_transport_kernel[(tr.n_sc, H, BD // rows)](
-                ktil, wt[r], u, dkj[r], dwhat[j0:j1], dkt, dw_acc, du, scratch,
-                tr.sc_tok0, tr.sc_seq, tr.seq_end,
-                H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp, num_warps=4, num_stages=1,
+            suf = torch.empty(tr.n_sc * H * (BD // rows) * (S // C) * rows * BD, **f32)
+            gs = torch.empty_like(suf)
+            tkw = dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp, num_stages=1)
+            chain_warps, grads_warps = transport_warps(BD)
+            bwd_transport_chain_kernel[(tr.n_sc, H, BD // rows)](
+                ktil, wt[r], u, dkj[r], dwhat[j0:j1], suf, gs,
+                tr.sc_tok0, tr.sc_seq, tr.seq_end, num_warps=chain_warps, **tkw,
             )
-            del scratch
+            bwd_transport_grads_kernel[(tr.n_sc, S // C, H)](
+                wt[r], u, dkj[r], suf, gs, dkt, dw_acc, du,
+                tr.sc_tok0, tr.sc_seq, tr.seq_end, num_warps=grads_warps, **tkw,
+            )
+            del suf, gs
         dk_acc = torch.zeros(nr, H, D, **f32)
         dm = torch.zeros(nr, H, C, **f32)
         # bwd_intra's chain-state slots (see the kernel): S // (2C) per chunk and query head

@@ -79,7 +79,8 @@ SMEM_LIMIT_SM90 = 232448  # bytes of dynamic shared memory a block may opt in to
 def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
                     heads: int = 16, group: int = 1):
     """(fn, signature, constexprs, num_warps, num_stages) of every forward and backward launch."""
-    from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_kernel
+    from .backward import transport_warps
+    from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_chain_kernel, bwd_transport_grads_kernel
     from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
     from .bwd_intra import bwd_intra_kernel
     from .bwd_prep import bwd_prep_kernel
@@ -142,7 +143,10 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          params.bwd_num_warps, params.bwd_num_stages),
         # launched for BD <= 64 only; larger head dims use the torch chain (backward.py)
         *([(bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=btp), 4, 1)] if BD <= 64 else []),
-        (bwd_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), 4, 1),
+        (bwd_transport_chain_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
+         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_warps(BD)[0], 1),
+        (bwd_transport_grads_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
+         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_warps(BD)[1], 1),
         (bwd_intra_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
         (ut_bwd_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
                                       GP=params.ut_grad_precision), utw, 1),
