@@ -107,7 +107,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
                  "dw_ptr", "du_ptr", "dm_ptr", "dk_ptr", "scratch_ptr", "dw_acc_ptr", "dk_acc_ptr",
                  "dbeta_ptr", "a_ptr", "om_ptr"):
         sig[name] = _PTR_F32
-    sig["kj_ptr"] = sig["z_ptr"] = sig["kz_ptr"] = scan
+    sig["kj_ptr"] = sig["z_ptr"] = sig["kz_ptr"] = sig["xs_ptr"] = scan   # xs: bwd_intra's chain-state slots
     for name in ("x_ptr", "o_part_ptr"):
         sig[name] = _PTR_F32
     for name in ("chunk_tok0", "chunk_seq", "seq_start", "seq_end", "seq_sc_base", "sc_tok0", "sc_seq",
