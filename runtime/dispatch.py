@@ -40,6 +40,7 @@ DEBUG on the ``pathtune.dispatch`` logger).
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import sys
@@ -118,32 +119,23 @@ class Plan:
 
 # -- helpers ---------------------------------------------------------------------------------------
 
-_TVM_OK: Optional[bool] = None
+@functools.lru_cache(maxsize=None)
+def _importable(*modules: str) -> bool:
+    """Every one of ``modules`` can be imported (found without importing it); cached per process."""
+    try:
+        return all(importlib.util.find_spec(m) is not None for m in modules)
+    except (ImportError, ValueError):
+        return False
 
 
 def tvm_available() -> bool:
     """The TVM runtime (tvm_ffi) and compiler (tvm) can be imported (found without importing them)."""
-    global _TVM_OK
-    if _TVM_OK is None:
-        try:
-            _TVM_OK = all(importlib.util.find_spec(m) is not None for m in ("tvm_ffi", "tvm"))
-        except (ImportError, ValueError):
-            _TVM_OK = False
-    return _TVM_OK
-
-
-_TVM_RUNTIME_OK: Optional[bool] = None
+    return _importable("tvm_ffi", "tvm")
 
 
 def tvm_runtime_available() -> bool:
     """The TVM runtime (tvm_ffi) can be imported: enough to run prebuilt modules (no compiler needed)."""
-    global _TVM_RUNTIME_OK
-    if _TVM_RUNTIME_OK is None:
-        try:
-            _TVM_RUNTIME_OK = importlib.util.find_spec("tvm_ffi") is not None
-        except (ImportError, ValueError):
-            _TVM_RUNTIME_OK = False
-    return _TVM_RUNTIME_OK
+    return _importable("tvm_ffi")
 
 
 def _local_knobs(backend: str, pass_: str) -> tuple[str, ...]:

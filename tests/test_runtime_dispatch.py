@@ -209,14 +209,14 @@ def test_training_plan_merges_backward_knobs(env, db_url):
 
 def test_tvm_candidates(env, db_url, monkeypatch):
     d = Dispatcher(env_info=env, db=None, pack=None)
-    monkeypatch.setattr(dispatch, "_TVM_OK", False)
+    monkeypatch.setattr(dispatch, "tvm_available", lambda: False)
     with pytest.raises(NotImplementedError, match=r"backend 'tvm' cannot run this call: its runtime \(tvm, "
                                                   r"tvm_ffi\) is not importable"):
         d.plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 100, 1, False, backends=("tvm",))
     with pytest.raises(NotImplementedError, match="inputs are not on CUDA"):
         d.plan(torch.device("cpu"), 64, 64, 4, 2, "bfloat16", True, 100, 1, False, backends=("tvm",))
     assert d.plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 100, 1, False, backends=("triton", "tvm")).backend == "triton"
-    monkeypatch.setattr(dispatch, "_TVM_OK", True)
+    monkeypatch.setattr(dispatch, "tvm_available", lambda: True)
     p = d.plan(CUDA0, 64, 64, 4, 2, "bfloat16", True, 100, 1, False, backends=("tvm",))
     assert p.backend == "tvm" and json.loads(p.params_json) == KnobSpace(load_spec(), "fwd").default().to_dict()
     assert p.bwd_params_json is None
