@@ -108,14 +108,12 @@ def precompile_tvm(task: MeasureTask, out_dir: Path) -> tuple[Optional[dict], Op
             shutil.copy2(meta, dest / meta.name)
     runtime = out_dir / "tvm_runtime"
     if not runtime.exists():
-        import importlib.util
+        from pathtune.codegen.tvm.runtime import copy_runtime_libs
 
-        spec = importlib.util.find_spec("tvm")
-        lib = Path(spec.origin).parent / "lib" if spec and spec.origin else None
-        runtime.mkdir(parents=True)
-        for name in ("libtvm_runtime.so", "libtvm_runtime_cuda.so"):
-            if lib is not None and (lib / name).exists():
-                shutil.copy2(lib / name, runtime / name)
+        try:
+            copy_runtime_libs(runtime)
+        except FileNotFoundError:   # a wheel without them: the GPU host's own TVM runtime loads the modules
+            runtime.mkdir(parents=True, exist_ok=True)
     return None, str(rel)
 
 
