@@ -1,0 +1,84 @@
+"""Achieved TFLOP/s of each Triton PaTH kernel in a profile of one fwd+bwd (no GPU needed).
+
+Reads the rows of the ``profile`` step (``benchmarks/dev_gpu_run2.py profile4k``: device ms per kernel
+name, summed over its launches) and divides by a count of the kernel's matrix-product work at that
+shape, derived from the kernel code: 2*m*n*k per product, for the whole token stream (the backward's
+per-range launches together cover it once; the UT kernels run three full passes per fwd+bwd: the
+forward, the backward's prepare_state and the per-range recompute).  Counted: logical FLOPs of
+the products; tf32x3 products count once (the hardware does three), elementwise work (exp2, masks)
+not at all; the super-chunk-local kernels assume full super-chunks and chunks.
+
+    python benchmarks/kernel_flops.py PROFILE.json [--chunk 64 --superchunk 1024 --block-n 64]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN: int = 64) -> dict[str, float]:
+    """FLOPs of one fwd+bwd per kernel name (DV = D, HQ = H, dense batch of B sequences of T)."""
+    N = B * T                       # tokens
+    n_chunk = N // C                # UT chunks
+    s = S // C                      # chunks per super-chunk
+    nsc = T // S                    # super-chunks per sequence
+    n_sc = B * nsc
+    pairs = B * nsc * (nsc - 1) // 2            # (I, J) super-chunk pairs, J < I, per head
+    with_transport = B * (nsc - 1)              # super-chunks with a transition (not the last of a sequence)
+    mean_ci = (s - 1) / 2                       # earlier chunks of a query chunk inside its super-chunk
+    cc = 2 * C * C * D                          # one C x C x D product
+    c3 = 2 * C ** 3
+    f = {}
+    # UT stage: three full passes
+    f["ut_diag_inverse_kernel"] = 3 * H * n_chunk * (C // 16) * 2 * 16 * 16 * D
+    f["ut_chunk_kernel"] = 3 * H * n_chunk * (2 * cc + 5 * c3)          # W W^T, W K^T; inverse (4), M
+    f["ut_apply_kernel"] = 3 * H * n_chunk * 2 * cc                     # U = A W, K~ = K - M^T W
+    # forward super-chunk transport, twice (forward and the backward's prepare_state)
+    f["superchunk_transport_kernel"] = 2 * H * with_transport * s * 3 * 2 * C * D * D
+    # forward scan
+    f["scan_intra_kernel"] = H * n_chunk * (4 * cc + c3 + mean_ci * 4 * cc)
+    f["scan_inter_kernel"] = H * pairs * S * (4 * S * D + 2 * D * D)
+    # backward
+    f["bwd_prep_kernel"] = H * n_chunk * (2 * cc + mean_ci * 2 * cc)
+    f["bwd_inter_dkv_kernel"] = H * pairs * (8 * S * S * D + 3 * 2 * S * D * D + (S // BN) * 2 * D ** 3)
+    f["bwd_inter_dq_kernel"] = H * pairs * (6 * S * S * D + s * (4 * C * D * D + 2 * D ** 3))
+    f["bwd_transport_chain_kernel"] = H * with_transport * s * 5 * 2 * C * D * D
+    f["bwd_transport_grads_kernel"] = H * with_transport * s * 5 * 2 * C * D * D
+    f["bwd_transport_kernel"] = f["bwd_transport_chain_kernel"] + f["bwd_transport_grads_kernel"]
+    # bwd_intra: the states pass, ten products per (query chunk, earlier key chunk), the diagonal tile
+    f["bwd_intra_kernel"] = H * n_chunk * (max(mean_ci - 1, 0) * 2 * cc + mean_ci * 10 * cc + 11 * cc + 3 * c3)
+    f["ut_bwd_kernel"] = H * n_chunk * (9 * cc + 9 * c3)
+    return f
+
+
+def table(profile_rows: list[dict], C: int, S: int, BN: int) -> list[dict]:
+    out = []
+    for r in profile_rows:
+        if r.get("kind") != "profile":
+            continue
+        flops = kernel_flops(r["D"], r["T"], r["B"], r["H"], C, S, BN)
+        for name, ms, launches in r["kernels"]:
+            key = name.split("(")[0].strip()
+            if key in flops and ms > 0:
+                out.append(dict(D=r["D"], T=r["T"], gate=r["gate"], kernel=key, launches=launches, ms=ms,
+                                gflop=flops[key] / 1e9, tflops=flops[key] / (ms * 1e-3) / 1e12))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("profile", help="JSON rows of the profile step (run_profile4k.json)")
+    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--superchunk", type=int, default=1024)
+    ap.add_argument("--block-n", type=int, default=64, help="bwd_block_n of the profiled config")
+    a = ap.parse_args(argv)
+    with open(a.profile) as fh:
+        rows = table(json.load(fh), a.chunk, a.superchunk, a.block_n)
+    print(f"{'D':>4} {'T':>6} {'gate':>5} {'kernel':32} {'ms':>7} {'GFLOP':>8} {'TFLOP/s':>8}")
+    for r in rows:
+        print(f"{r['D']:>4} {r['T']:>6} {str(r['gate']):>5} {r['kernel']:32} {r['ms']:7.3f} {r['gflop']:8.1f} "
+              f"{r['tflops']:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
