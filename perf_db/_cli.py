@@ -379,8 +379,9 @@ def db_dump(
                                                                       "crash, timeout (default: all)."),
     current_only: bool = typer.Option(False, "--current-only", help="Only results of the kernel code here: spec "
                                       "and kernel source hashes as the runtime dispatcher computes them."),
-    baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Also write the same-run SDPA "
-                                   "measurements that ok kernels without a baseline_ms of their own are compared with."),
+    baselines: bool = typer.Option(True, "--baselines/--no-baselines",
+                                   help="Also write the same-run SDPA measurements that ok kernels without a "
+                                        "baseline_ms of their own are compared with."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
     fmt: Format = _fmt_opt(),
     db: Optional[str] = _db_opt(),
