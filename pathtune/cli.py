@@ -258,7 +258,7 @@ def demo(
 
 
 # ---------------------------------------------------------------------------------------------------
-# perf_db: query [overhead], db upgrade|gc|path, export, import, plot (thin wrappers in perf_db/_cli.py;
+# perf_db: query [overhead], db upgrade|gc|path|dump, export, import, plot (thin wrappers in perf_db/_cli.py;
 # importing it loads typer and rich only)
 
 from pathtune.perf_db import _cli as _perf_db_cli  # noqa: E402

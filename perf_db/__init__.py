@@ -27,6 +27,7 @@ _EXPORTS = {
     "Pack": "._pack", "PackHit": "._pack", "PackEntry": "._pack", "export_pack": "._pack", "load_pack": "._pack",
     "results_record": "._results", "write_results": "._results", "RunInfo": "._results",
     "resolve_url": "._engine",
+    "DumpReport": "._dump", "dump_results": "._dump",
 }
 __all__ = [
     "PerfDB", "GcReport", "IngestReport", "OVERHEAD_BY",
@@ -35,10 +36,11 @@ __all__ = [
     "PerfDBError", "DuplicateMeasurementError", "ResultsFormatError", "PackMismatch", "SoftMismatchWarning",
     "Pack", "PackHit", "PackEntry", "export_pack", "load_pack",
     "results_record", "write_results", "RunInfo",
-    "resolve_url",
+    "resolve_url", "DumpReport", "dump_results",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ._dump import DumpReport, dump_results
     from ._engine import resolve_url
     from ._errors import (DuplicateMeasurementError, PackMismatch, PerfDBError, ResultsFormatError,
                           SoftMismatchWarning)

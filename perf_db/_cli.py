@@ -1,4 +1,4 @@
-"""The perf_db commands of ``pathtune``: query, query overhead, db upgrade|gc|path, export, import, plot.
+"""The perf_db commands of ``pathtune``: query, query overhead, db upgrade|gc|path|dump, export, import, plot.
 
 ``register(app)`` adds them to the main Typer app (pathtune/cli.py). Importing this module loads
 typer and rich only; SQLAlchemy and the rest of perf_db load when a command runs.
@@ -255,7 +255,8 @@ def overhead_cmd(
 # ---------------------------------------------------------------------------------------------------
 # pathtune db upgrade | gc | path
 
-db_app = typer.Typer(help="The results database: migrate, prune, locate.", no_args_is_help=True)
+db_app = typer.Typer(help="The results database: migrate, prune, locate, dump to a results file.",
+                     no_args_is_help=True)
 
 
 @db_app.command("upgrade")
@@ -340,6 +341,96 @@ def db_gc(
         console.print(f"  and the rows left without measurements: {orphans}", highlight=False, markup=False)
     if dry_run:
         console.print("dry run: nothing deleted; run `pathtune db gc --yes` to delete", style="yellow")
+
+
+def _open_source(db: Optional[str]) -> Any:
+    """The database a dump reads, opened read-only: never migrated, never given the shipped files (they
+    would end up in the dump), never created."""
+    from ._engine import head_revision, resolve_url, safe_url
+    from ._store import PerfDB
+
+    url, _ = _guard(lambda: resolve_url(db))
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        path = Path(url.database).expanduser()
+        if not path.is_file():
+            _fail(f"no database at {path} ({safe_url(url)}); pass the file with --db sqlite:////path/perf.sqlite3")
+    perf = _guard(lambda: PerfDB(db, read_only=True))
+    revision, head = _guard(perf.revision), _guard(head_revision)
+    if revision is None:
+        _fail(f"{perf.display_url} has no perf_db tables: nothing to dump")
+    if revision != head:
+        _fail(f"{perf.display_url} is at perf_db schema revision {revision!r}, this pathtune reads {head!r}: run "
+              f"`pathtune db upgrade --db {perf.display_url}` first (on a copy, if the file is not yours)")
+    return perf
+
+
+@db_app.command("dump")
+def db_dump(
+    out: Path = typer.Option(..., "--out", "-o", help="Results file to write (JSON, RESULTS_FORMAT.md); refused "
+                                                      "if it exists, unless --force."),
+    backend: Optional[list[str]] = typer.Option(None, "--backend", help="triton, tvm, sdpa, fla, reference "
+                                                                        "(repeatable or a comma list)."),
+    pass_: Optional[list[str]] = typer.Option(None, "--pass", help="fwd, bwd, decode (repeatable or a comma list)."),
+    head_dim: Optional[list[str]] = typer.Option(None, "--head-dim", help="Head dim D of q/k (repeatable or a "
+                                                                          "comma list)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name substring, case-insensitive (e.g. H200)."),
+    run: Optional[list[str]] = typer.Option(None, "--run", help="run_id (repeatable or a comma list)."),
+    status: Optional[list[str]] = typer.Option(None, "--status", help="ok, compile_error, out_of_resources, wrong, "
+                                                                      "crash, timeout (default: all)."),
+    current_only: bool = typer.Option(False, "--current-only", help="Only results of the kernel code here: spec "
+                                      "and kernel source hashes as the runtime dispatcher computes them."),
+    baselines: bool = typer.Option(True, "--baselines/--no-baselines",
+                                   help="Also write the same-run SDPA measurements that ok kernels without a "
+                                        "baseline_ms of their own are compared with."),
+    force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
+    fmt: Format = _fmt_opt(),
+    db: Optional[str] = _db_opt(),
+) -> None:
+    """Write measurements of a database (e.g. a GPU session's SQLite file) as a results file.
+
+    The format `pathtune tune --results-out` writes, `pathtune import` reads and perf_db/shipped/ holds.
+    Records keep the stored env, kernel key, workload, config and measurement; runs[] the stored runs.
+    Importing the file into a fresh database reproduces the same keys and times.
+    Importing it into the database it came from adds nothing (every record "already present").
+    Refused, nothing written: no measurement matches, a run has no command, --out exists (--force).
+    """
+    keys = None
+    if current_only:
+        from pathtune.runtime.dispatch import current_keys as keys
+
+    if out.exists() and not force:   # before opening anything
+        _fail(f"{out} exists; choose another --out, or pass --force to replace it")
+    perf = _open_source(db)
+    try:
+        report = _guard(lambda: perf.dump_results(out, backend=backend, pass_=pass_, head_dim=head_dim, gpu=gpu,
+                                                  run_id=run, status=status, current_only=current_only,
+                                                  current_keys=keys, baselines=baselines, overwrite=force))
+    finally:
+        perf.close()
+    if fmt == Format.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    elif fmt == Format.csv:
+        print("path,records,runs,statuses,backends,passes")
+        print(",".join([str(out), str(report.records), ";".join(report.runs)] +
+                       [";".join(f"{k}={n}" for k, n in sorted(d.items()))
+                        for d in (report.statuses, report.backends, report.passes)]))
+    else:
+        def counts(d: dict[str, int]) -> str:
+            return ", ".join(f"{n} {k}" for k, n in sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))
+
+        console.print(f"wrote {out}: {report.records} records ({counts(report.statuses)}; {counts(report.backends)}; "
+                      f"{counts(report.passes)}) of {', '.join(report.gpus)} from {len(report.runs)} run(s) of "
+                      f"{perf.display_url}", highlight=False, markup=False)
+        for run_id in report.runs:
+            console.print(f"  run {run_id}", highlight=False, markup=False)
+        if report.baselines_added:
+            console.print(f"  with {report.baselines_added} same-run SDPA baseline measurement(s) (--no-baselines "
+                          "leaves them out)", highlight=False, markup=False)
+        if report.stale_left_out:
+            console.print(f"  left out {report.stale_left_out} stale measurement(s) (--current-only)",
+                          highlight=False, markup=False)
+    for line in report.notes:
+        _note(line)
 
 
 # ---------------------------------------------------------------------------------------------------

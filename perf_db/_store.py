@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Union
 
 from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -27,6 +27,9 @@ from ._models import (BACKENDS, PASSES, STATUSES, EnvRow, IngestRow, KernelRow, 
                       best_view)
 from ._models import utcnow as utc_now
 from ._results import RunInfo, parse_results, read_results
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._dump import DumpReport
 
 __all__ = ["PerfDB", "GcReport", "IngestReport", "OVERHEAD_BY"]
 
@@ -759,6 +762,26 @@ class PerfDB:
         except SQLAlchemyError as e:
             raise PerfDBError(f"ingesting {display} into {self.display_url} failed: {e}") from None
         return report
+
+    # -- dump -----------------------------------------------------------------------------------------
+
+    def dump_results(self, out: Union[str, Path], *, backend: Any = None, pass_: Any = None, head_dim: Any = None,
+                     gpu: Optional[str] = None, run_id: Any = None, status: Any = None, current_only: bool = False,
+                     current_keys: Optional[CurrentKeys] = None, baselines: bool = True,
+                     overwrite: bool = False) -> "DumpReport":
+        """Write the measurements matching every filter as a results file (the inverse of ``ingest``).
+
+        ``backend``, ``pass_``, ``head_dim``, ``run_id``, ``status``: one value or several (a list or a
+        comma-separated string); ``gpu``: a GPU-name substring. ``current_only``: only kernels current
+        under ``current_keys`` (default: this PerfDB's). ``baselines``: add the same-run SDPA rows that
+        ok kernels without their own baseline are compared with. Refuses (``PerfDBError``) an existing
+        ``out`` unless ``overwrite``, an empty match, a run without a command. See ``perf_db/_dump.py``.
+        """
+        from ._dump import dump_results
+
+        return dump_results(self, out, backend=backend, pass_=pass_, head_dim=head_dim, gpu=gpu, run_id=run_id,
+                            status=status, current_only=current_only, current_keys=current_keys,
+                            baselines=baselines, overwrite=overwrite)
 
 
 class _EnvCols:
