@@ -36,6 +36,16 @@ def _seed():
 
 
 @pytest.fixture
+def isolated_perf_db(monkeypatch, tmp_path):
+    """No PATHTUNE_DB_URL from the caller's shell, and a shipped-records folder of this test's own,
+    empty (a test that needs shipped files writes them there or points PATHTUNE_SHIPPED_DIR elsewhere)."""
+    monkeypatch.delenv("PATHTUNE_DB_URL", raising=False)
+    empty = tmp_path / "shipped-empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(empty))
+
+
+@pytest.fixture
 def pg_url():
     """A database URL whose search_path is a fresh schema on PATHTUNE_TEST_PG_URL's server (dropped
     afterwards), so tests and concurrent workers can share one database."""

@@ -57,12 +57,7 @@ def ok(ms, **kw):
                        bench_method="synthetic", errors={"o": 1e-3, "k": 2e-6}, **kw)
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    monkeypatch.delenv("PATHTUNE_DB_URL", raising=False)
-    empty = tmp_path / "shipped-empty"
-    empty.mkdir()
-    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(empty))
+pytestmark = pytest.mark.usefixtures("isolated_perf_db")
 
 
 @pytest.fixture

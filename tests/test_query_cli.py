@@ -39,12 +39,7 @@ def ok(ms, **kw):
                        **kw)
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    monkeypatch.delenv("PATHTUNE_DB_URL", raising=False)
-    empty = tmp_path / "shipped-empty"
-    empty.mkdir()
-    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(empty))
+pytestmark = pytest.mark.usefixtures("isolated_perf_db")
 
 
 @pytest.fixture

@@ -114,17 +114,15 @@ def test_real_child_ignores_a_pathtune_folder_in_the_working_directory(tmp_path,
     assert out["status"] == "crash" and "head_dim" in out["message"]     # prepare() ran: empty workload
 
 
-class FakePreparer:
+def _num_warps_2_fails(config):
+    return "ptxas: too many registers" if config.get("num_warps") == 2 else None
+
+
+class FakePreparer(tune_fake.FakePreparer):
     """Records each batch; configs with num_warps == 2 'fail to compile'."""
 
     def __init__(self, workers):
-        self.workers = workers
-        self.batches = []
-
-    def run(self, tasks, should_stop=None):
-        self.batches.append([dict(t.config) for t in tasks])
-        return [{"status": "compile_error", "message": "ptxas: too many registers", "fatal": True}
-                if t.config.get("num_warps") == 2 else {"status": PREPARED, "seconds": 0.01} for t in tasks]
+        super().__init__(workers, fails=_num_warps_2_fails)
 
 
 @pytest.fixture()

@@ -23,7 +23,6 @@ import tune_fake  # noqa: E402
 
 from pathtune.perf_db import KernelKey, Measurement, PerfDB, results_record, write_results  # noqa: E402
 from pathtune.specs import Config  # noqa: E402
-from pathtune.tuning.prepare import PREPARED  # noqa: E402
 from pathtune.tuning.space import default_config, plan_keys  # noqa: E402
 from pathtune.tuning.tuner import Budget, TuneOptions, Tuner  # noqa: E402
 from pathtune.tuning.warm import rank_retired, select_retired  # noqa: E402
@@ -44,16 +43,7 @@ def make_env(gpu="TEST-GPU", triton="3.6.0", **kw):
 ENV = make_env()
 
 
-class FakePreparer:
-    """Records each batch; every config compiles."""
-
-    def __init__(self, workers):
-        self.workers = workers
-        self.batches = []
-
-    def run(self, tasks, should_stop=None):
-        self.batches.append([dict(t.config) for t in tasks])
-        return [{"status": PREPARED, "seconds": 0.01} for _ in tasks]
+FakePreparer = tune_fake.FakePreparer     # every config compiles
 
 
 @pytest.fixture()

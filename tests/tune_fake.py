@@ -6,6 +6,7 @@ the sequence length and depend on each knob; configs with ``scan_precision == "b
 clip fail the "accuracy gate" and ``chunk_size == 128`` with ``num_stages == 4`` is "out of
 resources" (fwd). ``PATHTUNE_FAKE_SLEEP`` seconds of sleep per call let workers overlap;
 ``PATHTUNE_FAKE_LOG`` names a file that gets one line per call (``start``/``end`` with the pid).
+``FakePreparer`` stands in for the compile step (``pathtune.tuning.prepare.Preparer``).
 """
 from __future__ import annotations
 
@@ -76,3 +77,24 @@ def measure(task) -> dict:
                "baseline_name": "sdpa_flash"}
     _log("end", task)
     return out
+
+
+class FakePreparer:
+    """Stands in for ``Preparer``: records each batch's configs; every config compiles unless
+    ``fails(config)`` returns a compile error message (then a fatal ``compile_error``)."""
+
+    def __init__(self, workers, fails=None):
+        self.workers = workers
+        self.fails = fails
+        self.batches = []
+
+    def run(self, tasks, should_stop=None):
+        from pathtune.tuning.prepare import PREPARED
+
+        self.batches.append([dict(t.config) for t in tasks])
+        out = []
+        for t in tasks:
+            message = self.fails(t.config) if self.fails else None
+            out.append({"status": "compile_error", "message": message, "fatal": True} if message
+                       else {"status": PREPARED, "seconds": 0.01})
+        return out
