@@ -6,10 +6,16 @@ through variant kernels built from the kernel module's source with text replacem
 a temporary module, since ``triton.jit`` reads its source from a file).  Timing only: replayed
 launches add into buffers that already hold results, so nothing here checks values.
 
-    python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096] [--old-intra FILE]
+    python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096] [--gates 1,0]
+                                          [--only ut,transport,intra,dkv,utbwd,e2e]
+                                          [--old-intra FILE] [--old-ut FILE]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
-timed on the same arguments (without its newer trailing ones).  JSON rows on stdout and in $OUT.
+timed on the same arguments (without its newer trailing ones).  ``--old-ut FILE``: a ut.py that still
+holds the one-kernel ``ut_bwd_kernel`` (``git show a470a1f:codegen/triton/ut.py``), timed on the
+arguments of the two-kernel UT backward (``utbwd``: chunk + apply kernels, their warps, and the chunk
+kernel at tf32 for the cost of tf32x3's spills).  ``e2e``: one fwd+bwd through autograd.  JSON rows on
+stdout and in $OUT.
 """
 from __future__ import annotations
 
@@ -85,7 +91,7 @@ def time_launch(kernel, grid, args, kw):
     return round(triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median"), 4)
 
 
-def run_case(D, H, T, gate, old_intra_src):
+def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None):
     B = 32768 // T
     q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0, dtype=torch.bfloat16)
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
@@ -93,14 +99,15 @@ def run_case(D, H, T, gate, old_intra_src):
     with Capture(bwd_mod, "bwd_transport_chain_kernel") as trc, Capture(bwd_mod, "bwd_transport_grads_kernel") as trg, \
             Capture(bwd_mod, "bwd_intra_kernel") as ia, \
             Capture(bwd_mod, "bwd_inter_dkv_kernel") as dkv, Capture(fwd_mod, "ut_chunk_kernel") as utc, \
-            Capture(fwd_mod, "ut_apply_kernel") as uta, Capture(fwd_mod, "ut_diag_inverse_kernel") as utd:
+            Capture(fwd_mod, "ut_apply_kernel") as uta, Capture(fwd_mod, "ut_diag_inverse_kernel") as utd, \
+            Capture(bwd_mod, "ut_bwd_chunk_kernel") as ubc, Capture(bwd_mod, "ut_bwd_apply_kernel") as uba:
         o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None)
         torch.autograd.grad(o, xs, do)
         torch.cuda.synchronize()
     base = dict(D=D, H=H, T=T, B=B, gate=gate)
 
     # the UT stage's three kernels: warps and the products' precision (knob ut_precision)
-    for cap, name in ((utd, "ut_diag_inverse"), (utc, "ut_chunk"), (uta, "ut_apply")):
+    for cap, name in ((utd, "ut_diag_inverse"), (utc, "ut_chunk"), (uta, "ut_apply")) if "ut" in only else ():
         grid, args, kw = cap.calls[0]
         emit(dict(base, kernel=name, variant=f"as is (warps {kw['num_warps']}, UP {kw.get('UP')})",
                   ms=time_launch(cap.real, grid, args, kw)))
@@ -108,7 +115,7 @@ def run_case(D, H, T, gate, old_intra_src):
             emit(dict(base, kernel=name, variant=str(change), ms=time_launch(cap.real, grid, args, dict(kw, **change))))
 
     # the transport backward's two kernels (chain: serial per row block; grads: per chunk) and their warps
-    for cap, name in ((trc, "bwd_transport_chain"), (trg, "bwd_transport_grads")):
+    for cap, name in ((trc, "bwd_transport_chain"), (trg, "bwd_transport_grads")) if "transport" in only else ():
         grid, args, kw = cap.calls[0]
         emit(dict(base, kernel=name, variant=f"as is (warps {kw['num_warps']})", ms=time_launch(cap.real, grid, args, kw)))
         for nw in (4, 8):
@@ -116,20 +123,55 @@ def run_case(D, H, T, gate, old_intra_src):
                 emit(dict(base, kernel=name, variant=f"warps {nw}", ms=time_launch(cap.real, grid, args, dict(kw, num_warps=nw))))
 
     # bwd_intra: this tree's kernel (chain states parked in scratch) vs an older file's
-    grid, args, kw = ia.calls[0]
-    emit(dict(base, kernel="bwd_intra", variant="as is", ms=time_launch(ia.real, grid, args, kw)))
-    if old_intra_src:
+    if "intra" in only:
+        grid, args, kw = ia.calls[0]
+        emit(dict(base, kernel="bwd_intra", variant="as is", ms=time_launch(ia.real, grid, args, kw)))
+    if "intra" in only and old_intra_src:
         old = load_variant(old_intra_src, "bwd_intra_kernel", f"intra_old_{D}_{int(gate)}")
         i = ia.real.arg_names.index("xs_ptr")        # the old kernel has no chain-state scratch
         emit(dict(base, kernel="bwd_intra", variant="old (recomputes the chain)",
                   ms=time_launch(old, grid, args[:i] + args[i + 1:], kw)))
 
     # bwd_inter_dkv: the gate's column sums once per program instead of once per query step
-    grid, args, kw = dkv.calls[0]
-    emit(dict(base, kernel="bwd_inter_dkv", variant="as is", ms=time_launch(dkv.real, grid, args, kw)))
-    if gate:
+    if "dkv" in only:
+        grid, args, kw = dkv.calls[0]
+        emit(dict(base, kernel="bwd_inter_dkv", variant="as is", ms=time_launch(dkv.real, grid, args, kw)))
+    if "dkv" in only and gate:
         emit(dict(base, kernel="bwd_inter_dkv", variant="gate off (same args)",
                   ms=time_launch(dkv.real, grid, args, dict(kw, USE_GATE=False))))
+
+    if "utbwd" in only:
+        ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src)
+    if "e2e" in only:
+        fn = lambda: torch.autograd.grad(path_attention_triton(*xs[:5], xs[5] if gate else None)[0], xs, do)  # noqa: E731
+        fn()
+        emit(dict(base, kernel="fwd+bwd", variant="autograd, heuristic config",
+                  ms=round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)))
+
+
+def ut_backward(base, chunk_call, apply_call, old_ut_src):
+    """The UT backward as two kernels (chunk, apply) and their variants; the old single kernel."""
+    (cg, ca, ckw), (ag, aa, akw) = chunk_call, apply_call
+    t_chunk = time_launch(bwd_mod.ut_bwd_chunk_kernel, cg, ca, ckw)
+    t_apply = time_launch(bwd_mod.ut_bwd_apply_kernel, ag, aa, akw)
+    emit(dict(base, kernel="ut_bwd_chunk", variant=f"as is (warps {ckw['num_warps']}, UP {ckw['UP']})", ms=t_chunk))
+    emit(dict(base, kernel="ut_bwd_apply", variant=f"as is (warps {akw['num_warps']})", ms=t_apply))
+    emit(dict(base, kernel="ut_bwd sum", variant="chunk + apply (host default)", ms=round(t_chunk + t_apply, 4)))
+    for change in (dict(num_warps=4), dict(num_warps=16), dict(UP="tf32")):
+        emit(dict(base, kernel="ut_bwd_chunk", variant=str(change),
+                  ms=time_launch(bwd_mod.ut_bwd_chunk_kernel, cg, ca, dict(ckw, **change))))
+    emit(dict(base, kernel="ut_bwd_apply", variant="warps 8",
+              ms=time_launch(bwd_mod.ut_bwd_apply_kernel, ag, aa, dict(akw, num_warps=8))))
+    if old_ut_src:
+        old = load_variant(old_ut_src, "ut_bwd_kernel", f"ut_old_{base['D']}_{int(base['gate'])}")
+        w, beta, k, du, dkt, dm, scratch, _cc, dbeta, ct0, cs, se = ca
+        _w, _k, _du, _dkt, dw_acc, dk_acc, _cc2, dw, dk = aa[:9]
+        args = (w, beta, k, du, dkt, dm, dw_acc, dk_acc, dw, dk, dbeta, scratch, ct0, cs, se)
+        kw = dict(H=ckw["H"], D=ckw["D"], BD=ckw["BD"], C=ckw["C"], BETA_MAX=ckw["BETA_MAX"], UP=ckw["UP"],
+                  GP=ckw["GP"], num_warps=8, num_stages=1)
+        t_old = time_launch(old, cg, args, kw)
+        emit(dict(base, kernel="ut_bwd sum", variant="old one-kernel ut_bwd", ms=t_old,
+                  new_over_old=round((t_chunk + t_apply) / t_old, 3)))
 
 
 def main():
@@ -138,14 +180,18 @@ def main():
     ap.add_argument("--T", type=int, default=4096)
     ap.add_argument("--old-intra", default=None)
     ap.add_argument("--gates", default="1,0")
+    ap.add_argument("--only", default="ut,transport,intra,dkv,utbwd,e2e")
+    ap.add_argument("--old-ut", default=None)
     a = ap.parse_args()
     old_src = open(a.old_intra).read() if a.old_intra else None
+    old_ut_src = open(a.old_ut).read() if a.old_ut else None
+    only = set(a.only.split(","))
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     for D in (int(x) for x in a.D.split(",")):
         H = 16 if D <= 64 else 8
         for gate in (bool(int(x)) for x in a.gates.split(",")):
             try:
-                run_case(D, H, a.T, gate, old_src)
+                run_case(D, H, a.T, gate, old_src, only, old_ut_src)
             except Exception as exc:
                 emit(dict(D=D, gate=gate, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 

@@ -47,7 +47,11 @@ def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN:
     f["bwd_transport_kernel"] = f["bwd_transport_chain_kernel"] + f["bwd_transport_grads_kernel"]
     # bwd_intra: the states pass, ten products per (query chunk, earlier key chunk), the diagonal tile
     f["bwd_intra_kernel"] = H * n_chunk * (max(mean_ci - 1, 0) * 2 * cc + mean_ci * 10 * cc + 11 * cc + 3 * c3)
-    f["ut_bwd_kernel"] = H * n_chunk * (9 * cc + 9 * c3)
+    # UT backward: the chunk kernel's W W^T, W K^T, W dK~^T, dU W^T and nine C x C x C products (inverse (4), M,
+    # dL, dA, dT (2)); the apply kernel's five C x C x D products for dW, dK
+    f["ut_bwd_chunk_kernel"] = H * n_chunk * (4 * cc + 9 * c3)
+    f["ut_bwd_apply_kernel"] = H * n_chunk * 5 * cc
+    f["ut_bwd_kernel"] = f["ut_bwd_chunk_kernel"] + f["ut_bwd_apply_kernel"]     # before session 7: one kernel
     return f
 
 

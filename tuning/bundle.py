@@ -65,7 +65,7 @@ def precompile_triton(task: MeasureTask) -> Optional[dict]:
                                                  gate=wl["use_gate"], heads=wl["heads_kv"], group=group)
     for fn, sig, const, nw, ns in launches:
         name = fn.fn.__name__
-        if task.pass_ == "fwd" and (name.startswith("bwd_") or name == "ut_bwd_kernel"):
+        if task.pass_ == "fwd" and (name.startswith("bwd_") or name.startswith("ut_bwd_")):
             continue  # fwd times the forward only; bwd (forward + backward) compiles everything
         try:
             res = compile_check.compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns)

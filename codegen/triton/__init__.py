@@ -25,7 +25,7 @@ PASS_SOURCES = {
     "fwd": ("autograd", "forward", "_layout", "scan_fwd", "transport", "ut"),
     # heuristics: a bwd record times forward + backward, and its forward-only tiles are the defaults
     "bwd": ("autograd", "forward", "_layout", "scan_fwd", "transport", "ut",
-            "backward", "bwd_chain", "bwd_inter", "bwd_intra", "bwd_prep", "heuristics"),
+            "backward", "bwd_chain", "bwd_inter", "bwd_intra", "bwd_prep", "heuristics", "ut_bwd"),
     "decode": ("decode",),
 }
 _NOT_HASHED = ("compile_check",)

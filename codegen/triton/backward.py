@@ -11,7 +11,7 @@ Order (each stage only reads what earlier ones wrote):
   5. bwd_transport     dK~, dW, dU from dKJ and dWhat (a chain kernel storing the states, then a
                        per-chunk kernel summing their products)
   6. bwd_intra         dq (final) and the chunk-level dK~, dU, dW, dM, dK, dV, dc inside super-chunks
-  7. ut_bwd            dw, dk, dbeta through the UT transform
+  7. ut_bwd            dw, dk, dbeta through the UT transform (C x C chunk kernel, then per column block)
 then dg = reverse cumsum of dc per sequence.  Stages 5-7 only touch rows of one super-chunk; on
 long inputs they run per token range of super-chunks (see ``path_attention_bwd``), which bounds
 the extra peak memory (``benchmarks/memory_probe.py``: 0.95 GiB at T=16384, B=2, H=16, D=64, with
@@ -30,10 +30,10 @@ from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_chain_kernel, 
 from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
 from .bwd_intra import bwd_intra_kernel
 from .bwd_prep import bwd_prep_kernel
-from .forward import (ForwardState, _LOG2E, _pow2, _tokens, transition_column_block, ut_forward,
-                      ut_inverse_scratch)
+from .forward import (UT_COLUMN_BLOCK, ForwardState, _LOG2E, _pow2, _tokens, transition_column_block,
+                      ut_forward, ut_inverse_scratch)
 from .params import TritonParams
-from .ut import ut_bwd_kernel
+from .ut_bwd import CC_TILES, UT_BWD_APPLY_WARPS, UT_BWD_CHUNK_WARPS, ut_bwd_apply_kernel, ut_bwd_chunk_kernel
 
 
 def _gate_grad(dc: torch.Tensor, tables: SequenceTables, shape) -> torch.Tensor:
@@ -140,11 +140,13 @@ def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool, HQ: int
                             scan_bytes: int = 2) -> int:
     """Bytes per token of one range: float32 u, K~, m, the UT scratch, the accumulators dK~, dW, dU,
     dK (D wide) and dM (C wide) and the transport's states and their gradients per kv head; per query head (HQ, default
-    H) bwd_intra's chain states (S // (2C) slots of its 64-or-wider tiles, scan dtype)."""
+    H) bwd_intra's chain states (S // (2C) slots of its 64-or-wider tiles, scan dtype).  The UT backward's
+    C x C tiles (CC_TILES x C float32 per kv head) live after u, K~, m and the chain states are freed:
+    they count where they are larger."""
     BD = _pow2(D)
-    per_head = 2 * D + C + C + 4 * D + C + (2 * BD * BD // C if multi else 0)
+    per_head = C + 4 * D + C + (2 * BD * BD // C if multi else 0)
     states = (HQ or H) * (S // (2 * C)) * max(BD, 64) * scan_bytes
-    return 4 * H * per_head + states
+    return 4 * H * per_head + max(4 * H * (2 * D + C) + states, 4 * H * CC_TILES * C)
 
 
 def _host_bounds(tb: SequenceTables, B: int, T: int):
@@ -334,13 +336,21 @@ def path_attention_bwd(
         if not recompute:
             state.u = state.kt = state.m = None
             ut_scratch = ut_inverse_scratch(wt, bt, tb, H, D, C, params)
-        ut_bwd_kernel[(tr.n_chunks, H)](
-            wt[r], bt[r], kt_in[r], du, dkt, dm, dw_acc, dk_acc, dw[r], dk[r], dbeta[r], ut_scratch,
+        # 7. the UT backward: C x C gradients per chunk, then dw, dk per column block
+        cc = torch.empty(nr, H, CC_TILES, C, **f32)
+        udb = min(BD, UT_COLUMN_BLOCK)
+        uk = dict(H=H, D=D, DB=udb, C=C, GP=params.ut_grad_precision, num_stages=1)
+        ut_bwd_chunk_kernel[(tr.n_chunks, H)](
+            wt[r], bt[r], kt_in[r], du, dkt, dm, ut_scratch, cc, dbeta[r],
             tr.chunk_tok0, tr.chunk_seq, tr.seq_end,
-            H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, UP=params.ut_precision, GP=params.ut_grad_precision,
-            num_warps=8, num_stages=1,
+            BD=BD, BETA_MAX=params.beta_max, UP=params.ut_precision, num_warps=UT_BWD_CHUNK_WARPS, **uk,
         )
-        del ut_scratch, dkt, dw_acc, du, dk_acc, dm
+        del ut_scratch, dm
+        ut_bwd_apply_kernel[(tr.n_chunks, H, BD // udb)](
+            wt[r], kt_in[r], du, dkt, dw_acc, dk_acc, cc, dw[r], dk[r],
+            tr.chunk_tok0, tr.chunk_seq, tr.seq_end, num_warps=UT_BWD_APPLY_WARPS, **uk,
+        )
+        del cc, dkt, dw_acc, du, dk_acc
     del dy, delta
     if multi:
         del dkj, dwhat

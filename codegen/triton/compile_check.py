@@ -88,7 +88,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .scan_fwd import scan_inter_kernel, scan_intra_kernel
     from .transport import superchunk_transport_kernel
     from .forward import UT_COLUMN_BLOCK, UT_NUM_WARPS, transition_column_block
-    from .ut import ut_apply_kernel, ut_bwd_kernel, ut_chunk_kernel, ut_diag_inverse_kernel
+    from .ut import ut_apply_kernel, ut_chunk_kernel, ut_diag_inverse_kernel
+    from .ut_bwd import UT_BWD_APPLY_WARPS, UT_BWD_CHUNK_WARPS, ut_bwd_apply_kernel, ut_bwd_chunk_kernel
 
     io = f"*{dtype}"
     scan = {tl.float16: "*fp16", tl.bfloat16: "*bf16", tl.float32: "*fp32"}[params.scan_dtype]
@@ -98,14 +99,13 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     i64 = "*i64"
     common = dict(HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S, DT=params.scan_dtype)
     tp = params.transition_precision
-    utw = 8
     sig = {}
     for name in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "do_ptr", "dq_ptr"):
         sig[name] = io
     for name in ("w_ptr", "u_ptr", "m_ptr", "kt_ptr", "what_ptr", "gc_ptr", "lse_ptr", "beta_ptr", "y_ptr",
                  "delta_ptr", "dy_ptr", "dc_ptr", "dkj_ptr", "dv_ptr", "dom_ptr", "dwhat_ptr", "dkt_ptr",
                  "dw_ptr", "du_ptr", "dm_ptr", "dk_ptr", "scratch_ptr", "dw_acc_ptr", "dk_acc_ptr",
-                 "dbeta_ptr", "a_ptr", "om_ptr"):
+                 "dbeta_ptr", "a_ptr", "om_ptr", "cc_ptr"):
         sig[name] = _PTR_F32
     sig["kj_ptr"] = sig["z_ptr"] = sig["kz_ptr"] = sig["xs_ptr"] = scan   # xs: bwd_intra's chain-state slots
     for name in ("x_ptr", "o_part_ptr"):
@@ -148,8 +148,10 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (bwd_transport_grads_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_warps(BD)[1], 1),
         (bwd_intra_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
-        (ut_bwd_kernel, ut_sig, dict(H=H, D=D, BD=BD, C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
-                                      GP=params.ut_grad_precision), utw, 1),
+        (ut_bwd_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
+                                           UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_CHUNK_WARPS, 1),
+        (ut_bwd_apply_kernel, ut_sig, dict(H=H, D=D, DB=min(BD, UT_COLUMN_BLOCK), C=C, GP=params.ut_grad_precision),
+         UT_BWD_APPLY_WARPS, 1),
     ]
 
 

@@ -72,7 +72,7 @@ def ut_inverse_scratch(wt, bt, tables: SequenceTables, H: int, D: int, C: int, p
 
 def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams):
     """Stage ut_inverse over the chunks of ``tables``: u, K~ ([N, H, D]) and m ([N, H, C]), float32,
-    plus the inverse's scratch tiles (``ut_bwd_kernel`` reads the same ones).
+    plus the inverse's scratch tiles (``ut_bwd_chunk_kernel`` reads the same ones).
 
     The token-major inputs may be a token range of a longer stream (``tables`` rebased to it).
     """

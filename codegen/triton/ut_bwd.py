@@ -1,0 +1,129 @@
+"""Stage `ut_inverse` backward: from dU, dK~, dM (and the partial dW, dK the scan kernels
+accumulated) to the final dw, dk and dbeta of every UT chunk.
+
+Split like the forward (``ut.py``): ``ut_bwd_chunk_kernel`` does the C x C work of one (chunk, kv
+head) -- the D-reductions W W^T, W K^T, W dK~^T, dU W^T over 64-wide column blocks, the recomputed
+inverse, A and M, and every C x C gradient -- and stores dbeta and four C x C tiles (M, dL, A and
+dG + dG^T) as float32 rows [N_tok, H, 4, C].  ``ut_bwd_apply_kernel`` then forms dW and dK one
+column block at a time:
+
+    dW = dW_acc - M dK~ + dL K + A^T dU + (dG + dG^T) W        dK = dK_acc + dK~ + dL^T W
+
+(One kernel holding every C x D tile at once spilled 2.6 KB per thread at D = 128 on sm_90 and ran
+at 17-31 TFLOP/s, session 6.)  The forward quantities (T^{-1}, A, M) are recomputed at the
+forward's precision UP, the gradient products run at GP (the spec's ut_grad_precision knob).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .ut import _blocked_inverse, _chunk_rows
+
+# C x C tiles the chunk kernel hands the apply kernel, per token row and kv head
+CC_TILES = 4
+_CC = tl.constexpr(CC_TILES)
+_M, _DL, _A, _SG = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
+# warps, from compile_check for sm_90 (see the README's stage table)
+UT_BWD_CHUNK_WARPS = 8
+UT_BWD_APPLY_WARPS = 4
+
+
+@triton.jit
+def ut_bwd_chunk_kernel(
+    w_ptr, beta_ptr, k_ptr, du_ptr, dkt_ptr, dm_ptr, scratch_ptr,
+    cc_ptr, dbeta_ptr,
+    chunk_tok0, chunk_seq, seq_end,
+    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr, C: tl.constexpr,
+    BETA_MAX: tl.constexpr, UP: tl.constexpr, GP: tl.constexpr,
+):
+    """The C x C half of the UT backward, one program per (chunk, kv head); writes dbeta and the
+    tiles M, dL, A, dG + dG^T (float32 [N_tok, H, 4, C]) for ``ut_bwd_apply_kernel``."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    rows, rmask = _chunk_rows(n, chunk_tok0, chunk_seq, seq_end, C)
+    r = tl.arange(0, C)
+    db = tl.arange(0, DB)
+
+    Gm = tl.zeros((C, C), dtype=tl.float32)       # W W^T
+    L = tl.zeros((C, C), dtype=tl.float32)        # W K^T
+    WdKt = tl.zeros((C, C), dtype=tl.float32)     # W dK~^T
+    dUWt = tl.zeros((C, C), dtype=tl.float32)     # dU W^T
+    for d0 in range(0, BD, DB):
+        mask2 = rmask[:, None] & (d0 + db < D)[None, :]
+        off = (rows[:, None] * H + h) * D + d0 + db[None, :]
+        W = tl.load(w_ptr + off, mask=mask2, other=0.0).to(tl.float32)
+        K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
+        Gm = tl.dot(W, tl.trans(W), Gm, input_precision=UP)
+        L = tl.dot(W, tl.trans(K), L, input_precision=UP)
+        dKt = tl.load(dkt_ptr + off, mask=mask2, other=0.0)
+        WdKt = tl.dot(W, tl.trans(dKt), WdKt, input_precision=GP)
+        dU = tl.load(du_ptr + off, mask=mask2, other=0.0)
+        dUWt = tl.dot(dU, tl.trans(W), dUWt, input_precision=GP)
+
+    beta_raw = tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32)
+    beta = tl.minimum(beta_raw, BETA_MAX)
+    strict = r[:, None] > r[None, :]
+    N = tl.where(strict, beta[:, None] * Gm, 0.0)
+    Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C, UP)
+    A = Tinv * beta[None, :]
+    L = tl.where(strict, L, 0.0)
+    M = tl.dot(A, L, input_precision=UP)
+    coff = ((rows[:, None] * H + h) * _CC) * C + r[None, :]
+    tl.store(cc_ptr + coff + _M * C, M, mask=rmask[:, None])
+    tl.store(cc_ptr + coff + _A * C, A, mask=rmask[:, None])
+
+    # K~ = K - M^T W  and  M = A strictLower(W K^T)
+    dM = tl.load(dm_ptr + (rows[:, None] * H + h) * C + r[None, :], mask=rmask[:, None], other=0.0) - WdKt
+    dL = tl.where(strict, tl.dot(tl.trans(A), dM, input_precision=GP), 0.0)
+    tl.store(cc_ptr + coff + _DL * C, dL, mask=rmask[:, None])
+    # U = A W adds dU W^T to dA
+    dA = tl.dot(dM, tl.trans(L), input_precision=GP) + dUWt
+    # A = T^{-1} diag(beta),  T = I + strictLower(diag(beta) W W^T)
+    dbeta = tl.sum(Tinv * dA, axis=0)
+    dTinv = dA * beta[None, :]
+    dT = -tl.dot(tl.dot(tl.trans(Tinv), dTinv, input_precision=GP), tl.trans(Tinv), input_precision=GP)
+    dN = tl.where(strict, dT, 0.0)
+    dbeta += tl.sum(dN * Gm, axis=1)
+    dG = beta[:, None] * dN
+    tl.store(cc_ptr + coff + _SG * C, dG + tl.trans(dG), mask=rmask[:, None])
+    dbeta = tl.where(beta_raw < BETA_MAX, dbeta, 0.0)
+    tl.store(dbeta_ptr + rows * H + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def ut_bwd_apply_kernel(
+    w_ptr, k_ptr, du_ptr, dkt_ptr, dw_acc_ptr, dk_acc_ptr, cc_ptr,
+    dw_ptr, dk_ptr,
+    chunk_tok0, chunk_seq, seq_end,
+    H: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, C: tl.constexpr, GP: tl.constexpr,
+):
+    """The C x D half of the UT backward, one program per (chunk, kv head, DB-wide column block):
+    the final dw and dk from the chunk kernel's tiles (module docstring)."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    d0 = tl.program_id(2) * DB
+    rows, rmask = _chunk_rows(n, chunk_tok0, chunk_seq, seq_end, C)
+    r = tl.arange(0, C)
+    db = tl.arange(0, DB)
+    mask2 = rmask[:, None] & (d0 + db < D)[None, :]
+    off = (rows[:, None] * H + h) * D + d0 + db[None, :]
+    coff = ((rows[:, None] * H + h) * _CC) * C + r[None, :]
+    cmask = rmask[:, None]
+
+    W = tl.load(w_ptr + off, mask=mask2, other=0.0).to(tl.float32)
+    dKt = tl.load(dkt_ptr + off, mask=mask2, other=0.0)
+    dL = tl.load(cc_ptr + coff + _DL * C, mask=cmask, other=0.0)
+    dK = tl.load(dk_acc_ptr + off, mask=mask2, other=0.0) + dKt + tl.dot(tl.trans(dL), W, input_precision=GP)
+    tl.store(dk_ptr + off, dK.to(dk_ptr.dtype.element_ty), mask=mask2)
+
+    K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
+    dW = tl.load(dw_acc_ptr + off, mask=mask2, other=0.0) + tl.dot(dL, K, input_precision=GP)
+    M = tl.load(cc_ptr + coff + _M * C, mask=cmask, other=0.0)
+    dW -= tl.dot(M, dKt, input_precision=GP)
+    A = tl.load(cc_ptr + coff + _A * C, mask=cmask, other=0.0)
+    dU = tl.load(du_ptr + off, mask=mask2, other=0.0)
+    dW += tl.dot(tl.trans(A), dU, input_precision=GP)
+    Sg = tl.load(cc_ptr + coff + _SG * C, mask=cmask, other=0.0)
+    dW += tl.dot(Sg, W, input_precision=GP)
+    tl.store(dw_ptr + off, dW.to(dw_ptr.dtype.element_ty), mask=mask2)
