@@ -7,7 +7,7 @@ a temporary module, since ``triton.jit`` reads its source from a file).  Timing 
 launches add into buffers that already hold results, so nothing here checks values.
 
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096] [--gates 1,0]
-                                          [--only ut,transport,intra,dkv,utbwd,e2e]
+                                          [--only ut,transport,intra,dkv,utbwd,variants,e2e]
                                           [--old-intra FILE] [--old-ut FILE]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
@@ -142,11 +142,55 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None):
 
     if "utbwd" in only:
         ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src)
+    if "variants" in only:
+        source_variants(base, dkv.calls[0], ia.calls[0], utd.calls[0])
     if "e2e" in only:
         fn = lambda: torch.autograd.grad(path_attention_triton(*xs[:5], xs[5] if gate else None)[0], xs, do)  # noqa: E731
         fn()
         emit(dict(base, kernel="fwd+bwd", variant="autograd, heuristic config",
                   ms=round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)))
+
+
+def _src(module_name):
+    import pathtune.codegen.triton as pkg
+    with open(os.path.join(os.path.dirname(pkg.__file__), f"{module_name}.py")) as fh:
+        return fh.read()
+
+
+# register-pressure variants of this tree's kernels, as text replacements (kernel, module, tag, replacements)
+_DKV_GLOBAL_DKJ = (
+    ("                    dKJ += tl.dot(dKZ, Om, input_precision=TP)\n",
+     "                    tl.debug_barrier()\n"
+     "                    tl.store(dkj_ptr + koff, tl.load(dkj_ptr + koff, mask=dmask, other=0.0)"
+     " + tl.dot(dKZ, Om, input_precision=TP) * scale, mask=dmask)\n"),
+    ("                tl.store(dkj_ptr + koff, tl.load(dkj_ptr + koff, mask=dmask, other=0.0) + dKJ * scale, mask=dmask)\n",
+     "                pass\n"),
+)
+_INTRA_RELOAD = (
+    ("    # diagonal tile and the boundary adjustment of the queries\n",
+     "    Q = tl.load(q_ptr + qoff, mask=m2, other=0.0).to(DT)\n"
+     "    Wc = tl.load(w_ptr + koff, mask=m2, other=0.0).to(DT)\n"
+     "    Uc = tl.load(u_ptr + koff, mask=m2, other=0.0).to(DT)\n"
+     "    QW = tl.where(causal, mm(Q, tl.trans(Wc), INTERP), 0.0)\n"),
+)
+_DIAG_TF32X3 = (('input_precision="ieee"', 'input_precision="tf32x3"'),)
+
+
+def source_variants(base, dkv_call, intra_call, diag_call):
+    """Kernels of this tree next to variants of their source (same arguments)."""
+    cases = (
+        ("bwd_inter_dkv_kernel", "bwd_inter", dkv_call, "dKJ read-modify-write per super-chunk", _DKV_GLOBAL_DKJ, {}),
+        ("bwd_intra_kernel", "bwd_intra", intra_call, "Q, W, U, QW again after the walk", _INTRA_RELOAD, {}),
+        ("ut_diag_inverse_kernel", "ut", diag_call, "W W^T at tf32x3", _DIAG_TF32X3, {}),
+        ("ut_diag_inverse_kernel", "ut", diag_call, "warps 2", (), dict(num_warps=2)),
+        ("ut_diag_inverse_kernel", "ut", diag_call, "warps 4", (), dict(num_warps=4)),
+    )
+    for kernel, module, (grid, args, kw), what, repl, kw_change in cases:
+        tag = f"{kernel}_{base['D']}_{abs(hash(what)) % 10000}"
+        as_is = load_variant(_src(module), kernel, tag + "_asis")
+        emit(dict(base, kernel=kernel, variant="as is", ms=time_launch(as_is, grid, args, kw)))
+        var = load_variant(_src(module), kernel, tag, repl)
+        emit(dict(base, kernel=kernel, variant=what, ms=time_launch(var, grid, args, dict(kw, **kw_change))))
 
 
 def ut_backward(base, chunk_call, apply_call, old_ut_src):
@@ -180,7 +224,7 @@ def main():
     ap.add_argument("--T", type=int, default=4096)
     ap.add_argument("--old-intra", default=None)
     ap.add_argument("--gates", default="1,0")
-    ap.add_argument("--only", default="ut,transport,intra,dkv,utbwd,e2e")
+    ap.add_argument("--only", default="ut,transport,intra,dkv,utbwd,variants,e2e")
     ap.add_argument("--old-ut", default=None)
     a = ap.parse_args()
     old_src = open(a.old_intra).read() if a.old_intra else None

@@ -25,7 +25,7 @@ CC_TILES = 4
 _CC = tl.constexpr(CC_TILES)
 _M, _DL, _A, _SG = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
 # warps, from compile_check for sm_90 (see the README's stage table)
-UT_BWD_CHUNK_WARPS = 8
+UT_BWD_CHUNK_WARPS = 4
 UT_BWD_APPLY_WARPS = 4
 
 
