@@ -125,7 +125,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     DB = transition_column_block(BD)   # < BD: the column-blocked transition path of wide head dims
     return [
         (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C,
-                                           BETA_MAX=params.beta_max), 1, 1),
+                                           BETA_MAX=params.beta_max, UP=params.ut_precision), 1, 1),
         (ut_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                        UP=params.ut_precision), UT_NUM_WARPS, 1),
         (ut_apply_kernel, ut_sig, dict(H=H, D=D, DB=min(BD, UT_COLUMN_BLOCK), C=C, UP=params.ut_precision),

@@ -65,7 +65,7 @@ def ut_inverse_scratch(wt, bt, tables: SequenceTables, H: int, D: int, C: int, p
     ut_diag_inverse_kernel[(tables.n_chunks * (C // 16), H)](
         wt, bt, scratch, tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, BD=_pow2(D), DB=min(_pow2(D), UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
-        num_warps=1, num_stages=1,
+        UP=params.ut_precision, num_warps=1, num_stages=1,
     )
     return scratch
 
