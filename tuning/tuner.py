@@ -475,8 +475,9 @@ class Tuner:
             batch: list[tuple[Any, Any]] = []      # (trial, config) to compile and measure
             repeats: list[tuple[Any, Any]] = []    # same config as an earlier trial of this batch
             hashes: set[str] = set()
+            answered = 0    # proposals answered from an earlier measurement: COMPLETE, so they count too
             for _ in range(4 * want):
-                if len(batch) >= want:
+                if len(batch) + len(repeats) + answered >= want:
                     break
                 trial = study.ask()
                 try:
@@ -485,6 +486,7 @@ class Tuner:
                     study.tell(trial, state=TrialState.PRUNED)
                     continue
                 if stored is not None:
+                    answered += 1
                     after_trial(study, study.tell(trial, objective.conclude(trial, stored)))
                 elif config.hash in hashes:
                     repeats.append((trial, config))
