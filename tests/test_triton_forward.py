@@ -222,6 +222,75 @@ def test_forward_bf16_loose():
     check(o, lse, *oracle(*x), TOL[BF16])
 
 
+@pytest.mark.parametrize("tp,tol", [("fp16", TOL[F16]), ("bf16", 5e-3)])
+def test_forward_transition_precision_16bit(tp, tol):
+    """transition_precision fp16 / bf16: the transport, X What_J and the diagonal tile's products on
+    16-bit operands (``_ops.tdot``), over 5 super-chunks with GQA and the gate; the float32 mode on
+    the same inputs is the comparison point (both near the oracle, and not identical)."""
+    x = make_inputs(175, B=1, T=160, HQ=4, H=2, dtype=F16, gate=True)
+    o, lse = run(x, params(F16, transition_precision=tp))
+    check(o, lse, *oracle(*x), tol)
+    o32, _ = run(x, params(F16, transition_precision="ieee"))
+    assert 0 < rel(o, o32) < tol
+
+
+def test_forward_compact_state():
+    """A forward's own state holds U, K~ and w in the scan's 16-bit type (what its scan and transport
+    read); the state the backward builds keeps them float32, and tf32 scans keep float32 too."""
+    from pathtune.codegen.triton.forward import prepare_state
+
+    q, k, v, w, beta, g = make_inputs(176, B=1, T=70, HQ=2, H=1, dtype=F16, gate=True)
+    st = prepare_state(q, k, w, beta, g, cu_seqlens=None, params=params(F16), compact=True)
+    assert st.u.dtype == st.kt.dtype == st.wd.dtype == F16 and st.m.dtype == F32
+    assert torch.equal(st.wd, w.reshape(70, 1, 16).to(F16))
+    full = prepare_state(q, k, w, beta, g, cu_seqlens=None, params=params(F16))
+    assert full.u.dtype == full.kt.dtype == F32 and full.wd is None
+    assert rel(st.u, full.u) < 1e-3 and rel(st.kt, full.kt) < 1e-3
+    st32 = prepare_state(q, k, w, beta, g, cu_seqlens=None, params=params(F32), compact=True)
+    assert st32.u.dtype == F32 and st32.wd is None
+
+
+@pytest.mark.parametrize("lens", [(2, 3000), (1, 7, 2600, 1, 392)], ids=["dense", "varlen"])
+def test_gate_cumsum_kernel(lens):
+    """The Triton gate cumsum (spans of 1024 tokens in parallel, tiles of 64 tokens, a compensated
+    running total) equals the float64 cumsum to about one float32 ulp of the largest |c|,
+    restarting at every sequence start; HQ = 5 exercises the masked head lanes."""
+    from pathtune.codegen.triton._layout import GATE_CUMSUM_SPAN, _gate_cumsum_torch, gate_cumsum
+
+    assert max(lens) > 2 * GATE_CUMSUM_SPAN      # several spans per sequence
+    gen = torch.Generator().manual_seed(177)
+    if lens[0] == 2:      # dense [2, 3000, 5]
+        g, cu = torch.log(0.95 + 0.05 * torch.rand(2, 3000, 5, generator=gen)), None
+    else:
+        g = torch.log(0.95 + 0.05 * torch.rand(1, sum(lens[1:]), 5, generator=gen))
+        cu = torch.tensor([0] + list(lens[1:]), dtype=torch.int64).cumsum(0)
+    c = gate_cumsum(g, cu)
+    ref = _gate_cumsum_torch(g.double(), cu).double() if cu is None else _ref_varlen(g, cu)
+    assert c.dtype == F32 and c.shape == g.shape and c.is_contiguous()
+    err = (c.double() - ref).abs().max().item()
+    assert err <= 4 * torch.finfo(F32).eps * ref.abs().max().item(), err
+    if cu is not None:
+        for t in cu[:-1].tolist():   # each sequence restarts
+            assert c[0, t].equal(g[0, t])
+
+
+def _ref_varlen(g, cu):
+    out = torch.empty_like(g, dtype=F64)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        out[:, a:b] = g[:, a:b].double().cumsum(1)
+    return out
+
+
+def test_dense_tables_cached():
+    """A dense batch's tables are built once per shape (no host work, no copies on later calls)."""
+    from pathtune.codegen.triton._layout import build_tables
+
+    a = build_tables(2, 300, None, 16, 64, torch.device("cpu"), block_m=32)
+    assert build_tables(2, 300, None, 16, 64, "cpu", block_m=32) is a
+    assert build_tables(2, 301, None, 16, 64, "cpu", block_m=32) is not a
+    assert a.n_chunks == 2 * 19 and a.chunk_tok0[19].item() == 300
+
+
 # ----------------------------------------------------------------------------- beta clip
 
 def test_forward_beta_clip():

@@ -78,7 +78,7 @@ def _facts(spec):
     and the configs a warm start must pick from them, best first."""
     key = _key()
     d = default_config(spec, key)
-    b, a, e = d.replace(block_n=128), d.replace(num_stages=3), d.replace(num_warps=8)
+    b, a, e = d.replace(block_n=64), d.replace(num_stages=3), d.replace(num_warps=8)
     f = d.replace(superchunk_size=2048)
     bad_domain = dict(d.to_dict(), chunk_size=96)                        # no longer in chunk_size's domain
     bad_knob = dict(d.to_dict(), old_knob=1)                             # a knob the spec dropped
@@ -325,7 +325,7 @@ def test_rank_and_select():
         {"config": d.replace(num_warps=8).to_dict(), "median_ms": 2.0, "source_hash": "new", "created_at": T0},
         {"config": d.replace(num_stages=3).to_dict(), "median_ms": 3.0, "source_hash": "new",
          "created_at": T0 - timedelta(days=9)},                          # the source's newest time counts
-        {"config": d.replace(block_n=128).to_dict(), "median_ms": 0.5, "source_hash": "old",
+        {"config": d.replace(block_n=64).to_dict(), "median_ms": 0.5, "source_hash": "old",
          "created_at": T0 - timedelta(days=1)},
         {"config": d.replace(block_n=32).to_dict(), "median_ms": 0.1, "source_hash": "undated", "created_at": None},
         {"config": d.replace(num_warps=8).to_dict(), "median_ms": 1.5, "source_hash": "new", "created_at": None},
@@ -337,6 +337,6 @@ def test_rank_and_select():
     assert [(r["source_hash"], r["median_ms"]) for r in ranked] == [("new", 1.5), ("new", 3.0), ("old", 0.5),
                                                                      ("undated", 0.1)]
     warm = select_retired(spec, key, d, rows, 3)
-    assert [c for c, _ in warm.configs] == [d.replace(num_warps=8), d.replace(num_stages=3), d.replace(block_n=128)]
+    assert [c for c, _ in warm.configs] == [d.replace(num_warps=8), d.replace(num_stages=3), d.replace(block_n=64)]
     assert select_retired(spec, key, d, rows, 0).configs == []
     assert select_retired(spec, key, d, [], 3).configs == []

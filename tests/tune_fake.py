@@ -27,7 +27,7 @@ WEIGHTS = {
     "num_warps": {2: 1.3, 4: 1.0, 8: 0.96},
     "num_stages": {1: 1.1, 2: 1.0, 3: 0.98, 4: 1.02},
     "scan_precision": {"fp16": 1.0, "bf16": 0.99, "tf32": 1.6},
-    "transition_precision": {"tf32": 0.9, "tf32x3": 1.0, "ieee": 1.4},
+    "transition_precision": {"tf32": 0.9, "tf32x3": 1.0, "ieee": 1.4, "fp16": 0.86, "bf16": 0.86},
     "beta_clip_eps": {"off": 1.0, 0.001: 1.001, 0.0078125: 1.002, 0.015625: 1.003},
     "bwd_block_n": {32: 1.2, 64: 1.0, 128: 0.9},
     "bwd_num_warps": {4: 1.0, 8: 0.95},

@@ -35,3 +35,17 @@ def tile_of(n, tile_tok0, tile_seq, seq_start, seq_end):
     tok0 = tl.load(tile_tok0 + n)
     sid = tl.load(tile_seq + n)
     return tok0, sid, tl.load(seq_start + sid), tl.load(seq_end + sid)
+
+
+@triton.jit
+def tdot(a, b, TP: tl.constexpr, INTERP: tl.constexpr):
+    """A transition product at precision TP (the spec's transition_precision): "fp16" / "bf16"
+    round both operands to that 16-bit type (one tensor-core pass, half the shared memory of a
+    float32 operand; fp16 keeps tf32's 10-bit mantissa), "tf32" / "tf32x3" / "ieee" multiply
+    float32 operands in that mode.  Accumulation is float32 in every case."""
+    if TP == "fp16":
+        return mm(a.to(tl.float16), b.to(tl.float16), INTERP)
+    elif TP == "bf16":
+        return mm(a.to(tl.bfloat16), b.to(tl.bfloat16), INTERP)
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=TP)

@@ -296,7 +296,7 @@ def path_attention_bwd(
         r = slice(a, b)
         nr = b - a
         if recompute:
-            u, ktil, m, ut_scratch = ut_forward(kt_in[r], wt[r], bt[r], tr, H, D, C, params)
+            u, ktil, m, ut_scratch, _ = ut_forward(kt_in[r], wt[r], bt[r], tr, H, D, C, params)
         else:
             u, ktil, m, ut_scratch = state.u, state.kt, state.m, None
         dkt = torch.zeros(nr, H, D, **f32)

@@ -84,7 +84,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
     from .bwd_intra import bwd_intra_kernel
     from .bwd_prep import bwd_prep_kernel
-    from .forward import _pow2
+    from .forward import _pow2, transport_rows
     from .scan_fwd import scan_inter_kernel, scan_intra_kernel
     from .transport import superchunk_transport_kernel
     from .forward import UT_COLUMN_BLOCK, UT_NUM_WARPS, transition_column_block
@@ -118,20 +118,23 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     sig["n_chunks"] = "i32"
     sig["n_blocks"] = "i32"
     ut_sig = dict(sig, k_ptr=io, dk_ptr=io)
+    # a forward's compact state: U, K~ and w's copy in the scan's type (forward.prepare_state)
+    fwd_sig = dict(sig, u_ptr=scan, kt_ptr=scan, w_ptr=scan)
     flags = dict(USE_GATE=gate, INTERP=False, TP=tp)
     btp = params.bwd_transition_precision
     bflags = dict(flags, TP=btp)
-    rows = min(BD, 32)
+    rows = transport_rows(BD)
     DB = transition_column_block(BD)   # < BD: the column-blocked transition path of wide head dims
     return [
         (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C,
                                            BETA_MAX=params.beta_max, UP=params.ut_precision), 1, 1),
         (ut_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                        UP=params.ut_precision), UT_NUM_WARPS, 1),
-        (ut_apply_kernel, ut_sig, dict(H=H, D=D, DB=min(BD, UT_COLUMN_BLOCK), C=C, UP=params.ut_precision),
-         UT_NUM_WARPS, 1),
-        (superchunk_transport_kernel, sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype, TP=tp), 4, 1),
-        (scan_intra_kernel, sig, dict(common, WRITE_X=True, **flags), params.num_warps, 1),
+        (ut_apply_kernel, dict(ut_sig, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),
+         dict(H=H, D=D, DB=min(BD, UT_COLUMN_BLOCK), C=C, UP=params.ut_precision, WRITE_W=True), UT_NUM_WARPS, 1),
+        (superchunk_transport_kernel, fwd_sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype,
+                                                    TP=tp, INTERP=False), 4, 1),
+        (scan_intra_kernel, fwd_sig, dict(common, WRITE_X=True, **flags), params.num_warps, 1),
         (scan_inter_kernel, dict(sig, o_ptr=io), dict({k: v for k, v in common.items() if k != 'C'},
                                                       BLOCK_M=params.block_m, BLOCK_N=params.block_n, DB=DB, **flags),
          params.inter_num_warps, params.num_stages),
@@ -160,7 +163,7 @@ def decode_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16"
     """(fn, signature, constexprs, num_warps, num_stages) of the decode step's two launches
     (``decode.py``) for ``tokens`` new tokens and ``group`` query heads per kv head."""
     from .decode import decode_kernel, decode_layout, decode_loop_stages, decode_merge_kernel
-    from .forward import _pow2
+    from .forward import _pow2, transport_rows
 
     rowwise, R = decode_layout(tokens, group)
     io = f"*{dtype}"

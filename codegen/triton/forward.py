@@ -1,8 +1,8 @@
 """Host side of the Triton forward: layout, grids and launches of the three forward stages."""
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -42,12 +42,21 @@ class ForwardState:
     (sets the field to None) once it is dead."""
 
     tables: SequenceTables
-    u: torch.Tensor        # [N, H, D] float32
-    kt: torch.Tensor       # [N, H, D] float32, keys adjusted to their chunk end
+    u: torch.Tensor        # [N, H, D] float32 (a forward's compact state: the scan's 16-bit type)
+    kt: torch.Tensor       # [N, H, D] as u, keys adjusted to their chunk end
     m: torch.Tensor        # [N, H, C] float32
     kj: torch.Tensor       # [N, H, D] scan dtype, keys transported to their super-chunk end
     what: torch.Tensor     # [n_sc, H, BD, BD] float32, super-chunk transitions
     gc: torch.Tensor | None  # [N, HQ] float32 gate cumsum
+    wd: torch.Tensor | None = None  # [N, H, D] w in the scan's 16-bit type (compact state only)
+    pending: tuple | None = field(default=None, repr=False)  # (main, side) streams while the transport runs
+
+    def join(self) -> None:
+        """Make the current stream wait for a transport queued on the side stream (no-op otherwise)."""
+        if self.pending is not None:
+            main, side = self.pending
+            main.wait_stream(side)
+            self.pending = None
 
 
 def _pow2(x: int) -> int:
@@ -57,6 +66,9 @@ def _pow2(x: int) -> int:
 def _tokens(x: torch.Tensor) -> torch.Tensor:
     """[B, T, ...] -> contiguous [B*T, ...] (a view when already contiguous)."""
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
+
+
+_TORCH_DTYPE = {tl.float16: torch.float16, tl.bfloat16: torch.bfloat16, tl.float32: torch.float32}
 
 
 def ut_inverse_scratch(wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams):
@@ -70,15 +82,18 @@ def ut_inverse_scratch(wt, bt, tables: SequenceTables, H: int, D: int, C: int, p
     return scratch
 
 
-def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams):
-    """Stage ut_inverse over the chunks of ``tables``: u, K~ ([N, H, D]) and m ([N, H, C]), float32,
-    plus the inverse's scratch tiles (``ut_bwd_chunk_kernel`` reads the same ones).
+def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams,
+               out_dtype: torch.dtype = torch.float32, write_w: bool = False):
+    """Stage ut_inverse over the chunks of ``tables``: u, K~ ([N, H, D], ``out_dtype``) and m
+    ([N, H, C], float32), plus the inverse's scratch tiles (``ut_bwd_chunk_kernel`` reads the same
+    ones) and, with ``write_w``, w in ``out_dtype`` (else None).
 
     The token-major inputs may be a token range of a longer stream (``tables`` rebased to it).
     """
     N = kt_in.shape[0]
-    u = torch.empty(N, H, D, device=kt_in.device, dtype=torch.float32)
-    ktil = torch.empty(N, H, D, device=kt_in.device, dtype=torch.float32)
+    u = torch.empty(N, H, D, device=kt_in.device, dtype=out_dtype)
+    ktil = torch.empty(N, H, D, device=kt_in.device, dtype=out_dtype)
+    wd = torch.empty(N, H, D, device=kt_in.device, dtype=out_dtype) if write_w else None
     m = torch.empty(N, H, C, device=kt_in.device, dtype=torch.float32)
     scratch = ut_inverse_scratch(wt, bt, tables, H, D, C, params)
     a = torch.empty(N, H, C, device=kt_in.device, dtype=torch.float32)   # A = T^{-1} diag(beta), per chunk row
@@ -91,19 +106,46 @@ def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, pa
         num_warps=UT_NUM_WARPS, num_stages=1,
     )
     ut_apply_kernel[(tables.n_chunks, H, BD // DB)](
-        wt, kt_in, a, m, u, ktil,
+        wt, kt_in, a, m, u, ktil, wd if write_w else u,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
-        H=H, D=D, DB=DB, C=C, UP=params.ut_precision,
+        H=H, D=D, DB=DB, C=C, UP=params.ut_precision, WRITE_W=write_w,
         num_warps=UT_NUM_WARPS, num_stages=1,
     )
-    return u, ktil, m, scratch
+    return u, ktil, m, scratch, wd
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device):
+    """One extra CUDA stream per device (None off the GPU / in the interpreter), on which the
+    transport runs beside the intra-super-chunk scan: both only read the UT stage's outputs, and
+    the transport's few long serial programs fill the multiprocessors the scan leaves idle."""
+    if device.type != "cuda" or interpreting():
+        return None
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=device)
+    return _SIDE_STREAMS[key]
+
+
+def transport_rows(BD: int) -> int:
+    """Rows of the running D x D suffix product per transport program (its grid's third axis)."""
+    return min(BD, 32)
 
 
 def prepare_state(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None,
-    *, cu_seqlens: torch.Tensor | None, params: TritonParams,
+    *, cu_seqlens: torch.Tensor | None, params: TritonParams, compact: bool = False,
+    side_stream: bool = False,
 ) -> ForwardState:
     """Stages ut_inverse and super-chunk transport (O(T) work and memory).
+
+    compact: U, K~ and a copy of w in the scan's 16-bit type (when scan_precision is 16-bit), the
+    operands the forward scan and the transport read; the backward keeps them float32 (its
+    kernels and its per-range recompute read them so).  side_stream: the transport is queued on a
+    second stream (``_side_stream``); the caller joins it before reading kj / what
+    (``ForwardState.join``).
 
     The backward recomputes this instead of keeping it alive between forward and backward,
     so only o and lse are saved for autograd.
@@ -114,28 +156,38 @@ def prepare_state(
     BD = _pow2(D)
     dev = q.device
     dt = params.scan_dtype
-    store_dtype = {tl.float16: torch.float16, tl.bfloat16: torch.bfloat16, tl.float32: torch.float32}[dt]
+    store_dtype = _TORCH_DTYPE[dt]
 
     tables = build_tables(B, T, cu_seqlens, C, S, dev, block_m=params.block_m)
     kt_in, wt, bt = _tokens(k), _tokens(w), _tokens(beta)
     N = kt_in.shape[0]
 
-    u, ktil, m, scratch = ut_forward(kt_in, wt, bt, tables, H, D, C, params)
+    compact = compact and store_dtype != torch.float32
+    u, ktil, m, scratch, wd = ut_forward(kt_in, wt, bt, tables, H, D, C, params,
+                                         out_dtype=store_dtype if compact else torch.float32, write_w=compact)
     del scratch
 
     kj = torch.empty(N, H, D, device=dev, dtype=store_dtype)
     # zeros: the last super-chunk of each sequence has no transition (nothing after it reads one)
     what = torch.zeros(max(tables.n_sc, 1), H, BD, BD, device=dev, dtype=torch.float32)
     if tables.max_seq_len > S:
-        rows = min(BD, 32)
-        superchunk_transport_kernel[(tables.n_sc, H, BD // rows)](
-            ktil, wt, u, kj, what,
-            tables.sc_tok0, tables.sc_seq, tables.seq_end,
-            H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=dt, TP=params.transition_precision,
-            num_warps=4, num_stages=1,
-        )
+        rows = transport_rows(BD)
+        side = _side_stream(dev) if side_stream else None
+        main = torch.cuda.current_stream(dev) if side is not None else None
+        if side is not None:
+            side.wait_stream(main)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            superchunk_transport_kernel[(tables.n_sc, H, BD // rows)](
+                ktil, wd if wd is not None else wt, u, kj, what,
+                tables.sc_tok0, tables.sc_seq, tables.seq_end,
+                H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=dt, TP=params.transition_precision,
+                INTERP=interpreting(), num_warps=4, num_stages=1,
+            )
+        pending = (main, side) if side is not None else None
+    else:
+        pending = None
     gc = None if g is None else _tokens(gate_cumsum(g, cu_seqlens))
-    return ForwardState(tables=tables, u=u, kt=ktil, m=m, kj=kj, what=what, gc=gc)
+    return ForwardState(tables=tables, u=u, kt=ktil, m=m, kj=kj, what=what, gc=gc, wd=wd, pending=pending)
 
 
 def path_attention_fwd(
@@ -154,9 +206,11 @@ def path_attention_fwd(
     dev = q.device
     dt = params.scan_dtype
     if state is None:
-        state = prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params)
+        state = prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params, compact=True,
+                              side_stream=True)
     tables, u, ktil, m, kj, what, gc = state.tables, state.u, state.kt, state.m, state.kj, state.what, state.gc
-    qt, kt_in, vt, wt = _tokens(q), _tokens(k), _tokens(v), _tokens(w)
+    qt, kt_in, vt = _tokens(q), _tokens(k), _tokens(v)
+    wt = state.wd if state.wd is not None else _tokens(w)
     N = qt.shape[0]
     o = torch.empty(N, HQ, DV, device=dev, dtype=q.dtype)
     lse = torch.empty(N, HQ, device=dev, dtype=torch.float32)
@@ -175,8 +229,11 @@ def path_attention_fwd(
         tables.n_chunks, scale * _LOG2E, gate_scale,
         HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S,
         DT=dt, TP=params.transition_precision, USE_GATE=g is not None, WRITE_X=inter, INTERP=interp,
+        # one stage: pipelining the walk's loads doubles its shared memory (D = 128: 65 -> 189 KB, one
+        # program per multiprocessor) and made it slower on the H200 (0.62 -> 0.71 ms at T = 4K)
         num_warps=params.num_warps, num_stages=1,
     )
+    state.join()
     if inter:
         scan_inter_kernel[(tables.n_blocks, HQ)](
             x, kj, vt, what, gc_arg, o_part,

@@ -14,7 +14,7 @@ import triton.language as tl
 from .._knobs import params_from_config
 
 _SCAN_DTYPES = {"fp16": tl.float16, "bf16": tl.bfloat16, "tf32": tl.float32}
-_TRANSITION = {"tf32": "tf32", "tf32x3": "tf32x3", "ieee": "ieee"}
+_TRANSITION = {"tf32": "tf32", "tf32x3": "tf32x3", "ieee": "ieee", "fp16": "fp16", "bf16": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ class TritonParams:
     def __post_init__(self):
         if self.scan_precision not in _SCAN_DTYPES:
             raise ValueError(f"scan_precision must be one of {sorted(_SCAN_DTYPES)}, got {self.scan_precision!r}")
-        if self.bwd_transition_precision not in _TRANSITION:
-            raise ValueError(f"bwd_transition_precision must be one of {sorted(_TRANSITION)}, "
+        if self.bwd_transition_precision not in ("tf32", "tf32x3", "ieee"):
+            raise ValueError("bwd_transition_precision must be one of ['ieee', 'tf32', 'tf32x3'], "
                              f"got {self.bwd_transition_precision!r}")
         if self.transition_precision not in _TRANSITION:
             raise ValueError(

@@ -6,7 +6,8 @@
   2. the earlier chunks of I right to left: logits X K~_m^T, online softmax, then
      X <- X - (X W_m^T) U_m (the chunk transition, low rank).
   It writes o and lse of this partial softmax and, when earlier super-chunks exist, X (the
-  queries carried to the start of I, float32).
+  queries carried to the start of I, float32).  K~, W and U are read as the forward's 16-bit
+  copies (``forward.prepare_state``): one load per operand, no conversion in the walk.
 ``scan_inter_kernel``, one program per (BLOCK_M query rows, query head) of a super-chunk I > 0:
   3. plain FlashAttention over the transported keys KJ of the super-chunks J < I, right to
      left, then X <- X What_J (dense D x D transition), merged into the partial softmax.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._ops import mm, tile_of
+from ._ops import mm, tdot, tile_of
 
 
 @triton.jit
@@ -71,7 +72,7 @@ def scan_intra_kernel(
     causal = r[:, None] >= r[None, :]
     QW = tl.where(causal, mm(Q, tl.trans(W), INTERP), 0.0)
     X = Q.to(tl.float32) - mm(QW.to(DT), U, INTERP)
-    s = mm(Q, tl.trans(K), INTERP) - tl.dot(QW, M, input_precision=TP)
+    s = mm(Q, tl.trans(K), INTERP) - tdot(QW, M, TP, INTERP)
 
     if USE_GATE:
         c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
@@ -179,7 +180,7 @@ def scan_inter_kernel(
                     Wh = tl.load(what_ptr + (((sc_base + jj) * H + h) * BD + d[:, None]) * BD + d[None, :])
                     X = tl.load(x_blk, boundary_check=(0, 1), padding_option="zero")
                     tl.debug_barrier()
-                    tl.store(x_blk, tl.dot(X, Wh, input_precision=TP), boundary_check=(0, 1))
+                    tl.store(x_blk, tdot(X, Wh, TP, INTERP), boundary_check=(0, 1))
                 else:
                     # in place: every thread holds its part of the whole X before any column is written
                     X = tl.load(x_blk, boundary_check=(0, 1), padding_option="zero")
@@ -191,7 +192,7 @@ def scan_inter_kernel(
                             Wh = tl.load(wh_base + d[:, None] * BD + e[None, :])
                             xb_blk = tl.make_block_ptr(x_ptr + q_base * D, (n_rows, D), (HQ * D, 1), (0, cb * DB),
                                                        (BLOCK_M, DB), (1, 0))
-                            tl.store(xb_blk, tl.dot(X, Wh, input_precision=TP), boundary_check=(0, 1))
+                            tl.store(xb_blk, tdot(X, Wh, TP, INTERP), boundary_check=(0, 1))
                 tl.debug_barrier()
         tl.store(lse_ptr + q_base + r * HQ, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=rmask)
     o_out = tl.make_block_ptr(o_ptr + q_base * DV, (n_rows, DV), (HQ * DV, 1), (0, 0), (BLOCK_M, BDV), (1, 0))

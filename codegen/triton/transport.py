@@ -5,13 +5,17 @@ Walks the super-chunk's UT chunks right to left with a running D x D matrix Suf 
     Suf  = Suf P_m = Suf - (Suf W_m^T) U_m
 and stores What_J = Suf = P_last ... P_first (D x D, float32).  Rows of Suf evolve
 independently and column block r of KJ only needs row block r of Suf, so each program owns
-ROWS rows of Suf (keeps D = 128 inside registers and shared memory).  Super-chunks that no
+ROWS rows of Suf (keeps D = 128 inside registers and shared memory).  K~, W and U may be
+16-bit (a forward's state) or float32 (the backward's recompute); the products run at TP (``tdot``),
+Suf stays float32.  Super-chunks that no
 later query super-chunk reads (the last one of each sequence) are skipped.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from ._ops import tdot
 
 
 @triton.jit
@@ -20,7 +24,7 @@ def superchunk_transport_kernel(
     kj_ptr, what_ptr,
     sc_tok0, sc_seq, seq_end,
     H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
-    ROWS: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr,
+    ROWS: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, INTERP: tl.constexpr,
 ):
     j = tl.program_id(0)
     h = tl.program_id(1)
@@ -37,11 +41,11 @@ def superchunk_transport_kernel(
             rows = (tok0 + (S // C - 1 - step) * C + r).to(tl.int64)
             off = (rows[:, None] * H + h) * D + d[None, :]
             Kt = tl.load(kt_ptr + off, mask=dmask, other=0.0)
-            W = tl.load(w_ptr + off, mask=dmask, other=0.0).to(tl.float32)
+            W = tl.load(w_ptr + off, mask=dmask, other=0.0)
             U = tl.load(u_ptr + off, mask=dmask, other=0.0)
-            KJ = tl.dot(Kt, tl.trans(Suf), input_precision=TP)
+            KJ = tdot(Kt, tl.trans(Suf), TP, INTERP)
             tl.store(kj_ptr + (rows[:, None] * H + h) * D + e[None, :], KJ.to(DT), mask=(e < D)[None, :])
-            SW = tl.dot(Suf, tl.trans(W), input_precision=TP)
-            Suf = Suf - tl.dot(SW, U, input_precision=TP)
+            SW = tdot(Suf, tl.trans(W), TP, INTERP)
+            Suf = Suf - tdot(SW, U, TP, INTERP)
         woff = ((j * H + h) * BD + e[:, None]) * BD + d[None, :]
         tl.store(what_ptr + woff, Suf)

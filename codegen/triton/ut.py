@@ -6,7 +6,8 @@ For chunk m with rows W (C x D, unit-norm w), beta (C), K (C x D):
     U  = A W                                      P_m = I - W^T U = H_last ... H_first
     M  = A strictLower(W K^T)                     used by the diagonal tile of the scan
     K~ = K - M^T W                                row j = (H_last ... H_{j+1} k_j)^T
-Outputs U, K~ (float32, [N_tok, H, D]) and M (float32, [N_tok, H, C]).
+Outputs U, K~ ([N_tok, H, D]: float32 for the backward and the decode prefill, the scan's 16-bit type
+for a forward, whose scan and transport read them as 16-bit operands) and M (float32, [N_tok, H, C]).
 
 Two kernels: ``ut_chunk_kernel`` (the C x C work: W W^T and W K^T over column blocks, the inverse,
 A and M; A goes to a float32 [N_tok, H, C] buffer) and ``ut_apply_kernel`` (U and K~, one program per
@@ -153,12 +154,15 @@ def ut_chunk_kernel(
 @triton.jit
 def ut_apply_kernel(
     w_ptr, k_ptr, a_ptr, m_ptr,
-    u_ptr, kt_ptr,
+    u_ptr, kt_ptr, wd_ptr,
     chunk_tok0, chunk_seq, seq_end,
     H: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, C: tl.constexpr, UP: tl.constexpr,
+    WRITE_W: tl.constexpr,
 ):
     """The C x D half of the UT stage, one program per (chunk, kv head, DB-wide column block):
-    U = A W (P_m = I - W^T U = H_last ... H_first) and K~ = K - M^T W (row j = (H_last ... H_{j+1} k_j)^T)."""
+    U = A W (P_m = I - W^T U = H_last ... H_first) and K~ = K - M^T W (row j = (H_last ... H_{j+1} k_j)^T),
+    stored in the element type of u_ptr / kt_ptr.  WRITE_W: also store W in wd_ptr's (16-bit) type,
+    the copy the forward scan and transport read instead of the float32 input."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     d0 = tl.program_id(2) * DB
@@ -172,5 +176,7 @@ def ut_apply_kernel(
     M = tl.load(m_ptr + coff, mask=rmask[:, None], other=0.0)
     W = tl.load(w_ptr + off, mask=mask2, other=0.0).to(tl.float32)
     K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
-    tl.store(u_ptr + off, tl.dot(A, W, input_precision=UP), mask=mask2)
-    tl.store(kt_ptr + off, K - tl.dot(tl.trans(M), W, input_precision=UP), mask=mask2)
+    tl.store(u_ptr + off, tl.dot(A, W, input_precision=UP).to(u_ptr.dtype.element_ty), mask=mask2)
+    tl.store(kt_ptr + off, (K - tl.dot(tl.trans(M), W, input_precision=UP)).to(kt_ptr.dtype.element_ty), mask=mask2)
+    if WRITE_W:
+        tl.store(wd_ptr + off, W.to(wd_ptr.dtype.element_ty), mask=mask2)

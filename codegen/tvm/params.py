@@ -17,7 +17,7 @@ __all__ = ["TVMParams", "KernelDims", "UnsupportedConfig", "SCAN_VARIANTS", "DEC
 # scan_precision knob -> operand dtype of the scan matmuls ("tf32" keeps float32 operands; only the
 # CUDA-core variant supports it, mma.sync has no tf32 path in TIRx)
 _SCAN_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32"}
-_TRANSITION = ("tf32", "tf32x3", "ieee")
+_TRANSITION = ("tf32", "tf32x3", "ieee", "fp16", "bf16")   # the TVM kernels run 3 products for each
 _QKV_DTYPES = ("bfloat16", "float16", "float32", "float64")
 
 # scan kernels: "tc" = TIRx kernel whose matmuls are mma.sync (tensor cores),

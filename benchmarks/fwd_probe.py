@@ -1,0 +1,211 @@
+"""Forward probe (GPU): where one PaTH(-FoX) forward spends its time, beside SDPA flash and fla.
+
+    python benchmarks/fwd_probe.py [--head-dims 64,128] [--seq-lens 2048,4096,16384] [--gates 1,0]
+                                   [--config heuristic|auto|JSON] [--variants JSON-list] [--no-fla]
+
+For every (D, T, gate) at B*T = 32768 tokens (H = 16 at D <= 64, else 8), bf16, in ONE process:
+  - SDPA flash and fla's ``parallel_path_attn`` forward (fla when importable);
+  - the public API ``pathtune.path_attention`` (backend "triton", the dispatcher's plan for ``auto``
+    when ``--config auto``), wall time per call as users see it (``do_bench`` medians, host included);
+  - the launcher ``path_attention_fwd`` with explicit params (no dispatch), and each variant of
+    ``--variants`` (knob changes on the base params);
+  - per-kernel device ms of one public call (torch profiler), host->device copies and syncs per call;
+  - the forward's relative error against the float64 oracle on the first 2048 tokens of batch 0.
+With ``--host``: instead, one small host-bound call (B = 1, T = 512, H = 8, D = 64, FoX): the public
+call's wall time next to SDPA's, its replay from a CUDA graph (GPU time only), and the top functions
+of a cProfile of 200 calls.
+JSON lines to stdout and to $OUT/fwd_probe.json (rewritten after every row).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+
+import torch
+import triton
+
+OUT = os.environ.get("OUT", "/tmp")
+ROWS: list[dict] = []
+
+
+def emit(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+    ROWS.append(row)
+    with open(os.path.join(OUT, "fwd_probe.json"), "w") as f:
+        json.dump(ROWS, f, indent=1)
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def kernel_profile(fn) -> dict:
+    """Device ms per kernel name of one call, plus memcpy / sync counts seen by the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels, copies, syncs = [], 0, 0
+    for e in prof.key_averages():
+        if "Memcpy HtoD" in e.key or e.key.startswith("cudaMemcpy"):
+            copies += e.count if e.key.startswith("cudaMemcpy") else 0
+        if "Synchronize" in e.key:
+            syncs += e.count
+        if e.device_time_total > 0 and not e.key.startswith("cuda"):
+            kernels.append((e.key[:48], round(e.device_time_total / 1000, 4), e.count))
+    kernels.sort(key=lambda r: -r[1])
+    return dict(kernels=kernels[:16], device_ms=round(sum(k[1] for k in kernels), 4),
+                host_copies=copies, syncs=syncs)
+
+
+def host_profile(shape=(1, 512, 8, 64)) -> None:
+    """Where a small call's wall time goes (host-bound): wall vs graph replay vs SDPA, and cProfile."""
+    import cProfile
+    import io
+    import pstats
+
+    import pathtune
+    from pathtune.tuning.baselines import sdpa_callable
+    from pathtune.tuning.bench import make_inputs
+
+    B, T, H, D = shape
+    q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, True, device="cuda", seed=0)
+
+    def api():
+        return pathtune.path_attention(q, k, v, w, beta, g)
+
+    row: dict = dict(kind="host", B=B, T=T, H=H, D=D)
+    with torch.no_grad():
+        row["sdpa_flash"] = bench(sdpa_callable(q, k, v, "flash"))
+        row["api"] = bench(api)
+        n = 200
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            api()
+        row["api_host_ms"] = (time.perf_counter() - t0) / n * 1e3
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            api()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            api()
+        row["graph_replay"] = bench(graph.replay)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(n):
+            api()
+        prof.disable()
+        torch.cuda.synchronize()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
+        row["cprofile"] = buf.getvalue()[-6000:]
+    emit(row)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--seq-lens", default="2048,4096,16384")
+    ap.add_argument("--gates", default="1,0")
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--config", default="heuristic")
+    ap.add_argument("--variants", default="[]", help="JSON list of knob-change dicts timed on the launcher")
+    ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--host", action="store_true", help="only the small host-bound call (see above)")
+    args = ap.parse_args()
+    if args.host:
+        host_profile()
+        return
+
+    import pathtune
+    from pathtune.codegen.triton import TritonParams
+    from pathtune.codegen.triton.forward import path_attention_fwd
+    from pathtune.runtime.reference import naive_path_attention
+    from pathtune.tuning.baselines import fla_path_callable, sdpa_callable
+    from pathtune.tuning.bench import make_inputs
+
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    variants = json.loads(args.variants)
+    for D in [int(x) for x in args.head_dims.split(",")]:
+        H = 16 if D <= 64 else 8
+        for T in [int(x) for x in args.seq_lens.split(",")]:
+            B = max(1, args.tokens // T)
+            for gate in [bool(int(x)) for x in args.gates.split(",")]:
+                t0 = time.time()
+                q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0)
+                scale = D ** -0.5
+                row: dict = dict(D=D, T=T, B=B, H=H, gate=gate)
+                sdpa = sdpa_callable(q, k, v, "flash")
+                row["sdpa_flash"] = bench(sdpa) if sdpa else None
+                fla = None if args.no_fla else fla_path_callable(q, k, v, w, beta, g)
+                row["fla"] = bench(fla) if fla else None
+                if args.config == "auto":
+                    backend = "auto"
+                    base = TritonParams.heuristic(D, D)
+                elif args.config == "heuristic":
+                    backend, base = "triton", TritonParams.heuristic(D, D)
+                else:
+                    backend, base = "triton", TritonParams.from_config(json.loads(args.config),
+                                                                       TritonParams.heuristic(D, D))
+
+                def api():
+                    return pathtune.path_attention(q, k, v, w, beta, g, scale=scale, backend=backend)
+
+                with torch.no_grad():
+                    row["api"] = bench(api)
+                    # host time of one call: the CPU returns before the GPU finishes when nothing syncs
+                    torch.cuda.synchronize()
+                    h0 = time.perf_counter()
+                    api()
+                    row["api_host_ms"] = (time.perf_counter() - h0) * 1e3
+                    torch.cuda.synchronize()
+                    n = min(T, 2048)
+                    small = [x[:1, :n] if x is not None else None for x in (q, k, v, w, beta, g)]
+                    ref = naive_path_attention(*[x[:, :, :2].double() if x is not None else None for x in small],
+                                               scale=scale)
+                    ref = ref[0] if isinstance(ref, tuple) else ref
+
+                    def o_err(p) -> float:
+                        o = path_attention_fwd(*small, scale=scale, cu_seqlens=None, params=p)[0][:, :, :2]
+                        return ((o.double() - ref).norm() / ref.norm()).item()
+
+                    def launcher(p):
+                        return lambda: path_attention_fwd(q, k, v, w, beta, g, scale=scale, cu_seqlens=None,
+                                                          params=p)
+
+                    row["launcher"] = bench(launcher(base))
+                    row["o_err"] = o_err(base)
+                    row["variants"] = []
+                    for change in variants:
+                        try:
+                            p = dataclasses.replace(base, **change)
+                            ms = bench(launcher(p))
+                            prof = kernel_profile(launcher(p)) if not args.no_profile else {}
+                            row["variants"].append(dict(change=change, ms=round(ms, 4), o_err=o_err(p),
+                                                        kernels=prof.get("kernels", [])[:8]))
+                        except Exception as exc:  # a variant that does not compile / fit
+                            row["variants"].append(dict(change=change, error=f"{type(exc).__name__}: {str(exc)[:160]}"))
+                    if not args.no_profile:
+                        row["profile"] = kernel_profile(api)
+                for key in ("api", "launcher"):
+                    if row.get("sdpa_flash"):
+                        row[f"{key}/sdpa"] = round(row[key] / row["sdpa_flash"], 3)
+                    if row.get("fla"):
+                        row[f"fla/{key}"] = round(row["fla"] / row[key], 3)
+                row["secs"] = round(time.time() - t0, 1)
+                emit(row)
+
+
+if __name__ == "__main__":
+    main()
