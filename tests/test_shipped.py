@@ -1,6 +1,9 @@
 """The results files shipped in perf_db/shipped/: each parses, states the command that produced it,
 holds real measurements (status ok with a time and a same-run baseline, or a failure status), and
-ingests into a fresh database so that `pathtune query overhead --by head_dim` answers from them."""
+ingests into a fresh database.  Files measured with the kernels and spec of this checkout (current:
+``runtime.dispatch.current_keys``, what the dispatcher serves) answer `pathtune query overhead
+--by head_dim`; files of retired kernels stay (history, and the tuner's warm start) and are seen by
+queries over every record."""
 from __future__ import annotations
 
 import json
@@ -12,6 +15,18 @@ from pathtune.perf_db._results import read_results
 from pathtune.perf_db._shipped import SHIPPED_DIR
 
 FILES = sorted(SHIPPED_DIR.glob("*.json"))
+
+
+def _current(rec) -> bool:
+    from pathtune.perf_db._keys import stale_reasons
+    from pathtune.runtime.dispatch import current_keys
+
+    k = rec["kernel"]
+    return not stale_reasons(k, current_keys(k["op"], k["pass"], k["backend"]))
+
+
+def _all_keys(op, pass_, backend):
+    return None
 
 
 @pytest.mark.skipif(not FILES, reason="nothing shipped yet")
@@ -28,7 +43,11 @@ def test_shipped_file_is_real_and_ingests(path, tmp_path, monkeypatch):
         assert rec["env"]["gpu_name"] and rec["kernel"]["source_hash"] and rec["kernel"]["spec_hash"]
     read_results(path)   # the format checks perf_db applies
     monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(SHIPPED_DIR))
-    with PerfDB(f"sqlite:///{tmp_path / 'fresh.sqlite3'}") as db:
+    current = [_current(rec) for rec in records]
+    assert all(current) or not any(current), "a shipped file mixes current and retired kernels"
+    # current files answer as the dispatcher sees them; retired ones only a query over every record
+    keys = {"current_keys": current_keys_of_dispatch()} if all(current) else {"current_keys": _all_keys}
+    with PerfDB(f"sqlite:///{tmp_path / 'fresh.sqlite3'}", **keys) as db:
         report = db.ingest(path)
         assert report.added == len(records)
         rows = db.overhead(by="head_dim")
@@ -38,16 +57,24 @@ def test_shipped_file_is_real_and_ingests(path, tmp_path, monkeypatch):
     assert all(r["ratio"] == pytest.approx(r["pathtune_ms"] / r["sdpa_ms"]) for r in rows)
 
 
+def current_keys_of_dispatch():
+    from pathtune.runtime.dispatch import current_keys
+
+    return current_keys
+
+
 @pytest.mark.skipif(not FILES, reason="nothing shipped yet")
 def test_shipped_files_together_answer_the_overhead_table(tmp_path, monkeypatch):
-    """Every pass the shipped tune covered has an overhead row for each head dim it tuned."""
+    """Every pass the current shipped records cover has an overhead row for each of their head dims,
+    with the retired files ingested beside them (they must not hide or replace current rows)."""
     monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(SHIPPED_DIR))
-    with PerfDB(f"sqlite:///{tmp_path / 'fresh.sqlite3'}") as db:
+    with PerfDB(f"sqlite:///{tmp_path / 'fresh.sqlite3'}", current_keys=current_keys_of_dispatch()) as db:
         for path in FILES:
             db.ingest(path)
         rows = db.overhead(by="head_dim")
     tuned = {(rec["workload"]["head_dim"], rec["workload"]["pass"]) for path in FILES
-             for rec in json.loads(path.read_text())["records"] if rec["measurement"]["status"] == "ok"}
+             for rec in json.loads(path.read_text())["records"]
+             if rec["measurement"]["status"] == "ok" and _current(rec)}
     covered = {(r["head_dim"], r["pass"]) for r in rows}
     for head_dim, pass_ in sorted(tuned):    # (a bwd row times forward+backward)
         assert (head_dim, pass_) in covered, f"no overhead row for D={head_dim} {pass_}: {sorted(covered)}"
