@@ -9,6 +9,7 @@ the products; tf32x3 products count once (the hardware does three), elementwise 
 not at all; the super-chunk-local kernels assume full super-chunks and chunks.
 
     python benchmarks/kernel_flops.py PROFILE.json [--chunk 64 --superchunk 1024 --block-n 64]
+    python benchmarks/kernel_flops.py fwd_probe.json --forward     # one forward (benchmarks/fwd_probe.py rows)
 """
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import argparse
 import json
 
 
-def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN: int = 64) -> dict[str, float]:
-    """FLOPs of one fwd+bwd per kernel name (DV = D, HQ = H, dense batch of B sequences of T)."""
+def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN: int = 64,
+                 forward_only: bool = False) -> dict[str, float]:
+    """FLOPs of one fwd+bwd per kernel name (DV = D, HQ = H, dense batch of B sequences of T); with
+    ``forward_only`` of one forward (one UT pass, one transport)."""
     N = B * T                       # tokens
     n_chunk = N // C                # UT chunks
     s = S // C                      # chunks per super-chunk
@@ -51,17 +54,29 @@ def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN:
     # dL, dA, dT (2)); the apply kernel's five C x C x D products for dW, dK
     f["ut_bwd_chunk_kernel"] = H * n_chunk * (4 * cc + 9 * c3)
     f["ut_bwd_apply_kernel"] = H * n_chunk * 5 * cc
-    f["ut_bwd_kernel"] = f["ut_bwd_chunk_kernel"] + f["ut_bwd_apply_kernel"]     # before session 7: one kernel
+    f["ut_bwd_kernel"] = f["ut_bwd_chunk_kernel"] + f["ut_bwd_apply_kernel"]     # the UT backward as one kernel
+    if forward_only:
+        for name in ("ut_diag_inverse_kernel", "ut_chunk_kernel", "ut_apply_kernel"):
+            f[name] /= 3
+        f["superchunk_transport_kernel"] /= 2
     return f
 
 
-def table(profile_rows: list[dict], C: int, S: int, BN: int) -> list[dict]:
+def table(profile_rows: list[dict], C: int, S: int, BN: int, forward_only: bool = False) -> list[dict]:
+    """Rows of the profile step (``kind: profile``) or, with ``forward_only``, of fwd_probe.py (a
+    ``profile`` dict per shape)."""
     out = []
     for r in profile_rows:
-        if r.get("kind") != "profile":
+        if forward_only:
+            if "profile" not in r:
+                continue
+            kernels = r["profile"]["kernels"]
+        elif r.get("kind") != "profile":
             continue
-        flops = kernel_flops(r["D"], r["T"], r["B"], r["H"], C, S, BN)
-        for name, ms, launches in r["kernels"]:
+        else:
+            kernels = r["kernels"]
+        flops = kernel_flops(r["D"], r["T"], r["B"], r["H"], C, S, BN, forward_only)
+        for name, ms, launches in kernels:
             key = name.split("(")[0].strip()
             if key in flops and ms > 0:
                 out.append(dict(D=r["D"], T=r["T"], gate=r["gate"], kernel=key, launches=launches, ms=ms,
@@ -75,9 +90,10 @@ def main(argv=None):
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--superchunk", type=int, default=1024)
     ap.add_argument("--block-n", type=int, default=64, help="bwd_block_n of the profiled config")
+    ap.add_argument("--forward", action="store_true", help="rows of benchmarks/fwd_probe.py: one forward")
     a = ap.parse_args(argv)
     with open(a.profile) as fh:
-        rows = table(json.load(fh), a.chunk, a.superchunk, a.block_n)
+        rows = table(json.load(fh), a.chunk, a.superchunk, a.block_n, a.forward)
     print(f"{'D':>4} {'T':>6} {'gate':>5} {'kernel':32} {'ms':>7} {'GFLOP':>8} {'TFLOP/s':>8}")
     for r in rows:
         print(f"{r['D']:>4} {r['T']:>6} {str(r['gate']):>5} {r['kernel']:32} {r['ms']:7.3f} {r['gflop']:8.1f} "

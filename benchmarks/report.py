@@ -1,0 +1,173 @@
+"""Write BENCHMARKS.md from the result files in benchmarks/results/ (no GPU needed).
+
+    python benchmarks/report.py --write      # regenerate BENCHMARKS.md
+    python benchmarks/report.py --check      # exit 1 when BENCHMARKS.md differs from what the files give
+
+Result files (JSON, one per GPU run): ``{"command", "gpu", "software", "notes", "rows"}``, where rows are
+what ``pathtune bench --json`` writes (``*-bench-*.json``) or what ``benchmarks/fwd_probe.py`` writes
+(``*-fwd-probe.json``).  The newest bench file with forward rows gives the forward table, the newest
+with forward+backward rows the training table, the newest probe file the per-kernel profile (with the
+matrix-product FLOPs of ``kernel_flops.py``) and the knob variants.  Add a run by dropping its file
+here and regenerating; nothing in BENCHMARKS.md is typed by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+TARGET = HERE.parent / "BENCHMARKS.md"
+sys.path.insert(0, str(HERE))
+from kernel_flops import table as flops_table  # noqa: E402
+
+FWD_KERNELS = ("scan_inter_kernel", "scan_intra_kernel", "ut_chunk_kernel", "ut_apply_kernel", "ut_diag_inverse_kernel",
+               "superchunk_transport_kernel", "gate_cumsum_kernel")
+
+
+def _load(pattern: str) -> list[tuple[Path, dict]]:
+    return [(p, json.loads(p.read_text())) for p in sorted(RESULTS.glob(pattern))]
+
+
+def _newest(files, want) -> tuple[Path, dict] | None:
+    hits = [(p, d) for p, d in files if any(want(r) for r in d["rows"])]
+    return hits[-1] if hits else None
+
+
+def _gate(r) -> str:
+    return "FoX" if r["gate"] else "PaTH"
+
+
+def _f(x, nd=3) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def _source(path: Path, doc: dict) -> list[str]:
+    return [f"Source: `benchmarks/results/{path.name}` ({doc['gpu']}; {doc['software']}). {doc['notes'][:1].upper() + doc['notes'][1:]}.",
+            "", "Reproduce (in the repo root of a GPU host with pathtune installed; fla optional):", "",
+            f"    {doc['command']}", ""]
+
+
+def forward_section(path: Path, doc: dict) -> list[str]:
+    out = ["## Forward", "",
+           "| D | T | B×H | | SDPA flash | SDPA cuDNN | fla | pathtune | pathtune / flash | fla / pathtune | o err |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        t = r["times"]
+        if "pathtune_f" not in t:
+            continue
+        fl, fla, pt = t.get("sdpa_flash_f"), t.get("fla_f"), t["pathtune_f"]
+        out.append(f"| {r['head_dim']} | {r['seq_len']} | {r['batch']}×{r['heads']} | {_gate(r)} | {_f(fl)} | "
+                   f"{_f(t.get('sdpa_cudnn_f'))} | {_f(fla)} | **{_f(pt)}** | {_f(pt / fl if fl else None, 2)}× | "
+                   f"{_f(fla / pt if fla else None, 2)}× | {r['errors'].get('o', float('nan')):.1e} |")
+    return out + [""] + _source(path, doc)
+
+
+def training_section(path: Path, doc: dict) -> list[str]:
+    out = ["## Forward + backward", "",
+           "| D | T | B×H | | SDPA flash | fla | pathtune | pathtune / flash | fla / pathtune | max grad err |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        t = r["times"]
+        if "pathtune_fb" not in t:
+            continue
+        fl, fla, pt = t.get("sdpa_flash_fb"), t.get("fla_fb"), t["pathtune_fb"]
+        grads = {k: v for k, v in r["errors"].items() if k != "o"}
+        worst = max(grads, key=grads.get)
+        out.append(f"| {r['head_dim']} | {r['seq_len']} | {r['batch']}×{r['heads']} | {_gate(r)} | {_f(fl)} | {_f(fla)} "
+                   f"| **{_f(pt)}** | {_f(pt / fl if fl else None, 2)}× | {_f(fla / pt if fla else None, 2)}× | "
+                   f"{grads[worst]:.1e} ({worst}) |")
+    return out + [""] + _source(path, doc)
+
+
+def profile_section(path: Path, doc: dict, seq_len: int = 4096) -> list[str]:
+    rows = [r for r in doc["rows"] if r.get("T") == seq_len and "profile" in r]
+    flops = {(f["D"], f["gate"], f["kernel"]): f for f in flops_table(rows, 64, 1024, 64, forward_only=True)}
+    cols = [(r["D"], r["gate"]) for r in rows]
+    head = " | ".join(f"D{d} {'FoX' if g else 'PaTH'}" for d, g in cols)
+    out = [f"## Where one forward's time goes (T = {seq_len}, heuristic config)", "",
+           "Device ms per kernel of one public `path_attention` call (torch profiler) and, where the kernel does "
+           "matrix products, the achieved TFLOP/s (`benchmarks/kernel_flops.py --forward`: 2·m·n·k per product, "
+           "tf32x3 counted once).  The transport runs on a second stream beside `scan_intra`.", "",
+           f"| kernel | {head} |", "|---|" + "---|" * len(cols)]
+    for name in FWD_KERNELS:
+        cells = []
+        for r in rows:
+            ms = {k: v for k, v, _ in r["profile"]["kernels"]}.get(name)
+            fl = flops.get((r["D"], r["gate"], name))
+            cells.append("-" if ms is None else f"{ms:.3f}" + (f" ({fl['tflops']:.0f})" if fl else ""))
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    out.append("| whole call (do_bench) | " + " | ".join(f"{r['api']:.3f}" for r in rows) + " |")
+    out += ["", "Knob changes from the heuristic config, launcher only (ms, o error vs the float64 oracle):", "",
+            f"| change | {head} |", "|---|" + "---|" * len(cols)]
+    changes = [json.dumps(v["change"]) for v in rows[0]["variants"]] if rows else []
+    out.append("| (none) | " + " | ".join(f"{r['launcher']:.3f} ({r['o_err']:.1e})" for r in rows) + " |")
+    for i, change in enumerate(changes):
+        cells = []
+        for r in rows:
+            v = r["variants"][i]
+            cells.append(v.get("error", "")[:30] if "ms" not in v else f"{v['ms']:.3f} ({v['o_err']:.1e})")
+        out.append(f"| `{change}` | " + " | ".join(cells) + " |")
+    return out + [""] + _source(path, doc)
+
+
+HEADER = """# Benchmarks
+
+<!-- Generated by `python benchmarks/report.py --write` from benchmarks/results/*.json: edit those, not this. -->
+
+PaTH / PaTH-FoX attention on one NVIDIA H200 (sm_90): bf16 q/k/v, float32 w/β/g, causal, B·T = 32768 tokens,
+H = 16 heads at D = 64 and 8 at D = 128.  Inputs: β ~ U(1.5, 2), unit-norm w, FoX gate g = log U(0.95, 1).
+Times are `triton.testing.do_bench` medians in ms of what users call (`pathtune.path_attention`, host
+included).  Every row's baselines (torch SDPA with the flash and cuDNN backends, flash-linear-attention's
+`parallel_path_attn`) were measured in the same process on the same inputs; errors are relative Frobenius
+norms against the float64 naive reference on the same (rounded) inputs.
+
+"""
+
+FOOTER = """## Not re-measured on the current kernels
+
+Earlier measurements (in git history of this file, and their records in `perf_db/shipped/`, now retired by
+kernel source hash): the decode step (Triton and TVM, `pathtune bench --pass decode`), the TVM forward
+(`pathtune bench --backends triton,tvm`), the extra memory of one forward+backward (0.91 / 0.94 GiB at
+T = 16384, D = 64 / 128, against fla's 3.6) and the tuned configs of `pathtune tune`.
+"""
+
+
+def render() -> str:
+    bench = _load("*-bench-*.json")
+    probe = _load("*-fwd-probe.json")
+    parts = [HEADER]
+    fwd = _newest(bench, lambda r: "pathtune_f" in r["times"] and "pathtune_fb" not in r["times"])
+    fwd = fwd or _newest(bench, lambda r: "pathtune_f" in r["times"])
+    if fwd:
+        parts.append("\n".join(forward_section(*fwd)) + "\n")
+    fb = _newest(bench, lambda r: "pathtune_fb" in r["times"])
+    if fb:
+        parts.append("\n".join(training_section(*fb)) + "\n")
+    if probe:
+        parts.append("\n".join(profile_section(*probe[-1])) + "\n")
+    parts.append(FOOTER)
+    return "\n".join(parts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="write BENCHMARKS.md")
+    mode.add_argument("--check", action="store_true", help="exit 1 if BENCHMARKS.md is not what --write writes")
+    a = ap.parse_args(argv)
+    text = render()
+    if a.write:
+        TARGET.write_text(text)
+        print(f"wrote {TARGET}")
+        return 0
+    if TARGET.read_text() != text:
+        print(f"{TARGET.name} differs from the result files: run python benchmarks/report.py --write", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

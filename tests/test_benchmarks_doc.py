@@ -1,0 +1,38 @@
+"""BENCHMARKS.md is generated from the result files in benchmarks/results/ (benchmarks/report.py)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "benchmarks" / "report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmarks_md_is_what_the_result_files_give():
+    report = _report()
+    assert report.main(["--check"]) == 0, "run: python benchmarks/report.py --write"
+
+
+def test_every_result_file_states_its_command_and_rows():
+    import json
+
+    files = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+    assert files
+    for path in files:
+        doc = json.loads(path.read_text())
+        assert doc["command"].startswith(("pathtune ", "python benchmarks/")), path.name
+        assert doc["gpu"] and doc["rows"], path.name
+
+
+def test_check_fails_on_a_hand_edit(tmp_path, monkeypatch):
+    report = _report()
+    edited = tmp_path / "BENCHMARKS.md"
+    edited.write_text(report.render().replace("**", "", 1))
+    monkeypatch.setattr(report, "TARGET", edited)
+    assert report.main(["--check"]) == 1
