@@ -15,7 +15,7 @@ from pathtune.specs import load_spec
 from pathtune.specs.canonical import dtype_name
 
 from .dispatch import select_plan
-from .validation import InputInfo, check_head_dims, validate_inputs, value_checks_enabled
+from .validation import InputInfo, check_head_dims, check_scale, validate_inputs, value_checks_enabled
 
 __all__ = ["path_attention", "BACKENDS", "resolve_backend"]
 
@@ -199,8 +199,8 @@ def _check_backend(spec, info: InputInfo, chosen: str, device: torch.device) -> 
     if chosen == "triton":
         triton_fn, why = _triton_entry()
         if triton_fn is None:
-            raise NotImplementedError(f"backend 'triton' is unavailable: {why}. The Triton kernels are being built "
-                                      "(see README, Status); use backend='reference' meanwhile")
+            raise NotImplementedError(f"backend 'triton' is unavailable: {why}; install Triton (it comes with "
+                                      "torch on Linux GPU hosts) or use backend='reference'")
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"backend 'triton' needs CUDA tensors, but q is on {device}; use backend='reference', "
                              "or set TRITON_INTERPRET=1 to run the Triton kernels in the (slow) CPU interpreter")
@@ -298,8 +298,10 @@ def _sig(t: Optional[torch.Tensor]) -> str:
 
 
 @torch.compiler.assume_constant_result
-def _traced_plan(signature: str, backend: str, grad_enabled: bool) -> Tuple[str, str, int, str]:
-    """(backend, params JSON, D, gate placement) of a traced call; validates it like an eager call."""
+def _traced_plan(signature: str, backend: str, grad_enabled: bool, scale=None) -> Tuple[str, str, int, str]:
+    """(backend, params JSON, D, gate placement) of a traced call; validates it (and ``scale``) like an
+    eager call."""
+    check_scale(scale)
     names = ("q", "k", "v", "w", "beta", "g", "cu_seqlens")
     metas, devices, needs_grad = {}, {}, False
     for name, part in zip(names, signature.split("|")):
@@ -333,7 +335,9 @@ def _traced_plan(signature: str, backend: str, grad_enabled: bool) -> Tuple[str,
 
 def _path_attention_traced(q, k, v, w, beta, g, scale, cu_seqlens, backend, return_lse):
     signature = "|".join([_sig(t) for t in (q, k, v, w, beta, g, cu_seqlens)])
-    chosen, params_json, D, placement = _traced_plan(signature, backend, torch.is_grad_enabled())
+    # scale: a Python constant of the trace (checked like an eager call's), or a traced value (not checkable)
+    checked_scale = scale if scale is None or isinstance(scale, (bool, int, float)) else None
+    chosen, params_json, D, placement = _traced_plan(signature, backend, torch.is_grad_enabled(), checked_scale)
     scale = float(D) ** -0.5 if scale is None else float(scale)
     if chosen == "reference":
         o, lse = _reference(q, k, v, w, beta, g, scale, cu_seqlens, placement)

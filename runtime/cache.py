@@ -13,6 +13,7 @@ number of tokens that extend it.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
@@ -38,6 +39,19 @@ class PaTHCache:
 
     def __init__(self) -> None:
         self._layers: dict[int, LayerState] = {}
+        self._owners: dict[int, weakref.ref] = {}
+
+    def claim(self, layer_idx: int, owner: Any) -> None:
+        """Bind slot ``layer_idx`` to ``owner`` (a layer) on its first use; another live owner of the same
+        slot is an error: two layers sharing a slot would read and extend each other's keys."""
+        ref = self._owners.get(layer_idx)
+        held = ref() if ref is not None else None
+        if held is None:
+            self._owners[layer_idx] = weakref.ref(owner)
+        elif held is not owner:
+            raise ValueError(f"PaTHCache: slot layer_idx={layer_idx} already holds the state of another layer; "
+                             f"give every layer that shares this cache its own layer_idx "
+                             f"(e.g. PaTHAttention(..., layer_idx=i) for the i-th layer)")
 
     def __contains__(self, layer_idx: int) -> bool:
         return layer_idx in self._layers
@@ -70,8 +84,9 @@ class PaTHCache:
         return 0 if state is None else state.length
 
     def reset(self) -> None:
-        """Forget every layer's state (the next call is a prefill again)."""
+        """Forget every layer's state and slot owner (the next call is a prefill again)."""
         self._layers.clear()
+        self._owners.clear()
 
     def __repr__(self) -> str:
         return f"PaTHCache(layers={sorted(self._layers)}, seq_len={self.seq_len()})"

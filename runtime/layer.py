@@ -198,6 +198,11 @@ class PaTHAttention(nn.Module):
             raise ValueError("PaTHAttention: a cache with packed sequences (cu_seqlens) is not supported; "
                              "pass a padded batch [B, T, hidden] for generation")
         B, T, _ = hidden_states.shape
+        if B == 0 or T == 0:
+            raise ValueError(f"PaTHAttention: hidden_states has no tokens (shape {tuple(hidden_states.shape)}); "
+                             "pass at least one sequence of at least one token")
+        if cache is not None:
+            cache.claim(self.layer_idx, self)
         state = cache.get(self.layer_idx) if cache is not None else None
         if state is not None:
             _check_decode_inputs(hidden_states, state)

@@ -66,6 +66,14 @@ def _check_dtype(spec: Spec, name: str, t: torch.Tensor, args: dict[str, torch.T
         raise ValueError(f"{name}.dtype is {_dtype_name(t.dtype)}; allowed: {', '.join(allowed)}{hint}")
 
 
+def check_scale(scale) -> None:
+    """``scale`` is None (the default D ** -0.5) or a positive finite number; raises ValueError otherwise.
+    Eager calls and torch.compile traces (where scale is a Python constant) run the same check."""
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"scale must be a positive finite float (default D ** -0.5), got {scale!r}")
+
+
 def validate_inputs(spec: Spec, q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
                     host_values: bool = True) -> InputInfo:
     """Check the arguments of ``path_attention`` against the spec; return the bound sizes.
@@ -118,9 +126,7 @@ def validate_inputs(spec: Spec, q, k, v, w, beta, g=None, *, scale=None, cu_seql
         if t is not None and t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; put all inputs on one device")
 
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"scale must be a positive finite float (default D ** -0.5), got {scale!r}")
+    check_scale(scale)
 
     num_seqs, max_seqlen = sizes["B"], sizes["T"]
     if cu_seqlens is not None:

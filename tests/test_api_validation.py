@@ -114,6 +114,16 @@ def test_bad_scale_and_backend():
     expect(make(), r"backend must be one of 'auto', 'reference', 'triton', 'tvm', got 'cuda'", backend="cuda")
 
 
+@pytest.mark.parametrize("scale", [-1.0, 0.0, float("nan")])
+def test_bad_scale_is_refused_under_torch_compile(scale):
+    """The traced path checks scale like an eager call (it is a constant of the trace)."""
+    args = make()
+    torch._dynamo.reset()
+    fn = torch.compile(lambda a: call(a, scale=scale), fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match=r"scale must be a positive finite float"):
+        fn(args)
+
+
 @pytest.mark.parametrize("cu, match", [
     (torch.tensor([[0, 8]]), r"cu_seqlens must be 1-D \[N \+ 1\]"),
     (torch.tensor([0.0, 8.0]), r"cu_seqlens.dtype is float32; allowed: int32, int64"),

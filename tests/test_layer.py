@@ -122,6 +122,42 @@ def test_cache_state_matters_and_is_checked():
         m(x[:1], cache=PaTHCache(), cu_seqlens=torch.tensor([0, 4, 9]))
 
 
+def test_layers_sharing_a_cache_slot_are_refused():
+    """Two layers with the same layer_idx on one cache would read and extend each other's keys (a wrong
+    generation, no error): the second one is refused with the fix; distinct indices work, a slot whose
+    layer is gone or a reset cache can be taken again."""
+    a, b = layer(), layer()
+    x = torch.randn(1, 6, 32, dtype=torch.float64)
+    with torch.no_grad():
+        cache = PaTHCache()
+        a(x, cache=cache)
+        with pytest.raises(ValueError, match=r"slot layer_idx=0 already holds the state of another layer.*"
+                                             r"its own layer_idx"):
+            b(x, cache=cache)
+        assert cache.seq_len(0) == 6                            # the refused call changed nothing
+        c = layer(layer_idx=1)
+        c(x, cache=cache)
+        assert sorted(cache) == [0, 1]
+        cache.reset()
+        b(x, cache=cache)                                       # a reset cache has no owners
+        del b
+        import gc
+        gc.collect()
+        cache2 = PaTHCache()
+        d = layer()
+        d(x, cache=cache2)
+        del d
+        gc.collect()
+        layer()(x[:, :1], cache=cache2)                         # the slot's layer is gone: taken over
+
+
+def test_empty_input_is_a_clear_error():
+    m = layer()
+    for shape in ((1, 0, 32), (0, 4, 32)):
+        with pytest.raises(ValueError, match=r"hidden_states has no tokens"):
+            m(torch.zeros(shape, dtype=torch.float64))
+
+
 def test_constructor_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"num_heads \(4\) must be a multiple of num_kv_heads \(3\)"):
         PaTHAttention(32, 4, num_kv_heads=3)
