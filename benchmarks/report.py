@@ -50,35 +50,42 @@ def _source(path: Path, doc: dict) -> list[str]:
             f"    {doc['command']}", ""]
 
 
+def _timing_rows(doc: dict, suffix: str, extra_cells) -> list[str]:
+    """Rows of one timing table: pathtune's time ``pathtune_<suffix>`` beside SDPA flash and fla of the
+    same run, then the table's own columns (``extra_cells(row)``, inserted after SDPA flash)."""
+    out = []
+    for r in doc["rows"]:
+        t = r["times"]
+        if f"pathtune_{suffix}" not in t:
+            continue
+        fl, fla, pt = t.get(f"sdpa_flash_{suffix}"), t.get(f"fla_{suffix}"), t[f"pathtune_{suffix}"]
+        before, after = extra_cells(r)
+        out.append(f"| {r['head_dim']} | {r['seq_len']} | {r['batch']}×{r['heads']} | {_gate(r)} | {_f(fl)} | "
+                   f"{before}{_f(fla)} | **{_f(pt)}** | {_f(pt / fl if fl else None, 2)}× | "
+                   f"{_f(fla / pt if fla else None, 2)}× | {after} |")
+    return out
+
+
 def forward_section(path: Path, doc: dict) -> list[str]:
     out = ["## Forward", "",
            "| D | T | B×H | | SDPA flash | SDPA cuDNN | fla | pathtune | pathtune / flash | fla / pathtune | o err |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in doc["rows"]:
-        t = r["times"]
-        if "pathtune_f" not in t:
-            continue
-        fl, fla, pt = t.get("sdpa_flash_f"), t.get("fla_f"), t["pathtune_f"]
-        out.append(f"| {r['head_dim']} | {r['seq_len']} | {r['batch']}×{r['heads']} | {_gate(r)} | {_f(fl)} | "
-                   f"{_f(t.get('sdpa_cudnn_f'))} | {_f(fla)} | **{_f(pt)}** | {_f(pt / fl if fl else None, 2)}× | "
-                   f"{_f(fla / pt if fla else None, 2)}× | {r['errors'].get('o', float('nan')):.1e} |")
+    out += _timing_rows(doc, "f", lambda r: (f"{_f(r['times'].get('sdpa_cudnn_f'))} | ",
+                                                   f"{r['errors'].get('o', float('nan')):.1e}"))
     return out + [""] + _source(path, doc)
+
+
+def _worst_grad(r) -> str:
+    grads = {k: v for k, v in r["errors"].items() if k != "o"}
+    worst = max(grads, key=grads.get)
+    return f"{grads[worst]:.1e} ({worst})"
 
 
 def training_section(path: Path, doc: dict) -> list[str]:
     out = ["## Forward + backward", "",
            "| D | T | B×H | | SDPA flash | fla | pathtune | pathtune / flash | fla / pathtune | max grad err |",
            "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in doc["rows"]:
-        t = r["times"]
-        if "pathtune_fb" not in t:
-            continue
-        fl, fla, pt = t.get("sdpa_flash_fb"), t.get("fla_fb"), t["pathtune_fb"]
-        grads = {k: v for k, v in r["errors"].items() if k != "o"}
-        worst = max(grads, key=grads.get)
-        out.append(f"| {r['head_dim']} | {r['seq_len']} | {r['batch']}×{r['heads']} | {_gate(r)} | {_f(fl)} | {_f(fla)} "
-                   f"| **{_f(pt)}** | {_f(pt / fl if fl else None, 2)}× | {_f(fla / pt if fla else None, 2)}× | "
-                   f"{grads[worst]:.1e} ({worst}) |")
+    out += _timing_rows(doc, "fb", lambda r: ("", _worst_grad(r)))
     return out + [""] + _source(path, doc)
 
 

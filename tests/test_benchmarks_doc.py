@@ -1,17 +1,11 @@
 """BENCHMARKS.md is generated from the result files in benchmarks/results/ (benchmarks/report.py)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from repo_scripts import ROOT, load_script
 
 
 def _report():
-    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "benchmarks" / "report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/report.py")
 
 
 def test_benchmarks_md_is_what_the_result_files_give():

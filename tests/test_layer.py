@@ -1,6 +1,5 @@
 """PaTHAttention and PaTHCache: projections + path_attention, conv state, prefill/decode == full
 forward, greedy generation with the cache == re-running the sequence, GQA / FoX, torch.compile."""
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ import torch
 
 from pathtune import PaTHAttention, PaTHCache, path_attention
 from pathtune.runtime.layer import causal_short_conv
+from repo_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = [  # (num_heads, num_kv_heads, use_forget_gate, use_qk_norm)
@@ -27,10 +27,7 @@ def layer(HQ=4, H=2, gate=True, qk=False, dtype=torch.float64, **kw):
 
 
 def lm_module():
-    spec = importlib.util.spec_from_file_location("lm_generate", ROOT / "examples" / "lm_generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("examples/lm_generate.py")
 
 
 def test_forward_is_path_attention_of_the_projections():

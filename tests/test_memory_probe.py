@@ -7,23 +7,18 @@ Kernel launches are no-ops here (nothing is computed), so this runs in seconds.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-import pathlib
 
 import pytest
 import torch
+from repo_scripts import load_script
 
 MiB = 1 << 20
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "memory_probe.py"
 
 
 @pytest.fixture(scope="module")
 def mp():
-    spec = importlib.util.spec_from_file_location("memory_probe", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/memory_probe.py")
 
 
 def test_cuda_rounding(mp):
