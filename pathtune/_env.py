@@ -16,7 +16,7 @@ from typing import Callable, Generic, Optional, TypeVar
 
 __all__ = ["EnvVar", "ALL", "CHECK_INPUTS", "DB_URL", "PACK", "GPU_NAME", "PRINT_DISPATCH", "CACHE_DIR",
            "DISPATCH_DB", "SHIPPED_DIR", "BWD_RANGE_MIB", "TVM_MODULES",
-           "default_db_url", "default_cache_dir"]
+           "default_db_url", "default_cache_dir", "problems", "check_once"]
 
 T = TypeVar("T")
 
@@ -149,3 +149,47 @@ TVM_MODULES: EnvVar[Optional[Path]] = EnvVar(
 
 ALL: tuple[EnvVar, ...] = (CHECK_INPUTS, DB_URL, PACK, GPU_NAME, PRINT_DISPATCH, CACHE_DIR, DISPATCH_DB, SHIPPED_DIR,
                            BWD_RANGE_MIB, TVM_MODULES)
+
+# read by the test suite and its helpers (tests/), never by the package: set, they are not typos
+TEST_SUITE_VARIABLES = ("PATHTUNE_TEST_PG_URL", "PATHTUNE_TEST_PG_DIR", "PATHTUNE_FAKE_LOG", "PATHTUNE_FAKE_SLEEP",
+                        "PATHTUNE_TVM_BENCH_MODULES")
+_KNOWN = {var.name for var in ALL}
+
+
+def problems(environ: Optional[dict] = None) -> list[str]:
+    """One line per PATHTUNE_* variable that is set but malformed, or not a pathtune variable at all
+    (a typo such as PATHTUNE_CHECK_INPUT would otherwise be ignored without a word)."""
+    environ = os.environ if environ is None else environ
+    out = []
+    for name in sorted(n for n in environ if n.startswith("PATHTUNE_") and n not in TEST_SUITE_VARIABLES):
+        if name not in _KNOWN:
+            out.append(f"{name} is not a pathtune variable (known: {', '.join(sorted(_KNOWN))}; see ENVs.md)")
+            continue
+        var = next(v for v in ALL if v.name == name)
+        try:
+            var.parse(name, environ[name])
+        except ValueError as exc:
+            out.append(str(exc))
+    return out
+
+
+_CHECKED = False
+
+
+def check_once() -> None:
+    """On the first call in a process: raise ValueError naming every malformed PATHTUNE_* value (the
+    public entry points call it, so a bad value fails there instead of being ignored on code paths
+    that never read it) and warn about unknown PATHTUNE_* names.  Later calls cost nothing; a value
+    changed afterwards is still checked wherever it is read."""
+    global _CHECKED
+    if _CHECKED:
+        return
+    import warnings
+
+    found = problems()
+    bad = [p for p in found if " is not a pathtune variable " not in p]
+    if bad:
+        raise ValueError("malformed pathtune environment: " + "; ".join(bad))
+    for p in found:
+        warnings.warn(f"pathtune: {p}", stacklevel=3)
+    _CHECKED = True

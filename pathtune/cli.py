@@ -61,8 +61,8 @@ def env_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON (mach
     key = env_key(info)
     settings = {var.name: var.raw() for var in _env.ALL}
     if as_json:
-        print(json.dumps({"env": info, "env_key": key, "env_hash": env_hash(info), "settings": settings},
-                         indent=2, sort_keys=True))
+        print(json.dumps({"env": info, "env_key": key, "env_hash": env_hash(info), "settings": settings,
+                          "problems": _env.problems()}, indent=2, sort_keys=True))
         return
     table = Table(title="pathtune env", show_header=False)
     table.add_column("field", style="bold")
@@ -78,6 +78,8 @@ def env_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON (mach
     set_vars = {k: v for k, v in settings.items() if v is not None}
     console.print("PATHTUNE_* set: " + (", ".join(f"{k}={v}" for k, v in set_vars.items()) or "none (see ENVs.md)"),
                   highlight=False, markup=False)
+    for problem in _env.problems():
+        console.print(f"problem: {problem}", style="red", highlight=False, markup=False)
     if info["gpu_name"] is None:
         console.print("No CUDA GPU visible: the reference backend runs; Triton kernels, tuning and benchmarks "
                       "need an NVIDIA GPU.", style="yellow")

@@ -138,6 +138,7 @@ def path_attention(
     """
     if torch.compiler.is_compiling():
         return _path_attention_traced(q, k, v, w, beta, g, scale, cu_seqlens, backend, return_lse)
+    _env.check_once()
     spec = load_spec()
     info = _validate(spec, q, k, v, w, beta, g, scale, cu_seqlens)
     chosen, reason = resolve_backend(backend, q.device)

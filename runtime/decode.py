@@ -17,6 +17,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from pathtune import _env
 from pathtune.specs import load_spec
 
 from .reference.recurrent import PaTHKVCache
@@ -89,6 +90,7 @@ def path_attention_prefill(q, k, v, w, beta, g=None, *, scale: Optional[float] =
     take bfloat16, float16, float32). ``config``: Triton knobs (None = heuristic).
     Returns (o [B,T,HQ,DV] in q's dtype, cache with cache.length = T).
     """
+    _env.check_once()
     spec = load_spec()
     info = validate_inputs(spec, q, k, v, w, beta, g, scale=scale)
     chosen = _resolve(backend, q.device)
@@ -126,6 +128,7 @@ def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Opt
     ``backend="auto"`` on CUDA the dispatcher's choice of backend and knobs: runtime/decode_dispatch.py).
     Returns o [B,T_new,HQ,DV] in q's dtype.
     """
+    _env.check_once()
     spec = load_spec()
     info = validate_inputs(spec, q, k, v, w, beta, g, scale=scale)
     chosen = _resolve(backend, q.device)

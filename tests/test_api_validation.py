@@ -225,3 +225,26 @@ def test_triton_backend_checks_device_and_head_dim(monkeypatch):
 def test_devices_must_match():
     expect(with_(k=make()["k"].to("meta")), r"k is on meta but q is on cpu; put all inputs on one device")
     expect(make(B=1), r"cu_seqlens is on meta but q is on cpu", cu_seqlens=torch.tensor([0, 8], device="meta"))
+
+
+def test_malformed_or_unknown_pathtune_variables_are_reported(monkeypatch):
+    """A malformed PATHTUNE_* value fails the first public call with its name and what it accepts, even
+    on a path that never reads it (CPU inputs never read PATHTUNE_CHECK_INPUTS); an unknown name (a typo)
+    warns; `pathtune env` lists both."""
+    from typer.testing import CliRunner
+
+    from pathtune import _env
+    from pathtune.cli import app
+
+    monkeypatch.setattr(_env, "_CHECKED", False)
+    monkeypatch.setenv("PATHTUNE_CHECK_INPUTS", "maybe")
+    monkeypatch.setenv("PATHTUNE_CHECK_INPUT", "1")
+    with pytest.raises(ValueError, match=r"PATHTUNE_CHECK_INPUTS='maybe' is not a boolean"):
+        call(make())
+    out = CliRunner().invoke(app, ["env"]).output
+    assert "PATHTUNE_CHECK_INPUTS='maybe' is not a boolean" in out
+    assert "PATHTUNE_CHECK_INPUT is not a pathtune variable" in out
+    monkeypatch.setenv("PATHTUNE_CHECK_INPUTS", "1")
+    with pytest.warns(UserWarning, match=r"PATHTUNE_CHECK_INPUT is not a pathtune variable"):
+        call(make())
+    call(make())                                   # checked once: no second warning, no cost
