@@ -23,7 +23,8 @@ _EXPORTS = {
     "default_current_keys": "._keys", "new_run_id": "._keys",
     "STATUSES": "._models", "BACKENDS": "._models", "VERSION_TABLE": "._models",
     "PerfDBError": "._errors", "DuplicateMeasurementError": "._errors", "ResultsFormatError": "._errors",
-    "PackMismatch": "._errors", "SoftMismatchWarning": "._errors",
+    "PackMismatch": "._errors", "SoftMismatchWarning": "._errors", "NoDatabaseError": "._errors",
+    "DatabaseLockedError": "._errors",
     "Pack": "._pack", "PackHit": "._pack", "PackEntry": "._pack", "export_pack": "._pack", "load_pack": "._pack",
     "results_record": "._results", "write_results": "._results", "RunInfo": "._results",
     "resolve_url": "._engine",
@@ -34,6 +35,7 @@ __all__ = [
     "KernelKey", "Measurement", "DISPATCH_BACKENDS", "default_current_keys", "new_run_id",
     "STATUSES", "BACKENDS", "VERSION_TABLE",
     "PerfDBError", "DuplicateMeasurementError", "ResultsFormatError", "PackMismatch", "SoftMismatchWarning",
+    "NoDatabaseError", "DatabaseLockedError",
     "Pack", "PackHit", "PackEntry", "export_pack", "load_pack",
     "results_record", "write_results", "RunInfo",
     "resolve_url", "DumpReport", "dump_results",
@@ -42,8 +44,8 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from ._dump import DumpReport, dump_results
     from ._engine import resolve_url
-    from ._errors import (DuplicateMeasurementError, PackMismatch, PerfDBError, ResultsFormatError,
-                          SoftMismatchWarning)
+    from ._errors import (DatabaseLockedError, DuplicateMeasurementError, NoDatabaseError, PackMismatch, PerfDBError,
+                          ResultsFormatError, SoftMismatchWarning)
     from ._keys import DISPATCH_BACKENDS, KernelKey, Measurement, default_current_keys, new_run_id
     from ._models import BACKENDS, STATUSES, VERSION_TABLE
     from ._pack import Pack, PackEntry, PackHit, export_pack, load_pack

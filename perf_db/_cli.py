@@ -9,9 +9,10 @@ import csv
 import io
 import json
 import sys
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Optional, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -54,18 +55,20 @@ def _fmt_opt() -> Any:
 
 
 def _fail(message: str) -> NoReturn:
-    err_console.print(message, style="red", markup=False, highlight=False)
+    err_console.print(message, style="red", markup=False, highlight=False, soft_wrap=True)  # one line
     raise typer.Exit(1)
 
 
 def _note(message: str) -> None:
-    err_console.print(message, style="yellow", markup=False, highlight=False)
+    err_console.print(message, style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
-def _guard(fn: Callable[[], Any]) -> Any:
-    """Run ``fn``; turn perf_db and database errors into a red one-line message and exit 1."""
+def _guard(fn: Callable[[], Any], perf: Any = None) -> Any:
+    """Run ``fn``; turn perf_db and database errors into a red one-line message and exit 1. ``perf``: the
+    read-only database ``fn`` reads, whose lock timeouts are reported as such."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from ._engine import READ_COMMAND_LOCK_WAIT_MS, is_lock_error, locked_message
     from ._errors import PerfDBError
 
     try:
@@ -73,14 +76,32 @@ def _guard(fn: Callable[[], Any]) -> Any:
     except PerfDBError as e:
         _fail(str(e))
     except SQLAlchemyError as e:
+        if perf is not None and is_lock_error(e):
+            _fail(locked_message(perf.display_url, READ_COMMAND_LOCK_WAIT_MS))
         text = str(getattr(e, "orig", None) or e).splitlines()[0]
         _fail(f"database error: {text}")
 
 
 def _open(db: Optional[str]) -> Any:
+    """The database a command that writes uses: created and migrated if need be, given the shipped files."""
     from ._store import PerfDB
 
     return _guard(lambda: PerfDB.open_default(db))
+
+
+@contextmanager
+def _open_read(db: Optional[str], *, shipped: bool = True) -> Iterator[Any]:
+    """The database a read command uses: opened so that nothing in it changes (perf_db/_readonly.py), a
+    mistyped path refused, with the shipped results it lacks (unless not ``shipped``); closed on exit."""
+    from ._store import PerfDB
+
+    perf = _guard(lambda: PerfDB.open_read(db, shipped=shipped))
+    try:
+        for line in perf.read_notes:
+            _note(line)
+        yield perf
+    finally:
+        perf.close()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -210,10 +231,11 @@ def query_cmd(
         # options given before the subcommand ("pathtune query --db X overhead") carry over to it
         ctx.obj = {"db": db, "gpu": gpu, "pass_": pass_, "fmt": fmt if fmt != Format.table else None}
         return
-    perf = _open(db)
-    rows = _guard(lambda: perf.query(gpu=gpu, head_dim=head_dim, pass_=pass_, backend=backend, dtype=dtype,
-                                     status=status, seq_bucket=seq_len, run_id=run, study_name=study,
-                                     env_hash=env_hash, include_stale=not current, limit=limit, order=order.value))
+    with _open_read(db) as perf:
+        rows = _guard(lambda: perf.query(gpu=gpu, head_dim=head_dim, pass_=pass_, backend=backend, dtype=dtype,
+                                         status=status, seq_bucket=seq_len, run_id=run, study_name=study,
+                                         env_hash=env_hash, include_stale=not current, limit=limit,
+                                         order=order.value), perf)
     filters = _filters_text(gpu=gpu, head_dim=head_dim, **{"pass": pass_}, backend=backend, dtype=dtype,
                             status=status, seq_len=seq_len, run=run, study=study, env_hash=env_hash)
     emit(rows, fmt, QUERY_COLUMNS, f"perf_db measurements ({len(rows)})",
@@ -241,11 +263,12 @@ def overhead_cmd(
     gpu = gpu or parent.get("gpu")
     pass_ = pass_ or parent.get("pass_")
     fmt = fmt or parent.get("fmt") or Format.table
-    perf = _open(db)
     from ._keys import DISPATCH_BACKENDS
 
     backends = (backend,) if backend else DISPATCH_BACKENDS
-    rows = _guard(lambda: perf.overhead(by=by, gpu=gpu, pass_=pass_, backends=backends, include_stale=stale))
+    with _open_read(db) as perf:
+        rows = _guard(lambda: perf.overhead(by=by, gpu=gpu, pass_=pass_, backends=backends, include_stale=stale),
+                      perf)
     filters = _filters_text(gpu=gpu, **{"pass": pass_}, backend=backend)
     emit(rows, fmt, OVERHEAD_COLUMNS, f"pathtune vs SDPA (same run), by {by}",
          f"no measurements match: no ok {'/'.join(backends)} results with a same-run SDPA baseline "
@@ -275,23 +298,23 @@ def db_upgrade(db: Optional[str] = _db_opt()) -> None:
 
 @db_app.command("path")
 def db_path(db: Optional[str] = _db_opt(), fmt: Format = _fmt_opt()) -> None:
-    """Where the database is (URL, SQLite file), its schema revision and row counts."""
-    from ._engine import resolve_url, safe_url
+    """Where the database is (URL, SQLite file), its schema revision and row counts (read-only)."""
+    from ._engine import READ_COMMAND_LOCK_WAIT_MS, resolve_url, safe_url, sqlite_file
     from ._store import PerfDB
 
     url, is_default = _guard(lambda: resolve_url(db))
     info: dict[str, Any] = {"url": safe_url(url), "default": is_default, "file": None, "exists": None,
                             "revision": None, "counts": None}
     exists = True
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-        path = Path(url.database).expanduser().resolve()
+    path = sqlite_file(url)
+    if path is not None:
         exists = path.is_file()
         info.update(file=str(path), exists=exists)
     if exists:
-        perf = _guard(lambda: PerfDB(db, auto_upgrade=False))
-        info["revision"] = _guard(perf.revision)
-        if info["revision"]:
-            info["counts"] = _guard(perf.counts)
+        with _guard(lambda: PerfDB(url, read_only=True, lock_wait_ms=READ_COMMAND_LOCK_WAIT_MS)) as perf:
+            info["revision"] = _guard(perf.revision, perf)
+            if info["revision"]:
+                info["counts"] = _guard(perf.counts, perf)
     if fmt == Format.json:
         print(json.dumps(info, indent=2))
         return
@@ -343,25 +366,18 @@ def db_gc(
         console.print("dry run: nothing deleted; run `pathtune db gc --yes` to delete", style="yellow")
 
 
-def _open_source(db: Optional[str]) -> Any:
-    """The database a dump reads, opened read-only: never migrated, never given the shipped files (they
-    would end up in the dump), never created."""
-    from ._engine import head_revision, resolve_url, safe_url
-    from ._store import PerfDB
+def _check_source(perf: Any) -> None:
+    """The database a dump reads is opened read-only (``_open_read(db, shipped=False)``): never migrated,
+    never given the shipped files (they would end up in the dump), never created; so it must be at the
+    schema revision this pathtune reads."""
+    from ._engine import head_revision
 
-    url, _ = _guard(lambda: resolve_url(db))
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-        path = Path(url.database).expanduser()
-        if not path.is_file():
-            _fail(f"no database at {path} ({safe_url(url)}); pass the file with --db sqlite:////path/perf.sqlite3")
-    perf = _guard(lambda: PerfDB(db, read_only=True))
-    revision, head = _guard(perf.revision), _guard(head_revision)
+    revision, head = _guard(perf.revision, perf), _guard(head_revision)
     if revision is None:
         _fail(f"{perf.display_url} has no perf_db tables: nothing to dump")
     if revision != head:
         _fail(f"{perf.display_url} is at perf_db schema revision {revision!r}, this pathtune reads {head!r}: run "
               f"`pathtune db upgrade --db {perf.display_url}` first (on a copy, if the file is not yours)")
-    return perf
 
 
 @db_app.command("dump")
@@ -400,13 +416,11 @@ def db_dump(
 
     if out.exists() and not force:   # before opening anything
         _fail(f"{out} exists; choose another --out, or pass --force to replace it")
-    perf = _open_source(db)
-    try:
+    with _open_read(db, shipped=False) as perf:
+        _check_source(perf)
         report = _guard(lambda: perf.dump_results(out, backend=backend, pass_=pass_, head_dim=head_dim, gpu=gpu,
                                                   run_id=run, status=status, current_only=current_only,
-                                                  current_keys=keys, baselines=baselines, overwrite=force))
-    finally:
-        perf.close()
+                                                  current_keys=keys, baselines=baselines, overwrite=force), perf)
     if fmt == Format.json:
         print(json.dumps(report.to_dict(), indent=2))
     elif fmt == Format.csv:
@@ -453,8 +467,9 @@ def export_cmd(
     for folder in tvm_modules or ():
         if not folder.is_dir():
             raise typer.BadParameter(f"--tvm-modules {folder} is not a folder")
-    perf = _open(db)
-    doc = _guard(lambda: export_pack(perf, gpu, out, env_hash=env_hash))
+    with _open_read(db) as perf:
+        doc = _guard(lambda: export_pack(perf, gpu, out, env_hash=env_hash), perf)
+        envs = _guard(perf.gpus, perf)
     meta = doc["_metadata"]
     summary = {"path": str(out), "gpu": meta["gpu_name"], "env_hash": meta["env_hash"],
                "entries": len(doc["entries"]), "default": {p: d["config"] for p, d in doc["default"].items()}}
@@ -483,7 +498,7 @@ def export_cmd(
     elif n_tvm:
         _note(f"{n_tvm} TVM decode entries: the runtime runs them only where their modules are found "
               "(PATHTUNE_TVM_MODULES, or export with --tvm-modules DIR to copy them beside the pack)")
-    others = [e for e in perf.gpus() if e["gpu"] == meta["gpu_name"] and e["env_hash"] != meta["env_hash"]]
+    others = [e for e in envs if e["gpu"] == meta["gpu_name"] and e["env_hash"] != meta["env_hash"]]
     if others:
         _note(f"{len(others)} other environment(s) of {meta['gpu_name']} exist (older Triton/CUDA?); the newest was "
               "exported. Pick another with --env-hash (`pathtune query --gpu ... --format json` lists them).")
@@ -530,8 +545,8 @@ def plot_overhead_cmd(
     """pathtune / SDPA time ratio against a workload dimension, one panel per GPU and pass."""
     from ._plot import plot_overhead
 
-    perf = _open(db)
-    rows = _guard(lambda: perf.overhead(by=by, gpu=gpu, pass_=pass_))
+    with _open_read(db) as perf:
+        rows = _guard(lambda: perf.overhead(by=by, gpu=gpu, pass_=pass_), perf)
     _guard(lambda: plot_overhead(rows, by, out))
     console.print(f"wrote {out} ({len(rows)} rows)", highlight=False, markup=False)
 
@@ -550,9 +565,9 @@ def plot_history_cmd(
     """Median time per trial and the best so far, per study (or run) and workload."""
     from ._plot import plot_history
 
-    perf = _open(db)
-    rows = _guard(lambda: perf.query(study_name=study, run_id=run, gpu=gpu, head_dim=head_dim, pass_=pass_,
-                                     backend=backend, order="oldest"))
+    with _open_read(db) as perf:
+        rows = _guard(lambda: perf.query(study_name=study, run_id=run, gpu=gpu, head_dim=head_dim, pass_=pass_,
+                                         backend=backend, order="oldest"), perf)
     _guard(lambda: plot_history(rows, out))
     console.print(f"wrote {out} ({len(rows)} measurements)", highlight=False, markup=False)
 

@@ -1,8 +1,11 @@
-"""Database URL resolution, engine creation (SQLite WAL + busy timeout, PostgreSQL driver check) and
-the programmatic Alembic upgrade with perf_db's own version table."""
+"""Database URL resolution, engine creation (SQLite WAL + busy timeout, PostgreSQL driver check; read-only
+engines that cannot change the database) and the programmatic Alembic upgrade with perf_db's own
+version table."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import sqlite3
 from pathlib import Path
 from typing import Optional
 
@@ -16,14 +19,19 @@ from pathtune import _env
 from ._errors import PerfDBError
 from ._models import VERSION_TABLE
 
-__all__ = ["resolve_url", "make_engine", "upgrade", "current_revision", "head_revision", "MIGRATIONS_DIR",
-           "SQLITE_BUSY_TIMEOUT_MS", "SQLITE_READ_BUSY_TIMEOUT_MS", "safe_url"]
+__all__ = ["resolve_url", "make_engine", "upgrade", "current_revision", "head_revision", "check_known_revision",
+           "MIGRATIONS_DIR", "SQLITE_BUSY_TIMEOUT_MS", "SQLITE_READ_BUSY_TIMEOUT_MS", "READ_COMMAND_LOCK_WAIT_MS",
+           "safe_url", "sqlite_file", "sqlite_read_uri", "sqlite_read_connection", "sqlite_wal_present",
+           "sqlite_unread_wal", "sqlite_release_wal", "is_lock_error", "locked_message"]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Read-only engines (the runtime dispatcher) wait at most this long for a lock, then fail: a kernel
 # call falls back to its heuristic config rather than stall behind a tuning worker.
 SQLITE_READ_BUSY_TIMEOUT_MS = 200
+# The read commands (pathtune query, export, plot, db dump, db path) wait at most this long for another
+# process's lock (SQLite busy timeout; PostgreSQL lock_timeout), then fail saying the database is locked.
+READ_COMMAND_LOCK_WAIT_MS = 3_000
 
 
 def safe_url(url: URL | str) -> str:
@@ -33,6 +41,102 @@ def safe_url(url: URL | str) -> str:
             url.render_as_string(hide_password=True)
     except ArgumentError:
         return str(url)
+
+
+def sqlite_file(url: URL) -> Optional[Path]:
+    """The file of a SQLite URL (absolute, ``~`` expanded), ``None`` for other databases and in-memory ones."""
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file::memory:"):
+        return None
+    return Path(database).expanduser().resolve()
+
+
+def _writable(path: Path) -> bool:
+    # Write bits as well as access(): root may write a chmod 0444 file, but its owner marked it read-only.
+    try:
+        return bool(path.stat().st_mode & 0o222) and os.access(path, os.W_OK)
+    except OSError:
+        return False
+
+
+def sqlite_read_uri(path: Path) -> str:
+    """A ``file:`` URI opening ``path`` read-only (``mode=ro``), plus ``immutable=1`` when the file or
+    its folder is not writable: read-only media, a chmod 0444 file. There SQLite could not create the
+    ``-shm`` file a WAL database needs (and nothing can change the file while it is read); an
+    immutable read does not see a ``-wal`` file's uncheckpointed pages."""
+    path = Path(path).expanduser().resolve()
+    uri = path.as_uri() + "?mode=ro"
+    if not (_writable(path) and _writable(path.parent)):
+        uri += "&immutable=1"
+    return uri
+
+
+def sqlite_read_connection(path: Path, lock_wait_ms: int) -> sqlite3.Connection:
+    """A DB-API connection that can only read ``path``: opened read-only (``sqlite_read_uri``), with
+    ``query_only`` on, autocommit reads (no ``BEGIN IMMEDIATE``, which takes the write lock) and a
+    busy timeout of ``lock_wait_ms``."""
+    conn = sqlite3.connect(sqlite_read_uri(path), uri=True, timeout=lock_wait_ms / 1000, isolation_level=None,
+                           check_same_thread=False)
+    try:
+        conn.execute("PRAGMA query_only = ON")
+    except sqlite3.Error:
+        conn.close()
+        raise
+    return conn
+
+
+def _wal_path(path: Path) -> Path:
+    return path.with_name(path.name + "-wal")
+
+
+def sqlite_wal_present(path: Path) -> bool:
+    """Whether ``path`` has a ``-wal`` file now (another connection has it open, or it was not closed cleanly)."""
+    return _wal_path(path).exists()
+
+
+def sqlite_unread_wal(path: Path) -> Optional[Path]:
+    """The ``-wal`` file of ``path`` when it holds pages that an immutable read (``sqlite_read_uri`` of a
+    read-only file or folder) does not see; else ``None``."""
+    wal = _wal_path(path)
+    try:
+        if "immutable=1" in sqlite_read_uri(path) and wal.is_file() and wal.stat().st_size > 0:
+            return wal
+    except OSError:
+        pass
+    return None
+
+
+def sqlite_release_wal(path: Path) -> None:
+    """After read-only connections to a WAL database closed: remove the ``-wal`` and ``-shm`` files they
+    created (a read-only connection must create them to read, and cannot delete them), the way SQLite
+    does when its last connection closes: open and close one query_only connection, which checkpoints
+    nothing and deletes them only if no other connection has the database open. Call it only when the
+    ``-wal`` file did not exist before the reads; a non-empty one (another process wrote) is left alone."""
+    wal = _wal_path(path)
+    try:
+        if not wal.is_file() or wal.stat().st_size != 0 or not _writable(path) or not _writable(path.parent):
+            return
+        conn = sqlite3.connect(path.as_uri() + "?mode=rw", uri=True, timeout=0, isolation_level=None)
+        try:
+            conn.execute("PRAGMA query_only = ON")
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            conn.close()
+    except (OSError, sqlite3.Error):  # locked, gone: the files stay, as after any reader
+        pass
+
+
+def is_lock_error(e: BaseException) -> bool:
+    """Whether ``e`` (a DB-API or SQLAlchemy error) is a lock wait that timed out."""
+    text = str(getattr(e, "orig", None) or e).lower()
+    return "database is locked" in text or "database table is locked" in text or "lock timeout" in text
+
+
+def locked_message(display_url: str, lock_wait_ms: int) -> str:
+    return (f"{display_url} is locked by another process (waited {lock_wait_ms / 1000:g} s); retry when it "
+            "is done")
 
 
 def resolve_url(url: Optional[str] = None) -> tuple[URL, bool]:
@@ -63,12 +167,11 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - SQLAlchemy e
 
 
 def _sqlite_read_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - SQLAlchemy event signature
-    # Read-only use: autocommit reads (no BEGIN IMMEDIATE, which takes the write lock), a short busy
-    # timeout, no journal-mode change, and query_only so that a stray write fails instead of locking.
+    # A read-only in-memory database (a file is opened by sqlite_read_connection): autocommit reads, no
+    # journal-mode change, and query_only so that a stray write fails.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     try:
-        cur.execute(f"PRAGMA busy_timeout = {SQLITE_READ_BUSY_TIMEOUT_MS}")
         cur.execute("PRAGMA query_only = ON")
     finally:
         cur.close()
@@ -80,22 +183,42 @@ def _sqlite_begin(conn) -> None:  # noqa: ANN001 - SQLAlchemy event signature
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def make_engine(url: URL, *, create_parent: bool = False, echo: bool = False, read_only: bool = False) -> Engine:
-    """An engine for ``url``. ``read_only``: for lookups only (SQLite: short lock wait, query_only;
-    PostgreSQL: a short connect timeout); the schema is neither created nor migrated."""
+def _pg_read_only(lock_wait_ms: int) -> "object":
+    def on_connect(dbapi_conn, _record) -> None:  # noqa: ANN001 - SQLAlchemy event signature
+        # as SQLAlchemy's documentation sets a session's search_path: outside a transaction
+        autocommit = dbapi_conn.autocommit
+        dbapi_conn.autocommit = True
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            cur.execute(f"SET lock_timeout = {int(lock_wait_ms)}")
+        finally:
+            cur.close()
+        dbapi_conn.autocommit = autocommit
+
+    return on_connect
+
+
+def make_engine(url: URL, *, create_parent: bool = False, echo: bool = False, read_only: bool = False,
+                lock_wait_ms: Optional[int] = None) -> Engine:
+    """An engine for ``url``. ``read_only``: an engine that cannot change the database, for lookups
+    and the read commands: a SQLite file is opened read-only (``sqlite_read_connection``; it must
+    exist), PostgreSQL sessions are read-only with a short connect timeout; either waits at most
+    ``lock_wait_ms`` (default ``SQLITE_READ_BUSY_TIMEOUT_MS``) for a lock. The schema is neither
+    created nor migrated."""
     backend = url.get_backend_name()
+    wait = SQLITE_READ_BUSY_TIMEOUT_MS if lock_wait_ms is None else int(lock_wait_ms)
     if backend == "sqlite":
-        database = url.database or ""
-        in_memory = database in ("", ":memory:") or database.startswith("file::memory:")
-        if not in_memory:
-            parent = Path(database).expanduser().resolve().parent
+        path = sqlite_file(url)
+        if path is not None:
             if create_parent:
-                parent.mkdir(parents=True, exist_ok=True)
-            elif not parent.is_dir():
-                raise PerfDBError(f"cannot open {safe_url(url)}: directory {parent} does not exist")
-        timeout_ms = SQLITE_READ_BUSY_TIMEOUT_MS if read_only else SQLITE_BUSY_TIMEOUT_MS
-        kwargs = {"connect_args": {"timeout": timeout_ms / 1000}}
-        if in_memory:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            elif not path.parent.is_dir():
+                raise PerfDBError(f"cannot open {safe_url(url)}: directory {path.parent} does not exist")
+        if read_only and path is not None:
+            return create_engine(url, echo=echo, creator=lambda: sqlite_read_connection(path, wait))
+        kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}}
+        if path is None:
             kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
         engine = create_engine(url, echo=echo, **kwargs)
         if read_only:
@@ -114,7 +237,9 @@ def make_engine(url: URL, *, create_parent: bool = False, echo: bool = False, re
             raise PerfDBError(f"use a postgresql+psycopg:// URL (psycopg 3, the [postgres] extra), not {driver}")
     try:
         if read_only and backend == "postgresql":
-            return create_engine(url, echo=echo, pool_pre_ping=True, connect_args={"connect_timeout": 3})
+            engine = create_engine(url, echo=echo, pool_pre_ping=True, connect_args={"connect_timeout": 3})
+            event.listen(engine, "connect", _pg_read_only(wait))
+            return engine
         return create_engine(url, echo=echo, pool_pre_ping=True)
     except (NoSuchModuleError, ImportError, ArgumentError) as e:
         raise PerfDBError(f"cannot open {safe_url(url)}: {e}") from None
@@ -153,6 +278,13 @@ def _known_revisions() -> set[str]:
     return {s.revision for s in ScriptDirectory.from_config(_alembic_config(None)).walk_revisions()}
 
 
+def check_known_revision(revision: Optional[str], display_url: str) -> None:
+    """Refuse a database migrated by a newer pathtune (a revision this one does not know)."""
+    if revision is not None and revision not in _known_revisions():
+        raise PerfDBError(f"{display_url} has perf_db schema revision {revision!r}, which this pathtune "
+                          f"does not know (its newest is {head_revision()!r}); upgrade pathtune")
+
+
 def upgrade(engine: Engine, revision: str = "head") -> str:
     """Bring the perf_* tables to ``revision``; a no-op when already there. Returns the revision."""
     from alembic import command
@@ -162,9 +294,7 @@ def upgrade(engine: Engine, revision: str = "head") -> str:
         current = current_revision(engine)
     except (DBAPIError, SQLAlchemyError) as e:
         raise PerfDBError(f"cannot open {safe_url(engine.url)}: {_short(e)}") from None
-    if current is not None and current not in _known_revisions():
-        raise PerfDBError(f"{safe_url(engine.url)} has perf_db schema revision {current!r}, which this pathtune "
-                          f"does not know (its newest is {head!r}); upgrade pathtune")
+    check_known_revision(current, safe_url(engine.url))
     if current == head and revision == "head":
         return head
     try:

@@ -1,7 +1,8 @@
 """Errors and warnings of perf_db."""
 from __future__ import annotations
 
-__all__ = ["PerfDBError", "DuplicateMeasurementError", "ResultsFormatError", "PackMismatch", "SoftMismatchWarning"]
+__all__ = ["PerfDBError", "DuplicateMeasurementError", "ResultsFormatError", "PackMismatch", "SoftMismatchWarning",
+           "NoDatabaseError", "DatabaseLockedError"]
 
 
 class PerfDBError(RuntimeError):
@@ -11,6 +12,15 @@ class PerfDBError(RuntimeError):
 class DuplicateMeasurementError(PerfDBError):
     """A measurement with the same (env, kernel, workload, config, run) already exists; facts are never
     overwritten. Pass ``on_conflict="skip"`` to keep the stored one and carry on."""
+
+
+class NoDatabaseError(PerfDBError):
+    """A read was asked of a SQLite file that does not exist (a mistyped ``--db`` or ``PATHTUNE_DB_URL``);
+    reads never create one."""
+
+
+class DatabaseLockedError(PerfDBError):
+    """A read waited its bounded time for another process's lock on the database and gave up."""
 
 
 class ResultsFormatError(PerfDBError, ValueError):

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -15,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from pathtune.specs import KEY_SCHEMA, Config, Workload
 
-from ._engine import make_engine, resolve_url, safe_url
+from ._engine import make_engine, resolve_url, safe_url, sqlite_file, sqlite_release_wal, sqlite_wal_present
 from ._engine import upgrade as _upgrade
 from ._engine import current_revision as _current_revision
 from ._errors import DuplicateMeasurementError, PerfDBError
@@ -126,8 +128,10 @@ class PerfDB:
     on open (``auto_upgrade``). ``current_keys(op, pass_, backend)`` gives the spec / source hashes of
     the code that would run now; results of other code are stale (not served by ``best``, pruned by
     ``gc``). The default knows the packaged spec's hash only.
-    ``read_only``: lookups only (the runtime dispatcher): the schema is not migrated, SQLite waits at
-    most ``SQLITE_READ_BUSY_TIMEOUT_MS`` for a lock and refuses writes.
+    ``read_only``: lookups only (the runtime dispatcher): nothing in the database can change (a SQLite
+    file is opened read-only and must exist; PostgreSQL sessions are read-only), the schema is not
+    migrated, a lock is waited for at most ``lock_wait_ms`` (default ``SQLITE_READ_BUSY_TIMEOUT_MS``).
+    ``PerfDB.open_read`` is what the read commands use: read-only, with the shipped results.
 
     >>> db = PerfDB("sqlite://")            # in memory
     >>> db.revision()
@@ -135,14 +139,23 @@ class PerfDB:
     """
 
     def __init__(self, url: Optional[str] = None, *, current_keys: Optional[CurrentKeys] = default_current_keys,
-                 auto_upgrade: bool = True, echo: bool = False, read_only: bool = False) -> None:
+                 auto_upgrade: bool = True, echo: bool = False, read_only: bool = False,
+                 lock_wait_ms: Optional[int] = None) -> None:
         self.url, self.is_default_url = resolve_url(url)
         self.read_only = read_only
         self.engine = make_engine(self.url, create_parent=self.is_default_url and not read_only, echo=echo,
-                                  read_only=read_only)
+                                  read_only=read_only, lock_wait_ms=lock_wait_ms)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         self.current_keys: CurrentKeys = current_keys or (lambda op, pass_, backend: None)
         self._run_id: Optional[str] = None
+        self._label: Optional[str] = None      # what display_url shows instead of the URL (open_read's copies)
+        self.read_notes: list[str] = []         # what a read command should tell about what it read (open_read)
+        # A read-only reader of a WAL database creates its -wal / -shm files and cannot remove them: close()
+        # (or exit) removes them if they were not there before (_engine.sqlite_release_wal).
+        path = sqlite_file(self.url) if read_only else None
+        self._release_wal = None
+        if path is not None and path.is_file() and not sqlite_wal_present(path):
+            self._release_wal = weakref.finalize(self, _release_wal, self.engine, path, os.getpid())
         if auto_upgrade and not read_only:
             self.upgrade()
 
@@ -159,6 +172,14 @@ class PerfDB:
             _ingest(db)
         return db
 
+    @classmethod
+    def open_read(cls, url: Optional[str] = None, *, shipped: bool = True, **kwargs: Any) -> "PerfDB":
+        """Open ``url`` for reading without changing it, with the shipped results it lacks shown from an
+        in-memory copy; a missing SQLite file the user named is refused. See ``perf_db/_readonly.py``."""
+        from ._readonly import open_read
+
+        return open_read(url, shipped=shipped, **kwargs)
+
     def upgrade(self, revision: str = "head") -> str:
         """Run the Alembic migrations (version table ``perf_alembic_version``); idempotent."""
         return _upgrade(self.engine, revision)
@@ -168,16 +189,17 @@ class PerfDB:
 
     @property
     def display_url(self) -> str:
-        return safe_url(self.url)
+        return self._label or safe_url(self.url)
 
     @property
     def sqlite_path(self) -> Optional[Path]:
-        if self.url.get_backend_name() != "sqlite" or self.url.database in (None, "", ":memory:"):
-            return None
-        return Path(self.url.database).expanduser().resolve()
+        return sqlite_file(self.url)
 
     def close(self) -> None:
-        self.engine.dispose()
+        if self._release_wal is not None and self._release_wal.alive:
+            self._release_wal()
+        else:
+            self.engine.dispose()
 
     def __enter__(self) -> "PerfDB":
         return self
@@ -782,6 +804,13 @@ class PerfDB:
         return dump_results(self, out, backend=backend, pass_=pass_, head_dim=head_dim, gpu=gpu, run_id=run_id,
                             status=status, current_only=current_only, current_keys=current_keys,
                             baselines=baselines, overwrite=overwrite)
+
+
+def _release_wal(engine: Any, path: Path, pid: int) -> None:
+    if os.getpid() != pid:   # a forked child exiting: the connections and the files are its parent's
+        return
+    engine.dispose()
+    sqlite_release_wal(path)
 
 
 class _EnvCols:

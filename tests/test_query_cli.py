@@ -112,14 +112,16 @@ def test_empty_results_say_so(url, tmp_path):
     assert result.exit_code == 0 and "no measurements match" in result.output and "gpu=H200" in result.output
     as_json = run("query", "--gpu", "H200", "-f", "json", "--db", url)
     assert as_json.exit_code == 0 and json.loads(as_json.stdout) == []
-    empty = run("query", "overhead", "--db", f"sqlite:///{tmp_path / 'empty.sqlite3'}")
+    empty_url = f"sqlite:///{tmp_path / 'empty.sqlite3'}"
+    PerfDB(empty_url).close()      # an existing database without measurements (a missing one is refused)
+    empty = run("query", "overhead", "--db", empty_url)
     assert empty.exit_code == 0 and "no measurements match" in empty.output
 
 
 @pytest.mark.parametrize("args, message", [
     (("query", "--db", "nosuchdialect://x"), "cannot open"),
     (("query", "--db", "::bad::"), "not a database URL"),
-    (("query", "--db", "sqlite:////nonexistent-dir/x.sqlite3"), "does not exist"),
+    (("query", "--db", "sqlite:////nonexistent-dir/x.sqlite3"), "no database at /nonexistent-dir/x.sqlite3"),
     (("query", "--pass", "sideways"), "not one of fwd, bwd, decode"),
     (("query", "overhead", "--by", "colour"), "--by must be one of"),
     (("query", "--status", "great"), "status"),
@@ -204,8 +206,10 @@ def test_fresh_machine_prints_shipped_table(tmp_path, monkeypatch):
                                   run_id="shipped-run")],
                   runs=[{"run_id": "shipped-run", "command": "synthetic"}])
     monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(shipped))
-    monkeypatch.setenv("PATHTUNE_DB_URL", f"sqlite:///{tmp_path / 'fresh.sqlite3'}")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))     # the default database: not there yet
+    monkeypatch.setenv("PATHTUNE_CACHE_DIR", str(tmp_path / "cache"))
     result = run("query", "overhead", "--by", "head_dim", "-f", "json")
     assert result.exit_code == 0, result.output
     assert [(r["head_dim"], r["ratio"]) for r in json.loads(result.stdout)] == [(64, 1.5)]
-    assert len(json.loads(run("query", "-f", "json").stdout)) == 1  # ingested once
+    assert len(json.loads(run("query", "-f", "json").stdout)) == 1
+    assert not (tmp_path / "data").exists()                          # read without creating it
