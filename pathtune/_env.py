@@ -131,8 +131,9 @@ DISPATCH_DB: EnvVar[bool] = EnvVar(
 
 SHIPPED_DIR: EnvVar[Optional[Path]] = EnvVar(
     "PATHTUNE_SHIPPED_DIR", _parse_path, lambda: None, "path", "unset (the package's perf_db/shipped)",
-    "Folder of shipped results files that a database opened by pathtune ingests once (the tuned records of "
-    "reference GPUs); an empty folder starts databases without them (the test suite does).")
+    "Folder of shipped results files (the tuned records of reference GPUs): commands that write ingest them "
+    "into their database once, read commands show them beside it without writing; an empty folder leaves "
+    "them out (the test suite does).")
 
 BWD_RANGE_MIB: EnvVar[Optional[float]] = EnvVar(
     "PATHTUNE_BWD_RANGE_MIB", _parse_mib, lambda: None, "MiB or 'unbounded'",

@@ -33,6 +33,7 @@ from pathtune.specs import KEY_SCHEMA, Config, Workload
 
 from ._errors import PackMismatch, PerfDBError, SoftMismatchWarning
 from ._keys import DEFAULT_OP, DISPATCH_BACKENDS, CurrentKeys, as_workload, iso
+from ._validate import config_problems, time_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._store import PerfDB
@@ -120,11 +121,17 @@ class Pack:
                 wl = Workload.from_dict(e["workload"])
                 if e.get("pass", wl.pass_) != wl.pass_:
                     raise ValueError(f"pass {e['pass']!r} != workload pass {wl.pass_!r}")
-                entries.append(PackEntry(wl, e["backend"], Config(e["config"]), float(e["median_ms"]),
-                                         e.get("source_hash") or "", e.get("codegen_version") or "",
-                                         e.get("run_id"), e.get("baseline_ms")))
+                entry = PackEntry(wl, e["backend"], Config(e["config"]), float(e["median_ms"]),
+                                  e.get("source_hash") or "", e.get("codegen_version") or "",
+                                  e.get("run_id"), e.get("baseline_ms"))
             except (KeyError, TypeError, ValueError) as exc:
                 raise _bad(source, f"entries[{i}]: {exc}") from None
+            problem = time_problem(entry.median_ms) or next(iter(config_problems(
+                entry.backend, wl.pass_, meta.get("spec_hash"), entry.config.to_dict(), wl)), None)
+            if problem:
+                raise _bad(source, f"entries[{i}] ({entry.backend} {wl.pass_} D={wl.head_dim} T<={wl.seq_bucket}): "
+                                   f"{problem}; export the pack again from valid records")
+            entries.append(entry)
         self.entries: tuple[PackEntry, ...] = tuple(entries)
         defaults = {}
         for pass_, d in (doc.get("default") or {}).items():
@@ -132,6 +139,12 @@ class Pack:
                 defaults[pass_] = (d["backend"], Config(d["config"]))
             except (KeyError, TypeError, ValueError) as exc:
                 raise _bad(source, f"default[{pass_!r}]: {exc}") from None
+            # a default serves every head dim of its pass: check the knobs' domains (constraints need dims)
+            problems = [p for p in config_problems(d["backend"], pass_, meta.get("spec_hash"), d["config"],
+                                                   {"D": 0, "DV": 0}) if " is not in its domain" in p
+                        or " is not used by pass " in p or " is missing " in p]
+            if problems:
+                raise _bad(source, f"default[{pass_!r}]: {problems[0]}; export the pack again from valid records")
         self.defaults: Mapping[str, tuple[str, Config]] = MappingProxyType(defaults)
         index: dict[tuple, dict[int, list[PackEntry]]] = {}
         for entry in self.entries:

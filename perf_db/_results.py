@@ -14,6 +14,7 @@ from pathtune.specs.canonical import canonical_json, sha256_hex
 from ._errors import PerfDBError, ResultsFormatError
 from ._keys import (ConfigLike, EnvLike, KernelKey, KernelLike, Measurement, WorkloadLike, as_config, as_kernel,
                     as_measurement, as_workload, env_columns, iso, parse_time)
+from ._validate import config_problems, time_problem
 
 __all__ = ["RESULTS_FORMAT", "RESULTS_VERSION", "ResultRecord", "RunInfo", "results_record", "write_results",
            "read_results", "parse_results"]
@@ -177,7 +178,14 @@ def parse_results(data: Any, *, name: str = "results", sha256: Optional[str] = N
                                         measurement=as_measurement(rec["measurement"])))
         except PerfDBError as e:
             raise _fail(where, str(e)) from None
-        if records[-1].kernel.pass_ != records[-1].workload.pass_:
-            raise _fail(where, f"kernel pass {records[-1].kernel.pass_!r} != workload pass "
-                               f"{records[-1].workload.pass_!r}")
+        r = records[-1]
+        if r.kernel.pass_ != r.workload.pass_:
+            raise _fail(where, f"kernel pass {r.kernel.pass_!r} != workload pass {r.workload.pass_!r}")
+        problems = config_problems(r.kernel.backend, r.kernel.pass_, r.kernel.spec_hash, r.config.to_dict(),
+                                   r.workload)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise _fail(where, f"config is not in the spec's {r.kernel.pass_} knob space: {problems[0]}{more}")
+        if r.measurement.status == "ok" and time_problem(r.measurement.median_ms):
+            raise _fail(where, f"a status 'ok' measurement needs a time: {time_problem(r.measurement.median_ms)}")
     return runs, records

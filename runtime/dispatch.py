@@ -203,6 +203,13 @@ def _config_of_params(params: Any, names: Sequence[str], defaults: Optional[Mapp
     return Config(values)
 
 
+def pass_config(pass_: str, params: Any) -> Config:
+    """The spec Config of one pass for Triton kernel params: that pass's knobs only, in the spec's
+    spelling (beta_clip_eps 'off'), as the tuner, the dispatcher and perf_db key them."""
+    space = _space(pass_)
+    return _config_of_params(params, list(space.knobs), {n: k.default for n, k in space.knobs.items()})
+
+
 def _heuristic_params(head_dim: int, head_dim_v: int):
     from pathtune.codegen.triton.params import TritonParams
 

@@ -368,7 +368,8 @@ def test_retired_matches_other_sources_of_the_same_key_only(db, tmp_path):
         (ENV, kernel(), wl(), cfg(chunk_size=128), ok(0.5)),                           # no: the current source
         (ENV, old, wl(seq=2048), cfg(chunk_size=32), ok(0.5)),                         # no: another length bucket
         (ENV, old, wl(heads=(8, 8)), cfg(chunk_size=32), ok(0.5)),                     # no: other heads
-        (ENV, kernel(pass_="bwd", source="src-old"), wl(pass_="bwd"), cfg(), ok(0.5)),  # no: another pass
+        (ENV, kernel(pass_="bwd", source="src-old"), wl(pass_="bwd"), KnobSpace(SPEC, "bwd").default(),
+         ok(0.5)),                                                                     # no: another pass
         (ENV, kernel("tvm", source="src-old"), wl(), cfg(), ok(0.5)),                  # no: another backend
         (ENV, KernelKey(pass_="fwd", backend="triton", spec_hash="other-spec", codegen_version="cg1",
                         source_hash="src-old"), wl(), cfg(), ok(0.5)),                 # no: another spec

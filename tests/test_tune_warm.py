@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE))
 import tune_fake  # noqa: E402
 
 from pathtune.perf_db import KernelKey, Measurement, PerfDB, results_record, write_results  # noqa: E402
-from pathtune.specs import Config  # noqa: E402
+from pathtune.specs import Config, KnobSpace  # noqa: E402
 from pathtune.tuning.space import default_config, plan_keys  # noqa: E402
 from pathtune.tuning.tuner import Budget, TuneOptions, Tuner  # noqa: E402
 from pathtune.tuning.warm import rank_retired, select_retired  # noqa: E402
@@ -249,16 +249,20 @@ def test_resume_does_not_enqueue_again(tmp_path, spec_copy):
 
 def test_shipped_results_warm_start_a_fresh_or_pruned_database(tmp_path, spec_copy, monkeypatch, caplog):
     """On a fresh GPU host the shipped results hold the previous tune: open_default ingests them, and
-    they are read directly too, so a database whose retired records gc pruned still warm-starts."""
+    they are read directly too, so a database whose retired records gc pruned still warm-starts.  (A
+    shipped file holds only configs of its spec's knob space: parse_results refuses others, and
+    test_shipped checks every shipped file, so the invalid facts stay out of it here.)"""
     from pathtune.specs import load_spec
 
     spec = load_spec(spec_copy)
     facts, want = _facts(spec)
+    valid = [f for f in facts if not KnobSpace(spec, "fwd").validate(dict(f[3]), f[2]) or f[1].pass_ != "fwd"]
+    assert len(valid) == len(facts) - 2
     shipped = tmp_path / "shipped"
     shipped.mkdir()
     write_results(shipped / "TEST-GPU-20261101T000000Z-d64-fwd.json",
                   [results_record(env, k, wl, c, m, run_id=f"tune-shipped-{i}")
-                   for i, (env, k, wl, c, m) in enumerate(facts)])
+                   for i, (env, k, wl, c, m) in enumerate(valid)])
     monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(shipped))
     url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
     current = lambda op, pass_, backend: {"spec_hash": spec.hash, "source_hash": tune_fake.SOURCE_HASH}  # noqa: E731
@@ -272,8 +276,26 @@ def test_shipped_results_warm_start_a_fresh_or_pruned_database(tmp_path, spec_co
         tuner.run()
     tuner.close()
     assert prep.batches[0] == [default_config(spec, _key()).to_dict()] + [c.to_dict() for c in want[:3]]
-    assert any("shipped/TEST-GPU-20261101T000000Z-d64-fwd.json" in r.getMessage() for r in caplog.records
-               if "dropped" in r.getMessage())
+
+
+def test_shipped_file_with_a_config_outside_the_knob_space_is_skipped(tmp_path, spec_copy, monkeypatch, caplog):
+    """A shipped file holding a config outside the spec's knob space is skipped whole, with a warning
+    naming the file and the knob, and the user's database opens without it."""
+    from pathtune.specs import load_spec
+
+    spec = load_spec(spec_copy)
+    facts, _ = _facts(spec)
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    doc = {"format": "pathtune-results", "version": 1, "runs": [{"run_id": "r", "command": "pathtune tune"}],
+           "records": [results_record(env, k, wl, c, m, run_id="r") for env, k, wl, c, m in facts]}
+    (shipped / "TEST-GPU-20261101T000000Z-bad.json").write_text(json.dumps(doc))   # write_results refuses it
+    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(shipped))
+    with caplog.at_level(logging.WARNING, logger="pathtune.perf_db"):
+        with PerfDB.open_default(f"sqlite:///{tmp_path / 'db.sqlite3'}", current_keys=None) as db:
+            assert db.query() == []
+    assert any("TEST-GPU-20261101T000000Z-bad.json" in r.getMessage() and "chunk_size=96 is not in its domain"
+               in r.getMessage() for r in caplog.records)
 
 
 def test_cli_seed_retired_unbatched_and_help(tmp_path, spec_copy, monkeypatch):

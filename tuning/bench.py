@@ -232,8 +232,9 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
     the TVM source hash, which ``tvm_bench`` checked the modules against)."""
     from pathtune.codegen.triton import TritonParams, source_hash
     from pathtune.perf_db import KernelKey, Measurement, PerfDB
+    from pathtune.runtime.dispatch import pass_config
     from pathtune.runtime.environment import collect_env
-    from pathtune.specs import Config, Workload, load_spec
+    from pathtune.specs import Workload, load_spec
 
     spec = load_spec()
     env = collect_env()
@@ -246,7 +247,7 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
                 if used == "tuned":    # dispatch failed before it named a config: nothing to key a row by
                     continue
                 params = TritonParams.heuristic(row.head_dim) if used is None else TritonParams.from_config(used)
-                cfg = Config({k: v for k, v in json.loads(params.to_json()).items() if v is not None})
+                cfg = pass_config(pass_, params)     # the pass's knobs only, as the tuner records them
                 t = row.times.get(f"pathtune_{tag}")
                 failed = row.failures.get("pathtune")
                 if t is None and not failed:
