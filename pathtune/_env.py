@@ -152,8 +152,8 @@ ALL: tuple[EnvVar, ...] = (CHECK_INPUTS, DB_URL, PACK, GPU_NAME, PRINT_DISPATCH,
                            BWD_RANGE_MIB, TVM_MODULES)
 
 # read by the test suite and its helpers (tests/), never by the package: set, they are not typos
-TEST_SUITE_VARIABLES = ("PATHTUNE_TEST_PG_URL", "PATHTUNE_TEST_PG_DIR", "PATHTUNE_FAKE_LOG", "PATHTUNE_FAKE_SLEEP",
-                        "PATHTUNE_TVM_BENCH_MODULES")
+TEST_SUITE_VARIABLES = ("PATHTUNE_TEST_PG_URL", "PATHTUNE_TEST_PG_DIR", "PATHTUNE_TEST_SESSION_DB", "PATHTUNE_FAKE_LOG",
+                        "PATHTUNE_FAKE_SLEEP", "PATHTUNE_TVM_BENCH_MODULES")
 _KNOWN = {var.name for var in ALL}
 
 

@@ -2,6 +2,7 @@
 in tmp_path with synthetic records (GPU "TEST-GPU"; nothing here is a real measurement), plus a copy of
 a real H200 session database when this machine has one."""
 import json
+import os
 import math
 import shutil
 from datetime import datetime, timezone
@@ -29,7 +30,8 @@ OTHER_GPU = {**ENV, "gpu_name": "OTHER-GPU", "host": "other-host"}
 RUN_A, RUN_B = "20250101T120000Z-test-host-aaaaaaaa", "20250102T080000Z-test-host-bbbbbbbb"
 CMD_A = "pathtune tune specs/path_attention.yaml --head-dim 64 --trials 3"
 CMD_B = "pathtune bench --pass decode --backends triton,tvm --tvm-modules /x --record"
-SESSION_DB = Path("/work/keep/s6c3/s/lane0/perf.sqlite3")   # a real H200 session's database, if present
+# a real GPU session's database (the perf.sqlite3 a `pathtune bench --record` or tune call brought back), if given
+SESSION_DB = Path(os.environ.get("PATHTUNE_TEST_SESSION_DB", "") or "/nonexistent")
 SHIPPED_TVM = SHIPPED_DIR / "H200-20261130T041036Z-tvm-decode.json"
 
 
@@ -323,7 +325,8 @@ def test_cli_current_only_uses_the_dispatchers_keys(tmp_path):
 # ---------------------------------------------------------------------------------------------------
 # a real session database, and the shipped file made from one
 
-@pytest.mark.skipif(not SESSION_DB.is_file(), reason=f"no session database at {SESSION_DB}")
+@pytest.mark.skipif(not SESSION_DB.is_file(), reason="set PATHTUNE_TEST_SESSION_DB to a GPU session's perf.sqlite3 "
+                                                    "to run this round trip")
 def test_real_session_database_round_trips(tmp_path):
     copy = tmp_path / "session.sqlite3"
     shutil.copy(SESSION_DB, copy)
