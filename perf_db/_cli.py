@@ -82,11 +82,19 @@ def _guard(fn: Callable[[], Any], perf: Any = None) -> Any:
         _fail(f"database error: {text}")
 
 
+def _current_keys() -> Any:
+    """What counts as current here: the dispatcher's rule (the spec hash and each backend's kernel source
+    hash of the pass), so that export, query, overhead and gc agree with what the runtime serves."""
+    from pathtune.runtime.dispatch import current_keys
+
+    return current_keys
+
+
 def _open(db: Optional[str]) -> Any:
     """The database a command that writes uses: created and migrated if need be, given the shipped files."""
     from ._store import PerfDB
 
-    return _guard(lambda: PerfDB.open_default(db))
+    return _guard(lambda: PerfDB.open_default(db, current_keys=_current_keys()))
 
 
 @contextmanager
@@ -95,7 +103,7 @@ def _open_read(db: Optional[str], *, shipped: bool = True) -> Iterator[Any]:
     mistyped path refused, with the shipped results it lacks (unless not ``shipped``); closed on exit."""
     from ._store import PerfDB
 
-    perf = _guard(lambda: PerfDB.open_read(db, shipped=shipped))
+    perf = _guard(lambda: PerfDB.open_read(db, shipped=shipped, current_keys=_current_keys()))
     try:
         for line in perf.read_notes:
             _note(line)
@@ -410,9 +418,7 @@ def db_dump(
     Importing it into the database it came from adds nothing (every record "already present").
     Refused, nothing written: no measurement matches, a run has no command, --out exists (--force).
     """
-    keys = None
-    if current_only:
-        from pathtune.runtime.dispatch import current_keys as keys
+    keys = _current_keys() if current_only else None
 
     if out.exists() and not force:   # before opening anything
         _fail(f"{out} exists; choose another --out, or pass --force to replace it")

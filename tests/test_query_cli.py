@@ -25,9 +25,13 @@ def run(*args):
 
 
 def kernel(backend="triton", pass_="fwd"):
+    """A kernel key that is current here (the dispatcher's rule: spec and kernel source hash)."""
+    from pathtune.runtime.dispatch import current_keys
+
     if backend == "sdpa":
         return KernelKey(pass_=pass_, backend="sdpa")
-    return KernelKey(pass_=pass_, backend=backend, spec_hash=SPEC.hash, source_hash="src")
+    keys = current_keys(SPEC.name, pass_, backend)
+    return KernelKey(pass_=pass_, backend=backend, spec_hash=SPEC.hash, source_hash=keys["source_hash"] or "src")
 
 
 def wl(head_dim, seq=1024, pass_="fwd"):
@@ -213,3 +217,29 @@ def test_fresh_machine_prints_shipped_table(tmp_path, monkeypatch):
     assert [(r["head_dim"], r["ratio"]) for r in json.loads(result.stdout)] == [(64, 1.5)]
     assert len(json.loads(run("query", "-f", "json").stdout)) == 1
     assert not (tmp_path / "data").exists()                          # read without creating it
+
+
+def test_read_commands_judge_current_records_like_the_dispatcher(tmp_path, monkeypatch):
+    """One definition of current (runtime.dispatch.current_keys: the spec hash and the pass's kernel source
+    hash): a record of the current spec measured with retired kernel sources is not exported, not in the
+    overhead table and hidden by query --current, exactly as the dispatcher does not serve it."""
+    from pathtune.codegen.triton import source_hash
+
+    url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
+    db = PerfDB(url)
+    config = KnobSpace(SPEC, "fwd").default()
+    current = KernelKey(pass_="fwd", backend="triton", spec_hash=SPEC.hash, source_hash=source_hash("fwd"))
+    retired = KernelKey(pass_="fwd", backend="triton", spec_hash=SPEC.hash, source_hash="retired-source")
+    db.record(ENV, current, wl(64, 1024), config, ok(1.0, baseline_ms=0.5), run_id="run-1")
+    db.record(ENV, retired, wl(128, 1024), config, ok(2.0, baseline_ms=1.0), run_id="run-1")
+    db.close()
+    rows = json.loads(run("query", "overhead", "--by", "head_dim", "--db", url, "-f", "json").stdout)
+    assert [r["head_dim"] for r in rows] == [64]
+    shown = json.loads(run("query", "--current", "--db", url, "-f", "json").stdout)
+    assert [r["head_dim"] for r in shown] == [64]
+    assert len(json.loads(run("query", "--db", url, "-f", "json").stdout)) == 2       # all, when not asked
+    result = run("export", "--gpu", "test-gpu", "-o", tmp_path / "pack.json", "--db", url)
+    assert result.exit_code == 0, result.output
+    assert [e.workload.head_dim for e in load_pack(tmp_path / "pack.json").entries] == [64]
+    gc = run("db", "gc", "--db", url, "-f", "json")
+    assert gc.exit_code == 0, gc.output

@@ -35,9 +35,13 @@ def no_database(path):
 
 
 def kernel(backend="triton"):
+    """A kernel key that is current here (the dispatcher's rule, which the read commands apply)."""
+    from pathtune.runtime.dispatch import current_keys
+
     if backend == "sdpa":
         return KernelKey(pass_="fwd", backend="sdpa")
-    return KernelKey(pass_="fwd", backend=backend, spec_hash=SPEC.hash, source_hash="src")
+    keys = current_keys(SPEC.name, "fwd", backend)
+    return KernelKey(pass_="fwd", backend=backend, spec_hash=SPEC.hash, source_hash=keys["source_hash"] or "src")
 
 
 def wl(head_dim=64, seq=1024):
