@@ -464,12 +464,19 @@ def export_cmd(
         None, "--tvm-modules", help="Folder of prebuilt TVM modules (repeatable; e.g. a build_decode_bench bundle) to "
         "copy the modules of the pack's TVM decode entries from, into tvm_modules/ beside the pack, where the "
         "runtime finds them. Without them a TVM entry is skipped at runtime (the Triton step runs)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing pack file."),
     fmt: Format = _fmt_opt(),
     db: Optional[str] = _db_opt(),
 ) -> None:
     """Write the tuned-config pack of one GPU (fastest current config per workload and backend, per-pass default)."""
     from ._pack import export_pack
 
+    if gpu.strip() == "":
+        _fail("--gpu is empty; give a GPU name or a part of one (pathtune query shows the recorded GPUs)")
+    if out.is_dir():
+        _fail(f"{out} is a folder; give the pack's file name, e.g. {out / 'pack.json'}")
+    if out.exists() and not force:     # before opening anything
+        _fail(f"{out} exists; choose another -o, or pass --force to replace it")
     for folder in tvm_modules or ():
         if not folder.is_dir():
             raise typer.BadParameter(f"--tvm-modules {folder} is not a folder")

@@ -292,6 +292,9 @@ def _write_json(path: Path, doc: Mapping[str, Any]) -> Path:
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=True)
             f.write("\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)      # as open() would create it (mkstemp's 0600 hid packs from others)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -243,3 +243,28 @@ def test_read_commands_judge_current_records_like_the_dispatcher(tmp_path, monke
     assert [e.workload.head_dim for e in load_pack(tmp_path / "pack.json").entries] == [64]
     gc = run("db", "gc", "--db", url, "-f", "json")
     assert gc.exit_code == 0, gc.output
+
+
+def test_export_refuses_what_it_would_overwrite_and_writes_readable_packs(url, tmp_path):
+    """Like db dump: an existing -o is refused without --force (one line, nothing written), a folder or an
+    empty --gpu is a clear error, and the pack is readable by others (mode 0644 under umask 022)."""
+    import os
+    import stat
+
+    pack_path = tmp_path / "pack.json"
+    pack_path.write_text("mine")
+    refused = run("export", "--gpu", "test-gpu", "-o", pack_path, "--db", url)
+    assert refused.exit_code == 1 and "exists; choose another -o, or pass --force" in refused.output
+    assert pack_path.read_text() == "mine"
+    folder = run("export", "--gpu", "test-gpu", "-o", tmp_path, "--db", url)
+    assert folder.exit_code == 1 and "is a folder" in folder.output and "Traceback" not in folder.output
+    empty = run("export", "--gpu", "", "-o", tmp_path / "e.json", "--db", url)
+    assert empty.exit_code == 1 and "--gpu is empty" in empty.output
+    old = os.umask(0o022)
+    try:
+        forced = run("export", "--gpu", "test-gpu", "-o", pack_path, "--force", "--db", url)
+    finally:
+        os.umask(old)
+    assert forced.exit_code == 0, forced.output
+    assert stat.S_IMODE(pack_path.stat().st_mode) == 0o644
+    assert load_pack(pack_path).metadata["gpu_name"] == "TEST-GPU"
