@@ -159,7 +159,7 @@ _KNOWN = {var.name for var in ALL}
 
 def problems(environ: Optional[dict] = None) -> list[str]:
     """One line per PATHTUNE_* variable that is set but malformed, or not a pathtune variable at all
-    (a typo such as PATHTUNE_CHECK_INPUT would otherwise be ignored without a word)."""
+    (a misspelt name would otherwise be ignored without a word)."""
     environ = os.environ if environ is None else environ
     out = []
     for name in sorted(n for n in environ if n.startswith("PATHTUNE_") and n not in TEST_SUITE_VARIABLES):
