@@ -237,34 +237,33 @@ class _Unusable(Exception):
     """perf_db cannot serve lookups (message says why)."""
 
 
-def open_dispatch_db(url: Optional[str] = None):
-    """perf_db opened read-only for lookups, or raise ``_Unusable`` saying why it cannot be used."""
-    from pathtune.perf_db import PerfDB, resolve_url
-    from pathtune.perf_db._engine import head_revision, safe_url
-    from pathtune.perf_db._shipped import shipped_files
+DISPATCH_DB_LOCK_WAIT_MS = 200   # a kernel call waits at most this long for a writer's lock
 
-    parsed, is_default = resolve_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        path = Path(parsed.database).expanduser()
-        if not path.is_file():
-            if is_default and shipped_files():
-                # First use on this machine: create the per-user database with the shipped results.
-                PerfDB.open_default().close()
-            else:
-                where = "PATHTUNE_DB_URL" if not is_default else "the default location"
-                raise _Unusable(f"no tuning database at {path} ({where}); tune with `pathtune tune` or "
-                                "`pathtune bench --record`, or load a pack (pathtune.load_pack / PATHTUNE_PACK)")
-    db = PerfDB(url, read_only=True, current_keys=current_keys)
+
+def open_dispatch_db(url: Optional[str] = None):
+    """perf_db opened for lookups, or raise ``_Unusable`` saying why it cannot be used.
+
+    Opened like the read commands open it (``PerfDB.open_read``): nothing in the user's database changes,
+    a missing default database is answered by the shipped results alone (built once into the cache
+    folder), and shipped files the database has not ingested are served from an in-memory copy, so a
+    kernel call never creates, migrates or fills the database and still sees the shipped records.
+    """
+    from pathtune.perf_db import DatabaseLockedError, NoDatabaseError, PerfDB, PerfDBError
+
     try:
-        revision = db.revision()
-    except Exception as e:  # noqa: BLE001 - corrupt file, locked, unreachable server
-        db.close()
-        raise _Unusable(f"cannot read {safe_url(db.url)}: {_short(e)}") from None
-    head = head_revision()
-    if revision != head:
-        db.close()
-        raise _Unusable(f"{safe_url(db.url)} is at perf_db schema revision {revision!r}, this pathtune reads "
-                        f"{head!r}; run `pathtune db upgrade`")
+        db = PerfDB.open_read(url, shipped=True, current_keys=current_keys, lock_wait_ms=DISPATCH_DB_LOCK_WAIT_MS)
+    except NoDatabaseError as e:
+        raise _Unusable(f"{e}; tune with `pathtune tune` or `pathtune bench --record`, or load a pack "
+                        "(pathtune.load_pack / PATHTUNE_PACK)") from None
+    except (DatabaseLockedError, PerfDBError) as e:
+        raise _Unusable(_short(e)) from None
+    except Exception as e:  # noqa: BLE001 - a corrupt file, an unreachable server: say which database
+        from pathtune.perf_db import resolve_url
+        from pathtune.perf_db._engine import safe_url
+
+        raise _Unusable(f"cannot read {safe_url(resolve_url(url)[0])}: {_short(e)}") from None
+    for note in getattr(db, "read_notes", ()):
+        _log.debug("dispatch: %s", note)
     return db
 
 

@@ -391,7 +391,7 @@ def _one_warning_then_heuristic(d):
 
 def test_missing_db_falls_back(env, tmp_path, monkeypatch):
     msgs = _one_warning_then_heuristic(_lazy(env, monkeypatch, f"sqlite:///{tmp_path / 'none.sqlite3'}"))
-    assert len(msgs) == 1 and "no tuning database at" in msgs[0]
+    assert len(msgs) == 1 and "no database at" in msgs[0] and "load a pack" in msgs[0]
     assert not (tmp_path / "none.sqlite3").exists()   # read-only use: nothing created
 
 
@@ -409,7 +409,7 @@ def test_db_at_other_schema_revision_falls_back(env, db_url, monkeypatch):
     con.commit()
     con.close()
     msgs = _one_warning_then_heuristic(_lazy(env, monkeypatch, db_url))
-    assert "schema revision '0000_older'" in msgs[0] and "pathtune db upgrade" in msgs[0]
+    assert "'0000_older'" in msgs[0] and "this pathtune does not know" in msgs[0] and "upgrade pathtune" in msgs[0]
 
 
 def test_locked_db_falls_back_quickly(env, db_url, monkeypatch):
@@ -562,3 +562,33 @@ def test_validation_is_remembered_per_signature_without_value_checks(monkeypatch
     for _ in range(2000):
         api._validate(spec, q, k, v, w, beta, None, None, None)
     assert (time.perf_counter() - t0) / 2000 < 200e-6
+
+
+def test_dispatch_db_reads_shipped_results_without_writing(tmp_path, monkeypatch):
+    """The runtime's lookups open perf_db as the read commands do: on a machine without a database the
+    shipped results answer and no user database is created; a user's database that lacks the shipped files
+    is read unchanged (its bytes) while the shipped records are still served."""
+    from pathtune.perf_db import PerfDB
+    from pathtune.perf_db._shipped import SHIPPED_DIR
+    from pathtune.runtime.dispatch import open_dispatch_db
+
+    monkeypatch.delenv("PATHTUNE_DB_URL", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("PATHTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(SHIPPED_DIR))
+    db = open_dispatch_db()
+    try:
+        assert db.query(gpu="H200", status="ok", limit=1)
+    finally:
+        db.close()
+    assert not (tmp_path / "data").exists()
+
+    mine = tmp_path / "mine.sqlite3"
+    PerfDB(f"sqlite:///{mine}").close()                  # an empty database of the user's, no shipped files
+    before = mine.read_bytes()
+    db = open_dispatch_db(f"sqlite:///{mine}")
+    try:
+        assert db.query(gpu="H200", status="ok", limit=1)
+    finally:
+        db.close()
+    assert mine.read_bytes() == before
