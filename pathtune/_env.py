@@ -154,7 +154,7 @@ ALL: tuple[EnvVar, ...] = (CHECK_INPUTS, DB_URL, PACK, GPU_NAME, PRINT_DISPATCH,
 # read by the test suite and its helpers (tests/), never by the package: set, they are not typos
 TEST_SUITE_VARIABLES = ("PATHTUNE_TEST_PG_URL", "PATHTUNE_TEST_PG_DIR", "PATHTUNE_TEST_SESSION_DB", "PATHTUNE_FAKE_LOG",
                         "PATHTUNE_FAKE_SLEEP", "PATHTUNE_TVM_BENCH_MODULES")
-_KNOWN = {var.name for var in ALL}
+_BY_NAME = {var.name: var for var in ALL}
 
 
 def problems(environ: Optional[dict] = None) -> list[str]:
@@ -163,10 +163,10 @@ def problems(environ: Optional[dict] = None) -> list[str]:
     environ = os.environ if environ is None else environ
     out = []
     for name in sorted(n for n in environ if n.startswith("PATHTUNE_") and n not in TEST_SUITE_VARIABLES):
-        if name not in _KNOWN:
-            out.append(f"{name} is not a pathtune variable (known: {', '.join(sorted(_KNOWN))}; see ENVs.md)")
+        var = _BY_NAME.get(name)
+        if var is None:
+            out.append(f"{name} is not a pathtune variable (known: {', '.join(sorted(_BY_NAME))}; see ENVs.md)")
             continue
-        var = next(v for v in ALL if v.name == name)
         try:
             var.parse(name, environ[name])
         except ValueError as exc:

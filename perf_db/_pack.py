@@ -139,10 +139,8 @@ class Pack:
                 defaults[pass_] = (d["backend"], Config(d["config"]))
             except (KeyError, TypeError, ValueError) as exc:
                 raise _bad(source, f"default[{pass_!r}]: {exc}") from None
-            # a default serves every head dim of its pass: check the knobs' domains (constraints need dims)
-            problems = [p for p in config_problems(d["backend"], pass_, meta.get("spec_hash"), d["config"],
-                                                   {"D": 0, "DV": 0}) if " is not in its domain" in p
-                        or " is not used by pass " in p or " is missing " in p]
+            # a default serves every head dim of its pass: its knobs and domains (constraints need dims)
+            problems = config_problems(d["backend"], pass_, meta.get("spec_hash"), d["config"])
             if problems:
                 raise _bad(source, f"default[{pass_!r}]: {problems[0]}; export the pack again from valid records")
         self.defaults: Mapping[str, tuple[str, Config]] = MappingProxyType(defaults)

@@ -186,6 +186,7 @@ def parse_results(data: Any, *, name: str = "results", sha256: Optional[str] = N
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise _fail(where, f"config is not in the spec's {r.kernel.pass_} knob space: {problems[0]}{more}")
-        if r.measurement.status == "ok" and time_problem(r.measurement.median_ms):
-            raise _fail(where, f"a status 'ok' measurement needs a time: {time_problem(r.measurement.median_ms)}")
+        bad_time = time_problem(r.measurement.median_ms) if r.measurement.status == "ok" else None
+        if bad_time:
+            raise _fail(where, f"a status 'ok' measurement needs a time: {bad_time}")
     return runs, records

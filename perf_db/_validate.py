@@ -17,9 +17,10 @@ CHECKED_BACKENDS = ("triton",)
 
 
 def config_problems(backend: str, pass_: str, spec_hash: Optional[str], config: Mapping[str, Any],
-                    dims: Any) -> list[str]:
-    """What is wrong with ``config`` for ``pass_`` and ``dims`` (head_dim / head_dim_v or D / DV); empty
-    when valid or not checkable here (another backend, another spec)."""
+                    dims: Any = None) -> list[str]:
+    """What is wrong with ``config`` for ``pass_`` and ``dims`` (head_dim / head_dim_v or D / DV; None: the
+    knobs and their domains only, for a config that serves every head dim); empty when valid or not
+    checkable here (another backend, another spec)."""
     from pathtune.specs import KnobSpace, load_spec
 
     if backend not in CHECKED_BACKENDS:
@@ -29,7 +30,8 @@ def config_problems(backend: str, pass_: str, spec_hash: Optional[str], config: 
         return []
     if pass_ not in spec.passes:
         return [f"pass {pass_!r} is not one of the spec's passes ({', '.join(spec.passes)})"]
-    return KnobSpace(spec, pass_).validate(dict(config), dims)
+    space = KnobSpace(spec, pass_)
+    return space.knob_problems(dict(config)) if dims is None else space.validate(dict(config), dims)
 
 
 def time_problem(median_ms: Any) -> Optional[str]:

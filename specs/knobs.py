@@ -176,6 +176,15 @@ class KnobSpace:
         Reports unknown and missing knobs, values outside a knob's domain, then violated constraints.
         """
         env = self._dims(dims)
+        problems = self.knob_problems(config)
+        if problems:
+            return problems
+        env.update(config)
+        return self._violations(env)
+
+    def knob_problems(self, config: Mapping[str, Any]) -> list[str]:
+        """The part of ``validate`` that needs no workload dims: unknown and missing knobs, values outside a
+        knob's domain (constraints are not checked)."""
         problems = []
         for name in config:
             if name not in self.knobs:
@@ -187,10 +196,7 @@ class KnobSpace:
                 problems.append(f"knob {name!r} is missing (default {knob.default!r})")
             elif not in_domain(config[name], knob.domain):
                 problems.append(f"{name}={config[name]!r} is not in its domain {list(knob.domain)}")
-        if problems:
-            return problems
-        env.update(config)
-        return self._violations(env)
+        return problems
 
     def is_valid(self, config: Mapping[str, Any], dims: Any) -> bool:
         return not self.validate(config, dims)
