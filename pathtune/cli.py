@@ -55,7 +55,7 @@ def _fmt_bytes(n: Optional[int]) -> Optional[str]:
 def env_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON (machine-readable).")) -> None:
     """GPU, driver, CUDA, ptxas and library versions, and the env key tuning results are stored under."""
     from pathtune import _env
-    from pathtune.runtime.environment import collect_env, env_hash, env_key
+    from pathtune.fingerprint import collect_env, env_hash, env_key
 
     info = collect_env()
     key = env_key(info)

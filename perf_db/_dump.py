@@ -22,6 +22,7 @@ from ._errors import PerfDBError
 from ._keys import CurrentKeys, KernelKey, env_columns, env_key_schema, stale_reasons
 from ._models import BACKENDS, PASSES, STATUSES, EnvRow, KernelRow, MeasurementRow, RunRow, WorkloadRow
 from ._results import RunInfo, results_record, write_results
+from ._rows import gpu_clause, measurement_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._store import PerfDB
@@ -96,8 +97,6 @@ def dump_document(db: "PerfDB", *, backend: Many = None, pass_: Many = None, hea
                   ) -> tuple[list[RunInfo], list[dict[str, Any]], DumpReport]:
     """The runs and records ``dump_results`` would write, and its report (``path`` None). Raises
     ``PerfDBError`` when nothing matches or a run lacks its command. Arguments: see ``dump_results``."""
-    from ._store import _gpu_clause
-
     filters = {"backend": _many(backend, "backend", BACKENDS), "pass": _many(pass_, "pass", PASSES),
                "head_dim": _many(head_dim, "head_dim", as_int=True), "gpu": gpu.strip() if gpu else None,
                "run": _many(run_id, "run", None), "status": _many(status, "status", STATUSES),
@@ -116,7 +115,7 @@ def dump_document(db: "PerfDB", *, backend: Many = None, pass_: Many = None, hea
     if filters["head_dim"]:
         stmt = stmt.where(WorkloadRow.head_dim.in_(filters["head_dim"]))
     if filters["gpu"]:
-        stmt = stmt.where(_gpu_clause(EnvRow.gpu_name, filters["gpu"]))
+        stmt = stmt.where(gpu_clause(EnvRow.gpu_name, filters["gpu"]))
     if filters["run"]:
         stmt = stmt.where(MeasurementRow.run_id.in_(filters["run"]))
     if filters["status"]:
@@ -218,8 +217,6 @@ def _same_run_baselines(s: Any, rows: list[tuple]) -> list[tuple]:
 def _record(m: MeasurementRow, e: EnvRow, k: KernelRow, w: WorkloadRow, env_checked: dict[int, dict[str, Any]],
             env_schema: int) -> dict[str, Any]:
     """One stored measurement as the record ``results_record`` builds, checked to ingest under the same key."""
-    from ._store import _measurement_of
-
     where = f"measurement #{m.id} (run {m.run_id})"
     env = env_checked.get(e.id)
     if env is None:
@@ -239,7 +236,7 @@ def _record(m: MeasurementRow, e: EnvRow, k: KernelRow, w: WorkloadRow, env_chec
                           "inconsistent, nothing written")
     kernel = KernelKey(op=k.op, pass_=k.pass_, backend=k.backend, spec_hash=k.spec_hash,
                        codegen_version=k.codegen_version, source_hash=k.source_hash)
-    return results_record(env, kernel, workload, config, _measurement_of(m), m.run_id)
+    return results_record(env, kernel, workload, config, measurement_of(m), m.run_id)
 
 
 def dump_results(db: "PerfDB", out: Union[str, Path], *, backend: Many = None, pass_: Many = None,

@@ -282,10 +282,10 @@ def _host() -> str:
 
 
 def _environment() -> Any:
-    # Imported on use: ``pathtune.runtime`` imports torch, which read-only commands do not need.
-    from pathtune.runtime import environment
+    # Imported on use: read-only commands that never look at an environment do not need it.
+    from pathtune import fingerprint
 
-    return environment
+    return fingerprint
 
 
 def env_key_schema() -> int:
@@ -300,7 +300,7 @@ def env_columns(info: EnvLike) -> dict[str, Any]:
         raise PerfDBError(f"env_info must be a mapping (collect_env() output), got {type(info).__name__}")
     missing = [k for k in (*HARD_KEYS, *SOFT_KEYS) if k not in info]
     if missing:
-        raise PerfDBError(f"env_info lacks {', '.join(missing)}; pass pathtune.runtime.environment.collect_env() "
+        raise PerfDBError(f"env_info lacks {', '.join(missing)}; pass pathtune.fingerprint.collect_env() "
                           "output (keys may be None, but must be present)")
     info = dict(info)
     info.setdefault("host", _host())

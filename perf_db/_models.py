@@ -62,7 +62,7 @@ class Base(DeclarativeBase):
 class EnvRow(Base):
     """One recorded environment: the hard keys (``env_hash``) plus soft keys, host and sizes.
 
-    ``env_hash`` is ``pathtune.runtime.environment.env_hash`` (hard keys only), so hosts that share
+    ``env_hash`` is ``pathtune.fingerprint.env_hash`` (hard keys only), so hosts that share
     GPU, CUDA, ptxas, Triton and TVM share it while their drivers or torch builds may differ; each
     distinct full record is one row, unique by ``fingerprint`` (sha256 of every column below).
     """

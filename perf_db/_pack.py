@@ -172,7 +172,7 @@ class Pack:
         packaged spec's hash.
         """
         if env_info is None:
-            from pathtune.runtime.environment import collect_env
+            from pathtune.fingerprint import collect_env
 
             env_info = collect_env()
         if spec_hash is None:
@@ -278,7 +278,7 @@ class Pack:
 
 
 def _collect() -> dict[str, Any]:
-    from pathtune.runtime.environment import collect_env
+    from pathtune.fingerprint import collect_env
 
     return collect_env()
 

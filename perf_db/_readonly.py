@@ -25,7 +25,7 @@ import logging
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
@@ -35,7 +35,9 @@ from ._engine import (READ_COMMAND_LOCK_WAIT_MS, check_known_revision, head_revi
 from ._errors import DatabaseLockedError, NoDatabaseError, PerfDBError
 from ._keys import CurrentKeys, default_current_keys
 from ._shipped import ingest_shipped, missing_shipped, shipped_dir, shipped_hashes
-from ._store import PerfDB
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._store import PerfDB
 
 __all__ = ["open_read", "no_database_message", "CACHE_KEEP"]
 
@@ -49,11 +51,11 @@ def no_database_message(path: Path) -> str:
     return f"no database at {path}; `pathtune db path` shows the default, `pathtune import FILE` fills one"
 
 
-def open_read(url: Optional[str] = None, *, shipped: bool = True,
+def open_read(cls: type[PerfDB], url: Optional[str] = None, *, shipped: bool = True,
               current_keys: Optional[CurrentKeys] = default_current_keys,
               lock_wait_ms: int = READ_COMMAND_LOCK_WAIT_MS) -> PerfDB:
-    """The database at ``url`` (default: ``PATHTUNE_DB_URL``, else the per-user file), opened so that
-    nothing can change it. ``shipped``: with the shipped results it has not ingested (in an in-memory
+    """A ``cls`` (``PerfDB``: this is ``PerfDB.open_read``) on the database at ``url`` (default:
+    ``PATHTUNE_DB_URL``, else the per-user file), opened so that nothing can change it. ``shipped``: with the shipped results it has not ingested (in an in-memory
     copy); without, the database exactly as stored (``db dump``: the shipped files must not land in a
     dump). Raises ``NoDatabaseError`` for a missing SQLite file (except the unset default with
     ``shipped``), ``DatabaseLockedError`` after ``lock_wait_ms`` of waiting for a lock, ``PerfDBError``
@@ -62,9 +64,9 @@ def open_read(url: Optional[str] = None, *, shipped: bool = True,
     path = sqlite_file(parsed)
     if path is not None and not path.is_file():
         if is_default and shipped:
-            return _shipped_only(parsed, current_keys)
+            return _shipped_only(cls, parsed, current_keys)
         raise NoDatabaseError(no_database_message(path))
-    db = PerfDB(parsed, read_only=True, current_keys=current_keys, lock_wait_ms=lock_wait_ms)
+    db = cls(parsed, read_only=True, current_keys=current_keys, lock_wait_ms=lock_wait_ms)
     db.read_notes = _unread_wal(path) if path is not None else []
     try:
         revision = _reading(db, lock_wait_ms, db.revision)
@@ -123,7 +125,7 @@ def _reading(db: PerfDB, lock_wait_ms: int, fn: Callable[..., T], *args: Any) ->
 
 def _memory_copy(src: PerfDB, lock_wait_ms: int) -> PerfDB:
     """An in-memory database holding what ``src`` (a read-only SQLite file) holds, labelled as it."""
-    copy = PerfDB("sqlite://", auto_upgrade=False, current_keys=src.current_keys)
+    copy = type(src)("sqlite://", auto_upgrade=False, current_keys=src.current_keys)
     source = src.engine.raw_connection()
     try:
         conn = source.driver_connection
@@ -151,12 +153,12 @@ def _memory_copy(src: PerfDB, lock_wait_ms: int) -> PerfDB:
 
 # -- the shipped results alone (no database yet) ----------------------------------------------------
 
-def _shipped_only(url: URL, current_keys: Optional[CurrentKeys]) -> PerfDB:
+def _shipped_only(cls: type[PerfDB], url: URL, current_keys: Optional[CurrentKeys]) -> PerfDB:
     label = f"{safe_url(url)} (not created yet; the shipped results)"
     files = shipped_hashes()
     cache = _cache_file(files) if files else None
     if cache is not None and cache.is_file():
-        db = PerfDB(URL.create("sqlite", database=str(cache)), read_only=True, current_keys=current_keys)
+        db = cls(URL.create("sqlite", database=str(cache)), read_only=True, current_keys=current_keys)
         try:
             if db.revision() == head_revision():
                 db._label = label
@@ -164,7 +166,7 @@ def _shipped_only(url: URL, current_keys: Optional[CurrentKeys]) -> PerfDB:
         except (PerfDBError, SQLAlchemyError, sqlite3.Error) as e:  # rebuilt below
             log.info("perf_db: shipped-results cache %s unusable (%s); rebuilding it", cache, e)
         db.close()
-    db = PerfDB("sqlite://", current_keys=current_keys)
+    db = cls("sqlite://", current_keys=current_keys)
     ingest_shipped(db, files)
     if cache is not None:
         _save(db, cache)

@@ -29,6 +29,7 @@ from ._models import (BACKENDS, PASSES, STATUSES, EnvRow, IngestRow, KernelRow, 
                       best_view)
 from ._models import utcnow as utc_now
 from ._results import RunInfo, parse_results, read_results
+from ._rows import gpu_clause, measurement_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._dump import DumpReport
@@ -82,15 +83,6 @@ def _chunks(items: Sequence[Any], n: int = _CHUNK) -> Iterable[Sequence[Any]]:
         yield items[i:i + n]
 
 
-def _measurement_of(row: MeasurementRow) -> Measurement:
-    return Measurement(status=row.status, median_ms=row.median_ms, p20_ms=row.p20_ms, p80_ms=row.p80_ms,
-                       n_reps=row.n_reps, bench_method=row.bench_method,
-                       errors=json.loads(row.errors_json) if row.errors_json else None,
-                       max_rel_err=row.max_rel_err, baseline_ms=row.baseline_ms, baseline_name=row.baseline_name,
-                       study_name=row.study_name, trial_number=row.trial_number, command=row.command,
-                       message=row.message, created_at=row.created_at)
-
-
 def _row_dict(m: MeasurementRow, e: EnvRow, k: KernelRow, w: WorkloadRow) -> dict[str, Any]:
     ratio = m.median_ms / m.baseline_ms if m.median_ms and m.baseline_ms else None
     errors = json.loads(m.errors_json) if m.errors_json else None
@@ -113,11 +105,6 @@ def _row_dict(m: MeasurementRow, e: EnvRow, k: KernelRow, w: WorkloadRow) -> dic
         "ratio": ratio, "study_name": m.study_name, "trial_number": m.trial_number, "command": m.command,
         "message": m.message,
     }
-
-
-def _gpu_clause(column: Any, gpu: Optional[str]) -> Any:
-    """Case-insensitive substring match: ``--gpu h200`` matches "NVIDIA H200"."""
-    return func.lower(column).contains(gpu.strip().lower(), autoescape=True)
 
 
 class PerfDB:
@@ -178,7 +165,7 @@ class PerfDB:
         in-memory copy; a missing SQLite file the user named is refused. See ``perf_db/_readonly.py``."""
         from ._readonly import open_read
 
-        return open_read(url, shipped=shipped, **kwargs)
+        return open_read(cls, url, shipped=shipped, **kwargs)
 
     def upgrade(self, revision: str = "head") -> str:
         """Run the Alembic migrations (version table ``perf_alembic_version``); idempotent."""
@@ -297,7 +284,7 @@ class PerfDB:
                "config_hash": config.hash, "run_id": run.run_id}
 
         def existing_outcome(existing: MeasurementRow) -> tuple[int, str]:
-            same = _measurement_of(existing).content() == m.content()
+            same = measurement_of(existing).content() == m.content()
             if mode == "skip":
                 return existing.id, "identical" if same else "skipped"
             if same and mode == "identical_ok":
@@ -487,7 +474,7 @@ class PerfDB:
                 .join(KernelRow, KernelRow.id == MeasurementRow.kernel_id)
                 .join(WorkloadRow, WorkloadRow.id == MeasurementRow.workload_id))
         if gpu:
-            stmt = stmt.where(_gpu_clause(EnvRow.gpu_name, gpu))
+            stmt = stmt.where(gpu_clause(EnvRow.gpu_name, gpu))
         if head_dim is not None:
             stmt = stmt.where(WorkloadRow.head_dim == head_dim)
         if pass_ is not None:
@@ -668,7 +655,7 @@ class PerfDB:
         """
         keys_fn = current_keys or self.current_keys
         if env_info is None:
-            from pathtune.runtime.environment import collect_env
+            from pathtune.fingerprint import collect_env
 
             env_info = collect_env()
         here = env_columns(env_info)

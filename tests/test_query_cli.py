@@ -151,9 +151,9 @@ def test_db_upgrade_path_gc(url, tmp_path, monkeypatch):
     missing = json.loads(run("db", "path", "--db", f"sqlite:///{tmp_path / 'nope.sqlite3'}", "-f", "json").stdout)
     assert missing["exists"] is False and not (tmp_path / "nope.sqlite3").exists()
 
-    import pathtune.runtime.environment as environment
+    import pathtune.fingerprint as fingerprint
 
-    monkeypatch.setattr(environment, "collect_env", lambda: {**ENV, "triton": "3.3.0"})  # Triton was upgraded
+    monkeypatch.setattr(fingerprint, "collect_env", lambda: {**ENV, "triton": "3.3.0"})  # Triton was upgraded
     dry = run("db", "gc", "--db", url)
     assert dry.exit_code == 0 and "would delete 6 measurements" in dry.stdout and "dry run" in dry.stdout
     assert "triton version changed on this GPU" in dry.stdout

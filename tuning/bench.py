@@ -23,8 +23,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
-TOKENS = 32768
-HEADS_FOR_DIM = {32: 32, 64: 16, 96: 12, 128: 8, 192: 6, 256: 4}
+from .inputs import HEADS_FOR_DIM, TOKENS, make_inputs
+
+__all__ = ["BenchRow", "run_bench", "record_rows", "format_table", "command_line", "make_inputs", "HEADS_FOR_DIM",
+           "TOKENS", "BACKENDS"]
 
 
 @dataclass
@@ -54,19 +56,6 @@ def _median_ms(fn: Callable[[], Any]) -> float:
     import triton
 
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
-def make_inputs(B: int, T: int, HQ: int, H: int, D: int, DV: int, gate: bool, *, device: str, seed: int,
-                dtype=torch.bfloat16):
-    """Fresh random PaTH inputs: beta in [1.5, 2) (the hard regime), real gate decay."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn(B, T, HQ, D, device=device, generator=gen).to(dtype)
-    k = torch.randn(B, T, H, D, device=device, generator=gen).to(dtype)
-    v = torch.randn(B, T, H, DV, device=device, generator=gen).to(dtype)
-    w = torch.nn.functional.normalize(torch.randn(B, T, H, D, device=device, generator=gen), dim=-1)
-    beta = torch.rand(B, T, H, device=device, generator=gen) * 0.5 + 1.5
-    g = torch.log(torch.rand(B, T, HQ, device=device, generator=gen) * 0.05 + 0.95) if gate else None
-    return q, k, v, w, beta, g
 
 
 def _pathtune_callable(q, k, v, w, beta, g, config, backward: bool):
@@ -233,7 +222,7 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
     from pathtune.codegen.triton import TritonParams, source_hash
     from pathtune.perf_db import KernelKey, Measurement, PerfDB
     from pathtune.runtime.dispatch import pass_config
-    from pathtune.runtime.environment import collect_env
+    from pathtune.fingerprint import collect_env
     from pathtune.specs import Workload, load_spec
 
     spec = load_spec()

@@ -192,7 +192,7 @@ def ingest_results(paths: Sequence[Path], storage_url: str, db_url: Optional[str
 
     from pathtune.perf_db import PerfDB
     from pathtune.perf_db._results import parse_results, read_results
-    from pathtune.runtime.environment import env_hash
+    from pathtune.fingerprint import env_hash
 
     from .tuner import make_storage
 

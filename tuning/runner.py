@@ -62,7 +62,7 @@ def _write(path: Path, doc: dict) -> None:
 def run_bundle(bundle_dir: Path, out: Path, *, resume: bool = False, measure_with: Optional[str] = None,
                log=print) -> int:
     """Measure every task; returns 0, or 3 if a task left the GPU unusable (rerun with --resume)."""
-    from pathtune.runtime.environment import collect_env
+    from pathtune.fingerprint import collect_env
 
     from .measure import MeasureTask, load_measure_fn
 

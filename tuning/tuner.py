@@ -211,7 +211,7 @@ class Tuner:
 
     def __init__(self, keys: Sequence[TuneKey], opts: TuneOptions, *, progress: Any = None) -> None:
         from pathtune.perf_db import KernelKey, PerfDB
-        from pathtune.runtime.environment import collect_env, env_hash
+        from pathtune.fingerprint import collect_env, env_hash
         from pathtune.specs import load_spec
 
         from .measure import measure
