@@ -13,5 +13,6 @@ Tuner, one job per module (Optuna, SQLAlchemy and torch load on use, never at im
   ``pathtune tune ingest``);
 * ``_tune_cli``: the ``pathtune tune`` commands.
 
-Benchmarks: ``bench`` / ``decode_bench`` (``pathtune bench``) and ``baselines`` (SDPA, fla).
+Benchmarks: ``bench`` / ``decode_bench`` (``pathtune bench``) and ``baselines`` (SDPA, fla); ``inputs``: the
+timed shapes and random inputs that the bench and the tuner share.
 """

@@ -15,7 +15,7 @@ host can run it from a bundle. The dict holds perf_db ``Measurement`` fields:
 
 The accuracy gate runs the candidate on one sequence (B=1) with the workload's heads, head dims,
 dtype and gate, on fresh inputs from ``task.seed`` (beta in [1.5, 2), real gate decay:
-``tuning.bench.make_inputs``): ``check_len`` tokens, or, when the timed shape spans several
+``tuning.inputs.make_inputs``): ``check_len`` tokens, or, when the timed shape spans several
 super-chunks, at least two super-chunks of the config (``gate_len``), so the inter-super-chunk
 kernels are checked too. The float64 naive oracle runs on ``check_heads`` kv heads (first and last by
 default; heads are independent) and each error is taken over those heads. ``fwd`` checks o; ``bwd``
@@ -238,7 +238,7 @@ def _sdpa_decode_callable(q_t: Any, k: Any, v: Any) -> Optional[Callable[[], Any
 def _inputs(task: MeasureTask, B: int, T: int, HQ: int, H: int, seed: int) -> tuple:
     import torch
 
-    from .bench import make_inputs
+    from .inputs import make_inputs
 
     wl = task.workload
     return make_inputs(B, T, HQ, H, wl["head_dim"], wl["head_dim_v"], wl["use_gate"], device=_device(), seed=seed,

@@ -1,7 +1,7 @@
 """The TVM column of ``pathtune bench``: forward module sets built here, run on a GPU host without the compiler.
 
 Build host (apache-tvm 0.27 + nvcc, no GPU): ``pathtune bench-build-tvm --head-dim 64,128 --out build/tvm_bench``
-writes, per (head dim, gate) of the bench's shapes (``bench.HEADS_FOR_DIM`` heads, bf16),
+writes, per (head dim, gate) of the bench's shapes (``inputs.HEADS_FOR_DIM`` heads, bf16),
 ``OUT/<set id>/{ut,transport,scan}.so`` (+ their build metadata), ``OUT/tvm_runtime/`` (the two runtime
 libraries of the wheel that built them) and ``OUT/manifest.json`` (dims, knobs, TVM source hash, arch).
 
@@ -43,7 +43,7 @@ def bench_dims(head_dim: int, gated: bool) -> Any:
     """KernelDims of a bench row: the bench's heads for this head dim, MHA, bf16."""
     from pathtune.codegen.tvm.params import KernelDims
 
-    from .bench import HEADS_FOR_DIM
+    from .inputs import HEADS_FOR_DIM
 
     H = HEADS_FOR_DIM.get(head_dim, max(1, 1024 // head_dim))
     return KernelDims(H=H, HQ=H, D=head_dim, DV=head_dim, dtype=DTYPE, gated=gated)
