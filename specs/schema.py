@@ -21,7 +21,7 @@ from pydantic_core import PydanticCustomError
 
 from .canonical import canonical_json, sha256_hex
 from .expr import Expr, ExprError
-from .knobs import Config, in_domain
+from .config import Config, in_domain
 
 __all__ = [
     "SpecError", "Spec", "DimSpec", "Rule", "TensorSpec", "Tensors", "Knob", "PassSpec", "Numerics",
