@@ -18,7 +18,7 @@
 #   ffcompare [240] flip-flop tokens/s comparison only (--resume on a copy of examples/flipflop/results.json)
 #   flipflop [540]  python -m examples.flipflop --device cuda (budget from the step's seconds)
 #   lm [120]        examples/lm_generate.py --device cuda
-#   tvm [200]       codegen/tvm/gpu_check.py with the prebuilt bundle (carry build/tvm_gpu_check)
+#   tvm [200]       benchmarks/tvm_gpu_check.py with the prebuilt bundle (carry build/tvm_gpu_check)
 #   tvmbench [240]  pathtune bench --backends triton,tvm --forward-only --config tuned --record: the TVM forward
 #                   (and its ut / transport / scan kernel times) next to Triton, SDPA and fla in one run (carry
 #                   build/tvm_bench, built by `pathtune bench-build-tvm --head-dim 64,128 --out build/tvm_bench`;
@@ -162,7 +162,7 @@ run_steps() {  # the steps of one lane, in order, with S set
                     pack_args=(--pack "$S/h200_pack.json")
                 fi
                 run_step lm "${secs:-120}" python3 "$REPO/examples/lm_generate.py" --device cuda "${pack_args[@]}" ;;
-            tvm) run_step tvm "${secs:-200}" python3 "$REPO/codegen/tvm/gpu_check.py" \
+            tvm) run_step tvm "${secs:-200}" python3 "$REPO/benchmarks/tvm_gpu_check.py" \
                      --budget-min "$(python3 -c "print(round(${secs:-200} / 60 - 0.7, 1))")" ;;
             tvmbench)  ensure_tvm_ffi   # the runtime libraries come from the module folder
                        if [ -f "$S/tune/tune.sqlite3" ]; then dispatch_db="sqlite:///$S/tune/tune.sqlite3"; else dispatch_db=""; fi
@@ -170,7 +170,7 @@ run_steps() {  # the steps of one lane, in order, with S set
                            --head-dim "${HEAD_DIMS:-64,128}" --gate "${BENCH_GATE:-both}" --config tuned \
                            --backends triton,tvm --tvm-modules "$REPO/build/tvm_bench" --forward-only \
                            --record --db "$PATHTUNE_DB_URL" --json "$S/bench_tvm.json" ;;
-            tvmdecode) run_step tvmdecode "${secs:-480}" python3 "$REPO/codegen/tvm/gpu_check.py" \
+            tvmdecode) run_step tvmdecode "${secs:-480}" python3 "$REPO/benchmarks/tvm_gpu_check.py" \
                            --bundle "$REPO/build/tvm_gpu_check_decode" ${TVM_ONLY:+--only "$TVM_ONLY"} \
                            --budget-min "$(python3 -c "print(round(${secs:-480} / 60 - 0.7, 1))")" ;;
             tvmdecodebench) t="${secs:-300}"

@@ -28,7 +28,7 @@ def wheel(tmp_path_factory):
 
 def test_wheel_contains_spec_and_subpackages(wheel):
     for name in ("pathtune/specs/path_attention.yaml", "pathtune/specs/schema.py", "pathtune/runtime/__init__.py",
-                 "pathtune/runtime/api.py", "pathtune/runtime/reference/__init__.py", "pathtune/cli.py",
+                 "pathtune/runtime/api.py", "pathtune/runtime/reference/__init__.py", "pathtune/cli/__init__.py",
                  "pathtune/codegen/triton/__init__.py", "pathtune/tuning/__init__.py", "pathtune/perf_db/__init__.py"):
         assert name in wheel, name
 

@@ -1,4 +1,4 @@
-"""Dry run of codegen/tvm/gpu_check.py on the CPU: its forward / decode / stage checks, driven with the GPU
+"""Dry run of benchmarks/tvm_gpu_check.py on the CPU: its forward / decode / stage checks, driven with the GPU
 kernels run through the CUDA emulator (tests/test_tvm_emulated.py), so the script the lead runs on the H200
 is exercised before it gets there. Timings are GPU-only and not run here."""
 from __future__ import annotations
@@ -11,11 +11,14 @@ tvm = pytest.importorskip("tvm", reason="apache-tvm is not installed (pip instal
 if shutil.which("nvcc") is None or shutil.which("g++") is None:
     pytest.skip("needs nvcc and g++", allow_module_level=True)
 
-from pathtune.codegen.tvm import gpu_check  # noqa: E402
 from pathtune.codegen.tvm.build import make_kernel  # noqa: E402
 from pathtune.codegen.tvm.cuda_emu import EmulatedKernel  # noqa: E402
 from pathtune.codegen.tvm.params import KernelDims, TVMParams  # noqa: E402
 from pathtune.codegen.tvm.toolchain import compile_cuda, ensure_cuda_build_env  # noqa: E402
+
+from repo_scripts import load_script  # noqa: E402
+
+gpu_check = load_script("benchmarks/tvm_gpu_check.py")
 
 
 def _emulated(entry):

@@ -1,4 +1,4 @@
-"""Build, on a machine without a GPU, every TVM module that gpu_check.py runs on the GPU host.
+"""Build, on a machine without a GPU, every TVM module that benchmarks/tvm_gpu_check.py runs on the GPU host.
 
     python codegen/tvm/build_gpu_check.py [--out build/tvm_gpu_check] [--quick] [--jobs 1] [--arch sm_90]
                                           [--only dec-]

@@ -1,6 +1,6 @@
 """``pathtune tune`` (local), ``pathtune tune build`` and ``pathtune tune ingest`` (split flow).
 
-Registered on the main CLI by pathtune/cli.py (``register(app)``). Importing this module loads typer
+Registered on the main CLI by pathtune/cli/__init__.py (``register(app)``). Importing this module loads typer
 and rich only; Optuna, SQLAlchemy and torch load when a command runs.
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ RETIRED = typer.Option(3, "--seed-retired", min=0, metavar="K",
 
 def _keys(head_dim: str, dtype: str, pass_: str, backend: str, buckets: str, gate: bool, heads: Optional[int],
           heads_kv: Optional[int], tokens: int) -> list:
-    from .space import plan_keys
+    from pathtune.tuning.space import plan_keys
 
     try:
         return plan_keys(_ints(head_dim, "--head-dim"), _strs(dtype), _strs(pass_), _strs(backend),
@@ -114,8 +114,8 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
     from pathtune.perf_db import resolve_url
     from pathtune.specs import SpecError, load_spec
 
-    from .measure import load_measure_fn
-    from .tuner import TuneOptions, is_sqlite, parse_budget
+    from pathtune.tuning.measure import load_measure_fn
+    from pathtune.tuning.tuner import TuneOptions, is_sqlite, parse_budget
 
     try:
         parsed = parse_budget(budget)
@@ -147,7 +147,7 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
 
 
 def _filter_keys(keys: list, *, local: bool) -> list:
-    from .measure import decode_available
+    from pathtune.tuning.measure import decode_available
 
     out = []
     for key in keys:
@@ -173,7 +173,7 @@ def _filter_keys(keys: list, *, local: bool) -> list:
 
 
 def _report(results: list, json_path: Optional[Path]) -> None:
-    from .tuner import fmt_ms
+    from pathtune.tuning.tuner import fmt_ms
 
     table = Table(title="pathtune tune: default vs tuned (ms, from perf_db)")
     for col in ("key", "trials", "measured", "default ms", "tuned ms", "speedup", "tuned / SDPA"):
@@ -221,8 +221,8 @@ def tune(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from .progress import TuneProgress
-    from .tuner import StudyExistsError, Tuner
+    from pathtune.tuning.progress import TuneProgress
+    from pathtune.tuning.tuner import StudyExistsError, Tuner
 
     keys = _filter_keys(_keys(head_dim, dtype, pass_, backend, buckets, gate, heads, heads_kv, tokens), local=True)
     if measure_with is None:
@@ -231,7 +231,7 @@ def tune(
         import torch
 
         if compile_workers is None and torch.cuda.is_available():
-            from .prepare import default_workers
+            from pathtune.tuning.prepare import default_workers
 
             compile_workers = default_workers()
         if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
@@ -288,8 +288,8 @@ def build(
     spec: Optional[Path] = SPEC, seed_neighbours: int = NEIGHBOURS, seed_retired: int = RETIRED,
 ) -> None:
     """Propose (Optuna ask) and compile a batch of candidates per key into a self-contained bundle for a GPU host."""
-    from .bundle import build_bundle
-    from .tuner import Tuner
+    from pathtune.tuning.bundle import build_bundle
+    from pathtune.tuning.tuner import Tuner
 
     try:
         data = json.loads(gpu_env.read_text())
@@ -322,7 +322,7 @@ def ingest(
     """Store bundle results in perf_db and tell the waiting Optuna trials their values."""
     from pathtune.perf_db import PerfDBError, resolve_url
 
-    from .bundle import ingest_results
+    from pathtune.tuning.bundle import ingest_results
 
     url, _ = resolve_url(storage)
     try:

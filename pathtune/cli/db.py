@@ -1,6 +1,6 @@
 """The perf_db commands of ``pathtune``: query, query overhead, db upgrade|gc|path|dump, export, import, plot.
 
-``register(app)`` adds them to the main Typer app (pathtune/cli.py). Importing this module loads
+``register(app)`` adds them to the main Typer app (pathtune/cli/__init__.py). Importing this module loads
 typer and rich only; SQLAlchemy and the rest of perf_db load when a command runs.
 """
 from __future__ import annotations
@@ -68,8 +68,8 @@ def _guard(fn: Callable[[], Any], perf: Any = None) -> Any:
     read-only database ``fn`` reads, whose lock timeouts are reported as such."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from ._engine import READ_COMMAND_LOCK_WAIT_MS, is_lock_error, locked_message
-    from ._errors import PerfDBError
+    from pathtune.perf_db._engine import READ_COMMAND_LOCK_WAIT_MS, is_lock_error, locked_message
+    from pathtune.perf_db._errors import PerfDBError
 
     try:
         return fn()
@@ -92,7 +92,7 @@ def _current_keys() -> Any:
 
 def _open(db: Optional[str]) -> Any:
     """The database a command that writes uses: created and migrated if need be, given the shipped files."""
-    from ._store import PerfDB
+    from pathtune.perf_db._store import PerfDB
 
     return _guard(lambda: PerfDB.open_default(db, current_keys=_current_keys()))
 
@@ -101,7 +101,7 @@ def _open(db: Optional[str]) -> Any:
 def _open_read(db: Optional[str], *, shipped: bool = True) -> Iterator[Any]:
     """The database a read command uses: opened so that nothing in it changes (perf_db/_readonly.py), a
     mistyped path refused, with the shipped results it lacks (unless not ``shipped``); closed on exit."""
-    from ._store import PerfDB
+    from pathtune.perf_db._store import PerfDB
 
     perf = _guard(lambda: PerfDB.open_read(db, shipped=shipped, current_keys=_current_keys()))
     try:
@@ -271,7 +271,7 @@ def overhead_cmd(
     gpu = gpu or parent.get("gpu")
     pass_ = pass_ or parent.get("pass_")
     fmt = fmt or parent.get("fmt") or Format.table
-    from ._keys import DISPATCH_BACKENDS
+    from pathtune.perf_db._keys import DISPATCH_BACKENDS
 
     backends = (backend,) if backend else DISPATCH_BACKENDS
     with _open_read(db) as perf:
@@ -293,8 +293,8 @@ db_app = typer.Typer(help="The results database: migrate, prune, locate, dump to
 @db_app.command("upgrade")
 def db_upgrade(db: Optional[str] = _db_opt()) -> None:
     """Create or migrate the perf_* tables (Alembic, version table perf_alembic_version); idempotent."""
-    from ._models import VERSION_TABLE
-    from ._store import PerfDB
+    from pathtune.perf_db._models import VERSION_TABLE
+    from pathtune.perf_db._store import PerfDB
 
     perf = _guard(lambda: PerfDB(db, auto_upgrade=False))
     before = _guard(perf.revision)
@@ -307,8 +307,8 @@ def db_upgrade(db: Optional[str] = _db_opt()) -> None:
 @db_app.command("path")
 def db_path(db: Optional[str] = _db_opt(), fmt: Format = _fmt_opt()) -> None:
     """Where the database is (URL, SQLite file), its schema revision and row counts (read-only)."""
-    from ._engine import READ_COMMAND_LOCK_WAIT_MS, resolve_url, safe_url, sqlite_file
-    from ._store import PerfDB
+    from pathtune.perf_db._engine import READ_COMMAND_LOCK_WAIT_MS, resolve_url, safe_url, sqlite_file
+    from pathtune.perf_db._store import PerfDB
 
     url, is_default = _guard(lambda: resolve_url(db))
     info: dict[str, Any] = {"url": safe_url(url), "default": is_default, "file": None, "exists": None,
@@ -378,7 +378,7 @@ def _check_source(perf: Any) -> None:
     """The database a dump reads is opened read-only (``_open_read(db, shipped=False)``): never migrated,
     never given the shipped files (they would end up in the dump), never created; so it must be at the
     schema revision this pathtune reads."""
-    from ._engine import head_revision
+    from pathtune.perf_db._engine import head_revision
 
     revision, head = _guard(perf.revision, perf), _guard(head_revision)
     if revision is None:
@@ -469,7 +469,7 @@ def export_cmd(
     db: Optional[str] = _db_opt(),
 ) -> None:
     """Write the tuned-config pack of one GPU (fastest current config per workload and backend, per-pass default)."""
-    from ._pack import export_pack
+    from pathtune.perf_db._pack import export_pack
 
     if gpu.strip() == "":
         _fail("--gpu is empty; give a GPU name or a part of one (pathtune query shows the recorded GPUs)")
@@ -556,7 +556,7 @@ def plot_overhead_cmd(
     db: Optional[str] = _db_opt(),
 ) -> None:
     """pathtune / SDPA time ratio against a workload dimension, one panel per GPU and pass."""
-    from ._plot import plot_overhead
+    from pathtune.perf_db._plot import plot_overhead
 
     with _open_read(db) as perf:
         rows = _guard(lambda: perf.overhead(by=by, gpu=gpu, pass_=pass_), perf)
@@ -576,7 +576,7 @@ def plot_history_cmd(
     db: Optional[str] = _db_opt(),
 ) -> None:
     """Median time per trial and the best so far, per study (or run) and workload."""
-    from ._plot import plot_history
+    from pathtune.perf_db._plot import plot_history
 
     with _open_read(db) as perf:
         rows = _guard(lambda: perf.query(study_name=study, run_id=run, gpu=gpu, head_dim=head_dim, pass_=pass_,

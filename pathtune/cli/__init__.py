@@ -1,9 +1,9 @@
-"""The ``pathtune`` command (also ``python -m pathtune``).
+"""The ``pathtune`` command (also ``python -m pathtune``): every subcommand lives in this package.
 
-Subcommands are Typer apps. Later ones (tune, query, bench, export, db) are meant to live beside
-their packages -- e.g. a ``tuning/cli.py`` exposing ``app`` -- and to be registered below with
-``app.add_typer(...)``, importing their heavy dependencies (Optuna, SQLAlchemy) inside the command
-functions so that ``pathtune spec ...`` stays fast.
+This module holds ``spec``, ``env`` and ``demo``; ``db``, ``bench``, ``tvm_bench`` and ``tune`` the others,
+each registered below with its ``register(app)``. Commands import their heavy dependencies (torch,
+Optuna, SQLAlchemy) inside the command functions, so that ``pathtune spec ...`` stays fast. The CLI
+is the top layer: it may import every other part of pathtune, and nothing imports it.
 """
 from __future__ import annotations
 
@@ -260,21 +260,16 @@ def demo(
 
 
 # ---------------------------------------------------------------------------------------------------
-# perf_db: query [overhead], db upgrade|gc|path|dump, export, import, plot (thin wrappers in perf_db/_cli.py;
-# importing it loads typer and rich only)
+# the other commands, one module each in this package (importing one loads typer and rich only):
+# db.py: query [overhead], db upgrade|gc|path|dump, export, import, plot; bench.py: bench;
+# tvm_bench.py: bench-build-tvm; tune.py: tune [build|ingest]
 
-from pathtune.perf_db import _cli as _perf_db_cli  # noqa: E402
+from . import bench, db, tune, tvm_bench  # noqa: E402
 
-_perf_db_cli.register(app)
-from pathtune.tuning import _bench_cli  # noqa: E402
-
-_bench_cli.register(app)
-from pathtune.tuning import _tvm_bench_cli  # noqa: E402
-
-_tvm_bench_cli.register(app)
-from pathtune.tuning import _tune_cli  # noqa: E402
-
-_tune_cli.register(app)
+db.register(app)
+bench.register(app)
+tvm_bench.register(app)
+tune.register(app)
 
 
 def main() -> None:

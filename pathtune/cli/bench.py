@@ -1,4 +1,4 @@
-"""`pathtune bench` (registered on the main CLI by pathtune/cli.py; logic in tuning/bench.py)."""
+"""`pathtune bench` (registered on the main CLI by pathtune/cli/__init__.py; logic in tuning/bench.py)."""
 from __future__ import annotations
 
 import json
@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Time pathtune against SDPA (flash, cuDNN) and fla's PaTH kernel in the same run (needs a GPU)."""
 
-        from .bench import command_line, format_table, record_rows, run_bench
+        from pathtune.tuning.bench import command_line, format_table, record_rows, run_bench
 
         console = Console()
         gates = {"off": (False,), "on": (True,), "both": (False, True)}.get(gate)
@@ -77,14 +77,14 @@ def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, r
             backends=("triton",), tvm_modules=None) -> None:
     """`pathtune bench --pass decode` (logic in tuning/decode_bench.py; the TVM step: tuning/decode_tvm.py)."""
 
-    from .bench import HEADS_FOR_DIM, command_line
-    from .decode_bench import format_decode_table, record_decode_rows, run_decode_bench
+    from pathtune.tuning.bench import HEADS_FOR_DIM, command_line
+    from pathtune.tuning.decode_bench import format_decode_table, record_decode_rows, run_decode_bench
 
     if batch < 1:
         raise typer.BadParameter(f"--batch must be >= 1, got {batch}")
     tvm_sets = None
     if "tvm" in backends:
-        from .decode_tvm import load_sets
+        from pathtune.tuning.decode_tvm import load_sets
 
         try:
             tvm_sets, stale = load_sets(tvm_modules)
@@ -128,7 +128,7 @@ _BUILD_HINT = {"fwd": "pathtune bench-build-tvm --head-dim 64,128 --out build/tv
 def _parse_backends(text: str, tvm_modules: Optional[Path], pass_: str) -> tuple[str, ...]:
     """--backends: triton and/or tvm; tvm needs --tvm-modules (GPU hosts have no TVM compiler: the modules
     are built on a host with apache-tvm and nvcc, by the command in ``_BUILD_HINT``)."""
-    from .bench import BACKENDS
+    from pathtune.tuning.bench import BACKENDS
 
     names = tuple(dict.fromkeys(b.strip() for b in text.split(",") if b.strip()))
     bad = [b for b in names if b not in BACKENDS]

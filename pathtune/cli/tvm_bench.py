@@ -1,4 +1,4 @@
-"""`pathtune bench-build-tvm` (registered on the main CLI by pathtune/cli.py; logic in tuning/tvm_bench.py): the
+"""`pathtune bench-build-tvm` (registered on the main CLI by pathtune/cli/__init__.py; logic in tuning/tvm_bench.py): the
 TVM forward modules `pathtune bench --backends tvm --tvm-modules DIR` runs, built where the TVM compiler is."""
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ def register(app: typer.Typer) -> None:
         and nvcc, no GPU); carry OUT to the GPU host."""
         import importlib.util
 
-        from ._bench_cli import _ints
-        from .bench import command_line
-        from .tvm_bench import TVMBenchError, bench_dims, build_bench_modules, folder_bytes
+        from .bench import _ints
+        from pathtune.tuning.bench import command_line
+        from pathtune.tuning.tvm_bench import TVMBenchError, bench_dims, build_bench_modules, folder_bytes
 
         console = Console()
         gates = {"off": (False,), "on": (True,), "both": (False, True)}.get(gate)

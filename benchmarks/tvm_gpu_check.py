@@ -2,8 +2,8 @@
 
 Run on the GPU host (no TVM compiler needed, no network), from the repository root:
 
-    python codegen/tvm/gpu_check.py [--bundle build/tvm_gpu_check] [--runtime-dir .whl/tvm_runtime]
-                                    [--only SUBSTRING] [--timing default|all|none] [--budget-min 9]
+    python benchmarks/tvm_gpu_check.py [--bundle build/tvm_gpu_check] [--runtime-dir .whl/tvm_runtime]
+                                       [--only SUBSTRING] [--timing default|all|none] [--budget-min 9]
 
 Needs torch (CUDA), triton (for do_bench), the apache-tvm-ffi wheel (``import tvm_ffi``; if it is not
 importable and .whl/ holds the wheel, it is unpacked into the bundle first) and the two TVM runtime
@@ -22,7 +22,7 @@ and the torch reference step; a summary ranks the decode variants against the Tr
 Prints a table and writes $OUT/tvm_gpu_check.json (OUT defaults to /tmp).
 
 Decode only (one device call; bundle from build_gpu_check.py --only dec- --out build/tvm_gpu_check_decode):
-    python codegen/tvm/gpu_check.py --bundle build/tvm_gpu_check_decode --budget-min 8
+    python benchmarks/tvm_gpu_check.py --bundle build/tvm_gpu_check_decode --budget-min 8
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SPEC_TOL_O = 4e-3          # specs/path_attention.yaml numerics.accuracy.tolerances.o
 
 
