@@ -10,9 +10,9 @@ Tuner, one job per module (Optuna, SQLAlchemy and torch load on use, never at im
 * ``tuner``: the local loop (RDB storage with heartbeats, budget, Ctrl-C, ``--resume``);
   ``progress``: the rich progress display;
 * ``bundle`` / ``runner``: split flow (build host proposes + compiles; GPU host measures a bundle;
-  ``pathtune tune ingest``);
-* ``_tune_cli``: the ``pathtune tune`` commands.
+  ``pathtune tune ingest``).
 
 Benchmarks: ``bench`` / ``decode_bench`` (``pathtune bench``) and ``baselines`` (SDPA, fla); ``inputs``: the
-timed shapes and random inputs that the bench and the tuner share.
+timed shapes and random inputs that the bench and the tuner share. The ``pathtune tune`` and
+``pathtune bench`` commands themselves are in ``pathtune/cli/``.
 """
