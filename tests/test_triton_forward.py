@@ -353,6 +353,50 @@ def test_ut_stage_against_reference(C, ut_precision, D):
         assert rel(st.m[sl, 0, :n], M) < 1e-5
 
 
+@pytest.mark.parametrize("dtype,C,D,parallel", [(torch.bfloat16, 64, 64, False), (torch.float16, 64, 96, False),
+                                                 (torch.bfloat16, 64, 32, True), (torch.bfloat16, 32, 128, False)])
+def test_ut_fused_16bit_inputs(dtype, C, D, parallel):
+    """The forward's one-launch UT stage on 16-bit w / k (its W W^T and W K^T on 16-bit tensor cores,
+    A W and M^T W as two 16-bit passes of A = hi + lo): U, K~, M vs float64 on the same rounded inputs,
+    and equal to the three-launch path (ut_forward, float32 products) to float32-level error.
+    ``parallel``: the w of a chunk nearly parallel at beta = 2 (the ill-conditioned case of the
+    diagonal substitution)."""
+    from pathtune.codegen.triton._layout import build_tables
+    from pathtune.codegen.triton.forward import ut_apply_mode, ut_forward, ut_fused
+    from pathtune.runtime.reference.blockwise import boundary_adjust_keys, ut_transform
+
+    T, H = C + C // 2 + 3, 2
+    g = torch.Generator().manual_seed(C + D + parallel)
+    w = torch.randn(T, H, D, generator=g)
+    if parallel:
+        w = w[:1] + 0.02 * torch.randn(T, H, D, generator=g)
+    w = F.normalize(w, dim=-1).to(dtype)
+    k = torch.randn(T, H, D, generator=g).to(dtype)
+    beta = (torch.full((T, H), 2.0) if parallel else 1.5 + 0.5 * torch.rand(T, H, generator=g)).to(dtype)
+    p = params(chunk_size=C, superchunk_size=2 * C, block_n=16)
+    assert ut_apply_mode(p, dtype, torch.float16) == "split"
+    assert ut_apply_mode(p, dtype, torch.float32) == "tf32x3"     # the backward's float32 state
+    tables = build_tables(1, T, None, C, 2 * C, torch.device("cpu"), block_m=p.block_m)
+    u, kt, m, wd = ut_fused(k, w, beta, tables, H, D, C, p, write_w=True, out_dtype=torch.float32,
+                            apply_mode="split")
+    u3, kt3, m3, _, _ = ut_forward(k, w, beta, tables, H, D, C, p)
+    assert torch.equal(wd, w.float())
+    # A's hi + lo split keeps 16 (bf16) / 22 (fp16) bits; nearly parallel w amplify every rounding (the
+    # float32 three-launch path loses digits there too: its own error is the yardstick); below the
+    # half-ulp of the fp16 store (2.4e-4) that the split feeds
+    tol = 4e-5 if dtype == torch.bfloat16 else 1e-6
+    for c0 in range(0, T, C):
+        sl = slice(c0, min(c0 + C, T))
+        for h in range(H):
+            W, b, K = w[sl, h].to(F64), beta[sl, h].to(F64), k[sl, h].to(F64)
+            A, U = ut_transform(W, b)
+            Kt, M = boundary_adjust_keys(K, W, A), A @ torch.tril(W @ K.T, -1)
+            n = W.shape[0]
+            for mine, three, ref, t in ((u[sl, h], u3[sl, h], U, tol), (kt[sl, h], kt3[sl, h], Kt, tol),
+                                        (m[sl, h, :n], m3[sl, h, :n], M, 1e-5)):
+                assert rel(mine, ref) < min(max(t, 8 * rel(three, ref)), 2.4e-4), (rel(mine, ref), rel(three, ref))
+
+
 # ----------------------------------------------------------------------------- wide head dims
 
 def _record_transition_blocks(monkeypatch):

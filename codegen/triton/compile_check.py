@@ -88,7 +88,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .scan_fwd import scan_inter_kernel, scan_intra_kernel
     from .transport import superchunk_transport_kernel
     from .forward import UT_COLUMN_BLOCK, UT_NUM_WARPS, transition_column_block
-    from .ut import ut_apply_kernel, ut_chunk_kernel, ut_diag_inverse_kernel
+    from .forward import _TORCH_DTYPE, ut_apply_mode
+    from .ut import ut_apply_kernel, ut_chunk_kernel, ut_diag_inverse_kernel, ut_fused_kernel
     from .ut_bwd import UT_BWD_APPLY_WARPS, UT_BWD_CHUNK_WARPS, ut_bwd_apply_kernel, ut_bwd_chunk_kernel
 
     io = f"*{dtype}"
@@ -125,7 +126,13 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     bflags = dict(flags, TP=btp)
     rows = transport_rows(BD)
     DB = transition_column_block(BD)   # < BD: the column-blocked transition path of wide head dims
+    import torch
+    w_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
     return [
+        # the forward's UT stage: one launch (the backward's per-range recompute keeps the three below)
+        (ut_fused_kernel, dict(sig, w_ptr=io, k_ptr=io, beta_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),
+         dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
+              AP=ut_apply_mode(params, w_dtype, _TORCH_DTYPE[params.scan_dtype]), WRITE_W=True, INTERP=False), UT_NUM_WARPS, 1),
         (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C,
                                            BETA_MAX=params.beta_max, UP=params.ut_precision), 1, 1),
         (ut_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,

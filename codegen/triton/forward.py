@@ -13,7 +13,7 @@ from ._layout import SequenceTables, build_tables, gate_cumsum
 from .params import TritonParams
 from .scan_fwd import scan_inter_kernel, scan_intra_kernel
 from .transport import superchunk_transport_kernel
-from .ut import ut_apply_kernel, ut_chunk_kernel, ut_diag_inverse_kernel
+from .ut import ut_apply_kernel, ut_chunk_kernel, ut_diag_inverse_kernel, ut_fused_kernel
 
 _LOG2E = 1.4426950408889634
 UT_COLUMN_BLOCK = 64   # D columns per UT program (ut_chunk accumulates over them, ut_apply splits over them)
@@ -114,6 +114,42 @@ def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, pa
     return u, ktil, m, scratch, wd
 
 
+def ut_apply_mode(params: TritonParams, w_dtype: torch.dtype, out_dtype: torch.dtype) -> str:
+    """How ut_fused_kernel multiplies its float32 A / M^T into the 16-bit w tile: "split" (A as
+    hi + lo in w's type, two 16-bit tensor-core passes: 16 bits of A in bf16, 22 in fp16) when w and
+    the outputs are 16-bit and ut_precision asks for float32-level products (tf32x3) -- the split's
+    error stays under the 16-bit store's rounding; float32 outputs (the backward's state) keep the
+    float32 product at ut_precision."""
+    sixteen = (torch.float16, torch.bfloat16)
+    if w_dtype in sixteen and out_dtype in sixteen and params.ut_precision == "tf32x3":
+        return "split"
+    return params.ut_precision
+
+
+def ut_fused(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams,
+             out_dtype: torch.dtype = torch.float32, write_w: bool = False, apply_mode: str | None = None,
+             num_warps: int = UT_NUM_WARPS):
+    """Stage ut_inverse in one launch (``ut_fused_kernel``): u, K~ ([N, H, D], ``out_dtype``), m
+    ([N, H, C], float32) and, with ``write_w``, w in ``out_dtype`` (else None).  The same outputs as
+    ``ut_forward`` without its scratch tiles (the backward's UT gradient kernels read those and keep
+    using ``ut_forward``)."""
+    N = kt_in.shape[0]
+    dev = kt_in.device
+    u = torch.empty(N, H, D, device=dev, dtype=out_dtype)
+    ktil = torch.empty(N, H, D, device=dev, dtype=out_dtype)
+    wd = torch.empty(N, H, D, device=dev, dtype=out_dtype) if write_w else None
+    m = torch.empty(N, H, C, device=dev, dtype=torch.float32)
+    BD = _pow2(D)
+    ut_fused_kernel[(tables.n_chunks, H)](
+        wt, bt, kt_in, u, ktil, wd if write_w else u, m,
+        tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
+        H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
+        AP=apply_mode or ut_apply_mode(params, wt.dtype, out_dtype), WRITE_W=write_w, INTERP=interpreting(),
+        num_warps=num_warps, num_stages=1,
+    )
+    return u, ktil, m, wd
+
+
 _SIDE_STREAMS: dict = {}
 
 
@@ -163,9 +199,8 @@ def prepare_state(
     N = kt_in.shape[0]
 
     compact = compact and store_dtype != torch.float32
-    u, ktil, m, scratch, wd = ut_forward(kt_in, wt, bt, tables, H, D, C, params,
-                                         out_dtype=store_dtype if compact else torch.float32, write_w=compact)
-    del scratch
+    u, ktil, m, wd = ut_fused(kt_in, wt, bt, tables, H, D, C, params,
+                              out_dtype=store_dtype if compact else torch.float32, write_w=compact)
 
     kj = torch.empty(N, H, D, device=dev, dtype=store_dtype)
     # zeros: the last super-chunk of each sequence has no transition (nothing after it reads one)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._ops import mm
+
 SUB = 16  # diagonal block size of the blocked inverse
 
 
@@ -89,7 +91,17 @@ def ut_diag_inverse_kernel(
 @triton.jit
 def _blocked_inverse(N, base, C: tl.constexpr, UP: tl.constexpr):
     """(I + N)^{-1} for a strictly lower C x C tile N, from the inverted 16 x 16 diagonal blocks
-    Dinv that ut_diag_inverse_kernel left in the scratch tile at base.
+    that ut_diag_inverse_kernel left in the scratch tile at base (``_finish_inverse``)."""
+    r = tl.arange(0, C)
+    blockdiag = (r // 16)[:, None] == (r // 16)[None, :]
+    Dinv = tl.load(base + r[:, None] * C + r[None, :], mask=blockdiag, other=0.0)
+    return _finish_inverse(N, Dinv, C, UP)
+
+
+@triton.jit
+def _finish_inverse(N, Dinv, C: tl.constexpr, UP: tl.constexpr):
+    """(I + N)^{-1} for a strictly lower C x C tile N, given Dinv, the inverses of its 16 x 16
+    diagonal blocks (a block-diagonal C x C tile).
 
     With D the block diagonal of T = I + N and E its strictly block-lower rest,
     T = D (I + F) with F = Dinv E strictly block-lower, so F^(C/16) = 0 and
@@ -99,7 +111,6 @@ def _blocked_inverse(N, base, C: tl.constexpr, UP: tl.constexpr):
     r = tl.arange(0, C)
     blockdiag = (r // 16)[:, None] == (r // 16)[None, :]
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    Dinv = tl.load(base + r[:, None] * C + r[None, :], mask=blockdiag, other=0.0)
     F = tl.dot(Dinv, tl.where(blockdiag, 0.0, N), input_precision=UP)
     X = eye - F
     P = F
@@ -108,6 +119,53 @@ def _blocked_inverse(N, base, C: tl.constexpr, UP: tl.constexpr):
             P = tl.dot(P, P, input_precision=UP)
             X = tl.dot(X, eye + P, input_precision=UP)
     return tl.dot(X, Dinv, input_precision=UP)
+
+
+@triton.jit
+def _diagonal_block_inverses(N, C: tl.constexpr):
+    """The inverses of the 16 x 16 diagonal blocks of I + N (N strictly lower, C x C float32), as a
+    block-diagonal C x C tile, by forward substitution in registers: the C / 16 blocks advance
+    together, one row per step (15 dependent steps of two small reductions each).  Substitution
+    rather than a product formula: (I - N)(I + N^2)(I + N^4)(I + N^8) cancels entries of ~1e6 down
+    to ~2 in float32 when the w of a block are nearly parallel at beta = 2."""
+    NB: tl.constexpr = C // 16
+    b = tl.arange(0, NB)
+    s = tl.arange(0, 16)
+    N4 = tl.reshape(N, (NB, 16, NB, 16))
+    same = b[:, None, None, None] == b[None, None, :, None]
+    Nbb = tl.sum(tl.where(same, N4, 0.0), axis=2)                       # [NB, 16, 16]
+    si = s[None, :, None]
+    inv = tl.where(si == s[None, None, :], 1.0, 0.0) + tl.zeros((NB, 16, 16), dtype=tl.float32)
+    for i in range(1, 16):
+        n_i = tl.sum(tl.where(si == i, Nbb, 0.0), axis=1)               # row i of each block
+        corr = tl.sum(n_i[:, :, None] * inv, axis=1)                    # n_i . inv, per block
+        inv = tl.where(si == i, inv - corr[:, None, :], inv)
+    Dinv4 = tl.where(same, inv[:, :, None, :], 0.0)                     # [NB, 16, NB, 16]
+    return tl.reshape(Dinv4, (C, C))
+
+
+@triton.jit
+def _gram(a, b, UP: tl.constexpr, INTERP: tl.constexpr):
+    """a @ b^T with float32 accumulation.  16-bit inputs of one type multiply on 16-bit tensor
+    cores, which is exact here (a product of two 16-bit numbers fits float32): the same result as
+    tf32x3 in one pass.  Anything else multiplies in float32 at precision UP."""
+    if a.dtype == b.dtype and (a.dtype == tl.bfloat16 or a.dtype == tl.float16):
+        return mm(a, tl.trans(b), INTERP)
+    else:
+        return tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision=UP)
+
+
+@triton.jit
+def _apply(A, X, UP: tl.constexpr, AP: tl.constexpr, INTERP: tl.constexpr):
+    """A @ X for a float32 C x C tile A and a C x DB input tile X.  AP == "split": X 16-bit, A
+    taken as hi + lo in X's type (two 16-bit tensor-core passes; A's rounding error ~2^-17
+    relative in bf16, ~2^-22 in fp16, X exact); else float32 operands at precision UP."""
+    if AP == "split":
+        hi = A.to(X.dtype)
+        lo = (A - hi.to(tl.float32)).to(X.dtype)
+        return mm(hi, X, INTERP) + mm(lo, X, INTERP)
+    else:
+        return tl.dot(A, X.to(tl.float32), input_precision=UP)
 
 
 @triton.jit
@@ -180,3 +238,56 @@ def ut_apply_kernel(
     tl.store(kt_ptr + off, (K - tl.dot(tl.trans(M), W, input_precision=UP)).to(kt_ptr.dtype.element_ty), mask=mask2)
     if WRITE_W:
         tl.store(wd_ptr + off, W.to(wd_ptr.dtype.element_ty), mask=mask2)
+
+
+@triton.jit
+def ut_fused_kernel(
+    w_ptr, beta_ptr, k_ptr,
+    u_ptr, kt_ptr, wd_ptr, m_ptr,
+    chunk_tok0, chunk_seq, seq_end,
+    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr, C: tl.constexpr,
+    BETA_MAX: tl.constexpr, UP: tl.constexpr, AP: tl.constexpr, WRITE_W: tl.constexpr, INTERP: tl.constexpr,
+):
+    """The whole UT stage of one (chunk, kv head) in one program: the outputs of ut_diag_inverse,
+    ut_chunk and ut_apply (U, K~, M and the optional 16-bit copy of w) without their float32 A / M
+    round trip or scratch tile.
+
+    W W^T and W K^T accumulate over DB-wide column blocks (``_gram``: exact on 16-bit tensor cores
+    for 16-bit inputs); the 16 x 16 diagonal inverses run in registers
+    (``_diagonal_block_inverses``), the block merges at UP; U = A W and K~ = K - M^T W per column
+    block at AP (``_apply``), re-reading the W / K column block (an L2 hit: the first loop just read
+    it) instead of keeping a C x D tile live."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    rows, rmask = _chunk_rows(n, chunk_tok0, chunk_seq, seq_end, C)
+    r = tl.arange(0, C)
+    db = tl.arange(0, DB)
+
+    Gm = tl.zeros((C, C), dtype=tl.float32)
+    for d0 in tl.static_range(0, BD, DB):
+        mask2 = rmask[:, None] & (d0 + db < D)[None, :]
+        W = tl.load(w_ptr + (rows[:, None] * H + h) * D + d0 + db[None, :], mask=mask2, other=0.0)
+        Gm += _gram(W, W, UP, INTERP)
+    beta = tl.minimum(tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32), BETA_MAX)
+    strict = r[:, None] > r[None, :]
+    N = tl.where(strict, beta[:, None] * Gm, 0.0)
+    A = _finish_inverse(N, _diagonal_block_inverses(N, C), C, UP) * beta[None, :]
+    # W K^T after the inverse, so that only one C x C accumulator is live through it
+    L = tl.zeros((C, C), dtype=tl.float32)
+    for d0 in tl.static_range(0, BD, DB):
+        mask2 = rmask[:, None] & (d0 + db < D)[None, :]
+        off = (rows[:, None] * H + h) * D + d0 + db[None, :]
+        L += _gram(tl.load(w_ptr + off, mask=mask2, other=0.0), tl.load(k_ptr + off, mask=mask2, other=0.0),
+                   UP, INTERP)
+    M = tl.dot(A, tl.where(strict, L, 0.0), input_precision=UP)
+    tl.store(m_ptr + (rows[:, None] * H + h) * C + r[None, :], M, mask=rmask[:, None])
+    Mt = tl.trans(M)
+    for d0 in tl.static_range(0, BD, DB):
+        mask2 = rmask[:, None] & (d0 + db < D)[None, :]
+        off = (rows[:, None] * H + h) * D + d0 + db[None, :]
+        W = tl.load(w_ptr + off, mask=mask2, other=0.0)
+        K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
+        tl.store(u_ptr + off, _apply(A, W, UP, AP, INTERP).to(u_ptr.dtype.element_ty), mask=mask2)
+        tl.store(kt_ptr + off, (K - _apply(Mt, W, UP, AP, INTERP)).to(kt_ptr.dtype.element_ty), mask=mask2)
+        if WRITE_W:
+            tl.store(wd_ptr + off, W.to(wd_ptr.dtype.element_ty), mask=mask2)

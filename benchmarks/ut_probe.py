@@ -1,0 +1,105 @@
+"""GPU probe of the forward's UT stage: the one-launch kernel (``forward.ut_fused``) against the
+three-launch path (``forward.ut_forward``), per precision / apply mode / warps, with each variant's
+error on U, K~ and M (float32 outputs) against a float64 evaluation of the same formulas.
+
+    python benchmarks/ut_probe.py [--head-dims 64,128] [--tokens 32768] [--out ut_probe.json]
+
+Inputs: bf16, unit-norm w, beta in [1.5, 2), random keys; plus a stress input whose w are nearly
+parallel inside each chunk at beta = 2 (errors only).  Times are ``do_bench`` medians (ms).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import triton
+
+from pathtune.codegen.triton import forward as fwd
+from pathtune.codegen.triton._layout import build_tables
+from pathtune.codegen.triton.params import TritonParams
+
+
+def ut_reference(w, k, beta, C):
+    """U, K~, M in float64 for token-major [N, H, D] inputs (N a multiple of C, one sequence)."""
+    N, H, D = w.shape
+    W = w.double().view(N // C, C, H, D).permute(0, 2, 1, 3)       # [n, H, C, D]
+    K = k.double().view(N // C, C, H, D).permute(0, 2, 1, 3)
+    b = beta.double().view(N // C, C, H).permute(0, 2, 1)           # [n, H, C]
+    eye = torch.eye(C, dtype=torch.float64, device=w.device)
+    T = eye + torch.tril(b[..., :, None] * (W @ W.transpose(-1, -2)), -1)
+    A = torch.linalg.solve_triangular(T, eye.expand_as(T), upper=False) * b[..., None, :]
+    U = A @ W
+    M = A @ torch.tril(W @ K.transpose(-1, -2), -1)
+    Kt = K - M.transpose(-1, -2) @ W
+    back = lambda x: x.permute(0, 2, 1, 3).reshape(N, H, x.shape[-1])   # noqa: E731
+    return back(U), back(Kt), back(M)
+
+
+def rel(a, b) -> float:
+    return float((a.double() - b).norm() / b.norm())
+
+
+def inputs(N, H, D, stress, dev):
+    g = torch.Generator(device=dev).manual_seed(1)
+    if stress:
+        base = torch.randn(N // 64, 1, H, D, device=dev, generator=g)
+        w = (base + 0.02 * torch.randn(N // 64, 64, H, D, device=dev, generator=g)).reshape(N, H, D)
+        beta = torch.full((N, H), 2.0, device=dev)
+    else:
+        w = torch.randn(N, H, D, device=dev, generator=g)
+        beta = 1.5 + 0.5 * torch.rand(N, H, device=dev, generator=g)
+    w = torch.nn.functional.normalize(w, dim=-1).to(torch.bfloat16)
+    k = torch.randn(N, H, D, device=dev, generator=g).to(torch.bfloat16)
+    return w, k, beta.to(torch.bfloat16)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "ut_probe.json"))
+    args = ap.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # cpu: TRITON_INTERPRET=1 smoke run
+    rows = []
+    for D in map(int, args.head_dims.split(",")):
+        H = 16 if D <= 64 else 8
+        N = args.tokens
+        base = TritonParams.heuristic(D)
+        C = base.chunk_size
+        tables = build_tables(1, N, None, C, base.superchunk_size, dev, block_m=base.block_m)
+        data = {s: inputs(N, H, D, s, dev) for s in (False, True)}
+        refs = {s: ut_reference(data[s][0], data[s][1], data[s][2].float(), C) for s in (False, True)}
+        timed_dtype = fwd._TORCH_DTYPE[base.scan_dtype]   # the forward's compact state
+        variants = [dict(path="three_launch", up=up) for up in ("tf32x3", "tf32")]
+        variants += [dict(path="fused", up=up, apply=a, warps=nw)
+                     for up in ("tf32x3", "tf32") for a in (None, "tf32") for nw in (4, 8)]
+        for v in variants:
+            params = TritonParams.from_config(dict(ut_precision=v["up"]), base)
+            def call(s, out_dtype=timed_dtype):
+                w, k, beta = data[s]
+                if v["path"] == "fused":
+                    mode = v["apply"] or fwd.ut_apply_mode(params, w.dtype, timed_dtype)   # as timed
+                    return fwd.ut_fused(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True,
+                                        apply_mode=mode, num_warps=v["warps"])[:3]
+                return fwd.ut_forward(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True)[:3]
+            row = dict(D=D, H=H, tokens=N, **v)
+            try:
+                if dev.type == "cuda":
+                    row["ms"] = triton.testing.do_bench(lambda: call(False), warmup=25, rep=200)
+                for s in (False, True):
+                    u, kt, m = call(s, torch.float32)   # the kernel's own error, not the 16-bit store's
+                    U, Kt, M = refs[s]
+                    tag = "stress_" if s else ""
+                    row.update({f"{tag}u_err": rel(u, U), f"{tag}kt_err": rel(kt, Kt), f"{tag}m_err": rel(m, M)})
+            except Exception as exc:   # a variant that fails to compile or launch is a result too
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            with open(args.out, "w") as fh:
+                json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
