@@ -15,7 +15,6 @@ import traceback
 
 import torch
 import triton
-
 from pathtune.codegen.triton import TritonParams, path_attention_triton
 from pathtune.runtime.reference import naive_path_attention
 from pathtune.tuning.baselines import fla_path_callable, sdpa_callable
@@ -48,7 +47,8 @@ def check(only_d=None):
     cases = [
         (1, 1000, 2, 2, 64, 64, True, None, dict(superchunk_size=256)),
         (2, 777, 4, 2, 128, 128, True, None, None),
-        (1, 3000, 2, 2, 128, 128, True, None, dict(superchunk_size=512, num_stages=1, bwd_num_stages=1, transition_precision="tf32")),
+        (1, 3000, 2, 2, 128, 128, True, None,
+         dict(superchunk_size=512, num_stages=1, bwd_num_stages=1, transition_precision="tf32")),
         (1, 2048, 2, 1, 64, 64, False, None, dict(superchunk_size=512)),
         (1, 2048, 2, 2, 64, 64, True, None, dict(superchunk_size=512, num_warps=8, bwd_num_warps=8)),
         (1, 1500, 2, 2, 64, 64, True, [0, 100, 101, 900, 1500], dict(superchunk_size=256)),
@@ -61,11 +61,13 @@ def check(only_d=None):
         try:
             q, k, v, w, beta, g = inputs(B, T, HQ, H, D, DV, gate)
             cu_t = torch.tensor(cu, device=dev) if cu else None
-            leaves = [x.double().requires_grad_() for x in (q, k, v, w, beta)] + ([g.double().requires_grad_()] if gate else [])
+            leaves = ([x.double().requires_grad_() for x in (q, k, v, w, beta)]
+                      + ([g.double().requires_grad_()] if gate else []))
             ref = naive_path_attention(*leaves[:5], leaves[5] if gate else None, cu_seqlens=cu_t)
             do = torch.randn_like(ref).to(torch.bfloat16)
             rg = torch.autograd.grad(ref, leaves, do.double())
-            xs = [x.detach().clone().requires_grad_() for x in (q, k, v, w, beta)] + ([g.detach().clone().requires_grad_()] if gate else [])
+            xs = ([x.detach().clone().requires_grad_() for x in (q, k, v, w, beta)]
+                  + ([g.detach().clone().requires_grad_()] if gate else []))
             o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None, cu_seqlens=cu_t, config=kw)
             tg = torch.autograd.grad(o, xs, do)
             names = ["dq", "dk", "dv", "dw", "dbeta", "dg"]
@@ -107,10 +109,12 @@ def bench(quick, only_d=None, cases=None):
                 for name in ("flash", "cudnn"):
                     for bw in (False, True):
                         fn = sdpa_callable(q, k, v, name, backward=bw)
-                        row[f"sdpa_{name}_{'fb' if bw else 'f'}"] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") if fn else None
+                        row[f"sdpa_{name}_{'fb' if bw else 'f'}"] = (
+                            triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") if fn else None)
             for bw in (False, True):
                 fn = fla_path_callable(q, k, v, w, beta, g, backward=bw)
-                row[f"fla_{'fb' if bw else 'f'}"] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") if fn else None
+                row[f"fla_{'fb' if bw else 'f'}"] = (
+                    triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") if fn else None)
             for name, cfg in configs.items():
                 for bw in (False, True):
                     xs = [x.detach().requires_grad_(bw) for x in (q, k, v, w, beta)]
@@ -124,7 +128,8 @@ def bench(quick, only_d=None, cases=None):
                     try:
                         run()
                         torch.cuda.synchronize()
-                        row[f"{name}_{'fb' if bw else 'f'}"] = triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
+                        row[f"{name}_{'fb' if bw else 'f'}"] = triton.testing.do_bench(run, warmup=25, rep=100,
+                                                                                        return_mode="median")
                         if bw and name == "default":
                             torch.cuda.synchronize()
                             torch.cuda.reset_peak_memory_stats()
@@ -181,7 +186,7 @@ def range_budgets(budgets=("128", "256", "unbounded"), shapes=((64, 16, 4096), (
                     except Exception as exc:
                         row[f"fb_ms_{mib}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             emit(row)
-            del xs, q, k, v, w, beta, g, do
+            xs = q = k = v = w = beta = g = do = None     # free this case's tensors before the next one's
             torch.cuda.empty_cache()
     finally:
         if saved is None:
@@ -192,7 +197,8 @@ def range_budgets(budgets=("128", "256", "unbounded"), shapes=((64, 16, 4096), (
 
 def _kernel_times(fn):
     """Per-kernel device ms of one call of fn (profiled after two warm calls)."""
-    from torch.profiler import ProfilerActivity, profile as prof
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
@@ -230,7 +236,8 @@ def sweep(D=64, H=16, T=16384, gate=True, changes=None):
             def fb():
                 torch.autograd.grad(fwd(), xs, do)
             t0 = time.time()
-            fwd(); torch.cuda.synchronize()
+            fwd()
+            torch.cuda.synchronize()
             tf = triton.testing.do_bench(fwd, warmup=10, rep=50, return_mode="median")
             tfb = triton.testing.do_bench(fb, warmup=5, rep=30, return_mode="median")
             rows = _kernel_times(fb)
@@ -243,7 +250,8 @@ def sweep(D=64, H=16, T=16384, gate=True, changes=None):
 def profile(T=16384, gates=(True,)):
     """Device ms per kernel of one fwd+bwd (heuristic config); PROFILE_GATES=both adds PaTH (no gate)
     next to PaTH-FoX, to see where the gate's backward cost goes."""
-    from torch.profiler import ProfilerActivity, profile as prof
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
     if os.environ.get("PROFILE_GATES") == "both":
         gates = (True, False)
     for (D, H), gate in itertools.product(((64, 16), (128, 8)), gates):
@@ -273,15 +281,18 @@ if __name__ == "__main__":
     steps = sys.argv[1:] or ["check", "profile", "bench", "nan"]
     for step in steps:
         try:
-            {"check": check, "profile": profile, "profile4k": lambda: profile(4096), "bench": lambda: bench(False), "quick": lambda: bench(True),
+            {"check": check, "profile": profile, "profile4k": lambda: profile(4096), "bench": lambda: bench(False),
+             "quick": lambda: bench(True),
              "nan": nan_long, "sweep": sweep, "ranges": range_budgets, "sweep4k": lambda: sweep(T=4096, changes=[None]),
              "sweep128": lambda: sweep(D=128, H=8),
              # D = 128 backward knobs (its kernels spill at 4 warps: compile_check bwd_intra 4.4 KB, dkv 3.0 KB)
              "bwd128": lambda: sweep(D=128, H=8, T=4096, changes=[
                  None, dict(bwd_num_warps=8), dict(bwd_num_warps=8, bwd_num_stages=2), dict(superchunk_size=512),
                  dict(bwd_block_n=32), dict(superchunk_size=2048)]),
-             "bench_rest": lambda: bench(False, cases=[(64, 16, 16384, True), (128, 8, 4096, False), (128, 8, 4096, True),
-                                                      (128, 8, 16384, False), (128, 8, 16384, True)]), "check128": lambda: check(128), "bench128": lambda: bench(False, 128)}[step]()
+             "bench_rest": lambda: bench(False, cases=[(64, 16, 16384, True), (128, 8, 4096, False),
+                                                      (128, 8, 4096, True), (128, 8, 16384, False),
+                                                      (128, 8, 16384, True)]),
+             "check128": lambda: check(128), "bench128": lambda: bench(False, 128)}[step]()
         except Exception:
             traceback.print_exc()
         print(f"== {step} done at {time.time()-t0:.0f}s", flush=True)

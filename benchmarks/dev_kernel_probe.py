@@ -26,12 +26,11 @@ import os
 import re
 import tempfile
 
-import torch
-import triton
-
-from pathtune.codegen.triton import path_attention_triton
 import pathtune.codegen.triton.backward as bwd_mod
 import pathtune.codegen.triton.forward as fwd_mod
+import torch
+import triton
+from pathtune.codegen.triton import path_attention_triton
 from pathtune.tuning.bench import make_inputs
 
 OUT = os.environ.get("OUT", ".")
@@ -117,10 +116,12 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None):
     # the transport backward's two kernels (chain: serial per row block; grads: per chunk) and their warps
     for cap, name in ((trc, "bwd_transport_chain"), (trg, "bwd_transport_grads")) if "transport" in only else ():
         grid, args, kw = cap.calls[0]
-        emit(dict(base, kernel=name, variant=f"as is (warps {kw['num_warps']})", ms=time_launch(cap.real, grid, args, kw)))
+        emit(dict(base, kernel=name, variant=f"as is (warps {kw['num_warps']})",
+                  ms=time_launch(cap.real, grid, args, kw)))
         for nw in (4, 8):
             if nw != kw["num_warps"]:
-                emit(dict(base, kernel=name, variant=f"warps {nw}", ms=time_launch(cap.real, grid, args, dict(kw, num_warps=nw))))
+                emit(dict(base, kernel=name, variant=f"warps {nw}",
+                          ms=time_launch(cap.real, grid, args, dict(kw, num_warps=nw))))
 
     # bwd_intra: this tree's kernel (chain states parked in scratch) vs an older file's
     if "intra" in only:

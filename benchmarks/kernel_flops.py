@@ -25,7 +25,6 @@ def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN:
     n_chunk = N // C                # UT chunks
     s = S // C                      # chunks per super-chunk
     nsc = T // S                    # super-chunks per sequence
-    n_sc = B * nsc
     pairs = B * nsc * (nsc - 1) // 2            # (I, J) super-chunk pairs, J < I, per head
     with_transport = B * (nsc - 1)              # super-chunks with a transition (not the last of a sequence)
     mean_ci = (s - 1) / 2                       # earlier chunks of a query chunk inside its super-chunk

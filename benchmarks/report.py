@@ -45,7 +45,8 @@ def _f(x, nd=3) -> str:
 
 
 def _source(path: Path, doc: dict) -> list[str]:
-    return [f"Source: `benchmarks/results/{path.name}` ({doc['gpu']}; {doc['software']}). {doc['notes'][:1].upper() + doc['notes'][1:]}.",
+    notes = doc["notes"][:1].upper() + doc["notes"][1:]
+    return [f"Source: `benchmarks/results/{path.name}` ({doc['gpu']}; {doc['software']}). {notes}.",
             "", "Reproduce (in the repo root of a GPU host with pathtune installed; fla optional):", "",
             f"    {doc['command']}", ""]
 

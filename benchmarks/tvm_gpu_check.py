@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib
 import json
 import os
 import subprocess
@@ -77,7 +76,8 @@ def _import_tvm_ffi(bundle: Path):
         return
     except ImportError:
         pass
-    wheels = sorted(glob.glob(str(REPO / ".whl" / "apache_tvm_ffi-*.whl"))) + sorted(glob.glob(str(bundle / "apache_tvm_ffi-*.whl")))
+    wheels = (sorted(glob.glob(str(REPO / ".whl" / "apache_tvm_ffi-*.whl")))
+              + sorted(glob.glob(str(bundle / "apache_tvm_ffi-*.whl"))))
     if not wheels:
         raise ImportError("tvm_ffi is not importable and no apache_tvm_ffi wheel was found in .whl/ or the bundle")
     site = bundle / "site"
@@ -92,7 +92,8 @@ def _runtime_dir(bundle: Path, given):
     for d in ([Path(given)] if given else []) + [bundle / "tvm_runtime", REPO / ".whl" / "tvm_runtime"]:
         if (d / "libtvm_runtime.so").exists() and (d / "libtvm_runtime_cuda.so").exists():
             return d
-    raise FileNotFoundError("libtvm_runtime.so / libtvm_runtime_cuda.so not found (bundle/tvm_runtime, .whl/tvm_runtime)")
+    raise FileNotFoundError("libtvm_runtime.so / libtvm_runtime_cuda.so not found "
+                            "(bundle/tvm_runtime, .whl/tvm_runtime)")
 
 
 # ---------------------------------------------------------------- helpers
@@ -183,8 +184,7 @@ def _stage_diagnostics(entry, kernels, params, dims, dt):
     """ut / transport intermediates against the float64 reference pieces (dense B = 1, T a chunk multiple)."""
     import torch
     from pathtune.codegen.tvm import host
-    from pathtune.runtime.reference import (boundary_adjust_keys, chunk_transition, superchunk_transport,
-                                            ut_transform)
+    from pathtune.runtime.reference import boundary_adjust_keys, chunk_transition, superchunk_transport, ut_transform
 
     C, S = params.chunk_size, params.superchunk_size
     T = 2 * S + C
@@ -265,7 +265,7 @@ def _time_forward(entry, run, params, dims, dt):
             flops = 4.0 * B * HQ * T * T / 2 * (D + DV) / 2             # causal QK^T + PV, no PaTH extras
             row["tvm_attn_tflops"] = flops / (row["tvm_ms"] * 1e-3) / 1e12
         rows.append(row)
-        del q, k, v, w, beta, g
+        q = k = v = w = beta = g = None     # free this length's inputs before the next one's
         torch.cuda.empty_cache()
     return rows
 
@@ -348,7 +348,8 @@ def _time_decode(entry, kernels, params, dims, dt):
         vc = torch.randn(B, L + 64, H, DV, device=DEV).to(dt)
         cc = torch.cumsum(torch.log(torch.rand(B, L + 64, HQ, device=DEV) * 0.05 + 0.95), 1) if gated else None
         cache = PaTHKVCache(kc, vc, cc, L, HQ)
-        qt, kt, vt, wt, bt, gt = (None if x is None else x[:, 0] for x in _inputs(B, 1, HQ, H, D, DV, gated, dt, seed=5))
+        qt, kt, vt, wt, bt, gt = (None if x is None else x[:, 0]
+                                  for x in _inputs(B, 1, HQ, H, D, DV, gated, dt, seed=5))
         moved = host.decode_bytes_moved(B, L, H, HQ, D, DV, kc.element_size(), gated, params.decode_splits)
         row = dict(kind="dec_time", set=entry["id"], B=B, L=L, H=H, HQ=HQ, D=D, gated=gated, knobs=entry["knobs"],
                    regs=regs.get("decode_kernel"), spill_bytes=spills, bytes_moved=moved["total"],
@@ -446,7 +447,8 @@ def _decode_summary(results) -> list:
             x = r.get("tvm_graph_ms")
             ratio = f"{x / tri:.2f}x triton" if isinstance(x, float) and isinstance(tri, float) else "-"
             lines.append(f"      {r['set']:40s} graph {_fmt(x)} ms eager {_fmt(r.get('tvm_ms'))} ms "
-                         f"{_fmt(r.get('tvm_GBps'))} GB/s {ratio} (regs {r.get('regs')}, spills {r.get('spill_bytes')} B)")
+                         f"{_fmt(r.get('tvm_GBps'))} GB/s {ratio} "
+                         f"(regs {r.get('regs')}, spills {r.get('spill_bytes')} B)")
     return lines
 
 
@@ -461,7 +463,6 @@ def _child(args) -> int:
         _import_tvm_ffi(bundle)
         lib_dir = _runtime_dir(bundle, args.runtime_dir)
         import torch
-
         from pathtune.codegen.tvm.runtime import load_kernels
 
         if entry.get("build_error"):

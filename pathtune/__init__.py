@@ -39,12 +39,12 @@ __all__ += ["path_attention_prefill", "path_attention_decode", "PaTHKVCache"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathtune.runtime.api import path_attention
-    from pathtune.specs.knobs import Config
-    from pathtune.specs.loader import load_spec
-    from pathtune.specs.workload import Workload
     from pathtune.runtime.cache import PaTHCache
     from pathtune.runtime.dispatch import load_pack, unload_pack
     from pathtune.runtime.layer import PaTHAttention
+    from pathtune.specs.knobs import Config
+    from pathtune.specs.loader import load_spec
+    from pathtune.specs.workload import Workload
 
 
 def __getattr__(name: str) -> Any:

@@ -44,8 +44,15 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from ._dump import DumpReport, dump_results
     from ._engine import resolve_url
-    from ._errors import (DatabaseLockedError, DuplicateMeasurementError, NoDatabaseError, PackMismatch, PerfDBError,
-                          ResultsFormatError, SoftMismatchWarning)
+    from ._errors import (
+        DatabaseLockedError,
+        DuplicateMeasurementError,
+        NoDatabaseError,
+        PackMismatch,
+        PerfDBError,
+        ResultsFormatError,
+        SoftMismatchWarning,
+    )
     from ._keys import DISPATCH_BACKENDS, KernelKey, Measurement, default_current_keys, new_run_id
     from ._models import BACKENDS, STATUSES, VERSION_TABLE
     from ._pack import Pack, PackEntry, PackHit, export_pack, load_pack

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
-from sqlalchemy import select
-
 from pathtune.specs import KEY_SCHEMA, Config, Workload
+from sqlalchemy import select
 
 from ._errors import PerfDBError
 from ._keys import CurrentKeys, KernelKey, env_columns, env_key_schema, stale_reasons

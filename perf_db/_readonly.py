@@ -30,8 +30,17 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
-from ._engine import (READ_COMMAND_LOCK_WAIT_MS, check_known_revision, head_revision, is_lock_error, locked_message,
-                      resolve_url, safe_url, sqlite_file, sqlite_unread_wal)
+from ._engine import (
+    READ_COMMAND_LOCK_WAIT_MS,
+    check_known_revision,
+    head_revision,
+    is_lock_error,
+    locked_message,
+    resolve_url,
+    safe_url,
+    sqlite_file,
+    sqlite_unread_wal,
+)
 from ._errors import DatabaseLockedError, NoDatabaseError, PerfDBError
 from ._keys import CurrentKeys, default_current_keys
 from ._shipped import ingest_shipped, missing_shipped, shipped_dir, shipped_hashes
@@ -55,11 +64,11 @@ def open_read(cls: type[PerfDB], url: Optional[str] = None, *, shipped: bool = T
               current_keys: Optional[CurrentKeys] = default_current_keys,
               lock_wait_ms: int = READ_COMMAND_LOCK_WAIT_MS) -> PerfDB:
     """A ``cls`` (``PerfDB``: this is ``PerfDB.open_read``) on the database at ``url`` (default:
-    ``PATHTUNE_DB_URL``, else the per-user file), opened so that nothing can change it. ``shipped``: with the shipped results it has not ingested (in an in-memory
-    copy); without, the database exactly as stored (``db dump``: the shipped files must not land in a
-    dump). Raises ``NoDatabaseError`` for a missing SQLite file (except the unset default with
-    ``shipped``), ``DatabaseLockedError`` after ``lock_wait_ms`` of waiting for a lock, ``PerfDBError``
-    for a schema this pathtune does not know."""
+    ``PATHTUNE_DB_URL``, else the per-user file), opened so that nothing can change it. ``shipped``: with
+    the shipped results it has not ingested (in an in-memory copy); without, the database exactly as
+    stored (``db dump``: the shipped files must not land in a dump). Raises ``NoDatabaseError`` for a
+    missing SQLite file (except the unset default with ``shipped``), ``DatabaseLockedError`` after
+    ``lock_wait_ms`` of waiting for a lock, ``PerfDBError`` for a schema this pathtune does not know."""
     parsed, is_default = resolve_url(url)
     path = sqlite_file(parsed)
     if path is not None and not path.is_file():

@@ -12,8 +12,21 @@ from pathtune.specs import Config, Workload
 from pathtune.specs.canonical import canonical_json, sha256_hex
 
 from ._errors import PerfDBError, ResultsFormatError
-from ._keys import (ConfigLike, EnvLike, KernelKey, KernelLike, Measurement, WorkloadLike, as_config, as_kernel,
-                    as_measurement, as_workload, env_columns, iso, parse_time)
+from ._keys import (
+    ConfigLike,
+    EnvLike,
+    KernelKey,
+    KernelLike,
+    Measurement,
+    WorkloadLike,
+    as_config,
+    as_kernel,
+    as_measurement,
+    as_workload,
+    env_columns,
+    iso,
+    parse_time,
+)
 from ._validate import config_problems, time_problem
 
 __all__ = ["RESULTS_FORMAT", "RESULTS_VERSION", "ResultRecord", "RunInfo", "results_record", "write_results",

@@ -11,22 +11,52 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Union
 
+from pathtune.specs import KEY_SCHEMA, Config, Workload
 from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from pathtune.specs import KEY_SCHEMA, Config, Workload
-
+from ._engine import current_revision as _current_revision
 from ._engine import make_engine, resolve_url, safe_url, sqlite_file, sqlite_release_wal, sqlite_wal_present
 from ._engine import upgrade as _upgrade
-from ._engine import current_revision as _current_revision
 from ._errors import DuplicateMeasurementError, PerfDBError
-from ._keys import (BACKEND_LIBS, DISPATCH_BACKENDS, ConfigLike, CurrentKeys, EnvLike, KernelKey, KernelLike,
-                    Measurement, WorkloadLike, as_config, as_kernel, as_measurement, as_workload, current_command,
-                    default_current_keys, env_columns, env_key_schema, iso, json_float, new_run_id, parse_time,
-                    soft_mismatch, stale_reasons)
-from ._models import (BACKENDS, PASSES, STATUSES, EnvRow, IngestRow, KernelRow, MeasurementRow, RunRow, WorkloadRow,
-                      best_view)
+from ._keys import (
+    BACKEND_LIBS,
+    DISPATCH_BACKENDS,
+    ConfigLike,
+    CurrentKeys,
+    EnvLike,
+    KernelKey,
+    KernelLike,
+    Measurement,
+    WorkloadLike,
+    as_config,
+    as_kernel,
+    as_measurement,
+    as_workload,
+    current_command,
+    default_current_keys,
+    env_columns,
+    env_key_schema,
+    iso,
+    json_float,
+    new_run_id,
+    parse_time,
+    soft_mismatch,
+    stale_reasons,
+)
+from ._models import (
+    BACKENDS,
+    PASSES,
+    STATUSES,
+    EnvRow,
+    IngestRow,
+    KernelRow,
+    MeasurementRow,
+    RunRow,
+    WorkloadRow,
+    best_view,
+)
 from ._models import utcnow as utc_now
 from ._results import RunInfo, parse_results, read_results
 from ._rows import gpu_clause, measurement_of

@@ -48,13 +48,13 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
-
-from pathtune import _env
 from pathtune.specs import Config, KnobSpace, Workload, load_spec
 from pathtune.specs.workload import batch_bucket, seq_bucket
+
+from pathtune import _env
 
 __all__ = ["Choice", "Plan", "Dispatcher", "SOURCES", "get_dispatcher", "load_pack", "unload_pack", "loaded_pack",
            "select_plan", "select_config", "clear_cache", "PackRefusedWarning", "DispatchWarning",
@@ -517,10 +517,12 @@ class Dispatcher:
                         return Choice(pass_, db_row["backend"], config, "perf_db",
                                       f"measurement #{db_row['measurement_id']}, {db_row['median_ms']:.4g} ms")
         if pack_hit is not None and pack_hit.match == "nearest":
-            return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack", pack_hit.backend), "bucket",
+            return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack", pack_hit.backend),
+                          "bucket",
                           f"pack {Path(pack.source).name}, length bucket {pack_hit.seq_bucket} for {wl.seq_bucket}")
         if db_row is not None:  # nearest
-            return Choice(pass_, db_row["backend"], self._valid(pass_, db_row["config"], wl, "perf_db", db_row["backend"]), "bucket",
+            return Choice(pass_, db_row["backend"],
+                          self._valid(pass_, db_row["config"], wl, "perf_db", db_row["backend"]), "bucket",
                           f"perf_db measurement #{db_row['measurement_id']}, length bucket {db_row['seq_bucket']} "
                           f"for {wl.seq_bucket}")
         other = self._other_batch_bucket(pass_, wl, env, backends)
@@ -530,7 +532,8 @@ class Dispatcher:
         if other is not None:
             return other
         if pack_hit is not None and pack_hit.match == "default":
-            return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack", pack_hit.backend), "default",
+            return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack", pack_hit.backend),
+                          "default",
                           f"pack {Path(pack.source).name} default for {pass_}")
         return _heuristic(pass_, wl, fallback, "no tuned config for this key")
 

@@ -5,11 +5,9 @@ the YAML needs no code change here. ``Config`` and ``in_domain`` are importable 
 from __future__ import annotations
 
 import itertools
-import json
 import math
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Union
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-from .canonical import canonical_json, sha256_hex
 from .config import Config, KnobValue, in_domain
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,7 +50,8 @@ class KnobSpace:
         if dims is None:
             dims = {}
         if not isinstance(dims, Mapping):
-            raise TypeError(f"dims must be a mapping like {{'D': 64, 'DV': 64}} or a Workload, got {type(dims).__name__}")
+            raise TypeError(f"dims must be a mapping like {{'D': 64, 'DV': 64}} or a Workload, "
+                            f"got {type(dims).__name__}")
         missing = sorted(self.dim_names - set(dims))
         if missing:
             raise ValueError(f"dims must give {', '.join(sorted(self.dim_names))} for the {self.pass_} constraints; "

@@ -15,13 +15,25 @@ import re
 from functools import cached_property
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, StrictBool, StrictFloat,
-                      StrictInt, StrictStr, ValidationError, field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from .canonical import canonical_json, sha256_hex
-from .expr import Expr, ExprError
 from .config import Config, in_domain
+from .expr import Expr, ExprError
 
 __all__ = [
     "SpecError", "Spec", "DimSpec", "Rule", "TensorSpec", "Tensors", "Knob", "PassSpec", "Numerics",
@@ -569,7 +581,7 @@ class Spec(_Model):
         used = {n for p in self.passes.values() for n in p.knobs}
         for name in self.knobs:
             if name not in used:
-                pairs.append((f"knobs.{name}", f"no pass uses it; add it to passes.<fwd|bwd|decode>.knobs"))
+                pairs.append((f"knobs.{name}", "no pass uses it; add it to passes.<fwd|bwd|decode>.knobs"))
         return pairs
 
     def _check_constraints(self, check_defaults: bool) -> list[tuple[str, str]]:

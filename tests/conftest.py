@@ -1,5 +1,6 @@
 """Shared pytest setup: the ``gpu`` marker skips cleanly without CUDA; every test starts from seed 0;
-databases start without the shipped records; ``pg_url`` gives a test its own schema on the PostgreSQL server named by PATHTUNE_TEST_PG_URL.
+databases start without the shipped records; ``pg_url`` gives a test its own schema on the PostgreSQL
+server named by PATHTUNE_TEST_PG_URL.
 
 Without CUDA the Triton kernels run in Triton's CPU interpreter: TRITON_INTERPRET must be set
 before any kernel is decorated, so it is set here, before the test modules import pathtune.

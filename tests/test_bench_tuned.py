@@ -5,7 +5,6 @@ the plumbing is under test here; the kernels have their own interpreter tests.""
 from __future__ import annotations
 
 import torch
-
 from pathtune.perf_db import KernelKey, Measurement, PerfDB
 from pathtune.runtime.environment import collect_env
 from pathtune.specs import Config, Workload, load_spec
@@ -34,7 +33,8 @@ def test_bench_tuned_uses_and_records_dispatch_choices(tmp_path, monkeypatch):
 
     seen = []
     monkeypatch.setattr(bench, "_median_ms", lambda fn: 2.0)
-    monkeypatch.setattr(bench, "_accuracy", lambda *a, **kw: {"o": 1e-3, **({"dq": 2e-3} if kw.get("backward") else {})})
+    monkeypatch.setattr(bench, "_accuracy",
+                        lambda *a, **kw: {"o": 1e-3, **({"dq": 2e-3} if kw.get("backward") else {})})
     monkeypatch.setattr(bench, "_pathtune_callable",
                         lambda q, k, v, w, beta, g, config, bw: seen.append((bw, config)) or (lambda: None))
     rows = bench.run_bench((D,), (T,), (True,), tokens=T, config="tuned", baselines=(), device="cpu",

@@ -21,8 +21,19 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from examples.flipflop.data import (BIT0, BIT1, IGNORE, READ, SPLITS, WRITE, expected_reads,  # noqa: E402
-                                    loss_targets, make_generator, read_mask, sample_flipflop)
+from examples.flipflop.data import (  # noqa: E402
+    BIT0,
+    BIT1,
+    IGNORE,
+    READ,
+    SPLITS,
+    WRITE,
+    expected_reads,
+    loss_targets,
+    make_generator,
+    read_mask,
+    sample_flipflop,
+)
 from examples.flipflop.metrics import count_read_errors, reads_to_resolve, wilson_interval  # noqa: E402
 
 
@@ -123,9 +134,12 @@ def test_count_read_errors_hand_made():
             logits[b, p, tokens[b, p + 1]] = 1.0
     assert count_read_errors(logits, tokens) == (0, 5)
     # ... then break two reads and one non-read position (which must not count)
-    logits[0, 8] = 0; logits[0, 8, 1] = 1.0        # read answered 1, truth 0 -> error
-    logits[1, 10] = 0; logits[1, 10, w] = 1.0      # read answered with an instruction -> error
-    logits[0, 5] = 0; logits[0, 5, 0] = 1.0        # after a bit: not a read position
+    logits[0, 8] = 0
+    logits[0, 8, 1] = 1.0        # read answered 1, truth 0 -> error
+    logits[1, 10] = 0
+    logits[1, 10, w] = 1.0       # read answered with an instruction -> error
+    logits[0, 5] = 0
+    logits[0, 5, 0] = 1.0        # after a bit: not a read position
     assert count_read_errors(logits, tokens) == (2, 5)
 
 
@@ -430,7 +444,8 @@ def test_crashing_measurement_child_is_recorded_and_the_next_runs(tmp_path, monk
     for key in ("path_fox/pathtune", "path/fla"):           # after the crash: still measured
         assert comp[key]["tokens_per_s"] > 0, comp[key]
     faulted = comp["path_fox/fla"]
-    assert faulted["failed"].startswith("RuntimeError: CUDA error: an illegal memory access") and faulted["exit_code"] == 1
+    assert faulted["failed"].startswith("RuntimeError: CUDA error: an illegal memory access")
+    assert faulted["exit_code"] == 1
     assert "CUDA_LAUNCH_BLOCKING=None" in faulted["traceback"]
     assert faulted["blocking_rerun"]["env"] == "CUDA_LAUNCH_BLOCKING=1" and faulted["blocking_rerun"]["exit_code"] == 1
     tail = faulted["blocking_rerun_tail"]

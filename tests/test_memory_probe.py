@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+
 from repo_scripts import load_script
 
 MiB = 1 << 20
@@ -52,9 +53,8 @@ def test_probe_counts_a_hand_made_case(mp):
 
 
 def test_launches_become_no_ops_and_come_back(mp):
-    from triton.runtime.jit import KernelInterface
-
     import pathtune.codegen.triton.backward as tb
+    from triton.runtime.jit import KernelInterface
 
     before = KernelInterface.__getitem__
     with mp.no_triton_launches():
@@ -98,9 +98,9 @@ def _bound(B, T, H, D, C, S, range_bytes):
 def test_backward_peak_within_the_analysis(mp, monkeypatch):
     """D=64, H=16, B=2, T=4096 with the range budget scaled like the tokens (as at T=16384): the
     extra peak lies between what must be live and the bound (measured 233.0 MiB, bound 233.5 with
-    bwd_intra's chain-state slots and the transport backward's states in the range count): one more [N, H, D] float32 buffer (32 MiB) kept
-    alive, or stages 5-7 over the whole stream, exceed it.  A change that frees more must lower
-    the analysis here too."""
+    bwd_intra's chain-state slots and the transport backward's states in the range count): one more
+    [N, H, D] float32 buffer (32 MiB) kept alive, or stages 5-7 over the whole stream, exceed it.  A
+    change that frees more must lower the analysis here too."""
     import pathtune.codegen.triton.backward as tb
 
     monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB", raising=False)

@@ -15,11 +15,18 @@ PG_URL = os.environ.get("PATHTUNE_TEST_PG_URL")
 pytestmark = pytest.mark.skipif(not PG_URL, reason="set PATHTUNE_TEST_PG_URL=postgresql+psycopg://... to run")
 
 if PG_URL:
-    from sqlalchemy import inspect
-
-    from pathtune.perf_db import DuplicateMeasurementError, KernelKey, Measurement, PerfDB, export_pack, load_pack
-    from pathtune.perf_db import _shipped, results_record, write_results
+    from pathtune.perf_db import (
+        DuplicateMeasurementError,
+        KernelKey,
+        Measurement,
+        PerfDB,
+        export_pack,
+        load_pack,
+        results_record,
+        write_results,
+    )
     from pathtune.specs import KnobSpace, Workload, load_spec
+    from sqlalchemy import inspect
 
     SPEC = load_spec()
     ENV = {"gpu_name": "TEST-GPU", "gpu_count": 1, "compute_capability": "9.0", "sm_count": 132,
@@ -63,7 +70,6 @@ def test_upgrade_idempotent_own_version_table(pg_url):
 def test_models_match_migrations(pg_url):
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
-
     from pathtune.perf_db._models import Base
 
     db = PerfDB(pg_url)

@@ -6,14 +6,20 @@ import json
 import math
 
 import pytest
+from pathtune.perf_db import (
+    KernelKey,
+    Measurement,
+    PerfDB,
+    PerfDBError,
+    ResultsFormatError,
+    results_record,
+)
+from pathtune.perf_db._pack import Pack
+from pathtune.perf_db._results import parse_results
+from pathtune.specs import KnobSpace, Workload, load_spec
 from typer.testing import CliRunner
 
 from pathtune.cli import app
-from pathtune.perf_db import KernelKey, Measurement, PerfDB, ResultsFormatError, results_record, write_results
-from pathtune.perf_db._pack import Pack
-from pathtune.perf_db._results import parse_results
-from pathtune.perf_db import PerfDBError
-from pathtune.specs import KnobSpace, Workload, load_spec
 
 SPEC = load_spec()
 ENV = {"gpu_name": "TEST-GPU", "gpu_count": 1, "compute_capability": "9.0", "sm_count": 132,
@@ -88,7 +94,8 @@ def test_packs_with_bad_entries_are_refused():
         Pack(_pack(_default(decode_splits=3)))
     with pytest.raises(PerfDBError, match=r"entries\[0\].*median_ms must be a positive finite time"):
         Pack(_pack(_default(), median_ms=float("nan")))
-    bad_default = dict(_pack(_default()), default={"decode": {"backend": "triton", "config": _default(decode_splits=3)}})
+    bad_default = dict(_pack(_default()),
+                       default={"decode": {"backend": "triton", "config": _default(decode_splits=3)}})
     with pytest.raises(PerfDBError, match=r"default\['decode'\]: decode_splits=3 is not in its domain"):
         Pack(bad_default)
 

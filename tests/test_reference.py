@@ -6,11 +6,19 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-
 from pathtune.runtime.reference import (
-    PaTHKVCache, apply_transition, blockwise_path_attention, boundary_adjust, chunk_transition,
-    current_frame_keys, naive_path_attention, path_attention_decode, path_attention_decode_step,
-    path_attention_prefill, superchunk_transport, ut_transform,
+    PaTHKVCache,
+    apply_transition,
+    blockwise_path_attention,
+    boundary_adjust,
+    chunk_transition,
+    current_frame_keys,
+    naive_path_attention,
+    path_attention_decode,
+    path_attention_decode_step,
+    path_attention_prefill,
+    superchunk_transport,
+    ut_transform,
 )
 
 F64 = torch.float64
@@ -123,12 +131,12 @@ def test_chunk_pieces_against_products():
     Q = torch.randn(n, D, generator=gen, dtype=F64)
     K = torch.randn(n, D, generator=gen, dtype=F64)
     Hs = [householder(W[t], b[t]) for t in range(n)]
-    I = torch.eye(D, dtype=F64)
+    eye = torch.eye(D, dtype=F64)
 
     def prod(hi, lo):                                            # H_hi ... H_lo (I if hi < lo)
-        return functools.reduce(torch.matmul, [Hs[t] for t in range(hi, lo - 1, -1)], I)
+        return functools.reduce(torch.matmul, [Hs[t] for t in range(hi, lo - 1, -1)], eye)
 
-    Kt, P, As, Us = [], [], [], []
+    Kt, P = [], []
     for m in range(s):
         sl = slice(m * C, (m + 1) * C)
         A, U = ut_transform(W[sl], b[sl])
@@ -144,7 +152,8 @@ def test_chunk_pieces_against_products():
                 assert (sd[r, c_] - want).abs() < 1e-13
         X = torch.randn(3, D, generator=gen, dtype=F64)
         assert (apply_transition(X, W[sl], U) - X @ prod(last, first)).abs().max() < 1e-13
-        Kt.append(kt); P.append(chunk_transition(W[sl], U))
+        Kt.append(kt)
+        P.append(chunk_transition(W[sl], U))
     KJ, What = superchunk_transport(Kt, P)
     assert (What - prod(n - 1, 0)).abs().max() < 1e-13
     for m in range(s):
@@ -199,7 +208,8 @@ BLOCKWISE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", BLOCKWISE_CASES, ids=lambda c: f"T{c[1]}-HQ{c[2]}H{c[3]}-{c[7]}-{c[8][:3]}-C{c[9]}S{c[10]}")
+@pytest.mark.parametrize("case", BLOCKWISE_CASES,
+                         ids=lambda c: f"T{c[1]}-HQ{c[2]}H{c[3]}-{c[7]}-{c[8][:3]}-C{c[9]}S{c[10]}")
 def test_blockwise_matches_naive(case):
     seed, T, HQ, H, D, DV, br, gate, placement, C, SC = case
     q, k, v, w, beta, g = make_inputs(seed, B=2, T=T, HQ=HQ, H=H, D=D, DV=DV, beta_range=br, gate=gate)
@@ -220,7 +230,8 @@ def test_varlen_matches_separate_sequences(gate):
     for b_, e_ in zip(cu[:-1].tolist(), cu[1:].tolist()):
         args = [x[:, b_:e_] if x is not None else None for x in (q, k, v, w, beta, g)]
         o_s, l_s = naive_path_attention(*args, return_lse=True)
-        o_sep.append(o_s); l_sep.append(l_s)
+        o_sep.append(o_s)
+        l_sep.append(l_s)
     o_ref, l_ref = torch.cat(o_sep, 1), torch.cat(l_sep, 1)
     o_n, l_n = naive_path_attention(q, k, v, w, beta, g, cu_seqlens=cu, return_lse=True)
     o_b, l_b = blockwise_path_attention(q, k, v, w, beta, g, cu_seqlens=cu, chunk_size=4,
@@ -321,7 +332,7 @@ def test_current_frame_keys_linear_scan():
 def test_gradcheck_naive():
     inputs = make_inputs(50, B=1, T=5, HQ=1, H=1, D=3, DV=2, gate="decay", requires_grad=True)
     for placement in ("inside_scale", "outside_scale"):
-        def f(q, k, v, w, beta, g):
+        def f(q, k, v, w, beta, g, placement=placement):
             o, lse = naive_path_attention(q, k, v, w, beta, g, gate_placement=placement, return_lse=True)
             return o, lse
         assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-8, rtol=1e-6)

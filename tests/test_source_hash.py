@@ -8,9 +8,8 @@ import ast
 import shutil
 from pathlib import Path
 
-import pytest
-
 import pathtune.codegen.triton as tri
+import pytest
 
 PASSES = ("fwd", "bwd", "decode")
 

@@ -6,9 +6,18 @@ import pickle
 import pytest
 import torch
 import yaml
-
-from pathtune.specs import (Config, Expr, ExprError, KnobSpace, Spec, SpecError, Workload, default_spec_path,
-                            load_spec, seq_bucket)
+from pathtune.specs import (
+    Config,
+    Expr,
+    ExprError,
+    KnobSpace,
+    Spec,
+    SpecError,
+    Workload,
+    default_spec_path,
+    load_spec,
+    seq_bucket,
+)
 
 DIMS = {"D": 64, "DV": 64}
 
@@ -215,7 +224,7 @@ def test_config_is_immutable_and_checked():
     with pytest.raises(AttributeError):
         c.a = 2
     with pytest.raises(AttributeError, match="no knob 'b'"):
-        c.b
+        _ = c.b
     with pytest.raises(TypeError):
         Config(a=[1, 2])
     with pytest.raises(ValueError):

@@ -34,7 +34,6 @@ import pathtune.codegen.triton.backward as tri_backward  # noqa: E402
 import pathtune.codegen.triton.forward as tri_forward  # noqa: E402
 from pathtune.codegen.triton import TritonParams, path_attention_triton  # noqa: E402
 from pathtune.runtime.reference import naive_path_attention  # noqa: E402
-from triton.runtime.errors import InterpreterError  # noqa: E402
 
 F32, F16, F64 = torch.float32, torch.float16, torch.float64
 SCAN = {F32: "tf32", F16: "fp16"}

@@ -22,10 +22,10 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import tune_fake  # noqa: E402
-
 from pathtune.tuning.measure import MeasureTask  # noqa: E402
 from pathtune.tuning.prepare import PREPARED, Preparer  # noqa: E402
+
+import tune_fake  # noqa: E402
 
 STUB = textwrap.dedent("""
     import json, os, sys, time
@@ -130,7 +130,6 @@ def spec_copy(tmp_path, monkeypatch):
     import shutil
 
     import pathtune.specs
-    from pathtune.perf_db import _shipped
 
     path = tmp_path / "spec.yaml"
     shutil.copy(Path(pathtune.specs.__file__).parent / "path_attention.yaml", path)
@@ -149,7 +148,6 @@ def _measured(tmp_path):
 def test_tuner_compiles_batches_before_measuring(tmp_path, spec_copy):
     import optuna
     from optuna.trial import TrialState
-
     from pathtune.perf_db import PerfDB
     from pathtune.specs import load_spec
     from pathtune.tuning.space import default_config, plan_keys
@@ -214,7 +212,6 @@ def test_tuner_stops_when_every_compile_child_dies(tmp_path, spec_copy):
     tuner stops with a fatal error instead of recording every proposal as a crash."""
     import optuna
     from optuna.trial import TrialState
-
     from pathtune.perf_db import PerfDB
     from pathtune.tuning.space import plan_keys
     from pathtune.tuning.tuner import Budget, TuneOptions, Tuner
@@ -245,7 +242,6 @@ def test_tuner_stops_when_every_compile_child_dies(tmp_path, spec_copy):
 def test_tuner_abandons_compiled_trials_when_stopped(tmp_path, spec_copy):
     import optuna
     from optuna.trial import TrialState
-
     from pathtune.tuning.space import plan_keys
     from pathtune.tuning.tuner import Budget, TuneOptions, Tuner, requeue_interrupted
 
@@ -278,7 +274,6 @@ def test_resume_on_sqlite_requeues_a_killed_workers_running_trials_default_first
     is still the first config a resumed key measures, even with a budget of one trial."""
     import optuna
     from optuna.trial import TrialState
-
     from pathtune.tuning.space import default_config, plan_keys
     from pathtune.tuning.tuner import Budget, TuneOptions, Tuner
 
@@ -305,5 +300,6 @@ def test_resume_on_sqlite_requeues_a_killed_workers_running_trials_default_first
     study = optuna.load_study(study_name=study.study_name, storage=url)
     default = default_config(resumed.spec, keys[0]).to_dict()
     assert measured and {k: measured[0][k] for k in default} == default
-    assert study.trials[0].state != TrialState.WAITING and study.trials[0].number == 0, [(t.number, t.state) for t in study.trials]
+    assert study.trials[0].state != TrialState.WAITING and study.trials[0].number == 0, \
+        [(t.number, t.state) for t in study.trials]
     assert not study.get_trials(states=(TrialState.RUNNING,))

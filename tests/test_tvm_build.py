@@ -19,10 +19,21 @@ if shutil.which("nvcc") is None:
 from pathtune.codegen.tvm.build import build_kernels, make_kernel, manifest  # noqa: E402
 from pathtune.codegen.tvm.params import KernelDims, TVMParams, UnsupportedConfig  # noqa: E402
 from pathtune.codegen.tvm.tc_fragments import (  # noqa: E402
-    a_coord, a_slots, b_coord, b_slots, d_coord, d_slots, lay_A, lay_B, lay_D,
+    a_coord,
+    a_slots,
+    b_coord,
+    b_slots,
+    d_coord,
+    d_slots,
+    lay_A,
+    lay_B,
+    lay_D,
 )
 from pathtune.codegen.tvm.toolchain import (  # noqa: E402
-    SourceOnlyModuleError, check_device_binary, compile_cuda, ensure_cuda_build_env,
+    SourceOnlyModuleError,
+    check_device_binary,
+    compile_cuda,
+    ensure_cuda_build_env,
 )
 
 

@@ -22,7 +22,9 @@ from pathtune.codegen.tvm.cuda_emu import EmulatedKernel  # noqa: E402
 from pathtune.codegen.tvm.params import KernelDims, TVMParams  # noqa: E402
 from pathtune.codegen.tvm.toolchain import compile_cuda, ensure_cuda_build_env  # noqa: E402
 from pathtune.runtime.reference import (  # noqa: E402
-    naive_path_attention, path_attention_decode_step, path_attention_prefill,
+    naive_path_attention,
+    path_attention_decode_step,
+    path_attention_prefill,
 )
 
 GRID = {"ut": ("NC", "H"), "transport": ("NSC", "H"), "scan": ("NC", "HQ"), "decode": ("B", "H", "NSPLIT"),

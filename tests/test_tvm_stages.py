@@ -13,9 +13,18 @@ from pathtune.codegen.tvm import host  # noqa: E402
 from pathtune.codegen.tvm.build import compile_cpu_kernels  # noqa: E402
 from pathtune.codegen.tvm.params import KernelDims, TVMParams, UnsupportedConfig  # noqa: E402
 from pathtune.runtime.reference import (  # noqa: E402
-    apply_gate, apply_transition, boundary_adjust_keys, boundary_adjust_queries, chunk_transition,
-    diagonal_logits, naive_path_attention, online_softmax_update, path_attention_decode_step,
-    path_attention_prefill, superchunk_transport, ut_transform,
+    apply_gate,
+    apply_transition,
+    boundary_adjust_keys,
+    boundary_adjust_queries,
+    chunk_transition,
+    diagonal_logits,
+    naive_path_attention,
+    online_softmax_update,
+    path_attention_decode_step,
+    path_attention_prefill,
+    superchunk_transport,
+    ut_transform,
 )
 
 F64 = torch.float64
@@ -251,8 +260,9 @@ def _decode_steps(kernels, params, dims, B, T0, steps, dtype=F64, fdt=F64):
         yield o, lse, ref, ref_lse, cache, cache_ref
 
 
-@pytest.mark.parametrize("case", DECODE_CASES, ids=[f"D{c[0]}-DV{c[1]}-G{c[3] // c[2]}-{'fox' if c[4] else 'path'}-L{c[5]}"
-                                                    f"-s{c[6]['decode_splits']}" for c in DECODE_CASES])
+@pytest.mark.parametrize("case", DECODE_CASES,
+                         ids=[f"D{c[0]}-DV{c[1]}-G{c[3] // c[2]}-{'fox' if c[4] else 'path'}-L{c[5]}"
+                              f"-s{c[6]['decode_splits']}" for c in DECODE_CASES])
 def test_decode_step_matches_reference(case):
     """The decode kernel's CPU form (the same generator as the GPU kernel, thread loops serial, the shuffle
     butterfly replayed) in float64 against the float64 recurrent reference: o, lse, the in-place updated keys,

@@ -144,7 +144,8 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
     # SDPA has no gate: gated rows compare against the ungated SDPA of the same shape
     for row in rows:
         if row.gate:
-            twin = next((r for r in rows if not r.gate and (r.head_dim, r.seq_len) == (row.head_dim, row.seq_len)), None)
+            twin = next((r for r in rows if not r.gate and (r.head_dim, r.seq_len) == (row.head_dim, row.seq_len)),
+                        None)
             if twin:
                 for key, val in twin.times.items():
                     if key.startswith("sdpa_"):
@@ -222,8 +223,9 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
     from pathtune.codegen.triton import TritonParams, source_hash
     from pathtune.perf_db import KernelKey, Measurement, PerfDB
     from pathtune.runtime.dispatch import pass_config
-    from pathtune.fingerprint import collect_env
     from pathtune.specs import Workload, load_spec
+
+    from pathtune.fingerprint import collect_env
 
     spec = load_spec()
     env = collect_env()

@@ -16,8 +16,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 from pathtune.specs import KnobSpace, Spec, Workload
 
-__all__ = ["default_config", "neighbour_configs", "TOKENS", "PASSES", "BACKENDS", "TuneKey", "default_heads", "plan_keys", "study_name", "run_id_for",
-           "make_sampler", "source_hash_for", "CODEGEN_VERSION"]
+__all__ = ["default_config", "neighbour_configs", "TOKENS", "PASSES", "BACKENDS", "TuneKey", "default_heads",
+           "plan_keys", "study_name", "run_id_for", "make_sampler", "source_hash_for", "CODEGEN_VERSION"]
 
 TOKENS = 32768
 PASSES = ("fwd", "bwd", "decode")

@@ -34,7 +34,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from .objective import KeyContext, Objective, PENALTY_MS
+from .objective import PENALTY_MS, KeyContext, Objective
 from .space import TuneKey, default_config, make_sampler, neighbour_configs, run_id_for, source_hash_for, study_name
 
 __all__ = ["Budget", "TuneOptions", "KeyResult", "Tuner", "make_storage", "StudyExistsError", "parse_budget",
@@ -211,8 +211,9 @@ class Tuner:
 
     def __init__(self, keys: Sequence[TuneKey], opts: TuneOptions, *, progress: Any = None) -> None:
         from pathtune.perf_db import KernelKey, PerfDB
-        from pathtune.fingerprint import collect_env, env_hash
         from pathtune.specs import load_spec
+
+        from pathtune.fingerprint import collect_env, env_hash
 
         from .measure import measure
 
@@ -304,7 +305,8 @@ class Tuner:
             study = optuna.load_study(study_name=name, storage=self.storage)
             if study.get_trials(deepcopy=False):
                 raise StudyExistsError(
-                    f"study {name} already has {len(study.get_trials(deepcopy=False))} trials in {self.db.display_url}; "
+                    f"study {name} already has {len(study.get_trials(deepcopy=False))} trials in "
+                    f"{self.db.display_url}; "
                     "pass --resume to continue it (every worker of a shared study passes --resume)")
         # the seed moves on with the study's length: a resumed study does not replay the proposals it made
         n_before = len(optuna.load_study(study_name=name, storage=self.storage).get_trials(deepcopy=False)) \
@@ -352,7 +354,7 @@ class Tuner:
             self._note(f"{key.label}: warm start skipped: reading retired results failed: {e}")
             return WarmStart()
         warm = select_retired(self.spec, key, default, rows, self.opts.seed_retired)
-        for config, problems, row in warm.dropped:
+        for _config, problems, row in warm.dropped:
             self._note(f"{key.label}: warm start: dropped a config of retired source {row['source_hash'][:10]} "
                        f"({row['median_ms']:.4g} ms there; {row['origin']}): it no longer validates: "
                        + "; ".join(problems))

@@ -90,9 +90,7 @@ def plan(quick: bool = False):
 def _build_one(args):
     entry, out_dir, arch = args
     from pathtune.codegen.tvm.build import build_kernels
-    from pathtune.codegen.tvm.params import KernelDims
-
-    from pathtune.codegen.tvm.params import UnsupportedConfig
+    from pathtune.codegen.tvm.params import KernelDims, UnsupportedConfig
 
     t0 = time.time()
     try:

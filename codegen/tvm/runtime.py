@@ -71,7 +71,8 @@ def load_tvm_runtime(lib_dir: Optional[os.PathLike] = None, near: Optional[os.Pa
                 _LOADED[lib] = ctypes.CDLL(str(d / lib), mode=ctypes.RTLD_GLOBAL)
             _LOADED["dir"] = d
             return d
-    raise FileNotFoundError(f"{' and '.join(RUNTIME_LIBS)} not found in {', '.join(map(str, cands)) or '(no candidates)'}; "
+    raise FileNotFoundError(f"{' and '.join(RUNTIME_LIBS)} not found in "
+                            f"{', '.join(map(str, cands)) or '(no candidates)'}; "
                             "pass the folder that holds them (they come from the apache-tvm==0.27.0.post1 wheel)")
 
 

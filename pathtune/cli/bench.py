@@ -38,8 +38,12 @@ def register(app: typer.Typer) -> None:
         batch: int = typer.Option(8, help="--pass decode: batch size."),
         sweep: bool = typer.Option(False, "--sweep", help="--pass decode: also time every decode knob config "
                                    "(spec domains) and report the fastest (all recorded with --record)."),
-        backends: str = typer.Option("triton", "--backends", help="pathtune backends to time: triton, tvm (comma-separated; tvm runs the forward from prebuilt modules, see --tvm-modules)."),
-        tvm_modules: Optional[Path] = typer.Option(None, "--tvm-modules", help="Folder of TVM modules built for the bench shapes (pathtune bench-build-tvm), for GPU hosts without the TVM compiler."),
+        backends: str = typer.Option("triton", "--backends", help="pathtune backends to time: triton, tvm "
+                                     "(comma-separated; tvm runs the forward from prebuilt modules, see "
+                                     "--tvm-modules)."),
+        tvm_modules: Optional[Path] = typer.Option(None, "--tvm-modules", help="Folder of TVM modules built for the "
+                                                   "bench shapes (pathtune bench-build-tvm), for GPU hosts without the "
+                                                   "TVM compiler."),
     ) -> None:
         """Time pathtune against SDPA (flash, cuDNN) and fla's PaTH kernel in the same run (needs a GPU)."""
 
@@ -111,7 +115,7 @@ def _run_and_report(console, run, format_rows, out, record) -> None:
         rows = run()
     except RuntimeError as exc:
         console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     console.print(format_rows(rows))
     if out:
         out.write_text(json.dumps([asdict(r) for r in rows], indent=1))

@@ -6,6 +6,7 @@ typer and rich only; SQLAlchemy and the rest of perf_db load when a command runs
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import sys
@@ -529,7 +530,7 @@ def import_cmd(
     perf = _open(db)
     reports = []
     for path in files:
-        report = _guard(lambda: perf.ingest(path, on_conflict=on_conflict.value))
+        report = _guard(functools.partial(perf.ingest, path, on_conflict=on_conflict.value))
         reports.append(report.to_dict())
     if fmt == Format.json:
         print(json.dumps(reports, indent=2))

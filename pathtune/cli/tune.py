@@ -113,7 +113,6 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
              seed_retired: int = 0) -> Any:
     from pathtune.perf_db import resolve_url
     from pathtune.specs import SpecError, load_spec
-
     from pathtune.tuning.measure import load_measure_fn
     from pathtune.tuning.tuner import TuneOptions, is_sqlite, parse_budget
 
@@ -321,7 +320,6 @@ def ingest(
 ) -> None:
     """Store bundle results in perf_db and tell the waiting Optuna trials their values."""
     from pathtune.perf_db import PerfDBError, resolve_url
-
     from pathtune.tuning.bundle import ingest_results
 
     url, _ = resolve_url(storage)

@@ -1,5 +1,6 @@
-"""`pathtune bench-build-tvm` (registered on the main CLI by pathtune/cli/__init__.py; logic in tuning/tvm_bench.py): the
-TVM forward modules `pathtune bench --backends tvm --tvm-modules DIR` runs, built where the TVM compiler is."""
+"""`pathtune bench-build-tvm` (registered on the main CLI by pathtune/cli/__init__.py; logic in
+tuning/tvm_bench.py): the TVM forward modules `pathtune bench --backends tvm --tvm-modules DIR` runs, built
+where the TVM compiler is."""
 from __future__ import annotations
 
 import json
@@ -25,9 +26,10 @@ def register(app: typer.Typer) -> None:
         and nvcc, no GPU); carry OUT to the GPU host."""
         import importlib.util
 
-        from .bench import _ints
         from pathtune.tuning.bench import command_line
         from pathtune.tuning.tvm_bench import TVMBenchError, bench_dims, build_bench_modules, folder_bytes
+
+        from .bench import _ints
 
         console = Console()
         gates = {"off": (False,), "on": (True,), "both": (False, True)}.get(gate)
@@ -51,7 +53,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(e)) from None
         except TVMBenchError as e:                  # --out holds something else (e.g. a gpu_check bundle)
             console.print(f"[red]{e}[/red]")
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
         failed = [s["id"] for s in manifest["sets"] if s.get("build_error")]
         console.print(f"{len(manifest['sets'])} module sets in {out} ({folder_bytes(out) / 2**20:.1f} MiB, "
                       f"TVM source hash {manifest['source_hash']})")
