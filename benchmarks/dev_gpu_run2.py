@@ -15,6 +15,7 @@ import traceback
 
 import torch
 import triton
+
 from pathtune.codegen.triton import TritonParams, path_attention_triton
 from pathtune.runtime.reference import naive_path_attention
 from pathtune.tuning.baselines import fla_path_callable, sdpa_callable

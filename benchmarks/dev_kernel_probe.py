@@ -26,10 +26,11 @@ import os
 import re
 import tempfile
 
-import pathtune.codegen.triton.backward as bwd_mod
-import pathtune.codegen.triton.forward as fwd_mod
 import torch
 import triton
+
+import pathtune.codegen.triton.backward as bwd_mod
+import pathtune.codegen.triton.forward as fwd_mod
 from pathtune.codegen.triton import path_attention_triton
 from pathtune.tuning.bench import make_inputs
 

@@ -15,6 +15,7 @@ CASES = [(32, 1300, 512, 1), (64, 1300, 512, 1), (32, 1536, 512, 1), (64, 1300, 
 def child(D, T, S, gate):
     import torch
     import torch.nn.functional as F
+
     from pathtune.codegen.triton import path_attention_triton
     B, HQ, H = 2, 4, 4
     dev = "cuda"

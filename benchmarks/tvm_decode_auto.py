@@ -27,13 +27,13 @@ def main(argv=None) -> int:
 
     import torch
     import triton
+
+    import pathtune
     from pathtune.runtime import decode_dispatch, dispatch
     from pathtune.specs import Workload
     from pathtune.specs.workload import batch_bucket, seq_bucket
     from pathtune.tuning.bench import HEADS_FOR_DIM
     from pathtune.tuning.decode_bench import make_cache, make_step, sdpa_decode_callable
-
-    import pathtune
 
     D, B, L = a.head_dim, a.batch, a.cache_len
     H = HEADS_FOR_DIM.get(D, max(1, 1024 // D))

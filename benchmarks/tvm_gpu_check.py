@@ -143,6 +143,7 @@ def _try(fn):
 
 def _check_forward(entry, kernels, timing):
     import torch
+
     from pathtune.codegen.tvm import host
     from pathtune.codegen.tvm.params import KernelDims, TVMParams
     from pathtune.runtime.reference import naive_path_attention
@@ -183,6 +184,7 @@ def _check_forward(entry, kernels, timing):
 def _stage_diagnostics(entry, kernels, params, dims, dt):
     """ut / transport intermediates against the float64 reference pieces (dense B = 1, T a chunk multiple)."""
     import torch
+
     from pathtune.codegen.tvm import host
     from pathtune.runtime.reference import boundary_adjust_keys, chunk_transition, superchunk_transport, ut_transform
 
@@ -276,6 +278,7 @@ def _check_decode(entry, kernels, timing, sizes=((2, 777), (1, 3000))):
     import copy
 
     import torch
+
     from pathtune.codegen.tvm import host
     from pathtune.codegen.tvm.params import KernelDims, TVMParams
     from pathtune.runtime.reference import path_attention_decode_step, path_attention_prefill
@@ -335,6 +338,7 @@ def _time_decode(entry, kernels, params, dims, dt):
     decode (best of TRITON_DEC_CONFIGS), SDPA over the same K/V (no PaTH update; K/V repeated to HQ heads, so
     it reads G x the bytes) and the torch reference step. GB/s = host.decode_bytes_moved()["total"] / time."""
     import torch
+
     from pathtune.codegen.tvm import host
     from pathtune.runtime.reference import PaTHKVCache, path_attention_decode_step
 
@@ -463,6 +467,7 @@ def _child(args) -> int:
         _import_tvm_ffi(bundle)
         lib_dir = _runtime_dir(bundle, args.runtime_dir)
         import torch
+
         from pathtune.codegen.tvm.runtime import load_kernels
 
         if entry.get("build_error"):

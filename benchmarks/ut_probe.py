@@ -15,6 +15,7 @@ import os
 
 import torch
 import triton
+
 from pathtune.codegen.triton import forward as fwd
 from pathtune.codegen.triton._layout import build_tables
 from pathtune.codegen.triton.params import TritonParams

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
-from pathtune.specs import KEY_SCHEMA, Config, Workload
 from sqlalchemy import select
+
+from pathtune.specs import KEY_SCHEMA, Config, Workload
 
 from ._errors import PerfDBError
 from ._keys import CurrentKeys, KernelKey, env_columns, env_key_schema, stale_reasons

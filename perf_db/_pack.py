@@ -28,9 +28,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
-from pathtune.specs import KEY_SCHEMA, Config, Workload
-
 from pathtune import _env
+from pathtune.specs import KEY_SCHEMA, Config, Workload
 
 from ._errors import PackMismatch, PerfDBError, SoftMismatchWarning
 from ._keys import DEFAULT_OP, DISPATCH_BACKENDS, CurrentKeys, as_workload, iso

@@ -11,10 +11,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Union
 
-from pathtune.specs import KEY_SCHEMA, Config, Workload
 from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+
+from pathtune.specs import KEY_SCHEMA, Config, Workload
 
 from ._engine import current_revision as _current_revision
 from ._engine import make_engine, resolve_url, safe_url, sqlite_file, sqlite_release_wal, sqlite_wal_present

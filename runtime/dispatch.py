@@ -51,10 +51,10 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
-from pathtune.specs import Config, KnobSpace, Workload, load_spec
-from pathtune.specs.workload import batch_bucket, seq_bucket
 
 from pathtune import _env
+from pathtune.specs import Config, KnobSpace, Workload, load_spec
+from pathtune.specs.workload import batch_bucket, seq_bucket
 
 __all__ = ["Choice", "Plan", "Dispatcher", "SOURCES", "get_dispatcher", "load_pack", "unload_pack", "loaded_pack",
            "select_plan", "select_config", "clear_cache", "PackRefusedWarning", "DispatchWarning",

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from pathtune.specs import Spec
-from pathtune.specs.canonical import dtype_name as _dtype_name
 
 from pathtune import _env
+from pathtune.specs import Spec
+from pathtune.specs.canonical import dtype_name as _dtype_name
 
 __all__ = ["InputInfo", "validate_inputs", "check_head_dims", "value_checks_enabled", "UNIT_NORM_TOL"]
 

@@ -4,9 +4,9 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
-from pathtune.runtime import resolve_backend
 
 from pathtune import path_attention
+from pathtune.runtime import resolve_backend
 
 B, T, HQ, H, D, DV = 2, 8, 4, 2, 32, 32
 

@@ -5,6 +5,7 @@ the plumbing is under test here; the kernels have their own interpreter tests.""
 from __future__ import annotations
 
 import torch
+
 from pathtune.perf_db import KernelKey, Measurement, PerfDB
 from pathtune.runtime.environment import collect_env
 from pathtune.specs import Config, Workload, load_spec

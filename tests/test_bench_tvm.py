@@ -15,11 +15,11 @@ import time
 from dataclasses import asdict
 
 import pytest
-from pathtune.tuning import bench
-from pathtune.tuning.tvm_bench import FORMAT, TVMBenchError, TVMBenchModules, bench_dims, fwd_config, set_id
 from typer.testing import CliRunner
 
 from pathtune.cli import app
+from pathtune.tuning import bench
+from pathtune.tuning.tvm_bench import FORMAT, TVMBenchError, TVMBenchModules, bench_dims, fwd_config, set_id
 
 runner = CliRunner()
 KNOBS = dict(chunk_size=32, superchunk_size=256, block_n=32, num_warps=2)   # spec-valid, tiny

@@ -4,10 +4,10 @@ import subprocess
 import sys
 
 import yaml
-from pathtune.specs import default_spec_path, load_spec
 from typer.testing import CliRunner
 
 from pathtune.cli import app
+from pathtune.specs import default_spec_path, load_spec
 
 runner = CliRunner()
 

@@ -9,15 +9,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select, update
+from typer.testing import CliRunner
+
+from pathtune.cli import app
 from pathtune.perf_db import KernelKey, Measurement, PerfDB, PerfDBError, results_record, write_results
 from pathtune.perf_db._models import RunRow
 from pathtune.perf_db._results import read_results
 from pathtune.perf_db._shipped import SHIPPED_DIR
 from pathtune.specs import KnobSpace, Workload, load_spec
-from sqlalchemy import select, update
-from typer.testing import CliRunner
-
-from pathtune.cli import app
 
 SPEC = load_spec()
 SRC = "src-current"
@@ -348,6 +348,7 @@ def test_shipped_tvm_decode_records_reach_the_decode_dispatcher(tmp_path):
     """A fresh database given the shipped files serves the measured TVM step for H8 D128 32K decode
     on the host they were measured on (its env: TVM runtime via tvm_ffi, `tvm` null)."""
     import torch
+
     from pathtune.runtime import dispatch
     from pathtune.runtime.dispatch import Dispatcher
 

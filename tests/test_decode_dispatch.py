@@ -11,6 +11,10 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
+from typer.testing import CliRunner
+
+from pathtune import _env
+from pathtune.cli import app
 from pathtune.codegen.tvm.build import source_hash as tvm_source_hash
 from pathtune.codegen.tvm.params import KernelDims, TVMParams
 from pathtune.perf_db import KernelKey, Measurement, PerfDB, load_pack
@@ -20,10 +24,6 @@ from pathtune.runtime.environment import collect_env
 from pathtune.runtime.reference import PaTHKVCache, path_attention_decode_step
 from pathtune.specs import KnobSpace, Workload, load_spec
 from pathtune.tuning.decode_tvm import TVMSet, record_config
-from typer.testing import CliRunner
-
-from pathtune import _env
-from pathtune.cli import app
 
 CUDA0 = torch.device("cuda", 0)
 REAL_TVM_RUNTIME_AVAILABLE = dispatch.tvm_runtime_available
@@ -397,10 +397,9 @@ print("ok")
 def test_gpu_auto_decode_runs_prebuilt_tvm_modules(tmp_path, monkeypatch):
     """With PATHTUNE_TVM_MODULES (build/tvm_decode_bench, H8 D128) and a faster TVM record, backend='auto' runs the TVM
     step (two tokens, two launches) and matches the float64 reference."""
+    from pathtune import path_attention_decode
     from pathtune.runtime.reference import path_attention_decode as ref_decode
     from pathtune.tuning.decode_bench import make_cache
-
-    from pathtune import path_attention_decode
 
     if GIVEN_STORE is None or not REAL_TVM_RUNTIME_AVAILABLE():
         pytest.skip("set PATHTUNE_TVM_MODULES to a build_decode_bench folder and install apache-tvm-ffi")

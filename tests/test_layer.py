@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from pathtune.runtime.layer import causal_short_conv
 
 from pathtune import PaTHAttention, PaTHCache, path_attention
+from pathtune.runtime.layer import causal_short_conv
 from repo_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -53,8 +53,9 @@ def test_probe_counts_a_hand_made_case(mp):
 
 
 def test_launches_become_no_ops_and_come_back(mp):
-    import pathtune.codegen.triton.backward as tb
     from triton.runtime.jit import KernelInterface
+
+    import pathtune.codegen.triton.backward as tb
 
     before = KernelInterface.__getitem__
     with mp.no_triton_launches():

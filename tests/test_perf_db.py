@@ -6,6 +6,8 @@ import sqlite3
 import warnings
 
 import pytest
+from sqlalchemy import inspect, select, text
+
 from pathtune.perf_db import (
     DuplicateMeasurementError,
     KernelKey,
@@ -23,7 +25,6 @@ from pathtune.perf_db import (
 from pathtune.perf_db._models import best_view
 from pathtune.runtime.environment import env_hash
 from pathtune.specs import KnobSpace, Workload, load_spec
-from sqlalchemy import inspect, select, text
 
 SPEC = load_spec()
 SRC = "src-current"
@@ -512,6 +513,7 @@ def test_upgrade_is_idempotent_with_own_version_table(url, tmp_path):
 def test_models_match_migrations(db):
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
+
     from pathtune.perf_db._models import Base
 
     def include_name(name, type_, parent_names):
@@ -524,6 +526,7 @@ def test_models_match_migrations(db):
 
 def test_downgrade_and_upgrade_again(url):
     from alembic import command
+
     from pathtune.perf_db._engine import _alembic_config
 
     db = PerfDB(url)
@@ -579,9 +582,8 @@ def test_optuna_storage_coexists_on_one_sqlite_file(url, tmp_path):
 
 
 def test_url_resolution(monkeypatch, tmp_path):
-    from pathtune.perf_db import resolve_url
-
     from pathtune import _env
+    from pathtune.perf_db import resolve_url
 
     url, is_default = resolve_url(None)
     assert is_default and str(url) == _env.default_db_url() and str(url).endswith("perf.sqlite3")

@@ -15,6 +15,8 @@ PG_URL = os.environ.get("PATHTUNE_TEST_PG_URL")
 pytestmark = pytest.mark.skipif(not PG_URL, reason="set PATHTUNE_TEST_PG_URL=postgresql+psycopg://... to run")
 
 if PG_URL:
+    from sqlalchemy import inspect
+
     from pathtune.perf_db import (
         DuplicateMeasurementError,
         KernelKey,
@@ -26,7 +28,6 @@ if PG_URL:
         write_results,
     )
     from pathtune.specs import KnobSpace, Workload, load_spec
-    from sqlalchemy import inspect
 
     SPEC = load_spec()
     ENV = {"gpu_name": "TEST-GPU", "gpu_count": 1, "compute_capability": "9.0", "sm_count": 132,
@@ -70,6 +71,7 @@ def test_upgrade_idempotent_own_version_table(pg_url):
 def test_models_match_migrations(pg_url):
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
+
     from pathtune.perf_db._models import Base
 
     db = PerfDB(pg_url)

@@ -5,11 +5,11 @@ import io
 import json
 
 import pytest
-from pathtune.perf_db import KernelKey, Measurement, PerfDB, load_pack, results_record, write_results
-from pathtune.specs import KnobSpace, Workload, load_spec
 from typer.testing import CliRunner
 
 from pathtune.cli import app
+from pathtune.perf_db import KernelKey, Measurement, PerfDB, load_pack, results_record, write_results
+from pathtune.specs import KnobSpace, Workload, load_spec
 
 SPEC = load_spec()
 runner = CliRunner()

@@ -8,13 +8,13 @@ import sqlite3
 import time
 
 import pytest
+from typer.testing import CliRunner
+
+from pathtune.cli import app
 from pathtune.perf_db import KernelKey, Measurement, PerfDB, results_record, write_results
 from pathtune.perf_db._engine import READ_COMMAND_LOCK_WAIT_MS, sqlite_read_uri
 from pathtune.perf_db._errors import NoDatabaseError
 from pathtune.specs import KnobSpace, Workload, load_spec
-from typer.testing import CliRunner
-
-from pathtune.cli import app
 
 SPEC = load_spec()
 runner = CliRunner()

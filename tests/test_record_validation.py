@@ -6,6 +6,9 @@ import json
 import math
 
 import pytest
+from typer.testing import CliRunner
+
+from pathtune.cli import app
 from pathtune.perf_db import (
     KernelKey,
     Measurement,
@@ -17,9 +20,6 @@ from pathtune.perf_db import (
 from pathtune.perf_db._pack import Pack
 from pathtune.perf_db._results import parse_results
 from pathtune.specs import KnobSpace, Workload, load_spec
-from typer.testing import CliRunner
-
-from pathtune.cli import app
 
 SPEC = load_spec()
 ENV = {"gpu_name": "TEST-GPU", "gpu_count": 1, "compute_capability": "9.0", "sm_count": 132,

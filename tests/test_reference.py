@@ -6,6 +6,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
+
 from pathtune.runtime.reference import (
     PaTHKVCache,
     apply_transition,

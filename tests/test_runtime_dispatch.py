@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+
 from pathtune.perf_db import KernelKey, Measurement, Pack, PackMismatch, PerfDB, SoftMismatchWarning, export_pack
 from pathtune.runtime import dispatch
 from pathtune.runtime.dispatch import Dispatcher, DispatchWarning, PackRefusedWarning
@@ -235,6 +236,7 @@ def test_tvm_candidates(env, db_url, monkeypatch):
 def test_tvm_forward_triton_backward_gradients(monkeypatch):
     """The mixed op: o/lse from the (here: emulated) TVM forward, gradients from the Triton backward."""
     import torch.nn.functional as F
+
     from pathtune.codegen.tvm import runtime as tvm_runtime
     from pathtune.runtime import api
     from pathtune.runtime.reference import blockwise_path_attention, naive_path_attention
@@ -459,9 +461,9 @@ def test_cpu_calls_use_the_heuristic_without_lookups(env, db_url):
 def test_path_attention_runs_the_dispatched_config(env, monkeypatch):
     """End to end in the Triton interpreter: a pack's config reaches the kernel launch."""
     import torch.nn.functional as F
-    from pathtune.runtime.reference import naive_path_attention
 
     from pathtune import path_attention
+    from pathtune.runtime.reference import naive_path_attention
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     small = fwd_cfg(chunk_size=32, superchunk_size=256, block_n=32, scan_precision="tf32")
@@ -497,9 +499,9 @@ def test_path_attention_runs_the_dispatched_config(env, monkeypatch):
 def test_gpu_auto_dispatch_serves_perf_db(tmp_path, monkeypatch):
     """On a GPU: a config recorded for this machine is what backend='auto' launches, and it is right."""
     import torch.nn.functional as F
-    from pathtune.runtime.reference import naive_path_attention
 
     from pathtune import path_attention
+    from pathtune.runtime.reference import naive_path_attention
 
     url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
     here = collect_env()
@@ -531,9 +533,9 @@ def test_gpu_auto_dispatch_serves_perf_db(tmp_path, monkeypatch):
 def test_validation_is_remembered_per_signature_without_value_checks(monkeypatch):
     """GPU-like calls (no value checks): a repeated signature skips validate_inputs; errors still raise."""
     import torch.nn.functional as F
-    from pathtune.runtime import api
 
     from pathtune import path_attention
+    from pathtune.runtime import api
 
     calls = []
     real = api.validate_inputs

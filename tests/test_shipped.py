@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from pathtune.perf_db import PerfDB
 from pathtune.perf_db._results import read_results
 from pathtune.perf_db._shipped import SHIPPED_DIR

@@ -8,8 +8,9 @@ import ast
 import shutil
 from pathlib import Path
 
-import pathtune.codegen.triton as tri
 import pytest
+
+import pathtune.codegen.triton as tri
 
 PASSES = ("fwd", "bwd", "decode")
 

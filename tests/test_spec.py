@@ -6,6 +6,7 @@ import pickle
 import pytest
 import torch
 import yaml
+
 from pathtune.specs import (
     Config,
     Expr,

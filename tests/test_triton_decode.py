@@ -18,6 +18,8 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+
+import pathtune
 from pathtune.codegen.triton import path_decode_triton, path_prefill_triton
 from pathtune.codegen.triton.decode import decode_layout
 from pathtune.runtime.reference import naive_path_attention
@@ -27,8 +29,6 @@ from pathtune.runtime.reference.recurrent import (
     path_attention_decode,
     path_attention_prefill,
 )
-
-import pathtune
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # relative Frobenius tolerances by cache dtype (o: output, k: the rotated key cache)

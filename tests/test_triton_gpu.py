@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from pathtune.specs import load_spec
 
 pytestmark = pytest.mark.gpu

@@ -1,5 +1,6 @@
 """torch.compile(fullgraph=True) traces through the Triton custom ops; compiled == eager, grads too."""
 import torch
+
 from pathtune.codegen.triton import path_attention_triton
 
 CFG = dict(chunk_size=16, superchunk_size=32, block_n=16, bwd_block_n=16, scan_precision="tf32")

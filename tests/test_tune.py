@@ -21,11 +21,10 @@ import pytest
 HERE = Path(__file__).resolve().parent
 FAKE = f"{HERE / 'tune_fake.py'}:measure"
 sys.path.insert(0, str(HERE))
+import tune_fake  # noqa: E402
 from pathtune.perf_db import PerfDB  # noqa: E402
 from pathtune.tuning.space import plan_keys, study_name  # noqa: E402
 from pathtune.tuning.tuner import Budget, parse_budget  # noqa: E402
-
-import tune_fake  # noqa: E402
 
 SPEC = ""  # set per test (frozen copy of the spec)
 
@@ -261,10 +260,10 @@ def test_new_study_starts_with_the_default_and_its_schedule_neighbours(tmp_path)
     change one schedule knob of it (adjacent domain values first), before any random proposal."""
     import optuna
     from optuna.trial import TrialState
-    from pathtune.specs import KnobSpace, load_spec
     from typer.testing import CliRunner
 
     from pathtune.cli import app
+    from pathtune.specs import KnobSpace, load_spec
 
     url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
     args = ["tune", "--head-dim", "64", "--pass", "bwd", "--buckets", "1024", "--storage", url, "--measure-with",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from pathtune.runtime.reference import naive_path_attention
 from pathtune.tuning import measure as M
 

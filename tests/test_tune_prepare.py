@@ -22,10 +22,9 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import tune_fake  # noqa: E402
 from pathtune.tuning.measure import MeasureTask  # noqa: E402
 from pathtune.tuning.prepare import PREPARED, Preparer  # noqa: E402
-
-import tune_fake  # noqa: E402
 
 STUB = textwrap.dedent("""
     import json, os, sys, time
@@ -148,6 +147,7 @@ def _measured(tmp_path):
 def test_tuner_compiles_batches_before_measuring(tmp_path, spec_copy):
     import optuna
     from optuna.trial import TrialState
+
     from pathtune.perf_db import PerfDB
     from pathtune.specs import load_spec
     from pathtune.tuning.space import default_config, plan_keys
@@ -212,6 +212,7 @@ def test_tuner_stops_when_every_compile_child_dies(tmp_path, spec_copy):
     tuner stops with a fatal error instead of recording every proposal as a crash."""
     import optuna
     from optuna.trial import TrialState
+
     from pathtune.perf_db import PerfDB
     from pathtune.tuning.space import plan_keys
     from pathtune.tuning.tuner import Budget, TuneOptions, Tuner
@@ -242,6 +243,7 @@ def test_tuner_stops_when_every_compile_child_dies(tmp_path, spec_copy):
 def test_tuner_abandons_compiled_trials_when_stopped(tmp_path, spec_copy):
     import optuna
     from optuna.trial import TrialState
+
     from pathtune.tuning.space import plan_keys
     from pathtune.tuning.tuner import Budget, TuneOptions, Tuner, requeue_interrupted
 
@@ -274,6 +276,7 @@ def test_resume_on_sqlite_requeues_a_killed_workers_running_trials_default_first
     is still the first config a resumed key measures, even with a budget of one trial."""
     import optuna
     from optuna.trial import TrialState
+
     from pathtune.tuning.space import default_config, plan_keys
     from pathtune.tuning.tuner import Budget, TuneOptions, Tuner
 

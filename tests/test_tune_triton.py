@@ -22,15 +22,15 @@ pytestmark = [
 
 def test_tune_triton_forward_in_interpreter(tmp_path, monkeypatch):
     import optuna
-    import pathtune.specs
     from optuna.trial import TrialState
+    from typer.testing import CliRunner
+
+    import pathtune.specs
+    from pathtune.cli import app
     from pathtune.perf_db import PerfDB
     from pathtune.specs import load_spec
     from pathtune.tuning.space import default_config, plan_keys
     from pathtune.tuning.tuner import Budget, TuneOptions, Tuner
-    from typer.testing import CliRunner
-
-    from pathtune.cli import app
 
     monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(tmp_path / "no-shipped"))
     spec_path = tmp_path / "spec.yaml"

@@ -19,13 +19,12 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import tune_fake  # noqa: E402
 from pathtune.perf_db import KernelKey, Measurement, PerfDB, results_record, write_results  # noqa: E402
 from pathtune.specs import Config, KnobSpace  # noqa: E402
 from pathtune.tuning.space import default_config, plan_keys  # noqa: E402
 from pathtune.tuning.tuner import Budget, TuneOptions, Tuner  # noqa: E402
 from pathtune.tuning.warm import rank_retired, select_retired  # noqa: E402
-
-import tune_fake  # noqa: E402
 
 OLD, OLDER = "fake-cost-model-v0", "fake-cost-model-v-1"
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
@@ -138,6 +137,7 @@ def test_new_study_measures_retired_winners_first_in_the_first_batch(tmp_path, s
     first batch; the default is deduplicated, invalid configs are dropped with a note, other
     workloads / passes / environments are not used."""
     from optuna.trial import TrialState
+
     from pathtune.specs import load_spec
 
     spec = load_spec(spec_copy)
@@ -180,6 +180,7 @@ def test_new_study_measures_retired_winners_first_in_the_first_batch(tmp_path, s
 
 def test_more_retired_configs_than_k_older_source_next_and_k_zero_disables(tmp_path, spec_copy):
     from optuna.trial import TrialState
+
     from pathtune.specs import load_spec
 
     spec = load_spec(spec_copy)
@@ -300,11 +301,11 @@ def test_cli_seed_retired_unbatched_and_help(tmp_path, spec_copy, monkeypatch):
     """``pathtune tune --seed-retired K`` (the measuring process compiles: no batches): the default and
     the retired winners run first even when the first trial outlasts the wall budget."""
     from optuna.trial import TrialState
-    from pathtune.runtime.environment import collect_env
-    from pathtune.specs import load_spec
     from typer.testing import CliRunner
 
     from pathtune.cli import app
+    from pathtune.runtime.environment import collect_env
+    from pathtune.specs import load_spec
 
     spec = load_spec(spec_copy)
     env = collect_env()           # the local tune keys records by this host's environment

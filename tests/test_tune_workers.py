@@ -71,6 +71,7 @@ def _in_flight(tmp_path: Path, pid: int) -> bool:
 def test_workers_share_study_kill_and_resume(pg_url, tmp_path):
     import optuna
     from optuna.trial import TrialState
+
     from pathtune.perf_db import PerfDB
     from pathtune.tuning.tuner import make_storage
 

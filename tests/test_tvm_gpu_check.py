@@ -15,7 +15,6 @@ from pathtune.codegen.tvm.build import make_kernel  # noqa: E402
 from pathtune.codegen.tvm.cuda_emu import EmulatedKernel  # noqa: E402
 from pathtune.codegen.tvm.params import KernelDims, TVMParams  # noqa: E402
 from pathtune.codegen.tvm.toolchain import compile_cuda, ensure_cuda_build_env  # noqa: E402
-
 from repo_scripts import load_script  # noqa: E402
 
 gpu_check = load_script("benchmarks/tvm_gpu_check.py")

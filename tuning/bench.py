@@ -221,11 +221,10 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
     (backend "tvm", keyed like the tuner's TVM records: the spec fwd Config its modules were built with and
     the TVM source hash, which ``tvm_bench`` checked the modules against)."""
     from pathtune.codegen.triton import TritonParams, source_hash
+    from pathtune.fingerprint import collect_env
     from pathtune.perf_db import KernelKey, Measurement, PerfDB
     from pathtune.runtime.dispatch import pass_config
     from pathtune.specs import Workload, load_spec
-
-    from pathtune.fingerprint import collect_env
 
     spec = load_spec()
     env = collect_env()

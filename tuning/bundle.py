@@ -189,10 +189,10 @@ def ingest_results(paths: Sequence[Path], storage_url: str, db_url: Optional[str
     """perf_db ingest + tell the waiting trials. Returns counts."""
     import optuna
     from optuna.trial import TrialState
-    from pathtune.perf_db import PerfDB
-    from pathtune.perf_db._results import parse_results, read_results
 
     from pathtune.fingerprint import env_hash
+    from pathtune.perf_db import PerfDB
+    from pathtune.perf_db._results import parse_results, read_results
 
     from .tuner import make_storage
 

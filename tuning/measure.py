@@ -293,6 +293,7 @@ def oracle_by_kv_head(xs: list, heads: list[int], do: Any = None, *, checkpoint_
     inputs in order, each sliced to the same heads; else grads is None.
     """
     import torch
+
     from pathtune.runtime.reference import naive_path_attention
 
     q, k = xs[0], xs[1]
@@ -444,6 +445,7 @@ def _time_fwd_bwd(task: MeasureTask, run: Callable[..., Any]) -> dict:
 def _decode_cache(k: Any, v: Any, w: Any, beta: Any, g: Any, HQ: int, dtype: Any) -> Any:
     """A current-frame cache of a prompt (keys transported in float64 by the reference), one row spare."""
     import torch
+
     from pathtune.runtime.reference.recurrent import PaTHKVCache, current_frame_keys
 
     B, T, H, D = k.shape
@@ -475,6 +477,7 @@ def _decode_timed_callable(task: MeasureTask, params: Any) -> tuple:
     """(fn, q [B,HQ,D], cached k, cached v): one decoding step per sequence over a cache of seq_len tokens
     (fn resets the cache length before each call)."""
     import torch
+
     from pathtune.codegen.triton.decode import path_decode_triton
     from pathtune.runtime.reference.recurrent import PaTHKVCache
 
@@ -512,6 +515,7 @@ def _measure_decode(task: MeasureTask) -> dict:
             "decode pass: the fused Triton decode kernel (pathtune.codegen.triton.decode.path_decode_triton) is not "
             "available in this pathtune yet, so there is nothing to tune; tune fwd and bwd for now")
     import torch
+
     from pathtune.codegen.triton.decode import path_decode_triton
     from pathtune.runtime.reference import naive_path_attention
 

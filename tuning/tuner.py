@@ -210,10 +210,9 @@ class Tuner:
     """Run the studies of ``keys`` one after the other (see module doc)."""
 
     def __init__(self, keys: Sequence[TuneKey], opts: TuneOptions, *, progress: Any = None) -> None:
+        from pathtune.fingerprint import collect_env, env_hash
         from pathtune.perf_db import KernelKey, PerfDB
         from pathtune.specs import load_spec
-
-        from pathtune.fingerprint import collect_env, env_hash
 
         from .measure import measure
 

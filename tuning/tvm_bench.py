@@ -86,6 +86,7 @@ def build_bench_modules(dims_list: Sequence[Any], knobs: Optional[Mapping[str, A
     ones are dropped: the manifest's source hash must hold for every set); a set whose build fails is recorded with its
     ``build_error`` (the bench reports it as that row's failure). Returns the manifest."""
     import tvm
+
     from pathtune.codegen.tvm.build import build_kernels, source_hash
     from pathtune.codegen.tvm.runtime import copy_runtime_libs
     from pathtune.specs import load_spec
@@ -290,6 +291,7 @@ def measure_row(row: Any, xs: Sequence[Any], modules: Any, *, timer: Callable[[C
     ``row.times["tvm_f"]``, ``row.errors["tvm_o"]``, ``row.tvm_stages``, ``row.configs["tvm"]``,
     ``row.statuses["tvm"]``, or on any failure ``row.failures["tvm"]`` (never raises)."""
     import torch
+
     from pathtune.specs import load_spec
 
     from .measure import classify_exception, gate_tokens, oracle_errors, oracle_kv_heads

@@ -8,8 +8,9 @@ tables, so Optuna's tables (and its ``alembic_version``) can live in the same da
 from __future__ import annotations
 
 from alembic import context
-from pathtune.perf_db._models import VERSION_TABLE, Base
 from sqlalchemy import engine_from_config, pool
+
+from pathtune.perf_db._models import VERSION_TABLE, Base
 
 config = context.config
 target_metadata = Base.metadata
