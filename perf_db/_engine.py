@@ -16,13 +16,13 @@ from sqlalchemy.pool import StaticPool
 
 from pathtune import _env
 
-from ._errors import PerfDBError
+from ._errors import DatabaseLockedError, PerfDBError
 from ._models import VERSION_TABLE
 
 __all__ = ["resolve_url", "make_engine", "upgrade", "current_revision", "head_revision", "check_known_revision",
            "MIGRATIONS_DIR", "SQLITE_BUSY_TIMEOUT_MS", "SQLITE_READ_BUSY_TIMEOUT_MS", "READ_COMMAND_LOCK_WAIT_MS",
            "safe_url", "sqlite_file", "sqlite_read_uri", "sqlite_read_connection", "sqlite_wal_present",
-           "sqlite_unread_wal", "sqlite_release_wal", "is_lock_error", "locked_message"]
+           "sqlite_unread_wal", "sqlite_release_wal", "is_lock_error", "locked_message", "damage_hint", "write_problem"]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -139,6 +139,15 @@ def locked_message(display_url: str, lock_wait_ms: int) -> str:
             "is done")
 
 
+def damage_hint(text: str) -> str:
+    """``text`` (a database error), with what it means when SQLite says the file is damaged or foreign."""
+    lowered = text.lower()
+    if "file is not a database" in lowered or "malformed" in lowered:
+        return (f"{text} (the file is damaged or not a pathtune database; nothing in it was changed: restore it "
+                "from a copy, or use another file with --db / PATHTUNE_DB_URL)")
+    return text
+
+
 def resolve_url(url: Optional[str] = None) -> tuple[URL, bool]:
     """(URL, is_default): the argument, else ``PATHTUNE_DB_URL``, else the per-user SQLite file."""
     explicit = url or (_env.DB_URL.raw() or "").strip() or None
@@ -199,6 +208,32 @@ def _pg_read_only(lock_wait_ms: int) -> "object":
     return on_connect
 
 
+_ELSEWHERE = "put the database elsewhere with PATHTUNE_DB_URL=sqlite:///PATH or --db sqlite:///PATH"
+
+
+def write_problem(url: Optional[str] = None) -> Optional[str]:
+    """Why a command that writes could not store results into ``url`` (default: ``PATHTUNE_DB_URL``, else
+    the per-user file), as a one-line message, or None; checked without creating anything. A SQLite file
+    that exists must be writable; else the nearest existing folder above it must be a writable folder.
+    Other databases: None (their server decides)."""
+    parsed, _ = resolve_url(url)
+    path = sqlite_file(parsed)
+    if path is None:
+        return None
+    if path.exists():
+        if path.is_dir():
+            return f"{path} is a folder, not a database file; {_ELSEWHERE}"
+        return None if os.access(path, os.W_OK) else f"{path} is read-only; {_ELSEWHERE}"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"cannot create {path}: {folder} is a file, not a folder; {_ELSEWHERE}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot create {path}: folder {folder} is not writable; {_ELSEWHERE}"
+    return None
+
+
 def make_engine(url: URL, *, create_parent: bool = False, echo: bool = False, read_only: bool = False,
                 lock_wait_ms: Optional[int] = None) -> Engine:
     """An engine for ``url``. ``read_only``: an engine that cannot change the database, for lookups
@@ -212,9 +247,15 @@ def make_engine(url: URL, *, create_parent: bool = False, echo: bool = False, re
         path = sqlite_file(url)
         if path is not None:
             if create_parent:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise PerfDBError(f"cannot create the folder {path.parent} of {safe_url(url)}: "
+                                      f"{e.strerror or e}; {_ELSEWHERE}") from None
             elif not path.parent.is_dir():
                 raise PerfDBError(f"cannot open {safe_url(url)}: directory {path.parent} does not exist")
+            if not read_only and not path.exists() and not os.access(path.parent, os.W_OK | os.X_OK):
+                raise PerfDBError(f"cannot create {path}: its folder {path.parent} is not writable; {_ELSEWHERE}")
         if read_only and path is not None:
             return create_engine(url, echo=echo, creator=lambda: sqlite_read_connection(path, wait))
         kwargs = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}}
@@ -293,7 +334,9 @@ def upgrade(engine: Engine, revision: str = "head") -> str:
     try:
         current = current_revision(engine)
     except (DBAPIError, SQLAlchemyError) as e:
-        raise PerfDBError(f"cannot open {safe_url(engine.url)}: {_short(e)}") from None
+        if is_lock_error(e):
+            raise DatabaseLockedError(locked_message(safe_url(engine.url), SQLITE_BUSY_TIMEOUT_MS)) from None
+        raise PerfDBError(f"cannot open {safe_url(engine.url)}: {damage_hint(_short(e))}") from None
     check_known_revision(current, safe_url(engine.url))
     if current == head and revision == "head":
         return head

@@ -20,7 +20,7 @@ class NoDatabaseError(PerfDBError):
 
 
 class DatabaseLockedError(PerfDBError):
-    """A read waited its bounded time for another process's lock on the database and gave up."""
+    """A read (or a write) waited its bounded time for another process's lock on the database and gave up."""
 
 
 class ResultsFormatError(PerfDBError, ValueError):

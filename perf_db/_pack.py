@@ -115,8 +115,12 @@ class Pack:
         self.source = source
         self._doc = copy.deepcopy(dict(doc))
         self.metadata: Mapping[str, Any] = MappingProxyType(dict(meta))
+        if not isinstance(doc.get("entries"), list):
+            raise _bad(source, "'entries' must be a list (empty when nothing was measured)")
+        if not isinstance(doc.get("default", {}), Mapping):
+            raise _bad(source, "'default' must be an object of pass -> {backend, config}")
         entries = []
-        for i, e in enumerate(doc.get("entries") or []):
+        for i, e in enumerate(doc["entries"]):
             try:
                 wl = Workload.from_dict(e["workload"])
                 if e.get("pass", wl.pass_) != wl.pass_:
@@ -124,7 +128,9 @@ class Pack:
                 entry = PackEntry(wl, e["backend"], Config(e["config"]), float(e["median_ms"]),
                                   e.get("source_hash") or "", e.get("codegen_version") or "",
                                   e.get("run_id"), e.get("baseline_ms"))
-            except (KeyError, TypeError, ValueError) as exc:
+            except KeyError as exc:
+                raise _bad(source, f"entries[{i}]: the field {exc.args[0]!r} is missing") from None
+            except (TypeError, ValueError) as exc:
                 raise _bad(source, f"entries[{i}]: {exc}") from None
             problem = time_problem(entry.median_ms) or next(iter(config_problems(
                 entry.backend, wl.pass_, meta.get("spec_hash"), entry.config.to_dict(), wl)), None)
@@ -137,7 +143,9 @@ class Pack:
         for pass_, d in (doc.get("default") or {}).items():
             try:
                 defaults[pass_] = (d["backend"], Config(d["config"]))
-            except (KeyError, TypeError, ValueError) as exc:
+            except KeyError as exc:
+                raise _bad(source, f"default[{pass_!r}]: the field {exc.args[0]!r} is missing") from None
+            except (TypeError, ValueError) as exc:
                 raise _bad(source, f"default[{pass_!r}]: {exc}") from None
             # a default serves every head dim of its pass: its knobs and domains (constraints need dims)
             problems = config_problems(d["backend"], pass_, meta.get("spec_hash"), d["config"])

@@ -214,4 +214,7 @@ def _save(db: PerfDB, cache: Path) -> None:
             stale.unlink(missing_ok=True)
     except (OSError, sqlite3.Error) as e:
         log.info("perf_db: cannot keep the shipped results in %s: %s", cache, e)
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:         # e.g. the cache folder's parent is a file: there is no tmp to remove
+            pass

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -61,6 +61,8 @@ def register(app: typer.Typer) -> None:
             cfg = config if config == "tuned" else (json.loads(config) if config else None)
         except json.JSONDecodeError as e:
             raise typer.BadParameter(f"--config must be JSON knob values or 'tuned': {e}") from None
+        if record:
+            _check_record_db(db)
         if pass_ == "decode":
             _decode(console, _ints(head_dim, "--head-dim"), _ints(seq_len or "4096,32768", "--seq-len"), gates,
                     batch, cfg, tuple(b.strip() for b in baselines.split(",")), out, record, db, sweep,
@@ -121,8 +123,35 @@ def _run_and_report(console, run, format_rows, out, record) -> None:
         out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
         console.print(f"wrote {out}")
     if record:
-        n = record(rows)
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from pathtune.perf_db import PerfDBError
+
+        try:
+            n = record(rows)
+        except (PerfDBError, SQLAlchemyError, OSError) as e:
+            kept = f"; the rows are in {out}" if out else ""
+            _fail(f"could not record the measurements: {str(e).splitlines()[0]}{kept}")
         console.print(f"recorded {n} measurements in perf_db")
+
+
+def _check_record_db(db: Optional[str]) -> None:
+    """--record: a database that cannot take the measurements is a one-line error before any GPU time is
+    spent (nothing is created here)."""
+    from pathtune.perf_db import PerfDBError
+    from pathtune.perf_db._engine import write_problem
+
+    try:
+        problem = write_problem(db)
+    except PerfDBError as e:        # a URL that is not one
+        problem = str(e)
+    if problem is not None:
+        _fail(f"--record: {problem}")
+
+
+def _fail(message: str) -> NoReturn:
+    Console(stderr=True).print(message, style="red", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
 
 
 _BUILD_HINT = {"fwd": "pathtune bench-build-tvm --head-dim 64,128 --out build/tvm_bench",

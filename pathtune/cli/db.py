@@ -66,10 +66,17 @@ def _note(message: str) -> None:
 
 def _guard(fn: Callable[[], Any], perf: Any = None) -> Any:
     """Run ``fn``; turn perf_db and database errors into a red one-line message and exit 1. ``perf``: the
-    read-only database ``fn`` reads, whose lock timeouts are reported as such."""
+    database ``fn`` uses, whose lock timeouts are reported as such (with the wait of a read-only reader,
+    or of a writer)."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from pathtune.perf_db._engine import READ_COMMAND_LOCK_WAIT_MS, is_lock_error, locked_message
+    from pathtune.perf_db._engine import (
+        READ_COMMAND_LOCK_WAIT_MS,
+        SQLITE_BUSY_TIMEOUT_MS,
+        damage_hint,
+        is_lock_error,
+        locked_message,
+    )
     from pathtune.perf_db._errors import PerfDBError
 
     try:
@@ -78,9 +85,10 @@ def _guard(fn: Callable[[], Any], perf: Any = None) -> Any:
         _fail(str(e))
     except SQLAlchemyError as e:
         if perf is not None and is_lock_error(e):
-            _fail(locked_message(perf.display_url, READ_COMMAND_LOCK_WAIT_MS))
+            wait = READ_COMMAND_LOCK_WAIT_MS if perf.read_only else SQLITE_BUSY_TIMEOUT_MS
+            _fail(locked_message(perf.display_url, wait))
         text = str(getattr(e, "orig", None) or e).splitlines()[0]
-        _fail(f"database error: {text}")
+        _fail(f"database error: {damage_hint(text)}")
 
 
 def _current_keys() -> Any:
@@ -351,7 +359,7 @@ def db_gc(
     """Prune results whose hard keys no longer match (spec / source hash; CUDA, ptxas, Triton or TVM
     version of this machine's GPU). Reports first; deletes only with --yes."""
     perf = _open(db)
-    report = _guard(lambda: perf.gc(dry_run=dry_run))
+    report = _guard(lambda: perf.gc(dry_run=dry_run), perf)
     if fmt == Format.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
         return
@@ -530,7 +538,7 @@ def import_cmd(
     perf = _open(db)
     reports = []
     for path in files:
-        report = _guard(functools.partial(perf.ingest, path, on_conflict=on_conflict.value))
+        report = _guard(functools.partial(perf.ingest, path, on_conflict=on_conflict.value), perf)
         reports.append(report.to_dict())
     if fmt == Format.json:
         print(json.dumps(reports, indent=2))
