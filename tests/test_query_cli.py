@@ -267,3 +267,23 @@ def test_export_refuses_what_it_would_overwrite_and_writes_readable_packs(url, t
     assert forced.exit_code == 0, forced.output
     assert stat.S_IMODE(pack_path.stat().st_mode) == 0o644
     assert load_pack(pack_path).metadata["gpu_name"] == "TEST-GPU"
+
+
+def test_tables_fit_80_columns_and_wide_shows_every_column(url):
+    def at_80(*args):
+        result = runner.invoke(app, [*args, "--db", url], env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    for args in (("query",), ("query", "overhead")):
+        lines = at_80(*args).splitlines()
+        assert max(map(len, lines)) <= 80, "\n".join(lines)
+    table = at_80("query", "--limit", "2", "--order", "fastest")
+    fastest = json.loads(run("query", "--limit", "2", "--order", "fastest", "-f", "json", "--db", url).stdout)
+    rows = [ln.split() for ln in table.splitlines() if ln.split()[:1] in ([str(r["id"])] for r in fastest)]
+    assert [row[0] for row in rows] == [str(r["id"]) for r in fastest]      # one line per row
+    assert [row[-2] for row in rows] == [f"{r['median_ms']:.4f}" for r in fastest]       # numbers whole
+    assert "config" not in table
+    wide = run("query", "--wide", "--limit", "2", "--db", url).stdout
+    assert "config" in wide and "run" in wide and "p20-p80" in wide
+    assert "sdpa ms" in run("query", "overhead", "--wide", "--db", url).stdout

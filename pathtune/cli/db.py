@@ -145,8 +145,9 @@ def _csv_value(value: Any) -> Any:
 
 
 def emit(rows: Sequence[dict[str, Any]], fmt: Format, columns: Sequence[tuple[str, Callable[[dict], Any]]],
-         title: str, empty: str) -> None:
-    """Print rows as a rich table, JSON (a list of the full row dicts) or CSV (every key, nested as JSON)."""
+         title: str, empty: str, narrow: bool = False) -> None:
+    """Print rows as a rich table, JSON (a list of the full row dicts) or CSV (every key, nested as JSON).
+    ``narrow``: a table without borders (for columns chosen to fit 80 terminal columns); long cells fold."""
     if fmt == Format.json:
         print(json.dumps(list(rows), indent=2, default=str))
     elif fmt == Format.csv:
@@ -160,7 +161,8 @@ def emit(rows: Sequence[dict[str, Any]], fmt: Format, columns: Sequence[tuple[st
             sys.stdout.write(buf.getvalue())
     else:
         if rows:
-            table = Table(title=title)
+            table = (Table(title=title, box=None, pad_edge=False, header_style="bold") if narrow
+                     else Table(title=title))
             for header, _ in columns:
                 table.add_column(header, overflow="fold")
             for r in rows:
@@ -196,6 +198,28 @@ QUERY_COLUMNS: list[tuple[str, Callable[[dict], Any]]] = [
     ("run", lambda r: r["run_id"]),
 ]
 
+def _short_gpu(name: Optional[str]) -> Optional[str]:
+    return name[len("NVIDIA "):] if name and name.startswith("NVIDIA ") else name
+
+
+def _dims(r: dict) -> str:
+    return str(r["head_dim"]) if r["head_dim"] == r["head_dim_v"] else f"{r['head_dim']}/{r['head_dim_v']}"
+
+
+# the table without --wide: the columns that tell rows apart and their times (80 terminal columns hold it)
+QUERY_NARROW: list[tuple[str, Callable[[dict], Any]]] = [
+    ("id", lambda r: r["id"]),
+    ("gpu", lambda r: _short_gpu(r["gpu"])),
+    ("pass", lambda r: r["pass"]),
+    ("backend", lambda r: r["backend"]),
+    ("D", _dims),
+    ("gate", lambda r: r["use_gate"]),
+    ("T<=", lambda r: r["seq_bucket"]),
+    ("status", lambda r: r["status"] + (" (stale)" if r.get("stale") else "")),
+    ("median ms", lambda r: _ms(r["median_ms"])),
+    ("ratio", lambda r: None if r["ratio"] is None else f"{r['ratio']:.3f}"),
+]
+
 OVERHEAD_COLUMNS: list[tuple[str, Callable[[dict], Any]]] = [
     ("gpu", lambda r: r["gpu"]),
     ("pass", lambda r: r["pass"]),
@@ -210,6 +234,20 @@ OVERHEAD_COLUMNS: list[tuple[str, Callable[[dict], Any]]] = [
     ("sdpa ms", lambda r: _ms(r["sdpa_ms"])),
     ("ratio", lambda r: f"{r['ratio']:.2f}x"),
 ]
+OVERHEAD_NARROW: list[tuple[str, Callable[[dict], Any]]] = [
+    ("gpu", lambda r: _short_gpu(r["gpu"])),
+    ("pass", lambda r: r["pass"]),
+    ("D", _dims),
+    ("HQ/H", lambda r: f"{r['heads_q']}/{r['heads_kv']}"),
+    ("gate", lambda r: r["use_gate"]),
+    ("T<=", lambda r: r["seq_len"]),
+    ("B<=", lambda r: r["batch"]),
+    ("backend", lambda r: r["backend"]),
+    ("pathtune ms", lambda r: _ms(r["pathtune_ms"])),
+    ("sdpa ms", lambda r: _ms(r["sdpa_ms"])),
+    ("ratio", lambda r: f"{r['ratio']:.2f}x"),
+]
+WIDE_HELP = "Table: every column (config, run, ...); it may be wider than the terminal."
 
 
 def _filters_text(**filters: Any) -> str:
@@ -240,13 +278,14 @@ def query_cmd(
     current: bool = typer.Option(False, "--current", help="Hide stale results (older spec / source)."),
     limit: Optional[int] = typer.Option(None, min=1, help="At most this many rows."),
     order: Order = typer.Option(Order.workload, "--order", help="workload, newest, oldest or fastest."),
+    wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
     fmt: Format = _fmt_opt(),
     db: Optional[str] = _db_opt(),
 ) -> None:
     """List measurements matching every filter. Subcommand: overhead."""
     if ctx.invoked_subcommand is not None:
         # options given before the subcommand ("pathtune query --db X overhead") carry over to it
-        ctx.obj = {"db": db, "gpu": gpu, "pass_": pass_, "fmt": fmt if fmt != Format.table else None}
+        ctx.obj = {"db": db, "gpu": gpu, "pass_": pass_, "fmt": fmt if fmt != Format.table else None, "wide": wide}
         return
     with _open_read(db) as perf:
         rows = _guard(lambda: perf.query(gpu=gpu, head_dim=head_dim, pass_=pass_, backend=backend, dtype=dtype,
@@ -255,8 +294,8 @@ def query_cmd(
                                          order=order.value), perf)
     filters = _filters_text(gpu=gpu, head_dim=head_dim, **{"pass": pass_}, backend=backend, dtype=dtype,
                             status=status, seq_len=seq_len, run=run, study=study, env_hash=env_hash)
-    emit(rows, fmt, QUERY_COLUMNS, f"perf_db measurements ({len(rows)})",
-         f"no measurements match (filters: {filters}; db: {perf.display_url})")
+    emit(rows, fmt, QUERY_COLUMNS if wide else QUERY_NARROW, f"perf_db measurements ({len(rows)})",
+         f"no measurements match (filters: {filters}; db: {perf.display_url})", narrow=not wide)
 
 
 @query_app.command("overhead")
@@ -268,6 +307,7 @@ def overhead_cmd(
     pass_: Optional[str] = typer.Option(None, "--pass", help="fwd, bwd or decode."),
     backend: Optional[str] = typer.Option(None, help="Only this pathtune backend (default: triton and tvm)."),
     stale: bool = typer.Option(False, "--stale", help="Include results of older spec / source versions."),
+    wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
     fmt: Optional[Format] = typer.Option(None, "--format", "-f", help=FORMAT_HELP, case_sensitive=False),
     db: Optional[str] = _db_opt(),
 ) -> None:
@@ -280,6 +320,7 @@ def overhead_cmd(
     gpu = gpu or parent.get("gpu")
     pass_ = pass_ or parent.get("pass_")
     fmt = fmt or parent.get("fmt") or Format.table
+    wide = wide or parent.get("wide", False)
     from pathtune.perf_db._keys import DISPATCH_BACKENDS
 
     backends = (backend,) if backend else DISPATCH_BACKENDS
@@ -287,9 +328,9 @@ def overhead_cmd(
         rows = _guard(lambda: perf.overhead(by=by, gpu=gpu, pass_=pass_, backends=backends, include_stale=stale),
                       perf)
     filters = _filters_text(gpu=gpu, **{"pass": pass_}, backend=backend)
-    emit(rows, fmt, OVERHEAD_COLUMNS, f"pathtune vs SDPA (same run), by {by}",
+    emit(rows, fmt, OVERHEAD_COLUMNS if wide else OVERHEAD_NARROW, f"pathtune vs SDPA (same run), by {by}",
          f"no measurements match: no ok {'/'.join(backends)} results with a same-run SDPA baseline "
-         f"(filters: {filters}; db: {perf.display_url})")
+         f"(filters: {filters}; db: {perf.display_url})", narrow=not wide)
 
 
 # ---------------------------------------------------------------------------------------------------
