@@ -10,6 +10,10 @@ number of tokens that extend it.
     logits = model(prompt, cache=cache)            # prefill: every layer fills its entry
     for _ in range(n):
         logits = model(next_token, cache=cache)    # decode steps
+
+``PaTHCache(max_len=N)`` makes every layer's KV cache static (capacity N tokens, never reallocated,
+length kept on the device): a decode step of the whole model can then be captured in a CUDA graph and
+replayed while the cache fills (the conv states are updated in place too).
 """
 from __future__ import annotations
 
@@ -35,9 +39,19 @@ class LayerState:
 
 
 class PaTHCache:
-    """Per-layer decoding state, keyed by ``layer_idx`` (see module docstring)."""
+    """Per-layer decoding state, keyed by ``layer_idx`` (see module docstring).
 
-    def __init__(self) -> None:
+    ``max_len``: None (default) -- each layer's KV cache holds the prompt and grows on demand; an int --
+    every layer's KV cache is static with that capacity in tokens (prompt + generated), allocated at the
+    prefill and never moved, so decode steps can be captured in a CUDA graph (``torch.cuda.graph``) and
+    replayed as the cache fills; a step past the capacity raises ``CacheFullError``.
+    """
+
+    def __init__(self, max_len: Optional[int] = None) -> None:
+        if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
+            raise ValueError(f"PaTHCache: max_len must be a positive int (the static capacity in tokens) or None "
+                             f"(growable), got {max_len!r}")
+        self.max_len = max_len
         self._layers: dict[int, LayerState] = {}
         self._owners: dict[int, weakref.ref] = {}
 
@@ -89,103 +103,68 @@ class PaTHCache:
         self._owners.clear()
 
     def __repr__(self) -> str:
-        return f"PaTHCache(layers={sorted(self._layers)}, seq_len={self.seq_len()})"
+        cap = "" if self.max_len is None else f", max_len={self.max_len}"
+        return f"PaTHCache(layers={sorted(self._layers)}, seq_len={self.seq_len()}{cap})"
 
 
 # -- prefill / decode entry points -----------------------------------------------------------------
-# pathtune.runtime.decode (prefill + fused decode kernels, backend argument) when present, else the
-# PyTorch reference (runtime/reference/recurrent.py). On CUDA the Triton configs come from the
-# dispatcher: the forward plan for the prefill, plus the "decode" pass's choice for decode steps.
-
-def _decode_module():
-    try:
-        from pathtune.runtime import decode as mod
-    except ImportError:
-        return None
-    if hasattr(mod, "path_attention_prefill") and hasattr(mod, "path_attention_decode"):
-        return mod
-    return None
-
-
-_PARAMS: dict[tuple, Any] = {}
-
-
-def _tuned_params(pass_: str, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], keys: int, backend: str):
-    """TritonParams for a prefill ("fwd") or decode step on CUDA from the dispatcher (pack / perf_db /
-    heuristic), or None (heuristic inside the launcher) off CUDA or for other backends."""
-    if q.device.type != "cuda" or backend not in ("auto", "triton"):
-        return None
-    from pathtune.specs.canonical import dtype_name
-    from pathtune.specs.workload import batch_bucket, seq_bucket
-
-    B, _, HQ, D = q.shape
-    H, DV = k.shape[2], v.shape[-1]
-    key = (pass_, q.device.index, D, DV, HQ, H, q.dtype, g is not None, seq_bucket(keys), batch_bucket(B))
-    params = _PARAMS.get(key)
-    if params is None:
-        import json
-
-        from pathtune.codegen._knobs import params_from_config
-        from pathtune.codegen.triton.params import TritonParams
-
-        from .dispatch import select_config, select_plan
-
-        plan = select_plan(q.device, D, DV, HQ, H, dtype_name(q.dtype), g is not None, keys, B, False)
-        merged = json.loads(plan.params_json)
-        if pass_ == "decode":
-            from pathtune.specs import Workload
-
-            wl = Workload(head_dim=D, head_dim_v=DV, heads_q=HQ, heads_kv=H, dtype=dtype_name(q.dtype),
-                          use_gate=g is not None, pass_="decode", seq_bucket=key[8], batch_bucket=key[9])
-            merged.update(select_config("decode", wl, q.device).config.to_dict())
-        params = _PARAMS[key] = params_from_config(TritonParams, merged)
-    return params
-
+# The backends' prefill / decode (runtime/decode.py), or the PyTorch reference (runtime/reference/recurrent.py)
+# for backend "reference". With backend "triton" on CUDA the Triton knobs come from the dispatcher (the
+# forward plan for the prefill, plus the "decode" pass's choice for decode steps); "auto" dispatches
+# inside path_attention_decode (runtime/decode_dispatch.py).
 
 def prefill_fn(backend: str) -> Callable[..., tuple[Tensor, Any]]:
-    """``fn(q, k, v, w, beta, g, *, scale) -> (o, kv_cache)`` for ``backend``."""
-    mod = _decode_module()
-    if mod is not None and backend != "reference":
+    """``fn(q, k, v, w, beta, g, *, scale, max_len=None, static=False) -> (o, kv_cache)`` for ``backend``."""
+    if backend != "reference":
+        from pathtune.runtime.decode import path_attention_prefill
+
         # TVM has a decode step but no prefill: the (backend-neutral) cache is filled by Triton
         prefill_backend = "triton" if backend == "tvm" else backend
 
-        def fused(q, k, v, w, beta, g, *, scale):
-            config = _tuned_params("fwd", q, k, v, g, q.shape[1], prefill_backend)
-            return mod.path_attention_prefill(q, k, v, w, beta, g, scale=scale, backend=prefill_backend,
-                                              config=config)
+        def fused(q, k, v, w, beta, g, *, scale, max_len=None, static=False):
+            from .decode_dispatch import tuned_triton_params
+
+            config = tuned_triton_params("fwd", q, k, v, g, q.shape[1], prefill_backend)
+            return path_attention_prefill(q, k, v, w, beta, g, scale=scale, backend=prefill_backend,
+                                          config=config, max_len=max_len, static=static)
         return fused
 
-    from pathtune.runtime.reference import path_attention_prefill
+    from pathtune.runtime.reference import path_attention_prefill as ref_prefill
     from pathtune.specs import load_spec
 
     placement = load_spec().gate_placement
 
-    def reference(q, k, v, w, beta, g, *, scale):
-        return path_attention_prefill(q, k, v, w, beta, g, scale=scale, gate_placement=placement)
+    def reference(q, k, v, w, beta, g, *, scale, max_len=None, static=False):
+        return ref_prefill(q, k, v, w, beta, g, scale=scale, gate_placement=placement, max_len=max_len,
+                           static=static)
     return reference
 
 
 def decode_fn(backend: str) -> Callable[..., Tensor]:
     """``fn(q, k, v, w, beta, g, kv_cache, *, scale) -> o`` (mutates the cache) for ``backend``."""
-    mod = _decode_module()
-    if mod is not None and backend != "reference":
-        def fused(q, k, v, w, beta, g, cache, *, scale):
-            # "auto": path_attention_decode dispatches (the Triton or the TVM step, runtime/decode_dispatch.py)
-            config = None if backend == "auto" else _tuned_params("decode", q, k, v, g,
-                                                                   int(cache.length) + q.shape[1], backend)
-            return mod.path_attention_decode(q, k, v, w, beta, g, cache, scale=scale, backend=backend,
-                                             config=config)
-        return fused
+    if backend != "reference":
+        from pathtune.runtime.decode import path_attention_decode
 
-    from pathtune.runtime.reference import path_attention_decode
+        if backend != "triton":
+            def fused(q, k, v, w, beta, g, cache, *, scale):
+                return path_attention_decode(q, k, v, w, beta, g, cache, scale=scale, backend=backend)
+            return fused
+
+        def triton(q, k, v, w, beta, g, cache, *, scale):
+            from .decode_dispatch import tuned_triton_params
+
+            config = tuned_triton_params("decode", q, k, v, g, cache._hint + q.shape[1], "triton")
+            return path_attention_decode(q, k, v, w, beta, g, cache, scale=scale, backend="triton", config=config)
+        return triton
+
+    from pathtune.runtime.reference import path_attention_decode as ref_decode
     from pathtune.specs import load_spec
 
     placement = load_spec().gate_placement
 
     def reference(q, k, v, w, beta, g, cache, *, scale):
-        return path_attention_decode(q, k, v, w, beta, g, cache, scale=scale, gate_placement=placement)
+        return ref_decode(q, k, v, w, beta, g, cache, scale=scale, gate_placement=placement)
     return reference
-
 
 
 def _check_decode_inputs(hidden: Tensor, state: LayerState) -> None:

@@ -9,6 +9,19 @@ Backends: ``reference`` (PyTorch, any device, float64 capable), ``triton`` (the 
 of ``codegen/triton/decode.py``; CUDA tensors, or CPU tensors under TRITON_INTERPRET=1), ``tvm``
 (the TVM fused decode step, CUDA only, one token per launch), ``auto`` (on CUDA: the Triton step, or the
 TVM step when its tuning record is faster and it can run here -- runtime/decode_dispatch.py; else reference).
+
+Hot path: a decode call is keyed by the metadata of its arguments (shapes, dtypes, devices, contiguity,
+the cache's layout, backend, config, scale, the dispatch length bucket). The first call of a key runs
+every check (spec validation, cache compatibility, head dims), resolves the backend and its knobs and
+prepares the kernel launch; later calls of the key look the prepared step up and run it: no spec
+access, no dtype copies (the Triton kernel reads w / beta / g in their dtype), no allocation beyond the
+output, two kernel launches, no host synchronisation (value checks of beta / w run per call only where
+they are enabled: CPU inputs, or ``PATHTUNE_CHECK_INPUTS=1``). The prepared steps live on the
+dispatcher (``runtime.dispatch.clear_cache()`` forgets them).
+
+CUDA graphs: with a static cache (``path_attention_prefill(..., max_len=N, static=True)`` or
+``PaTHKVCache.empty(..., static=True)``) a Triton decode step captures into a CUDA graph and replays as
+the cache grows (the length lives on the device: codegen/kv_cache.py).
 """
 from __future__ import annotations
 
@@ -18,12 +31,14 @@ from typing import Optional, Tuple
 import torch
 
 from pathtune import _env
+from pathtune.codegen.kv_cache import CacheFullError, PaTHKVCache
 from pathtune.specs import load_spec
+from pathtune.specs.workload import seq_bucket
 
-from .reference.recurrent import PaTHKVCache
-from .validation import check_head_dims, validate_inputs
+from . import dispatch
+from .validation import check_head_dims, validate_inputs, value_checks_enabled
 
-__all__ = ["PaTHKVCache", "path_attention_prefill", "path_attention_decode", "DECODE_BACKENDS"]
+__all__ = ["PaTHKVCache", "CacheFullError", "path_attention_prefill", "path_attention_decode", "DECODE_BACKENDS"]
 
 DECODE_BACKENDS = ("auto", "reference", "triton", "tvm")
 _KERNEL_CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -67,8 +82,9 @@ def _check_cache(cache, q, k, v, g, backend: str) -> None:
         raise ValueError("the cache was built without a gate (plain PaTH): pass g=None, or prefill with a gate")
     if cache.k.device != q.device:
         raise ValueError(f"the cache is on {cache.k.device} but q is on {q.device}; keep them on one device")
-    if not 0 <= cache.length <= cache.max_len:
-        raise ValueError(f"cache.length = {cache.length} is outside [0, max_len = {cache.max_len}]")
+    n = cache.length
+    if not 0 <= n <= cache.max_len:
+        raise ValueError(f"cache.length = {n} is outside [0, max_len = {cache.max_len}]")
     if backend in ("triton", "tvm"):
         if cache.k.dtype not in _KERNEL_CACHE_DTYPES or cache.v.dtype != cache.k.dtype:
             raise ValueError(f"backend {backend!r} keeps the cache in bfloat16, float16 or float32 (k and v alike); "
@@ -82,13 +98,15 @@ def _check_cache(cache, q, k, v, g, backend: str) -> None:
 
 def path_attention_prefill(q, k, v, w, beta, g=None, *, scale: Optional[float] = None,
                            max_len: Optional[int] = None, cache_dtype: Optional[torch.dtype] = None,
-                           backend: str = "auto", config=None) -> Tuple[torch.Tensor, PaTHKVCache]:
+                           backend: str = "auto", config=None,
+                           static: bool = False) -> Tuple[torch.Tensor, PaTHKVCache]:
     """Attention over a prompt plus a current-frame KV cache for decoding.
 
     Arguments as ``pathtune.path_attention`` (equal-length batch, no cu_seqlens). ``max_len``: cache
-    capacity (default T; it grows on demand). ``cache_dtype``: default k's dtype (the kernel backends
-    take bfloat16, float16, float32). ``config``: Triton knobs (None = heuristic).
-    Returns (o [B,T,HQ,DV] in q's dtype, cache with cache.length = T).
+    capacity (default T; it grows on demand unless ``static``). ``static``: a fixed-capacity cache whose
+    buffers never move (needed to capture decode steps in a CUDA graph; ``max_len`` required, >= T).
+    ``cache_dtype``: default k's dtype (the kernel backends take bfloat16, float16, float32).
+    ``config``: Triton knobs (None = heuristic). Returns (o [B,T,HQ,DV] in q's dtype, cache with cache.length = T).
     """
     _env.check_once()
     spec = load_spec()
@@ -96,6 +114,9 @@ def path_attention_prefill(q, k, v, w, beta, g=None, *, scale: Optional[float] =
     chosen = _resolve(backend, q.device)
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0):
         raise ValueError(f"max_len must be a non-negative int (cache capacity), got {max_len!r}")
+    if static and (max_len is None or max_len < info.T):
+        raise ValueError(f"a static cache needs max_len >= the prompt length T = {info.T} (its fixed capacity: "
+                         f"the prompt plus every token to generate), got max_len={max_len!r}")
     if cache_dtype is not None and (not isinstance(cache_dtype, torch.dtype) or not cache_dtype.is_floating_point):
         raise ValueError(f"cache_dtype must be a floating torch.dtype, got {cache_dtype!r}")
     placement = spec.gate_placement
@@ -103,7 +124,7 @@ def path_attention_prefill(q, k, v, w, beta, g=None, *, scale: Optional[float] =
         from .reference.recurrent import path_attention_prefill as ref_prefill
 
         return ref_prefill(q, k, v, w, beta, g, scale=scale, gate_placement=placement, max_len=max_len,
-                           cache_dtype=cache_dtype)
+                           cache_dtype=cache_dtype, static=static)
     if chosen == "tvm":
         raise NotImplementedError("backend 'tvm' has no prefill yet; prefill with backend='triton' (the cache "
                                   "is backend-neutral) and decode with backend='tvm'")
@@ -115,7 +136,39 @@ def path_attention_prefill(q, k, v, w, beta, g=None, *, scale: Optional[float] =
 
     f32 = [None if x is None else x.float() for x in (w, beta, g)]
     return path_prefill_triton(q, k, v, f32[0], f32[1], f32[2], scale=scale, config=config, max_len=max_len,
-                               cache_dtype=cdt, gate_placement=placement)
+                               cache_dtype=cdt, gate_placement=placement, static=static)
+
+
+def _config_key(config):
+    if config is None:
+        return None
+    try:
+        hash(config)
+        return config
+    except TypeError:
+        pass
+    try:
+        items = tuple(sorted(dict(config).items()))
+        hash(items)
+        return ("items", items)
+    except (TypeError, ValueError):
+        return _UNCACHED
+
+
+_UNCACHED = object()
+
+
+def _call_key(q, k, v, w, beta, g, cache, scale, backend, config):
+    """Hashable metadata of a decode call (AttributeError / TypeError for arguments of the wrong kind)."""
+    ck, cv, cc = cache.k, cache.v, cache.c
+    return ("call", backend, _config_key(config), scale,
+            q.shape, k.shape, v.shape, w.shape, beta.shape,
+            q.dtype, k.dtype, v.dtype, w.dtype, beta.dtype, q.device, k.device, v.device, w.device, beta.device,
+            q.is_contiguous(), k.is_contiguous(), v.is_contiguous(), w.is_contiguous(), beta.is_contiguous(),
+            None if g is None else (g.shape, g.dtype, g.device, g.is_contiguous()),
+            type(cache), ck.shape[0], ck.shape[2:], cv.shape[-1], ck.dtype, cv.dtype, ck.device, cache.num_q_heads,
+            ck.is_contiguous(), cv.is_contiguous(), None if cc is None else (cc.dtype, cc.is_contiguous()),
+            seq_bucket(cache._hint + q.shape[1]), os.environ.get(_env.CHECK_INPUTS.name))
 
 
 def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Optional[float] = None,
@@ -126,16 +179,53 @@ def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Opt
     (given iff the cache is gated). Token t attends to the cache and to tokens <= t of this call.
     ``config``: decode knobs for the Triton backend (spec Config / mapping; None = heuristic, or with
     ``backend="auto"`` on CUDA the dispatcher's choice of backend and knobs: runtime/decode_dispatch.py).
+    A static cache that would overflow raises ``CacheFullError``.
     Returns o [B,T_new,HQ,DV] in q's dtype.
     """
+    try:
+        key = _call_key(q, k, v, w, beta, g, cache, scale, backend, config)
+        plans = (dispatch._DISPATCHER or dispatch.get_dispatcher()).decode_plans
+        step = plans.get(key)
+    except (AttributeError, TypeError, ValueError):   # arguments of the wrong kind: the checks say which
+        key, plans, step = _UNCACHED, None, None
+    if step is None:
+        step = _prepare(q, k, v, w, beta, g, cache, scale=scale, backend=backend, config=config)
+        if plans is not None and key is not _UNCACHED and key[2] is not _UNCACHED:
+            plans[key] = step
+        return step(q, k, v, w, beta, g, cache, checked=True)
+    return step(q, k, v, w, beta, g, cache)
+
+
+class _Step:
+    """A decode call resolved for one key: ``run`` (the backend's step) plus the per-call value checks."""
+
+    __slots__ = ("run", "spec", "check_values")
+
+    def __init__(self, run, spec, check_values: bool) -> None:
+        self.run, self.spec, self.check_values = run, spec, check_values
+
+    def __call__(self, q, k, v, w, beta, g, cache, *, checked: bool = False):
+        if self.check_values and not checked:
+            from .validation import _check_values
+
+            args = {"q": q, "k": k, "v": v, "w": w, "beta": beta}
+            if g is not None:
+                args["g"] = g
+            _check_values(self.spec, args)
+        return self.run(q, k, v, w, beta, g, cache)
+
+
+def _prepare(q, k, v, w, beta, g, cache, *, scale, backend, config) -> _Step:
+    """Every check of a decode call and the resolved step of its backend (runs once per call key)."""
     _env.check_once()
     spec = load_spec()
     info = validate_inputs(spec, q, k, v, w, beta, g, scale=scale)
     chosen = _resolve(backend, q.device)
     _check_cache(cache, q, k, v, g, chosen)
+    check_values = value_checks_enabled(q.device)
     tvm_step = None
     if backend == "auto" and chosen == "triton" and config is None:
-        from .decode_dispatch import decode_plan   # a TVM plan also means the cache is in q's dtype
+        from .decode_dispatch import decode_plan  # a TVM plan also means the cache is in q's dtype
 
         plan = decode_plan(q, k, v, g, cache)
         chosen, config, tvm_step = plan.backend, plan.triton_params, plan.tvm_step
@@ -143,29 +233,34 @@ def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Opt
     if chosen == "reference":
         from .reference.recurrent import path_attention_decode as ref_decode
 
-        return ref_decode(q, k, v, w, beta, g, cache, scale=scale, gate_placement=placement)
+        def run(q, k, v, w, beta, g, cache):
+            return ref_decode(q, k, v, w, beta, g, cache, scale=scale, gate_placement=placement)
+        return _Step(run, spec, check_values)
     check_head_dims(spec, info, chosen)
-    w32, b32 = w.float(), beta.float()
-    g32 = None if g is None else g.float()
     if chosen == "triton":
-        from pathtune.codegen.triton import path_decode_triton
+        from pathtune.codegen.triton.decode import prepare
 
-        return path_decode_triton(q, k, v, w32, b32, g32, cache, scale=scale, config=config,
-                                  gate_placement=placement)
+        triton_step = prepare(q, k, v, w, beta, g, cache, scale=scale, config=config, gate_placement=placement)
+
+        def run(q, k, v, w, beta, g, cache):
+            return triton_step(q, k, v, w, beta, g, cache)
+        return _Step(run, spec, check_values)
     # tvm: its fused step takes one token per launch; a multi-token call runs them in order
-    if tvm_step is not None:   # dispatched: modules found and loaded by the plan
-        return torch.stack([tvm_step(q[:, t], k[:, t], v[:, t], w32[:, t], b32[:, t],
-                                     None if g32 is None else g32[:, t], cache, scale=scale)[0]
-                            for t in range(q.shape[1])], dim=1)
-    if placement != "inside_scale":
-        raise NotImplementedError(f"backend 'tvm' implements gate placement 'inside_scale' only, the spec says "
-                                  f"{placement!r}; use backend='triton'")
-    from pathtune.codegen.tvm.runtime import path_attention_decode_step_tvm
+    if tvm_step is None:
+        if placement != "inside_scale":
+            raise NotImplementedError(f"backend 'tvm' implements gate placement 'inside_scale' only, the spec says "
+                                      f"{placement!r}; use backend='triton'")
+        from pathtune.codegen.tvm.runtime import path_attention_decode_step_tvm
 
-    outs = []
-    for t in range(q.shape[1]):
-        o_t, _ = path_attention_decode_step_tvm(q[:, t], k[:, t], v[:, t], w32[:, t], b32[:, t],
-                                                None if g32 is None else g32[:, t], cache, scale=scale,
-                                                config=config)
-        outs.append(o_t)
-    return torch.stack(outs, dim=1)
+        def one(q_t, k_t, v_t, w_t, b_t, g_t, cache, *, scale):
+            return path_attention_decode_step_tvm(q_t, k_t, v_t, w_t, b_t, g_t, cache, scale=scale, config=config)
+    else:   # dispatched: modules found and loaded by the plan
+        one = tvm_step
+
+    def run(q, k, v, w, beta, g, cache):
+        w32, b32 = w.float(), beta.float()
+        g32 = None if g is None else g.float()
+        return torch.stack([one(q[:, t], k[:, t], v[:, t], w32[:, t], b32[:, t],
+                                None if g32 is None else g32[:, t], cache, scale=scale)[0]
+                            for t in range(q.shape[1])], dim=1)
+    return _Step(run, spec, check_values)

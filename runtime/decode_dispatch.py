@@ -31,7 +31,7 @@ from pathtune import _env
 
 from . import dispatch
 
-__all__ = ["DecodePlan", "decode_plan", "plan_for"]
+__all__ = ["DecodePlan", "decode_plan", "plan_for", "tuned_triton_params"]
 
 _log = logging.getLogger("pathtune.dispatch")
 _MEASURED = ("pack", "perf_db", "bucket")    # sources that name a config measured for this shape
@@ -155,13 +155,45 @@ def decode_plan(q, k, v, g, cache) -> DecodePlan:
     """``plan_for`` of a ``path_attention_decode`` call (q [B,T,HQ,D], k [B,T,H,D], v [B,T,H,DV])."""
     B, T, HQ, D = q.shape
 
-    def triton_params():
-        from .cache import _tuned_params   # the layer's Triton decode params (fwd plan + decode choice)
+    keys = cache._hint + T   # the host's last known length: no device read
 
-        return _tuned_params("decode", q, k, v, g, int(cache.length) + T, "triton")
+    def triton_params():
+        return tuned_triton_params("decode", q, k, v, g, keys, "triton")
 
     return plan_for(q.device, D, v.shape[-1], HQ, k.shape[2], q.dtype, cache.k.dtype, g is not None,
-                    int(cache.length) + T, B, triton_params)
+                    keys, B, triton_params)
+
+
+def tuned_triton_params(pass_: str, q, k, v, g, keys: int, backend: str):
+    """TritonParams for a prefill ("fwd") or decode step on CUDA from the dispatcher (pack / perf_db /
+    heuristic): the forward plan's knobs, plus the "decode" pass's choice for a decode step; None (heuristic
+    inside the launcher) off CUDA or for other backends. ``keys``: tokens attended (length bucket)."""
+    if q.device.type != "cuda" or backend not in ("auto", "triton"):
+        return None
+    from pathtune.specs.canonical import dtype_name
+    from pathtune.specs.workload import batch_bucket, seq_bucket
+
+    B, _, HQ, D = q.shape
+    H, DV = k.shape[2], v.shape[-1]
+    key = (pass_, q.device.index, D, DV, HQ, H, q.dtype, g is not None, seq_bucket(keys), batch_bucket(B))
+    cached = dispatch.get_dispatcher().decode_plans   # forgotten by dispatch.clear_cache()
+    params = cached.get(("params", key))
+    if params is None:
+        import json
+
+        from pathtune.codegen._knobs import params_from_config
+        from pathtune.codegen.triton.params import TritonParams
+
+        plan = dispatch.select_plan(q.device, D, DV, HQ, H, dtype_name(q.dtype), g is not None, keys, B, False)
+        merged = json.loads(plan.params_json)
+        if pass_ == "decode":
+            from pathtune.specs import Workload
+
+            wl = Workload(head_dim=D, head_dim_v=DV, heads_q=HQ, heads_kv=H, dtype=dtype_name(q.dtype),
+                          use_gate=g is not None, pass_="decode", seq_bucket=key[8], batch_bucket=key[9])
+            merged.update(dispatch.select_config("decode", wl, q.device).config.to_dict())
+        params = cached[("params", key)] = params_from_config(TritonParams, merged)
+    return params
 
 
 def _triton_params(choice, D: int, DV: int):

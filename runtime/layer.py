@@ -212,9 +212,16 @@ class PaTHAttention(nn.Module):
         if cache is None:
             o = path_attention(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, backend=self.backend)
         elif state is None:
-            o, kv = prefill_fn(self.backend)(q, k, v, w, beta, g, scale=scale)
-            cache.set(self.layer_idx, LayerState(kv, conv_state))
+            cap = cache.max_len
+            if cap is not None and cap < T:
+                raise ValueError(f"PaTHAttention: the prompt has {T} tokens but PaTHCache(max_len={cap}) holds at most "
+                                 f"{cap}; create the cache with max_len >= the prompt plus the tokens to generate")
+            o, kv = prefill_fn(self.backend)(q, k, v, w, beta, g, scale=scale, max_len=cap, static=cap is not None)
+            # own buffer (not a view of the prefill's padded input), updated in place by decode steps
+            conv = None if conv_state is None else conv_state.clone(memory_format=torch.contiguous_format)
+            cache.set(self.layer_idx, LayerState(kv, conv))
         else:
             o = decode_fn(self.backend)(q, k, v, w, beta, g, state.kv, scale=scale)
-            state.conv = conv_state
+            if conv_state is not None:
+                state.conv.copy_(conv_state)   # in place: a captured CUDA graph keeps reading this buffer
         return self.o_proj(o.reshape(B, T, self.num_heads * self.value_head_dim))

@@ -318,7 +318,8 @@ _CHILD = textwrap.dedent("""
     import json, os, sys
     assert "TRITON_INTERPRET" not in os.environ
     from pathtune.codegen.triton import TritonParams
-    from pathtune.codegen.triton.compile_check import compile_kernel, decode_kernels
+    from pathtune.codegen.triton.compile_check import compile_kernel
+    from pathtune.codegen.triton.decode import decode_compile_specs as decode_kernels
     from dataclasses import replace
     out = []
     for D in (64, 128):

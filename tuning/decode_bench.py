@@ -79,7 +79,7 @@ def _median_ms(fn: Callable[[], object]) -> float:
 def make_cache(B: int, T: int, H: int, D: int, gate: bool, *, device: str, gen: torch.Generator,
                dtype=torch.bfloat16, extra: int = 1):
     """A PaTHKVCache of length T (capacity T + extra) with random keys/values and real gate decay."""
-    from pathtune.runtime.reference.recurrent import PaTHKVCache
+    from pathtune.codegen.kv_cache import PaTHKVCache
 
     cache = PaTHKVCache.empty(B, H, D, D, H, max_len=T + extra, gated=gate, dtype=dtype, device=device)
     cache.k[:, :T] = torch.randn(B, T, H, D, device=device, generator=gen).to(dtype)
@@ -106,8 +106,9 @@ def accuracy(cache, step, config, prefix: int = 2048, decode: Optional[Callable]
     """One step on a copy of batch 0's first `prefix` keys: Triton vs the float64 reference (o and K).
 
     ``decode(xs, sub_cache) -> o [1,1,HQ,DV]``: another step to check instead of Triton's (the TVM step)."""
+    from pathtune.codegen.kv_cache import PaTHKVCache
     from pathtune.codegen.triton import path_decode_triton
-    from pathtune.runtime.reference.recurrent import PaTHKVCache, path_attention_decode
+    from pathtune.runtime.reference.recurrent import path_attention_decode
 
     n = min(prefix, cache.length)
     sub = PaTHKVCache(cache.k[:1, :n + 1].clone(), cache.v[:1, :n + 1].clone(),
@@ -270,7 +271,7 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                     from .decode_tvm import load_step, time_tvm
 
                     time_tvm(row, cache, step, tvm_sets, keys0, median_ms=_median_ms, log=log,
-                             loader=tvm_loader or load_step)
+                             accuracy=accuracy, limit=ACCURACY_LIMIT, loader=tvm_loader or load_step)
                 if "triton" in backends:
                     try:
                         row.errors = accuracy(cache, step, params)

@@ -95,11 +95,12 @@ def load_step(s: TVMSet):
 
 
 def time_tvm(row, cache, step, sets, keys0, *, median_ms: Callable, log: Callable[[str], None],
-             loader: Callable[[TVMSet], Any] = load_step) -> None:
+             accuracy: Callable[..., dict], limit: float, loader: Callable[[TVMSet], Any] = load_step) -> None:
     """Check and time every set built for ``row``'s shape (entries in ``row.tvm_sweep``); the fastest accurate
-    one becomes ``row.times["tvm"]`` and ``row.tvm_params``; none: ``row.failures["tvm"]`` says why."""
-    from .decode_bench import ACCURACY_LIMIT, accuracy
+    one becomes ``row.times["tvm"]`` and ``row.tvm_params``; none: ``row.failures["tvm"]`` says why.
 
+    ``accuracy(cache, step, None, decode=fn) -> {"o": rel. error, ...}`` and ``limit`` (the largest accepted
+    error of o): the bench's float64 check (decode_bench.accuracy, ACCURACY_LIMIT), passed in by the bench."""
     fitting = [s for s in sets if s.fits(row.heads, row.head_dim, row.gate)]
     if not fitting:
         row.failures["tvm"] = f"no TVM module set built for H{row.heads} D{row.head_dim} gate={row.gate}"
@@ -117,8 +118,8 @@ def time_tvm(row, cache, step, sets, keys0, *, median_ms: Callable, log: Callabl
                 return tvm(*[None if x is None else x[:, 0] for x in xs], sub)[0][:, None]
 
             entry["errors"] = accuracy(cache, step, None, decode=one)
-            if not entry["errors"]["o"] < ACCURACY_LIMIT:
-                raise RuntimeError(f"accuracy check failed: o error {entry['errors']['o']:.3g} >= {ACCURACY_LIMIT}")
+            if not entry["errors"]["o"] < limit:
+                raise RuntimeError(f"accuracy check failed: o error {entry['errors']['o']:.3g} >= {limit}")
             T = row.cache_len
 
             def run(tvm=tvm):

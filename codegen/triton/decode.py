@@ -7,15 +7,21 @@ j < L+t in place, ``k_j <- k_j - beta_t (k_j . w_t) w_t``, and lets q_t attend (
 FoX gate c_{L+t} - c_j) over rows j <= L+t.
 
 ``decode_kernel`` does all of that in one pass over the cache: grid (B*H, splits); a program owns
-a contiguous range of key tiles of one (batch, kv head).  It first writes the new tokens' rows that
-fall in its range (raw k, v; gate cumsums c_{L-1} + g_L + ...), so the host issues no copies; then
-per tile it loads K once, applies the
+a contiguous range of key tiles of one (batch, kv head).  The cache length L is read on the device
+(``cache.length_tensor``), and each split derives its tile range from it, so the grid depends only
+on the cache's capacity and one launch (or a captured CUDA graph of it) serves any length.  A program
+first writes the new tokens' rows that fall in its range (raw k, v; gate cumsums c_{L-1} + g_L + ...),
+so the host issues no copies; then per tile it loads K once, applies the
 T_new rank-one updates in order (math in fp32, each result rounded to the cache dtype as the
 reference stores it), computes the logits of token t right after the update by H_t, writes the
 updated K back, loads V, and advances a partial online softmax (m, l, acc) for every query head of
 the kv-head group (GQA: K and V are read once per group).  ``decode_merge_kernel`` combines the
 splits.  A step with one token and one query head per kv head (MHA) uses row reductions instead of
-tensor-core products (no padding of the single query row to 16).
+tensor-core products (no padding of the single query row to 16).  w, beta and g are read in their
+own dtype and converted to fp32 in registers.  ``decode_merge_kernel`` also advances the device
+length by T_new (after every split has read it), so a step is two launches and no host sync.  Rows
+past the capacity are never written (a replayed graph that overflows drops them; the length then
+exceeds the capacity, which the cache reports).
 
 Knobs (spec pass ``decode``): decode_block_n (key tile), decode_num_warps, decode_splits (split-K
 factor, capped by the number of tiles), decode_num_stages (software pipelining of the key-tile loop),
@@ -30,11 +36,13 @@ import torch
 import triton
 import triton.language as tl
 
+from pathtune.codegen.kv_cache import PaTHKVCache
+
 from ._ops import interpreting, mm
 from .params import TritonParams
 
 __all__ = ["decode_kernel", "decode_merge_kernel", "path_decode_triton", "path_prefill_triton",
-           "current_frame_keys_triton", "decode_params", "decode_loop_stages"]
+           "current_frame_keys_triton", "decode_params", "decode_loop_stages", "TritonDecodeStep"]
 
 _LOG2E = 1.4426950408889634
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" of the running max (keeps exp2(m_old - m_new) NaN-free)
@@ -66,19 +74,20 @@ def _to_cache(x, cdt: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, row_lo, row_hi,
+def _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, N, row_lo, row_hi,
                  H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
                  BDV: tl.constexpr, TN: tl.constexpr, TNP: tl.constexpr, GP: tl.constexpr,
                  USE_GATE: tl.constexpr, OFF64: tl.constexpr, INTERP: tl.constexpr):
     """Write the new tokens' raw keys/values (and gate cumsums) into cache rows L .. L+TN-1 that lie
-    in this program's rows [row_lo, row_hi); the caller's tile loop reads them after a barrier."""
+    in this program's rows [row_lo, row_hi) and below N (the capacity-clamped end); the caller's tile loop
+    reads them after a barrier."""
     HQ: tl.constexpr = H * G
     cdt = k_base.dtype.element_ty
     t = tl.arange(0, TNP)
     d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
     rows = L + t
-    own = (t < TN) & (rows >= row_lo) & (rows < row_hi)
+    own = (t < TN) & (rows >= row_lo) & (rows < row_hi) & (rows < N)
     nr = rows.to(tl.int64) if OFF64 else rows
     kn = tl.load(knew_ptr + ((b * TN + t) * H + h)[:, None] * D + d[None, :],
                  mask=own[:, None] & (d < D)[None, :], other=0.0)
@@ -96,17 +105,17 @@ def _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, row
         run = tl.load(c_base + prev * HQ + hq, mask=gmask & (L > 0), other=0.0)
         cn = tl.zeros([TNP, GP], tl.float32)
         for s in tl.static_range(TN):
-            run = run + tl.load(g_ptr + (b * TN + s) * HQ + hq, mask=gmask, other=0.0)
+            run = run + tl.load(g_ptr + (b * TN + s) * HQ + hq, mask=gmask, other=0.0).to(tl.float32)
             cn = tl.where((t == s)[:, None], run[None, :], cn)
         tl.store(c_base + nr[:, None] * HQ + hq[None, :], cn, mask=own[:, None] & gmask[None, :])
 
 
-# cache positions change every step: no per-value specialisation (a recompile for every L % 16 == 0 switch)
-@triton.jit(do_not_specialize=["L", "N", "max_len", "tiles_per_split", "n_splits"])
+# the capacity changes when a growable cache grows: no per-value specialisation (a recompile per size class)
+@triton.jit(do_not_specialize=["max_len", "n_splits"])
 def decode_kernel(
-    q_ptr, knew_ptr, vnew_ptr, w_ptr, beta_ptr, g_ptr, k_ptr, v_ptr, c_ptr,
+    q_ptr, knew_ptr, vnew_ptr, w_ptr, beta_ptr, g_ptr, k_ptr, v_ptr, c_ptr, len_ptr,
     m_part, l_part, acc_part,
-    L, N, max_len, tiles_per_split, n_splits,
+    max_len, n_splits,
     qk_scale, gate_scale,
     H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr, TN: tl.constexpr, TNP: tl.constexpr, GP: tl.constexpr, R: tl.constexpr,
@@ -115,11 +124,13 @@ def decode_kernel(
 ):
     """One split of one (batch, kv head): in-place rank-one updates of its key tiles + partial softmax.
 
-    New tokens: q [B, TN, H*G, D], k [B, TN, H, D], v [B, TN, H, DV], w [B, TN, H, D] fp32,
-    beta [B, TN, H] fp32, g [B, TN, H*G] fp32 (contiguous).  Cache: k [B, max_len, H, D],
-    v [B, max_len, H, DV], c [B, max_len, H*G] fp32 (contiguous: the row strides are constexpr, so the
-    compiler sees aligned, vectorisable rows); rows 0 .. L-1 hold the cache, the new tokens go to rows
-    L .. N-1 (N = L + TN), written here by the program that owns them.  OFF64: row offsets need 64 bits.
+    New tokens: q [B, TN, H*G, D], k [B, TN, H, D], v [B, TN, H, DV], w [B, TN, H, D], beta [B, TN, H],
+    g [B, TN, H*G] (contiguous; w / beta / g in any float dtype, converted to fp32 here).  Cache:
+    k [B, max_len, H, D], v [B, max_len, H, DV], c [B, max_len, H*G] fp32 (contiguous: the row strides are
+    constexpr, so the compiler sees aligned, vectorisable rows); L = len_ptr[0] (int32, on the device):
+    rows 0 .. L-1 hold the cache, the new tokens go to rows L .. N-1 (N = L + TN, both clamped to max_len),
+    written here by the program that owns them.  Split ``split`` of ``n_splits`` takes the split's share of
+    the cdiv(N, BLOCK_N) key tiles (possibly none).  OFF64: row offsets need 64 bits.
     Partials: m/l [B*H, n_splits, R], acc [B*H, n_splits, R, BDV] (fp32, base-2 logits).
     Query row r = t * G + g (token t, head h*G + g); rows >= TN*G are padding.
     STAGES: software-pipelining stages of the key-tile loop (``tl.range(num_stages=)``: the loads of
@@ -128,6 +139,8 @@ def decode_kernel(
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
+    L = tl.minimum(tl.load(len_ptr), max_len)
+    N = tl.minimum(L + TN, max_len)
     b = (pid // H).to(tl.int64)
     h = pid % H
     HQ: tl.constexpr = H * G
@@ -143,23 +156,24 @@ def decode_kernel(
     bb = beta_ptr + b * TN * H + h
     rn = tl.arange(0, BLOCK_N)
     n_tiles = tl.cdiv(N, BLOCK_N)
+    tiles_per_split = tl.cdiv(n_tiles, n_splits)
     t_lo = split * tiles_per_split
     t_hi = tl.minimum(t_lo + tiles_per_split, n_tiles)
     part = pid * n_splits + split
 
-    _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, t_lo * BLOCK_N, t_hi * BLOCK_N,
+    _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, N, t_lo * BLOCK_N, t_hi * BLOCK_N,
                  H, G, D, DV, BD, BDV, TN, TNP, GP, USE_GATE, OFF64, INTERP)
     tl.debug_barrier()  # the new rows are read back by other threads of this program
 
     if ROWWISE:
         # TN == 1, G == 1: one query row; logits and P.V by row reductions
         qv = tl.load(q_ptr + (b * HQ + h) * D + d, mask=dmask, other=0.0).to(tl.float32)
-        w0 = tl.load(wb + d, mask=dmask, other=0.0)
-        beta0 = tl.minimum(tl.load(bb), BETA_MAX)
+        w0 = tl.load(wb + d, mask=dmask, other=0.0).to(tl.float32)
+        beta0 = tl.minimum(tl.load(bb).to(tl.float32), BETA_MAX)
         if USE_GATE:
             prev = (L - 1).to(tl.int64) if OFF64 else L - 1
             c_prev = tl.load(c_base + prev * HQ + h, mask=L > 0, other=0.0)
-            c_i = c_prev + tl.load(g_ptr + b * HQ + h)
+            c_i = c_prev + tl.load(g_ptr + b * HQ + h).to(tl.float32)
         m_i = tl.full([1], _NEG, tl.float32)
         l_i = tl.zeros([1], tl.float32)
         acc = tl.zeros([BDV], tl.float32)
@@ -204,7 +218,7 @@ def decode_kernel(
             prev = (L - 1).to(tl.int64) if OFF64 else L - 1
             c_i = tl.load(c_base + prev * HQ + hq_r, mask=rvalid & (L > 0), other=0.0)
             for si in tl.static_range(TN):
-                c_i += tl.load(g_ptr + (b * TN + si) * HQ + hq_r, mask=rvalid & (t_r >= si), other=0.0)
+                c_i += tl.load(g_ptr + (b * TN + si) * HQ + hq_r, mask=rvalid & (t_r >= si), other=0.0).to(tl.float32)
         m_i = tl.full([R], _NEG, tl.float32)
         l_i = tl.zeros([R], tl.float32)
         acc = tl.zeros([R, BDV], tl.float32)
@@ -219,8 +233,8 @@ def decode_kernel(
             s = tl.zeros([R, BLOCK_N], tl.float32)
             for t in tl.static_range(TN):  # keys carried in the cache dtype between the updates
                 K = Kc.to(tl.float32)
-                wt = tl.load(wb + t * H * D + d, mask=dmask, other=0.0)
-                bt = tl.minimum(tl.load(bb + t * H), BETA_MAX)
+                wt = tl.load(wb + t * H * D + d, mask=dmask, other=0.0).to(tl.float32)
+                bt = tl.minimum(tl.load(bb + t * H).to(tl.float32), BETA_MAX)
                 a = tl.where(n < L + t, bt * tl.sum(K * wt[None, :], axis=1), 0.0)
                 Kc = _to_cache(K - a[:, None] * wt[None, :], cdt, INTERP)
                 st = _dot(Q, tl.trans(Kc), F32, INTERP)
@@ -228,7 +242,7 @@ def decode_kernel(
                     s = st
                 else:
                     s = tl.where((t_r == t)[:, None], st, s)
-            tl.store(k_base + koff, Kc, mask=(n < L + TN - 1)[:, None] & dmask[None, :])
+            tl.store(k_base + koff, Kc, mask=((n < L + TN - 1) & nmask)[:, None] & dmask[None, :])
             s = s * qk_scale
             if USE_GATE:
                 c_j = tl.load(c_base + nr[None, :] * HQ + hq_r[:, None],
@@ -253,11 +267,12 @@ def decode_kernel(
 
 @triton.jit(do_not_specialize=["n_splits"])
 def decode_merge_kernel(
-    m_part, l_part, acc_part, o_ptr, lse_ptr, n_splits,
+    m_part, l_part, acc_part, o_ptr, lse_ptr, len_ptr, n_splits,
     H: tl.constexpr, G: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, TN: tl.constexpr,
-    R: tl.constexpr, INTERP: tl.constexpr,
+    R: tl.constexpr, STORE_LSE: tl.constexpr, INTERP: tl.constexpr,
 ):
-    """Combine the split partials of one (batch, kv head): o [B, TN, H*G, DV], lse [B, TN, H*G] (natural log)."""
+    """Combine the split partials of one (batch, kv head): o [B, TN, H*G, DV], lse [B, TN, H*G] (natural log,
+    with STORE_LSE); program 0 advances the device cache length by TN (decode_kernel has finished reading it)."""
     pid = tl.program_id(0)
     b = (pid // H).to(tl.int64)
     h = pid % H
@@ -280,7 +295,10 @@ def decode_merge_kernel(
     row = (b * TN + r // G) * HQ + h * G + r % G
     tl.store(o_ptr + row[:, None] * DV + dv[None, :], _to_cache(o, o_ptr.dtype.element_ty, INTERP),
              mask=rvalid[:, None] & (dv < DV)[None, :])
-    tl.store(lse_ptr + row, (m + tl.log2(l_sum)) * 0.6931471805599453, mask=rvalid)
+    if STORE_LSE:
+        tl.store(lse_ptr + row, (m + tl.log2(l_sum)) * 0.6931471805599453, mask=rvalid)
+    if pid == 0:
+        tl.store(len_ptr, tl.load(len_ptr) + TN)
 
 
 def _pow2(x: int) -> int:
@@ -325,8 +343,13 @@ def decode_layout(T_new: int, G: int) -> tuple[bool, int]:
     return False, _pow2(rows)
 
 
+_FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
 def _check_decode_args(q, k, v, w, beta, g, cache):
     """Shape/dtype/device checks of a decode step against the cache (clear ValueErrors)."""
+    if not isinstance(cache, PaTHKVCache):
+        raise TypeError(f"cache must be a pathtune.PaTHKVCache, got {type(cache).__name__}")
     for name, t in (("q", q), ("k", k), ("v", v), ("w", w), ("beta", beta)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -358,9 +381,9 @@ def _check_decode_args(q, k, v, w, beta, g, cache):
     if not q.is_floating_point() or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k, v must share one floating dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     for name, t in (("w", w), ("beta", beta), ("g", g)):
-        if t is not None and t.dtype != torch.float32:
-            raise ValueError(f"{name} must be float32 for the Triton decode kernel, got {t.dtype} "
-                             f"(convert with {name}.float())")
+        if t is not None and t.dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"{name} must be a float tensor (float32 preferred) for the Triton decode kernel, "
+                             f"got {t.dtype}")
     if cache.k.dtype not in _CACHE_DTYPES or cache.v.dtype != cache.k.dtype:
         raise ValueError(f"the cache must hold k and v in one of bfloat16/float16/float32, got "
                          f"{cache.k.dtype}/{cache.v.dtype}")
@@ -379,61 +402,125 @@ def _check_decode_args(q, k, v, w, beta, g, cache):
     return B, T, HQ, H, D, DV
 
 
+class TritonDecodeStep:
+    """A decode step prepared for fixed shapes, dtypes and knobs: ``step(q, k, v, w, beta, g, cache)``.
+
+    Everything that depends only on those (kernel constexprs, scales, split count, launch options) is
+    computed once here; a call reserves room in the cache (host-side capacity check, no device read),
+    launches ``decode_kernel`` and ``decode_merge_kernel`` on a scratch buffer the cache keeps, and
+    allocates only the output (and lse with ``return_lse``). It does not validate its inputs: build it
+    with ``path_decode_triton`` / ``prepare`` after ``_check_decode_args``. Inputs that are not contiguous
+    are copied. Capturable in a CUDA graph with a static cache (see codegen/kv_cache.py).
+    """
+
+    def __init__(self, *, B: int, TN: int, HQ: int, H: int, D: int, DV: int, q_dtype: torch.dtype,
+                 gated: bool, f32: bool, params: TritonParams, scale: Optional[float] = None,
+                 gate_placement: str = "inside_scale") -> None:
+        if gate_placement not in ("inside_scale", "outside_scale"):
+            raise ValueError(f"gate_placement must be 'inside_scale' or 'outside_scale', got {gate_placement!r}")
+        G = HQ // H
+        scale = D ** -0.5 if scale is None else float(scale)
+        self.B, self.TN, self.HQ, self.H, self.D, self.DV, self.G = B, TN, HQ, H, D, DV, G
+        self.q_dtype = q_dtype
+        self.rowwise, self.R = decode_layout(TN, G)
+        self.block_n = int(params.decode_block_n)
+        self.splits = max(1, int(params.decode_splits))
+        self.BDV = _pow2(DV)
+        self.num_warps = int(params.decode_num_warps)
+        self.qk_scale = scale * _LOG2E
+        self.gate_scale = (scale if gate_placement == "inside_scale" else 1.0) * _LOG2E
+        self.gated = gated
+        self.const = dict(H=H, G=G, D=D, DV=DV, BD=_pow2(D), BDV=self.BDV, TN=TN, TNP=triton.next_power_of_2(TN),
+                          GP=triton.next_power_of_2(G), R=self.R, BLOCK_N=self.block_n, ROWWISE=self.rowwise,
+                          F32=f32, USE_GATE=gated, BETA_MAX=params.beta_max, INTERP=interpreting(),
+                          STAGES=decode_loop_stages(params))
+        self.merge_const = dict(H=H, G=G, DV=DV, BDV=self.BDV, TN=TN, R=self.R, INTERP=self.const["INTERP"])
+        self._wide = max(D, DV, G)
+
+    def launch_splits(self, max_len: int) -> int:
+        """Splits per (batch, kv head): the knob, capped by the key tiles of the cache's capacity (the grid
+        must not depend on the length, which lives on the device)."""
+        return min(self.splits, max(1, triton.cdiv(max_len, self.block_n)))
+
+    def __call__(self, q, k, v, w, beta, g, cache: PaTHKVCache, *, return_lse: bool = False):
+        TN = self.TN
+        cache.reserve(TN)
+        max_len = cache.k.shape[1]
+        splits = self.launch_splits(max_len)
+        BH = self.B * self.H
+        nrow = BH * splits * self.R
+        pad = -(-nrow // 4) * 4  # 16-byte aligned sub-buffers
+        part = cache.workspace(("triton_decode", nrow, self.BDV), pad * (self.BDV + 2))
+        m_part, l_part, acc_part = part[:nrow], part[pad:pad + nrow], part[2 * pad:2 * pad + nrow * self.BDV]
+        xs = [x if x.is_contiguous() else x.contiguous() for x in (q, k, v, w, beta)]
+        gg = m_part if g is None else (g if g.is_contiguous() else g.contiguous())
+        decode_kernel[(BH, splits)](
+            *xs[:3], xs[3], xs[4], gg, cache.k, cache.v, cache.c if cache.c is not None else m_part,
+            cache.length_tensor, m_part, l_part, acc_part, max_len, splits, self.qk_scale, self.gate_scale,
+            OFF64=max_len * self.H * self._wide >= _OFF64_ELEMS, **self.const,
+            num_warps=self.num_warps, num_stages=2,
+        )
+        o = torch.empty(self.B, TN, self.HQ, self.DV, device=q.device, dtype=self.q_dtype)
+        lse = torch.empty(self.B, TN, self.HQ, device=q.device, dtype=torch.float32) if return_lse else m_part
+        decode_merge_kernel[(BH,)](m_part, l_part, acc_part, o, lse, cache.length_tensor, splits,
+                                   STORE_LSE=return_lse, **self.merge_const, num_warps=4, num_stages=1)
+        cache.advanced(TN)
+        return (o, lse) if return_lse else o
+
+
+@functools.lru_cache(maxsize=512)
+def _step_cached(B, TN, HQ, H, D, DV, q_dtype, gated, f32, params, scale, gate_placement) -> TritonDecodeStep:
+    return TritonDecodeStep(B=B, TN=TN, HQ=HQ, H=H, D=D, DV=DV, q_dtype=q_dtype, gated=gated, f32=f32,
+                            params=params, scale=scale, gate_placement=gate_placement)
+
+
+def prepare(q, k, v, w, beta, g, cache, *, scale: Optional[float] = None, config=None,
+            gate_placement: str = "inside_scale") -> TritonDecodeStep:
+    """Validate one decode call's arguments against the cache and return the (memoised) prepared step
+    for its shapes, dtypes and knobs; calls with the same metadata may then run the step directly."""
+    B, TN, HQ, H, D, DV = _check_decode_args(q, k, v, w, beta, g, cache)
+    params = decode_params(config, D, DV)
+    f32 = cache.k.dtype == torch.float32 or q.dtype != cache.k.dtype
+    return _step_cached(B, TN, HQ, H, D, DV, q.dtype, g is not None, f32, params,
+                        None if scale is None else float(scale), gate_placement)
+
+
 def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = None, config=None,
                        gate_placement: str = "inside_scale", return_lse: bool = False):
     """One PaTH(-FoX) decoding step of T_new >= 1 tokens on the fused Triton kernel (mutates ``cache``).
 
     q [B,T_new,HQ,D], k/w [B,T_new,H,D], v [B,T_new,H,DV], beta [B,T_new,H], g [B,T_new,HQ] or None
-    (w, beta, g float32); ``cache`` a ``PaTHKVCache`` (keys in the current frame, k/v in
-    bf16/fp16/fp32, gate cumsum fp32), grown on demand.  Token t attends causally to the cache and
-    to tokens <= t of this call, exactly as ``runtime.reference.path_attention_decode``.
+    (w, beta, g float32 preferred; other float dtypes are read as they are); ``cache`` a ``PaTHKVCache``
+    (keys in the current frame, k/v in bf16/fp16/fp32, gate cumsum fp32), grown on demand unless static.
+    Token t attends causally to the cache and to tokens <= t of this call, exactly as
+    ``runtime.reference.path_attention_decode``.
     ``config``: decode knobs (spec Config / mapping / TritonParams; None = heuristic).
     Returns o [B,T_new,HQ,DV] in q's dtype (and lse [B,T_new,HQ] float32 with ``return_lse``).
     """
-    if gate_placement not in ("inside_scale", "outside_scale"):
-        raise ValueError(f"gate_placement must be 'inside_scale' or 'outside_scale', got {gate_placement!r}")
-    B, TN, HQ, H, D, DV = _check_decode_args(q, k, v, w, beta, g, cache)
-    G = HQ // H
-    params = decode_params(config, D, DV)
-    scale = D ** -0.5 if scale is None else float(scale)
-    L = cache.length
-    cache.reserve(TN)
-    N = L + TN
-    rowwise, R = decode_layout(TN, G)
-    BLOCK_N = int(params.decode_block_n)
-    n_tiles = triton.cdiv(N, BLOCK_N)
-    splits = max(1, min(int(params.decode_splits), n_tiles))
-    per = triton.cdiv(n_tiles, splits)
-    splits = triton.cdiv(n_tiles, per)           # no empty split
+    step = prepare(q, k, v, w, beta, g, cache, scale=scale, config=config, gate_placement=gate_placement)
+    return step(q, k, v, w, beta, g, cache, return_lse=return_lse)
+
+
+def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
+                         heads: int = 8, group: int = 1, tokens: int = 1):
+    """(fn, signature, constexprs, num_warps, num_stages) of the decode step's two launches for
+    ``compile_check.compile_kernel`` (sm_90 compilation without a GPU), as ``TritonDecodeStep`` launches them."""
+    rowwise, R = decode_layout(tokens, group)
+    io = f"*{dtype}"
+    f32p = "*fp32"
+    sig = {n: io for n in ("q_ptr", "knew_ptr", "vnew_ptr", "k_ptr", "v_ptr", "o_ptr")}
+    for n in ("w_ptr", "beta_ptr", "g_ptr", "c_ptr", "m_part", "l_part", "acc_part", "lse_ptr"):
+        sig[n] = f32p
+    sig["len_ptr"] = "*i32"
+    sig["max_len"] = sig["n_splits"] = "i32"
+    sig["qk_scale"] = sig["gate_scale"] = "fp32"
     BD, BDV = _pow2(D), _pow2(DV)
-    dev = q.device
-    f32 = cache.k.dtype == torch.float32 or q.dtype != cache.k.dtype
-    nrow = B * H * splits * R
-    pad = -(-nrow // 4) * 4  # 16-byte aligned sub-buffers
-    part = torch.empty(pad * (BDV + 2), device=dev, dtype=torch.float32)  # one allocation per step
-    m_part, l_part, acc_part = part[:nrow], part[pad:pad + nrow], part[2 * pad:2 * pad + nrow * BDV]
-    c = cache.c if cache.c is not None else m_part
-    gate_scale = (scale if gate_placement == "inside_scale" else 1.0) * _LOG2E
-    decode_kernel[(B * H, splits)](
-        q.contiguous(), k.contiguous(), v.contiguous(), w.contiguous(), beta.contiguous(),
-        g.contiguous() if g is not None else m_part, cache.k, cache.v, c,
-        m_part, l_part, acc_part,
-        L, N, cache.max_len, per, splits,
-        scale * _LOG2E, gate_scale,
-        H=H, G=G, D=D, DV=DV, BD=BD, BDV=BDV, TN=TN, TNP=triton.next_power_of_2(TN),
-        GP=triton.next_power_of_2(G), R=R, BLOCK_N=BLOCK_N,
-        ROWWISE=rowwise, F32=f32, USE_GATE=g is not None, BETA_MAX=params.beta_max,
-        OFF64=cache.max_len * H * max(D, DV, G) >= _OFF64_ELEMS,
-        INTERP=interpreting(), STAGES=decode_loop_stages(params),
-        num_warps=int(params.decode_num_warps), num_stages=2,
-    )
-    o = torch.empty(B, TN, HQ, DV, device=dev, dtype=q.dtype)
-    lse = torch.empty(B, TN, HQ, device=dev, dtype=torch.float32)
-    decode_merge_kernel[(B * H,)](m_part, l_part, acc_part, o, lse, splits,
-                                  H=H, G=G, DV=DV, BDV=BDV, TN=TN, R=R, INTERP=interpreting(),
-                                  num_warps=4, num_stages=1)
-    cache.length = N
-    return (o, lse) if return_lse else o
+    const = dict(H=heads, G=group, D=D, DV=DV, BD=BD, BDV=BDV, TN=tokens, TNP=triton.next_power_of_2(tokens),
+                 GP=triton.next_power_of_2(group), R=R, BLOCK_N=params.decode_block_n,
+                 ROWWISE=rowwise, F32=dtype == "fp32", USE_GATE=gate, BETA_MAX=params.beta_max, OFF64=False,
+                 INTERP=False, STAGES=decode_loop_stages(params))
+    merge = dict(H=heads, G=group, DV=DV, BDV=BDV, TN=tokens, R=R, STORE_LSE=False, INTERP=False)
+    return [(decode_kernel, sig, const, params.decode_num_warps, 2), (decode_merge_kernel, sig, merge, 4, 1)]
 
 
 def current_frame_keys_triton(k, w, beta, *, params: TritonParams):
@@ -471,15 +558,13 @@ def current_frame_keys_triton(k, w, beta, *, params: TritonParams):
 
 def path_prefill_triton(q, k, v, w, beta, g=None, *, scale: Optional[float] = None, config=None,
                         max_len: Optional[int] = None, cache_dtype: Optional[torch.dtype] = None,
-                        gate_placement: str = "inside_scale"):
+                        gate_placement: str = "inside_scale", static: bool = False):
     """Prefill on the GPU: outputs of the Triton forward plus a current-frame ``PaTHKVCache``.
 
     Shapes as ``path_attention_triton`` (equal-length batch).  ``max_len`` (default T) is the cache
-    capacity (grown on demand by decoding); ``cache_dtype`` defaults to k's dtype; the gate cumsum
-    is float32.  Returns (o [B,T,HQ,DV], cache) with cache.length = T.
+    capacity (grown on demand by decoding unless ``static``); ``cache_dtype`` defaults to k's dtype;
+    the gate cumsum is float32.  Returns (o [B,T,HQ,DV], cache) with cache.length = T.
     """
-    from pathtune.runtime.reference.recurrent import PaTHKVCache
-
     from .autograd import path_attention_triton
 
     B, T, HQ, D = q.shape
@@ -492,7 +577,7 @@ def path_prefill_triton(q, k, v, w, beta, g=None, *, scale: Optional[float] = No
                                  gate_placement=gate_placement)
     cap = T if max_len is None else max(int(max_len), T)
     cache = PaTHKVCache.empty(B, H, D, DV, HQ, max_len=cap, gated=g is not None, dtype=cdt,
-                              gate_dtype=torch.float32, device=q.device)
+                              gate_dtype=torch.float32, device=q.device, static=static)
     with torch.no_grad():
         cache.k[:, :T] = current_frame_keys_triton(k, w, beta, params=params).to(cdt)
         cache.v[:, :T] = v.to(cdt)

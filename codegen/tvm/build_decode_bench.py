@@ -23,12 +23,15 @@ from .runtime import copy_runtime_libs
 
 # the layouts timed: the three that won a (shape, length) of session 4's G1 runs, and the spec default
 LAYOUTS = ("r2w8s8pf", "r4w4s8", "r2w4s8pf", "N128s4w4")
+# (heads, head dim) of `pathtune bench --pass decode` (tuning/decode_bench.py SHAPES; a test keeps them equal:
+# codegen does not import the bench)
+BENCH_SHAPES = ((16, 64), (8, 128))
 
 
 def plan(shapes=None, layouts=LAYOUTS) -> list[dict]:
     """The module sets: every (decode-bench shape, gate, layout)."""
     if shapes is None:
-        from pathtune.tuning.decode_bench import SHAPES as shapes
+        shapes = BENCH_SHAPES
     sets = []
     for H, D in shapes:
         for gated in (False, True):

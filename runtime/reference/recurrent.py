@@ -8,68 +8,25 @@ the "current frame" k_j^(t) = H_t ... H_{j+1} k_j and q_t . k_j^(t) = S_tj.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._common import (apply_gate, check_gate_placement, check_inputs, compute_dtype,
-                      resolve_scale)
-from .blockwise import (blockwise_path_attention, boundary_adjust_keys, chunk_transition,
-                        superchunk_transport, ut_transform)
+from pathtune.codegen.kv_cache import PaTHKVCache
+
+from ._common import apply_gate, check_gate_placement, check_inputs, compute_dtype, resolve_scale
+from .blockwise import (
+    blockwise_path_attention,
+    boundary_adjust_keys,
+    chunk_transition,
+    superchunk_transport,
+    ut_transform,
+)
 
 __all__ = ["PaTHKVCache", "current_frame_keys", "path_attention_prefill",
            "path_attention_decode_step", "path_attention_decode"]
-
-
-@dataclass
-class PaTHKVCache:
-    """KV cache for PaTH(-FoX) decoding (mutated in place by the decode functions).
-
-    k: [B, max_len, H, D]  keys in the CURRENT frame k_j^(t) = H_t ... H_{j+1} k_j, t = length-1
-    v: [B, max_len, H, DV]
-    c: [B, max_len, HQ] inclusive gate cumsum (float32, float64 for float64 gates), None if ungated
-    length: number of valid positions (rows >= length are unused capacity)
-    num_q_heads: HQ (needed for GQA when ungated)
-    """
-    k: Tensor
-    v: Tensor
-    c: Optional[Tensor]
-    length: int
-    num_q_heads: int
-
-    @property
-    def max_len(self) -> int:
-        return self.k.shape[1]
-
-    @property
-    def gated(self) -> bool:
-        return self.c is not None
-
-    @classmethod
-    def empty(cls, batch_size: int, num_kv_heads: int, head_dim: int, value_dim: int,
-              num_q_heads: Optional[int] = None, *, max_len: int = 0, gated: bool = False,
-              dtype: torch.dtype = torch.float32, gate_dtype: torch.dtype = torch.float32,
-              device=None) -> "PaTHKVCache":
-        """An empty cache (decode from scratch)."""
-        HQ = num_kv_heads if num_q_heads is None else num_q_heads
-        k = torch.zeros(batch_size, max_len, num_kv_heads, head_dim, dtype=dtype, device=device)
-        v = torch.zeros(batch_size, max_len, num_kv_heads, value_dim, dtype=dtype, device=device)
-        c = torch.zeros(batch_size, max_len, HQ, dtype=gate_dtype, device=device) if gated else None
-        return cls(k, v, c, 0, HQ)
-
-    def reserve(self, n: int) -> None:
-        """Make room for n more tokens (reallocates, at least doubling, when full)."""
-        need = self.length + n
-        if need <= self.max_len:
-            return
-        cap = max(need, 2 * self.max_len)
-
-        def grow(x):
-            return None if x is None else F.pad(x, [0, 0] * (x.dim() - 2) + [0, cap - x.shape[1]])
-        self.k, self.v, self.c = grow(self.k), grow(self.v), grow(self.c)
 
 
 def current_frame_keys(k: Tensor, w: Tensor, beta: Tensor, *, chunk_size: int = 64) -> Tensor:
@@ -100,12 +57,13 @@ def path_attention_prefill(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Ten
                            g: Optional[Tensor] = None, *, scale: Optional[float] = None,
                            gate_placement: str = "inside_scale", max_len: Optional[int] = None,
                            chunk_size: int = 64, superchunk_size: int = 256,
-                           cache_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, PaTHKVCache]:
+                           cache_dtype: Optional[torch.dtype] = None,
+                           static: bool = False) -> Tuple[Tensor, PaTHKVCache]:
     """Prefill: blockwise attention over the prompt plus a current-frame KV cache.
 
     Shapes as naive_path_attention (equal-length batch, no cu_seqlens). max_len (default T) is
-    the cache capacity (it grows on demand). cache_dtype defaults to k.dtype; the gate cumsum is
-    kept in float32 (float64 if g is float64).
+    the cache capacity (it grows on demand unless ``static``). cache_dtype defaults to k.dtype; the
+    gate cumsum is kept in float32 (float64 if g is float64).
 
     Returns (o [B,T,HQ,DV], cache) with cache.length = T.
     """
@@ -116,7 +74,8 @@ def path_attention_prefill(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Ten
     cap = T if max_len is None else max(int(max_len), T)
     cdt = k.dtype if cache_dtype is None else cache_dtype
     cache = PaTHKVCache.empty(B, H, D, DV, HQ, max_len=cap, gated=g is not None, dtype=cdt,
-                              gate_dtype=None if g is None else compute_dtype(g), device=k.device)
+                              gate_dtype=None if g is None else compute_dtype(g), device=k.device,
+                              static=static)
     cache.k[:, :T] = current_frame_keys(k, w, beta, chunk_size=chunk_size).to(cdt)
     cache.v[:, :T] = v.to(cdt)
     if g is not None:

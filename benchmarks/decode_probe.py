@@ -1,0 +1,414 @@
+"""Decoding as users call it, in one GPU run: the public decode step against SDPA, its profile, its CUDA-graph
+time, multi-token steps, generation tokens/s against a RoPE + SDPA model, and the correctness checks.
+
+    python benchmarks/decode_probe.py --out $OUT/decode_probe.json            # < 4 minutes on one H200
+    python benchmarks/decode_probe.py --out probe.json --quick                # smaller, for a first look
+
+Sections of the JSON (every number from this process, bf16, random inputs: beta in [1.5, 2), unit w,
+g = logsigmoid of random values, so real gate decay):
+
+* ``steps``: per (D, H, cache length, PaTH / PaTH-FoX, new tokens 1 / 4 / 16) at B = 8 --
+  ``pathtune_ms``: ``triton.testing.do_bench`` median of ``pathtune.path_attention_decode(..., backend=BACKEND)``
+  on a static cache whose length is reset to the cache length before every call (``reset_ms``: the reset alone,
+  one tiny fill kernel; ``pathtune_net_ms`` = the difference); ``sdpa_ms``: ``F.scaled_dot_product_attention``
+  of the same number of queries over the same cached keys (lower-right causal among the new tokens);
+  ``loop_ms``: wall time per [reset, call] of 200 back-to-back ones (the host cost a generation loop pays);
+  ``graph_ms`` / ``sdpa_graph_ms``: do_bench of a CUDA graph holding [reset, step] / the SDPA call;
+  ``x_sdpa`` = pathtune_net_ms / sdpa_ms, ``fox_x_path`` = PaTH-FoX / PaTH of the same row.
+* ``profiles``: one single-token step under torch.profiler (20 steps): kernel launches per step, GPU time per
+  step, wall time per step, and the kernels by name.
+* ``checks``: (a) decode vs a full recompute: a float64 reference prefill of 1000 tokens stored in bf16, then
+  public decode calls of 1, 4 and 16 tokens; each call's output vs the float64 naive attention over the whole
+  sequence, and the key cache vs the float64 current-frame keys (relative Frobenius error per tensor); (b) a
+  captured step replayed on new inputs equals the eager step on a twin cache (bitwise; max abs difference).
+* ``generate``: ``examples/lm_generate.py`` ``bench_generate`` cells (PaTH, PaTH-FoX, RoPE + SDPA; batch 1 and 8;
+  prompt 4096 and 32768; eager and graph), tokens/s and the ratio to RoPE.
+
+``--budget-s`` (default 225) bounds the run: sections not reached in time are listed under ``skipped``.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = ((64, 16), (128, 8))          # (D, H)
+CACHE_LENS = (4096, 32768)
+TOKENS = (1, 4, 16)
+BATCH = 8
+CHECK_PROMPT, CHECK_BATCH, CAPTURE_LEN = 1000, 2, 3000
+LOOP_N, PROFILE_N = 200, 20
+DEV, BACKEND, GRAPHS = "cuda", "auto", True
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def inputs(B, T, HQ, H, D, gate, *, gen, dtype=torch.bfloat16):
+    """q/k/v in dtype; unit w, beta in [1.5, 2), g = logsigmoid(randn + 3) (float32)."""
+    dev = DEV
+    q, k, v = (torch.randn(B, T, h, D, device=dev, generator=gen).to(dtype) for h in (HQ, H, H))
+    w = F.normalize(torch.randn(B, T, H, D, device=dev, generator=gen), dim=-1)
+    beta = 1.5 + 0.5 * torch.rand(B, T, H, device=dev, generator=gen)
+    g = F.logsigmoid(torch.randn(B, T, HQ, device=dev, generator=gen) + 3.0) if gate else None
+    return q, k, v, w, beta, g
+
+
+def random_cache(B, T, H, D, gate, cap, *, gen):
+    """A static bf16 cache of length T (capacity cap): random keys/values, the cumsum of real log gates."""
+    from pathtune import PaTHKVCache
+
+    c = PaTHKVCache.empty(B, H, D, D, H, max_len=cap, gated=gate, dtype=torch.bfloat16, device=DEV, static=True)
+    c.k[:, :T] = torch.randn(B, T, H, D, device=DEV, generator=gen).to(torch.bfloat16)
+    c.v[:, :T] = torch.randn(B, T, H, D, device=DEV, generator=gen).to(torch.bfloat16)
+    if gate:
+        c.c[:, :T] = torch.cumsum(F.logsigmoid(torch.randn(B, T, H, device=DEV, generator=gen) + 3.0), dim=1)
+    c.length = T
+    return c
+
+
+def sync() -> None:
+    if DEV == "cuda":
+        sync()
+
+
+def do_bench(fn) -> float:
+    if DEV != "cuda":   # the CPU smoke run: one timed call
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def sdpa_fn(cache, T, q):
+    """SDPA of q [B, TN, H, D] over the cache's first T + TN keys (lower-right causal for TN > 1)."""
+    TN = q.shape[1]
+    n = T + TN
+    qt = q.transpose(1, 2)
+    k = cache.k[:, :n].transpose(1, 2)
+    v = cache.v[:, :n].transpose(1, 2)
+    mask = None
+    if TN > 1:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(TN, n)
+
+    def run():
+        return F.scaled_dot_product_attention(qt, k, v, attn_mask=mask)
+    return run
+
+
+def capture(fn):
+    if not GRAPHS:
+        raise RuntimeError("CUDA graphs need a GPU")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def time_steps(out: dict, budget) -> None:
+    import pathtune
+
+    rows, sdpa_cache = [], {}
+    for D, H in SHAPES:
+        for T in CACHE_LENS:
+            for gate in (False, True):
+                gen = torch.Generator(device=DEV).manual_seed(D * 7 + T + gate)
+                cap = T + max(TOKENS) + 8
+                cache = random_cache(BATCH, T, H, D, gate, cap, gen=gen)
+                for TN in TOKENS:
+                    if budget.out():
+                        out["skipped"].append(f"steps D{D} T{T} gate={gate} TN={TN}")
+                        continue
+                    row = dict(D=D, H=H, HQ=H, B=BATCH, cache_len=T, gate=gate, tokens=TN)
+                    try:
+                        xs = inputs(BATCH, TN, H, H, D, gate, gen=gen)
+
+                        def step(xs=xs, cache=cache):
+                            return pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+
+                        def reset(cache=cache, T=T):
+                            cache.length = T
+
+                        def reset_step():
+                            reset()
+                            return step()
+
+                        reset_step()
+                        sync()
+                        row["pathtune_ms"] = do_bench(reset_step)
+                        row["reset_ms"] = do_bench(reset)
+                        row["pathtune_net_ms"] = row["pathtune_ms"] - row["reset_ms"]
+                        reset()
+                        sync()
+                        t0 = time.perf_counter()
+                        for _ in range(LOOP_N):
+                            reset_step()
+                        sync()
+                        row["loop_ms"] = (time.perf_counter() - t0) / LOOP_N * 1e3
+                        if GRAPHS:
+                            graph, _ = capture(reset_step)
+                            row["graph_ms"] = do_bench(graph.replay)
+                            del graph
+                        reset()
+                        cache.sync_length()
+                        skey = (D, H, T, TN)
+                        if skey not in sdpa_cache:
+                            run = sdpa_fn(cache, T, xs[0])
+                            run()
+                            sgraph = capture(run)[0] if GRAPHS else None
+                            sdpa_cache[skey] = (do_bench(run), do_bench(sgraph.replay) if GRAPHS else None)
+                            del sgraph
+                        row["sdpa_ms"], row["sdpa_graph_ms"] = sdpa_cache[skey]
+                        row["x_sdpa"] = row["pathtune_net_ms"] / row["sdpa_ms"]
+                        if GRAPHS:
+                            row["graph_x_sdpa_graph"] = row["graph_ms"] / row["sdpa_graph_ms"]
+                    except Exception as exc:  # noqa: BLE001 - record and go on
+                        row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+                        traceback.print_exc()
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                del cache
+                if DEV == "cuda":
+                    torch.cuda.empty_cache()
+    for r in rows:
+        if r["gate"] and "pathtune_net_ms" in r:
+            base = next((p for p in rows if not p["gate"] and "pathtune_net_ms" in p and
+                         (p["D"], p["cache_len"], p["tokens"]) == (r["D"], r["cache_len"], r["tokens"])), None)
+            if base is not None:
+                r["fox_x_path"] = r["pathtune_net_ms"] / base["pathtune_net_ms"]
+    out["steps"] = rows
+
+
+def profile_steps(out: dict, budget) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    import pathtune
+
+    prof_rows = []
+    for D, H in SHAPES:
+        for T in CACHE_LENS:
+            for gate in (False, True):
+                if budget.out():
+                    out["skipped"].append(f"profile D{D} T{T} gate={gate}")
+                    continue
+                gen = torch.Generator(device=DEV).manual_seed(D + T + gate)
+                n = PROFILE_N
+                cache = random_cache(BATCH, T, H, D, gate, T + n + 8, gen=gen)
+                xs = inputs(BATCH, 1, H, H, D, gate, gen=gen)
+                pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+                cache.length = T
+                sync()
+                acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])
+                with profile(activities=acts) as prof:
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+                    sync()
+                    wall = (time.perf_counter() - t0) / n
+                kernels: dict[str, list] = {}
+                gpu_us = 0.0
+                for e in prof.events():
+                    if str(getattr(e, "device_type", "")).endswith("CUDA") and getattr(e, "device_time_total", 0) > 0:
+                        k = kernels.setdefault(e.name, [0, 0.0])
+                        k[0] += 1
+                        k[1] += e.device_time_total
+                        gpu_us += e.device_time_total
+                launches = sum(c for c, _ in kernels.values())
+                row = dict(D=D, H=H, B=BATCH, cache_len=T, gate=gate, steps=n,
+                           launches_per_step=launches / n, gpu_us_per_step=gpu_us / n,
+                           wall_us_per_step_profiled=wall * 1e6,
+                           kernels={name: dict(count=c, us_per_step=t / n) for name, (c, t) in kernels.items()})
+                cache.length = T
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+                sync()
+                row["wall_us_per_step"] = (time.perf_counter() - t0) / n * 1e6
+                prof_rows.append(row)
+                print(json.dumps(row), flush=True)
+                del cache
+    out["profiles"] = prof_rows
+
+
+def correctness(out: dict, budget) -> None:
+    import pathtune
+    from pathtune.runtime.reference import naive_path_attention
+    from pathtune.runtime.reference.recurrent import current_frame_keys, path_attention_prefill
+
+    checks = {"decode_vs_recompute": [], "captured_vs_eager": []}
+    P = CHECK_PROMPT
+    for D, H in SHAPES:
+        for gate in (False, True):
+            if budget.out():
+                out["skipped"].append(f"checks D{D} gate={gate}")
+                continue
+            gen = torch.Generator(device=DEV).manual_seed(100 + D + gate)
+            B = CHECK_BATCH
+            total = P + sum(TOKENS)
+            full = inputs(B, total, H, H, D, gate, gen=gen)
+            f64 = [None if x is None else x.double() for x in full]
+            try:
+                ref_o = naive_path_attention(*f64)
+                _, ref_cache = path_attention_prefill(*[None if x is None else x[:, :P] for x in f64],
+                                                      max_len=total + 8, cache_dtype=torch.bfloat16)
+                from pathtune import PaTHKVCache
+
+                cache = PaTHKVCache(ref_cache.k.clone(), ref_cache.v.clone(),
+                                    None if ref_cache.c is None else ref_cache.c.float(), P, H, static=True)
+                t = P
+                for TN in TOKENS:
+                    xs = [None if x is None else x[:, t:t + TN] for x in full]
+                    o = pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+                    t += TN
+                    kr = current_frame_keys(f64[1][:, :t], f64[3][:, :t], f64[4][:, :t])
+                    checks["decode_vs_recompute"].append(dict(
+                        D=D, H=H, gate=gate, prompt=P, tokens=TN, o=rel(o, ref_o[:, t - TN:t]),
+                        k=rel(cache.k[:, :t], kr)))
+            except Exception as exc:  # noqa: BLE001
+                checks["decode_vs_recompute"].append(dict(D=D, H=H, gate=gate, error=f"{type(exc).__name__}: {exc}"))
+                traceback.print_exc()
+            # captured == eager
+            try:
+                for TN in ((1, 4) if GRAPHS else ()):
+                    c0 = random_cache(4, CAPTURE_LEN, H, D, gate, CAPTURE_LEN + 100, gen=gen)
+                    twin = copy.deepcopy(c0)
+                    static = inputs(4, TN, H, H, D, gate, gen=gen)
+                    warm = copy.deepcopy(c0)
+                    pathtune.path_attention_decode(*static, warm, backend=BACKEND)
+                    del warm
+                    graph, gout = capture(
+                        lambda c=c0, xs=static: pathtune.path_attention_decode(*xs, c, backend=BACKEND))
+                    worst, equal = 0.0, True
+                    for _ in range(5):
+                        xs = inputs(4, TN, H, H, D, gate, gen=gen)
+                        for dst, src in zip(static, xs):
+                            if dst is not None:
+                                dst.copy_(src)
+                        graph.replay()
+                        eo = pathtune.path_attention_decode(*xs, twin, backend=BACKEND)
+                        equal &= bool(torch.equal(gout, eo))
+                        worst = max(worst, float((gout.float() - eo.float()).abs().max()))
+                    n = twin.length
+                    checks["captured_vs_eager"].append(dict(
+                        D=D, H=H, gate=gate, tokens=TN, steps=5, o_equal=equal, o_max_abs_diff=worst,
+                        length_device=c0.length, length_eager=n,
+                        k_equal=bool(torch.equal(c0.k[:, :n], twin.k[:, :n]))))
+                    del graph, c0, twin
+            except Exception as exc:  # noqa: BLE001
+                checks["captured_vs_eager"].append(dict(D=D, H=H, gate=gate, error=f"{type(exc).__name__}: {exc}"))
+                traceback.print_exc()
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
+    out["checks"] = checks
+    print(json.dumps(checks), flush=True)
+
+
+def generation(out: dict, budget, quick: bool) -> None:
+    if budget.out():
+        out["skipped"].append("generate")
+        return
+    spec = importlib.util.spec_from_file_location("lm_generate", ROOT / "examples" / "lm_generate.py")
+    lm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lm)
+    prompts = (4096,) if quick else (4096, 32768)
+    kw = {}
+    if DEV != "cuda":   # the CPU smoke run: a tiny model, eager, the kernels in Triton's interpreter
+        prompts, kw = (24,), dict(modes=("eager",), hidden=64, layers=2, heads=2, vocab=50, gen=2, device="cpu",
+                                 dtype=torch.float32, backend="triton", batches=(1, 2))
+    cells = out["generate"] = []
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+        cells.append(json.loads(line))
+        budget.save(out)
+
+    final = lm.bench_generate(**{"batches": (1, 8), "prompts": prompts, "modes": ("eager", "graph"), "gen": 32,
+                                 "log": log, "should_stop": budget.out, **kw})
+    out["generate"] = final
+
+
+class Budget:
+    def __init__(self, seconds: float, path: str) -> None:
+        self.end = time.perf_counter() + seconds
+        self.path = path
+
+    def out(self) -> bool:
+        return time.perf_counter() > self.end
+
+    def save(self, out: dict) -> None:
+        Path(self.path).write_text(json.dumps(out, indent=1))   # partial results survive a timeout
+
+
+def smoke_config() -> None:
+    """Tiny shapes on the CPU with the Triton kernels in the interpreter (TRITON_INTERPRET=1), no CUDA graphs:
+    exercises every section's code for a CPU test; the numbers mean nothing."""
+    global SHAPES, CACHE_LENS, TOKENS, BATCH, CHECK_PROMPT, CHECK_BATCH, DEV, BACKEND, GRAPHS, LOOP_N, PROFILE_N
+    SHAPES, CACHE_LENS, TOKENS, BATCH, LOOP_N, PROFILE_N = ((32, 2),), (40,), (1, 4), 2, 2, 2
+    CHECK_PROMPT, CHECK_BATCH = 20, 1
+    DEV, BACKEND, GRAPHS = "cpu", "triton", False
+
+
+def main(argv=None) -> int:
+    global SHAPES, CACHE_LENS
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="JSON result file")
+    ap.add_argument("--budget-s", type=float, default=225.0, help="stop starting new sections after this long")
+    ap.add_argument("--quick", action="store_true", help="cache 4096 only, D 64 only, generation at 4K only")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: steps,profiles,checks,generate")
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1 (tests)")
+    args = ap.parse_args(argv)
+    if args.cpu_smoke:
+        smoke_config()
+    elif not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU")
+    if args.quick:
+        SHAPES, CACHE_LENS = SHAPES[:1], CACHE_LENS[:1]
+    skip = {s for s in args.skip.split(",") if s}
+    import triton
+
+    import pathtune
+
+    t0 = time.perf_counter()
+    budget = Budget(args.budget_s, args.out)
+    out = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (smoke run)",
+           "torch": torch.__version__, "triton": triton.__version__,
+           "python": sys.version.split()[0], "pathtune": pathtune.__version__, "batch": BATCH, "skipped": []}
+    sections = [("checks", lambda: correctness(out, budget)), ("steps", lambda: time_steps(out, budget)),
+                ("profiles", lambda: profile_steps(out, budget)),
+                ("generate", lambda: generation(out, budget, args.quick))]
+    for name, fn in sections:
+        if name in skip:
+            out["skipped"].append(name)
+            continue
+        t = time.perf_counter()
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - keep what the other sections measured
+            out.setdefault("errors", {})[name] = f"{type(exc).__name__}: {str(exc)[:600]}"
+            traceback.print_exc()
+        out.setdefault("section_s", {})[name] = round(time.perf_counter() - t, 1)
+        budget.save(out)
+    out["total_s"] = round(time.perf_counter() - t0, 1)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out} ({out['total_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
