@@ -17,9 +17,10 @@ g = logsigmoid of random values, so real gate decay):
   ``x_sdpa`` = pathtune_net_ms / sdpa_ms, ``fox_x_path`` = PaTH-FoX / PaTH of the same row.
 * ``profiles``: one single-token step under torch.profiler (20 steps): kernel launches per step, GPU time per
   step, wall time per step, and the kernels by name.
-* ``checks``: (a) decode vs a full recompute: a float64 reference prefill of 1000 tokens stored in bf16, then
-  public decode calls of 1, 4 and 16 tokens; each call's output vs the float64 naive attention over the whole
-  sequence, and the key cache vs the float64 current-frame keys (relative Frobenius error per tensor); (b) a
+* ``checks``: (a) decode vs a full recompute: a prompt of 1000 tokens prefilled by the float64 reference
+  (stored in bf16; ``prefill: reference``) or by the public ``path_attention_prefill`` (D 64; ``prefill: api``),
+  then public decode calls of 1, 4 and 16 tokens; each call's output vs the float64 naive attention over the
+  whole sequence, and the key cache vs the float64 current-frame keys (relative Frobenius error per tensor); (b) a
   captured step replayed on new inputs equals the eager step on a twin cache (bitwise; max abs difference).
 * ``generate``: ``examples/lm_generate.py`` ``bench_generate`` cells (PaTH, PaTH-FoX, RoPE + SDPA; batch 1 and 8;
   prompt 4096 and 32768; eager and graph), tokens/s and the ratio to RoPE.
@@ -269,17 +270,23 @@ def correctness(out: dict, budget) -> None:
                                                       max_len=total + 8, cache_dtype=torch.bfloat16)
                 from pathtune import PaTHKVCache
 
-                cache = PaTHKVCache(ref_cache.k.clone(), ref_cache.v.clone(),
-                                    None if ref_cache.c is None else ref_cache.c.float(), P, H, static=True)
-                t = P
-                for TN in TOKENS:
-                    xs = [None if x is None else x[:, t:t + TN] for x in full]
-                    o = pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
-                    t += TN
-                    kr = current_frame_keys(f64[1][:, :t], f64[3][:, :t], f64[4][:, :t])
-                    checks["decode_vs_recompute"].append(dict(
-                        D=D, H=H, gate=gate, prompt=P, tokens=TN, o=rel(o, ref_o[:, t - TN:t]),
-                        k=rel(cache.k[:, :t], kr)))
+                caches = {"reference": PaTHKVCache(ref_cache.k.clone(), ref_cache.v.clone(),
+                                                   None if ref_cache.c is None else ref_cache.c.float(), P, H,
+                                                   static=True)}
+                if D == SHAPES[0][0]:   # also the public prefill (its kernels are the generation section's)
+                    caches["api"] = pathtune.path_attention_prefill(
+                        *[None if x is None else x[:, :P] for x in full], max_len=total + 8, static=True,
+                        backend=BACKEND)[1]
+                for prefill, cache in caches.items():
+                    t = P
+                    for TN in TOKENS:
+                        xs = [None if x is None else x[:, t:t + TN] for x in full]
+                        o = pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+                        t += TN
+                        kr = current_frame_keys(f64[1][:, :t], f64[3][:, :t], f64[4][:, :t])
+                        checks["decode_vs_recompute"].append(dict(
+                            D=D, H=H, gate=gate, prefill=prefill, prompt=P, tokens=TN, o=rel(o, ref_o[:, t - TN:t]),
+                            k=rel(cache.k[:, :t], kr)))
             except Exception as exc:  # noqa: BLE001
                 checks["decode_vs_recompute"].append(dict(D=D, H=H, gate=gate, error=f"{type(exc).__name__}: {exc}"))
                 traceback.print_exc()

@@ -255,7 +255,8 @@ def test_decode_probe_cpu_smoke(tmp_path):
     d = json.loads(out.read_text())
     assert not d["skipped"] and not d.get("errors"), (d["skipped"], d.get("errors"))
     checks = d["checks"]["decode_vs_recompute"]
-    assert len(checks) == 4 and all(c["o"] < 2e-2 and c["k"] < 1e-2 for c in checks), checks
+    assert len(checks) == 8 and all(c["o"] < 2e-2 and c["k"] < 1e-2 for c in checks), checks
+    assert {c["prefill"] for c in checks} == {"reference", "api"}
     assert len(d["steps"]) == 4 and all("pathtune_ms" in r and "sdpa_ms" in r for r in d["steps"])
     assert all("fox_x_path" in r for r in d["steps"] if r["gate"])
     assert len(d["profiles"]) == 2 and len(d["generate"]) == 6   # 3 attentions x 2 batches, eager
