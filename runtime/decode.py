@@ -21,7 +21,9 @@ dispatcher (``runtime.dispatch.clear_cache()`` forgets them).
 
 CUDA graphs: with a static cache (``path_attention_prefill(..., max_len=N, static=True)`` or
 ``PaTHKVCache.empty(..., static=True)``) a Triton decode step captures into a CUDA graph and replays as
-the cache grows (the length lives on the device: codegen/kv_cache.py).
+the cache grows (the length lives on the device: codegen/kv_cache.py). Run one eager step with the same
+shapes before capturing (it compiles the kernels and prepares the step outside the capture), as for any
+CUDA-graph capture; ``examples/lm_generate.py`` (``generate(..., cuda_graph=True)``) shows the pattern.
 """
 from __future__ import annotations
 
