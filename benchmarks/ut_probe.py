@@ -1,10 +1,10 @@
 """GPU probe of the forward's UT stage: the one-launch kernel (``forward.ut_fused``) against the
 three-launch path (``forward.ut_forward``), per precision / apply mode / warps, with each variant's
-error on U, K~ and M (float32 outputs) against a float64 evaluation of the same formulas.
+error on U, K~ and M against a float64 evaluation of the same formulas.
 
     python benchmarks/ut_probe.py [--head-dims 64,128] [--tokens 32768] [--out ut_probe.json]
 
-Inputs: bf16, unit-norm w, beta in [1.5, 2), random keys; plus a stress input whose w are nearly
+Inputs as the bench's: bf16 keys, float32 unit-norm w and beta in [1.5, 2); plus a stress input whose w are nearly
 parallel inside each chunk at beta = 2 (errors only).  Times are ``do_bench`` medians (ms).
 """
 from __future__ import annotations
@@ -50,9 +50,9 @@ def inputs(N, H, D, stress, dev):
     else:
         w = torch.randn(N, H, D, device=dev, generator=g)
         beta = 1.5 + 0.5 * torch.rand(N, H, device=dev, generator=g)
-    w = torch.nn.functional.normalize(w, dim=-1).to(torch.bfloat16)
+    w = torch.nn.functional.normalize(w, dim=-1)
     k = torch.randn(N, H, D, device=dev, generator=g).to(torch.bfloat16)
-    return w, k, beta.to(torch.bfloat16)
+    return w, k, beta
 
 
 def main() -> None:
@@ -69,18 +69,19 @@ def main() -> None:
         base = TritonParams.heuristic(D)
         C = base.chunk_size
         tables = build_tables(1, N, None, C, base.superchunk_size, dev, block_m=base.block_m)
-        data = {s: inputs(N, H, D, s, dev) for s in (False, True)}
-        refs = {s: ut_reference(data[s][0], data[s][1], data[s][2].float(), C) for s in (False, True)}
         timed_dtype = fwd._TORCH_DTYPE[base.scan_dtype]   # the forward's compact state
+        data = {s: inputs(N, H, D, s, dev) for s in (False, True)}
+        # the reference takes w as the kernels do: rounded to the 16-bit state's type for the forward
+        refs = {s: ut_reference(data[s][0].to(timed_dtype).float(), data[s][1], data[s][2], C) for s in (False, True)}
         variants = [dict(path="three_launch", up=up) for up in ("tf32x3", "tf32")]
         variants += [dict(path="fused", up=up, apply=a, warps=nw)
-                     for up in ("tf32x3", "tf32") for a in (None, "tf32") for nw in (4, 8)]
+                     for up, a, nw in (("tf32x3", None, 4), ("tf32x3", None, 8), ("tf32x3", "tf32", 4), ("tf32", None, 4))]
         for v in variants:
             params = TritonParams.from_config(dict(ut_precision=v["up"]), base)
             def call(s, out_dtype=timed_dtype):
                 w, k, beta = data[s]
                 if v["path"] == "fused":
-                    mode = v["apply"] or fwd.ut_apply_mode(params, w.dtype, timed_dtype)   # as timed
+                    mode = v["apply"] or fwd.ut_apply_mode(params, timed_dtype)   # as timed
                     return fwd.ut_fused(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True,
                                         apply_mode=mode, num_warps=v["warps"])[:3]
                 return fwd.ut_forward(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True)[:3]
@@ -89,7 +90,7 @@ def main() -> None:
                 if dev.type == "cuda":
                     row["ms"] = triton.testing.do_bench(lambda: call(False), warmup=25, rep=200)
                 for s in (False, True):
-                    u, kt, m = call(s, torch.float32)   # the kernel's own error, not the 16-bit store's
+                    u, kt, m = call(s)
                     U, Kt, M = refs[s]
                     tag = "stress_" if s else ""
                     row.update({f"{tag}u_err": rel(u, U), f"{tag}kt_err": rel(kt, Kt), f"{tag}m_err": rel(m, M)})

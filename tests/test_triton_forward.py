@@ -374,8 +374,8 @@ def test_ut_fused_16bit_inputs(dtype, C, D, parallel):
     k = torch.randn(T, H, D, generator=g).to(dtype)
     beta = (torch.full((T, H), 2.0) if parallel else 1.5 + 0.5 * torch.rand(T, H, generator=g)).to(dtype)
     p = params(chunk_size=C, superchunk_size=2 * C, block_n=16)
-    assert ut_apply_mode(p, dtype, torch.float16) == "split"
-    assert ut_apply_mode(p, dtype, torch.float32) == "tf32x3"     # the backward's float32 state
+    assert ut_apply_mode(p, torch.float16) == "split"
+    assert ut_apply_mode(p, torch.float32) == "tf32x3"     # the backward's float32 state
     tables = build_tables(1, T, None, C, 2 * C, torch.device("cpu"), block_m=p.block_m)
     u, kt, m, wd = ut_fused(k, w, beta, tables, H, D, C, p, write_w=True, out_dtype=torch.float32,
                             apply_mode="split")

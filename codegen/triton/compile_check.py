@@ -126,13 +126,12 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     bflags = dict(flags, TP=btp)
     rows = transport_rows(BD)
     DB = transition_column_block(BD)   # < BD: the column-blocked transition path of wide head dims
-    import torch
-    w_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
     return [
         # the forward's UT stage: one launch (the backward's per-range recompute keeps the three below)
-        (ut_fused_kernel, dict(sig, w_ptr=io, k_ptr=io, beta_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),
+        (ut_fused_kernel, dict(sig, k_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),
          dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
-              AP=ut_apply_mode(params, w_dtype, _TORCH_DTYPE[params.scan_dtype]), WRITE_W=True, INTERP=False), UT_NUM_WARPS, 1),
+              AP=ut_apply_mode(params, _TORCH_DTYPE[params.scan_dtype]),
+              OP16=params.scan_dtype != tl.float32, WRITE_W=True, INTERP=False), UT_NUM_WARPS, 1),
         (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C,
                                            BETA_MAX=params.beta_max, UP=params.ut_precision), 1, 1),
         (ut_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,

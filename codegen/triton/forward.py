@@ -114,23 +114,27 @@ def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, pa
     return u, ktil, m, scratch, wd
 
 
-def ut_apply_mode(params: TritonParams, w_dtype: torch.dtype, out_dtype: torch.dtype) -> str:
-    """How ut_fused_kernel multiplies its float32 A / M^T into the 16-bit w tile: "split" (A as
-    hi + lo in w's type, two 16-bit tensor-core passes: 16 bits of A in bf16, 22 in fp16) when w and
-    the outputs are 16-bit and ut_precision asks for float32-level products (tf32x3) -- the split's
-    error stays under the 16-bit store's rounding; float32 outputs (the backward's state) keep the
-    float32 product at ut_precision."""
-    sixteen = (torch.float16, torch.bfloat16)
-    if w_dtype in sixteen and out_dtype in sixteen and params.ut_precision == "tf32x3":
+def ut_apply_mode(params: TritonParams, out_dtype: torch.dtype) -> str:
+    """How ut_fused_kernel multiplies its float32 A / M^T into the w tile.  A 16-bit state (the
+    forward's compact one) takes w in that type, and at ut_precision tf32x3 the product is "split":
+    A as hi + lo in that type, two 16-bit tensor-core passes (22 bits of A in fp16, 16 in bf16), an
+    error under the 16-bit store's rounding.  A float32 state (the backward's) keeps the float32
+    product at ut_precision."""
+    if _is_16bit(out_dtype) and params.ut_precision == "tf32x3":
         return "split"
     return params.ut_precision
+
+
+def _is_16bit(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float16, torch.bfloat16)
 
 
 def ut_fused(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams,
              out_dtype: torch.dtype = torch.float32, write_w: bool = False, apply_mode: str | None = None,
              num_warps: int = UT_NUM_WARPS):
     """Stage ut_inverse in one launch (``ut_fused_kernel``): u, K~ ([N, H, D], ``out_dtype``), m
-    ([N, H, C], float32) and, with ``write_w``, w in ``out_dtype`` (else None).  The same outputs as
+    ([N, H, C], float32) and, with ``write_w``, w in ``out_dtype`` (else None).  A 16-bit
+    ``out_dtype`` rounds w and k to it first (``ut_fused_kernel``'s OP16), as the scan does.  The same outputs as
     ``ut_forward`` without its scratch tiles (the backward's UT gradient kernels read those and keep
     using ``ut_forward``)."""
     N = kt_in.shape[0]
@@ -144,7 +148,7 @@ def ut_fused(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, para
         wt, bt, kt_in, u, ktil, wd if write_w else u, m,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
-        AP=apply_mode or ut_apply_mode(params, wt.dtype, out_dtype), WRITE_W=write_w, INTERP=interpreting(),
+        AP=apply_mode or ut_apply_mode(params, out_dtype), OP16=_is_16bit(out_dtype), WRITE_W=write_w, INTERP=interpreting(),
         num_warps=num_warps, num_stages=1,
     )
     return u, ktil, m, wd

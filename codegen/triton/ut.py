@@ -122,26 +122,46 @@ def _finish_inverse(N, Dinv, C: tl.constexpr, UP: tl.constexpr):
 
 
 @triton.jit
-def _diagonal_block_inverses(N, C: tl.constexpr):
+def _diagonal_block_inverses(N, m_ptr, tok0, send, h, H: tl.constexpr, C: tl.constexpr):
     """The inverses of the 16 x 16 diagonal blocks of I + N (N strictly lower, C x C float32), as a
     block-diagonal C x C tile, by forward substitution in registers: the C / 16 blocks advance
     together, one row per step (15 dependent steps of two small reductions each).  Substitution
     rather than a product formula: (I - N)(I + N^2)(I + N^4)(I + N^8) cancels entries of ~1e6 down
-    to ~2 in float32 when the w of a block are nearly parallel at beta = 2."""
+    to ~2 in float32 when the w of a block are nearly parallel at beta = 2.
+
+    The [C/16, 16, 16] result returns to the C x C layout through global memory: the first 16
+    columns of this chunk's rows of m (``m_ptr``, [N_tok, H, C] float32; M overwrites them later),
+    written, barrier, read back.  Rearranging it in registers (a [C/16, 16, C/16, 16] reshape) spilled
+    1.4 KB per thread on sm_90; the round trip stays in L1 / L2.  Rows outside ``tmask`` (past a
+    sequence end) read back as 0: they only meet later rows of the lower-triangular products."""
     NB: tl.constexpr = C // 16
     b = tl.arange(0, NB)
     s = tl.arange(0, 16)
-    N4 = tl.reshape(N, (NB, 16, NB, 16))
+    r = tl.arange(0, C)
     same = b[:, None, None, None] == b[None, None, :, None]
-    Nbb = tl.sum(tl.where(same, N4, 0.0), axis=2)                       # [NB, 16, 16]
+    Nbb = tl.sum(tl.where(same, tl.reshape(N, (NB, 16, NB, 16)), 0.0), axis=2)   # [NB, 16, 16]
     si = s[None, :, None]
     inv = tl.where(si == s[None, None, :], 1.0, 0.0) + tl.zeros((NB, 16, 16), dtype=tl.float32)
     for i in range(1, 16):
         n_i = tl.sum(tl.where(si == i, Nbb, 0.0), axis=1)               # row i of each block
         corr = tl.sum(n_i[:, :, None] * inv, axis=1)                    # n_i . inv, per block
         inv = tl.where(si == i, inv - corr[:, None, :], inv)
-    Dinv4 = tl.where(same, inv[:, :, None, :], 0.0)                     # [NB, 16, NB, 16]
-    return tl.reshape(Dinv4, (C, C))
+    rows3 = (tok0 + b[:, None, None] * 16 + si).to(tl.int64)
+    tl.store(m_ptr + (rows3 * H + h) * C + s[None, None, :], inv, mask=rows3 < send)
+    tl.debug_barrier()
+    rows = (tok0 + r).to(tl.int64)
+    blockdiag = (r // 16)[:, None] == (r // 16)[None, :]
+    return tl.load(m_ptr + (rows[:, None] * H + h) * C + r[None, :] % 16,
+                   mask=blockdiag & (rows < send)[:, None], other=0.0)
+
+
+@triton.jit
+def _operand(x, out_ptr, OP16: tl.constexpr):
+    """x rounded to out_ptr's element type when OP16, else as loaded."""
+    if OP16:
+        return x.to(out_ptr.dtype.element_ty)
+    else:
+        return x
 
 
 @triton.jit
@@ -246,7 +266,8 @@ def ut_fused_kernel(
     u_ptr, kt_ptr, wd_ptr, m_ptr,
     chunk_tok0, chunk_seq, seq_end,
     H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr, C: tl.constexpr,
-    BETA_MAX: tl.constexpr, UP: tl.constexpr, AP: tl.constexpr, WRITE_W: tl.constexpr, INTERP: tl.constexpr,
+    BETA_MAX: tl.constexpr, UP: tl.constexpr, AP: tl.constexpr, OP16: tl.constexpr, WRITE_W: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     """The whole UT stage of one (chunk, kv head) in one program: the outputs of ut_diag_inverse,
     ut_chunk and ut_apply (U, K~, M and the optional 16-bit copy of w) without their float32 A / M
@@ -256,7 +277,11 @@ def ut_fused_kernel(
     for 16-bit inputs); the 16 x 16 diagonal inverses run in registers
     (``_diagonal_block_inverses``), the block merges at UP; U = A W and K~ = K - M^T W per column
     block at AP (``_apply``), re-reading the W / K column block (an L2 hit: the first loop just read
-    it) instead of keeping a C x D tile live."""
+    it) instead of keeping a C x D tile live.
+
+    OP16: w and k are rounded to the outputs' 16-bit type on load (a forward's compact state, whose
+    scan and transport read w and k in that type too): every product with them runs on 16-bit
+    tensor cores, exact up to that rounding."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     rows, rmask = _chunk_rows(n, chunk_tok0, chunk_seq, seq_end, C)
@@ -266,27 +291,31 @@ def ut_fused_kernel(
     Gm = tl.zeros((C, C), dtype=tl.float32)
     for d0 in tl.static_range(0, BD, DB):
         mask2 = rmask[:, None] & (d0 + db < D)[None, :]
-        W = tl.load(w_ptr + (rows[:, None] * H + h) * D + d0 + db[None, :], mask=mask2, other=0.0)
+        W = _operand(tl.load(w_ptr + (rows[:, None] * H + h) * D + d0 + db[None, :], mask=mask2, other=0.0),
+                     u_ptr, OP16)
         Gm += _gram(W, W, UP, INTERP)
     beta = tl.minimum(tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32), BETA_MAX)
     strict = r[:, None] > r[None, :]
     N = tl.where(strict, beta[:, None] * Gm, 0.0)
-    A = _finish_inverse(N, _diagonal_block_inverses(N, C), C, UP) * beta[None, :]
+    Dinv = _diagonal_block_inverses(N, m_ptr, tl.load(chunk_tok0 + n), tl.load(seq_end + tl.load(chunk_seq + n)),
+                                    h, H, C)
+    A = _finish_inverse(N, Dinv, C, UP) * beta[None, :]
     # W K^T after the inverse, so that only one C x C accumulator is live through it
     L = tl.zeros((C, C), dtype=tl.float32)
     for d0 in tl.static_range(0, BD, DB):
         mask2 = rmask[:, None] & (d0 + db < D)[None, :]
         off = (rows[:, None] * H + h) * D + d0 + db[None, :]
-        L += _gram(tl.load(w_ptr + off, mask=mask2, other=0.0), tl.load(k_ptr + off, mask=mask2, other=0.0),
-                   UP, INTERP)
+        L += _gram(_operand(tl.load(w_ptr + off, mask=mask2, other=0.0), u_ptr, OP16),
+                   _operand(tl.load(k_ptr + off, mask=mask2, other=0.0), u_ptr, OP16), UP, INTERP)
     M = tl.dot(A, tl.where(strict, L, 0.0), input_precision=UP)
+    tl.debug_barrier()   # every thread has read its Dinv entries from m's rows before M overwrites them
     tl.store(m_ptr + (rows[:, None] * H + h) * C + r[None, :], M, mask=rmask[:, None])
     Mt = tl.trans(M)
     for d0 in tl.static_range(0, BD, DB):
         mask2 = rmask[:, None] & (d0 + db < D)[None, :]
         off = (rows[:, None] * H + h) * D + d0 + db[None, :]
-        W = tl.load(w_ptr + off, mask=mask2, other=0.0)
-        K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
+        W = _operand(tl.load(w_ptr + off, mask=mask2, other=0.0), u_ptr, OP16)
+        K = _operand(tl.load(k_ptr + off, mask=mask2, other=0.0), u_ptr, OP16).to(tl.float32)
         tl.store(u_ptr + off, _apply(A, W, UP, AP, INTERP).to(u_ptr.dtype.element_ty), mask=mask2)
         tl.store(kt_ptr + off, (K - _apply(Mt, W, UP, AP, INTERP)).to(kt_ptr.dtype.element_ty), mask=mask2)
         if WRITE_W:
