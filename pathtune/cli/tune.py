@@ -175,8 +175,9 @@ def _report(results: list, json_path: Optional[Path]) -> None:
     from pathtune.tuning.tuner import fmt_ms
 
     table = Table(title="pathtune tune: default vs tuned (ms, from perf_db)")
-    for col in ("key", "trials", "measured", "default ms", "tuned ms", "speedup", "tuned / SDPA"):
-        table.add_column(col, overflow="fold")
+    table.add_column("key", overflow="fold")
+    for col in ("trials", "measured", "default ms", "tuned ms", "speedup", "tuned / SDPA"):
+        table.add_column(col, no_wrap=True)      # numbers stay whole on a narrow terminal; the key folds
     lines = []
     for r in results:
         sp = f"{r.speedup:.2f}x" if r.speedup else "-"
