@@ -75,7 +75,8 @@ def main() -> None:
         refs = {s: ut_reference(data[s][0].to(timed_dtype).float(), data[s][1], data[s][2], C) for s in (False, True)}
         variants = [dict(path="three_launch", up=up) for up in ("tf32x3", "tf32")]
         variants += [dict(path="fused", up=up, apply=a, warps=nw)
-                     for up, a, nw in (("tf32x3", None, 4), ("tf32x3", None, 8), ("tf32x3", "tf32", 4), ("tf32", None, 4))]
+                     for up, a, nw in (("tf32x3", None, 4), ("tf32x3", None, 8), ("tf32x3", "tf32", 4),
+                                       ("tf32", None, 4))]
         for v in variants:
             params = TritonParams.from_config(dict(ut_precision=v["up"]), base)
             def call(s, out_dtype=timed_dtype):
