@@ -260,6 +260,9 @@ def _prepare(q, k, v, w, beta, g, cache, *, scale, backend, config) -> _Step:
         one = tvm_step
 
     def run(q, k, v, w, beta, g, cache):
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise NotImplementedError("the TVM decode step cannot be captured in a CUDA graph (it runs one launch per "
+                                      "token from the host); capture with backend='triton'")
         w32, b32 = w.float(), beta.float()
         g32 = None if g is None else g.float()
         return torch.stack([one(q[:, t], k[:, t], v[:, t], w32[:, t], b32[:, t],
