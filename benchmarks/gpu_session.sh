@@ -11,7 +11,7 @@
 #                   TVM ones run the carried build/tvm_bench and build/tvm_decode_bench, with tvm_ffi importable)
 #   fwdtests [180]  pytest -m gpu tests/test_triton_gpu.py: the Triton forward / backward matrix vs the float64 oracle
 #   tvmtests [120]  pytest -m gpu tests/test_tvm_gpu.py: the TVM forward vs the float64 oracle (carry build/tvm_bench)
-#   bench [240]     pathtune bench (fwd, fwd+bwd vs SDPA flash/cuDNN and fla, same run) --record
+#   bench [240]     pathtune bench (fwd, fwd+bwd vs SDPA flash/cuDNN and fla, same run) $BENCH_ARGS --record
 #   decode [120]    pathtune bench --pass decode --record
 #   dsweep [240]    pathtune bench --pass decode --sweep --record (every decode knob config)
 #   benchtuned [240] pathtune bench --config tuned (the runtime's dispatch: shipped records / perf_db) --record
@@ -127,7 +127,8 @@ run_steps() {  # the steps of one lane, in order, with S set
                           "$REPO/tests/test_triton_gpu.py" -rA ;;
             tvmtests) run_step tvmtests "${secs:-120}" env PATHTUNE_TVM_BENCH_MODULES="$REPO/build/tvm_bench" \
                           python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests/test_tvm_gpu.py" -rA ;;
-            bench) run_step bench "${secs:-240}" python3 -m pathtune.cli bench --head-dim "${HEAD_DIMS:-64,128}" --record --json "$S/bench.json" ;;
+            bench) run_step bench "${secs:-240}" python3 -m pathtune.cli bench --head-dim "${HEAD_DIMS:-64,128}" ${BENCH_ARGS:-} \
+                       --record --json "$S/bench.json" ;;
             decode) run_step decode "${secs:-120}" python3 -m pathtune.cli bench --pass decode --record \
                         --json "$S/decode.json" ;;
             dsweep) run_step dsweep "${secs:-240}" python3 -m pathtune.cli bench --pass decode --sweep --record \

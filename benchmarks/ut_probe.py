@@ -69,7 +69,7 @@ def main() -> None:
         base = TritonParams.heuristic(D)
         C = base.chunk_size
         tables = build_tables(1, N, None, C, base.superchunk_size, dev, block_m=base.block_m)
-        timed_dtype = fwd._TORCH_DTYPE[base.scan_dtype]   # the forward's compact state
+        timed_dtype = base.scan_torch_dtype   # the forward's compact state
         data = {s: inputs(N, H, D, s, dev) for s in (False, True)}
         # the reference takes w as the kernels do: rounded to the 16-bit state's type for the forward
         refs = {s: ut_reference(data[s][0].to(timed_dtype).float(), data[s][1], data[s][2], C) for s in (False, True)}

@@ -121,7 +121,8 @@ def path_attention_triton(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tens
 
     q [B,T,HQ,D], k/w [B,T,H,D], v [B,T,H,DV], beta [B,T,H], g [B,T,HQ] (w, beta, g float32),
     cu_seqlens [N+1] (packed varlen, B == 1).  ``config`` is a spec Config / mapping of knob
-    values / TritonParams (None: ``TritonParams.heuristic`` for the head dims).  Returns (o [B,T,HQ,DV], lse [B,T,HQ] float32).
+    values / TritonParams (None: ``TritonParams.heuristic`` for the head dims).
+    Returns (o [B,T,HQ,DV], lse [B,T,HQ] float32).
     Inputs are assumed validated (``pathtune.path_attention`` does that).
     """
     params_json = _resolve_params_json(config, q.shape[-1], v.shape[-1])

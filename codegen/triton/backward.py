@@ -30,8 +30,17 @@ from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_chain_kernel, 
 from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
 from .bwd_intra import bwd_intra_kernel
 from .bwd_prep import bwd_prep_kernel
-from .forward import (UT_COLUMN_BLOCK, ForwardState, _LOG2E, _pow2, _tokens, transition_column_block,
-                      ut_forward, ut_inverse_scratch)
+from .forward import (
+    _LOG2E,
+    UT_COLUMN_BLOCK,
+    ForwardState,
+    _pow2,
+    _tokens,
+    transition_column_block,
+    transport_rows,
+    ut_forward,
+    ut_inverse_scratch,
+)
 from .params import TritonParams
 from .ut_bwd import CC_TILES, UT_BWD_APPLY_WARPS, UT_BWD_CHUNK_WARPS, ut_bwd_apply_kernel, ut_bwd_chunk_kernel
 
@@ -112,7 +121,8 @@ def _superchunk_pairs_torch(what: torch.Tensor, tables: SequenceTables, like: to
 # The bound is 1.0 GiB; 256 MiB keeps ~0.05 GiB of margin below it (384 MiB keeps 0.01).  With
 # 128 MiB (10 ranges at B*T = 32768 tokens, D=64 H=16) the H200 measured the gated fwd+bwd 23%
 # slower at T=4096 and 11% slower at T=16384 than session 2's single range (33.1 vs 27.0 ms,
-# 59.8 vs 53.9 ms); 256 MiB halves the ranges (5), so the extra launches and ut_chunk recomputes.  PATHTUNE_BWD_RANGE_MIB overrides it per call
+# 59.8 vs 53.9 ms); 256 MiB halves the ranges (5), so the extra launches and ut_chunk recomputes.
+# PATHTUNE_BWD_RANGE_MIB overrides it per call
 # (``_range_budget``), so one process can time several budgets (benchmarks/dev_gpu_run2.py ranges).
 PHASE2_RANGE_BYTES = 256 << 20
 # Warps of the transport backward's two kernels, from compile_check for sm_90 at the heuristic configs:
@@ -225,7 +235,8 @@ def path_attention_bwd(
     multi = tb.max_seq_len > S
     budget = _range_budget()
     scan_store = state.kj.dtype     # the scan dtype's storage type (state.kj dies before stage 6)
-    n_ranges = 1 if budget is None else -(-N * _phase2_bytes_per_token(H, D, C, S, multi, HQ, state.kj.element_size()) // budget)
+    per_token = _phase2_bytes_per_token(H, D, C, S, multi, HQ, state.kj.element_size())
+    n_ranges = 1 if budget is None else -(-N * per_token // budget)
     ranges = _ranges(tb, B, T, N, C, S, n_ranges)
     recompute = len(ranges) > 1
 
@@ -304,7 +315,7 @@ def path_attention_bwd(
         du = torch.zeros(nr, H, D, **f32)
         if multi:
             # the states Suf_m and their gradients G_m of every chunk: S / C of ROWS x BD per row block
-            rows = min(BD, 32)
+            rows = transport_rows(BD)
             suf = torch.empty(tr.n_sc * H * (BD // rows) * (S // C) * rows * BD, **f32)
             gs = torch.empty_like(suf)
             tkw = dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp, num_stages=1)

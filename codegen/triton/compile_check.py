@@ -84,11 +84,16 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
     from .bwd_intra import bwd_intra_kernel
     from .bwd_prep import bwd_prep_kernel
-    from .forward import _pow2, transport_rows
+    from .forward import (
+        UT_COLUMN_BLOCK,
+        UT_NUM_WARPS,
+        _pow2,
+        transition_column_block,
+        transport_rows,
+        ut_apply_mode,
+    )
     from .scan_fwd import scan_inter_kernel, scan_intra_kernel
     from .transport import superchunk_transport_kernel
-    from .forward import UT_COLUMN_BLOCK, UT_NUM_WARPS, transition_column_block
-    from .forward import _TORCH_DTYPE, ut_apply_mode
     from .ut import ut_apply_kernel, ut_chunk_kernel, ut_diag_inverse_kernel, ut_fused_kernel
     from .ut_bwd import UT_BWD_APPLY_WARPS, UT_BWD_CHUNK_WARPS, ut_bwd_apply_kernel, ut_bwd_chunk_kernel
 
@@ -130,7 +135,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         # the forward's UT stage: one launch (the backward's per-range recompute keeps the three below)
         (ut_fused_kernel, dict(sig, k_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),
          dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
-              AP=ut_apply_mode(params, _TORCH_DTYPE[params.scan_dtype]),
+              AP=ut_apply_mode(params, params.scan_torch_dtype),
               OP16=params.scan_dtype != tl.float32, WRITE_W=True, INTERP=False), UT_NUM_WARPS, 1),
         (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C,
                                            BETA_MAX=params.beta_max, UP=params.ut_precision), 1, 1),
@@ -167,25 +172,10 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
 def decode_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
                    heads: int = 8, group: int = 1, tokens: int = 1):
     """(fn, signature, constexprs, num_warps, num_stages) of the decode step's two launches
-    (``decode.py``) for ``tokens`` new tokens and ``group`` query heads per kv head."""
-    from .decode import decode_kernel, decode_layout, decode_loop_stages, decode_merge_kernel
-    from .forward import _pow2, transport_rows
+    (``decode.py``, which owns their arguments) for ``tokens`` new tokens and ``group`` query heads per kv head."""
+    from .decode import decode_compile_specs
 
-    rowwise, R = decode_layout(tokens, group)
-    io = f"*{dtype}"
-    sig = {n: io for n in ("q_ptr", "knew_ptr", "vnew_ptr", "k_ptr", "v_ptr", "o_ptr")}
-    for n in ("w_ptr", "beta_ptr", "g_ptr", "c_ptr", "m_part", "l_part", "acc_part", "lse_ptr"):
-        sig[n] = _PTR_F32
-    for n in ("L", "N", "max_len", "tiles_per_split", "n_splits"):
-        sig[n] = "i32"
-    sig["qk_scale"] = sig["gate_scale"] = "fp32"
-    BD, BDV = _pow2(D), _pow2(DV)
-    const = dict(H=heads, G=group, D=D, DV=DV, BD=BD, BDV=BDV, TN=tokens, TNP=triton.next_power_of_2(tokens),
-                 GP=triton.next_power_of_2(group), R=R, BLOCK_N=params.decode_block_n,
-                 ROWWISE=rowwise, F32=dtype == "fp32", USE_GATE=gate, BETA_MAX=params.beta_max, OFF64=False,
-                 INTERP=False, STAGES=decode_loop_stages(params))
-    merge = dict(H=heads, G=group, DV=DV, BDV=BDV, TN=tokens, R=R, INTERP=False)
-    return [(decode_kernel, sig, const, params.decode_num_warps, 2), (decode_merge_kernel, sig, merge, 4, 1)]
+    return decode_compile_specs(params, D, DV, dtype=dtype, gate=gate, heads=heads, group=group, tokens=tokens)
 
 
 def main(argv=None):

@@ -6,10 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 import triton
-import triton.language as tl
 
-from ._ops import interpreting
 from ._layout import SequenceTables, build_tables, gate_cumsum
+from ._ops import interpreting
 from .params import TritonParams
 from .scan_fwd import scan_inter_kernel, scan_intra_kernel
 from .transport import superchunk_transport_kernel
@@ -66,9 +65,6 @@ def _pow2(x: int) -> int:
 def _tokens(x: torch.Tensor) -> torch.Tensor:
     """[B, T, ...] -> contiguous [B*T, ...] (a view when already contiguous)."""
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
-
-
-_TORCH_DTYPE = {tl.float16: torch.float16, tl.bfloat16: torch.bfloat16, tl.float32: torch.float32}
 
 
 def ut_inverse_scratch(wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams):
@@ -148,7 +144,8 @@ def ut_fused(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, para
         wt, bt, kt_in, u, ktil, wd if write_w else u, m,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
-        AP=apply_mode or ut_apply_mode(params, out_dtype), OP16=_is_16bit(out_dtype), WRITE_W=write_w, INTERP=interpreting(),
+        AP=apply_mode or ut_apply_mode(params, out_dtype), OP16=_is_16bit(out_dtype), WRITE_W=write_w,
+        INTERP=interpreting(),
         num_warps=num_warps, num_stages=1,
     )
     return u, ktil, m, wd
@@ -196,7 +193,7 @@ def prepare_state(
     BD = _pow2(D)
     dev = q.device
     dt = params.scan_dtype
-    store_dtype = _TORCH_DTYPE[dt]
+    store_dtype = params.scan_torch_dtype
 
     tables = build_tables(B, T, cu_seqlens, C, S, dev, block_m=params.block_m)
     kt_in, wt, bt = _tokens(k), _tokens(w), _tokens(beta)

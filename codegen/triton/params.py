@@ -14,6 +14,7 @@ import triton.language as tl
 from .._knobs import params_from_config
 
 _SCAN_DTYPES = {"fp16": tl.float16, "bf16": tl.bfloat16, "tf32": tl.float32}
+_SCAN_TORCH = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32"}
 _TRANSITION = {"tf32": "tf32", "tf32x3": "tf32x3", "ieee": "ieee", "fp16": "fp16", "bf16": "bf16"}
 
 
@@ -96,6 +97,13 @@ class TritonParams:
     @property
     def scan_dtype(self):
         return _SCAN_DTYPES[self.scan_precision]
+
+    @property
+    def scan_torch_dtype(self):
+        """The scan's element type as a torch dtype (the forward's compact 16-bit state)."""
+        import torch
+
+        return getattr(torch, _SCAN_TORCH[self.scan_precision])
 
     @property
     def beta_max(self) -> float:
