@@ -53,6 +53,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import torch
 
 from pathtune import _env
+from pathtune.provenance import current_keys  # what is current: defined there, exported here too
 from pathtune.specs import Config, KnobSpace, Workload, load_spec
 from pathtune.specs.workload import batch_bucket, seq_bucket
 
@@ -145,38 +146,6 @@ def _local_knobs(backend: str, pass_: str) -> tuple[str, ...]:
 
         return DECODE_LOCAL_KNOBS
     return ()
-
-
-_SOURCE_HASHES: dict[tuple[str, str], Optional[str]] = {}
-
-
-def _source_hash(backend: str, pass_: str) -> Optional[str]:
-    """The kernel source hash records of ``pass_`` on ``backend`` must carry (Triton: per pass)."""
-    key = (backend, pass_)
-    if key not in _SOURCE_HASHES:
-        value: Optional[str] = None
-        try:
-            if backend == "triton":
-                from pathtune.codegen.triton import source_hash as fn
-                value = fn(pass_)
-            elif backend == "tvm":
-                from pathtune.codegen.tvm.build import source_hash as fn
-                value = fn()
-        except Exception as e:  # noqa: BLE001 - an unimportable backend has no current results
-            _log.debug("source hash of %s (%s) unavailable: %s", backend, pass_, e)
-        _SOURCE_HASHES[key] = value
-    return _SOURCE_HASHES[key]
-
-
-def current_keys(op: str, pass_: str, backend: str) -> Optional[dict[str, Optional[str]]]:
-    """perf_db ``current_keys`` of the code that would run here: the spec hash and the backend's
-    kernel source hash of the pass (results measured with other kernel sources are stale and not served)."""
-    from pathtune.perf_db import default_current_keys
-
-    keys = default_current_keys(op, pass_, backend)
-    if keys is None:
-        return None
-    return {**keys, "source_hash": _source_hash(backend, pass_)}
 
 
 _SPACES: dict[str, KnobSpace] = {}

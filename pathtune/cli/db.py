@@ -94,7 +94,7 @@ def _guard(fn: Callable[[], Any], perf: Any = None) -> Any:
 def _current_keys() -> Any:
     """What counts as current here: the dispatcher's rule (the spec hash and each backend's kernel source
     hash of the pass), so that export, query, overhead and gc agree with what the runtime serves."""
-    from pathtune.runtime.dispatch import current_keys
+    from pathtune.provenance import current_keys
 
     return current_keys
 
