@@ -397,6 +397,29 @@ def test_ut_fused_16bit_inputs(dtype, C, D, parallel):
                 assert rel(mine, ref) < min(max(t, 8 * rel(three, ref)), 2.4e-4), (rel(mine, ref), rel(three, ref))
 
 
+@pytest.mark.parametrize("D", [16, 32])
+def test_ut_fused_compact_state_more_tokens_than_dims(D):
+    """The fused kernel's 16-bit state when a chunk holds more tokens than head dims (C = 64 > D: the w
+    of a chunk are linearly dependent): U, K~ and M equal the float32 three-launch path's on the same
+    fp16-rounded w, up to the fp16 store.  (``prepare_state`` sends padded head dims under 64 to the
+    three-launch path on the GPU, ``UT_FUSED_MIN_BD``; the kernel's logic is still checked here.)"""
+    from pathtune.codegen.triton._layout import build_tables
+    from pathtune.codegen.triton.forward import ut_forward, ut_fused
+
+    C, T, H = 64, 150, 2
+    g = torch.Generator().manual_seed(D)
+    w = F.normalize(torch.randn(T, H, D, generator=g), dim=-1)
+    k = torch.randn(T, H, D, generator=g).to(torch.bfloat16)
+    beta = 1.5 + 0.5 * torch.rand(T, H, generator=g)
+    p = params(chunk_size=C, superchunk_size=2 * C, block_n=16)
+    tables = build_tables(1, T, None, C, 2 * C, torch.device("cpu"), block_m=p.block_m)
+    u, kt, m, wd = ut_fused(k, w, beta, tables, H, D, C, p, write_w=True, out_dtype=torch.float16)
+    # the reference path on the same 16-bit rounded w the compact state uses
+    u3, kt3, m3, _, _ = ut_forward(k, w.half().float(), beta, tables, H, D, C, p)
+    assert torch.isfinite(u).all() and torch.isfinite(kt).all()
+    assert rel(u, u3.double()) < 2e-3 and rel(kt, kt3.double()) < 2e-3 and rel(m, m3.double()) < 1e-4
+
+
 # ----------------------------------------------------------------------------- wide head dims
 
 def _record_transition_blocks(monkeypatch):

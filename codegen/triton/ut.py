@@ -178,12 +178,18 @@ def _gram(a, b, UP: tl.constexpr, INTERP: tl.constexpr):
 @triton.jit
 def _apply(A, X, UP: tl.constexpr, AP: tl.constexpr, INTERP: tl.constexpr):
     """A @ X for a float32 C x C tile A and a C x DB input tile X.  AP == "split": X 16-bit, A
-    taken as hi + lo in X's type (two 16-bit tensor-core passes; A's rounding error ~2^-17
-    relative in bf16, ~2^-22 in fp16, X exact); else float32 operands at precision UP."""
+    taken as hi + lo in X's type (two 16-bit tensor-core passes, X exact), each row of A first scaled
+    by a power of two that brings its largest entry near 1, so that neither part overflows fp16 (A's
+    entries grow large when a chunk's w are nearly dependent, e.g. more tokens than head dims) and
+    the split keeps ~22 (fp16) / 16 (bf16) bits relative to that row's largest entry; the scale
+    comes off exactly afterwards.  Else float32 operands at precision UP."""
     if AP == "split":
-        hi = A.to(X.dtype)
-        lo = (A - hi.to(tl.float32)).to(X.dtype)
-        return mm(hi, X, INTERP) + mm(lo, X, INTERP)
+        amax = tl.max(tl.abs(A), axis=1)
+        e = tl.floor(tl.log2(tl.maximum(amax, 1e-30)))
+        As = A * tl.exp2(-e)[:, None]
+        hi = As.to(X.dtype)
+        lo = (As - hi.to(tl.float32)).to(X.dtype)
+        return (mm(hi, X, INTERP) + mm(lo, X, INTERP)) * tl.exp2(e)[:, None]
     else:
         return tl.dot(A, X.to(tl.float32), input_precision=UP)
 
