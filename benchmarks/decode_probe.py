@@ -81,7 +81,7 @@ def random_cache(B, T, H, D, gate, cap, *, gen):
 
 def sync() -> None:
     if DEV == "cuda":
-        sync()
+        torch.cuda.synchronize()
 
 
 def do_bench(fn) -> float:

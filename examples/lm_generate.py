@@ -38,8 +38,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pathtune import PaTHAttention, PaTHCache
+
+
+_EAGER_DECODE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class RoPECache:
@@ -108,10 +112,13 @@ class RoPEAttention(nn.Module):
                 keys = torch.arange(cache.max_len, device=x.device)
                 mask = (keys[None, :] <= pos[:, None])[None, None]
                 o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=gqa)
-            else:                   # the valid keys only (one query: no mask, SDPA picks flash)
+            else:                   # the valid keys only (one query: no mask)
                 n = cache.length + T
                 mask = None if T == 1 else (torch.arange(n, device=x.device)[None, :] <= pos[:, None])[None, None]
-                o = F.scaled_dot_product_attention(q, kc[:, :, :n], vc[:, :, :n], attn_mask=mask, enable_gqa=gqa)
+                # not cuDNN: its attention builds a plan per key count, i.e. on every decode step
+                with sdpa_kernel(_EAGER_DECODE_BACKENDS):
+                    o = F.scaled_dot_product_attention(q, kc[:, :, :n], vc[:, :, :n], attn_mask=mask,
+                                                       enable_gqa=gqa)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
 
 
