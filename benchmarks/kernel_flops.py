@@ -3,8 +3,9 @@
 Reads the rows of the ``profile`` step (``benchmarks/dev_gpu_run2.py profile4k``: device ms per kernel
 name, summed over its launches) and divides by a count of the kernel's matrix-product work at that
 shape, derived from the kernel code: 2*m*n*k per product, for the whole token stream (the backward's
-per-range launches together cover it once; the UT kernels run three full passes per fwd+bwd: the
-forward, the backward's prepare_state and the per-range recompute).  Counted: logical FLOPs of
+per-range launches together cover it once; the UT stage runs three full passes per fwd+bwd: the
+forward's and the backward's prepare_state in one launch each (``ut_fused_kernel``, padded head dims
+>= 64), the per-range recompute in three).  Counted: logical FLOPs of
 the products; tf32x3 products count once (the hardware does three), elementwise work (exp2, masks)
 not at all; the super-chunk-local kernels assume full super-chunks and chunks.
 
@@ -31,10 +32,11 @@ def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN:
     cc = 2 * C * C * D                          # one C x C x D product
     c3 = 2 * C ** 3
     f = {}
-    # UT stage: three full passes
-    f["ut_diag_inverse_kernel"] = 3 * H * n_chunk * (C // 16) * 2 * 16 * 16 * D
-    f["ut_chunk_kernel"] = 3 * H * n_chunk * (2 * cc + 5 * c3)          # W W^T, W K^T; inverse (4), M
-    f["ut_apply_kernel"] = 3 * H * n_chunk * 2 * cc                     # U = A W, K~ = K - M^T W
+    # UT stage: the one-launch kernel of prepare_state (forward, backward) and the backward's per-range recompute
+    f["ut_fused_kernel"] = 2 * H * n_chunk * (4 * cc + 5 * c3)           # W W^T, W K^T, A W, M^T W; inverse (4), M
+    f["ut_diag_inverse_kernel"] = H * n_chunk * (C // 16) * 2 * 16 * 16 * D
+    f["ut_chunk_kernel"] = H * n_chunk * (2 * cc + 5 * c3)              # W W^T, W K^T; inverse (4), M
+    f["ut_apply_kernel"] = H * n_chunk * 2 * cc                         # U = A W, K~ = K - M^T W
     # forward super-chunk transport, twice (forward and the backward's prepare_state)
     f["superchunk_transport_kernel"] = 2 * H * with_transport * s * 3 * 2 * C * D * D
     # forward scan
@@ -55,8 +57,7 @@ def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN:
     f["ut_bwd_apply_kernel"] = H * n_chunk * 5 * cc
     f["ut_bwd_kernel"] = f["ut_bwd_chunk_kernel"] + f["ut_bwd_apply_kernel"]     # the UT backward as one kernel
     if forward_only:
-        for name in ("ut_diag_inverse_kernel", "ut_chunk_kernel", "ut_apply_kernel"):
-            f[name] /= 3
+        f["ut_fused_kernel"] /= 2
         f["superchunk_transport_kernel"] /= 2
     return f
 
