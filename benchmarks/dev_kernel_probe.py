@@ -20,14 +20,12 @@ stdout and in $OUT.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import re
-import tempfile
 
 import torch
 import triton
+from kernel_variants import load_variant  # noqa: E402  (benchmarks/ is the script's folder)
 
 import pathtune.codegen.triton.backward as bwd_mod
 import pathtune.codegen.triton.forward as fwd_mod
@@ -36,7 +34,6 @@ from pathtune.tuning.bench import make_inputs
 
 OUT = os.environ.get("OUT", ".")
 ROWS: list = []
-_TMP = tempfile.mkdtemp(prefix="kprobe_")
 
 
 def emit(row):
@@ -66,22 +63,6 @@ class Capture:
 
     def __exit__(self, *exc):
         setattr(self.module, self.name, self.real)
-
-
-def load_variant(src: str, kernel: str, tag: str, replacements=()):
-    """The kernel ``kernel`` of module source ``src`` after the text replacements."""
-    src = re.sub(r"^from \.(\w+) import", r"from pathtune.codegen.triton.\1 import", src, flags=re.M)
-    for old, new in replacements:
-        if old not in src:
-            raise ValueError(f"variant {tag}: {old[:60]!r} not in the source")
-        src = src.replace(old, new)
-    path = os.path.join(_TMP, f"{tag}.py")
-    with open(path, "w") as fh:
-        fh.write(src)
-    spec = importlib.util.spec_from_file_location(f"kprobe_{tag}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return getattr(mod, kernel)
 
 
 def time_launch(kernel, grid, args, kw):

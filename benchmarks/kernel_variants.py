@@ -1,0 +1,38 @@
+"""Kernel variants for GPU probes, built from a kernel module's source by text replacement.
+
+``triton.jit`` reads a kernel's source from its file, so a variant is written to a temporary module
+(relative imports turned into ``pathtune.codegen.triton`` ones) and imported from there.  The
+shipped kernel files stay untouched: a probe can time ideas next to the real kernels without
+changing a source hash (which would retire the performance records measured on them).
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import re
+import tempfile
+
+_TMP = tempfile.mkdtemp(prefix="pathtune_variants_")
+
+
+def module_source(module) -> str:
+    """The source text of a kernel module (e.g. ``pathtune.codegen.triton.ut``)."""
+    return inspect.getsource(module)
+
+
+def load_variant(src: str, kernel: str, tag: str, replacements=(), append: str = ""):
+    """The kernel ``kernel`` of module source ``src`` after the text replacements (each ``(old, new)``
+    must occur in the source) and with ``append`` (extra jit helpers) added at the end."""
+    src = re.sub(r"^from \.(\w+) import", r"from pathtune.codegen.triton.\1 import", src, flags=re.M)
+    for old, new in replacements:
+        if old not in src:
+            raise ValueError(f"variant {tag}: {old[:60]!r} not in the source")
+        src = src.replace(old, new)
+    path = os.path.join(_TMP, f"{tag}.py")
+    with open(path, "w") as fh:
+        fh.write(src + append)
+    spec = importlib.util.spec_from_file_location(f"variant_{tag}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, kernel)
