@@ -1,0 +1,147 @@
+"""The README quotes only current figures.
+
+* A fenced block right after ``<!-- readme-output: COMMAND -->`` shows ``$ COMMAND`` and what COMMAND
+  prints now from the records shipped in perf_db/shipped/ (fresh data dir, 80 terminal columns): the
+  test runs it and compares.  Shipping new records without refreshing the README fails here.
+* Every number between ``<!-- readme-numbers: BENCHMARKS.md -->`` and ``<!-- /readme-numbers -->`` is
+  a cell of a table of BENCHMARKS.md (itself checked against benchmarks/results/ by
+  test_benchmarks_doc.py); a time or speed ratio quoted anywhere else in the README's prose fails.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from pathtune.perf_db._shipped import SHIPPED_DIR
+from repo_scripts import ROOT
+
+README = ROOT / "README.md"
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+
+OUTPUT_MARK = re.compile(r"<!-- readme-output: (?P<cmd>.+?) -->\n```[^\n]*\n(?P<body>.*?)\n```", re.S)
+NUMBERS = re.compile(r"<!-- readme-numbers: BENCHMARKS\.md -->\n(?P<body>.*?)<!-- /readme-numbers -->", re.S)
+NUMBER = re.compile(r"(?<![\w.])\d+\.\d+(?:e[-+]\d+)?")
+# a time or a speed ratio in prose: "2.07 ms", "1.4×", "1.4x" (ranges "0.53-0.85×" included)
+SPEED = re.compile(r"(?<![\w.])\d+\.\d+(?:\s*-\s*\d+\.\d+)?\s*(?:ms\b|µs\b|×|x\b)")
+# ISO timestamps and run ids: never compared (none is printed by the quoted commands today)
+STAMP = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:\d{2}|Z)?|\d{8}T\d{6}Z")
+
+
+def _normalise(text: str) -> str:
+    lines = [STAMP.sub("<time>", line.rstrip()) for line in text.splitlines()]
+    return "\n".join(lines).strip("\n")
+
+
+def _quoted_outputs() -> list[tuple[str, str]]:
+    return [(m["cmd"].strip(), m["body"]) for m in OUTPUT_MARK.finditer(README.read_text())]
+
+
+def _env(home) -> dict[str, str]:
+    """The caller's environment without any pathtune or XDG setting (so no user database, pack or data
+    dir is read or written), a fresh HOME, the shipped records and an 80-column terminal."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PATHTUNE_", "XDG_"))}
+    env.update(HOME=str(home), COLUMNS="80", LINES="50", NO_COLOR="1", PATHTUNE_SHIPPED_DIR=str(SHIPPED_DIR))
+    env.pop("FORCE_COLOR", None)
+    return env
+
+
+def test_readme_marks_the_blocks_it_checks():
+    quoted = _quoted_outputs()
+    assert quoted, "no <!-- readme-output: ... --> block in README.md"
+    assert NUMBERS.search(README.read_text()), "no <!-- readme-numbers: BENCHMARKS.md --> region in README.md"
+    for cmd, body in quoted:
+        assert cmd.startswith("pathtune "), cmd
+        assert body.splitlines()[0] == f"$ {cmd}", f"the block after the marker must start with `$ {cmd}`"
+
+
+@pytest.fixture(scope="module")
+def current_outputs(tmp_path_factory) -> dict[str, str]:
+    """What each quoted command prints now.  One data dir for all commands (the shipped records are read
+    once); each command runs in a fresh working directory, so a relative output path (`-o h200.json`)
+    never exists beforehand."""
+    tmp = tmp_path_factory.mktemp("readme")
+    home = tmp / "home"
+    home.mkdir()
+    env = _env(home)
+    out = {}
+    for i, (cmd, _) in enumerate(_quoted_outputs()):
+        cwd = tmp / f"cwd{i}"
+        cwd.mkdir()
+        argv = [sys.executable, "-m", "pathtune.cli", *shlex.split(cmd)[1:]]
+        run = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, f"`{cmd}` failed:\n{run.stderr[-2000:]}"
+        out[cmd] = run.stdout
+    return out
+
+
+def _stale_quotes(current: dict[str, str]) -> list[str]:
+    stale = []
+    for cmd, body in _quoted_outputs():
+        want = _normalise(body.split("\n", 1)[1] if "\n" in body else "")
+        got = _normalise(current[cmd])
+        if got != want:
+            stale.append(f"`{cmd}` prints now:\n{got}\n\nREADME.md quotes:\n{want}")
+    return stale
+
+
+def test_quoted_cli_output_is_what_the_shipped_records_give(current_outputs):
+    stale = _stale_quotes(current_outputs)
+    assert not stale, ("README.md quotes output that the shipped records no longer give; paste the current "
+                       "output (COLUMNS=80, fresh HOME):\n\n" + "\n\n".join(stale))
+
+
+def _benchmark_cells() -> set[str]:
+    """Every number in a table row of BENCHMARKS.md (cells like "**2.074**", "2.33×", "2.6e-03 (dw)")."""
+    cells: set[str] = set()
+    for line in BENCHMARKS.read_text().splitlines():
+        if line.startswith("|"):
+            cells.update(NUMBER.findall(line))
+    return cells
+
+
+def test_readme_numbers_are_in_the_current_benchmarks():
+    text = README.read_text()
+    cells = _benchmark_cells()
+    assert cells
+    quoted = [n for m in NUMBERS.finditer(text) for n in NUMBER.findall(m["body"])]
+    assert quoted, "the readme-numbers region quotes no number"
+    missing = [n for n in quoted if n not in cells]
+    assert not missing, (f"README.md quotes {missing}, which no table of BENCHMARKS.md holds: copy the current "
+                         "numbers from BENCHMARKS.md (python benchmarks/report.py --write regenerates it)")
+
+
+def test_no_speed_figure_outside_the_checked_parts():
+    """A time or speed ratio in the README's prose is inside a readme-numbers region (checked above);
+    code blocks quoting CLI output are checked by running the command."""
+    text = NUMBERS.sub("", OUTPUT_MARK.sub("", README.read_text()))
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    loose = SPEED.findall(prose)
+    assert not loose, (f"README.md quotes {loose} outside a <!-- readme-numbers: BENCHMARKS.md --> region: put "
+                       "it in one (its numbers must be cells of BENCHMARKS.md)")
+
+
+def test_a_stale_number_is_caught(monkeypatch, tmp_path):
+    text = README.read_text()
+    assert "takes 2.074 ms" in text
+    fake = tmp_path / "README.md"
+    fake.write_text(text.replace("takes 2.074 ms", "takes 9.999 ms"))
+    monkeypatch.setattr(sys.modules[__name__], "README", fake)
+    with pytest.raises(AssertionError, match="9.999"):
+        test_readme_numbers_are_in_the_current_benchmarks()
+
+
+def test_a_stale_output_is_caught(current_outputs, monkeypatch, tmp_path):
+    """A README quoting another entry count than the shipped records give (as after shipping records
+    without refreshing it) fails the output check."""
+    text = README.read_text()
+    assert "12 entries for NVIDIA H200" in text
+    fake = tmp_path / "README.md"
+    fake.write_text(text.replace("12 entries for NVIDIA H200", "20 entries for NVIDIA H200"))
+    monkeypatch.setattr(sys.modules[__name__], "README", fake)
+    stale = _stale_quotes(current_outputs)
+    assert len(stale) == 1 and "20 entries" in stale[0]
