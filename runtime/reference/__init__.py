@@ -9,6 +9,9 @@
 Conventions: q [B,T,HQ,D], k/w [B,T,H,D], v [B,T,H,DV], beta [B,T,H], g [B,T,HQ] (log forget
 gate), HQ = G*H with query head h using kv head h // G;
 S_ij = q_i^T H_i ... H_{j+1} k_j, H_t = I - beta_t w_t w_t^T.
+
+The math, in the notation used here and with the kernels that implement each piece: docs/algorithm.md
+(each module cites its sections, e.g. docs/algorithm.md#notation-and-layout).
 """
 from ._common import apply_gate
 from .blockwise import (apply_transition, blockwise_path_attention, boundary_adjust,

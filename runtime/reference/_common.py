@@ -10,6 +10,9 @@ Internal "grouped" layout used by the references (heads first, GQA groups explic
 
 Public tensors use the token-major layout of the conventions: q [B,T,HQ,D], k/w [B,T,H,D],
 v [B,T,H,DV], beta [B,T,H], g [B,T,HQ].
+
+Math: docs/algorithm.md#notation-and-layout (layout, GQA), docs/algorithm.md#path-fox-the-forget-gate
+(``apply_gate``, the two gate placements).
 """
 from __future__ import annotations
 

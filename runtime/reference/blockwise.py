@@ -23,6 +23,16 @@ The sequence is padded to a multiple of C with w = 0, beta = 0, k = q = v = 0, g
 keys are masked (they only occur in the last chunk's diagonal tile), padded queries dropped.
 All pieces below work on arbitrary leading batch dims and broadcast (e.g. Q [B,H,G,C,D] with
 W [B,H,1,C,D] for GQA).
+
+Math and the kernels that implement each piece, in docs/algorithm.md:
+  blocking                   docs/algorithm.md#chunks-and-super-chunks
+  ut_transform, boundary_*,  docs/algorithm.md#ut-transform
+  diagonal_logits, chunk_transition, apply_transition
+  the inner scan loops       docs/algorithm.md#intra-super-chunk-scan, docs/algorithm.md#inter-super-chunk-scan
+  superchunk_transport       docs/algorithm.md#super-chunk-transport
+  online_softmax_*           docs/algorithm.md#online-softmax-and-lse
+(this reference solves T with a triangular solve in the compute dtype; the kernels' blocked
+inverse and precision choices: docs/algorithm.md#inverting-t, docs/algorithm.md#precision).
 """
 from __future__ import annotations
 

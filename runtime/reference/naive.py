@@ -8,6 +8,9 @@ Materialises the full causal logit matrix
 by a backward sweep of every query through the Householder-like factors, adds the optional
 FoX gate c_i - c_j (c = inclusive cumsum of g per sequence), applies a causal softmax and
 multiplies by V. O(T^2 D) work, O(T^2) memory; differentiable by autograd (no in-place ops).
+
+Math: docs/algorithm.md#the-path-logit, docs/algorithm.md#path-fox-the-forget-gate; how the kernels
+are checked against this oracle: docs/algorithm.md#how-it-is-checked.
 """
 from __future__ import annotations
 

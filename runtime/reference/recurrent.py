@@ -5,6 +5,8 @@ Decoding rule [PaTH §3.4]: at step t, FIRST every cached key is updated in plac
 THEN the raw k_t (and v_t, c_t = c_{t-1} + g_t) is appended, THEN q_t attends to the whole cache
 with ordinary softmax attention plus the FoX gate c_t - c_j. Hence the cache always holds keys in
 the "current frame" k_j^(t) = H_t ... H_{j+1} k_j and q_t . k_j^(t) = S_tj.
+
+Math, and the fused Triton step and static cache that follow this reference: docs/algorithm.md#decoding.
 """
 from __future__ import annotations
 
