@@ -25,7 +25,7 @@ import os
 
 import torch
 import triton
-from kernel_variants import load_variant  # noqa: E402  (benchmarks/ is the script's folder)
+from kernel_variants import Capture, load_variant  # noqa: E402  (benchmarks/ is the script's folder)
 
 import pathtune.codegen.triton.backward as bwd_mod
 import pathtune.codegen.triton.forward as fwd_mod
@@ -41,28 +41,6 @@ def emit(row):
     ROWS.append(row)
     with open(os.path.join(OUT, "kernel_probe.json"), "w") as fh:
         json.dump(ROWS, fh, indent=1)
-
-
-class Capture:
-    """Stands in for a jitted kernel in a launcher module; keeps the first launch's grid and args."""
-
-    def __init__(self, module, name):
-        self.module, self.name, self.real = module, name, getattr(module, name)
-        self.calls = []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kw):
-            if not self.calls:
-                self.calls.append((grid, args, kw))
-            return self.real[grid](*args, **kw)
-        return launch
-
-    def __enter__(self):
-        setattr(self.module, self.name, self)
-        return self
-
-    def __exit__(self, *exc):
-        setattr(self.module, self.name, self.real)
 
 
 def time_launch(kernel, grid, args, kw):

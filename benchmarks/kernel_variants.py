@@ -7,6 +7,7 @@ changing a source hash (which would retire the performance records measured on t
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import os
@@ -36,3 +37,39 @@ def load_variant(src: str, kernel: str, tag: str, replacements=(), append: str =
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return getattr(mod, kernel)
+
+
+class Capture:
+    """Stands in for a jitted kernel in a launcher module; keeps the first launch's grid and args."""
+
+    def __init__(self, module, name):
+        self.module, self.name, self.real = module, name, getattr(module, name)
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            if not self.calls:
+                self.calls.append((grid, args, kw))
+            return self.real[grid](*args, **kw)
+        return launch
+
+    def __enter__(self):
+        setattr(self.module, self.name, self)
+        return self
+
+    def __exit__(self, *exc):
+        setattr(self.module, self.name, self.real)
+
+
+@contextlib.contextmanager
+def swapped(module, name: str, kernel):
+    """``module.name`` is ``kernel`` inside the block (None: unchanged), e.g. a launcher module's kernel."""
+    if kernel is None:
+        yield
+        return
+    real = getattr(module, name)
+    setattr(module, name, kernel)
+    try:
+        yield
+    finally:
+        setattr(module, name, real)

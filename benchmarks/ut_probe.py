@@ -14,7 +14,6 @@ parallel inside each chunk at beta = 2 (errors only).  Times are ``do_bench`` me
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -27,7 +26,7 @@ from pathtune.codegen.triton._layout import build_tables
 from pathtune.codegen.triton.params import TritonParams
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_variants import load_variant, module_source  # noqa: E402
+from kernel_variants import load_variant, module_source, swapped  # noqa: E402
 
 import pathtune.codegen.triton.ut as ut_mod  # noqa: E402
 
@@ -106,18 +105,10 @@ def inputs(N, H, D, stress, dev):
     return w, k, beta
 
 
-@contextlib.contextmanager
 def _kernel(variant):
     """forward.ut_fused launching the named variant of ut_fused_kernel (None: the shipped kernel)."""
-    if variant is None:
-        yield
-        return
-    real = fwd.ut_fused_kernel
-    fwd.ut_fused_kernel = _VARIANT_CACHE.setdefault(variant, variant_kernel(variant))
-    try:
-        yield
-    finally:
-        fwd.ut_fused_kernel = real
+    return swapped(fwd, "ut_fused_kernel", None if variant is None else
+                   _VARIANT_CACHE.setdefault(variant, variant_kernel(variant)))
 
 
 _VARIANT_CACHE: dict = {}
