@@ -118,8 +118,8 @@ def _src(module_name):
         return fh.read()
 
 
-# source variants of this tree's kernels not taken (still timed on request): text replacements.  The ones
-# taken in session 7 (dkv's dKJ out of registers, ut_diag_inverse at the UT precision) are in the kernels now.
+# source variants of this tree's kernels not taken (still timed on request): text replacements (the ones
+# that won, e.g. dkv's dKJ out of registers, are in the kernels).
 _INTRA_RELOAD = (
     ("    # diagonal tile and the boundary adjustment of the queries\n",
      "    Q = tl.load(q_ptr + qoff, mask=m2, other=0.0).to(DT)\n"

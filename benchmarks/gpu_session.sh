@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call that does several GPU jobs and brings everything back as ONE archive (the device
 # tool returns at most 8 files), keeping Triton's compile cache between calls (compiling a fresh
-# config of the forward+backward kernels costs ~30-100 s on the GPU host, which ate most of
-# session 2's test and bench time).
+# config of the forward+backward kernels costs ~30-100 s on the GPU host, a large part of a short
+# call's test and bench time).
 #
 #   bash benchmarks/gpu_session.sh STEP[:SECONDS] ...        (in the repo root on the GPU host)
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Full tune on one H200 (issue 6): D in {64,128} x {fwd, bwd, decode} x 4 length buckets x triton,
+# Full tune on one H200: D in {64,128} x {fwd, bwd, decode} x 4 length buckets x triton,
 # accuracy-gated, within ~10 GPU-minutes. Run in the repo root on the GPU host:
 #
 #   WHEELS=/path/to/wheels OUT=/path/to/out bash benchmarks/h200_tune.sh

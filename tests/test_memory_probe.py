@@ -116,7 +116,7 @@ def test_backward_peak_within_the_analysis(mp, monkeypatch):
 
 @pytest.mark.parametrize("D,H", [(64, 16), (128, 8)])
 def test_issue_target_under_one_gib(mp, monkeypatch, D, H):
-    """Issue 3's target shape: extra peak of one fwd+bwd at T=16384, B=2, gated, bf16 <= 1.0 GiB
+    """The memory target's shape: extra peak of one fwd+bwd at T=16384, B=2, gated, bf16 <= 1.0 GiB
     (the H200 measured 1.71 GiB at D=64 before the per-range backward; the probe counts 0.953 /
     0.928 GiB at the 256 MiB range budget)."""
     monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB", raising=False)

@@ -1,4 +1,4 @@
-"""No kernel params default differs from the spec's (issue 20: one knob contract).
+"""No kernel params default differs from the spec's (one knob contract).
 
 Every field of ``TritonParams`` (codegen/triton/params.py) and ``TVMParams`` (codegen/tvm/params.py)
 that is a knob of specs/path_attention.yaml defaults to that knob's default in the spec's

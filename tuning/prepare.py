@@ -9,8 +9,8 @@ by every process of the user) with exactly the kernels the measurement will laun
 process then loads them from the cache, and measures one candidate at a time on a quiet GPU.
 
 A batch is as slow as its slowest child, and a few configs (128-token UT chunks, deep pipelines,
-float32-exact products everywhere) take ptxas 5-10x longer than the rest while spilling registers:
-session 3 lost a 151 s forward batch to them.  So once half of a batch has compiled, a child still
+float32-exact products everywhere) take ptxas 5-10x longer than the rest while spilling registers (a
+whole forward batch of ~150 s can wait on them).  So once half of a batch has compiled, a child still
 running after ``straggler_factor`` x the median compile time of the finished ones (and at least
 ``straggler_floor_s``) is killed and recorded as ``timeout``: a config that takes minutes to JIT
 would stall a user's first call the same way, and it never wins.

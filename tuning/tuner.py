@@ -141,8 +141,8 @@ def requeue_stale_running(study: Any) -> int:
 
     Only for a study on SQLite, where one worker runs at a time, so on ``--resume`` a RUNNING trial
     belongs to a dead process: the batched mode has no heartbeats, and a worker killed by a signal
-    it cannot catch (a step timeout's SIGTERM, SIGKILL) leaves its batch RUNNING.  Session 5 lost a
-    key's seeded default that way: the resumed key's one out-of-time trial was a neighbour.
+    it cannot catch (a step timeout's SIGTERM, SIGKILL) leaves its batch RUNNING.  Left RUNNING, a key's
+    seeded default would be lost that way: the resumed key's next trial would be a neighbour.
     """
     from optuna.trial import TrialState
 
@@ -504,7 +504,7 @@ class Tuner:
                     ctx.fatal = ("every compile child of a batch died without a result (a setup problem, not "
                                  f"the configs): {str(prepared[0].get('message', ''))[-600:]}")
                 # every compiled config of the batch is measured even past the budget: compiling was the
-                # expensive part (session 3 lost a 150 s batch by abandoning it at the deadline); the
+                # expensive part (abandoning a batch at the deadline threw away minutes of compiling); the
                 # budget decides whether another batch starts
                 for (trial, config), prep in zip(batch, prepared):
                     if self.stop_requested or ctx.fatal or prep.get("status") == "interrupted":

@@ -120,7 +120,7 @@ def _superchunk_pairs_torch(what: torch.Tensor, tables: SequenceTables, like: to
 #   384 MiB 0.988 / 0.959       512 MiB 1.094 / 1.053   unbounded 1.707 / 1.646
 # The bound is 1.0 GiB; 256 MiB keeps ~0.05 GiB of margin below it (384 MiB keeps 0.01).  With
 # 128 MiB (10 ranges at B*T = 32768 tokens, D=64 H=16) the H200 measured the gated fwd+bwd 23%
-# slower at T=4096 and 11% slower at T=16384 than session 2's single range (33.1 vs 27.0 ms,
+# slower at T=4096 and 11% slower at T=16384 than a single range (33.1 vs 27.0 ms,
 # 59.8 vs 53.9 ms); 256 MiB halves the ranges (5), so the extra launches and ut_chunk recomputes.
 # PATHTUNE_BWD_RANGE_MIB overrides it per call
 # (``_range_budget``), so one process can time several budgets (benchmarks/dev_gpu_run2.py ranges).

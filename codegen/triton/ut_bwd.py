@@ -10,7 +10,7 @@ column block at a time:
     dW = dW_acc - M dK~ + dL K + A^T dU + (dG + dG^T) W        dK = dK_acc + dK~ + dL^T W
 
 (One kernel holding every C x D tile at once spilled 2.6 KB per thread at D = 128 on sm_90 and ran
-at 17-31 TFLOP/s, session 6.)  The forward quantities (T^{-1}, A, M) are recomputed at the
+at 17-31 TFLOP/s.)  The forward quantities (T^{-1}, A, M) are recomputed at the
 forward's precision UP, the gradient products run at GP (the spec's ut_grad_precision knob).
 """
 from __future__ import annotations

@@ -5,8 +5,8 @@ triton,tvm --tvm-modules DIR` times on the GPU host (which has the TVM runtime b
 
 One module set (decode.so + decode_merge.so, with their .json build metadata) per decode-bench shape
 (tuning/decode_bench.py SHAPES: H16 D64 and H8 D128, bf16, one query head per kv head), FoX gate off and on,
-and layout: session 4's fastest layouts on the H200 (codegen/tvm/README.md, BENCHMARKS.md "Session 4") and
-the spec default. Same bundle layout as build_gpu_check.py: OUT/manifest.json, OUT/modules/<set>/,
+and layout: the fastest layouts measured on the H200 (codegen/tvm/README.md) and the spec default. Same bundle
+layout as build_gpu_check.py: OUT/manifest.json, OUT/modules/<set>/,
 OUT/tvm_runtime/ (libtvm_runtime{,_cuda}.so from the installed apache-tvm wheel). The folder is also a
 module store the runtime dispatcher can search (PATHTUNE_TVM_MODULES=OUT). Needs apache-tvm 0.27 + nvcc.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from .build_gpu_check import DEC_KNOBS, _build_one, _init_worker
 from .runtime import copy_runtime_libs
 
-# the layouts timed: the three that won a (shape, length) of session 4's G1 runs, and the spec default
+# the layouts timed: the three that won a (shape, length) of the H200's G = 1 decode runs, and the spec default
 LAYOUTS = ("r2w8s8pf", "r4w4s8", "r2w4s8pf", "N128s4w4")
 # (heads, head dim) of `pathtune bench --pass decode` (tuning/decode_bench.py SHAPES; a test keeps them equal:
 # codegen does not import the bench)

@@ -42,7 +42,7 @@ DEC_KNOBS = {
     "t16v4r4w4s8": dict(decode_threads_per_row=16, decode_vec=4, decode_rows_per_thread=4, decode_num_warps=4,
                         decode_splits=8),
 }
-# the decode workloads: the session-2 shape (GQA G=4), and the two MHA shapes the Triton decode was tuned on
+# the decode workloads: a GQA shape (G=4), and the two MHA shapes the Triton decode was tuned on
 DEC_DIMS = {
     "D128-G4": dict(H=8, HQ=32, D=128, DV=128, dtype="bfloat16"),
     "D128-G1": dict(H=8, HQ=8, D=128, DV=128, dtype="bfloat16"),
