@@ -72,3 +72,20 @@ def test_ut_probe_variants_match_shipped(name):
         got = fwd.ut_fused(kt, wt, bt, tables, 2, 64, 64, p, out_dtype=torch.float32)
     for a, b in zip(got[:3], ref[:3]):
         assert rel(a, b) < 1e-5
+
+
+@pytest.mark.parametrize("gate", [False, True])
+def test_scan_folded_equals_shipped(gate):
+    """The folded softmax (scale inside exp2's multiply-add, FoX in the frame without the query's gate
+    cumsum, both scan kernels): o and lse as the shipped kernels', up to float32 rounding."""
+    from kernel_variants import swapped
+    from variants import scan_folded
+
+    q, k, v, w, beta, g = _inputs(11, 2, 300, 4, 2, 32, gate)
+    p = TritonParams(chunk_size=32, superchunk_size=64, block_n=16, block_m=32)
+    o0, l0, _ = fwd.path_attention_fwd(q, k, v, w, beta, g, scale=0.2, cu_seqlens=None, params=p)
+    ks = scan_folded.kernels()
+    with swapped(fwd, "scan_intra_kernel", ks["scan_intra_kernel"]), \
+            swapped(fwd, "scan_inter_kernel", ks["scan_inter_kernel"]):
+        o1, l1, _ = fwd.path_attention_fwd(q, k, v, w, beta, g, scale=0.2, cu_seqlens=None, params=p)
+    assert rel(o1, o0) < 1e-4 and rel(l1, l0) < 1e-6
