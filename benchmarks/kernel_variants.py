@@ -22,9 +22,9 @@ def module_source(module) -> str:
     return inspect.getsource(module)
 
 
-def load_variant(src: str, kernel: str, tag: str, replacements=(), append: str = ""):
-    """The kernel ``kernel`` of module source ``src`` after the text replacements (each ``(old, new)``
-    must occur in the source) and with ``append`` (extra jit helpers) added at the end."""
+def load_variant_module(src: str, tag: str, replacements=(), append: str = ""):
+    """The module of source ``src`` after the text replacements (each ``(old, new)`` must occur in the
+    source) and with ``append`` (extra jit helpers) added at the end."""
     src = re.sub(r"^from \.(\w+) import", r"from pathtune.codegen.triton.\1 import", src, flags=re.M)
     for old, new in replacements:
         if old not in src:
@@ -36,7 +36,12 @@ def load_variant(src: str, kernel: str, tag: str, replacements=(), append: str =
     spec = importlib.util.spec_from_file_location(f"variant_{tag}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return getattr(mod, kernel)
+    return mod
+
+
+def load_variant(src: str, kernel: str, tag: str, replacements=(), append: str = ""):
+    """The kernel ``kernel`` of ``load_variant_module(src, tag, replacements, append)``."""
+    return getattr(load_variant_module(src, tag, replacements, append), kernel)
 
 
 class Capture:

@@ -14,6 +14,7 @@ parallel inside each chunk at beta = 2 (errors only).  Times are ``do_bench`` me
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -24,6 +25,8 @@ import triton
 from pathtune.codegen.triton import forward as fwd
 from pathtune.codegen.triton._layout import build_tables
 from pathtune.codegen.triton.params import TritonParams
+from pathtune.runtime.reference.blockwise import boundary_adjust_keys, ut_transform
+from pathtune.tuning.inputs import HEADS_FOR_DIM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_variants import load_variant, module_source, swapped  # noqa: E402
@@ -67,24 +70,22 @@ VARIANTS = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def variant_kernel(name: str):
+    """The named variant of ut_fused_kernel, built once per process."""
     return load_variant(module_source(ut_mod), "ut_fused_kernel", name, VARIANTS[name], append=_MM3)
 
 
 def ut_reference(w, k, beta, C):
-    """U, K~, M in float64 for token-major [N, H, D] inputs (N a multiple of C, one sequence)."""
+    """U, K~, M in float64 for token-major [N, H, D] inputs (N a multiple of C, one sequence), from the
+    float64 reference's chunk functions."""
     N, H, D = w.shape
-    W = w.double().view(N // C, C, H, D).permute(0, 2, 1, 3)       # [n, H, C, D]
-    K = k.double().view(N // C, C, H, D).permute(0, 2, 1, 3)
-    b = beta.double().view(N // C, C, H).permute(0, 2, 1)           # [n, H, C]
-    eye = torch.eye(C, dtype=torch.float64, device=w.device)
-    T = eye + torch.tril(b[..., :, None] * (W @ W.transpose(-1, -2)), -1)
-    A = torch.linalg.solve_triangular(T, eye.expand_as(T), upper=False) * b[..., None, :]
-    U = A @ W
+    W = w.double().view(N // C, C, H, D).transpose(1, 2)            # [n, H, C, D]
+    K = k.double().view(N // C, C, H, D).transpose(1, 2)
+    A, U = ut_transform(W, beta.double().view(N // C, C, H).transpose(1, 2))
     M = A @ torch.tril(W @ K.transpose(-1, -2), -1)
-    Kt = K - M.transpose(-1, -2) @ W
-    back = lambda x: x.permute(0, 2, 1, 3).reshape(N, H, x.shape[-1])   # noqa: E731
-    return back(U), back(Kt), back(M)
+    back = lambda x: x.transpose(1, 2).reshape(N, H, x.shape[-1])   # noqa: E731
+    return back(U), back(boundary_adjust_keys(K, W, A)), back(M)
 
 
 def rel(a, b) -> float:
@@ -107,11 +108,7 @@ def inputs(N, H, D, stress, dev):
 
 def _kernel(variant):
     """forward.ut_fused launching the named variant of ut_fused_kernel (None: the shipped kernel)."""
-    return swapped(fwd, "ut_fused_kernel", None if variant is None else
-                   _VARIANT_CACHE.setdefault(variant, variant_kernel(variant)))
-
-
-_VARIANT_CACHE: dict = {}
+    return swapped(fwd, "ut_fused_kernel", None if variant is None else variant_kernel(variant))
 
 
 def main() -> None:
@@ -123,7 +120,7 @@ def main() -> None:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # cpu: TRITON_INTERPRET=1 smoke run
     rows = []
     for D in map(int, args.head_dims.split(",")):
-        H = 16 if D <= 64 else 8
+        H = HEADS_FOR_DIM[D]
         N = args.tokens
         base = TritonParams.heuristic(D)
         C = base.chunk_size

@@ -13,12 +13,13 @@ gate_scale`` (a subtract and a multiply-add), then ``exp2(s - m)``.  Here:
 """
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernel_variants import load_variant, module_source  # noqa: E402
+from kernel_variants import load_variant_module, module_source  # noqa: E402
 
 import pathtune.codegen.triton.scan_fwd as scan_fwd  # noqa: E402
 
@@ -77,8 +78,9 @@ _INTER = [
 ]
 
 
+@functools.lru_cache(maxsize=None)
 def kernels() -> dict:
-    """{shipped kernel name: folded variant}: scan_intra_kernel and scan_inter_kernel from one module."""
-    src = module_source(scan_fwd)
-    return {name: load_variant(src, name, "scan_folded", _INTRA + _INTER, append=_HELPER)
-            for name in ("scan_intra_kernel", "scan_inter_kernel")}
+    """{shipped kernel name: folded variant}: scan_intra_kernel and scan_inter_kernel from one module,
+    built once per process."""
+    mod = load_variant_module(module_source(scan_fwd), "scan_folded", _INTRA + _INTER, append=_HELPER)
+    return {name: getattr(mod, name) for name in ("scan_intra_kernel", "scan_inter_kernel")}

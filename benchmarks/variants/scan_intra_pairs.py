@@ -57,6 +57,44 @@ def _diagonal(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, gc_ptr, tok0, send, hq, 
 
 
 @triton.jit
+def _key_chunk(kt_ptr, w_ptr, u_ptr, v_ptr, gc_ptr, tok0, send, hq, h,
+               HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+               BDV: tl.constexpr, C: tl.constexpr, DT: tl.constexpr, USE_GATE: tl.constexpr):
+    """K~, W, U (scan dtype), V and the gate cumsum (zeros without a gate) of the earlier chunk at tok0; rows
+    past the sequence end (a pair's last, partial chunk a) read as 0."""
+    r = tl.arange(0, C)
+    d = tl.arange(0, BD)
+    dv = tl.arange(0, BDV)
+    krows = (tok0 + r).to(tl.int64)
+    kmask = krows < send
+    dmask = kmask[:, None] & (d < D)[None, :]
+    kof = (krows[:, None] * H + h) * D + d[None, :]
+    Kt = tl.load(kt_ptr + kof, mask=dmask, other=0.0).to(DT)
+    Wm = tl.load(w_ptr + kof, mask=dmask, other=0.0).to(DT)
+    Um = tl.load(u_ptr + kof, mask=dmask, other=0.0).to(DT)
+    Vm = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=kmask[:, None] & (dv < DV)[None, :],
+                 other=0.0)
+    if USE_GATE:
+        c_k = tl.load(gc_ptr + krows * HQ + hq, mask=kmask, other=0.0)
+    else:
+        c_k = tl.zeros((C,), dtype=tl.float32)
+    return Kt, Wm, Um, Vm, c_k
+
+
+@triton.jit
+def _step(X, c_q, m_i, l_i, acc, Kt, Wm, Um, Vm, c_k, qk_scale, gate_scale, DT: tl.constexpr,
+          USE_GATE: tl.constexpr, INTERP: tl.constexpr):
+    """One chain's step over an earlier chunk: its logits into the online softmax, then the chunk
+    transition X <- X - (X W^T) U."""
+    Xd = X.to(DT)
+    s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
+    if USE_GATE:
+        s += (c_q[:, None] - c_k[None, :]) * gate_scale
+    m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, Vm, INTERP)
+    return X - mm(mm(Xd, tl.trans(Wm), INTERP).to(DT), Um, INTERP), m_i, l_i, acc
+
+
+@triton.jit
 def _store(o_ptr, lse_ptr, x_ptr, X, m_i, l_i, acc, tok0, send, hq,
            HQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
            C: tl.constexpr, WRITE_X: tl.constexpr):
@@ -97,45 +135,19 @@ def scan_intra_pair_kernel(
                                          qk_scale, gate_scale, HQ, H, D, DV, BD, BDV, C, DT, TP, USE_GATE, INTERP)
         Xb, mb, lb, accb, cb = _diagonal(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, gc_ptr, b_tok0, send, hq, h,
                                          qk_scale, gate_scale, HQ, H, D, DV, BD, BDV, C, DT, TP, USE_GATE, INTERP)
-        r = tl.arange(0, C)
-        d = tl.arange(0, BD)
-        dv = tl.arange(0, BDV)
-        dmask = (d < D)[None, :]
-        dvmask = (dv < DV)[None, :]
-        # b's step over chunk a (the pair's off-diagonal block)
-        arows = (a_tok0 + r).to(tl.int64)
-        aof = (arows[:, None] * H + h) * D + d[None, :]
-        Kt = tl.load(kt_ptr + aof, mask=dmask, other=0.0).to(DT)
-        Wm = tl.load(w_ptr + aof, mask=dmask, other=0.0).to(DT)
-        Um = tl.load(u_ptr + aof, mask=dmask, other=0.0).to(DT)
-        Vm = tl.load(v_ptr + (arows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
-        Xd = Xb.to(DT)
-        s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
-        if USE_GATE:
-            s += (cb[:, None] - ca[None, :]) * gate_scale
-        mb, lb, accb = _softmax_step(s, mb, lb, accb, Vm, INTERP)
-        Xb = Xb - mm(mm(Xd, tl.trans(Wm), INTERP).to(DT), Um, INTERP)
-        # both chains over the earlier chunks of the super-chunk, right to left
+        # b's step over chunk a (the pair's off-diagonal block), then both chains over the earlier chunks of
+        # the super-chunk, right to left, each key chunk loaded once for the two
+        Kt, Wm, Um, Vm, c_k = _key_chunk(kt_ptr, w_ptr, u_ptr, v_ptr, gc_ptr, a_tok0, send, hq, h,
+                                         HQ, H, D, DV, BD, BDV, C, DT, USE_GATE)
+        Xb, mb, lb, accb = _step(Xb, cb, mb, lb, accb, Kt, Wm, Um, Vm, c_k, qk_scale, gate_scale, DT, USE_GATE, INTERP)
         first = (a_idx // (S // C)) * (S // C)
         for step in range(0, a_idx - first):
-            kc = a_idx - 1 - step
-            krows = (s0 + kc * C + r).to(tl.int64)
-            kof = (krows[:, None] * H + h) * D + d[None, :]
-            Kt = tl.load(kt_ptr + kof, mask=dmask, other=0.0).to(DT)
-            Wm = tl.load(w_ptr + kof, mask=dmask, other=0.0).to(DT)
-            Um = tl.load(u_ptr + kof, mask=dmask, other=0.0).to(DT)
-            Vm = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
-            Xad = Xa.to(DT)
-            Xbd = Xb.to(DT)
-            sa = mm(Xad, tl.trans(Kt), INTERP) * qk_scale
-            sb = mm(Xbd, tl.trans(Kt), INTERP) * qk_scale
-            if USE_GATE:
-                c_k = tl.load(gc_ptr + krows * HQ + hq)
-                sa += (ca[:, None] - c_k[None, :]) * gate_scale
-                sb += (cb[:, None] - c_k[None, :]) * gate_scale
-            ma, la, acca = _softmax_step(sa, ma, la, acca, Vm, INTERP)
-            mb, lb, accb = _softmax_step(sb, mb, lb, accb, Vm, INTERP)
-            Xa = Xa - mm(mm(Xad, tl.trans(Wm), INTERP).to(DT), Um, INTERP)
-            Xb = Xb - mm(mm(Xbd, tl.trans(Wm), INTERP).to(DT), Um, INTERP)
+            k_tok0 = s0 + (a_idx - 1 - step) * C
+            Kt, Wm, Um, Vm, c_k = _key_chunk(kt_ptr, w_ptr, u_ptr, v_ptr, gc_ptr, k_tok0, send, hq, h,
+                                             HQ, H, D, DV, BD, BDV, C, DT, USE_GATE)
+            Xa, ma, la, acca = _step(Xa, ca, ma, la, acca, Kt, Wm, Um, Vm, c_k, qk_scale, gate_scale, DT, USE_GATE,
+                                     INTERP)
+            Xb, mb, lb, accb = _step(Xb, cb, mb, lb, accb, Kt, Wm, Um, Vm, c_k, qk_scale, gate_scale, DT, USE_GATE,
+                                     INTERP)
         _store(o_ptr, lse_ptr, x_ptr, Xa, ma, la, acca, a_tok0, send, hq, HQ, D, DV, BD, BDV, C, WRITE_X)
         _store(o_ptr, lse_ptr, x_ptr, Xb, mb, lb, accb, b_tok0, send, hq, HQ, D, DV, BD, BDV, C, WRITE_X)
