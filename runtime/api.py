@@ -107,7 +107,8 @@ def path_attention(
         w: [B, T, H, D] Householder directions, unit L2 norm along D; float32 (preferred), float64 or
             q's dtype. Shared by the query heads of a group.
         beta: [B, T, H] Householder strengths in (0, 2]; dtypes as w.
-        g: [B, T, HQ] optional log forget gate (FoX), per query head; dtypes as w.
+        g: [B, T, HQ] optional log forget gate (FoX) in (-inf, 0] (finite, e.g. ``logsigmoid(x)``), per
+            query head; dtypes as w.
         scale: softmax scale; default ``D ** -0.5``.
         cu_seqlens: [N + 1] int32/int64 boundaries of N sequences packed along T (then B must be 1):
             0 = cu_seqlens[0] < ... < cu_seqlens[N] = T.
@@ -128,8 +129,8 @@ def path_attention(
         NotImplementedError: the chosen backend is not available (the message says what is missing).
 
     Validation cost: shape, dtype and device checks are free. ``cu_seqlens`` is read on the host
-    (N + 1 integers; a varlen launch needs them there anyway). The value checks -- beta in (0, 2], w
-    unit-norm -- read whole tensors, so on a GPU they would be hidden host synchronisations: they run
+    (N + 1 integers; a varlen launch needs them there anyway). The value checks -- beta in (0, 2], g in
+    (-inf, 0], w unit-norm -- read whole tensors, so on a GPU they would be hidden host synchronisations: they run
     for CPU inputs, and for GPU inputs only when ``PATHTUNE_CHECK_INPUTS=1`` (use it while debugging).
     The backend that ran is logged at DEBUG on the ``pathtune.dispatch`` logger
     (``PATHTUNE_PRINT_DISPATCH=1`` prints it, and each kernel config with where it came from). The

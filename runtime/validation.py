@@ -36,7 +36,7 @@ class InputInfo:
     max_seqlen: int      # longest sequence
     varlen: bool
     device: torch.device
-    values_checked: bool  # beta / w value checks ran
+    values_checked: bool  # beta / g / w value checks ran
 
 
 def value_checks_enabled(device: torch.device) -> bool:
@@ -82,7 +82,7 @@ def validate_inputs(spec: Spec, q, k, v, w, beta, g=None, *, scale=None, cu_seql
     ``cu_seqlens`` (N + 1 integers) is always copied to the host and checked (starts at 0, strictly
     increasing, ends at T): the varlen kernels need the sequence count and longest length on the
     host anyway, so this adds no sync a varlen launch would not already do.
-    Value checks of ``beta`` (inside the spec's interval) and ``w`` (unit L2 norm) read whole tensors,
+    Value checks of ``beta`` and ``g`` (inside the spec's intervals) and ``w`` (unit L2 norm) read whole tensors,
     i.e. a host synchronisation: they run when the inputs are on the CPU, or on any device with
     ``PATHTUNE_CHECK_INPUTS=1``, and never otherwise.
 

@@ -248,3 +248,39 @@ def test_malformed_or_unknown_pathtune_variables_are_reported(monkeypatch):
     with pytest.warns(UserWarning, match=r"PATHTUNE_CHECK_INPUT is not a pathtune variable"):
         call(make())
     call(make())                                   # checked once: no second warning, no cost
+
+
+@pytest.mark.parametrize("value, match", [
+    (0.5, r"g must lie in \(-inf, 0\]; 1 of 64 values do not, e.g. g\[1, 2, 3\] = 0.5"),
+    (float("-inf"), r"g must lie in \(-inf, 0\]; 1 of 64 values do not, e.g. g\[1, 2, 3\] = -inf"),
+    (float("nan"), r"g must lie in \(-inf, 0\]"),
+])
+def test_g_outside_interval(value, match):
+    """g is a log forget gate (<= 0, the spec's interval): a positive, -inf or NaN entry is one line that
+    names the interval and the first bad entry, never a NaN output."""
+    args = make()
+    args["g"][1, 2, 3] = value
+    with pytest.raises(ValueError, match=match) as info:
+        call(args)
+    assert "\n" not in str(info.value)
+
+
+def test_g_zero_and_large_negative_are_allowed():
+    args = make()
+    args["g"].fill_(0.0)
+    call(args)
+    args["g"].fill_(-1e4)
+    o = call(args)
+    assert torch.isfinite(o).all()
+
+
+def test_g_outside_interval_is_refused_by_the_decode_step():
+    """The decode step runs the same value checks as path_attention (per call, CPU inputs)."""
+    from pathtune.runtime.decode import path_attention_decode, path_attention_prefill
+
+    args = make(B=1)
+    _, cache = path_attention_prefill(*(args[n] for n in ("q", "k", "v", "w", "beta", "g")), backend="reference")
+    step = make(B=1, T=1)
+    step["g"][0, 0, 1] = float("-inf")
+    with pytest.raises(ValueError, match=r"g must lie in \(-inf, 0\]; .* g\[0, 0, 1\] = -inf"):
+        path_attention_decode(*(step[n] for n in ("q", "k", "v", "w", "beta", "g")), cache, backend="reference")

@@ -369,3 +369,9 @@ def test_every_problem_is_reported_at_once(raw, tmp_path):
     assert set(problems) == {"stages.blockwise_scan.chunk_knob", f"passes.fwd.knobs[{n_fwd}]",
                              f"constraints[{n_con}].expr"}
     assert str(err).startswith(f"invalid spec {tmp_path / 'spec.yaml'}: 3 problems")
+
+
+def test_g_has_the_interval_of_a_log_gate(spec):
+    """g is a log forget gate: at most 0, and finite (-inf is outside, so it is refused, not run into NaN)."""
+    assert spec.tensors.g.interval == "(-inf, 0]"
+    assert spec.tensors.g.interval_bounds == (float("-inf"), False, 0.0, True)
