@@ -194,10 +194,9 @@ def _check_backend(spec, info: InputInfo, chosen: str, device: torch.device) -> 
         if device.type != "cuda":
             raise ValueError(f"backend 'tvm' needs CUDA tensors, but q is on {device}; its kernels run on a GPU "
                              "(forward only); use backend='reference' on the CPU")
-        placement = spec.gate_placement
-        if placement != "inside_scale":
-            raise NotImplementedError(f"backend 'tvm' implements gate placement 'inside_scale' only, the spec "
-                                      f"says {placement!r}; use backend='triton'")
+        from pathtune.codegen._registry import require
+
+        require("tvm", spec, "fwd", gated=info.gated)
     if chosen == "triton":
         triton_fn, why = _triton_entry()
         if triton_fn is None:

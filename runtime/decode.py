@@ -249,9 +249,9 @@ def _prepare(q, k, v, w, beta, g, cache, *, scale, backend, config) -> _Step:
         return _Step(run, spec, check_values)
     # tvm: its fused step takes one token per launch; a multi-token call runs them in order
     if tvm_step is None:
-        if placement != "inside_scale":
-            raise NotImplementedError(f"backend 'tvm' implements gate placement 'inside_scale' only, the spec says "
-                                      f"{placement!r}; use backend='triton'")
+        from pathtune.codegen._registry import require
+
+        require("tvm", spec, "decode", gated=g is not None)
         from pathtune.codegen.tvm.runtime import path_attention_decode_step_tvm
 
         def one(q_t, k_t, v_t, w_t, b_t, g_t, cache, *, scale):

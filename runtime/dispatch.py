@@ -605,8 +605,21 @@ class Dispatcher:
                 return Workload(head_dim=D, head_dim_v=DV, heads_q=HQ, heads_kv=H, dtype=dtype, use_gate=gate,
                                 pass_=pass_, seq_bucket=sb, varlen=varlen, batch_bucket=bb)
 
-            fwd = self.choose("fwd", workload("fwd"), device, cands)
-            bwd = self.choose("bwd", workload("bwd"), device, ("triton",)) if grad else None
+            # what each backend implements (codegen/<backend>/registry.py): one that cannot run a pass of
+            # this call is left out, and the plan says why
+            spec = load_spec()
+            fwd_cands, skipped = _implementing(spec, "fwd", cands, gate)
+            if not fwd_cands:
+                raise NotImplementedError("no requested backend can run this call: " + "; ".join(skipped))
+            fwd = _noting(self.choose("fwd", workload("fwd"), device, fwd_cands), skipped)
+            bwd = None
+            if grad:
+                # the backward runs on a backend that implements it, Triton when none of the requested does
+                bwd_cands, skipped = _implementing(spec, "bwd", tuple(dict.fromkeys((*cands, "triton"))), gate)
+                if not bwd_cands:
+                    raise NotImplementedError("no backend can run the backward of this call: " + "; ".join(skipped))
+                bwd = _noting(self.choose("bwd", workload("bwd"), device, bwd_cands[:1]),
+                              [s for s in skipped if s.split(":")[0] in cands])
             if fwd.backend == "triton":
                 params_json = _triton_params_json(fwd, bwd, D, DV)
                 bwd_params_json = params_json if bwd is not None else None
@@ -618,6 +631,31 @@ class Dispatcher:
             self._plans[key] = plan
             _report(key, plan)
             return plan
+
+
+def _implementing(spec, pass_: str, backends: Sequence[str], gated: bool) -> tuple[tuple[str, ...], list[str]]:
+    """The backends that implement every stage of ``pass_`` for this call (the registry of each), and
+    ``"backend: reason"`` for each one that does not."""
+    from pathtune.codegen._registry import call_unsupported
+
+    ok, skipped = [], []
+    for b in backends:
+        why = call_unsupported(b, spec, pass_, gated)
+        if why is None:
+            ok.append(b)
+        else:
+            skipped.append(f"{b}: {why}")
+    return tuple(ok), skipped
+
+
+def _noting(choice: Choice, skipped: Sequence[str]) -> Choice:
+    """``choice`` with the backends left out (and why) added to its detail."""
+    if not skipped:
+        return choice
+    import dataclasses
+
+    note = "not " + "; not ".join(skipped)
+    return dataclasses.replace(choice, detail=f"{choice.detail}; {note}" if choice.detail else note)
 
 
 def _soft_warning() -> type[Warning]:

@@ -37,6 +37,7 @@ class InputInfo:
     varlen: bool
     device: torch.device
     values_checked: bool  # beta / g / w value checks ran
+    gated: bool = False   # g was given (PaTH-FoX)
 
 
 def value_checks_enabled(device: torch.device) -> bool:
@@ -137,7 +138,7 @@ def validate_inputs(spec: Spec, q, k, v, w, beta, g=None, *, scale=None, cu_seql
         _check_values(spec, args)
     return InputInfo(B=sizes["B"], T=sizes["T"], HQ=sizes["HQ"], H=sizes["H"], D=sizes["D"], DV=sizes["DV"],
                      num_seqs=num_seqs, max_seqlen=max_seqlen, varlen=cu_seqlens is not None,
-                     device=q.device, values_checked=checked)
+                     device=q.device, values_checked=checked, gated=g is not None)
 
 
 def _enforce(rules, bound: dict[str, tuple[int, str]]) -> None:

@@ -37,7 +37,7 @@ from .expr import Expr, ExprError
 
 __all__ = [
     "SpecError", "Spec", "DimSpec", "Rule", "TensorSpec", "Tensors", "Knob", "PassSpec", "Numerics",
-    "BetaClip", "Accuracy", "HouseholderChainStage", "UTInverseStage", "BlockwiseScanStage",
+    "BetaClip", "Accuracy", "Variant", "HouseholderChainStage", "UTInverseStage", "BlockwiseScanStage",
     "FoxGateStage", "Stage", "STAGE_KINDS", "PASS_NAMES", "DTYPE_NAMES",
 ]
 
@@ -290,23 +290,47 @@ class Tensors(_Model):
 _OPTIONAL_TENSORS = ("g", "cu_seqlens", "lse")
 
 
+class Variant(_Model):
+    """One way a stage can run (an algorithmic choice that changes which kernels run), and the passes
+    it serves. Each backend registers its implementation of it, or the reason it has none."""
+
+    passes: tuple[PassName, ...]
+    description: str = Field("", exclude=True)   # documentation: not hashed
+
+    @field_validator("passes")
+    @classmethod
+    def _passes(cls, value):
+        if not value:
+            raise ValueError("list the passes this variant serves (fwd, bwd, decode)")
+        if len(set(value)) != len(value):
+            raise ValueError(f"a pass is listed twice: {list(value)}")
+        return value
+
+
 class _Stage(_Model):
-    description: str = ""
+    # Documentation (the math, the conventions every backend follows): excluded from the spec hash,
+    # since no kernel reads it and a field that can hold one value only selects nothing.
+    description: str = Field("", exclude=True)
+    doc: dict[str, str] = Field(default_factory=dict, exclude=True)
+    variants: dict[str, Variant]
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, value):
+        if not value:
+            raise ValueError("name at least one variant (how the stage runs) with the passes it serves")
+        bad = [n for n in value if not n.isidentifier()]
+        if bad:
+            raise ValueError(f"variant names must be identifiers, got {bad}")
+        return value
 
 
 class HouseholderChainStage(_Stage):
     kind: Literal["householder_chain"]
-    transition: str
-    product_order: Literal["later_left"]
-    logit: str
 
 
 class UTInverseStage(_Stage):
     kind: Literal["ut_inverse"]
-    matrix: str
-    result: str
-    solve: Literal["forward_substitution"]
-    precision: Literal["float32", "float64"]
     block_knob: str
 
 
@@ -315,19 +339,20 @@ class BlockwiseScanStage(_Stage):
     chunk_knob: str
     superchunk_knob: str
     key_tile_knob: str
-    direction: Literal["right_to_left"]
-    softmax: Literal["online"]
-    intra_superchunk_update: Literal["low_rank"]
-    inter_superchunk_transition: Literal["dense"]
     transition_precision_knob: str
 
 
 class FoxGateStage(_Stage):
     kind: Literal["fox_gate"]
     optional: bool = True
-    cumsum: Literal["inclusive"]
-    precision: Literal["float32", "float64"]
     placement: Literal["inside_scale", "outside_scale"] = "inside_scale"
+
+    @model_validator(mode="after")
+    def _placement_is_a_variant(self):
+        if self.placement not in self.variants:
+            raise _problems(("placement", f"{self.placement!r} is not one of the stage's variants "
+                                          f"({', '.join(self.variants)})"))
+        return self
 
 
 Stage = Annotated[Union[HouseholderChainStage, UTInverseStage, BlockwiseScanStage, FoxGateStage],

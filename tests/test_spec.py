@@ -61,7 +61,7 @@ def test_packaged_spec_is_valid(spec):
     assert {s.kind for s in spec.stages.values()} == {"householder_chain", "ut_inverse", "blockwise_scan",
                                                       "fox_gate"}
     assert spec.stage("fox_gate").placement == "inside_scale"
-    assert spec.stage("householder_chain").product_order == "later_left"
+    assert spec.stage("householder_chain").doc["product_order"] == "later_left"
     assert spec.head_dims == (32, 64, 96, 128, 192, 256) == spec.head_dims_v
     assert spec.tensors.q.shape == ("B", "T", "HQ", "D")
     assert spec.tensors.lse.dtypes[0] == "float32"

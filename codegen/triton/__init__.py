@@ -18,7 +18,8 @@ __all__ = ["path_attention_triton", "path_decode_triton", "path_prefill_triton",
 # Which sources each pass's kernels and launchers are built from (module names in this folder): a
 # perf_db record of a pass is keyed by the hash of its files only, so an edit of the forward kernels
 # does not retire decode records.  SHARED modules count for every pass; a module listed nowhere
-# (a new file) also counts for every pass until it is placed here.  compile_check runs no kernel.
+# (a new file) also counts for every pass until it is placed here.  compile_check and registry (which
+# stage variants the launchers implement) run no kernel.
 # autograd imports backward (the custom op's registered backward), which a forward never runs.
 SHARED_SOURCES = ("__init__", "_ops", "params")
 PASS_SOURCES = {
@@ -28,7 +29,7 @@ PASS_SOURCES = {
             "backward", "bwd_chain", "bwd_inter", "bwd_intra", "bwd_prep", "heuristics", "ut_bwd"),
     "decode": ("decode",),
 }
-_NOT_HASHED = ("compile_check",)
+_NOT_HASHED = ("compile_check", "registry")
 
 
 def source_files(pass_: str | None = None):

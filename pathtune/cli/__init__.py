@@ -135,7 +135,9 @@ def spec_show(file: Optional[Path] = FileArg,
     for col in ("name", "kind", "settings", "description"):
         stages.add_column(col)
     for name, s in spec.stages.items():
-        settings = "\n".join(f"{k} = {v}" for k, v in s.model_dump().items() if k not in ("kind", "description"))
+        fields = {k: v for k, v in s.model_dump().items() if k not in ("kind", "variants")}
+        variants = [f"variant {n} ({', '.join(v.passes)})" for n, v in s.variants.items()]
+        settings = "\n".join([*(f"{k} = {v}" for k, v in {**fields, **s.doc}.items()), *variants])
         stages.add_row(name, s.kind, settings, s.description)
     console.print(stages)
 

@@ -1,0 +1,54 @@
+"""The Triton backend's implementation of each (stage, variant) of the spec, per pass.
+
+Which variant runs is decided by the launchers for the call's head dims and length (``forward.py``:
+the fused UT stage from padded head dim ``UT_FUSED_MIN_BD``, column-blocked transitions above
+``TRANSITION_BLOCKED_ABOVE``; ``backward.py``: the chain kernel up to padded head dim 64, per-range
+recomputation above the memory budget ``PHASE2_RANGE_BYTES``).  Checked against the spec by
+tests/test_stage_registry.py.  Runs no kernel: not part of any pass's source hash.
+"""
+from __future__ import annotations
+
+from .._registry import StageRegistry
+
+REGISTRY = StageRegistry("triton")
+_T = "pathtune.codegen.triton."
+FWD, BWD, DECODE = ("fwd",), ("bwd",), ("decode",)
+
+REGISTRY.implement("householder_chain", "blockwise", FWD, _T + "forward:path_attention_fwd")
+REGISTRY.implement("householder_chain", "blockwise", BWD, _T + "backward:path_attention_bwd")
+REGISTRY.implement("householder_chain", "recurrent", DECODE, _T + "decode:path_decode_triton",
+                   _T + "decode:decode_kernel")
+
+REGISTRY.implement("ut_inverse", "fused", FWD, _T + "forward:ut_fused", _T + "ut:ut_fused_kernel")
+REGISTRY.implement("ut_inverse", "split", FWD + BWD, _T + "forward:ut_forward", _T + "ut:ut_diag_inverse_kernel",
+                   _T + "ut:ut_chunk_kernel", _T + "ut:ut_apply_kernel")
+REGISTRY.implement("ut_inverse", "state_stored", BWD, _T + "forward:prepare_state", _T + "forward:ForwardState")
+REGISTRY.implement("ut_inverse", "state_recomputed", BWD, _T + "backward:_ranges", _T + "backward:PHASE2_RANGE_BYTES")
+
+REGISTRY.implement("blockwise_scan", "intra_inter_kernels", FWD, _T + "scan_fwd:scan_intra_kernel",
+                   _T + "scan_fwd:scan_inter_kernel")
+REGISTRY.unsupported("blockwise_scan", "one_kernel", FWD,
+                     "the Triton scan is two kernels split at super-chunk boundaries (scan_intra_kernel, then "
+                     "scan_inter_kernel: variant intra_inter_kernels)")
+REGISTRY.implement("blockwise_scan", "tensor_core", FWD, _T + "scan_fwd:scan_intra_kernel",
+                   _T + "scan_fwd:scan_inter_kernel")
+REGISTRY.implement("blockwise_scan", "tensor_core", BWD, _T + "bwd_intra:bwd_intra_kernel",
+                   _T + "bwd_inter:bwd_inter_dq_kernel", _T + "bwd_inter:bwd_inter_dkv_kernel")
+REGISTRY.unsupported("blockwise_scan", "cuda_core", FWD,
+                     "Triton lowers the scan's tl.dot products to tensor cores (scan_precision tf32 keeps float32 "
+                     "operands on them); there is no CUDA-core form")
+REGISTRY.implement("blockwise_scan", "transition_whole", FWD, _T + "forward:transition_column_block",
+                   _T + "transport:superchunk_transport_kernel", _T + "scan_fwd:scan_inter_kernel")
+REGISTRY.implement("blockwise_scan", "transition_whole", BWD, _T + "bwd_inter:bwd_inter_dkv_kernel",
+                   _T + "bwd_inter:bwd_inter_dq_kernel")
+REGISTRY.implement("blockwise_scan", "transition_column_blocked", FWD, _T + "forward:transition_column_block",
+                   _T + "forward:TRANSITION_BLOCKED_ABOVE", _T + "scan_fwd:scan_inter_kernel")
+REGISTRY.implement("blockwise_scan", "transition_column_blocked", BWD, _T + "backward:_superchunk_pairs_torch",
+                   _T + "bwd_inter:bwd_inter_dkv_kernel", _T + "bwd_inter:bwd_inter_dq_kernel")
+REGISTRY.implement("blockwise_scan", "chain_kernel", BWD, _T + "bwd_chain:bwd_superchunk_chain_kernel")
+REGISTRY.implement("blockwise_scan", "chain_torch", BWD, _T + "backward:_superchunk_chain_torch")
+
+for _placement in ("inside_scale", "outside_scale"):
+    REGISTRY.implement("fox_gate", _placement, FWD, _T + "forward:path_attention_fwd")
+    REGISTRY.implement("fox_gate", _placement, BWD, _T + "backward:path_attention_bwd")
+    REGISTRY.implement("fox_gate", _placement, DECODE, _T + "decode:path_decode_triton")
