@@ -23,7 +23,6 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_variants import Capture  # noqa: E402
 from variants import scan_folded  # noqa: E402
-from variants.scan_intra_pairs import scan_intra_pair_kernel  # noqa: E402
 
 import pathtune.codegen.triton.forward as fwd  # noqa: E402
 from pathtune.codegen.triton.params import TritonParams  # noqa: E402
@@ -38,10 +37,7 @@ KERNELS = {
 
 def candidates(name: str) -> list[tuple[str, object, int | None]]:
     """(label, kernel, num_warps or None for the shipped launch's) of the candidates for kernel ``name``."""
-    folded = scan_folded.kernels()[name]
-    if name == "scan_intra_kernel":
-        return [("pairs", scan_intra_pair_kernel, 4), ("pairs", scan_intra_pair_kernel, 8), ("folded", folded, None)]
-    return [("folded", folded, None)]
+    return [("folded", scan_folded.kernels()[name], None)]
 
 
 def rel(a, b) -> float:

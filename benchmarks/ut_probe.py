@@ -4,9 +4,7 @@ error on U, K~ and M against a float64 evaluation of the same formulas.
 
     python benchmarks/ut_probe.py [--head-dims 64,128] [--tokens 32768] [--out ut_probe.json]
 
-Variants of ut_fused_kernel (``VARIANTS``: text replacements of the shipped source, loaded from a
-temporary module) run next to it: ``merges_fp16x3`` multiplies the inverse's block merges as three fp16
-passes (hi hi + hi lo + lo hi) instead of tf32x3, ``merges_M_fp16x3`` the product M = A L too.
+Precisions (the spec's ut_precision): fp16x3 (three fp16 passes of a scaled hi + lo split), tf32x3, tf32.
 
 Inputs as the bench's: bf16 keys, float32 unit-norm w and beta in [1.5, 2); plus a stress input whose w are nearly
 parallel inside each chunk at beta = 2 (errors only).  Times are ``do_bench`` medians (ms).
@@ -14,10 +12,8 @@ parallel inside each chunk at beta = 2 (errors only).  Times are ``do_bench`` me
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
-import sys
 
 import torch
 import triton
@@ -27,53 +23,6 @@ from pathtune.codegen.triton._layout import build_tables
 from pathtune.codegen.triton.params import TritonParams
 from pathtune.runtime.reference.blockwise import boundary_adjust_keys, ut_transform
 from pathtune.tuning.inputs import HEADS_FOR_DIM
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_variants import load_variant, module_source, swapped  # noqa: E402
-
-import pathtune.codegen.triton.ut as ut_mod  # noqa: E402
-
-# ut_fused_kernel variants (text replacements of codegen/triton/ut.py; the shipped file is untouched)
-_MM3 = """
-
-import os as _os
-
-_VARIANT_INTERP = tl.constexpr(_os.environ.get("TRITON_INTERPRET", "0") == "1")
-
-
-@triton.jit
-def _mm3(a, b):
-    \"\"\"a @ b of float32 tiles as three fp16 tensor-core passes (hi hi + hi lo + lo hi): ~22 bits, like
-    tf32x3, on half the operand registers and at twice tf32's rate.\"\"\"
-    ah = a.to(tl.float16)
-    al = (a - ah.to(tl.float32)).to(tl.float16)
-    bh = b.to(tl.float16)
-    bl = (b - bh.to(tl.float32)).to(tl.float16)
-    if _VARIANT_INTERP:
-        ah, al, bh, bl = ah.to(tl.float32), al.to(tl.float32), bh.to(tl.float32), bl.to(tl.float32)
-        return (tl.dot(ah, bh, input_precision="ieee")
-                + (tl.dot(ah, bl, input_precision="ieee") + tl.dot(al, bh, input_precision="ieee")))
-    else:
-        return tl.dot(ah, bh) + (tl.dot(ah, bl) + tl.dot(al, bh))
-"""
-_MERGES_FP16X3 = [
-    ("F = tl.dot(Dinv, tl.where(blockdiag, 0.0, N), input_precision=UP)",
-     "F = _mm3(Dinv, tl.where(blockdiag, 0.0, N))"),
-    ("P = tl.dot(P, P, input_precision=UP)", "P = _mm3(P, P)"),
-    ("X = tl.dot(X, eye + P, input_precision=UP)", "X = _mm3(X, eye + P)"),
-    ("return tl.dot(X, Dinv, input_precision=UP)", "return _mm3(X, Dinv)"),
-]
-VARIANTS = {
-    "merges_fp16x3": _MERGES_FP16X3,
-    "merges_M_fp16x3": _MERGES_FP16X3 + [("M = tl.dot(A, tl.where(strict, L, 0.0), input_precision=UP)",
-                                          "M = _mm3(A, tl.where(strict, L, 0.0))")],
-}
-
-
-@functools.lru_cache(maxsize=None)
-def variant_kernel(name: str):
-    """The named variant of ut_fused_kernel, built once per process."""
-    return load_variant(module_source(ut_mod), "ut_fused_kernel", name, VARIANTS[name], append=_MM3)
 
 
 def ut_reference(w, k, beta, C):
@@ -106,11 +55,6 @@ def inputs(N, H, D, stress, dev):
     return w, k, beta
 
 
-def _kernel(variant):
-    """forward.ut_fused launching the named variant of ut_fused_kernel (None: the shipped kernel)."""
-    return swapped(fwd, "ut_fused_kernel", None if variant is None else variant_kernel(variant))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--head-dims", default="64,128")
@@ -129,19 +73,18 @@ def main() -> None:
         data = {s: inputs(N, H, D, s, dev) for s in (False, True)}
         # the reference takes w as the kernels do: rounded to the 16-bit state's type for the forward
         refs = {s: ut_reference(data[s][0].to(timed_dtype).float(), data[s][1], data[s][2], C) for s in (False, True)}
-        variants = [dict(path="three_launch", up=up) for up in ("tf32x3", "tf32")]
+        variants = [dict(path="three_launch", up=up) for up in ("fp16x3", "tf32x3", "tf32")]
         variants += [dict(path="fused", up=up, apply=a, warps=nw)
-                     for up, a, nw in (("tf32x3", None, 4), ("tf32x3", "tf32", 4), ("tf32", None, 4))]
-        variants += [dict(path="fused", up="tf32x3", apply=None, warps=4, variant=name) for name in VARIANTS]
+                     for up, a, nw in (("fp16x3", None, 4), ("tf32x3", None, 4), ("tf32x3", "tf32", 4),
+                                       ("tf32", None, 4))]
         for v in variants:
             params = TritonParams.from_config(dict(ut_precision=v["up"]), base)
             def call(s, out_dtype=timed_dtype):
                 w, k, beta = data[s]
                 if v["path"] == "fused":
                     mode = v["apply"] or fwd.ut_apply_mode(params, timed_dtype)   # as timed
-                    with _kernel(v.get("variant")):
-                        return fwd.ut_fused(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True,
-                                            apply_mode=mode, num_warps=v["warps"])[:3]
+                    return fwd.ut_fused(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True,
+                                        apply_mode=mode, num_warps=v["warps"])[:3]
                 return fwd.ut_forward(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True)[:3]
             row = dict(D=D, H=H, tokens=N, **v)
             try:

@@ -16,7 +16,7 @@ from .ut import ut_apply_kernel, ut_chunk_kernel, ut_diag_inverse_kernel, ut_fus
 
 _LOG2E = 1.4426950408889634
 UT_COLUMN_BLOCK = 64   # D columns per UT program (ut_chunk accumulates over them, ut_apply splits over them)
-# 4 warps: on the H200 (benchmarks/dev_kernel_probe.py, session 6, one launch over 32K tokens) ut_chunk took
+# 4 warps: on the H200 (benchmarks/dev_kernel_probe.py, one launch over 32K tokens) ut_chunk took
 # 1.12 -> 0.59 ms (D=64) and 0.69 -> 0.37 ms (D=128) from 8 warps to 4, ut_apply 0.50 -> 0.30 ms at both
 UT_NUM_WARPS = 4
 # Column block of the dense BD x BD super-chunk transition products (the forward's X What_J, the

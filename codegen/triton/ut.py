@@ -19,15 +19,53 @@ row-wise substitution, one warp per block: the 15 dependent steps are latency-bo
 run in many small programs instead of inside the wide chunk program.  The chunk kernels then
 finish the inverse with a few full-tile tensor-core products (``_blocked_inverse``).
 (Substitution row by row over the whole C x C tile spilled 40 KB per thread on sm_90.)
+
+UP, the stage's precision (the spec's ut_precision knob), applies to every product of float32 tiles
+(``_pdot``): "fp16x3" multiplies each as three fp16 tensor-core passes of a row / column scaled
+hi + lo split (~22 bits, like tf32x3, at twice tf32's rate and on half the operand registers);
+"tf32x3" / "tf32" / "ieee" are Triton's float32 modes.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from ._ops import mm
+from ._ops import interpreting, mm
 
 SUB = 16  # diagonal block size of the blocked inverse
+_INTERP = tl.constexpr(interpreting())   # Triton picks interpreter or compiler when a module is imported
+
+
+@triton.jit
+def _split16(x, scale):
+    """x * scale as hi + lo fp16 parts (hi + lo carries ~22 bits of x * scale)."""
+    xs = x * scale
+    hi = xs.to(tl.float16)
+    return hi, (xs - hi.to(tl.float32)).to(tl.float16)
+
+
+@triton.jit
+def _pdot(a, b, UP: tl.constexpr):
+    """a @ b of two float32 tiles with float32 accumulation at the UT stage's precision UP.
+
+    "fp16x3": a's rows and b's columns are first scaled by powers of two that bring their largest
+    entry near 1 (no fp16 overflow or early underflow, whatever the entries' range: A grows when a
+    chunk's w are nearly dependent), split into hi + lo fp16 parts, and multiplied as
+    hi hi + hi lo + lo hi; the scales come off exactly afterwards.  Else tl.dot in mode UP."""
+    if UP == "fp16x3":
+        ea = tl.floor(tl.log2(tl.maximum(tl.max(tl.abs(a), axis=1), 1e-30)))
+        eb = tl.floor(tl.log2(tl.maximum(tl.max(tl.abs(b), axis=0), 1e-30)))
+        ah, al = _split16(a, tl.exp2(-ea)[:, None])
+        bh, bl = _split16(b, tl.exp2(-eb)[None, :])
+        if _INTERP:   # fp16 x fp16 products are exact in float32: the GPU's fp32-accumulated MMA
+            ah, al, bh, bl = ah.to(tl.float32), al.to(tl.float32), bh.to(tl.float32), bl.to(tl.float32)
+            p = (tl.dot(ah, bh, input_precision="ieee")
+                 + (tl.dot(ah, bl, input_precision="ieee") + tl.dot(al, bh, input_precision="ieee")))
+        else:
+            p = tl.dot(ah, bh) + (tl.dot(ah, bl) + tl.dot(al, bh))
+        return p * tl.exp2(ea)[:, None] * tl.exp2(eb)[None, :]
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=UP)
 
 
 @triton.jit
@@ -61,8 +99,7 @@ def ut_diag_inverse_kernel(
     """Diagonal 16 x 16 blocks of (I + strictLower(diag(beta) W W^T))^{-1}, into the scratch tiles.
 
     Grid (n_chunks * C // 16, H); launch with one warp.  W W^T at the UT stage's precision UP, like
-    ut_chunk_kernel's (float32 FMA products, "ieee", took 0.25 ms per pass at D = 64 vs 0.13 at tf32x3
-    on the H200, session 7).
+    ut_chunk_kernel's.
     """
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -80,7 +117,7 @@ def ut_diag_inverse_kernel(
     for d0 in tl.static_range(0, BD, DB):
         W = tl.load(w_ptr + (rows[:, None] * H + h) * D + d0 + d[None, :],
                     mask=rmask[:, None] & (d0 + d < D)[None, :], other=0.0).to(tl.float32)
-        G = tl.dot(W, tl.trans(W), G, input_precision=UP)
+        G += _pdot(W, tl.trans(W), UP)
     beta = tl.minimum(tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32), BETA_MAX)
     Nbb = tl.where(s[:, None] > s[None, :], beta[:, None] * G, 0.0)
     inv = _invert_unit_lower_16(Nbb)
@@ -111,14 +148,14 @@ def _finish_inverse(N, Dinv, C: tl.constexpr, UP: tl.constexpr):
     r = tl.arange(0, C)
     blockdiag = (r // 16)[:, None] == (r // 16)[None, :]
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    F = tl.dot(Dinv, tl.where(blockdiag, 0.0, N), input_precision=UP)
+    F = _pdot(Dinv, tl.where(blockdiag, 0.0, N), UP)
     X = eye - F
     P = F
     for k in tl.static_range(6):  # C // 16 block rows: F^2, F^4, ... while F^(2^(k+1)) != 0
         if (2 << k) < C // 16:
-            P = tl.dot(P, P, input_precision=UP)
-            X = tl.dot(X, eye + P, input_precision=UP)
-    return tl.dot(X, Dinv, input_precision=UP)
+            P = _pdot(P, P, UP)
+            X = _pdot(X, eye + P, UP)
+    return _pdot(X, Dinv, UP)
 
 
 @triton.jit
@@ -172,17 +209,18 @@ def _gram(a, b, UP: tl.constexpr, INTERP: tl.constexpr):
     if a.dtype == b.dtype and (a.dtype == tl.bfloat16 or a.dtype == tl.float16):
         return mm(a, tl.trans(b), INTERP)
     else:
-        return tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision=UP)
+        return _pdot(a.to(tl.float32), tl.trans(b.to(tl.float32)), UP)
 
 
 @triton.jit
 def _apply(A, X, UP: tl.constexpr, AP: tl.constexpr, INTERP: tl.constexpr):
     """A @ X for a float32 C x C tile A and a C x DB input tile X.  AP == "split": X 16-bit, A
     taken as hi + lo in X's type (two 16-bit tensor-core passes, X exact), each row of A first scaled
-    by a power of two that brings its largest entry near 1, so that neither part overflows fp16 (A's
-    entries grow large when a chunk's w are nearly dependent, e.g. more tokens than head dims) and
-    the split keeps ~22 (fp16) / 16 (bf16) bits relative to that row's largest entry; the scale
-    comes off exactly afterwards.  Else float32 operands at precision UP."""
+    by a power of two that brings its largest entry near 1 (a guard: |A| stays below ~3 for random
+    unit w, also with more tokens than head dims, but no bound holds for every input), so that
+    neither part overflows fp16 and the split keeps ~22 (fp16) / 16 (bf16) bits relative to that
+    row's largest entry; the scale comes off exactly afterwards.  Else float32 operands at precision
+    UP (``_pdot``)."""
     if AP == "split":
         amax = tl.max(tl.abs(A), axis=1)
         e = tl.floor(tl.log2(tl.maximum(amax, 1e-30)))
@@ -191,7 +229,7 @@ def _apply(A, X, UP: tl.constexpr, AP: tl.constexpr, INTERP: tl.constexpr):
         lo = (As - hi.to(tl.float32)).to(X.dtype)
         return (mm(hi, X, INTERP) + mm(lo, X, INTERP)) * tl.exp2(e)[:, None]
     else:
-        return tl.dot(A, X.to(tl.float32), input_precision=UP)
+        return _pdot(A, X.to(tl.float32), UP)
 
 
 @triton.jit
@@ -207,7 +245,7 @@ def ut_chunk_kernel(
     DB-wide column blocks, so no C x D tile is live (at D = 128 the single-kernel UT stage held W,
     K, U and K~ at once: 255 registers and 1.6 KB of spills per thread on sm_90).
 
-    UP: float32 matmul mode of every product (the spec's ut_precision knob; tf32x3 ~ fp32)."""
+    UP: the precision of every product (``_pdot``)."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     rows, rmask = _chunk_rows(n, chunk_tok0, chunk_seq, seq_end, C)
@@ -221,15 +259,15 @@ def ut_chunk_kernel(
         off = (rows[:, None] * H + h) * D + d0 + db[None, :]
         W = tl.load(w_ptr + off, mask=mask2, other=0.0).to(tl.float32)
         K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
-        Gm = tl.dot(W, tl.trans(W), Gm, input_precision=UP)
-        L = tl.dot(W, tl.trans(K), L, input_precision=UP)
+        Gm += _pdot(W, tl.trans(W), UP)
+        L += _pdot(W, tl.trans(K), UP)
     beta = tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32)
     beta = tl.minimum(beta, BETA_MAX)
     strict = r[:, None] > r[None, :]
     N = tl.where(strict, beta[:, None] * Gm, 0.0)
     Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C, UP)
     A = Tinv * beta[None, :]
-    M = tl.dot(A, tl.where(strict, L, 0.0), input_precision=UP)
+    M = _pdot(A, tl.where(strict, L, 0.0), UP)
     coff = (rows[:, None] * H + h) * C + r[None, :]
     tl.store(a_ptr + coff, A, mask=rmask[:, None])
     tl.store(m_ptr + coff, M, mask=rmask[:, None])
@@ -260,8 +298,8 @@ def ut_apply_kernel(
     M = tl.load(m_ptr + coff, mask=rmask[:, None], other=0.0)
     W = tl.load(w_ptr + off, mask=mask2, other=0.0).to(tl.float32)
     K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
-    tl.store(u_ptr + off, tl.dot(A, W, input_precision=UP).to(u_ptr.dtype.element_ty), mask=mask2)
-    tl.store(kt_ptr + off, (K - tl.dot(tl.trans(M), W, input_precision=UP)).to(kt_ptr.dtype.element_ty), mask=mask2)
+    tl.store(u_ptr + off, _pdot(A, W, UP).to(u_ptr.dtype.element_ty), mask=mask2)
+    tl.store(kt_ptr + off, (K - _pdot(tl.trans(M), W, UP)).to(kt_ptr.dtype.element_ty), mask=mask2)
     if WRITE_W:
         tl.store(wd_ptr + off, W.to(wd_ptr.dtype.element_ty), mask=mask2)
 
@@ -313,7 +351,7 @@ def ut_fused_kernel(
         off = (rows[:, None] * H + h) * D + d0 + db[None, :]
         L += _gram(_operand(tl.load(w_ptr + off, mask=mask2, other=0.0), u_ptr, OP16),
                    _operand(tl.load(k_ptr + off, mask=mask2, other=0.0), u_ptr, OP16), UP, INTERP)
-    M = tl.dot(A, tl.where(strict, L, 0.0), input_precision=UP)
+    M = _pdot(A, tl.where(strict, L, 0.0), UP)
     tl.debug_barrier()   # every thread has read its Dinv entries from m's rows before M overwrites them
     tl.store(m_ptr + (rows[:, None] * H + h) * C + r[None, :], M, mask=rmask[:, None])
     Mt = tl.trans(M)

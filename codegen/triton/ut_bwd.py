@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .ut import _blocked_inverse, _chunk_rows
+from .ut import _blocked_inverse, _chunk_rows, _pdot
 
 # C x C tiles the chunk kernel hands the apply kernel, per token row and kv head
 CC_TILES = 4
@@ -54,8 +54,8 @@ def ut_bwd_chunk_kernel(
         off = (rows[:, None] * H + h) * D + d0 + db[None, :]
         W = tl.load(w_ptr + off, mask=mask2, other=0.0).to(tl.float32)
         K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
-        Gm = tl.dot(W, tl.trans(W), Gm, input_precision=UP)
-        L = tl.dot(W, tl.trans(K), L, input_precision=UP)
+        Gm += _pdot(W, tl.trans(W), UP)
+        L += _pdot(W, tl.trans(K), UP)
         dKt = tl.load(dkt_ptr + off, mask=mask2, other=0.0)
         WdKt = tl.dot(W, tl.trans(dKt), WdKt, input_precision=GP)
         dU = tl.load(du_ptr + off, mask=mask2, other=0.0)
@@ -68,7 +68,7 @@ def ut_bwd_chunk_kernel(
     Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C, UP)
     A = Tinv * beta[None, :]
     L = tl.where(strict, L, 0.0)
-    M = tl.dot(A, L, input_precision=UP)
+    M = _pdot(A, L, UP)
     coff = ((rows[:, None] * H + h) * _CC) * C + r[None, :]
     tl.store(cc_ptr + coff + _M * C, M, mask=rmask[:, None])
     tl.store(cc_ptr + coff + _A * C, A, mask=rmask[:, None])
