@@ -26,6 +26,7 @@ import os
 import torch
 import triton
 from kernel_variants import Capture, load_variant  # noqa: E402  (benchmarks/ is the script's folder)
+from variants import bwd_inter_rows  # noqa: E402
 
 import pathtune.codegen.triton.backward as bwd_mod
 import pathtune.codegen.triton.forward as fwd_mod
@@ -100,6 +101,20 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None):
     if "dkv" in only and gate:
         emit(dict(base, kernel="bwd_inter_dkv", variant="gate off (same args)",
                   ms=time_launch(dkv.real, grid, args, dict(kw, USE_GATE=False))))
+    if "dkv" in only:   # keys as rows (benchmarks/variants/bwd_inter_rows.py) and other tile shapes
+        rows_kernel = bwd_inter_rows.kernel()
+        for label, kernel in (("shipped", dkv.real), ("rows", rows_kernel)):
+            for change in ({}, dict(BLOCK_M=32), dict(BLOCK_N=128), dict(BLOCK_N=128, BLOCK_M=32),
+                           dict(num_warps=4), dict(num_warps=8)):
+                if label == "shipped" and not change or any(kw.get(k) == v for k, v in change.items()):
+                    continue
+                kw2 = dict(kw, **change)
+                g2 = (grid[0] * kw["BLOCK_N"] // kw2["BLOCK_N"], grid[1])
+                try:
+                    ms = time_launch(kernel, g2, args, kw2)
+                except Exception as exc:   # e.g. out of shared memory
+                    ms = f"{type(exc).__name__}: {str(exc)[:120]}"
+                emit(dict(base, kernel="bwd_inter_dkv", variant=f"{label} {change or 'as is'}", ms=ms))
 
     if "utbwd" in only:
         ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src)
