@@ -61,10 +61,14 @@ def _dtype_name(dt: torch.dtype) -> str:
     return str(dt).replace("torch.", "")
 
 
-def _placement() -> str:
+def _spec():
     from pathtune.specs import load_spec
 
-    return load_spec().gate_placement
+    return load_spec()
+
+
+def _placement() -> str:
+    return _spec().gate_placement
 
 
 def _load_tvm_step(found, dims, params):
@@ -83,17 +87,20 @@ def _tvm_step_or_reason(d: "dispatch.Dispatcher", choice, device: torch.device, 
         return None, f"inputs are on {device.type}, the TVM step runs on CUDA"
     if not dispatch.tvm_runtime_available():
         return None, "the TVM runtime (tvm_ffi, from the apache-tvm-ffi wheel) is not importable"
-    placement = _placement()
-    if placement != "inside_scale":
-        return None, f"the TVM step implements gate placement 'inside_scale', the spec says {placement!r}"
+    from pathtune.codegen._registry import call_unsupported
+
+    why = call_unsupported("tvm", _spec(), "decode", gated=dims.gated)
+    if why is not None:
+        return None, f"the TVM step cannot run this call: {why}"
     if cache_dtype != q_dtype or cache_dtype not in _KERNEL_DTYPES:
         return None, (f"the TVM step keeps the cache in q's dtype (bf16/fp16/fp32); q is {_dtype_name(q_dtype)}, "
                       f"the cache {_dtype_name(cache_dtype)}")
+    from pathtune.codegen._knobs import resolve
     from pathtune.codegen.tvm.module_store import arch_of, find_decode_modules, store_roots
-    from pathtune.codegen.tvm.params import TVMParams, UnsupportedConfig
+    from pathtune.codegen.tvm.params import UnsupportedConfig
 
     try:
-        params = TVMParams.from_config(choice.config)
+        params = resolve("tvm", "decode", choice.config, (dims.D, dims.DV))
     except (TypeError, ValueError, UnsupportedConfig) as e:
         return None, f"the TVM config does not make TVM params ({e})"
     arch = arch_of(d.env_for(device).get("compute_capability"))
@@ -181,8 +188,7 @@ def tuned_triton_params(pass_: str, q, k, v, g, keys: int, backend: str):
     if params is None:
         import json
 
-        from pathtune.codegen._knobs import params_from_config
-        from pathtune.codegen.triton.params import TritonParams
+        from pathtune.codegen._knobs import resolve
 
         plan = dispatch.select_plan(q.device, D, DV, HQ, H, dtype_name(q.dtype), g is not None, keys, B, False)
         merged = json.loads(plan.params_json)
@@ -192,15 +198,14 @@ def tuned_triton_params(pass_: str, q, k, v, g, keys: int, backend: str):
             wl = Workload(head_dim=D, head_dim_v=DV, heads_q=HQ, heads_kv=H, dtype=dtype_name(q.dtype),
                           use_gate=g is not None, pass_="decode", seq_bucket=key[8], batch_bucket=key[9])
             merged.update(dispatch.select_config("decode", wl, q.device).config.to_dict())
-        params = cached[("params", key)] = params_from_config(TritonParams, merged)
+        params = cached[("params", key)] = resolve("triton", pass_, merged, (D, DV))
     return params
 
 
 def _triton_params(choice, D: int, DV: int):
-    from pathtune.codegen._knobs import params_from_config
-    from pathtune.codegen.triton.params import TritonParams
+    from pathtune.codegen._knobs import resolve
 
-    return params_from_config(TritonParams, choice.config, TritonParams.heuristic(D, DV))
+    return resolve("triton", "decode", choice.config, (D, DV))
 
 
 def _key_text(key: tuple) -> str:

@@ -158,41 +158,20 @@ def _space(pass_: str) -> KnobSpace:
     return space
 
 
-def _config_of_params(params: Any, names: Sequence[str], defaults: Optional[Mapping[str, Any]] = None) -> Config:
-    values = {}
-    for name in names:
-        if not hasattr(params, name):  # a knob the backend's params do not have (yet): the spec default
-            if defaults is not None and name in defaults:
-                values[name] = defaults[name]
-            continue
-        value = getattr(params, name)
-        if name == "beta_clip_eps" and value is None:
-            value = "off"
-        values[name] = value
-    return Config(values)
-
-
 def pass_config(pass_: str, params: Any) -> Config:
-    """The spec Config of one pass for Triton kernel params: that pass's knobs only, in the spec's
-    spelling (beta_clip_eps 'off'), as the tuner, the dispatcher and perf_db key them."""
-    space = _space(pass_)
-    return _config_of_params(params, list(space.knobs), {n: k.default for n, k in space.knobs.items()})
+    """The spec Config of one pass for kernel params: that pass's knobs only, in the spec's spelling
+    (beta_clip_eps 'off'), as the tuner, the dispatcher and perf_db key them."""
+    from pathtune.codegen._knobs import config_of
 
-
-def _heuristic_params(head_dim: int, head_dim_v: int):
-    from pathtune.codegen.triton.params import TritonParams
-
-    return TritonParams.heuristic(head_dim, head_dim_v)
+    values = config_of(getattr(params, "BACKEND", "triton"), params)
+    return Config({n: values[n] for n in _space(pass_).knobs})
 
 
 def _heuristic(pass_: str, wl: Workload, backend: str, detail: str) -> Choice:
+    """The backend's untuned config of the pass (the spec's head-dim defaults over its defaults)."""
     space = _space(pass_)
-    if backend == "triton":
-        config = _config_of_params(_heuristic_params(wl.head_dim, wl.head_dim_v), list(space.knobs),
-                                   space.default())
-    else:
-        config = space.default()
-    return Choice(pass_, backend, config, "heuristic", detail)
+    untuned = load_spec().backend_defaults(backend, wl.head_dim, wl.head_dim_v)
+    return Choice(pass_, backend, Config({n: untuned[n] for n in space.knobs}), "heuristic", detail)
 
 
 def _warn(message: str, category: type[Warning] = DispatchWarning) -> None:
@@ -665,20 +644,24 @@ def _soft_warning() -> type[Warning]:
 
 
 def _triton_params_json(fwd: Choice, bwd: Optional[Choice], D: int, DV: int) -> str:
-    """Heuristic params, overlaid with the forward's knobs, then every knob of ``bwd`` (see module doc)."""
-    from pathtune.codegen._knobs import params_from_config
-    from pathtune.codegen.triton.params import TritonParams
+    """The config the Triton op runs (every knob, spec spelling, canonical JSON): the untuned config for the
+    head dims, overlaid with the forward's knobs, then every knob of ``bwd`` (see module doc) when they
+    combine into valid kernel params (``resolve``), else the forward's alone."""
+    from pathtune.codegen._knobs import config_of, resolve
+    from pathtune.specs.canonical import canonical_json
 
-    base = _heuristic_params(D, DV)
-    merged = {**_config_of_params(base, [f for f in base.__dataclass_fields__]).to_dict(), **fwd.config.to_dict()}
+    dims = (D, DV)
+    merged = fwd.config.to_dict()
     if bwd is not None:
         with_bwd = {**merged, **bwd.config.to_dict()}
         try:
-            return params_from_config(TritonParams, with_bwd).to_json()
+            resolve("triton", "bwd", with_bwd, dims)
+            merged = with_bwd
         except (TypeError, ValueError) as e:
-            _log.debug("dispatch: backward knobs %s do not combine with the forward config (%s); heuristic "
+            _log.debug("dispatch: backward knobs %s do not combine with the forward config (%s); untuned "
                        "backward knobs", dict(bwd.config), e)
-    return params_from_config(TritonParams, merged).to_json()
+    resolve("triton", "fwd", merged, dims)      # a config the kernels cannot take fails here, not in the op
+    return canonical_json(config_of("triton", merged, dims))
 
 
 def _key_text(key: tuple) -> str:

@@ -37,8 +37,8 @@ from .expr import Expr, ExprError
 
 __all__ = [
     "SpecError", "Spec", "DimSpec", "Rule", "TensorSpec", "Tensors", "Knob", "PassSpec", "Numerics",
-    "BetaClip", "Accuracy", "Variant", "HouseholderChainStage", "UTInverseStage", "BlockwiseScanStage",
-    "FoxGateStage", "Stage", "STAGE_KINDS", "PASS_NAMES", "DTYPE_NAMES",
+    "BetaClip", "Accuracy", "Variant", "BackendKnob", "HeadDimDefaults", "BackendSpec", "HouseholderChainStage",
+    "UTInverseStage", "BlockwiseScanStage", "FoxGateStage", "Stage", "STAGE_KINDS", "PASS_NAMES", "DTYPE_NAMES",
 ]
 
 DTypeName = Literal["bfloat16", "float16", "float32", "float64", "int32", "int64"]
@@ -444,6 +444,27 @@ def _value_problem(value: Any, type_: str, wanted: Optional[type]) -> Optional[s
     return None
 
 
+class BackendKnob(Knob):
+    """A knob one backend reads beyond the spec's (``backends.<name>.knobs``), and the passes that read it."""
+
+    passes: tuple[PassName, ...]
+
+
+class HeadDimDefaults(_Model):
+    """One row of a backend's untuned config: for max(D, DV) <= ``up_to`` (no ``up_to``: any larger head
+    dim), the knobs that differ from the defaults."""
+
+    up_to: Optional[PositiveInt] = None
+    knobs: dict[str, KnobScalar]
+
+
+class BackendSpec(_Model):
+    """What one backend reads beyond the spec's knobs."""
+
+    knobs: dict[str, BackendKnob] = {}
+    head_dim_defaults: tuple[HeadDimDefaults, ...] = ()
+
+
 class PassSpec(_Model):
     description: str = ""
     knobs: tuple[str, ...]
@@ -463,6 +484,7 @@ class Spec(_Model):
     knobs: dict[str, Knob]
     constraints: tuple[Rule, ...] = ()
     passes: dict[PassName, PassSpec]
+    backends: dict[Literal["triton", "tvm"], BackendSpec] = {}
 
     _source: Optional[str] = PrivateAttr(default=None)
 
@@ -496,6 +518,8 @@ class Spec(_Model):
         pairs += self._check_passes()
         # The defaults check reads every pass's knobs: only meaningful when all else is intact.
         pairs += self._check_constraints(check_defaults=not pairs)
+        if not pairs:
+            pairs += self._check_backends()
         if pairs:
             raise _problems(*pairs)
         return self
@@ -657,6 +681,58 @@ class Spec(_Model):
                         break
         return pairs
 
+    def _check_backends(self) -> list[tuple[str, str]]:
+        pairs = []
+        tuning_dims = {n: d.domain for n, d in self.dims.items() if d.domain is not None}
+        widest = max(max(self.head_dims), max(self.head_dims_v))
+        for bname, b in self.backends.items():
+            where = f"backends.{bname}"
+            for name in b.knobs:
+                if name in self.knobs or name in self.dims or not name.isidentifier() or name.startswith("_"):
+                    pairs.append((f"{where}.knobs.{name}", "a backend knob needs its own identifier name (not a spec "
+                                                           "knob or dim, not starting with '_')"))
+            known = {**self.knobs, **b.knobs}
+            previous = 0
+            for i, row in enumerate(b.head_dim_defaults):
+                field = f"{where}.head_dim_defaults[{i}]"
+                if row.up_to is None and i != len(b.head_dim_defaults) - 1:
+                    pairs.append((f"{field}.up_to", "only the last row may leave out up_to (it takes every larger "
+                                                    "head dim)"))
+                elif row.up_to is not None and row.up_to <= previous:
+                    pairs.append((f"{field}.up_to", f"rows go by increasing up_to; {row.up_to} follows {previous}"))
+                previous = row.up_to or previous
+                for name, value in row.knobs.items():
+                    if name not in known:
+                        pairs.append((f"{field}.knobs.{name}", _unknown_names([name], known, what="knob")))
+                    elif not in_domain(value, known[name].domain):
+                        pairs.append((f"{field}.knobs.{name}", f"{value!r} is not in the domain "
+                                                               f"{list(known[name].domain)}"))
+            last = b.head_dim_defaults[-1].up_to if b.head_dim_defaults else None
+            if b.head_dim_defaults and last is not None and last < widest:
+                pairs.append((f"{where}.head_dim_defaults", f"the rows end at head dim {last}; the spec's head dims "
+                                                            f"go to {widest} (leave out the last row's up_to)"))
+        if pairs:
+            return pairs
+        # Each row's config must satisfy every pass's constraints at the head dims it covers.
+        for bname, b in self.backends.items():
+            for i, row in enumerate(b.head_dim_defaults):
+                for pname in self.passes:
+                    config = {n: row.knobs.get(n, self.knobs[n].default) for n in self.passes[pname].knobs}
+                    for rule in self.constraints_for(pname):
+                        dim_names = sorted(rule.compiled.names & set(tuning_dims))
+                        for dims in itertools.product(*(tuning_dims[n] for n in dim_names)):
+                            env = {**config, **dict(zip(dim_names, dims))}
+                            D, DV = env.get("D"), env.get("DV")
+                            if self._head_dim_row(bname, D or 0, DV) is not row and (D or DV):
+                                continue
+                            if not rule.compiled.evaluate_bool(env):
+                                at = ", ".join(f"{n}={v}" for n, v in zip(dim_names, dims))
+                                pairs.append((f"backends.{bname}.head_dim_defaults[{i}]",
+                                              f"its {pname} config violates a constraint"
+                                              f"{' at ' + at if at else ''}: {rule.message}"))
+                                break
+        return pairs
+
     # ---- queries ------------------------------------------------------------------------------------
     @property
     def source(self) -> Optional[str]:
@@ -687,6 +763,36 @@ class Spec(_Model):
         """Where the FoX bias enters the logits: the fox_gate stage's placement ("inside_scale" without one)."""
         gate = self.stage("fox_gate")
         return gate.placement if gate is not None else "inside_scale"
+
+    def _head_dim_row(self, backend: str, head_dim: int, head_dim_v: Optional[int]) -> Optional[HeadDimDefaults]:
+        b = self.backends.get(backend)
+        if b is None:
+            return None
+        d = max(head_dim, head_dim_v or head_dim)
+        return next((r for r in b.head_dim_defaults if r.up_to is None or d <= r.up_to), None)
+
+    def head_dim_defaults(self, backend: str, head_dim: int, head_dim_v: Optional[int] = None) -> dict[str, Any]:
+        """The knobs of ``backend``'s untuned config that differ from the defaults at these head dims
+        (``backends.<backend>.head_dim_defaults``; keyed by max(D, DV)); {} without a table."""
+        row = self._head_dim_row(backend, head_dim, head_dim_v)
+        return dict(row.knobs) if row is not None else {}
+
+    def backend_knobs(self, backend: str, pass_: Optional[str] = None) -> dict[str, "BackendKnob"]:
+        """The knobs ``backend`` reads beyond the spec's (of one pass, or of any)."""
+        b = self.backends.get(backend)
+        if b is None:
+            return {}
+        return {n: k for n, k in b.knobs.items() if pass_ is None or pass_ in k.passes}
+
+    def backend_defaults(self, backend: str, head_dim: Optional[int] = None,
+                         head_dim_v: Optional[int] = None) -> dict[str, Any]:
+        """Every knob ``backend`` may read, in the spec's spelling: the spec's and the backend's own knob
+        defaults, overlaid with its head-dim defaults when ``head_dim`` is given."""
+        out = {n: k.default for n, k in self.knobs.items()}
+        out.update({n: k.default for n, k in self.backend_knobs(backend).items()})
+        if head_dim is not None:
+            out.update(self.head_dim_defaults(backend, head_dim, head_dim_v))
+        return out
 
     def stage(self, kind: str) -> Optional[Stage]:
         """The stage of a kind, or None when the spec has none (only fox_gate may be absent)."""

@@ -171,7 +171,6 @@ def test_faster_triton_record_never_loads_tvm(env, db_url, tmp_path, monkeypatch
     ("other_arch", "no prebuilt TVM decode modules"),
     ("stale_modules", "no prebuilt TVM decode modules"),
     ("no_runtime", "tvm_ffi"),
-    ("placement", "gate placement 'inside_scale'"),
     ("cache_dtype", "keeps the cache in q's dtype"),
     ("load_fails", "did not load (OSError: no libcuda"),
 ])
@@ -188,8 +187,6 @@ def test_tvm_that_cannot_run_falls_back_to_triton_saying_why_once(env, db_url, t
     monkeypatch.setenv("PATHTUNE_PRINT_DISPATCH", "1")
     if case == "no_runtime":
         monkeypatch.setattr(dispatch, "tvm_runtime_available", lambda: False)
-    if case == "placement":
-        monkeypatch.setattr(decode_dispatch, "_placement", lambda: "outside_scale")
     if case == "load_fails":
         def broken(found, dims, params):
             raise OSError("no libcuda")

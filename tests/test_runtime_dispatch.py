@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 
+from pathtune.codegen._knobs import config_of, resolve
 from pathtune.perf_db import KernelKey, Measurement, Pack, PackMismatch, PerfDB, SoftMismatchWarning, export_pack
 from pathtune.runtime import dispatch
 from pathtune.runtime.dispatch import Dispatcher, DispatchWarning, PackRefusedWarning
@@ -146,7 +147,7 @@ def test_other_gate_lends_its_schedule_only(env, db_url):
     heuristic = dispatch._heuristic("fwd", wl(use_gate=False), "triton", "").config
     for name in ("ut_precision", "beta_clip_eps", "scan_precision", "transition_precision"):
         assert cfg[name] == heuristic[name], name
-    assert json.loads(p.params_json)["beta_clip_eps"] is None
+    assert json.loads(p.params_json)["beta_clip_eps"] == "off"
     # the pack's other-gate entry too (D = 128)
     p = plan(d, use_gate=False, head_dim=128, head_dim_v=128)
     assert p.source == "gate" and p.fwd.config["num_warps"] == 2 and "pack" in p.fwd.detail
@@ -166,7 +167,8 @@ def test_pack_default_then_heuristic(env, db_url):
     assert p.source == "heuristic"
     from pathtune.codegen.triton import TritonParams
 
-    assert p.params_json == TritonParams.heuristic(64, 64).to_json()
+    # the plan carries the untuned config (spec spelling); the op resolves it to the heuristic params
+    assert resolve("triton", "fwd", json.loads(p.params_json), (64, 64)) == TritonParams.heuristic(64, 64)
     assert plan(dispatcher(env, db_url, None), head_dim=128, head_dim_v=128).fwd.config == fwd_cfg(chunk_size=32)
 
 
@@ -202,7 +204,7 @@ def test_training_plan_merges_backward_knobs(env, db_url):
     # the knobs both passes share come from the bwd choice (its gate checked them on the gradients: a
     # forward-gated tf32 UT or beta clip passes o and fails dbeta), the forward-only ones from the fwd choice
     assert (params["chunk_size"], params["superchunk_size"]) == (64, 1024)
-    assert (params["ut_precision"], params["beta_clip_eps"]) == ("tf32x3", None)
+    assert (params["ut_precision"], params["beta_clip_eps"]) == ("tf32x3", "off")
     assert (params["bwd_block_n"], params["bwd_num_warps"], params["block_n"]) == (128, 8, 128)
     inference = json.loads(plan(dispatcher(env, db_url), grad=False).params_json)
     assert (inference["bwd_block_n"], inference["chunk_size"], inference["ut_precision"]) == (64, 32, "tf32")
@@ -257,7 +259,7 @@ def test_tvm_forward_triton_backward_gradients(monkeypatch):
     beta = torch.rand(B, T, H, generator=gen) + 0.5
     g = F.logsigmoid(torch.randn(B, T, HQ, generator=gen) + 3)
     xs = [t.requires_grad_() for t in (q, k, v, w, beta, g)]
-    params = json.dumps({**json.loads(dispatch._heuristic_params(32, 32).to_json()), "chunk_size": 16,
+    params = json.dumps({**config_of("triton", None, (32, 32)), "chunk_size": 16,
                          "superchunk_size": 32, "block_n": 16, "bwd_block_n": 16, "scan_precision": "tf32"})
     o, lse = api._TVMForwardTritonBackward.apply(*xs, None, D ** -0.5, fwd_cfg(), params, "inside_scale")
     assert calls == [fwd_cfg()]

@@ -140,3 +140,22 @@ def test_stage_documentation_is_not_hashed_but_variants_are():
     fewer = copy.deepcopy(data)
     del fewer["stages"]["ut_inverse"]["variants"]["split"]
     assert Spec.from_dict(fewer).hash != SPEC.hash
+
+
+def test_decode_dispatch_passes_over_tvm_with_the_registry_reason(monkeypatch):
+    """A gated decode under a gate placement the TVM registry declares unsupported runs Triton, and the
+    plan's fallback says why (an ungated call does not meet the placement)."""
+    from pathtune.codegen.tvm.params import KernelDims
+    from pathtune.runtime import decode_dispatch, dispatch
+    from pathtune.runtime.dispatch import Choice
+    from pathtune.specs import KnobSpace
+
+    outside = _spec_with(fox_gate={"placement": "outside_scale"})
+    monkeypatch.setattr(decode_dispatch, "_spec", lambda: outside)
+    monkeypatch.setattr(dispatch, "tvm_runtime_available", lambda: True)
+    choice = Choice("decode", "tvm", KnobSpace(SPEC, "decode").default(), "perf_db")
+    dims = KernelDims(H=8, HQ=8, D=128, DV=128, dtype="bfloat16", gated=True)
+    step, why = decode_dispatch._tvm_step_or_reason(None, choice, torch.device("cuda", 0), dims, torch.bfloat16,
+                                                    torch.bfloat16)
+    reason = registry_for("tvm").lookup("fox_gate", "outside_scale", "decode").reason
+    assert step is None and "fox_gate placement 'outside_scale'" in why and reason in why

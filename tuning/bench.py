@@ -220,7 +220,8 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
     """Store pathtune's times in perf_db with SDPA flash of the same run as the baseline; the TVM forward
     (backend "tvm", keyed like the tuner's TVM records: the spec fwd Config its modules were built with and
     the TVM source hash, which ``tvm_bench`` checked the modules against)."""
-    from pathtune.codegen.triton import TritonParams, source_hash
+    from pathtune.codegen._knobs import resolve
+    from pathtune.codegen.triton import source_hash
     from pathtune.fingerprint import collect_env
     from pathtune.perf_db import KernelKey, Measurement, PerfDB
     from pathtune.runtime.dispatch import pass_config
@@ -236,7 +237,7 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
                 used = row.configs.get(tag, config)
                 if used == "tuned":    # dispatch failed before it named a config: nothing to key a row by
                     continue
-                params = TritonParams.heuristic(row.head_dim) if used is None else TritonParams.from_config(used)
+                params = resolve("triton", pass_, used, (row.head_dim, row.head_dim))   # as the bench ran it
                 cfg = pass_config(pass_, params)     # the pass's knobs only, as the tuner records them
                 t = row.times.get(f"pathtune_{tag}")
                 failed = row.failures.get("pathtune")

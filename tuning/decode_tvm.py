@@ -75,23 +75,24 @@ def load_sets(folder) -> tuple[list[TVMSet], list[str]]:
 def record_config(knobs: Mapping[str, Any]) -> dict:
     """The full config a TVM decode record stores: every spec decode knob (the spec default where the set does
     not say; decode_num_stages is not read by the TVM step) plus every TVM-local decode knob (0 = auto)."""
-    from pathtune.codegen.tvm.params import DECODE_LOCAL_KNOBS, TVMParams
     from pathtune.specs import KnobSpace, load_spec
 
-    space = KnobSpace(load_spec(), "decode")
+    spec = load_spec()
+    space = KnobSpace(spec, "decode")
     out = space.default().to_dict()
     out.update({k: v for k, v in knobs.items() if k in space.knobs})
-    defaults = TVMParams()
-    out.update({k: int(knobs.get(k, getattr(defaults, k))) for k in DECODE_LOCAL_KNOBS})
+    local = spec.backend_knobs("tvm", "decode")
+    out.update({k: int(knobs.get(k, knob.default)) for k, knob in local.items()})
     return out
 
 
 def load_step(s: TVMSet):
     """The TVM decode step of a set (TVMDecode over its loaded modules)."""
-    from pathtune.codegen.tvm.params import TVMParams
+    from pathtune.codegen._knobs import resolve
     from pathtune.codegen.tvm.runtime import TVMDecode, load_kernels
 
-    return TVMDecode(load_kernels(s.paths, s.runtime_dir), s.dims, TVMParams.from_config(s.knobs))
+    params = resolve("tvm", "decode", s.knobs, (s.dims.D, s.dims.DV))
+    return TVMDecode(load_kernels(s.paths, s.runtime_dir), s.dims, params)
 
 
 def time_tvm(row, cache, step, sets, keys0, *, median_ms: Callable, log: Callable[[str], None],

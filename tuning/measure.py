@@ -117,13 +117,9 @@ def decode_available() -> bool:
 def triton_params(config: dict, head_dim: int, head_dim_v: int) -> Any:
     """TritonParams: the built-in heuristic for the head dims, overridden by the pass's knobs (so a
     bwd candidate's forward runs the heuristic forward knobs, and vice versa)."""
-    from dataclasses import asdict as _asdict
+    from pathtune.codegen._knobs import resolve
 
-    from pathtune.codegen._knobs import params_from_config
-    from pathtune.codegen.triton import TritonParams
-
-    merged = {**_asdict(TritonParams.heuristic(head_dim, head_dim_v)), **dict(config)}
-    return params_from_config(TritonParams, merged)
+    return resolve("triton", None, config, (head_dim, head_dim_v))
 
 
 def classify_exception(exc: BaseException) -> tuple[str, str]:

@@ -52,26 +52,17 @@ class TuneKey:
 
 
 def default_config(spec: Spec, key: TuneKey) -> Any:
-    """The config a key's study is seeded with: what the runtime runs untuned (Triton:
-    ``TritonParams.heuristic`` for the head dims) restricted to the pass's knobs, or the spec's
+    """The config a key's study is seeded with: what the runtime runs untuned (Triton: the spec's
+    ``backends.triton.head_dim_defaults`` for the head dims) restricted to the pass's knobs, or the spec's
     defaults where that is not a valid config of the spec."""
-    from dataclasses import asdict
-
     from pathtune.specs import Config
 
     space = KnobSpace(spec, key.pass_)
     fallback = space.default()
     if key.backend != "triton":
         return fallback
-    from pathtune.codegen.triton import TritonParams
-
-    params = asdict(TritonParams.heuristic(key.workload.head_dim, key.workload.head_dim_v))
-    values = {}
-    for name, knob in space.knobs.items():
-        value = params.get(name, knob.default)
-        if name == "beta_clip_eps" and value is None:
-            value = "off"
-        values[name] = value
+    untuned = spec.backend_defaults("triton", key.workload.head_dim, key.workload.head_dim_v)
+    values = {name: untuned[name] for name in space.knobs}
     try:
         config = Config(values)
     except (TypeError, ValueError):

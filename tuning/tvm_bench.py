@@ -162,10 +162,10 @@ class TVMModuleSet:
     params: Any = field(init=False)
 
     def __post_init__(self):
-        from pathtune.codegen.tvm.params import TVMParams
+        from pathtune.codegen._knobs import resolve
         from pathtune.codegen.tvm.runtime import TVMForward, _gate_placement
 
-        self.params = TVMParams.from_config(self.config)
+        self.params = resolve("tvm", "fwd", self.config, (self.dims.D, self.dims.DV))
         self._gate_placement = _gate_placement()
         self._forward = TVMForward(self.kernels, self.dims, self.params, self._gate_placement)
 

@@ -19,17 +19,17 @@ __all__ = ["path_attention_triton", "path_decode_triton", "path_prefill_triton",
 # perf_db record of a pass is keyed by the hash of its files only, so an edit of the forward kernels
 # does not retire decode records.  SHARED modules count for every pass; a module listed nowhere
 # (a new file) also counts for every pass until it is placed here.  compile_check and registry (which
-# stage variants the launchers implement) run no kernel.
+# stage variants the launchers implement) run no kernel; heuristics reads the untuned config from the
+# spec, whose hash keys every record.
 # autograd imports backward (the custom op's registered backward), which a forward never runs.
 SHARED_SOURCES = ("__init__", "_ops", "params")
 PASS_SOURCES = {
     "fwd": ("autograd", "forward", "_layout", "scan_fwd", "transport", "ut"),
-    # heuristics: a bwd record times forward + backward, and its forward-only tiles are the defaults
     "bwd": ("autograd", "forward", "_layout", "scan_fwd", "transport", "ut",
-            "backward", "bwd_chain", "bwd_inter", "bwd_intra", "bwd_prep", "heuristics", "ut_bwd"),
+            "backward", "bwd_chain", "bwd_inter", "bwd_intra", "bwd_prep", "ut_bwd"),
     "decode": ("decode",),
 }
-_NOT_HASHED = ("compile_check", "registry")
+_NOT_HASHED = ("compile_check", "heuristics", "registry")
 
 
 def source_files(pass_: str | None = None):

@@ -12,15 +12,16 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .._knobs import config_of, resolve, resolve_json
 from .backward import path_attention_bwd
 from .forward import path_attention_fwd, prepare_state
 from .params import TritonParams
 
 
-def _params(params_json: str) -> TritonParams:
-    import json
-
-    return TritonParams(**json.loads(params_json))
+def _params(config_json: str, pass_: str, q: Tensor, v: Tensor) -> TritonParams:
+    """The op's config (a complete spec Config as JSON) -> kernel params: the one representation change,
+    cached per config text and head dims."""
+    return resolve_json("triton", pass_, config_json, int(q.shape[-1]), int(v.shape[-1]))
 
 
 class KernelConfigError(RuntimeError):
@@ -48,7 +49,7 @@ def _path_attn_fwd(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, g: 
 
     try:
         o, lse, _ = path_attention_fwd(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
-                                       params=_params(params_json), gate_placement=gate_placement)
+                                       params=_params(params_json, "fwd", q, v), gate_placement=gate_placement)
     except OutOfResources as exc:
         raise _explain(exc, q, v, params_json, "forward") from exc
     return o, lse
@@ -66,7 +67,7 @@ def _path_attn_bwd(do: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: 
                    scale: float, params_json: str, gate_placement: str) -> list[Tensor]:
     from triton.runtime.errors import OutOfResources
 
-    params = _params(params_json)
+    params = _params(params_json, "bwd", q, v)
     try:
         state = prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params)
         grads = path_attention_bwd(do.contiguous(), q, k, v, w, beta, g, o, lse, state, scale=scale,
@@ -108,10 +109,15 @@ _path_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 @torch.compiler.assume_constant_result
 def _resolve_params_json(config, head_dim: int, head_dim_v: int) -> str:
-    """Config -> canonical TritonParams JSON; run at trace time under torch.compile (a constant)."""
-    # knobs the config leaves out come from the heuristic for these head dims (not the spec
-    # defaults, which do not fit shared memory above head dim 64)
-    return TritonParams.from_config(config, base=TritonParams.heuristic(head_dim, head_dim_v)).to_json()
+    """The config the custom op carries: every knob in the spec's spelling, as canonical JSON (run at trace
+    time under torch.compile: a constant). Knobs ``config`` leaves out come from the untuned config for
+    these head dims (the spec's ``head_dim_defaults``: the plain defaults do not fit shared memory above
+    head dim 64). Checked here (``resolve``), so a bad config fails before any launch."""
+    import json
+
+    dims = (head_dim, head_dim_v)
+    values = config_of("triton", resolve("triton", None, config, dims), dims)
+    return json.dumps(values, sort_keys=True, separators=(",", ":"))
 
 
 def path_attention_triton(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, g: Optional[Tensor] = None,
@@ -121,7 +127,7 @@ def path_attention_triton(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tens
 
     q [B,T,HQ,D], k/w [B,T,H,D], v [B,T,H,DV], beta [B,T,H], g [B,T,HQ] (w, beta, g float32),
     cu_seqlens [N+1] (packed varlen, B == 1).  ``config`` is a spec Config / mapping of knob
-    values / TritonParams (None: ``TritonParams.heuristic`` for the head dims).
+    values / TritonParams (None: the spec's untuned config for the head dims).
     Returns (o [B,T,HQ,DV], lse [B,T,HQ] float32).
     Inputs are assumed validated (``pathtune.path_attention`` does that).
     """

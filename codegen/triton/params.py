@@ -7,77 +7,55 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import triton.language as tl
 
-from .._knobs import params_from_config
+from .._knobs import check_params, params_from_config, resolve, spec_default
 
+# scan_precision (the spec's domain) -> the scan's operand type
 _SCAN_DTYPES = {"fp16": tl.float16, "bf16": tl.bfloat16, "tf32": tl.float32}
 _SCAN_TORCH = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32"}
-_TRANSITION = {"tf32": "tf32", "tf32x3": "tf32x3", "ieee": "ieee", "fp16": "fp16", "bf16": "bf16"}
 
 
 @dataclass(frozen=True)
 class TritonParams:
-    """Everything the Triton PaTH kernels read from a tuning config."""
+    """Everything the Triton PaTH kernels read from a tuning config: one field per spec knob, its default
+    the spec's (``spec_default``), its checks the spec's domains and constraints (``check_params``).
+    Build it from a Config with ``resolve("triton", pass_, config, dims)`` (codegen/_knobs.py)."""
 
-    chunk_size: int = 64
-    superchunk_size: int = 1024
-    block_n: int = 64
-    block_m: int = 128
-    num_warps: int = 4
-    inter_num_warps: int = 8
-    num_stages: int = 2
-    scan_precision: str = "fp16"
-    transition_precision: str = "tf32x3"
-    bwd_transition_precision: str = "tf32x3"
-    beta_clip_eps: float | None = None
-    ut_precision: str = "tf32x3"
-    ut_grad_precision: str = "tf32"
-    bwd_block_n: int = 64
-    bwd_block_m: int = 64
-    bwd_num_warps: int = 4
-    bwd_num_stages: int = 2
-    decode_block_n: int = 128
-    decode_num_warps: int = 4
-    decode_splits: int = 4
-    decode_num_stages: int = 1
+    BACKEND: ClassVar[str] = "triton"
+
+    chunk_size: int = spec_default("chunk_size")
+    superchunk_size: int = spec_default("superchunk_size")
+    block_n: int = spec_default("block_n")
+    block_m: int = spec_default("block_m")
+    num_warps: int = spec_default("num_warps")
+    inter_num_warps: int = spec_default("inter_num_warps")
+    num_stages: int = spec_default("num_stages")
+    scan_precision: str = spec_default("scan_precision")
+    transition_precision: str = spec_default("transition_precision")
+    bwd_transition_precision: str = spec_default("bwd_transition_precision")
+    beta_clip_eps: float | None = spec_default("beta_clip_eps")
+    ut_precision: str = spec_default("ut_precision")
+    ut_grad_precision: str = spec_default("ut_grad_precision")
+    bwd_block_n: int = spec_default("bwd_block_n")
+    bwd_block_m: int = spec_default("bwd_block_m")
+    bwd_num_warps: int = spec_default("bwd_num_warps")
+    bwd_num_stages: int = spec_default("bwd_num_stages")
+    decode_block_n: int = spec_default("decode_block_n")
+    decode_num_warps: int = spec_default("decode_num_warps")
+    decode_splits: int = spec_default("decode_splits")
+    decode_num_stages: int = spec_default("decode_num_stages")
 
     def __post_init__(self):
-        if self.scan_precision not in _SCAN_DTYPES:
-            raise ValueError(f"scan_precision must be one of {sorted(_SCAN_DTYPES)}, got {self.scan_precision!r}")
-        if self.bwd_transition_precision not in ("tf32", "tf32x3", "ieee"):
-            raise ValueError("bwd_transition_precision must be one of ['ieee', 'tf32', 'tf32x3'], "
-                             f"got {self.bwd_transition_precision!r}")
-        if self.transition_precision not in _TRANSITION:
-            raise ValueError(
-                f"transition_precision must be one of {sorted(_TRANSITION)}, got {self.transition_precision!r}"
-            )
-        if self.ut_precision not in ("tf32", "tf32x3", "ieee"):
-            raise ValueError(f"ut_precision must be tf32, tf32x3 or ieee, got {self.ut_precision!r}")
-        if self.ut_grad_precision not in ("tf32", "tf32x3", "ieee"):
-            raise ValueError(f"ut_grad_precision must be tf32, tf32x3 or ieee, got {self.ut_grad_precision!r}")
-        if int(self.decode_num_stages) < 1:
-            raise ValueError(f"decode_num_stages must be >= 1 (1: the tile loop is not pipelined), "
-                             f"got {self.decode_num_stages!r}")
-        if self.superchunk_size % self.chunk_size:
-            raise ValueError(
-                f"superchunk_size ({self.superchunk_size}) must be a multiple of chunk_size ({self.chunk_size})"
-            )
+        # a schedule knob only: a super-chunk shorter than the default query tile takes the whole
+        # super-chunk as its tile (configs written before block_m / bwd_block_m existed keep working)
         if self.block_m > self.superchunk_size:
-            # a schedule knob only: a super-chunk shorter than the default query tile takes the
-            # whole super-chunk as its tile (configs written before block_m existed keep working)
             object.__setattr__(self, "block_m", self.superchunk_size)
-        if self.superchunk_size % self.block_m:
-            raise ValueError(f"superchunk_size ({self.superchunk_size}) must be a multiple of block_m ({self.block_m})")
-        if self.bwd_block_m > self.superchunk_size:   # as block_m: a short super-chunk is one step
+        if self.bwd_block_m > self.superchunk_size:
             object.__setattr__(self, "bwd_block_m", self.superchunk_size)
-        if self.superchunk_size % self.bwd_block_m:
-            raise ValueError(f"superchunk_size ({self.superchunk_size}) must be a multiple of bwd_block_m "
-                             f"({self.bwd_block_m})")
-        if self.superchunk_size % self.block_n:
-            raise ValueError(f"superchunk_size ({self.superchunk_size}) must be a multiple of block_n ({self.block_n})")
+        check_params(self, "triton")
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | Any | None,
@@ -88,11 +66,9 @@ class TritonParams:
 
     @classmethod
     def heuristic(cls, head_dim: int, head_dim_v: int | None = None) -> "TritonParams":
-        """The built-in fallback when neither perf_db nor a pack has a config for this shape
-        (``heuristics.py``: its choices key no measurement, so tuning them retires no record)."""
-        from .heuristics import heuristic_knobs
-
-        return cls(**heuristic_knobs(head_dim, head_dim_v))
+        """The untuned config for these head dims (the spec's ``backends.triton.head_dim_defaults``): the
+        fallback when neither perf_db nor a pack has a config for this shape."""
+        return resolve("triton", None, None, (head_dim, head_dim_v))
 
     @property
     def scan_dtype(self):

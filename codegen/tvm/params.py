@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
-from .._knobs import params_from_config
+from .._knobs import check_params, params_from_config, spec_default
 
 __all__ = ["TVMParams", "KernelDims", "UnsupportedConfig", "SCAN_VARIANTS", "DECODE_LOCAL_KNOBS"]
 
 # scan_precision knob -> operand dtype of the scan matmuls ("tf32" keeps float32 operands; only the
 # CUDA-core variant supports it, mma.sync has no tf32 path in TIRx)
 _SCAN_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32"}
-_TRANSITION = ("tf32", "tf32x3", "ieee", "fp16", "bf16")   # the TVM kernels run 3 products for each
 _QKV_DTYPES = ("bfloat16", "float16", "float32", "float64")
 
 # scan kernels: "tc" = TIRx kernel whose matmuls are mma.sync (tensor cores),
@@ -25,8 +24,15 @@ _QKV_DTYPES = ("bfloat16", "float16", "float32", "float64")
 SCAN_VARIANTS = ("tc", "simt")
 
 
-# TVMParams' decode knobs that are not spec knobs: a TVM decode record stores them next to the spec's
-DECODE_LOCAL_KNOBS = ("decode_vec", "decode_threads_per_row", "decode_rows_per_thread", "decode_prefetch")
+def _local_knobs() -> tuple[str, ...]:
+    from pathtune.specs import load_spec
+
+    return tuple(load_spec().backend_knobs("tvm", "decode"))
+
+
+# TVMParams' decode knobs that are not spec knobs (the spec's backends.tvm.knobs): a TVM decode record
+# stores them next to the spec's
+DECODE_LOCAL_KNOBS = _local_knobs()
 
 
 class UnsupportedConfig(ValueError):
@@ -35,42 +41,30 @@ class UnsupportedConfig(ValueError):
 
 @dataclass(frozen=True)
 class TVMParams:
-    """The spec knobs the TVM kernels read (defaults = the spec's defaults)."""
+    """The knobs the TVM kernels read: spec knobs and the TVM decode knobs of the spec's
+    ``backends.tvm.knobs`` (0 = auto, see stir_decode.decode_layout); defaults, domains and constraints
+    are the spec's (``spec_default``, ``check_params``)."""
 
-    chunk_size: int = 64
-    superchunk_size: int = 1024
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 2
-    scan_precision: str = "fp16"
-    transition_precision: str = "tf32x3"
-    beta_clip_eps: Optional[float] = None
-    decode_block_n: int = 128
-    decode_num_warps: int = 4
-    decode_splits: int = 4
-    # TVM-local decode knobs (not in the spec: adding them there would change files outside codegen/tvm;
-    # the tuner does not tune the TVM decode pass yet). 0 = auto, see stir_decode.decode_layout.
-    decode_vec: int = 0               # elements per vector load/store (auto: 16 bytes of the cache dtype)
-    decode_threads_per_row: int = 0   # threads sharing one key row (auto: one vector per thread, <= 32)
-    decode_rows_per_thread: int = 0   # rows per thread per step (auto: min(4, decode_block_n / row groups))
-    decode_prefetch: int = 0          # 1: load the next step's rows (second register set) before computing this one
+    BACKEND: ClassVar[str] = "tvm"
+
+    chunk_size: int = spec_default("chunk_size")
+    superchunk_size: int = spec_default("superchunk_size")
+    block_n: int = spec_default("block_n")
+    num_warps: int = spec_default("num_warps")
+    num_stages: int = spec_default("num_stages")
+    scan_precision: str = spec_default("scan_precision")
+    transition_precision: str = spec_default("transition_precision")
+    beta_clip_eps: Optional[float] = spec_default("beta_clip_eps")
+    decode_block_n: int = spec_default("decode_block_n")
+    decode_num_warps: int = spec_default("decode_num_warps")
+    decode_splits: int = spec_default("decode_splits")
+    decode_vec: int = spec_default("decode_vec", "tvm")
+    decode_threads_per_row: int = spec_default("decode_threads_per_row", "tvm")
+    decode_rows_per_thread: int = spec_default("decode_rows_per_thread", "tvm")
+    decode_prefetch: int = spec_default("decode_prefetch", "tvm")
 
     def __post_init__(self):
-        if self.scan_precision not in _SCAN_DTYPES:
-            raise ValueError(f"scan_precision must be one of {sorted(_SCAN_DTYPES)}, got {self.scan_precision!r}")
-        if self.transition_precision not in _TRANSITION:
-            raise ValueError(f"transition_precision must be one of {_TRANSITION}, got {self.transition_precision!r}")
-        if self.superchunk_size % self.chunk_size or self.superchunk_size < 2 * self.chunk_size:
-            raise ValueError(f"superchunk_size ({self.superchunk_size}) must be a multiple of chunk_size "
-                             f"({self.chunk_size}) holding at least two chunks")
-        if self.superchunk_size % self.block_n:
-            raise ValueError(f"superchunk_size ({self.superchunk_size}) must be a multiple of block_n ({self.block_n})")
-        for name in ("chunk_size", "block_n", "num_warps", "decode_block_n", "decode_num_warps", "decode_splits"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
-        for name in ("decode_vec", "decode_threads_per_row", "decode_rows_per_thread", "decode_prefetch"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (0 = auto)")
+        check_params(self, "tvm")
 
     @classmethod
     def from_config(cls, config: Any = None) -> "TVMParams":
