@@ -11,7 +11,7 @@ backward will follow) -- with a ``Plan``. The answer comes, in this order, from
 4. a result of the same shape with the FoX gate the other way: its schedule knobs (tiles, warps,
    stages), precision and beta-clip knobs from the heuristic         (source ``gate``)
 5. the pack's per-pass default config                               (source ``default``)
-6. ``TritonParams.heuristic`` (the spec's defaults shrunk to fit)     (source ``heuristic``)
+6. the backend's untuned config (the spec's ``head_dim_defaults``)   (source ``heuristic``)
 
 and is cached per key, so only the first call of a shape pays for the lookup; later calls cost a
 dict lookup (``benchmarks/dispatch_overhead.py`` prints the number). The dispatcher never
@@ -96,16 +96,17 @@ class Choice:
 class Plan:
     """What a call runs: ``backend`` ("triton" or "tvm") with ``params_json``.
 
-    triton: the ``TritonParams`` JSON the custom op reads (forward knobs, plus the backward-only
-    knobs of ``bwd`` when a backward follows); tvm: the forward Config's JSON, and the Triton
-    backward's params in ``bwd_params_json`` (TVM forward, Triton backward).
+    triton: the config the custom op runs, every knob in the spec's spelling as canonical JSON (forward
+    knobs, plus the knobs of ``bwd`` when a backward follows); the op turns it into kernel params
+    (``codegen._knobs.resolve``); tvm: the forward Config's JSON, and the Triton backward's config in
+    ``bwd_params_json`` (TVM forward, Triton backward).
     """
 
     backend: str
     params_json: str
     fwd: Choice
     bwd: Optional[Choice] = None
-    bwd_params_json: Optional[str] = None   # TritonParams JSON of the backward (when one follows)
+    bwd_params_json: Optional[str] = None   # the Triton backward's config JSON (when one follows)
 
     @property
     def source(self) -> str:

@@ -115,8 +115,8 @@ def decode_available() -> bool:
 
 
 def triton_params(config: dict, head_dim: int, head_dim_v: int) -> Any:
-    """TritonParams: the built-in heuristic for the head dims, overridden by the pass's knobs (so a
-    bwd candidate's forward runs the heuristic forward knobs, and vice versa)."""
+    """TritonParams (``resolve``): the untuned config for the head dims, overridden by the pass's knobs
+    (so a bwd candidate's forward runs the untuned forward knobs, and vice versa)."""
     from pathtune.codegen._knobs import resolve
 
     return resolve("triton", None, config, (head_dim, head_dim_v))

@@ -1,0 +1,143 @@
+"""One knob contract: a knob goes from the spec to a kernel launch one way, changing form once
+(Config -> kernel params, ``resolve``); kernel params repeat none of the spec's defaults or checks.
+See codegen/triton/README.md, "From the spec to a launch"."""
+from __future__ import annotations
+
+import ast
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pathtune.codegen import _knobs
+from pathtune.codegen._knobs import config_of, resolve
+from pathtune.codegen.triton.params import TritonParams
+from pathtune.codegen.tvm.params import TVMParams
+from pathtune.specs import Spec, SpecError, load_spec
+
+SPEC = load_spec()
+CODEGEN = Path(_knobs.__file__).parent
+
+
+@pytest.mark.parametrize("path,cls", [("triton/params.py", "TritonParams"), ("tvm/params.py", "TVMParams")])
+def test_params_defaults_come_from_the_spec_not_literals(path, cls):
+    """Every field of a params class defaults to ``spec_default(<its own name>)``: no default is written
+    in code, so the spec's YAML is the only place a default lives."""
+    tree = ast.parse((CODEGEN / path).read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    fields = [n for n in body if isinstance(n, ast.AnnAssign) and "ClassVar" not in ast.unparse(n.annotation)]
+    assert fields
+    for f in fields:
+        call = f.value
+        assert isinstance(call, ast.Call) and ast.unparse(call.func) == "spec_default", ast.unparse(f)
+        assert isinstance(call.args[0], ast.Constant) and call.args[0].value == f.target.id, ast.unparse(f)
+
+
+def test_params_checks_come_from_the_spec():
+    with pytest.raises(ValueError, match=r"scan_precision must be one of \['fp16', 'bf16', 'tf32'\]"):
+        TritonParams(scan_precision="fp8")
+    with pytest.raises(ValueError, match=r"superchunk_size must be a multiple of the forward key tile block_n"):
+        TritonParams(superchunk_size=1024, block_n=96)
+    with pytest.raises(ValueError, match=r"a super-chunk must hold at least two UT chunks"):
+        TVMParams(chunk_size=64, superchunk_size=64, block_n=64)
+    with pytest.raises(ValueError, match=r"decode_vec must be >= 0"):
+        TVMParams(decode_vec=-1)
+    with pytest.raises(ValueError, match=r"beta_clip_eps='off' is the spec's spelling"):
+        TritonParams(beta_clip_eps="off")
+    TritonParams(chunk_size=16, superchunk_size=32, block_n=16, bwd_block_n=16)   # small tiles: tests, probes
+
+
+def test_resolve_spelling_defaults_and_errors():
+    p = resolve("triton", "fwd", {"beta_clip_eps": "off", "superchunk_size": 512}, (64, 64))
+    untuned = SPEC.backend_defaults("triton", 64, 64)
+    assert p.beta_clip_eps is None and p.superchunk_size == 512 and p.block_n == untuned["block_n"]
+    assert resolve("triton", "fwd", {"beta_clip_eps": 0.015625}, None).beta_clip_eps == 0.015625
+    assert resolve("triton", None, None, (256, 256)) == TritonParams.heuristic(256, 256)
+    assert resolve("triton", None, None) == TritonParams()
+    assert resolve("triton", "fwd", p, (256, 256)) is p
+    back = config_of("triton", p)
+    assert back["beta_clip_eps"] == "off" and back["superchunk_size"] == 512
+    assert resolve("triton", "fwd", back, (64, 64)) == p
+    tvm = resolve("tvm", "decode", {"decode_splits": 8, "decode_prefetch": 1, "block_m": 64}, (64, 64))
+    assert (tvm.decode_splits, tvm.decode_prefetch) == (8, 1)        # block_m: not read by TVM, ignored
+    with pytest.raises(ValueError, match=r"unknown knob 'superchunk' for backend 'triton'") as err:
+        resolve("triton", "fwd", {"superchunk": 512}, (64, 64))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="unknown pass 'forward'"):
+        resolve("triton", "forward", {}, (64, 64))
+    with pytest.raises(ValueError, match="unknown knob 'decode_vec' for backend 'triton'"):
+        resolve("triton", "decode", {"decode_vec": 4}, (64, 64))
+
+
+def _spec_problems(mutate) -> dict:
+    data = copy.deepcopy(SPEC.model_dump(mode="json"))
+    mutate(data)
+    with pytest.raises(SpecError) as err:
+        Spec.from_dict(data)
+    return dict(err.value.problems)
+
+
+def test_head_dim_defaults_table_is_validated():
+    rows = "backends.triton.head_dim_defaults"
+    p = _spec_problems(lambda d: d["backends"]["triton"]["head_dim_defaults"][0]["knobs"].update(blok_n=64))
+    assert "unknown knob 'blok_n'" in p[f"{rows}[0].knobs.blok_n"]
+    p = _spec_problems(lambda d: d["backends"]["triton"]["head_dim_defaults"][0]["knobs"].update(block_n=48))
+    assert "not in the domain" in p[f"{rows}[0].knobs.block_n"]
+    p = _spec_problems(lambda d: d["backends"]["triton"]["head_dim_defaults"][1].update(up_to=32))
+    assert "increasing up_to" in p[f"{rows}[1].up_to"]
+    p = _spec_problems(lambda d: d["backends"]["triton"]["head_dim_defaults"][2].update(up_to=192))
+    assert "go to 256" in p[rows]
+    # chunk_size 128 at head dim 256 breaks chunk_size * max(D, DV) <= 16384
+    p = _spec_problems(lambda d: d["backends"]["triton"]["head_dim_defaults"][2]["knobs"].update(chunk_size=128))
+    assert "UT chunk tile" in p[f"{rows}[2]"]
+    p = _spec_problems(lambda d: d["backends"]["tvm"]["knobs"].update(
+        chunk_size=dict(d["knobs"]["chunk_size"], passes=["fwd"])))
+    assert "its own identifier name (not a spec knob" in p["backends.tvm.knobs.chunk_size"]
+
+
+def test_backend_only_knobs_are_declared_in_the_spec():
+    from pathtune.codegen.tvm.params import DECODE_LOCAL_KNOBS
+
+    assert DECODE_LOCAL_KNOBS == tuple(SPEC.backend_knobs("tvm", "decode"))
+    assert SPEC.backend_knobs("triton") == {}
+
+
+def test_superchunk_size_from_the_plan_to_the_launch(monkeypatch, fake_h200_env):
+    """The plan carries the Config (spec spelling); the custom op resolves it once; the forward's launch
+    reads the resolved superchunk_size."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from pathtune.codegen.triton import autograd, forward
+    from pathtune.runtime import dispatch
+
+    d = dispatch.Dispatcher(env_info=fake_h200_env, db=None, pack=None)
+    plan = d.plan(torch.device("cuda", 0), 64, 64, 4, 2, "bfloat16", True, 100, 1, False)
+    carried = json.loads(plan.params_json)
+    assert carried == config_of("triton", None, (64, 64))            # every knob, the spec's spelling
+    assert carried["superchunk_size"] == SPEC.backend_defaults("triton", 64, 64)["superchunk_size"]
+
+    seen = {}
+    real_resolve, real_tables = autograd.resolve_json, forward.build_tables
+
+    def spy_resolve(backend, pass_, text, D, DV):
+        seen.setdefault("configs", []).append(json.loads(text))
+        return real_resolve(backend, pass_, text, D, DV)
+
+    def spy_tables(B, T, cu, C, S, *a, **kw):
+        seen.setdefault("S", []).append(S)
+        return real_tables(B, T, cu, C, S, *a, **kw)
+
+    monkeypatch.setattr(autograd, "resolve_json", spy_resolve)
+    monkeypatch.setattr(forward, "build_tables", spy_tables)
+    gen = torch.Generator().manual_seed(0)
+    B, T, H, D = 1, 40, 1, 32
+    q, k, v = (torch.randn(B, T, H, D, generator=gen) for _ in range(3))
+    w = F.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
+    beta = torch.rand(B, T, H, generator=gen) + 0.5
+    config = {"chunk_size": 16, "superchunk_size": 32, "block_n": 16, "bwd_block_n": 16, "scan_precision": "tf32"}
+    o, _ = autograd.path_attention_triton(q, k, v, w, beta, config=config)
+    assert torch.isfinite(o).all()
+    assert seen["S"] == [32]
+    assert [c["superchunk_size"] for c in seen["configs"]] == [32] and seen["configs"][0]["beta_clip_eps"] == "off"
