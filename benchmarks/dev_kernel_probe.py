@@ -7,14 +7,17 @@ a temporary module, since ``triton.jit`` reads its source from a file).  Timing 
 launches add into buffers that already hold results, so nothing here checks values.
 
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096] [--gates 1,0]
-                                          [--only ut,transport,intra,dkv,utbwd,variants,e2e]
-                                          [--old-intra FILE] [--old-ut FILE]
+                                          [--only ut,transport,intra,dkv,om16,utbwd,variants,e2e]
+                                          [--old-intra FILE] [--old-ut FILE] [--intra-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
 timed on the same arguments (without its newer trailing ones).  ``--old-ut FILE``: a ut.py that still
 holds the one-kernel ``ut_bwd_kernel`` (``git show a470a1f:codegen/triton/ut.py``), timed on the
 arguments of the two-kernel UT backward (``utbwd``: chunk + apply kernels, their warps, and the chunk
-kernel at tf32 for the cost of tf32x3's spills).  ``e2e``: one fwd+bwd through autograd.  JSON rows on
+kernel at tf32 for the cost of tf32x3's spills).  ``--intra-v2 FILE[,FILE]``: candidate bwd_intra kernels with
+the shipped signature (``benchmarks/variants/bwd_intra_v2.py``), timed on the captured arguments as
+they are (``--old-intra`` also takes such a file: one whose kernel still has ``xs_ptr`` gets it).
+``e2e``: one fwd+bwd through autograd.  JSON rows on
 stdout and in $OUT.
 """
 from __future__ import annotations
@@ -26,7 +29,7 @@ import os
 import torch
 import triton
 from kernel_variants import Capture, load_variant  # noqa: E402  (benchmarks/ is the script's folder)
-from variants import bwd_inter_rows  # noqa: E402
+from variants import bwd_inter_om16, bwd_inter_rows  # noqa: E402
 
 import pathtune.codegen.triton.backward as bwd_mod
 import pathtune.codegen.triton.forward as fwd_mod
@@ -51,7 +54,7 @@ def time_launch(kernel, grid, args, kw):
     return round(triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median"), 4)
 
 
-def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None):
+def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
     B = 32768 // T
     q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0, dtype=torch.bfloat16)
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
@@ -59,6 +62,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None):
     with Capture(bwd_mod, "bwd_transport_chain_kernel") as trc, Capture(bwd_mod, "bwd_transport_grads_kernel") as trg, \
             Capture(bwd_mod, "bwd_intra_kernel") as ia, \
             Capture(bwd_mod, "bwd_inter_dkv_kernel") as dkv, Capture(fwd_mod, "ut_chunk_kernel") as utc, \
+            Capture(bwd_mod, "bwd_inter_dq_kernel") as dq, \
             Capture(fwd_mod, "ut_apply_kernel") as uta, Capture(fwd_mod, "ut_diag_inverse_kernel") as utd, \
             Capture(bwd_mod, "ut_bwd_chunk_kernel") as ubc, Capture(bwd_mod, "ut_bwd_apply_kernel") as uba:
         o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None)
@@ -90,9 +94,22 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None):
         emit(dict(base, kernel="bwd_intra", variant="as is", ms=time_launch(ia.real, grid, args, kw)))
     if "intra" in only and old_intra_src:
         old = load_variant(old_intra_src, "bwd_intra_kernel", f"intra_old_{D}_{int(gate)}")
-        i = ia.real.arg_names.index("xs_ptr")        # the old kernel has no chain-state scratch
-        emit(dict(base, kernel="bwd_intra", variant="old (recomputes the chain)",
-                  ms=time_launch(old, grid, args[:i] + args[i + 1:], kw)))
+        if "xs_ptr" in old.arg_names:
+            emit(dict(base, kernel="bwd_intra", variant="old (same signature)", ms=time_launch(old, grid, args, kw)))
+        else:
+            i = ia.real.arg_names.index("xs_ptr")        # the old kernel has no chain-state scratch
+            emit(dict(base, kernel="bwd_intra", variant="old (recomputes the chain)",
+                      ms=time_launch(old, grid, args[:i] + args[i + 1:], kw)))
+    for path in intra_v2 if "intra" in only else ():
+        grid, args, kw = ia.calls[0]
+        try:
+            cand = load_variant(open(path).read(), "bwd_intra_kernel",
+                                f"intra_v2_{os.path.basename(path)[:-3]}_{D}_{int(gate)}")
+            ms = time_launch(cand, grid, args, kw)
+        except Exception as exc:   # a candidate that fails to build or launch is a result too
+            ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+        emit(dict(base, kernel="bwd_intra", variant=f"candidate {os.path.basename(path)} (warps {kw['num_warps']})",
+                  ms=ms))
 
     # bwd_inter_dkv: the gate's column sums once per program instead of once per query step
     if "dkv" in only:
@@ -116,6 +133,31 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None):
                     ms = f"{type(exc).__name__}: {str(exc)[:120]}"
                 emit(dict(base, kernel="bwd_inter_dkv", variant=f"{label} {change or 'as is'}", ms=ms))
 
+    if "om16" in only:   # both inter kernels with the pair transitions read in 16 bits (variants/bwd_inter_om16.py)
+        om_kernels = bwd_inter_om16.kernels()
+        for cap, name in ((dq, "bwd_inter_dq_kernel"), (dkv, "bwd_inter_dkv_kernel")):
+            grid, args, kw = cap.calls[0]
+            names = cap.real.arg_names
+            a = dict(zip(names, args))
+            if kw["DB"] != kw["BD"]:
+                continue
+            om = bwd_inter_om16.pair_products(a["what_ptr"], a["seq_start"], a["seq_end"], a["seq_sc_base"],
+                                              a["seq_pair_base"], kw["S"], a["kj_ptr"].dtype)
+            args2 = list(args)
+            args2[names.index("om_ptr")] = om
+            emit(dict(base, kernel=name, variant="shipped as is", ms=time_launch(cap.real, grid, args, kw)))
+            changes = [{}, dict(num_warps=4), dict(num_warps=8), dict(num_stages=2)]
+            if name == "bwd_inter_dkv_kernel":
+                changes += [dict(BLOCK_M=32), dict(BLOCK_M=32, num_warps=4)]
+            for change in changes:
+                if change and all(kw.get(k) == v for k, v in change.items()):
+                    continue
+                kw2 = dict(kw, **change)
+                try:
+                    ms = time_launch(om_kernels[name], grid, args2, kw2)
+                except Exception as exc:
+                    ms = f"{type(exc).__name__}: {str(exc)[:120]}"
+                emit(dict(base, kernel=name, variant=f"om16 {change or 'as is'}", ms=ms))
     if "utbwd" in only:
         ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src)
     if "variants" in only:
@@ -193,8 +235,9 @@ def main():
     ap.add_argument("--T", type=int, default=4096)
     ap.add_argument("--old-intra", default=None)
     ap.add_argument("--gates", default="1,0")
-    ap.add_argument("--only", default="ut,transport,intra,dkv,utbwd,variants,e2e")
+    ap.add_argument("--only", default="ut,transport,intra,dkv,om16,utbwd,variants,e2e")
     ap.add_argument("--old-ut", default=None)
+    ap.add_argument("--intra-v2", default="", help="candidate bwd_intra files (comma-separated), shipped signature")
     a = ap.parse_args()
     old_src = open(a.old_intra).read() if a.old_intra else None
     old_ut_src = open(a.old_ut).read() if a.old_ut else None
@@ -204,7 +247,8 @@ def main():
         H = 16 if D <= 64 else 8
         for gate in (bool(int(x)) for x in a.gates.split(",")):
             try:
-                run_case(D, H, a.T, gate, old_src, only, old_ut_src)
+                run_case(D, H, a.T, gate, old_src, only, old_ut_src,
+                         tuple(x for x in a.intra_v2.split(",") if x))
             except Exception as exc:
                 emit(dict(D=D, gate=gate, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 
