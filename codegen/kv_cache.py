@@ -1,4 +1,4 @@
-"""``PaTHKVCache``: the decoding state of one PaTH(-FoX) attention layer (keys in the current frame).
+"""``PaTHKVCache``: the decoding state of one PaTH(-FoX) attention layer (keys in the current frame, lazily).
 
 A neutral module: the PyTorch reference (``runtime/reference/recurrent.py``), the Triton decode step
 (``codegen/triton/decode.py``) and the TVM decode step (``codegen/tvm/host.py``) all read and write it,
@@ -7,14 +7,23 @@ and it imports nothing of pathtune. Users import it as ``pathtune.PaTHKVCache``.
 Layout (contiguous; rows >= length are unused capacity):
 
 * ``k`` [B, max_len, H, D]: keys in the CURRENT frame, k_j^(t) = H_t ... H_{j+1} k_j (t = length - 1);
+  reading ``k`` materializes pending rows first (below); ``k_buffer`` is the storage as the kernels hold it;
 * ``v`` [B, max_len, H, DV];
 * ``c`` [B, max_len, HQ]: inclusive FoX gate cumsum (float32; float64 for float64 gates), None ungated;
-* ``length_tensor`` [1] int32 on the cache's device: the number of valid rows, read and advanced by the
-  kernels on the device, so a captured CUDA graph of a decode step can be replayed as the cache grows.
+* ``state_tensor`` [2] int32 on the cache's device: (length, frame base F), read and advanced by the
+  kernels on the device, so a captured CUDA graph of a decode step can be replayed as the cache grows;
+  ``length_tensor`` and ``frame_tensor`` are its two one-element views.
 
-The host keeps a mirror of the length so eager steps need no device read. A CUDA-graph capture of a
-step leaves the mirror unknown (replays advance only the device value): ``length`` then reads the
-device (one synchronisation per read) and ``sync_length()`` re-arms the mirror.
+Lazy rotation (the Triton decode step, codegen/triton/decode.py): rows j < F of ``k_buffer`` hold keys in
+the frame of position F-1; rows F .. length-1 are pending: raw keys, whose w (fp32) and clipped beta sit in
+the pending window (``pending_window``: w [B, slots, H, D], beta [B, slots, H], slot j - F). ``materialize()``
+rotates every row into the current frame (fp32 math, one rounding to the cache dtype) and sets F = length;
+the ``k`` getter calls it, so the reference and TVM steps and every other reader see current-frame keys.
+Setting ``length`` declares rows < length current-frame keys (F = length).
+
+The host keeps mirrors of the length and F so eager steps need no device read. A CUDA-graph capture of a
+step leaves the mirrors unknown (replays advance only the device values): ``length`` then reads the
+device (one synchronisation per read) and ``sync_length()`` re-arms the mirrors.
 
 Capacity: a growable cache (``static=False``, the default) reallocates, at least doubling, when a step
 needs more rows (outside a graph capture); a static cache (``static=True``) keeps its buffers for its
@@ -48,24 +57,63 @@ class PaTHKVCache:
     v [B,max_len,H,DV], c [B,max_len,HQ] or None; ``length`` valid rows; ``num_q_heads`` HQ).
     """
 
-    __slots__ = ("k", "v", "c", "num_q_heads", "static", "length_tensor", "_len", "_hint", "_work")
+    __slots__ = ("_k", "v", "c", "num_q_heads", "static", "_state", "_len", "_frame", "_hint", "_work",
+                 "_pw", "_pb")
 
     def __init__(self, k: Tensor, v: Tensor, c: Optional[Tensor], length: int, num_q_heads: int, *,
                  static: bool = False) -> None:
-        self.k, self.v, self.c = k, v, c
+        self._k, self.v, self.c = k, v, c
         self.num_q_heads = int(num_q_heads)
         self.static = bool(static)
         n = int(length)
-        self._len: Optional[int] = n      # host mirror of length_tensor; None: unknown (after a graph capture)
+        self._len: Optional[int] = n      # host mirror of the device length; None: unknown (after a graph capture)
+        self._frame: Optional[int] = n    # host mirror of the device frame base F; None: unknown
         self._hint = n                    # last known length (dispatch buckets), never None
-        self.length_tensor = torch.full((1,), n, dtype=torch.int32, device=k.device)
+        self._state = torch.full((2,), n, dtype=torch.int32, device=k.device)   # (length, F)
         self._work: dict = {}             # kernel scratch buffers, allocated once per launch shape
+        self._pw: Optional[Tensor] = None  # pending window: w [B, slots, H, D] fp32
+        self._pb: Optional[Tensor] = None  # pending window: beta [B, slots, H] fp32 (clipped)
+
+    # -- keys and device state -----------------------------------------------------------------------
+    @property
+    def k(self) -> Tensor:
+        """Keys in the current frame [B, max_len, H, D] (pending rows are materialized first; inside a CUDA-graph
+        capture the storage is returned as it is)."""
+        if self._frame is None or self._len is None or self._frame < min(self._len, self.max_len):
+            self.materialize()
+        return self._k
+
+    @k.setter
+    def k(self, t: Tensor) -> None:
+        self._k = t
+
+    @property
+    def k_buffer(self) -> Tensor:
+        """The key storage as the decode kernels hold it (rows < F in frame F-1, rows F .. length-1 raw)."""
+        return self._k
+
+    @property
+    def state_tensor(self) -> Tensor:
+        """(length, F) int32 [2] on the cache's device."""
+        return self._state
+
+    @property
+    def length_tensor(self) -> Tensor:
+        return self._state[:1]
+
+    @property
+    def frame_tensor(self) -> Tensor:
+        return self._state[1:]
+
+    @property
+    def batch_size(self) -> int:
+        return self._k.shape[0]
 
     # -- sizes ---------------------------------------------------------------------------------------
     @property
     def max_len(self) -> int:
         """Capacity in tokens (rows of k / v / c)."""
-        return self.k.shape[1]
+        return self._k.shape[1]
 
     @property
     def gated(self) -> bool:
@@ -76,33 +124,105 @@ class PaTHKVCache:
         """Valid rows. Exact on the host unless a CUDA graph of a step was captured; then read from the device."""
         if self._len is not None:
             return self._len
-        n = int(self.length_tensor.item())
+        n, f = (int(x) for x in self._state.tolist())
         if n > self.max_len:
             raise CacheFullError(f"PaTHKVCache overflowed during CUDA-graph replay: {n} tokens were appended to a "
                                  f"cache of capacity max_len={self.max_len} (the rows past it were dropped); "
                                  f"create the cache with max_len >= the prompt plus every generated token")
         self._hint = n
+        self._frame = f
         return n
 
     @length.setter
     def length(self, n: int) -> None:
+        """Set the length; rows < n are declared current-frame keys (F = n, nothing pending)."""
         n = int(n)
+        self._len = self._hint = self._frame = n
+        self._state.fill_(n)
+
+    @property
+    def frame(self) -> int:
+        """The frame base F (rows < F are in the frame of position F-1); reads the device when unknown."""
+        if self._frame is None or self._len is None:
+            self.sync_length()
+        return self._frame
+
+    def set_state(self, length: int, frame: int) -> None:
+        """Set the length and the frame base F <= length (rows F .. length-1 then count as pending: their w and
+        beta must be in the pending window). For benchmarks that replay a flush step."""
+        n, f = int(length), int(frame)
+        if not 0 <= f <= n:
+            raise ValueError(f"need 0 <= frame <= length, got frame={f}, length={n}")
+        if f < n and (self._pw is None or self._pw.shape[1] < n - f):
+            raise ValueError(f"{n - f} pending rows need a pending window of as many slots (pending_window())")
         self._len = self._hint = n
-        self.length_tensor.fill_(n)
+        self._frame = f
+        self._state[0].fill_(n)   # device fills: no host-to-device copy, capturable
+        self._state[1].fill_(f)
 
     def sync_length(self) -> int:
-        """Read the device length into the host mirror (after replaying captured decode steps); returns it."""
+        """Read the device length and frame into the host mirrors (after replaying captured decode steps)."""
         self._len = None
         n = self.length
         self._len = n
         return n
 
-    def advanced(self, n: int) -> None:
-        """Record on the host that a kernel advanced ``length_tensor`` by ``n`` (called by the decode steps).
-        Inside a CUDA-graph capture the device is not advanced now but at every replay: the mirror becomes unknown."""
+    def advanced(self, n: int, window: Optional[int] = None) -> None:
+        """Record on the host what a decode step did on the device: the length advanced by ``n`` and, with a
+        pending window ``window``, F moved to the new length when more than ``window`` rows would be pending
+        (the kernels' flush rule); ``window=None``: the step left every key in the current frame.
+        Inside a CUDA-graph capture the device is not advanced now but at every replay: the mirrors become unknown."""
         self._hint += n
-        if self._len is not None:
-            self._len = None if _capturing(self.k) else self._len + n
+        if self._len is None or self._frame is None or _capturing(self._k):
+            self._len = self._frame = None
+            return
+        L = min(self._len, self.max_len)
+        F = min(self._frame, L)
+        if window is None or L - F + n > window:
+            self._frame = min(L + n, self.max_len)
+        self._len += n
+
+    def pending_window(self, slots: int) -> tuple[Tensor, Tensor]:
+        """The pending window (w [B, S, H, D], beta [B, S, H], float32) with S >= max(slots, 1) slots, allocated on
+        first use and grown (contents kept) when a step needs more; a static cache keeps it once allocated
+        (run one eager step before capturing a graph)."""
+        need = max(int(slots), 1)
+        if self._pw is None or self._pw.shape[1] < need:
+            B, _, H, D = self._k.shape
+            pw = torch.zeros(B, need, H, D, dtype=torch.float32, device=self._k.device)
+            pb = torch.zeros(B, need, H, dtype=torch.float32, device=self._k.device)
+            if self._pw is not None:
+                pw[:, :self._pw.shape[1]] = self._pw
+                pb[:, :self._pb.shape[1]] = self._pb
+            self._pw, self._pb = pw, pb
+        return self._pw, self._pb
+
+    def materialize(self) -> None:
+        """Rotate the pending rows into the current frame: rows j < length get H_p for every pending position
+        p > j, in order (fp32 math, float64 for a float64 cache; one rounding to the cache dtype); then F = length.
+        Reads the device state when the host mirrors are unknown; does nothing inside a CUDA-graph capture."""
+        if _capturing(self._k):
+            return
+        if self._len is None or self._frame is None:
+            self.sync_length()
+        L = min(self._len, self.max_len)
+        F = min(self._frame, L)
+        if F >= L:
+            return
+        P = L - F
+        if self._pw is None or self._pw.shape[1] < P:
+            raise RuntimeError(f"PaTHKVCache has {P} pending rows but no pending window to rotate them with")
+        cdt = torch.float64 if self._k.dtype == torch.float64 else torch.float32
+        with torch.no_grad():
+            kk = self._k[:, :L].to(cdt)                                   # [B, L, H, D]
+            for s in range(P):
+                p = F + s
+                w = self._pw[:, s].to(cdt)                                # [B, H, D]
+                a = (kk[:, :p] * w[:, None]).sum(-1) * self._pb[:, s].to(cdt)[:, None]   # [B, p, H]
+                kk[:, :p] -= a[..., None] * w[:, None]
+            self._k[:, :L] = kk.to(self._k.dtype)
+        self._frame = L
+        self._state[1:].fill_(L)
 
     # -- construction / capacity ---------------------------------------------------------------------
     @classmethod
@@ -128,7 +248,7 @@ class PaTHKVCache:
         need = self._len + n
         if need <= self.max_len:
             return
-        if self.static or _capturing(self.k):
+        if self.static or _capturing(self._k):
             why = "a static cache" if self.static else "a cache inside a CUDA-graph capture"
             raise CacheFullError(f"PaTHKVCache is full: {self._len} tokens + {n} new > max_len={self.max_len} "
                                  f"({why} cannot grow); create it with max_len >= {need} "
@@ -137,13 +257,13 @@ class PaTHKVCache:
 
         def grow(x):
             return None if x is None else F.pad(x, [0, 0] * (x.dim() - 2) + [0, cap - x.shape[1]])
-        self.k, self.v, self.c = grow(self.k), grow(self.v), grow(self.c)
+        self._k, self.v, self.c = grow(self._k), grow(self.v), grow(self.c)
 
     def workspace(self, key: tuple, numel: int) -> Tensor:
         """A float32 scratch buffer of ``numel`` elements on the cache's device, kept for later steps."""
         buf = self._work.get(key)
         if buf is None:
-            buf = self._work[key] = torch.empty(numel, dtype=torch.float32, device=self.k.device)
+            buf = self._work[key] = torch.empty(numel, dtype=torch.float32, device=self._k.device)
         return buf
 
     def __getstate__(self):
@@ -155,7 +275,8 @@ class PaTHKVCache:
 
     def __repr__(self) -> str:
         n = self._len if self._len is not None else f"~{self._hint} (on the device)"
-        B, _, H, D = self.k.shape
-        return (f"PaTHKVCache(B={B}, H={H}, HQ={self.num_q_heads}, D={D}, DV={self.v.shape[-1]}, length={n}, "
-                f"max_len={self.max_len}, gated={self.gated}, static={self.static}, dtype={self.k.dtype}, "
-                f"device={self.k.device})")
+        B, _, H, D = self._k.shape
+        pend = "" if self._len is None or self._frame is None else f", pending={self._len - self._frame}"
+        return (f"PaTHKVCache(B={B}, H={H}, HQ={self.num_q_heads}, D={D}, DV={self.v.shape[-1]}, length={n}{pend}, "
+                f"max_len={self.max_len}, gated={self.gated}, static={self.static}, dtype={self._k.dtype}, "
+                f"device={self._k.device})")

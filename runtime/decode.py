@@ -2,8 +2,11 @@
 
 Prefill runs attention over a prompt and returns a ``PaTHKVCache`` holding its keys in the current
 frame (k_j^(T-1) = H_{T-1} ... H_{j+1} k_j), values and the FoX gate cumsum.  Each decode call then
-appends T_new >= 1 tokens: the cached keys are rotated in place by every new token's H_t, and each
-new query attends to the cache (PaTH-FoX: plus the gate bias).  See ``runtime/reference/recurrent.py``.
+appends T_new >= 1 tokens and lets each new query attend to the cache (PaTH-FoX: plus the gate bias).
+The reference and TVM steps rotate the cached keys in place by every new token's H_t; the Triton step
+rotates lazily (codegen/triton/decode.py): it keeps recent tokens pending and rotates the whole cache
+once every few steps, decided on the device; ``cache.k`` always reads current-frame keys.  See
+``runtime/reference/recurrent.py``.
 
 Backends: ``reference`` (PyTorch, any device, float64 capable), ``triton`` (the fused decode kernel
 of ``codegen/triton/decode.py``; CUDA tensors, or CPU tensors under TRITON_INTERPRET=1), ``tvm``
@@ -71,7 +74,7 @@ def _check_cache(cache, q, k, v, g, backend: str) -> None:
                         f"PaTHKVCache.empty), got {type(cache).__name__}")
     B, _, HQ, D = q.shape
     H, DV = k.shape[2], v.shape[-1]
-    Bc, _, Hc, Dc = cache.k.shape
+    Bc, _, Hc, Dc = cache.k_buffer.shape
     want = dict(B=Bc, HQ=cache.num_q_heads, H=Hc, D=Dc, DV=cache.v.shape[-1])
     got = dict(B=B, HQ=HQ, H=H, D=D, DV=DV)
     bad = [f"{n} = {got[n]} (cache has {want[n]})" for n in want if got[n] != want[n]]
@@ -82,20 +85,21 @@ def _check_cache(cache, q, k, v, g, backend: str) -> None:
         if g is None:
             raise ValueError("the cache is gated (PaTH-FoX, built with a gate): pass g [B,T,HQ] for the new tokens")
         raise ValueError("the cache was built without a gate (plain PaTH): pass g=None, or prefill with a gate")
-    if cache.k.device != q.device:
-        raise ValueError(f"the cache is on {cache.k.device} but q is on {q.device}; keep them on one device")
+    ck = cache.k_buffer
+    if ck.device != q.device:
+        raise ValueError(f"the cache is on {ck.device} but q is on {q.device}; keep them on one device")
     n = cache.length
     if not 0 <= n <= cache.max_len:
         raise ValueError(f"cache.length = {n} is outside [0, max_len = {cache.max_len}]")
     if backend in ("triton", "tvm"):
-        if cache.k.dtype not in _KERNEL_CACHE_DTYPES or cache.v.dtype != cache.k.dtype:
+        if ck.dtype not in _KERNEL_CACHE_DTYPES or cache.v.dtype != ck.dtype:
             raise ValueError(f"backend {backend!r} keeps the cache in bfloat16, float16 or float32 (k and v alike); "
-                             f"got k {cache.k.dtype}, v {cache.v.dtype}; use backend='reference' for other dtypes")
+                             f"got k {ck.dtype}, v {cache.v.dtype}; use backend='reference' for other dtypes")
         if cache.c is not None and cache.c.dtype != torch.float32:
             raise ValueError(f"backend {backend!r} needs the cache's gate cumsum in float32, got {cache.c.dtype}; "
                              "prefill with float32 gates or use backend='reference'")
-    if backend == "tvm" and cache.k.dtype != q.dtype:
-        raise ValueError(f"backend 'tvm' keeps the cache in q's dtype ({q.dtype}), got {cache.k.dtype}")
+    if backend == "tvm" and ck.dtype != q.dtype:
+        raise ValueError(f"backend 'tvm' keeps the cache in q's dtype ({q.dtype}), got {ck.dtype}")
 
 
 def path_attention_prefill(q, k, v, w, beta, g=None, *, scale: Optional[float] = None,
@@ -162,7 +166,7 @@ _UNCACHED = object()
 
 def _call_key(q, k, v, w, beta, g, cache, scale, backend, config):
     """Hashable metadata of a decode call (AttributeError / TypeError for arguments of the wrong kind)."""
-    ck, cv, cc = cache.k, cache.v, cache.c
+    ck, cv, cc = cache.k_buffer, cache.v, cache.c
     return ("call", backend, _config_key(config), scale,
             q.shape, k.shape, v.shape, w.shape, beta.shape,
             q.dtype, k.dtype, v.dtype, w.dtype, beta.dtype, q.device, k.device, v.device, w.device, beta.device,
@@ -175,7 +179,8 @@ def _call_key(q, k, v, w, beta, g, cache, scale, backend, config):
 
 def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Optional[float] = None,
                           backend: str = "auto", config=None) -> torch.Tensor:
-    """Decode T_new >= 1 new tokens against ``cache`` (mutated: keys rotated in place, tokens appended).
+    """Decode T_new >= 1 new tokens against ``cache`` (mutated: tokens appended, keys rotated in place now or,
+    on the Triton backend, at a later flush).
 
     q [B,T_new,HQ,D], k/w [B,T_new,H,D], v [B,T_new,H,DV], beta [B,T_new,H], g [B,T_new,HQ] or None
     (given iff the cache is gated). Token t attends to the cache and to tokens <= t of this call.
@@ -236,6 +241,7 @@ def _prepare(q, k, v, w, beta, g, cache, *, scale, backend, config) -> _Step:
         from .reference.recurrent import path_attention_decode as ref_decode
 
         def run(q, k, v, w, beta, g, cache):
+            cache.materialize()   # a cache the Triton step left with pending rows: current-frame keys first
             return ref_decode(q, k, v, w, beta, g, cache, scale=scale, gate_placement=placement)
         return _Step(run, spec, check_values)
     check_head_dims(spec, info, chosen)
@@ -263,6 +269,7 @@ def _prepare(q, k, v, w, beta, g, cache, *, scale, backend, config) -> _Step:
         if q.is_cuda and torch.cuda.is_current_stream_capturing():
             raise NotImplementedError("the TVM decode step cannot be captured in a CUDA graph (it runs one launch per "
                                       "token from the host); capture with backend='triton'")
+        cache.materialize()   # the TVM step rotates current-frame keys
         w32, b32 = w.float(), beta.float()
         g32 = None if g is None else g.float()
         return torch.stack([one(q[:, t], k[:, t], v[:, t], w32[:, t], b32[:, t],

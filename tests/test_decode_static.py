@@ -104,15 +104,21 @@ def test_static_cache_decode_matches_reference(HQ, H, gate, tokens, cdt):
     and the host mirror advance together."""
     B, D, T0, cap = 2, 32, 21, 80
     tri, ref = both_prefilled(B, T0, HQ, H, D, gate, cap, cdt)
+    exact = copy.deepcopy(ref)              # the same stored keys, stepped without rounding
+    exact.k, exact.v = exact.k.double(), exact.v.double()
     k_ptr = tri.k.data_ptr()
     for tn in tokens:
         xs = make(B, tn, HQ, H, D, gate, dtype=cdt)
         o = pathtune.path_attention_decode(*xs, tri, backend="triton", config={"decode_splits": 4,
                                                                                 "decode_block_n": 64})
         r = ref_decode(*f64(xs), ref)
+        ref_decode(*f64(xs), exact)
         assert rel(o, r) < (3e-5 if cdt == torch.float32 else 1.5e-2), tn
         n = ref.length
-        assert rel(tri.k[:, :n], ref.k[:, :n]) < (3e-6 if cdt == torch.float32 else 3e-3)
+        # lazy rotation rounds a key once per flush, the reference once per token: against the exact keys,
+        # within the tolerance or the per-token-rounding reference's own error
+        err, ref_err = rel(tri.k[:, :n], exact.k[:, :n]), rel(ref.k[:, :n], exact.k[:, :n])
+        assert err < max(3e-6 if cdt == torch.float32 else 3e-3, 1.1 * ref_err), (err, ref_err)
         assert tri.length == n and int(tri.length_tensor) == n
     assert tri.k.data_ptr() == k_ptr and tri.max_len == cap
 

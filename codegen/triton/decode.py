@@ -1,31 +1,47 @@
-"""Fused PaTH(-FoX) decoding step on a current-frame KV cache, plus a GPU prefill that builds one.
+"""Fused PaTH(-FoX) decoding step with lazy key rotation, plus a GPU prefill that builds a cache.
 
-Decoding rule (path-math.md §1.7, ``runtime/reference/recurrent.py``): the cache holds keys in the
-current frame.  A step with T_new tokens at positions L .. L+T_new-1 first writes their raw keys,
-values and gate cumsums into cache rows L.., then, for token t (in order), updates every row
-j < L+t in place, ``k_j <- k_j - beta_t (k_j . w_t) w_t``, and lets q_t attend (softmax, scale,
-FoX gate c_{L+t} - c_j) over rows j <= L+t.
+Decoding rule (docs/algorithm.md#decoding, ``runtime/reference/recurrent.py``): with H_t = I - beta_t w_t w_t^T,
+the logit of query i on key j <= i is k_j^T H_{j+1} ... H_i q_i.
 
-``decode_kernel`` does all of that in one pass over the cache: grid (B*H, splits); a program owns
-a contiguous range of key tiles of one (batch, kv head).  The cache length L is read on the device
-(``cache.length_tensor``), and each split derives its tile range from it, so the grid depends only
-on the cache's capacity and one launch (or a captured CUDA graph of it) serves any length.  A program
-first writes the new tokens' rows that fall in its range (raw k, v; gate cumsums c_{L-1} + g_L + ...),
-so the host issues no copies; then per tile it loads K once, applies the
-T_new rank-one updates in order (math in fp32, each result rounded to the cache dtype as the
-reference stores it), computes the logits of token t right after the update by H_t, writes the
-updated K back, loads V, and advances a partial online softmax (m, l, acc) for every query head of
-the kv-head group (GQA: K and V are read once per group).  ``decode_merge_kernel`` combines the
-splits.  A step with one token and one query head per kv head (MHA) uses row reductions instead of
-tensor-core products (no padding of the single query row to 16).  w, beta and g are read in their
-own dtype and converted to fp32 in registers.  ``decode_merge_kernel`` also advances the device
-length by T_new (after every split has read it), so a step is two launches and no host sync.  Rows
-past the capacity are never written (a replayed graph that overflows drops them; the length then
-exceeds the capacity, which the cache reports).
+Lazy rotation.  The cache (``codegen/kv_cache.py``) keeps a frame base F on the device next to the length
+L: rows j < F hold keys in the frame of position F-1, k~_j = H_{F-1} ... H_{j+1} k_j; rows F .. L-1 are
+"pending": raw keys k_j, with their w_j and (clipped) beta_j in a window of ``PENDING_WINDOW`` slots per
+(batch, kv head) (slot j - F).  A step of T_new tokens (positions L .. L+T_new-1, rows appended raw)
+gives every query i its frame query by walking the pending positions backwards: z = q_i; for
+p = i, i-1, .., F: logit_{p,i} = k_p . z, z <- H_p z = z - beta_p (w_p . z) w_p; the final
+z = q^_i = H_F ... H_i q_i, and logit_{j,i} = k~_j . q^_i for every j < F, as in ordinary attention.
+A step that keeps the pending count L + T_new - F <= W reads K and V once and writes nothing but the
+new rows and their window slots, whatever T_new is.
+
+Flush rule (decided on the device, from L and F, by both kernels alike): when L + T_new - F > W the
+step also rotates every row into the frame of the last new token N-1 (N = L + T_new): the same pass
+that reads a key tile computes its logits from k~_j . q^_i, then applies H_F, H_{F+1}, .., H_{N-1} in
+that order (fp32, rounded to the cache dtype once) and writes the tile back; the pending rows
+F .. N-1 get H_{j+1} .. H_{N-1}; the merge kernel sets F = N.  So the cache rounds a key once per
+flush instead of once per token, the key writes happen once every ~W / T_new steps, and one launch
+(or one captured CUDA graph) serves flush and non-flush steps.  W = 0 flushes on every step: the
+eager-rotation scheme (read K, rotate, write K, read V every step) on the same code path.
+
+Kernels.  ``decode_kernel``: grid (B*H, splits).  A program owns a contiguous share of the key tiles
+of rows [0, F) of one (batch, kv head); the last split also owns the pending block, rows [F, N) (at
+most W + T_new rows, one padded block of PB rows): it writes the new rows (raw k, v, gate cumsums)
+and, on a non-flush step, their window slots, then folds the pending logits into its softmax, and on a
+flush rotates the block in place.  Every program walks the pending positions itself (O((W + T_new) D)
+per query row, reading only w / beta; the owner also reads the pending keys), so no program waits
+for another.  The partial online softmax (m, l, acc) covers every query head of the kv-head group
+(GQA: K and V are read once per group); one token with one query head per kv head (MHA) uses row
+reductions instead of tensor-core products.  ``decode_merge_kernel`` combines the splits, then
+(program 0, after every split has read them) advances L by T_new and, on a flush, sets F = N.  The
+grid depends only on the cache's capacity: a step is two launches and no host sync.  Rows past the
+capacity are never written (a replayed graph that overflows drops them; the length then exceeds the
+capacity, which the cache reports).
+
+Readers of ``cache.k`` (the reference and TVM steps, tests, benchmarks) see current-frame keys: the
+cache materializes its pending rows first (``PaTHKVCache.materialize``, the same fp32 flush in torch).
 
 Knobs (spec pass ``decode``): decode_block_n (key tile), decode_num_warps, decode_splits (split-K
 factor, capped by the number of tiles), decode_num_stages (software pipelining of the key-tile loop),
-beta_clip_eps (``TritonParams.beta_max``).
+beta_clip_eps (``TritonParams.beta_max``); ``PENDING_WINDOW`` (W) is a module constant for now.
 """
 from __future__ import annotations
 
@@ -42,7 +58,15 @@ from ._ops import interpreting, mm
 from .params import TritonParams
 
 __all__ = ["decode_kernel", "decode_merge_kernel", "path_decode_triton", "path_prefill_triton",
-           "current_frame_keys_triton", "decode_params", "decode_loop_stages", "TritonDecodeStep"]
+           "current_frame_keys_triton", "decode_params", "decode_loop_stages", "TritonDecodeStep",
+           "PENDING_WINDOW"]
+
+# W, the pending window: a step flushes (rotates the whole cache into the newest frame) when more than W
+# tokens would be pending after it.  0 = rotate on every step (the eager scheme).  Moves to the spec as the
+# decode knob ``decode_pending_window`` (domain {0, 8, 16, 32, 64}); 16 amortizes the key write over 16
+# one-token steps while a flush step (up to W + T_new rank-one updates per key, fp32) stays near 2x a
+# plain pass.
+PENDING_WINDOW = 16
 
 _LOG2E = 1.4426950408889634
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" of the running max (keeps exp2(m_old - m_new) NaN-free)
@@ -110,37 +134,116 @@ def _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, N, 
         tl.store(c_base + nr[:, None] * HQ + hq[None, :], cn, mask=own[:, None] & gmask[None, :])
 
 
+@triton.jit
+def _flushes(L, F, TN: tl.constexpr, W: tl.constexpr):
+    """The flush decision of a step (both kernels): more than W tokens would be pending after it."""
+    return L - F + TN > W
+
+
+@triton.jit
+def _transition(pw_base, pb_base, wb, bb, s, P, H: tl.constexpr, D: tl.constexpr, d, dmask,
+                BETA_MAX: tl.constexpr):
+    """(w_p, beta_p) in fp32 of pending position p = F + s: window slot s for s < P (a token of an earlier
+    step, beta stored clipped), else this step's token s - P (read in its dtype, beta clipped here)."""
+    old = s < P
+    new = s >= P
+    t = s - P
+    w = tl.load(pw_base + s * (H * D) + d, mask=dmask & old, other=0.0) \
+        + tl.load(wb + t * (H * D) + d, mask=dmask & new, other=0.0).to(tl.float32)
+    b_old = tl.load(pb_base + s * H, mask=old, other=0.0)
+    b_new = tl.minimum(tl.load(bb + t * H, mask=new, other=0.0).to(tl.float32), BETA_MAX)
+    return w, tl.where(old, b_old, b_new)
+
+
+@triton.jit
+def _rotate(K, pos, F, n_rot, pw_base, pb_base, wb, bb, P, H: tl.constexpr, D: tl.constexpr, d, dmask,
+            BETA_MAX: tl.constexpr):
+    """K [rows, BD] fp32 holding the keys of positions ``pos``: apply H_F, H_{F+1}, .., H_{F+n_rot-1} in order,
+    each to the rows before its position (frame rows: all of them; a pending row j: H_{j+1} onwards)."""
+    for s in range(0, n_rot):
+        w, beta = _transition(pw_base, pb_base, wb, bb, s, P, H, D, d, dmask, BETA_MAX)
+        a = tl.where(pos < F + s, beta * tl.sum(K * w[None, :], axis=1), 0.0)
+        K = K - a[:, None] * w[None, :]
+    return K
+
+
+@triton.jit
+def _walk(Z, ipos, rvalid, k_base, F, NP, own, pw_base, pb_base, wb, bb, P, H: tl.constexpr, D: tl.constexpr,
+          d, dmask, R: tl.constexpr, PB: tl.constexpr, BETA_MAX: tl.constexpr, OFF64: tl.constexpr):
+    """The pending walk: for p = F+NP-1 down to F (NP pending positions), every query row r with p <= ipos_r
+    takes S[r, p - F] = k_p . z_r (only where ``own``: the program that attends the pending block), then
+    z_r <- H_p z_r.  Returns (Z = the frame queries q^, S [R, PB] raw pending logits, 0 where inactive)."""
+    col = tl.arange(0, PB)
+    S = tl.zeros([R, PB], tl.float32)
+    for s2 in range(0, NP):
+        s = NP - 1 - s2
+        p = F + s
+        w, beta = _transition(pw_base, pb_base, wb, bb, s, P, H, D, d, dmask, BETA_MAX)
+        pr = p.to(tl.int64) if OFF64 else p
+        kp = tl.load(k_base + pr * (H * D) + d, mask=dmask & own, other=0.0).to(tl.float32)
+        act = rvalid & (p <= ipos)
+        lg = tl.sum(Z * kp[None, :], axis=1)
+        S = tl.where((col == s)[None, :] & act[:, None], lg[:, None], S)
+        zw = beta * tl.sum(Z * w[None, :], axis=1)
+        Z = tl.where(act[:, None], Z - zw[:, None] * w[None, :], Z)
+    return Z, S
+
+
+@triton.jit
+def _qk(Zq, K, ROWWISE: tl.constexpr, F32: tl.constexpr, INTERP: tl.constexpr):
+    """Logits [R, rows] of the frame queries Zq [R, BD] against a key tile K [rows, BD] (unscaled)."""
+    if ROWWISE:
+        s = tl.sum(K.to(tl.float32) * Zq, axis=1)[None, :]
+    else:
+        s = _dot(Zq, tl.trans(K), F32, INTERP)
+    return s
+
+
+@triton.jit
+def _pv(p, V, ROWWISE: tl.constexpr, F32: tl.constexpr, INTERP: tl.constexpr):
+    """p [R, rows] fp32 times V [rows, BDV] -> [R, BDV] fp32."""
+    if ROWWISE:
+        o = tl.sum(tl.sum(p, axis=0)[:, None] * V.to(tl.float32), axis=0)[None, :]
+    elif F32:
+        o = _dot(p, V, F32, INTERP)
+    else:
+        o = _dot(_to_cache(p, V.dtype, INTERP), V, F32, INTERP)
+    return o
+
+
 # the capacity changes when a growable cache grows: no per-value specialisation (a recompile per size class)
 @triton.jit(do_not_specialize=["max_len", "n_splits"])
 def decode_kernel(
-    q_ptr, knew_ptr, vnew_ptr, w_ptr, beta_ptr, g_ptr, k_ptr, v_ptr, c_ptr, len_ptr,
+    q_ptr, knew_ptr, vnew_ptr, w_ptr, beta_ptr, g_ptr, k_ptr, v_ptr, c_ptr, st_ptr, pw_ptr, pb_ptr,
     m_part, l_part, acc_part,
     max_len, n_splits,
     qk_scale, gate_scale,
     H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr, TN: tl.constexpr, TNP: tl.constexpr, GP: tl.constexpr, R: tl.constexpr,
     BLOCK_N: tl.constexpr, ROWWISE: tl.constexpr, F32: tl.constexpr, USE_GATE: tl.constexpr,
-    BETA_MAX: tl.constexpr, OFF64: tl.constexpr, INTERP: tl.constexpr, STAGES: tl.constexpr = None,
+    BETA_MAX: tl.constexpr, OFF64: tl.constexpr, INTERP: tl.constexpr, W: tl.constexpr, WS: tl.constexpr,
+    PB: tl.constexpr, STAGES: tl.constexpr = None,
 ):
-    """One split of one (batch, kv head): in-place rank-one updates of its key tiles + partial softmax.
+    """One split of one (batch, kv head): partial softmax over its frame tiles (+ the pending block on the last
+    split), rotating and writing back what it read on a flush step.
 
     New tokens: q [B, TN, H*G, D], k [B, TN, H, D], v [B, TN, H, DV], w [B, TN, H, D], beta [B, TN, H],
     g [B, TN, H*G] (contiguous; w / beta / g in any float dtype, converted to fp32 here).  Cache:
-    k [B, max_len, H, D], v [B, max_len, H, DV], c [B, max_len, H*G] fp32 (contiguous: the row strides are
-    constexpr, so the compiler sees aligned, vectorisable rows); L = len_ptr[0] (int32, on the device):
-    rows 0 .. L-1 hold the cache, the new tokens go to rows L .. N-1 (N = L + TN, both clamped to max_len),
-    written here by the program that owns them.  Split ``split`` of ``n_splits`` takes the split's share of
-    the cdiv(N, BLOCK_N) key tiles (possibly none).  OFF64: row offsets need 64 bits.
-    Partials: m/l [B*H, n_splits, R], acc [B*H, n_splits, R, BDV] (fp32, base-2 logits).
-    Query row r = t * G + g (token t, head h*G + g); rows >= TN*G are padding.
-    STAGES: software-pipelining stages of the key-tile loop (``tl.range(num_stages=)``: the loads of
-    later tiles are issued while one tile is processed); None leaves the loop as written (Triton then
-    pipelines only the loads that feed a tensor-core product, by the launch's num_stages).
+    k [B, max_len, H, D], v [B, max_len, H, DV], c [B, max_len, H*G] fp32 (contiguous: constexpr row strides);
+    st = (L, F) int32 on the device; window w [B, WS, H, D] fp32, beta [B, WS, H] fp32 (clipped).
+    Query row r = t * G + g (token t, head h*G + g); rows >= TN*G are padding.  PB >= W + TN (power of two):
+    the pending block.  Partials: m/l [B*H, n_splits, R], acc [B*H, n_splits, R, BDV] (fp32, base-2 logits).
+    STAGES: software-pipelining stages of the key-tile loop (None: the loop as written).
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    L = tl.minimum(tl.load(len_ptr), max_len)
+    L = tl.minimum(tl.load(st_ptr), max_len)
+    F = tl.minimum(tl.load(st_ptr + 1), L)
     N = tl.minimum(L + TN, max_len)
+    P = L - F            # pending rows of earlier steps
+    NP = N - F           # pending rows including this step's
+    flush = _flushes(L, F, TN, W)
+    own = split == n_splits - 1
     b = (pid // H).to(tl.int64)
     h = pid % H
     HQ: tl.constexpr = H * G
@@ -154,125 +257,109 @@ def decode_kernel(
     c_base = c_ptr + b * max_len * HQ
     wb = w_ptr + (b * TN * H + h) * D
     bb = beta_ptr + b * TN * H + h
+    pw_base = pw_ptr + (b * WS * H + h) * D
+    pb_base = pb_ptr + b * WS * H + h
     rn = tl.arange(0, BLOCK_N)
-    n_tiles = tl.cdiv(N, BLOCK_N)
+    n_tiles = tl.cdiv(F, BLOCK_N)
     tiles_per_split = tl.cdiv(n_tiles, n_splits)
     t_lo = split * tiles_per_split
     t_hi = tl.minimum(t_lo + tiles_per_split, n_tiles)
     part = pid * n_splits + split
 
-    _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, N, t_lo * BLOCK_N, t_hi * BLOCK_N,
+    # the pending owner appends the new rows (raw) and, unless this step flushes, their window slots
+    _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, N, tl.where(own, L, N), N,
                  H, G, D, DV, BD, BDV, TN, TNP, GP, USE_GATE, OFF64, INTERP)
+    tn = tl.arange(0, TNP)
+    wm = own & (P + TN <= W) & (tn < TN) & (L + tn < N)
+    wnew = tl.load(wb + tn[:, None] * (H * D) + d[None, :], mask=wm[:, None] & dmask[None, :], other=0.0)
+    tl.store(pw_base + (P + tn)[:, None] * (H * D) + d[None, :], wnew.to(tl.float32),
+             mask=wm[:, None] & dmask[None, :])
+    bnew = tl.minimum(tl.load(bb + tn * H, mask=wm, other=0.0).to(tl.float32), BETA_MAX)
+    tl.store(pb_base + (P + tn) * H, bnew, mask=wm)
     tl.debug_barrier()  # the new rows are read back by other threads of this program
 
+    r = tl.arange(0, R)
+    t_r = r // G
+    rvalid = r < TN * G
+    hq_r = h * G + r % G
+    ipos = L + t_r
+    Z = tl.load(q_ptr + ((b * TN + t_r) * HQ + hq_r)[:, None] * D + d[None, :],
+                mask=rvalid[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+    if USE_GATE:
+        prev = (L - 1).to(tl.int64) if OFF64 else L - 1
+        c_i = tl.load(c_base + prev * HQ + hq_r, mask=rvalid & (L > 0), other=0.0)
+        for si in tl.static_range(TN):
+            c_i += tl.load(g_ptr + (b * TN + si) * HQ + hq_r, mask=rvalid & (t_r >= si), other=0.0).to(tl.float32)
+    Z, S = _walk(Z, ipos, rvalid, k_base, F, NP, own, pw_base, pb_base, wb, bb, P, H, D, d, dmask, R, PB,
+                 BETA_MAX, OFF64)
+
+    # the pending block (the owner only; elsewhere every entry is masked)
+    col = tl.arange(0, PB)
+    prow = F + col
+    pmask = (col < NP) & own
+    pr = prow.to(tl.int64) if OFF64 else prow
+    S = S * qk_scale
+    if USE_GATE:
+        cp_j = tl.load(c_base + pr[None, :] * HQ + hq_r[:, None], mask=rvalid[:, None] & pmask[None, :], other=0.0)
+        S += (c_i[:, None] - cp_j) * gate_scale
+    S = tl.where(rvalid[:, None] & pmask[None, :] & (prow[None, :] <= ipos[:, None]), S, float("-inf"))
+    m_i = tl.maximum(tl.full([R], _NEG, tl.float32), tl.max(S, axis=1))
+    pp = tl.exp2(S - m_i[:, None])
+    l_i = tl.sum(pp, axis=1)
+    Vp = tl.load(v_base + pr[:, None] * (H * DV) + dv[None, :], mask=pmask[:, None] & dvmask[None, :], other=0.0)
+    acc = _pv(pp, Vp, ROWWISE, F32, INTERP)
+    if flush & own:
+        tl.debug_barrier()  # the walk has read the raw pending keys
+        kpoff = pr[:, None] * (H * D) + d[None, :]
+        Kp = tl.load(k_base + kpoff, mask=pmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        Kp = _rotate(Kp, prow, F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, BETA_MAX)
+        tl.store(k_base + kpoff, _to_cache(Kp, cdt, INTERP), mask=pmask[:, None] & dmask[None, :])
+
+    # the frame tiles: rows [0, F) of this split
+    # the frame queries as the logit product takes them: fp32 for row reductions and fp32 products, else
+    # rounded to the cache dtype (tensor-core operands)
     if ROWWISE:
-        # TN == 1, G == 1: one query row; logits and P.V by row reductions
-        qv = tl.load(q_ptr + (b * HQ + h) * D + d, mask=dmask, other=0.0).to(tl.float32)
-        w0 = tl.load(wb + d, mask=dmask, other=0.0).to(tl.float32)
-        beta0 = tl.minimum(tl.load(bb).to(tl.float32), BETA_MAX)
-        if USE_GATE:
-            prev = (L - 1).to(tl.int64) if OFF64 else L - 1
-            c_prev = tl.load(c_base + prev * HQ + h, mask=L > 0, other=0.0)
-            c_i = c_prev + tl.load(g_ptr + b * HQ + h).to(tl.float32)
-        m_i = tl.full([1], _NEG, tl.float32)
-        l_i = tl.zeros([1], tl.float32)
-        acc = tl.zeros([BDV], tl.float32)
-        for tile in tl.range(t_lo, t_hi, num_stages=STAGES):
-            n = tile * BLOCK_N + rn
-            nmask = n < N
-            nr = n.to(tl.int64) if OFF64 else n
-            koff = nr[:, None] * (H * D) + d[None, :]
-            K = tl.load(k_base + koff, mask=nmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-            V = tl.load(v_base + nr[:, None] * (H * DV) + dv[None, :], mask=nmask[:, None] & dvmask[None, :],
-                        other=0.0)
-            upd = n < L
-            a = tl.where(upd, beta0 * tl.sum(K * w0[None, :], axis=1), 0.0)
-            Kc = _to_cache(K - a[:, None] * w0[None, :], cdt, INTERP)
-            tl.store(k_base + koff, Kc, mask=upd[:, None] & dmask[None, :])
-            s = tl.sum(Kc.to(tl.float32) * qv[None, :], axis=1) * qk_scale
-            if USE_GATE:
-                c_j = tl.load(c_base + nr * HQ + h, mask=nmask, other=0.0)
-                s += (c_i - c_j) * gate_scale
-            s = tl.where(nmask, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=0))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=0)
-            acc = acc * alpha + tl.sum(p[:, None] * V.to(tl.float32), axis=0)
-            m_i = m_new
-        r1 = tl.arange(0, 1)
-        tl.store(m_part + part + r1, m_i)
-        tl.store(l_part + part + r1, l_i)
-        tl.store(acc_part + part * BDV + dv, acc)
+        Zq = Z
+    elif F32:
+        Zq = Z
     else:
-        r = tl.arange(0, R)
-        t_r = r // G
-        rvalid = r < TN * G
-        hq_r = h * G + r % G
-        pos_r = L + t_r
-        Q = tl.load(q_ptr + ((b * TN + t_r) * HQ + hq_r)[:, None] * D + d[None, :],
-                    mask=rvalid[:, None] & dmask[None, :], other=0.0)
-        if F32:
-            Q = Q.to(tl.float32)
+        Zq = _to_cache(Z, cdt, INTERP)
+    for tile in tl.range(t_lo, t_hi, num_stages=STAGES):
+        n = tile * BLOCK_N + rn
+        nmask = n < F
+        nr = n.to(tl.int64) if OFF64 else n
+        koff = nr[:, None] * (H * D) + d[None, :]
+        K = tl.load(k_base + koff, mask=nmask[:, None] & dmask[None, :], other=0.0)
+        V = tl.load(v_base + nr[:, None] * (H * DV) + dv[None, :], mask=nmask[:, None] & dvmask[None, :],
+                    other=0.0)
+        s = _qk(Zq, K, ROWWISE, F32, INTERP) * qk_scale
+        if flush:
+            Kr = _rotate(K.to(tl.float32), n, F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, BETA_MAX)
+            tl.store(k_base + koff, _to_cache(Kr, cdt, INTERP), mask=nmask[:, None] & dmask[None, :])
         if USE_GATE:
-            prev = (L - 1).to(tl.int64) if OFF64 else L - 1
-            c_i = tl.load(c_base + prev * HQ + hq_r, mask=rvalid & (L > 0), other=0.0)
-            for si in tl.static_range(TN):
-                c_i += tl.load(g_ptr + (b * TN + si) * HQ + hq_r, mask=rvalid & (t_r >= si), other=0.0).to(tl.float32)
-        m_i = tl.full([R], _NEG, tl.float32)
-        l_i = tl.zeros([R], tl.float32)
-        acc = tl.zeros([R, BDV], tl.float32)
-        for tile in tl.range(t_lo, t_hi, num_stages=STAGES):
-            n = tile * BLOCK_N + rn
-            nmask = n < N
-            nr = n.to(tl.int64) if OFF64 else n
-            koff = nr[:, None] * (H * D) + d[None, :]
-            Kc = tl.load(k_base + koff, mask=nmask[:, None] & dmask[None, :], other=0.0)
-            V = tl.load(v_base + nr[:, None] * (H * DV) + dv[None, :], mask=nmask[:, None] & dvmask[None, :],
-                        other=0.0)
-            s = tl.zeros([R, BLOCK_N], tl.float32)
-            for t in tl.static_range(TN):  # keys carried in the cache dtype between the updates
-                K = Kc.to(tl.float32)
-                wt = tl.load(wb + t * H * D + d, mask=dmask, other=0.0).to(tl.float32)
-                bt = tl.minimum(tl.load(bb + t * H).to(tl.float32), BETA_MAX)
-                a = tl.where(n < L + t, bt * tl.sum(K * wt[None, :], axis=1), 0.0)
-                Kc = _to_cache(K - a[:, None] * wt[None, :], cdt, INTERP)
-                st = _dot(Q, tl.trans(Kc), F32, INTERP)
-                if TN == 1:
-                    s = st
-                else:
-                    s = tl.where((t_r == t)[:, None], st, s)
-            tl.store(k_base + koff, Kc, mask=((n < L + TN - 1) & nmask)[:, None] & dmask[None, :])
-            s = s * qk_scale
-            if USE_GATE:
-                c_j = tl.load(c_base + nr[None, :] * HQ + hq_r[:, None],
-                              mask=rvalid[:, None] & nmask[None, :], other=0.0)
-                s += (c_i[:, None] - c_j) * gate_scale
-            valid = rvalid[:, None] & nmask[None, :] & (n[None, :] <= pos_r[:, None])
-            s = tl.where(valid, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            if F32:
-                pv = _dot(p, V, F32, INTERP)
-            else:
-                pv = _dot(_to_cache(p, V.dtype, INTERP), V, F32, INTERP)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
-        tl.store(m_part + part * R + r, m_i)
-        tl.store(l_part + part * R + r, l_i)
-        tl.store(acc_part + (part * R + r)[:, None] * BDV + dv[None, :], acc)
+            c_j = tl.load(c_base + nr[None, :] * HQ + hq_r[:, None], mask=rvalid[:, None] & nmask[None, :], other=0.0)
+            s += (c_i[:, None] - c_j) * gate_scale
+        s = tl.where(rvalid[:, None] & nmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + _pv(p, V, ROWWISE, F32, INTERP)
+        m_i = m_new
+    tl.store(m_part + part * R + r, m_i)
+    tl.store(l_part + part * R + r, l_i)
+    tl.store(acc_part + (part * R + r)[:, None] * BDV + dv[None, :], acc)
 
 
-@triton.jit(do_not_specialize=["n_splits"])
+@triton.jit(do_not_specialize=["max_len", "n_splits"])
 def decode_merge_kernel(
-    m_part, l_part, acc_part, o_ptr, lse_ptr, len_ptr, n_splits,
+    m_part, l_part, acc_part, o_ptr, lse_ptr, st_ptr, max_len, n_splits,
     H: tl.constexpr, G: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, TN: tl.constexpr,
-    R: tl.constexpr, STORE_LSE: tl.constexpr, INTERP: tl.constexpr,
+    R: tl.constexpr, W: tl.constexpr, STORE_LSE: tl.constexpr, INTERP: tl.constexpr,
 ):
     """Combine the split partials of one (batch, kv head): o [B, TN, H*G, DV], lse [B, TN, H*G] (natural log,
-    with STORE_LSE); program 0 advances the device cache length by TN (decode_kernel has finished reading it)."""
+    with STORE_LSE); program 0 then advances the device state (decode_kernel has finished reading it):
+    L += TN, and F = min(L + TN, max_len) when the step flushed."""
     pid = tl.program_id(0)
     b = (pid // H).to(tl.int64)
     h = pid % H
@@ -298,7 +385,12 @@ def decode_merge_kernel(
     if STORE_LSE:
         tl.store(lse_ptr + row, (m + tl.log2(l_sum)) * 0.6931471805599453, mask=rvalid)
     if pid == 0:
-        tl.store(len_ptr, tl.load(len_ptr) + TN)
+        L_raw = tl.load(st_ptr)
+        F_raw = tl.load(st_ptr + 1)
+        L = tl.minimum(L_raw, max_len)
+        F = tl.minimum(F_raw, L)
+        tl.store(st_ptr + 1, tl.where(_flushes(L, F, TN, W), tl.minimum(L + TN, max_len), F_raw))
+        tl.store(st_ptr, L_raw + TN)
 
 
 def _pow2(x: int) -> int:
@@ -358,7 +450,7 @@ def _check_decode_args(q, k, v, w, beta, g, cache):
                          f"g [B,T,HQ]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"w {tuple(w.shape)}, beta {tuple(beta.shape)}")
     B, T, HQ, D = q.shape
-    Bc, _, H, Dc = cache.k.shape
+    Bc, _, H, Dc = cache.k_buffer.shape
     DV = cache.v.shape[-1]
     if T < 1:
         raise ValueError("a decode step needs at least one token (q.shape[1] >= 1)")
@@ -384,17 +476,17 @@ def _check_decode_args(q, k, v, w, beta, g, cache):
         if t is not None and t.dtype not in _FLOAT_DTYPES:
             raise ValueError(f"{name} must be a float tensor (float32 preferred) for the Triton decode kernel, "
                              f"got {t.dtype}")
-    if cache.k.dtype not in _CACHE_DTYPES or cache.v.dtype != cache.k.dtype:
+    if cache.k_buffer.dtype not in _CACHE_DTYPES or cache.v.dtype != cache.k_buffer.dtype:
         raise ValueError(f"the cache must hold k and v in one of bfloat16/float16/float32, got "
-                         f"{cache.k.dtype}/{cache.v.dtype}")
+                         f"{cache.k_buffer.dtype}/{cache.v.dtype}")
     if cache.c is not None and cache.c.dtype != torch.float32:
         raise ValueError(f"the cache's gate cumsum must be float32 for the Triton decode kernel, got {cache.c.dtype}")
     if q.dtype not in _CACHE_DTYPES:
         raise ValueError(f"q must be bfloat16, float16 or float32 for the Triton decode kernel, got {q.dtype}")
-    devs = {t.device for t in (q, k, v, w, beta, g, cache.k, cache.v, cache.c) if t is not None}
+    devs = {t.device for t in (q, k, v, w, beta, g, cache.k_buffer, cache.v, cache.c) if t is not None}
     if len(devs) != 1:
         raise ValueError(f"decode inputs and the cache must be on one device, got {sorted(map(str, devs))}")
-    for name, t in (("cache.k", cache.k), ("cache.v", cache.v), ("cache.c", cache.c)):
+    for name, t in (("cache.k", cache.k_buffer), ("cache.v", cache.v), ("cache.c", cache.c)):
         if t is not None and not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous (the kernel updates it in place with constexpr row "
                              f"strides), got strides {t.stride()}; rebuild the cache with PaTHKVCache.empty "
@@ -405,17 +497,17 @@ def _check_decode_args(q, k, v, w, beta, g, cache):
 class TritonDecodeStep:
     """A decode step prepared for fixed shapes, dtypes and knobs: ``step(q, k, v, w, beta, g, cache)``.
 
-    Everything that depends only on those (kernel constexprs, scales, split count, launch options) is
-    computed once here; a call reserves room in the cache (host-side capacity check, no device read),
-    launches ``decode_kernel`` and ``decode_merge_kernel`` on a scratch buffer the cache keeps, and
-    allocates only the output (and lse with ``return_lse``). It does not validate its inputs: build it
-    with ``path_decode_triton`` / ``prepare`` after ``_check_decode_args``. Inputs that are not contiguous
-    are copied. Capturable in a CUDA graph with a static cache (see codegen/kv_cache.py).
+    Everything that depends only on those (kernel constexprs, scales, split count, launch options, the pending
+    window ``window``) is computed once here; a call reserves room in the cache (host-side capacity check, no
+    device read), launches ``decode_kernel`` and ``decode_merge_kernel`` on a scratch buffer and the pending
+    window the cache keeps, and allocates only the output (and lse with ``return_lse``). It does not validate
+    its inputs: build it with ``path_decode_triton`` / ``prepare`` after ``_check_decode_args``. Inputs that
+    are not contiguous are copied. Capturable in a CUDA graph with a static cache (see codegen/kv_cache.py).
     """
 
     def __init__(self, *, B: int, TN: int, HQ: int, H: int, D: int, DV: int, q_dtype: torch.dtype,
                  gated: bool, f32: bool, params: TritonParams, scale: Optional[float] = None,
-                 gate_placement: str = "inside_scale") -> None:
+                 gate_placement: str = "inside_scale", window: Optional[int] = None) -> None:
         if gate_placement not in ("inside_scale", "outside_scale"):
             raise ValueError(f"gate_placement must be 'inside_scale' or 'outside_scale', got {gate_placement!r}")
         G = HQ // H
@@ -430,11 +522,16 @@ class TritonDecodeStep:
         self.qk_scale = scale * _LOG2E
         self.gate_scale = (scale if gate_placement == "inside_scale" else 1.0) * _LOG2E
         self.gated = gated
+        self.window = PENDING_WINDOW if window is None else int(window)
+        if self.window < 0:
+            raise ValueError(f"the pending window must be >= 0, got {self.window}")
         self.const = dict(H=H, G=G, D=D, DV=DV, BD=_pow2(D), BDV=self.BDV, TN=TN, TNP=triton.next_power_of_2(TN),
                           GP=triton.next_power_of_2(G), R=self.R, BLOCK_N=self.block_n, ROWWISE=self.rowwise,
                           F32=f32, USE_GATE=gated, BETA_MAX=params.beta_max, INTERP=interpreting(),
-                          STAGES=decode_loop_stages(params))
-        self.merge_const = dict(H=H, G=G, DV=DV, BDV=self.BDV, TN=TN, R=self.R, INTERP=self.const["INTERP"])
+                          STAGES=decode_loop_stages(params), W=self.window,
+                          PB=_pow2(self.window + TN))
+        self.merge_const = dict(H=H, G=G, DV=DV, BDV=self.BDV, TN=TN, R=self.R, W=self.window,
+                                INTERP=self.const["INTERP"])
         self._wide = max(D, DV, G)
 
     def launch_splits(self, max_len: int) -> int:
@@ -445,7 +542,7 @@ class TritonDecodeStep:
     def __call__(self, q, k, v, w, beta, g, cache: PaTHKVCache, *, return_lse: bool = False):
         TN = self.TN
         cache.reserve(TN)
-        max_len = cache.k.shape[1]
+        max_len = cache.max_len
         splits = self.launch_splits(max_len)
         BH = self.B * self.H
         nrow = BH * splits * self.R
@@ -454,39 +551,45 @@ class TritonDecodeStep:
         m_part, l_part, acc_part = part[:nrow], part[pad:pad + nrow], part[2 * pad:2 * pad + nrow * self.BDV]
         xs = [x if x.is_contiguous() else x.contiguous() for x in (q, k, v, w, beta)]
         gg = m_part if g is None else (g if g.is_contiguous() else g.contiguous())
+        pw, pb = cache.pending_window(self.window)
         decode_kernel[(BH, splits)](
-            *xs[:3], xs[3], xs[4], gg, cache.k, cache.v, cache.c if cache.c is not None else m_part,
-            cache.length_tensor, m_part, l_part, acc_part, max_len, splits, self.qk_scale, self.gate_scale,
-            OFF64=max_len * self.H * self._wide >= _OFF64_ELEMS, **self.const,
+            *xs[:3], xs[3], xs[4], gg, cache.k_buffer, cache.v, cache.c if cache.c is not None else m_part,
+            cache.state_tensor, pw, pb, m_part, l_part, acc_part, max_len, splits, self.qk_scale, self.gate_scale,
+            OFF64=max_len * self.H * self._wide >= _OFF64_ELEMS, WS=pw.shape[1], **self.const,
             num_warps=self.num_warps, num_stages=2,
         )
         o = torch.empty(self.B, TN, self.HQ, self.DV, device=q.device, dtype=self.q_dtype)
         lse = torch.empty(self.B, TN, self.HQ, device=q.device, dtype=torch.float32) if return_lse else m_part
-        decode_merge_kernel[(BH,)](m_part, l_part, acc_part, o, lse, cache.length_tensor, splits,
+        decode_merge_kernel[(BH,)](m_part, l_part, acc_part, o, lse, cache.state_tensor, max_len, splits,
                                    STORE_LSE=return_lse, **self.merge_const, num_warps=4, num_stages=1)
-        cache.advanced(TN)
+        cache.advanced(TN, window=self.window)
         return (o, lse) if return_lse else o
 
 
 @functools.lru_cache(maxsize=512)
-def _step_cached(B, TN, HQ, H, D, DV, q_dtype, gated, f32, params, scale, gate_placement) -> TritonDecodeStep:
+def _step_cached(B, TN, HQ, H, D, DV, q_dtype, gated, f32, params, scale, gate_placement,
+                 window) -> TritonDecodeStep:
     return TritonDecodeStep(B=B, TN=TN, HQ=HQ, H=H, D=D, DV=DV, q_dtype=q_dtype, gated=gated, f32=f32,
-                            params=params, scale=scale, gate_placement=gate_placement)
+                            params=params, scale=scale, gate_placement=gate_placement, window=window)
 
 
 def prepare(q, k, v, w, beta, g, cache, *, scale: Optional[float] = None, config=None,
-            gate_placement: str = "inside_scale") -> TritonDecodeStep:
+            gate_placement: str = "inside_scale", window: Optional[int] = None) -> TritonDecodeStep:
     """Validate one decode call's arguments against the cache and return the (memoised) prepared step
-    for its shapes, dtypes and knobs; calls with the same metadata may then run the step directly."""
+    for its shapes, dtypes and knobs; calls with the same metadata may then run the step directly.
+    ``window``: the pending window W (None: ``PENDING_WINDOW``)."""
     B, TN, HQ, H, D, DV = _check_decode_args(q, k, v, w, beta, g, cache)
     params = decode_params(config, D, DV)
-    f32 = cache.k.dtype == torch.float32 or q.dtype != cache.k.dtype
+    ck = cache.k_buffer
+    f32 = ck.dtype == torch.float32 or q.dtype != ck.dtype
     return _step_cached(B, TN, HQ, H, D, DV, q.dtype, g is not None, f32, params,
-                        None if scale is None else float(scale), gate_placement)
+                        None if scale is None else float(scale), gate_placement,
+                        PENDING_WINDOW if window is None else int(window))
 
 
 def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = None, config=None,
-                       gate_placement: str = "inside_scale", return_lse: bool = False):
+                       gate_placement: str = "inside_scale", return_lse: bool = False,
+                       window: Optional[int] = None):
     """One PaTH(-FoX) decoding step of T_new >= 1 tokens on the fused Triton kernel (mutates ``cache``).
 
     q [B,T_new,HQ,D], k/w [B,T_new,H,D], v [B,T_new,H,DV], beta [B,T_new,H], g [B,T_new,HQ] or None
@@ -494,32 +597,35 @@ def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = N
     (keys in the current frame, k/v in bf16/fp16/fp32, gate cumsum fp32), grown on demand unless static.
     Token t attends causally to the cache and to tokens <= t of this call, exactly as
     ``runtime.reference.path_attention_decode``.
-    ``config``: decode knobs (spec Config / mapping / TritonParams; None = heuristic).
+    ``config``: decode knobs (spec Config / mapping / TritonParams; None = heuristic); ``window``: the
+    pending window W (None: ``PENDING_WINDOW``; 0 rotates the cache on every step).
     Returns o [B,T_new,HQ,DV] in q's dtype (and lse [B,T_new,HQ] float32 with ``return_lse``).
     """
-    step = prepare(q, k, v, w, beta, g, cache, scale=scale, config=config, gate_placement=gate_placement)
+    step = prepare(q, k, v, w, beta, g, cache, scale=scale, config=config, gate_placement=gate_placement,
+                   window=window)
     return step(q, k, v, w, beta, g, cache, return_lse=return_lse)
 
 
 def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
-                         heads: int = 8, group: int = 1, tokens: int = 1):
+                         heads: int = 8, group: int = 1, tokens: int = 1, window: int = PENDING_WINDOW):
     """(fn, signature, constexprs, num_warps, num_stages) of the decode step's two launches for
     ``compile_check.compile_kernel`` (sm_90 compilation without a GPU), as ``TritonDecodeStep`` launches them."""
     rowwise, R = decode_layout(tokens, group)
     io = f"*{dtype}"
     f32p = "*fp32"
     sig = {n: io for n in ("q_ptr", "knew_ptr", "vnew_ptr", "k_ptr", "v_ptr", "o_ptr")}
-    for n in ("w_ptr", "beta_ptr", "g_ptr", "c_ptr", "m_part", "l_part", "acc_part", "lse_ptr"):
+    for n in ("w_ptr", "beta_ptr", "g_ptr", "c_ptr", "pw_ptr", "pb_ptr", "m_part", "l_part", "acc_part", "lse_ptr"):
         sig[n] = f32p
-    sig["len_ptr"] = "*i32"
+    sig["st_ptr"] = "*i32"
     sig["max_len"] = sig["n_splits"] = "i32"
     sig["qk_scale"] = sig["gate_scale"] = "fp32"
     BD, BDV = _pow2(D), _pow2(DV)
     const = dict(H=heads, G=group, D=D, DV=DV, BD=BD, BDV=BDV, TN=tokens, TNP=triton.next_power_of_2(tokens),
                  GP=triton.next_power_of_2(group), R=R, BLOCK_N=params.decode_block_n,
                  ROWWISE=rowwise, F32=dtype == "fp32", USE_GATE=gate, BETA_MAX=params.beta_max, OFF64=False,
-                 INTERP=False, STAGES=decode_loop_stages(params))
-    merge = dict(H=heads, G=group, DV=DV, BDV=BDV, TN=tokens, R=R, STORE_LSE=False, INTERP=False)
+                 INTERP=False, STAGES=decode_loop_stages(params), W=window, WS=max(window, 1),
+                 PB=_pow2(window + tokens))
+    merge = dict(H=heads, G=group, DV=DV, BDV=BDV, TN=tokens, R=R, W=window, STORE_LSE=False, INTERP=False)
     return [(decode_kernel, sig, const, params.decode_num_warps, 2), (decode_merge_kernel, sig, merge, 4, 1)]
 
 

@@ -1,0 +1,212 @@
+"""Lazy key rotation of the Triton decode step (codegen/triton/decode.py): a pending window of W tokens, the
+cache rotated into the newest frame only when more than W tokens would be pending (decided on the device).
+
+CPU: the kernels run in Triton's interpreter (tests/conftest.py) at tiny shapes, with small windows so a few
+steps cross several flushes. Every output is checked against the float64 recompute (naive attention over the
+whole sequence) and the key cache (``cache.k`` materializes pending rows) against the float64 current-frame
+keys; relative Frobenius errors, inputs with beta in [1.5, 2) and real gate decay (log-sigmoid gates).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pathtune
+from pathtune.codegen.kv_cache import PaTHKVCache
+from pathtune.codegen.triton import path_decode_triton
+from pathtune.codegen.triton.decode import PENDING_WINDOW
+from pathtune.runtime.reference import naive_path_attention
+from pathtune.runtime.reference.recurrent import current_frame_keys, path_attention_prefill
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL_O = {torch.float32: 2e-5, torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
+# keys vs the float64 current-frame keys, after the prompt's rounding and a few flushes (the decode probe's 1e-2
+# for bf16; one fp16 rounding is ~2e-4)
+TOL_K = {torch.float32: 2e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+CFG = dict(decode_splits=2, decode_block_n=16)
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def sequence(B, T, HQ, H, D, gate, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*s):
+        return torch.randn(*s, generator=gen).to(DEV)
+    q, k, v = r(B, T, HQ, D).to(dtype), r(B, T, H, D).to(dtype), r(B, T, H, D).to(dtype)
+    w = F.normalize(r(B, T, H, D), dim=-1)
+    beta = (torch.rand(B, T, H, generator=gen) * 0.5 + 1.5).to(DEV)
+    g = F.logsigmoid(r(B, T, HQ) + 3.0) if gate else None
+    return [q, k, v, w, beta, g]
+
+
+def f64(xs):
+    return [None if x is None else x.double() for x in xs]
+
+
+def cut(xs, a, b):
+    return [None if x is None else x[:, a:b] for x in xs]
+
+
+def prefill(full, P, cdt, static_cap=None):
+    """A Triton-ready cache of the first P tokens: the float64 reference prefill, stored in cdt (gate cumsum fp32)."""
+    ref = path_attention_prefill(*f64(cut(full, 0, P)), cache_dtype=cdt)[1]
+    cap = P if static_cap is None else static_cap
+    k = torch.zeros(ref.k.shape[0], cap, *ref.k.shape[2:], dtype=cdt, device=DEV)
+    v = torch.zeros(ref.v.shape[0], cap, *ref.v.shape[2:], dtype=cdt, device=DEV)
+    k[:, :P], v[:, :P] = ref.k[:, :P], ref.v[:, :P]
+    c = None
+    if ref.c is not None:
+        c = torch.zeros(ref.c.shape[0], cap, ref.c.shape[2], dtype=torch.float32, device=DEV)
+        c[:, :P] = ref.c[:, :P]
+    return PaTHKVCache(k, v, c, P, full[0].shape[2], static=static_cap is not None)
+
+
+@pytest.mark.parametrize("HQ,H,gate,cdt,steps,window", [
+    (2, 2, True, torch.bfloat16, (1,) * 11, 3),          # MHA one token: the row path, 3 flushes
+    (4, 2, False, torch.bfloat16, (4, 4, 4, 4, 4), 6),   # GQA, 4 tokens a step, ungated
+    (4, 2, True, torch.float16, (16, 4, 16, 4), 16),     # 16-token steps; the 4-token steps flush
+    (2, 1, True, torch.bfloat16, (1, 4, 1, 16, 2, 1), 4),  # MQA, mixed step sizes
+    (2, 2, True, torch.float32, (1, 3, 1, 1, 2, 5, 1), 4),  # fp32: tight bounds
+])
+def test_many_steps_cross_flushes_vs_float64_recompute(HQ, H, gate, cdt, steps, window):
+    """Decode steps of several sizes over a growable cache (it reallocates on the way) crossing several flushes:
+    every output against the float64 naive attention of the whole sequence; at the end (and on a copy after every
+    step) the materialized keys against the float64 current-frame keys; the device state equals the host mirrors."""
+    B, D, P = 2, 16, 21
+    dt = torch.float32 if cdt == torch.float32 else cdt
+    full = sequence(B, P + sum(steps), HQ, H, D, gate, dt, seed=HQ + len(steps))
+    ref_o = naive_path_attention(*f64(full))
+    cache = prefill(full, P, cdt)
+    t, frames = P, []
+    for tn in steps:
+        o = path_decode_triton(*cut(full, t, t + tn), cache, config=CFG, window=window)
+        t += tn
+        assert rel(o, ref_o[:, t - tn:t]) < TOL_O[cdt], (t, rel(o, ref_o[:, t - tn:t]))
+        host = (cache.length, cache.frame)
+        assert cache.state_tensor.tolist() == list(host)
+        frames.append(host[1])
+        assert host[0] - host[1] <= window
+        kr = current_frame_keys(*f64((full[1][:, :t], full[3][:, :t], full[4][:, :t])))
+        assert rel(copy.deepcopy(cache).k[:, :t], kr) < TOL_K[cdt]
+    assert len(set(frames)) >= 3, frames      # the window was flushed more than once
+    assert cache.length == t and cache.max_len >= t
+    kr = current_frame_keys(*f64((full[1][:, :t], full[3][:, :t], full[4][:, :t])))
+    assert rel(cache.k[:, :t], kr) < TOL_K[cdt]
+    assert cache.frame == t                   # reading k materialized the pending rows
+    if gate:
+        assert rel(cache.c[:, :t], torch.cumsum(full[5].double(), 1)[:, :t]) < 1e-6
+
+
+@pytest.mark.parametrize("HQ,H,tn", [(2, 2, 1), (4, 2, 3)])
+def test_flush_and_non_flush_steps_equal_the_eager_scheme(HQ, H, tn):
+    """Twin caches: window 0 (rotate on every step: the old data path) and window 5; step by step the outputs agree
+    to the float64 tolerance (fp32 cache), on flush steps and on the steps in between, and so do the keys."""
+    B, D, P = 2, 16, 30
+    steps = 6
+    full = sequence(B, P + steps * tn, HQ, H, D, True, torch.float32, seed=7 + tn)
+    eager, lazy = prefill(full, P, torch.float32), prefill(full, P, torch.float32)
+    kinds = set()
+    for i in range(steps):
+        xs = cut(full, P + i * tn, P + (i + 1) * tn)
+        f0 = lazy.frame
+        oe = path_decode_triton(*xs, eager, config=CFG, window=0)
+        ol = path_decode_triton(*xs, lazy, config=CFG, window=5)
+        kinds.add(lazy.frame != f0)
+        assert eager.frame == eager.length        # window 0: nothing ever pending
+        assert rel(ol, oe) < TOL_O[torch.float32], (i, rel(ol, oe))
+    assert kinds == {True, False}                 # both kinds of step ran
+    n = eager.length
+    assert rel(lazy.k[:, :n], eager.k[:, :n]) < 1e-6
+
+
+def test_pending_rows_are_materialized_for_the_reference_backend():
+    """A cache the Triton step left with pending rows, continued by the reference backend through the public API:
+    the reference sees current-frame keys and its output matches the float64 recompute."""
+    B, HQ, H, D, P = 1, 2, 2, 32, 12
+    full = sequence(B, P + 5, HQ, H, D, True, torch.float32, seed=3)
+    ref_o = naive_path_attention(*f64(full))
+    cache = prefill(full, P, torch.float32)
+    path_decode_triton(*cut(full, P, P + 3), cache, config=CFG, window=8)
+    assert cache.length - cache.frame == 3
+    o = pathtune.path_attention_decode(*cut(full, P + 3, P + 5), cache, backend="reference")
+    assert cache.frame == cache.length == P + 5
+    assert rel(o, ref_o[:, P + 3:]) < 1e-6
+
+
+def test_static_cache_window_and_state():
+    """A static cache: the pending window is allocated by the first step and kept; the capacity guard still holds;
+    setting the length declares every row current (nothing pending); set_state refuses pending rows without a
+    window."""
+    B, HQ, H, D, P = 1, 2, 2, 16, 10
+    full = sequence(B, P + 4, HQ, H, D, False, torch.float32, seed=5)
+    cache = prefill(full, P, torch.float32, static_cap=P + 4)
+    with pytest.raises(ValueError, match="pending window"):
+        cache.set_state(P, P - 2)
+    path_decode_triton(*cut(full, P, P + 1), cache, config=CFG)
+    pw = cache.pending_window(PENDING_WINDOW)[0]
+    path_decode_triton(*cut(full, P + 1, P + 4), cache, config=CFG)
+    assert cache.pending_window(PENDING_WINDOW)[0] is pw and cache.max_len == P + 4
+    assert (cache.length, cache.frame) == (P + 4, P)
+    cache.length = P
+    assert cache.state_tensor.tolist() == [P, P] and cache.frame == P
+
+
+def test_skipping_the_pending_walk_is_detected():
+    """Can-fail control: a cache whose pending rows are declared current (their rotations dropped) gives keys and
+    outputs far from the recompute, by much more than the tolerance."""
+    B, HQ, H, D, P = 1, 2, 2, 16, 20
+    full = sequence(B, P + 4, HQ, H, D, True, torch.float32, seed=11)
+    ref_o = naive_path_attention(*f64(full))
+    cache = prefill(full, P, torch.float32)
+    path_decode_triton(*cut(full, P, P + 3), cache, config=CFG, window=8)
+    broken = copy.deepcopy(cache)
+    broken.length = P + 3                      # drops the pending rotations
+    o = path_decode_triton(*cut(full, P + 3, P + 4), broken, config=CFG, window=8)
+    assert rel(o, ref_o[:, P + 3:]) > 100 * TOL_O[torch.float32]
+    o = path_decode_triton(*cut(full, P + 3, P + 4), cache, config=CFG, window=8)
+    assert rel(o, ref_o[:, P + 3:]) < TOL_O[torch.float32]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,H,HQ,gate,TN", [(64, 8, 8, False, 1), (128, 2, 8, True, 4)])
+def test_gpu_captured_steps_cross_flushes_bitwise(D, H, HQ, gate, TN):
+    """One captured step replayed 40 times (several flushes at the default window, decided on the device) equals
+    40 eager steps on a twin cache bitwise (outputs, materialized keys, device state)."""
+    gen = torch.Generator(device="cuda").manual_seed(D + TN)
+    B, P = 2, 1000
+    full = sequence(B, P + 1, HQ, H, D, gate, torch.bfloat16, seed=D)
+    cache = prefill(full, P, torch.bfloat16, static_cap=P + 41 * TN)
+    twin = copy.deepcopy(cache)
+
+    def fresh():
+        xs = [torch.randn(B, TN, HQ, D, device="cuda", generator=gen).bfloat16(),
+              torch.randn(B, TN, H, D, device="cuda", generator=gen).bfloat16(),
+              torch.randn(B, TN, H, D, device="cuda", generator=gen).bfloat16(),
+              F.normalize(torch.randn(B, TN, H, D, device="cuda", generator=gen), dim=-1),
+              torch.rand(B, TN, H, device="cuda", generator=gen) * 0.5 + 1.5,
+              F.logsigmoid(torch.randn(B, TN, HQ, device="cuda", generator=gen) + 3) if gate else None]
+        return xs
+    static = fresh()
+    warm = copy.deepcopy(cache)
+    pathtune.path_attention_decode(*static, warm, backend="triton")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = pathtune.path_attention_decode(*static, cache, backend="triton")
+    for _ in range(40):
+        xs = fresh()
+        for dst, src in zip(static, xs):
+            if dst is not None:
+                dst.copy_(src)
+        graph.replay()
+        eager = pathtune.path_attention_decode(*xs, twin, backend="triton")
+        assert torch.equal(out, eager)
+    assert cache.state_tensor.tolist() == twin.state_tensor.tolist()
+    n = twin.length
+    assert cache.length == n and torch.equal(cache.k[:, :n], twin.k[:, :n])
