@@ -137,16 +137,46 @@ norms against the float64 naive reference on the same (rounded) inputs.
 
 FOOTER = """## Not re-measured on the current kernels
 
-Earlier measurements (in git history of this file, and their records in `perf_db/shipped/`, now retired by
-kernel source hash): the decode step (Triton and TVM, `pathtune bench --pass decode`), the TVM forward
+Every table above names the commit whose kernels it timed; the current kernels differ from them by the
+changes in the last table, so their end-to-end times are not measured yet, and no record in
+`perf_db/shipped/` is current for the spec of this tree (its hash changed with those kernels' knobs).
+Earlier measurements (in git history of this file, and their records in `perf_db/shipped/`, retired):
+the decode step (Triton and TVM, `pathtune bench --pass decode`), the TVM forward
 (`pathtune bench --backends triton,tvm`), the extra memory of one forward+backward (0.91 / 0.94 GiB at
 T = 16384, D = 64 / 128, against fla's 3.6) and the tuned configs of `pathtune tune`.
 """
 
 
+def kernel_change_section(path: Path, doc: dict) -> list[str]:
+    """Single-launch times of kernels before and after a change the current kernels adopted."""
+    pairs: dict[tuple, dict] = {}
+    e2e = []
+    for r in doc["rows"]:
+        if r["variant"] == "before" and r["kernel"].startswith("fwd+bwd"):
+            e2e.append(f"D{r['D']} {_gate(r)} {_f(r['ms'])}")
+            continue
+        key = (r["kernel"], r["D"], r.get("gate"))
+        pairs.setdefault(key, {})["before" if r["variant"].startswith("before") else "after"] = r
+    out = ["## Kernel changes since the tables above (one launch, T = 4096)", "",
+           "| kernel | D | | before | after | after / before | change |", "|---|---|---|---|---|---|---|"]
+    for (kernel, D, gate), pr in pairs.items():
+        b, a = pr.get("before"), pr.get("after")
+        if not (a and b):
+            continue
+        label = "-" if gate is None else ("FoX" if gate else "PaTH")
+        out.append(f"| {kernel} | {D} | {label} | {_f(b['ms'])} | **{_f(a['ms'])}** | {a['ms'] / b['ms']:.2f} | "
+                   f"{a['variant'].removeprefix('after: ')} |")
+    out.append("")
+    if e2e:
+        out += ["Forward + backward before these changes (same run, autograd, heuristic config, ms): "
+                + ", ".join(e2e) + ".", ""]
+    return out + _source(path, doc)
+
+
 def render() -> str:
     bench = _load("*-bench-*.json")
     probe = _load("*-fwd-probe.json")
+    changes = _load("*-kernel-probe.json")
     parts = [HEADER]
     fwd = _newest(bench, lambda r: "pathtune_f" in r["times"] and "pathtune_fb" not in r["times"])
     fwd = fwd or _newest(bench, lambda r: "pathtune_f" in r["times"])
@@ -157,6 +187,8 @@ def render() -> str:
         parts.append("\n".join(training_section(*fb)) + "\n")
     if probe:
         parts.append("\n".join(profile_section(*probe[-1])) + "\n")
+    if changes:
+        parts.append("\n".join(kernel_change_section(*changes[-1])) + "\n")
     parts.append(FOOTER)
     return "\n".join(parts)
 
