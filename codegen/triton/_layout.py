@@ -144,9 +144,10 @@ def gate_cumsum(g: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tenso
     """Inclusive cumulative sum of the log forget gate per sequence, float32 [B, T, HQ] (contiguous).
 
     g: [B, T, HQ] (or [1, N_tok, HQ] with cu_seqlens).  On the GPU (and under Triton's interpreter)
-    one Triton launch (``gate_cumsum_kernel``): no float64 torch ops, no transposes, and for a dense
-    batch no host work.  A packed varlen batch reads its longest length on the host (the grid).
-    Elsewhere, and for float64 g, a float64 torch cumsum (rounded to float32 like the kernel's).
+    ``gate_cumsum_kernel``: one launch for sequences of one span, else two (the span totals, then the
+    spans); no float64 torch ops, no transposes, and for a dense batch no host work.  A packed varlen
+    batch reads its longest length on the host (the grid).  Elsewhere, and for float64 g, a float64
+    torch cumsum (rounded to float32 like the kernel's).
     """
     if g.dtype == torch.float64 or not (g.is_cuda or interpreting()):
         return _gate_cumsum_torch(g, cu_seqlens)
@@ -161,9 +162,14 @@ def gate_cumsum(g: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tenso
         cu = cu_seqlens.to(device=g.device, dtype=torch.int64)
         n_seq, max_len = cu.shape[0] - 1, int((cu[1:] - cu[:-1]).max())
     span = GATE_CUMSUM_SPAN
-    gate_cumsum_kernel[(n_seq, triton.cdiv(max(max_len, 1), span), triton.cdiv(HQ, BH))](
-        gt, c, cu, T, HQ=HQ, BH=BH, BT=min(BT, span), SPAN=span, VARLEN=cu_seqlens is not None, num_warps=4,
-    )
+    n_spans = triton.cdiv(max(max_len, 1), span)
+    # (hi, lo) float32 total of every span: the prefix of a span is the sum of the totals before it
+    totals = torch.empty(n_seq, n_spans, 2, HQ, device=g.device, dtype=torch.float32) if n_spans > 1 else c
+    grid = (n_seq, n_spans, triton.cdiv(HQ, BH))
+    kw = dict(HQ=HQ, BH=BH, BT=min(BT, span), SPAN=span, VARLEN=cu_seqlens is not None, num_warps=4)
+    if n_spans > 1:
+        gate_cumsum_kernel[grid](gt, c, totals, cu, T, n_spans, TOTALS_ONLY=True, **kw)
+    gate_cumsum_kernel[grid](gt, c, totals, cu, T, n_spans, TOTALS_ONLY=False, **kw)
     return c.view(B, T, HQ)
 
 
@@ -171,16 +177,25 @@ GATE_CUMSUM_SPAN = 1024   # tokens per program of gate_cumsum_kernel
 
 
 @triton.jit
-def gate_cumsum_kernel(g_ptr, c_ptr, cu_ptr, seq_len, HQ: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr,
-                       SPAN: tl.constexpr, VARLEN: tl.constexpr):
+def _add2(hi, lo, x):
+    """(hi, lo) + x with hi + lo the running sum (Fast2Sum: |hi| >= |x| for the gate's same-sign terms)."""
+    y = lo + x
+    new_hi = hi + y
+    return new_hi, y - (new_hi - hi)
+
+
+@triton.jit
+def gate_cumsum_kernel(g_ptr, c_ptr, tot_ptr, cu_ptr, seq_len, n_spans, HQ: tl.constexpr, BH: tl.constexpr,
+                       BT: tl.constexpr, SPAN: tl.constexpr, VARLEN: tl.constexpr, TOTALS_ONLY: tl.constexpr):
     """One program per (sequence, span of SPAN tokens, BH heads): c[t] = g[s0] + ... + g[t].
 
-    The program first sums the sequence's tokens before its span (a re-read of at most the
-    sequence's length: O(T^2 / SPAN) loads, cheap next to the spans run in parallel instead of one
-    serial walk per sequence), then scans its span in tiles of BT tokens.  The running total is a
-    float32 pair (hi, lo) with hi + lo the sum (Fast2Sum), so a long sequence's total keeps
-    float64-like accuracy before the final float32 rounding."""
+    TOTALS_ONLY: the span's sum, stored as a (hi, lo) float32 pair in tot_ptr [n_seq, n_spans, 2, HQ].
+    Else the span starts from the sum of the totals of the spans before it (at most T / SPAN loads of
+    BH pairs; a single-span sequence has none) and scans its tokens in tiles of BT.  Running totals are
+    float32 pairs (hi, lo) with hi + lo the sum (Fast2Sum), so a long sequence keeps float64-like
+    accuracy before the final float32 rounding."""
     sid = tl.program_id(0)
+    span = tl.program_id(1)
     hs = tl.program_id(2) * BH + tl.arange(0, BH)
     hmask = hs < HQ
     if VARLEN:
@@ -189,30 +204,32 @@ def gate_cumsum_kernel(g_ptr, c_ptr, cu_ptr, seq_len, HQ: tl.constexpr, BH: tl.c
     else:
         s0 = sid.to(tl.int64) * seq_len
         s1 = s0 + seq_len
-    a = s0 + tl.program_id(1).to(tl.int64) * SPAN
+    a = s0 + span.to(tl.int64) * SPAN
     r = tl.arange(0, BT)
     hi = tl.zeros((BH,), dtype=tl.float32)
     lo = tl.zeros((BH,), dtype=tl.float32)
+    tot = tot_ptr + sid.to(tl.int64) * n_spans * 2 * HQ + hs
     if a < s1:
-        for t0 in range(s0, a, BT):           # everything before the span: its sum only
-            t = t0 + r
-            x = tl.load(g_ptr + t[:, None] * HQ + hs[None, :], mask=(t < a)[:, None] & hmask[None, :], other=0.0)
-            y = lo + tl.sum(x.to(tl.float32), axis=0)
-            new_hi = hi + y
-            lo = y - (new_hi - hi)
-            hi = new_hi
         b = tl.minimum(a + SPAN, s1)
-        for t0 in range(a, b, BT):
-            t = t0 + r
-            mask = (t < b)[:, None] & hmask[None, :]
-            off = t[:, None] * HQ + hs[None, :]
-            x = tl.load(g_ptr + off, mask=mask, other=0.0).to(tl.float32)
-            part = tl.cumsum(x, axis=0)
-            tl.store(c_ptr + off, hi[None, :] + (lo[None, :] + part), mask=mask)
-            y = lo + tl.sum(tl.where((r == BT - 1)[:, None], part, 0.0), axis=0)
-            new_hi = hi + y
-            lo = y - (new_hi - hi)
-            hi = new_hi
+        if TOTALS_ONLY:
+            for t0 in range(a, b, BT):
+                t = t0 + r
+                x = tl.load(g_ptr + t[:, None] * HQ + hs[None, :], mask=(t < b)[:, None] & hmask[None, :], other=0.0)
+                hi, lo = _add2(hi, lo, tl.sum(x.to(tl.float32), axis=0))
+            tl.store(tot + span * 2 * HQ, hi, mask=hmask)
+            tl.store(tot + span * 2 * HQ + HQ, lo, mask=hmask)
+        else:
+            for j in range(0, span):          # the spans before this one: their totals only
+                hi, lo = _add2(hi, lo, tl.load(tot + j * 2 * HQ, mask=hmask, other=0.0))
+                hi, lo = _add2(hi, lo, tl.load(tot + j * 2 * HQ + HQ, mask=hmask, other=0.0))
+            for t0 in range(a, b, BT):
+                t = t0 + r
+                mask = (t < b)[:, None] & hmask[None, :]
+                off = t[:, None] * HQ + hs[None, :]
+                x = tl.load(g_ptr + off, mask=mask, other=0.0).to(tl.float32)
+                part = tl.cumsum(x, axis=0)
+                tl.store(c_ptr + off, hi[None, :] + (lo[None, :] + part), mask=mask)
+                hi, lo = _add2(hi, lo, tl.sum(tl.where((r == BT - 1)[:, None], part, 0.0), axis=0))
 
 
 def _gate_cumsum_torch(g: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
