@@ -141,12 +141,9 @@ def tvm_runtime_available() -> bool:
 
 
 def _local_knobs(backend: str, pass_: str) -> tuple[str, ...]:
-    """Knobs a backend reads beyond the spec's for a pass (records store them; dispatch keeps them)."""
-    if backend == "tvm" and pass_ == "decode":
-        from pathtune.codegen.tvm.params import DECODE_LOCAL_KNOBS
-
-        return DECODE_LOCAL_KNOBS
-    return ()
+    """Knobs a backend reads beyond the spec's for a pass (the spec's ``backends.<name>.knobs``; records
+    store them; dispatch keeps them)."""
+    return tuple(load_spec().backend_knobs(backend, pass_))
 
 
 _SPACES: dict[str, KnobSpace] = {}

@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Optional
 
-from .._knobs import check_params, params_from_config, spec_default
+from .._knobs import check_params, resolve, spec_default
 
 __all__ = ["TVMParams", "KernelDims", "UnsupportedConfig", "SCAN_VARIANTS", "DECODE_LOCAL_KNOBS"]
 
@@ -68,8 +68,9 @@ class TVMParams:
 
     @classmethod
     def from_config(cls, config: Any = None) -> "TVMParams":
-        """From a spec ``Config`` (or any mapping); unknown knobs are ignored, missing ones take defaults."""
-        return params_from_config(cls, config)
+        """``resolve("tvm", None, config)``: from a spec ``Config`` (or any mapping of knob values); knobs
+        TVM does not read are ignored, missing ones take the spec's defaults, unknown names raise."""
+        return resolve("tvm", None, config)
 
     @property
     def threads(self) -> int:

@@ -164,6 +164,18 @@ def spec_show(file: Optional[Path] = FileArg,
         passes.add_row(name, ", ".join(p.knobs), f"{KnobSpace(spec, name).size} before constraints", p.description)
     console.print(passes)
 
+    if spec.backends:
+        backends = Table(title="backends")
+        for col in ("backend", "own knobs", "untuned config by max(D, DV)"):
+            backends.add_column(col)
+        for name, b in spec.backends.items():
+            own = "\n".join(f"{k} ({', '.join(v.passes)}): {_domain_str(v.domain)}, default {v.default}"
+                            for k, v in b.knobs.items())
+            rows = "\n".join(f"{'<= ' + str(r.up_to) if r.up_to else 'larger'}: "
+                              + ", ".join(f"{k}={v}" for k, v in r.knobs.items()) for r in b.head_dim_defaults)
+            backends.add_row(name, own, rows)
+        console.print(backends)
+
     n = spec.numerics
     console.print(f"numerics: float32 for {', '.join(n.float32)}; scan operands: knob {n.scan_precision_knob}; "
                   f"beta clip: {n.beta_clip.rule} with eps = knob {n.beta_clip.eps_knob} "
