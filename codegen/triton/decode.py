@@ -330,12 +330,12 @@ def decode_kernel(
         nr = n.to(tl.int64) if OFF64 else n
         koff = nr[:, None] * (H * D) + d[None, :]
         K = tl.load(k_base + koff, mask=nmask[:, None] & dmask[None, :], other=0.0)
-        V = tl.load(v_base + nr[:, None] * (H * DV) + dv[None, :], mask=nmask[:, None] & dvmask[None, :],
-                    other=0.0)
         s = _qk(Zq, K, ROWWISE, F32, INTERP) * qk_scale
         if flush:
             Kr = _rotate(K.to(tl.float32), n, F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, BETA_MAX)
             tl.store(k_base + koff, _to_cache(Kr, cdt, INTERP), mask=nmask[:, None] & dmask[None, :])
+        V = tl.load(v_base + nr[:, None] * (H * DV) + dv[None, :], mask=nmask[:, None] & dvmask[None, :],
+                    other=0.0)
         if USE_GATE:
             c_j = tl.load(c_base + nr[None, :] * HQ + hq_r[:, None], mask=rvalid[:, None] & nmask[None, :], other=0.0)
             s += (c_i[:, None] - c_j) * gate_scale
