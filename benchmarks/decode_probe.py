@@ -15,6 +15,11 @@ g = logsigmoid of random values, so real gate decay):
   ``loop_ms``: wall time per [reset, call] of 200 back-to-back ones (the host cost a generation loop pays);
   ``graph_ms`` / ``sdpa_graph_ms``: do_bench of a CUDA graph holding [reset, step] / the SDPA call;
   ``x_sdpa`` = pathtune_net_ms / sdpa_ms, ``fox_x_path`` = PaTH-FoX / PaTH of the same row.
+  The Triton step rotates lazily (codegen/triton/decode.py): the reset leaves nothing pending, so
+  ``pathtune_ms`` times a step that does not flush; ``flush_net_ms`` times the step that flushes (the
+  reset leaves ``window`` tokens pending, ``flush_reset_ms`` subtracted); ``every`` = steps per flush cycle
+  (floor(window / tokens) + 1) and ``amortized_ms`` = ((every - 1) * pathtune_net_ms + flush_net_ms) / every,
+  ``x_sdpa_amortized`` = amortized_ms / sdpa_ms.
 * ``profiles``: one single-token step under torch.profiler (20 steps): kernel launches per step, GPU time per
   step, wall time per step, and the kernels by name.
 * ``checks``: (a) decode vs a full recompute: a prompt of 1000 tokens prefilled by the float64 reference
@@ -123,6 +128,7 @@ def capture(fn):
 
 def time_steps(out: dict, budget) -> None:
     import pathtune
+    from pathtune.codegen.triton.decode import PENDING_WINDOW
 
     rows, sdpa_cache = [], {}
     for D, H in SHAPES:
@@ -154,6 +160,23 @@ def time_steps(out: dict, budget) -> None:
                         row["pathtune_ms"] = do_bench(reset_step)
                         row["reset_ms"] = do_bench(reset)
                         row["pathtune_net_ms"] = row["pathtune_ms"] - row["reset_ms"]
+                        W = PENDING_WINDOW
+                        if W > 0 and cache._pw is not None:   # the lazy step: time the flush step too
+
+                            def reset_flush(cache=cache, T=T, W=W):
+                                cache.set_state(T, T - W)
+
+                            def flush_step():
+                                reset_flush()
+                                return step()
+                            flush_step()
+                            sync()
+                            row["window"] = W
+                            row["flush_reset_ms"] = do_bench(reset_flush)
+                            row["flush_net_ms"] = do_bench(flush_step) - row["flush_reset_ms"]
+                            every = W // TN + 1
+                            row["every"] = every
+                            row["amortized_ms"] = ((every - 1) * row["pathtune_net_ms"] + row["flush_net_ms"]) / every
                         reset()
                         sync()
                         t0 = time.perf_counter()
@@ -176,6 +199,9 @@ def time_steps(out: dict, budget) -> None:
                             del sgraph
                         row["sdpa_ms"], row["sdpa_graph_ms"] = sdpa_cache[skey]
                         row["x_sdpa"] = row["pathtune_net_ms"] / row["sdpa_ms"]
+                        if "amortized_ms" in row:
+                            row["x_sdpa_amortized"] = row["amortized_ms"] / row["sdpa_ms"]
+                            row["flush_x_sdpa"] = row["flush_net_ms"] / row["sdpa_ms"]
                         if GRAPHS:
                             row["graph_x_sdpa_graph"] = row["graph_ms"] / row["sdpa_graph_ms"]
                     except Exception as exc:  # noqa: BLE001 - record and go on
@@ -192,6 +218,8 @@ def time_steps(out: dict, budget) -> None:
                          (p["D"], p["cache_len"], p["tokens"]) == (r["D"], r["cache_len"], r["tokens"])), None)
             if base is not None:
                 r["fox_x_path"] = r["pathtune_net_ms"] / base["pathtune_net_ms"]
+                if "amortized_ms" in r and "amortized_ms" in base:
+                    r["fox_x_path_amortized"] = r["amortized_ms"] / base["amortized_ms"]
     out["steps"] = rows
 
 
