@@ -78,7 +78,21 @@ def registry_for(backend: str) -> StageRegistry:
     """The registry of ``backend`` (``codegen/<backend>/registry.py``)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; backends with kernels: {', '.join(BACKENDS)}")
-    return importlib.import_module(f"pathtune.codegen.{backend}.registry").REGISTRY
+    if backend not in _LOADED:
+        try:
+            module = importlib.import_module(f"pathtune.codegen.{backend}.registry")
+        except ImportError:   # the backend's package needs its compiler (triton); the registry file does not
+            from pathlib import Path
+
+            path = Path(__file__).resolve().parent / backend / "registry.py"
+            spec = importlib.util.spec_from_file_location(f"pathtune_{backend}_registry", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        _LOADED[backend] = module.REGISTRY
+    return _LOADED[backend]
+
+
+_LOADED: dict[str, StageRegistry] = {}
 
 
 def _stage_name(spec: Any, kind_or_name: str) -> Optional[str]:

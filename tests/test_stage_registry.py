@@ -159,3 +159,24 @@ def test_decode_dispatch_passes_over_tvm_with_the_registry_reason(monkeypatch):
                                                     torch.bfloat16)
     reason = registry_for("tvm").lookup("fox_gate", "outside_scale", "decode").reason
     assert step is None and "fox_gate placement 'outside_scale'" in why and reason in why
+
+
+def test_registry_loads_without_the_backend_package(monkeypatch):
+    """A registry is read without importing its backend's package (which needs triton), so the
+    dispatcher can say what a backend lacks on a machine without that compiler."""
+    import importlib
+
+    from pathtune.codegen import _registry
+
+    real = importlib.import_module
+
+    def no_backend(name, *a, **kw):
+        if name.startswith("pathtune.codegen.triton"):
+            raise ImportError(f"No module named {name!r} (simulated: no triton)")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(_registry, "_LOADED", {})
+    monkeypatch.setattr(_registry.importlib, "import_module", no_backend)
+    reg = _registry.registry_for("triton")
+    assert isinstance(reg.lookup("ut_inverse", "fused", "fwd"), Implemented)
+    assert "no CUDA-core form" in reg.lookup("blockwise_scan", "cuda_core", "fwd").reason

@@ -8,7 +8,7 @@ tests/test_stage_registry.py.  Runs no kernel: not part of any pass's source has
 """
 from __future__ import annotations
 
-from .._registry import StageRegistry
+from pathtune.codegen._registry import StageRegistry
 
 REGISTRY = StageRegistry("triton")
 _T = "pathtune.codegen.triton."

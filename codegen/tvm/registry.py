@@ -7,7 +7,7 @@ against the spec by tests/test_stage_registry.py.  No TVM import here.
 """
 from __future__ import annotations
 
-from .._registry import StageRegistry
+from pathtune.codegen._registry import StageRegistry
 
 REGISTRY = StageRegistry("tvm")
 _V = "pathtune.codegen.tvm."
