@@ -6,11 +6,24 @@ computed per I with L_{I,K} = sum_{J<K} dOm_{I,J} Om_{K,J}^T  (L_{I,K+1} = L_{I,
 written over dOm in place) and then dWhat_K += Om_{I,K}^T L_{I,K} walking K right to left with
 Om_{I,K-1} = Om_{I,K} What_K.  O(N_S^2) D x D products, N_S = super-chunks per sequence.
 
+Wide head dims (padded BD above 64: a BD x BD float32 tile per operand exceeds shared memory) run the
+same sums in three kernels that hold ROWS x BD or BD x CB blocks only, parallel over super-chunks:
+``bwd_chain_rows_kernel`` (per super-chunk I, kv head, ROWS rows) writes L_{I,K+1} over the slot of
+dOm_{I,K} (rows of L evolve independently: L_{I,K+1}[rb] = L_{I,K}[rb] What_K^T + dOm_{I,K}[rb]);
+``bwd_chain_dwhat_kernel`` (per super-chunk K, kv head, CB x CB block of dWhat_K) sums
+Om_{I,K}[:, cb]^T L_{I,K}[:, cb2] over I > K, carrying Om_{I,K}[:, cb] (columns evolve independently:
+Om_{I+1,K} = What_I Om_{I,K}) or reading it from the precomputed pairs; and
+``bwd_superchunk_pairs_kernel`` (per super-chunk I, kv head, ROWS rows) writes Om_{I,J}[rb] for every
+J < I (Om_{I,J} = Om_{I,J+1} What_{J+1}), which the column-blocked inter kernels read (DB < BD).
+Every product runs "full K, column-blocked output" on CB columns of the right operand at a time.
+
 The transport backward reverses ``superchunk_transport_kernel`` in two kernels:
 ``bwd_transport_chain_kernel`` (per super-chunk, kv head, row block of Suf) replays the right-to-left
 walk storing the states Suf_m, then walks left to right storing the gradients G_m = dSuf_m;
 ``bwd_transport_grads_kernel`` (per super-chunk, UT chunk, kv head) turns them into dK~, dW, dU of
 its chunk, summing the row blocks in registers (no atomics).
+
+``gate_grad_kernel`` turns the gate cumsum's gradient dc into dg (a reversed cumsum per sequence).
 """
 from __future__ import annotations
 
@@ -54,6 +67,117 @@ def bwd_superchunk_chain_kernel(
             tl.debug_barrier()
             Wk = tl.load(what_ptr + ((sc_base + kl) * H + h) * BD * BD + dd)
             Om = tl.dot(Om, Wk, input_precision=TP)
+
+
+@triton.jit
+def _chain_prologue(n, sc_seq, seq_start, seq_end, seq_sc_base, seq_pair_base, S: tl.constexpr):
+    """(index of super-chunk n inside its sequence, the sequence's super-chunk count, first super-chunk,
+    first pair entry) of global super-chunk n."""
+    sid = tl.load(sc_seq + n)
+    nsc = (tl.load(seq_end + sid) - tl.load(seq_start + sid) + S - 1) // S
+    sc_base = tl.load(seq_sc_base + sid)
+    return n - sc_base, nsc, sc_base, tl.load(seq_pair_base + sid)
+
+
+@triton.jit
+def bwd_chain_rows_kernel(
+    what_ptr, dom_ptr,
+    sc_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
+    H: tl.constexpr, BD: tl.constexpr, S: tl.constexpr, ROWS: tl.constexpr, CB: tl.constexpr,
+    TP: tl.constexpr,
+):
+    """Per (super-chunk I, kv head, ROWS rows): overwrites the slot of dOm_{I,K} with L_{I,K+1} for
+    1 <= K <= I - 2 (the slot of dOm_{I,0} already holds L_{I,1} = dOm_{I,0}); afterwards the slot
+    of (I, K - 1) holds L_{I,K} for every 1 <= K < I.  Each step reads the slot it overwrites (the
+    dOm term) block by block, then reloads the rows whole for the next product."""
+    il, nsc, sc_base, pair_base = _chain_prologue(tl.program_id(0), sc_seq, seq_start, seq_end, seq_sc_base,
+                                                  seq_pair_base, S)
+    h = tl.program_id(1)
+    if il >= 2:
+        rr = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
+        d = tl.arange(0, BD)
+        c = tl.arange(0, CB)
+        row0 = (pair_base + il * nsc).to(tl.int64)
+        rows = rr[:, None] * BD + d[None, :]
+        L = tl.load(dom_ptr + (row0 * H + h) * BD * BD + rows)
+        for kl in range(1, il - 1):
+            slot = dom_ptr + ((row0 + kl) * H + h) * BD * BD
+            wk = what_ptr + ((sc_base + kl).to(tl.int64) * H + h) * BD * BD
+            for cb in range(0, BD // CB):
+                e = cb * CB + c
+                Wb = tl.load(wk + e[:, None] * BD + d[None, :])                  # What_K[cb, :]
+                ptr = slot + rr[:, None] * BD + e[None, :]
+                tl.store(ptr, tl.dot(L, tl.trans(Wb), input_precision=TP) + tl.load(ptr))
+            tl.debug_barrier()
+            L = tl.load(slot + rows)
+
+
+@triton.jit
+def bwd_chain_dwhat_kernel(
+    what_ptr, om_ptr, dom_ptr, dwhat_ptr,
+    sc_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
+    H: tl.constexpr, BD: tl.constexpr, S: tl.constexpr, CB: tl.constexpr, HAS_OM: tl.constexpr,
+    TP: tl.constexpr,
+):
+    """Per (super-chunk K, kv head, CB x CB block (cb, cb2)): dWhat_K[cb, cb2] = sum_{I>K}
+    Om_{I,K}[:, cb]^T L_{I,K}[:, cb2], L as ``bwd_chain_rows_kernel`` left it, STORED (zero for
+    a sequence's first and last super-chunk).  HAS_OM: Om_{I,K} read from om_ptr (every pair,
+    ``bwd_superchunk_pairs_kernel``); else its columns cb carried, Om_{I+1,K} = What_I Om_{I,K}."""
+    k = tl.program_id(0)
+    kl, nsc, sc_base, pair_base = _chain_prologue(k, sc_seq, seq_start, seq_end, seq_sc_base, seq_pair_base, S)
+    h = tl.program_id(1)
+    NB: tl.constexpr = BD // CB
+    e = (tl.program_id(2) // NB) * CB + tl.arange(0, CB)
+    e2 = (tl.program_id(2) % NB) * CB + tl.arange(0, CB)
+    d = tl.arange(0, BD)
+    acc = tl.zeros((CB, CB), dtype=tl.float32)
+    if kl >= 1:
+        A = tl.where(d[:, None] == e[None, :], 1.0, 0.0)                          # Om_{K+1,K}[:, cb]
+        for il in range(kl + 1, nsc):
+            pair = (pair_base + il * nsc + kl).to(tl.int64)
+            if HAS_OM:
+                A = tl.load(om_ptr + (pair * H + h) * BD * BD + d[:, None] * BD + e[None, :])
+            Lb = tl.load(dom_ptr + ((pair - 1) * H + h) * BD * BD + d[:, None] * BD + e2[None, :])
+            acc += tl.dot(tl.trans(A), Lb, input_precision=TP)
+            if not HAS_OM:   # (after the last super-chunk What is zero and A dead)
+                Wi = tl.load(what_ptr + ((sc_base + il).to(tl.int64) * H + h) * BD * BD
+                             + d[:, None] * BD + d[None, :])
+                A = tl.dot(Wi, A, input_precision=TP)
+    tl.store(dwhat_ptr + (k.to(tl.int64) * H + h) * BD * BD + e[:, None] * BD + e2[None, :], acc)
+
+
+@triton.jit
+def bwd_superchunk_pairs_kernel(
+    what_ptr, om_ptr,
+    sc_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
+    H: tl.constexpr, BD: tl.constexpr, S: tl.constexpr, ROWS: tl.constexpr, CB: tl.constexpr,
+    TP: tl.constexpr,
+):
+    """Per (super-chunk I, kv head, ROWS rows): Om_{I,J}[rb] = What_{I-1} ... What_{J+1} (the
+    identity for J = I - 1) for every J < I, at om_ptr's pair entry I * n_sc + J (laid out like dOm;
+    entries J >= I are left unwritten: no kernel reads them).  Walks J right to left,
+    Om_{I,J} = Om_{I,J+1} What_{J+1}, storing each block of columns and reloading the rows whole."""
+    il, nsc, sc_base, pair_base = _chain_prologue(tl.program_id(0), sc_seq, seq_start, seq_end, seq_sc_base,
+                                                  seq_pair_base, S)
+    h = tl.program_id(1)
+    if il >= 1:
+        rr = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
+        d = tl.arange(0, BD)
+        c = tl.arange(0, CB)
+        row0 = (pair_base + il * nsc).to(tl.int64)
+        rows = rr[:, None] * BD + d[None, :]
+        Om = tl.where(rr[:, None] == d[None, :], 1.0, 0.0)
+        tl.store(om_ptr + ((row0 + il - 1) * H + h) * BD * BD + rows, Om)
+        for step in range(0, il - 1):
+            jl = il - 2 - step
+            wj = what_ptr + ((sc_base + jl + 1).to(tl.int64) * H + h) * BD * BD
+            slot = om_ptr + ((row0 + jl) * H + h) * BD * BD
+            for cb in range(0, BD // CB):
+                e = cb * CB + c
+                Wb = tl.load(wj + d[:, None] * BD + e[None, :])                  # What_{J+1}[:, cb]
+                tl.store(slot + rr[:, None] * BD + e[None, :], tl.dot(Om, Wb, input_precision=TP))
+            tl.debug_barrier()
+            Om = tl.load(slot + rows)
 
 
 @triton.jit
@@ -148,3 +272,44 @@ def bwd_transport_grads_kernel(
         tl.store(du_ptr + off, dU, mask=dmask)
         tl.store(dw_ptr + off, dW, mask=dmask)
         tl.store(dkt_ptr + off, dKt, mask=dmask)
+
+
+@triton.jit
+def gate_grad_kernel(dc_ptr, dg_ptr, seq_start, seq_end, HQ: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr,
+                     SPAN: tl.constexpr):
+    """dg_l = sum of dc_i over i >= l in l's sequence (c is the inclusive cumsum of g), one program per
+    (sequence, span of SPAN tokens, BH query heads), [N, HQ] token-major in and out (dg in its own dtype).
+
+    The program first sums the sequence's tokens after its span (a re-read of at most the sequence's
+    length), then scans its span from the end in tiles of BT tokens (a reversed cumsum per tile).  The
+    running total is a float32 pair (hi, lo) with hi + lo the sum (Fast2Sum), so a long sequence's sum
+    keeps float64-like accuracy before the final rounding."""
+    sid = tl.program_id(0)
+    hs = tl.program_id(2) * BH + tl.arange(0, BH)
+    hmask = hs < HQ
+    s0 = tl.load(seq_start + sid)
+    s1 = tl.load(seq_end + sid)
+    a = s0 + tl.program_id(1).to(tl.int64) * SPAN
+    r = tl.arange(0, BT)
+    hi = tl.zeros((BH,), dtype=tl.float32)
+    lo = tl.zeros((BH,), dtype=tl.float32)
+    if a < s1:
+        b = tl.minimum(a + SPAN, s1)
+        for t0 in range(b, s1, BT):           # everything after the span: its sum only
+            t = t0 + r
+            x = tl.load(dc_ptr + t[:, None] * HQ + hs[None, :], mask=(t < s1)[:, None] & hmask[None, :], other=0.0)
+            y = lo + tl.sum(x, axis=0)
+            new_hi = hi + y
+            lo = y - (new_hi - hi)
+            hi = new_hi
+        for i in range(0, tl.cdiv(b - a, BT)):
+            t = b - (i + 1) * BT + r
+            mask = (t >= a)[:, None] & hmask[None, :]
+            off = t[:, None] * HQ + hs[None, :]
+            x = tl.load(dc_ptr + off, mask=mask, other=0.0)
+            part = tl.cumsum(x, axis=0, reverse=True)
+            tl.store(dg_ptr + off, (hi[None, :] + (lo[None, :] + part)).to(dg_ptr.dtype.element_ty), mask=mask)
+            y = lo + tl.sum(x, axis=0)
+            new_hi = hi + y
+            lo = y - (new_hi - hi)
+            hi = new_hi
