@@ -504,3 +504,115 @@ def test_range_budget_counts_the_ut_backward_tiles_where_larger():
     intra = 4 * H * (2 * D + C) + H * (S // (2 * C)) * 64 * 2
     assert intra > 4 * H * CC_TILES * C
     assert tri_backward._phase2_bytes_per_token(H, D, C, S, False) == shared(D) + intra
+
+
+# ----------------------------------------------------------------------------- blocked super-chunk chain kernels
+
+def _packed_chain_case(BD, seed, H=2, S=32):
+    """Tables of packed sequences of 1, 2, 5 and 3 super-chunks; What near the identity, random dOm."""
+    from pathtune.codegen.triton._layout import build_tables
+
+    lens = [20, 64, 150, 70]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    tb = build_tables(1, sum(lens), cu, 16, S, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(seed)
+    what = torch.eye(BD) + 0.3 * torch.randn(tb.n_sc, H, BD, BD, generator=gen) / BD ** 0.5
+    dom = torch.randn(tb.n_pairs, H, BD, BD, generator=gen)
+    return tb, what, dom
+
+
+@pytest.mark.parametrize("BD,blocks", [(32, (16, 16, 16, 4)), (128, None)], ids=["BD32-blocked", "BD128"])
+def test_blocked_chain_kernels_match_torch(monkeypatch, BD, blocks):
+    """bwd_chain_rows_kernel + bwd_chain_dwhat_kernel (the super-chunk chain above padded head dim 64,
+    both ways: carrying Om's columns, and reading every pair's Om) and bwd_superchunk_pairs_kernel
+    against the float64 torch references, for packed sequences of 1, 2, 5 and 3 super-chunks.  Outputs
+    start as NaN: every dWhat entry (zero for a sequence's first and last super-chunk) and every
+    Om_{I,J}, J < I, is written.  BD = 32 with 16 x 16 blocks runs several row and column blocks."""
+    from pathtune.codegen.triton import bwd_chain
+
+    if blocks is not None:
+        monkeypatch.setattr(tri_backward, "chain_blocks", lambda bd: blocks)
+    tb, what, dom = _packed_chain_case(BD, 500 + BD)
+    H, S = what.shape[1], 32
+    rows, cb, dcb, warps = tri_backward.chain_blocks(BD)
+    ref = tri_backward._superchunk_chain_torch(what.to(F64), dom.to(F64), tb)
+    om_ref = tri_backward._superchunk_pairs_torch(what.to(F64), tb, dom.to(F64))
+    t = (tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base)
+    om = torch.full_like(dom, float("nan"))
+    bwd_chain.bwd_superchunk_pairs_kernel[(tb.n_sc, H, BD // rows)](
+        what, om, *t, H=H, BD=BD, S=S, ROWS=rows, CB=cb, TP="ieee", num_warps=warps)
+    pairs = [pb + i * nsc + j for nsc, pb in zip(tb.seq_nsc_host, tb.pair_base_host)
+             for i in range(nsc) for j in range(i)]
+    assert len(pairs) == 0 + 1 + 10 + 3
+    assert rel(om[pairs], om_ref[pairs]) < 1e-6
+    for has_om in (False, True):
+        d = dom.clone()
+        bwd_chain.bwd_chain_rows_kernel[(tb.n_sc, H, BD // rows)](
+            what, d, *t, H=H, BD=BD, S=S, ROWS=rows, CB=cb, TP="ieee", num_warps=warps)
+        got = torch.full_like(what, float("nan"))
+        bwd_chain.bwd_chain_dwhat_kernel[(tb.n_sc, H, (BD // dcb) ** 2)](
+            what, om if has_om else what, d, got, *t, H=H, BD=BD, S=S, CB=dcb, HAS_OM=has_om, TP="ieee",
+            num_warps=warps)
+        assert torch.isfinite(got).all() and got.abs().sum() > 0
+        assert rel(got, ref) < 1e-6, has_om
+        first_last = [base + j for nsc, base in zip(tb.seq_nsc_host, tb.sc_base_host) for j in {0, nsc - 1}]
+        assert torch.count_nonzero(got[first_last]) == 0
+
+
+def test_superchunk_chain_host_paths_agree():
+    """``superchunk_chain`` (the host side stage 4 calls) gives the same dWhat through the per-sequence
+    kernel (padded head dims <= CHAIN_KERNEL_MAX_BD) and through the blocked kernels above it."""
+    tb, what, dom = _packed_chain_case(32, 510)
+    narrow = tri_backward.superchunk_chain(what, dom.clone(), tb, 32, "ieee")
+    try:
+        tri_backward.CHAIN_KERNEL_MAX_BD, saved = 16, tri_backward.CHAIN_KERNEL_MAX_BD
+        wide = tri_backward.superchunk_chain(what, dom.clone(), tb, 32, "ieee")
+        om = tri_backward.superchunk_pairs(what, tb, dom, 32, "ieee")
+        wide_om = tri_backward.superchunk_chain(what, dom.clone(), tb, 32, "ieee", om=om)
+    finally:
+        tri_backward.CHAIN_KERNEL_MAX_BD = saved
+    assert rel(wide, narrow) < 1e-6 and rel(wide_om, narrow) < 1e-6
+
+
+@pytest.mark.parametrize("lens", [None, (45, 1, 74)], ids=["dense-B2", "varlen"])
+def test_backward_through_blocked_chain(monkeypatch, lens):
+    """End to end with the blocked chain kernels forced at a small head dim (CHAIN_KERNEL_MAX_BD below
+    the padded 32): the gradients, dw and dbeta through dWhat included, match the oracle; varlen
+    with 2 + 1 + 3 super-chunks, and a range split (one super-chunk per range) on the same call."""
+    monkeypatch.setattr(tri_backward, "CHAIN_KERNEL_MAX_BD", 16)
+    monkeypatch.setattr(tri_backward, "chain_blocks", lambda bd: (16, 16, 16, 4))
+    launched = []
+    real = tri_backward.bwd_chain_dwhat_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(tri_backward, "bwd_chain_dwhat_kernel", Spy())
+    T = sum(lens) if lens else 100
+    B = 1 if lens else 2
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32) if lens else None
+    inputs, do = make_inputs(520 + T, B=B, T=T, HQ=2, H=1, D=24, DV=16, gate=True)
+    kw = {} if cu is None else dict(cu_seqlens=cu)
+    monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)
+    run_case(inputs, do, params(), **kw)
+    assert launched
+
+
+@pytest.mark.parametrize("HQ", [3, 20])
+def test_gate_grad_kernel_matches_torch(monkeypatch, HQ):
+    """dg = reversed cumsum of dc per sequence (``gate_grad_kernel``) against the float64 torch version,
+    spans of 64 tokens (several per sequence, a sequence of exactly one span and one of a span plus
+    one token, a length-1 sequence), heads in one block and in two (the second partial)."""
+    from pathtune.codegen.triton._layout import build_tables
+
+    monkeypatch.setattr(tri_backward, "GATE_GRAD_SPAN", 64)
+    lens = [1, 150, 37, 64, 65]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    tb = build_tables(1, sum(lens), cu, 16, 32, torch.device("cpu"))
+    dc = 1.0 + 1e-3 * torch.randn(sum(lens), HQ, generator=torch.Generator().manual_seed(530 + HQ))
+    got = tri_backward._gate_grad(dc, tb, (1, sum(lens), HQ))
+    ref = tri_backward._gate_grad_torch(dc, tb, (1, sum(lens), HQ))
+    assert got.dtype == F32 and got.shape == (1, sum(lens), HQ)
+    assert rel(got, ref) < 1e-7

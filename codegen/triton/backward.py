@@ -3,30 +3,45 @@
 Order (each stage only reads what earlier ones wrote):
   1. bwd_prep          Y (queries at their super-chunk start), delta = rowsum(dO * O)
   3. bwd_inter_dkv     dKJ, inter part of dV, dOm per super-chunk pair, key side of dc
-  4. superchunk chain  dWhat from dOm
+  4. superchunk chain  dWhat from dOm (``superchunk_chain``: one kernel per sequence up to padded
+                       head dim 64, two blocked kernels per super-chunk above)
   2. bwd_inter_dq      dY from all earlier super-chunks, query side of dc (after 3-4: dOm is
                        freed before dY is allocated; wide head dims, padded D above 128: 3 and 2
-                       run column-blocked on every pair's Om_{I,J}, computed in torch before 3
-                       by ``_superchunk_pairs_torch``, as large as dOm, freed after 2)
+                       run column-blocked on every pair's Om_{I,J}, computed before 3 by
+                       ``superchunk_pairs`` (one kernel), as large as dOm, freed after 2)
   5. bwd_transport     dK~, dW, dU from dKJ and dWhat (a chain kernel storing the states, then a
                        per-chunk kernel summing their products)
   6. bwd_intra         dq (final) and the chunk-level dK~, dU, dW, dM, dK, dV, dc inside super-chunks
   7. ut_bwd            dw, dk, dbeta through the UT transform (C x C chunk kernel, then per column block)
-then dg = reverse cumsum of dc per sequence.  Stages 5-7 only touch rows of one super-chunk; on
-long inputs they run per token range of super-chunks (see ``path_attention_bwd``), which bounds
-the extra peak memory (``benchmarks/memory_probe.py``: 0.95 GiB at T=16384, B=2, H=16, D=64, with
-the 256 MiB budget ``PHASE2_RANGE_BYTES``).
+then dg = reverse cumsum of dc per sequence (``gate_grad_kernel``).  Stages 5-7 only touch rows of
+one super-chunk; on long inputs they run per token range of super-chunks (see
+``path_attention_bwd``), which bounds the extra peak memory (``benchmarks/memory_probe.py``: 0.91
+GiB at T=16384, B=2, H=16, D=64, with the 256 MiB budget ``PHASE2_RANGE_BYTES``).
+
+Host work per call: no device read for a dense batch (its range tables are built once per shape
+and cached); buffers that kernels accumulate into are zeroed in as few memsets as their lifetimes
+allow (``_zeros``: one flat buffer carved into views), the rest are left uninitialised.
 """
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 
 import torch
+import triton
 
 from ._layout import SequenceTables
 from ._ops import interpreting
-from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_chain_kernel, bwd_transport_grads_kernel
+from .bwd_chain import (
+    bwd_chain_dwhat_kernel,
+    bwd_chain_rows_kernel,
+    bwd_superchunk_chain_kernel,
+    bwd_superchunk_pairs_kernel,
+    bwd_transport_chain_kernel,
+    bwd_transport_grads_kernel,
+    gate_grad_kernel,
+)
 from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
 from .bwd_intra import bwd_intra_kernel
 from .bwd_prep import bwd_prep_kernel
@@ -44,12 +59,25 @@ from .forward import (
 from .params import TritonParams
 from .ut_bwd import CC_TILES, UT_BWD_APPLY_WARPS, UT_BWD_CHUNK_WARPS, ut_bwd_apply_kernel, ut_bwd_chunk_kernel
 
+GATE_GRAD_SPAN = 1024    # tokens per program of gate_grad_kernel
+
 
 def _gate_grad(dc: torch.Tensor, tables: SequenceTables, shape) -> torch.Tensor:
-    """dg_l = sum_{i >= l, same sequence} dc_i (c is the inclusive cumsum of g).
+    """dg_l = sum_{i >= l, same sequence} dc_i (c is the inclusive cumsum of g), float32, one launch of
+    ``gate_grad_kernel`` (no host work: the grid comes from the tables' host ints)."""
+    N, HQ = dc.shape
+    dg = torch.empty(N, HQ, device=dc.device, dtype=torch.float32)
+    BH = min(triton.next_power_of_2(HQ), 16)
+    BT = min(max(16, 1024 // BH), GATE_GRAD_SPAN)
+    grid = (tables.n_seq, triton.cdiv(max(tables.max_seq_len, 1), GATE_GRAD_SPAN), triton.cdiv(HQ, BH))
+    gate_grad_kernel[grid](dc, dg, tables.seq_start, tables.seq_end, HQ=HQ, BH=BH, BT=BT, SPAN=GATE_GRAD_SPAN,
+                           num_warps=4)
+    return dg.view(shape)
 
-    Runs along the innermost dimension (tokens moved last) in float64.
-    """
+
+def _gate_grad_torch(dc: torch.Tensor, tables: SequenceTables, shape) -> torch.Tensor:
+    """``_gate_grad`` in float64 torch ops along the innermost dimension (tokens moved last): the
+    reference of the kernel's test."""
     d64 = dc.t().to(torch.float64)                                   # [HQ, N]
     rc = torch.flip(torch.cumsum(torch.flip(d64, [-1]), -1), [-1])   # sum over i >= l, whole stream
     tail = torch.cat([rc, torch.zeros_like(rc[:, :1])], -1)[:, tables.seq_end]  # beyond each sequence
@@ -61,7 +89,8 @@ def _gate_grad(dc: torch.Tensor, tables: SequenceTables, shape) -> torch.Tensor:
 def _superchunk_chain_torch(what: torch.Tensor, dom: torch.Tensor, tables: SequenceTables) -> torch.Tensor:
     """Same result as bwd_superchunk_chain_kernel, batched over heads and super-chunks in torch.
 
-    Used for head dims above 64, where the kernel's D x D float32 tiles exceed shared memory.
+    The reference the chain kernels are tested against (``superchunk_chain`` launches kernels at
+    every head dim); a Python loop per sequence, not for the hot path.
     """
     dwhat = torch.zeros_like(what)
     H, BD = what.shape[1], what.shape[2]
@@ -90,8 +119,7 @@ def _superchunk_pairs_torch(what: torch.Tensor, tables: SequenceTables, like: to
     J < I of every sequence, laid out like dOm (``like``: [n_pairs, H, BD, BD] float32, entry
     pair_base + I * n_sc + J).  Entries J >= I are left unwritten (no kernel reads them).
 
-    The inter backward kernels read these on the column-blocked path (DB < BD), where no kernel
-    can hold a BD x BD float32 tile to carry the running product itself.  One batched matmul per
+    The reference of ``bwd_superchunk_pairs_kernel`` (``superchunk_pairs``), one batched matmul per
     distance I - J and sequence: Om_{I,J} = Om_{I,J+1} What_{J+1}.
     """
     om = torch.empty_like(like)
@@ -108,6 +136,58 @@ def _superchunk_pairs_torch(what: torch.Tensor, tables: SequenceTables, like: to
             i = torch.arange(k, nsc, device=what.device)
             o[i, i - k] = o[i, i - k + 1] @ W[i - k + 1]
     return om
+
+
+# Padded head dims up to which ``bwd_superchunk_chain_kernel`` (whole BD x BD float32 tiles, one program
+# per sequence) runs the super-chunk chain; above, the blocked kernels (``superchunk_chain``).
+CHAIN_KERNEL_MAX_BD = 64
+
+
+def chain_blocks(BD: int) -> tuple[int, int, int, int]:
+    """(ROWS, CB of the row-walk kernels, CB of ``bwd_chain_dwhat_kernel``, warps) of the wide-head-dim
+    chain kernels (bwd_chain.py) at padded head dim BD, from compile_check for sm_90: at BD = 256,
+    rows of 32 and 64 columns spilled 10-14 KB per thread (4 warps, tf32); 16 x 32 with 8 warps
+    spill nothing at 128 and 256, tf32 and tf32x3."""
+    return min(BD, 16), min(BD, 32), min(BD, 64), 8 if BD > 64 else 4
+
+
+def superchunk_pairs(what: torch.Tensor, tables: SequenceTables, like: torch.Tensor, S: int, tp: str) -> torch.Tensor:
+    """Om_{I,J} of every super-chunk pair J < I (as ``_superchunk_pairs_torch``) in one launch of
+    ``bwd_superchunk_pairs_kernel``; entries J >= I left unwritten."""
+    om = torch.empty_like(like)
+    H, BD = what.shape[1], what.shape[2]
+    rows, cb, _, warps = chain_blocks(BD)
+    bwd_superchunk_pairs_kernel[(tables.n_sc, H, BD // rows)](
+        what, om, tables.sc_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base, tables.seq_pair_base,
+        H=H, BD=BD, S=S, ROWS=rows, CB=cb, TP=tp, num_warps=warps, num_stages=1,
+    )
+    return om
+
+
+def superchunk_chain(what: torch.Tensor, dom: torch.Tensor, tables: SequenceTables, S: int, tp: str,
+                     om: torch.Tensor | None = None, dwhat: torch.Tensor | None = None) -> torch.Tensor:
+    """dWhat from dOm (overwritten).  Padded head dims up to 64: ``bwd_superchunk_chain_kernel``, one
+    program per sequence and kv head, adding into ``dwhat`` (zero-filled, given or allocated).
+    Above: ``bwd_chain_rows_kernel`` then ``bwd_chain_dwhat_kernel`` (ROWS x BD / BD x CB blocks,
+    programs per super-chunk), which store every entry of a fresh ``dwhat``; ``om`` (every pair's
+    Om, when the column-blocked inter kernels made it) saves that kernel the What products."""
+    H, BD = what.shape[1], what.shape[2]
+    t = (tables.seq_start, tables.seq_end, tables.seq_sc_base, tables.seq_pair_base)
+    if BD <= CHAIN_KERNEL_MAX_BD:
+        dwhat = torch.zeros_like(what) if dwhat is None else dwhat
+        bwd_superchunk_chain_kernel[(tables.n_seq, H)](what, dom, dwhat, *t, H=H, BD=BD, S=S, TP=tp,
+                                                       num_warps=4, num_stages=1)
+        return dwhat
+    dwhat = torch.empty_like(what)
+    rows, cb, dcb, warps = chain_blocks(BD)
+    bwd_chain_rows_kernel[(tables.n_sc, H, BD // rows)](
+        what, dom, tables.sc_seq, *t, H=H, BD=BD, S=S, ROWS=rows, CB=cb, TP=tp, num_warps=warps, num_stages=1,
+    )
+    bwd_chain_dwhat_kernel[(tables.n_sc, H, (BD // dcb) ** 2)](
+        what, what if om is None else om, dom, dwhat, tables.sc_seq, *t,
+        H=H, BD=BD, S=S, CB=dcb, HAS_OM=om is not None, TP=tp, num_warps=warps, num_stages=1,
+    )
+    return dwhat
 
 
 # Working set of the per-range stages (transport, intra, UT backward) above which they run over
@@ -159,11 +239,18 @@ def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool, HQ: int
     return 4 * H * per_head + max(4 * H * (2 * D + C) + states, 4 * H * CC_TILES * C)
 
 
+_LAST_BOUNDS: list = [None, None]     # (tables, bounds) of the last packed varlen batch read
+
+
 def _host_bounds(tb: SequenceTables, B: int, T: int):
-    """(start, end) of every sequence on the host: a dense batch from its shape, else one read."""
+    """(start, end) of every sequence on the host: a dense batch from its shape, else one read per
+    tables (kept for the next call with the same tables: ranges and range tables need them both)."""
     if tb.n_seq == B and tb.max_seq_len == T:    # dense (varlen has B == 1): no device read
         return [(b * T, (b + 1) * T) for b in range(B)]
-    return list(zip(tb.seq_start.tolist(), tb.seq_end.tolist()))   # packed varlen (host sync)
+    if _LAST_BOUNDS[0] is not tb:
+        cut = torch.cat([tb.seq_start[:1], tb.seq_end]).tolist()   # packed varlen: one read (host sync)
+        _LAST_BOUNDS[:] = [tb, list(zip(cut[:-1], cut[1:]))]
+    return _LAST_BOUNDS[1]
 
 
 def _ranges(tb: SequenceTables, B: int, T: int, N: int, C: int, S: int, n_ranges: int):
@@ -187,14 +274,67 @@ def _ranges(tb: SequenceTables, B: int, T: int, N: int, C: int, S: int, n_ranges
     return out
 
 
-def _range_tables(tb: SequenceTables, a, c0, c1, j0, j1) -> SequenceTables:
-    """The chunk / super-chunk tables of one token range, token indices rebased to its start."""
-    if (a, c0, c1, j0, j1) == (0, 0, tb.n_chunks, 0, tb.n_sc):
-        return tb
-    return dataclasses.replace(
-        tb, chunk_tok0=tb.chunk_tok0[c0:c1] - a, chunk_seq=tb.chunk_seq[c0:c1],
-        sc_tok0=tb.sc_tok0[j0:j1] - a, sc_seq=tb.sc_seq[j0:j1],
-        seq_start=tb.seq_start - a, seq_end=tb.seq_end - a, n_chunks=c1 - c0, n_sc=j1 - j0)
+_RANGE_TABLES: dict = {}     # (id(tables), ranges) -> (tables, per-range tables) of dense batches
+
+
+def _range_tables(tb: SequenceTables, ranges, B: int, T: int, C: int, S: int) -> list[SequenceTables]:
+    """The chunk / super-chunk tables of every token range, token indices rebased to its start.
+
+    Built on the host (the ranges' bounds are host ints already) and copied to the device in one
+    non-blocking transfer, no device read.  A dense batch's tables are cached per shape, so its
+    range tables are built once per (tables, ranges) and later calls do no host-to-device work."""
+    if len(ranges) == 1:
+        return [tb]
+    dense = tb.n_seq == B and tb.max_seq_len == T
+    key = (id(tb), tuple(ranges))
+    hit = _RANGE_TABLES.get(key)
+    if hit is not None and hit[0] is tb:
+        return hit[1]
+    bounds = _host_bounds(tb, B, T)
+    chunk_tok0, chunk_seq, sc_tok0, sc_seq = [], [], [], []
+    for sid, (s0, s1) in enumerate(bounds):
+        chunk_tok0 += range(s0, s1, C)
+        sc_tok0 += range(s0, s1, S)
+        chunk_seq += [sid] * len(range(s0, s1, C))
+        sc_seq += [sid] * len(range(s0, s1, S))
+    starts, ends = [s0 for s0, _ in bounds], [s1 for _, s1 in bounds]
+    flat, parts = [], []
+    for a, _b, c0, c1, j0, j1 in ranges:
+        segs = ([t - a for t in chunk_tok0[c0:c1]], chunk_seq[c0:c1], [t - a for t in sc_tok0[j0:j1]],
+                sc_seq[j0:j1], [t - a for t in starts], [t - a for t in ends])
+        spans = []
+        for seg in segs:       # each table 16-byte aligned (two int64), like a fresh tensor
+            spans.append((len(flat), len(seg)))
+            flat += seg + [0] * (len(seg) % 2)
+        parts.append(spans)
+    host = torch.tensor(flat, dtype=torch.int64)
+    dev = tb.chunk_tok0.device
+    if dev.type == "cuda":
+        host = host.pin_memory()
+    allt = host.to(dev, non_blocking=True)
+    out = []
+    for (_a, _b, c0, c1, j0, j1), spans in zip(ranges, parts):
+        ct, cs, st, ss, s0, s1 = (allt[o:o + n] for o, n in spans)
+        out.append(dataclasses.replace(tb, chunk_tok0=ct, chunk_seq=cs, sc_tok0=st, sc_seq=ss,
+                                       seq_start=s0, seq_end=s1, n_chunks=c1 - c0, n_sc=j1 - j0))
+    if dense:
+        if len(_RANGE_TABLES) >= 64:
+            _RANGE_TABLES.pop(next(iter(_RANGE_TABLES)))
+        _RANGE_TABLES[key] = (tb, out)
+    return out
+
+
+def _zeros(shapes, dtype, device) -> list[torch.Tensor]:
+    """Zero-filled tensors of ``shapes`` carved from one flat buffer: one memset for all (each view
+    starts 512-byte aligned).  They share one storage: it lives while any of them does."""
+    sizes = [math.prod(s) for s in shapes]
+    align = 512 // torch.empty((), dtype=dtype).element_size()
+    offs, n = [], 0
+    for size in sizes:
+        offs.append(n)
+        n += -(-size // align) * align
+    flat = torch.zeros(max(n, 1), dtype=dtype, device=device)
+    return [flat[o:o + size].view(s) for o, size, s in zip(offs, sizes, shapes)]
 
 
 def path_attention_bwd(
@@ -241,8 +381,11 @@ def path_attention_bwd(
     recompute = len(ranges) > 1
 
     # 1. queries at their super-chunk start, stored in the scan dtype: they are only ever GEMM operands
-    y = torch.zeros(N, HQ, D, device=dev, dtype=scan_store)
-    delta = torch.empty(N, HQ, **f32)
+    # (bwd_prep writes every row of every sequence)
+    y = torch.empty(N, HQ, D, device=dev, dtype=scan_store)
+    # delta (bwd_prep writes it whole) shares dc's buffer: one memset, and two [N, HQ] float32 rows
+    # rounded together instead of dc rounding up a larger buffer (the caching allocator's 2 MiB)
+    delta, dc = _zeros([(N, HQ), (N, HQ)], torch.float32, dev)
     dlse_t = _tokens(dlse).float() if dlse is not None else delta
     bwd_prep_kernel[(tb.n_chunks, HQ)](
         qt, wt, state.u, ot, dot_, dlse_t, y, delta,
@@ -253,39 +396,36 @@ def path_attention_bwd(
     if recompute:   # u, K~, m are recomputed per range below
         state.u = state.kt = state.m = None
 
-    dc = torch.zeros(N, HQ, **f32)
-    dv = torch.zeros(N, H, DV, **f32)
+    # accumulators that live to the end, zeroed at once: dv; dKJ and dWhat (the narrow chain kernel
+    # adds into it) between super-chunks, else dY (read by bwd_intra, nothing else writes it)
     if multi:
+        chain_adds = BD <= CHAIN_KERNEL_MAX_BD
+        shapes = [(N, H, DV), (N, H, D)] + ([tuple(state.what.shape)] if chain_adds else [])
+        dv, dkj, *dwhat0 = _zeros(shapes, torch.float32, dev)
+        dwhat0 = dwhat0[0] if chain_adds else None
         # 3. + 4. first (dom and its chain die before dY exists); stage 2 adds to dc after them,
         # and a sum of two terms from zero does not depend on their order
-        dkj = torch.zeros(N, H, D, **f32)
         dom = torch.zeros(max(tb.n_pairs, 1), H, BD, BD, **f32)
-        # column-blocked transitions (wide head dims): every pair's Om (like dom) from torch, and
-        # scratch rows for KZ / Z; otherwise the kernels carry Om themselves (dummy pointers)
+        # column-blocked transitions (wide head dims): every pair's Om (like dom), and scratch rows
+        # for KZ / Z; otherwise the kernels carry Om themselves (dummy pointers)
         DB = transition_column_block(BD)
-        om = _superchunk_pairs_torch(state.what, tb, dom) if DB < BD else state.what
+        om = superchunk_pairs(state.what, tb, dom, S, tp) if DB < BD else None
         kz = torch.empty(N, H, D, device=dev, dtype=state.kj.dtype) if DB < BD else dkj
         bwd_inter_dkv_kernel[(tb.n_sc * (S // BN), H)](
-            y, state.kj, vt, state.what, gc, dot_, lset, delta, dkj, dv, dom, dc, om, kz,
+            y, state.kj, vt, state.what, gc, dot_, lset, delta, dkj, dv, dom, dc,
+            state.what if om is None else om, kz,
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             qk_scale, gate_scale, scale, gate_nat,
             BLOCK_N=BN, BLOCK_M=params.bwd_block_m, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
             num_warps=params.bwd_num_warps, num_stages=params.bwd_num_stages, **common,
         )
         del kz
-        if BD <= 64:
-            dwhat = torch.zeros_like(state.what)
-            bwd_superchunk_chain_kernel[(tb.n_seq, H)](
-                state.what, dom, dwhat, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
-                H=H, BD=BD, S=S, TP=tp, num_warps=4, num_stages=1,
-            )
-        else:
-            dwhat = _superchunk_chain_torch(state.what, dom, tb)
-        del dom
+        dwhat = superchunk_chain(state.what, dom, tb, S, tp, om=om, dwhat=dwhat0)
+        del dom, dwhat0
         dy = torch.zeros(N, HQ, D, **f32)
         z = torch.empty(N, HQ, D, device=dev, dtype=y.dtype) if DB < BD else dy
         bwd_inter_dq_kernel[(tb.n_chunks, HQ)](
-            y, state.kj, vt, state.what, gc, dot_, lset, delta, dy, dc, om, z,
+            y, state.kj, vt, state.what, gc, dot_, lset, delta, dy, dc, state.what if om is None else om, z,
             tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             tb.n_chunks, qk_scale, gate_scale, scale, gate_nat,
             BLOCK_N=BN, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
@@ -293,7 +433,7 @@ def path_attention_bwd(
         )
         del om, z
     else:
-        dy = torch.zeros(N, HQ, D, **f32)
+        dv, dy = _zeros([(N, H, DV), (N, HQ, D)], torch.float32, dev)
     del y
     state.kj = state.what = None
 
@@ -302,17 +442,16 @@ def path_attention_bwd(
     dw = torch.empty(N, H, D, device=dev, dtype=w.dtype)
     dk = torch.empty(N, H, D, device=dev, dtype=k.dtype)
     dbeta = torch.empty(N, H, device=dev, dtype=beta.dtype)
-    for a, b, c0, c1, j0, j1 in ranges:
-        tr = _range_tables(tb, a, c0, c1, j0, j1)
+    for (a, b, _c0, _c1, j0, j1), tr in zip(ranges, _range_tables(tb, ranges, B, T, C, S)):
         r = slice(a, b)
         nr = b - a
         if recompute:
             u, ktil, m, ut_scratch, _ = ut_forward(kt_in[r], wt[r], bt[r], tr, H, D, C, params)
         else:
             u, ktil, m, ut_scratch = state.u, state.kt, state.m, None
-        dkt = torch.zeros(nr, H, D, **f32)
-        dw_acc = torch.zeros(nr, H, D, **f32)
-        du = torch.zeros(nr, H, D, **f32)
+        # the range's accumulators, zeroed at once: the transport backward stores dK~, dW, dU of the
+        # rows it owns (not a sequence's last super-chunk), bwd_intra adds into all five
+        dkt, dw_acc, du, dk_acc, dm = _zeros([(nr, H, D)] * 4 + [(nr, H, C)], torch.float32, dev)
         if multi:
             # the states Suf_m and their gradients G_m of every chunk: S / C of ROWS x BD per row block
             rows = transport_rows(BD)
@@ -329,8 +468,6 @@ def path_attention_bwd(
                 tr.sc_tok0, tr.sc_seq, tr.seq_end, num_warps=grads_warps, **tkw,
             )
             del suf, gs
-        dk_acc = torch.zeros(nr, H, D, **f32)
-        dm = torch.zeros(nr, H, C, **f32)
         # bwd_intra's chain-state slots (see the kernel): S // (2C) per chunk and query head
         xs = torch.empty(max(1, HQ * tr.n_chunks * (S // (2 * C)) * C * max(BD, 64)), device=dev, dtype=scan_store)
         bwd_intra_kernel[(tr.n_chunks, HQ)](
