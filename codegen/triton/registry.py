@@ -2,7 +2,7 @@
 
 Which variant runs is decided by the launchers for the call's head dims and length (``forward.py``:
 the fused UT stage from padded head dim ``UT_FUSED_MIN_BD``, column-blocked transitions above
-``TRANSITION_BLOCKED_ABOVE``; ``backward.py``: the chain kernel up to padded head dim 64, per-range
+``TRANSITION_BLOCKED_ABOVE``; ``backward.py``: the one-program chain up to ``CHAIN_KERNEL_MAX_BD``, per-range
 recomputation above the memory budget ``PHASE2_RANGE_BYTES``).  Checked against the spec by
 tests/test_stage_registry.py.  Runs no kernel: not part of any pass's source hash.
 """
@@ -43,10 +43,13 @@ REGISTRY.implement("blockwise_scan", "transition_whole", BWD, _T + "bwd_inter:bw
                    _T + "bwd_inter:bwd_inter_dq_kernel")
 REGISTRY.implement("blockwise_scan", "transition_column_blocked", FWD, _T + "forward:transition_column_block",
                    _T + "forward:TRANSITION_BLOCKED_ABOVE", _T + "scan_fwd:scan_inter_kernel")
-REGISTRY.implement("blockwise_scan", "transition_column_blocked", BWD, _T + "backward:_superchunk_pairs_torch",
-                   _T + "bwd_inter:bwd_inter_dkv_kernel", _T + "bwd_inter:bwd_inter_dq_kernel")
-REGISTRY.implement("blockwise_scan", "chain_kernel", BWD, _T + "bwd_chain:bwd_superchunk_chain_kernel")
-REGISTRY.implement("blockwise_scan", "chain_torch", BWD, _T + "backward:_superchunk_chain_torch")
+REGISTRY.implement("blockwise_scan", "transition_column_blocked", BWD, _T + "backward:superchunk_pairs",
+                   _T + "bwd_chain:bwd_superchunk_pairs_kernel", _T + "bwd_inter:bwd_inter_dkv_kernel",
+                   _T + "bwd_inter:bwd_inter_dq_kernel")
+REGISTRY.implement("blockwise_scan", "chain_kernel", BWD, _T + "backward:superchunk_chain",
+                   _T + "bwd_chain:bwd_superchunk_chain_kernel")
+REGISTRY.implement("blockwise_scan", "chain_blocked", BWD, _T + "backward:superchunk_chain",
+                   _T + "bwd_chain:bwd_chain_rows_kernel", _T + "bwd_chain:bwd_chain_dwhat_kernel")
 
 for _placement in ("inside_scale", "outside_scale"):
     REGISTRY.implement("fox_gate", _placement, FWD, _T + "forward:path_attention_fwd")

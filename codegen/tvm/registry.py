@@ -39,7 +39,7 @@ REGISTRY.unsupported("blockwise_scan", "transition_column_blocked", FWD,
                      "the TVM kernels stage whole D x D transitions in shared memory (stir_transport, tc_scan's "
                      "f16 hi/lo tiles); there is no column-blocked form, so wide head dims fail the build's "
                      "shared-memory check (UnsupportedConfig)")
-for _variant in ("tensor_core", "transition_whole", "transition_column_blocked", "chain_kernel", "chain_torch"):
+for _variant in ("tensor_core", "transition_whole", "transition_column_blocked", "chain_kernel", "chain_blocked"):
     REGISTRY.unsupported("blockwise_scan", _variant, BWD, NO_BACKWARD)
 
 REGISTRY.implement("fox_gate", "inside_scale", FWD, _V + "host:forward")
