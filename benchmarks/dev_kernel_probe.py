@@ -7,7 +7,7 @@ a temporary module, since ``triton.jit`` reads its source from a file).  Timing 
 launches add into buffers that already hold results, so nothing here checks values.
 
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096] [--gates 1,0]
-                                          [--only ut,transport,intra,dkv,om16,utbwd,variants,e2e]
+                                          [--only ut,transport,intra,dkv,utbwd,variants,e2e]
                                           [--old-intra FILE] [--old-ut FILE] [--intra-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
@@ -29,7 +29,6 @@ import os
 import torch
 import triton
 from kernel_variants import Capture, load_variant  # noqa: E402  (benchmarks/ is the script's folder)
-from variants import bwd_inter_om16, bwd_inter_rows  # noqa: E402
 
 import pathtune.codegen.triton.backward as bwd_mod
 import pathtune.codegen.triton.forward as fwd_mod
@@ -62,7 +61,6 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
     with Capture(bwd_mod, "bwd_transport_chain_kernel") as trc, Capture(bwd_mod, "bwd_transport_grads_kernel") as trg, \
             Capture(bwd_mod, "bwd_intra_kernel") as ia, \
             Capture(bwd_mod, "bwd_inter_dkv_kernel") as dkv, Capture(fwd_mod, "ut_chunk_kernel") as utc, \
-            Capture(bwd_mod, "bwd_inter_dq_kernel") as dq, \
             Capture(fwd_mod, "ut_apply_kernel") as uta, Capture(fwd_mod, "ut_diag_inverse_kernel") as utd, \
             Capture(bwd_mod, "ut_bwd_chunk_kernel") as ubc, Capture(bwd_mod, "ut_bwd_apply_kernel") as uba:
         o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None)
@@ -118,46 +116,6 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
     if "dkv" in only and gate:
         emit(dict(base, kernel="bwd_inter_dkv", variant="gate off (same args)",
                   ms=time_launch(dkv.real, grid, args, dict(kw, USE_GATE=False))))
-    if "dkv" in only:   # keys as rows (benchmarks/variants/bwd_inter_rows.py) and other tile shapes
-        rows_kernel = bwd_inter_rows.kernel()
-        for label, kernel in (("shipped", dkv.real), ("rows", rows_kernel)):
-            for change in ({}, dict(BLOCK_M=32), dict(BLOCK_N=128), dict(BLOCK_N=128, BLOCK_M=32),
-                           dict(num_warps=4), dict(num_warps=8)):
-                if label == "shipped" and not change or any(kw.get(k) == v for k, v in change.items()):
-                    continue
-                kw2 = dict(kw, **change)
-                g2 = (grid[0] * kw["BLOCK_N"] // kw2["BLOCK_N"], grid[1])
-                try:
-                    ms = time_launch(kernel, g2, args, kw2)
-                except Exception as exc:   # e.g. out of shared memory
-                    ms = f"{type(exc).__name__}: {str(exc)[:120]}"
-                emit(dict(base, kernel="bwd_inter_dkv", variant=f"{label} {change or 'as is'}", ms=ms))
-
-    if "om16" in only:   # both inter kernels with the pair transitions read in 16 bits (variants/bwd_inter_om16.py)
-        om_kernels = bwd_inter_om16.kernels()
-        for cap, name in ((dq, "bwd_inter_dq_kernel"), (dkv, "bwd_inter_dkv_kernel")):
-            grid, args, kw = cap.calls[0]
-            names = cap.real.arg_names
-            a = dict(zip(names, args))
-            if kw["DB"] != kw["BD"]:
-                continue
-            om = bwd_inter_om16.pair_products(a["what_ptr"], a["seq_start"], a["seq_end"], a["seq_sc_base"],
-                                              a["seq_pair_base"], kw["S"], a["kj_ptr"].dtype)
-            args2 = list(args)
-            args2[names.index("om_ptr")] = om
-            emit(dict(base, kernel=name, variant="shipped as is", ms=time_launch(cap.real, grid, args, kw)))
-            changes = [{}, dict(num_warps=4), dict(num_warps=8), dict(num_stages=2)]
-            if name == "bwd_inter_dkv_kernel":
-                changes += [dict(BLOCK_M=32), dict(BLOCK_M=32, num_warps=4)]
-            for change in changes:
-                if change and all(kw.get(k) == v for k, v in change.items()):
-                    continue
-                kw2 = dict(kw, **change)
-                try:
-                    ms = time_launch(om_kernels[name], grid, args2, kw2)
-                except Exception as exc:
-                    ms = f"{type(exc).__name__}: {str(exc)[:120]}"
-                emit(dict(base, kernel=name, variant=f"om16 {change or 'as is'}", ms=ms))
     if "utbwd" in only:
         ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src)
     if "variants" in only:
@@ -235,7 +193,7 @@ def main():
     ap.add_argument("--T", type=int, default=4096)
     ap.add_argument("--old-intra", default=None)
     ap.add_argument("--gates", default="1,0")
-    ap.add_argument("--only", default="ut,transport,intra,dkv,om16,utbwd,variants,e2e")
+    ap.add_argument("--only", default="ut,transport,intra,dkv,utbwd,variants,e2e")
     ap.add_argument("--old-ut", default=None)
     ap.add_argument("--intra-v2", default="", help="candidate bwd_intra files (comma-separated), shipped signature")
     a = ap.parse_args()

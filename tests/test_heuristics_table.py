@@ -16,6 +16,7 @@ MEDIUM = {"block_n": 128, "bwd_num_stages": 1, "bwd_num_warps": 8, "bwd_transiti
           "decode_block_n": 64, "decode_num_warps": 8, "decode_splits": 16, "num_stages": 2, "num_warps": 4,
           "transition_precision": "fp16"}
 WIDE = {"block_m": 64, "block_n": 32, "bwd_block_m": 64, "bwd_block_n": 32, "bwd_num_stages": 1, "bwd_num_warps": 8,
+        "bwd_inter_num_warps": 8,
         "bwd_transition_precision": "tf32", "chunk_size": 32, "decode_block_n": 64, "decode_num_warps": 8,
         "decode_splits": 16, "num_stages": 1, "num_warps": 8, "superchunk_size": 2048, "transition_precision": "tf32"}
 
@@ -44,8 +45,8 @@ EXPECTED = {
 # every TritonParams field with no head-dim override (the spec defaults, beta_clip_eps 'off' as None)
 BASE = {"chunk_size": 64, "superchunk_size": 1024, "block_n": 64, "block_m": 128, "num_warps": 4,
         "inter_num_warps": 8, "num_stages": 2, "scan_precision": "fp16", "transition_precision": "tf32x3",
-        "bwd_transition_precision": "tf32x3", "beta_clip_eps": None, "ut_precision": "tf32x3",
-        "ut_grad_precision": "tf32", "bwd_block_n": 64, "bwd_block_m": 64, "bwd_num_warps": 4, "bwd_num_stages": 2,
+        "bwd_transition_precision": "tf32x3", "beta_clip_eps": None, "ut_precision": "fp16x3",
+        "ut_grad_precision": "tf32", "bwd_block_n": 64, "bwd_block_m": 64, "bwd_num_warps": 4, "bwd_inter_num_warps": 4, "bwd_num_stages": 2,
         "decode_block_n": 128, "decode_num_warps": 4, "decode_splits": 4, "decode_num_stages": 1}
 
 

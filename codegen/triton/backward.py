@@ -42,7 +42,7 @@ from .bwd_chain import (
     bwd_transport_grads_kernel,
     gate_grad_kernel,
 )
-from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
+from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel, bwd_pair_transitions_kernel
 from .bwd_intra import bwd_intra_kernel
 from .bwd_prep import bwd_prep_kernel
 from .forward import (
@@ -160,6 +160,21 @@ def superchunk_pairs(what: torch.Tensor, tables: SequenceTables, like: torch.Ten
     bwd_superchunk_pairs_kernel[(tables.n_sc, H, BD // rows)](
         what, om, tables.sc_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base, tables.seq_pair_base,
         H=H, BD=BD, S=S, ROWS=rows, CB=cb, TP=tp, num_warps=warps, num_stages=1,
+    )
+    return om
+
+
+def pair_transitions(what: torch.Tensor, tables: SequenceTables, S: int, tp: str, dtype: torch.dtype) -> torch.Tensor:
+    """Om_{I,J} of every super-chunk pair J < I in ``dtype`` (the inter kernels' 16-bit operand), laid out
+    like dOm ([max(n_pairs, 1), H, BD, BD]), in one launch of ``bwd_pair_transitions_kernel`` (float32
+    walk, one rounding per pair); entries J >= I left unwritten.  Padded head dims up to 128."""
+    H, BD = what.shape[1], what.shape[2]
+    om = torch.empty(max(tables.n_pairs, 1), H, BD, BD, device=what.device, dtype=dtype)
+    rows = min(BD, 64)
+    # warps from compile_check (sm_90): 4 at BD <= 64 (167 registers), 8 at 128 (144; 255 at 4)
+    bwd_pair_transitions_kernel[(tables.n_sc, H, BD // rows)](
+        what, om, tables.sc_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base, tables.seq_pair_base,
+        H=H, BD=BD, S=S, ROWS=rows, TP=tp, num_warps=4 if BD <= 64 else 8, num_stages=1,
     )
     return om
 
@@ -406,30 +421,31 @@ def path_attention_bwd(
         # 3. + 4. first (dom and its chain die before dY exists); stage 2 adds to dc after them,
         # and a sum of two terms from zero does not depend on their order
         dom = torch.zeros(max(tb.n_pairs, 1), H, BD, BD, **f32)
-        # column-blocked transitions (wide head dims): every pair's Om (like dom), and scratch rows
-        # for KZ / Z; otherwise the kernels carry Om themselves (dummy pointers)
+        # every pair's Om (laid out like dom): in the scan's 16-bit type, the inter kernels' operand, up to
+        # padded head dim 128; float32 for the column-blocked transitions of wide head dims, with scratch
+        # rows for KZ / Z (dummy pointers otherwise)
         DB = transition_column_block(BD)
-        om = superchunk_pairs(state.what, tb, dom, S, tp) if DB < BD else None
+        om = superchunk_pairs(state.what, tb, dom, S, tp) if DB < BD else pair_transitions(state.what, tb, S, tp,
+                                                                                             scan_store)
         kz = torch.empty(N, H, D, device=dev, dtype=state.kj.dtype) if DB < BD else dkj
         bwd_inter_dkv_kernel[(tb.n_sc * (S // BN), H)](
-            y, state.kj, vt, state.what, gc, dot_, lset, delta, dkj, dv, dom, dc,
-            state.what if om is None else om, kz,
+            y, state.kj, vt, gc, dot_, lset, delta, dkj, dv, dom, dc, om, kz,
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             qk_scale, gate_scale, scale, gate_nat,
             BLOCK_N=BN, BLOCK_M=params.bwd_block_m, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
-            num_warps=params.bwd_num_warps, num_stages=params.bwd_num_stages, **common,
+            num_warps=params.bwd_inter_num_warps, num_stages=params.bwd_num_stages, **common,
         )
         del kz
-        dwhat = superchunk_chain(state.what, dom, tb, S, tp, om=om, dwhat=dwhat0)
+        dwhat = superchunk_chain(state.what, dom, tb, S, tp, om=om if DB < BD else None, dwhat=dwhat0)
         del dom, dwhat0
         dy = torch.zeros(N, HQ, D, **f32)
         z = torch.empty(N, HQ, D, device=dev, dtype=y.dtype) if DB < BD else dy
         bwd_inter_dq_kernel[(tb.n_chunks, HQ)](
-            y, state.kj, vt, state.what, gc, dot_, lset, delta, dy, dc, state.what if om is None else om, z,
+            y, state.kj, vt, gc, dot_, lset, delta, dy, dc, om, z,
             tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             tb.n_chunks, qk_scale, gate_scale, scale, gate_nat,
             BLOCK_N=BN, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
-            num_warps=params.bwd_num_warps, num_stages=params.bwd_num_stages, **common,
+            num_warps=params.bwd_inter_num_warps, num_stages=params.bwd_num_stages, **common,
         )
         del om, z
     else:

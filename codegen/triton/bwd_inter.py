@@ -5,24 +5,33 @@ For a query chunk c in super-chunk I and keys of an earlier super-chunk J the lo
 with Y_c the queries carried to the start of I and KJ the keys carried to the end of J.
 Given lse and delta, p and dS of every tile are independent, so:
 
-* ``bwd_inter_dq_kernel`` (per query chunk, query head) walks J right to left with a running
-  D x D Om and returns dY_c = scale * sum_J (dS_J KJ_J) Om^T.
-* ``bwd_inter_dkv_kernel`` (per key tile of super-chunk J, kv head) walks the later super-chunks
-  I left to right with Om_{I+1,J} = What_I Om_{I,J}; it returns dKJ, the inter-super-chunk part
-  of dV and adds its share of dOm_{I,J} = scale * Y^T dS KJ (one D x D per super-chunk pair,
-  shared by the S / BLOCK_N key tiles of J: atomics).
+* ``bwd_inter_dq_kernel`` (per query chunk, query head) walks J right to left and returns
+  dY_c = scale * sum_J (dS_J KJ_J) Om_{I,J}^T.
+* ``bwd_inter_dkv_kernel`` (per key tile of super-chunk J, kv head) walks the later super-chunks I
+  left to right; it returns dKJ, the inter-super-chunk part of dV and adds its share of
+  dOm_{I,J} = scale * Y^T dS KJ (one D x D per super-chunk pair, shared by the S / BLOCK_N key tiles
+  of J: atomics).  Its step works on transposed tiles, s^T = KZ Y^T with KZ = KJ Om^T, so that
+  dV += p^T dO and dKZ += dS^T Y take p^T and dS^T as they are (register A operands, no layout
+  change per step) and the gate's key-side sum is a row sum per step.
 Both add the FoX gate's contribution to dc (gradient of the gate cumsum).
 
-Wide head dims (constexpr DB < BD, ``forward.transition_column_block``): a BD x BD float32 tile
-does not fit shared memory (256 KB at BD = 256), so no kernel holds Om.  The host precomputes
-Om_{I,J} for every pair (``backward._superchunk_pairs_torch``, laid out like dOm) and every
-product with it runs "full K, column-blocked output", out[:, cb] = A @ B[:, cb] with BD x DB
-blocks of B read from global memory:
-* dq: Z = Y Om goes block by block into a scratch row buffer of the program's own rows (scan
-  dtype), is read back whole for the key loop, and dY[:, cb] += scale * dZ Om^T[:, cb] is
-  added straight into the program's own rows of dy.
-* dkv: KZ = KJ Om^T through a scratch the same way; dKJ[:, cb] += scale * dKZ Om[:, cb] into
-  the program's own rows of dkj; dOm[:, cb] += scale * dKZ^T KJ[:, cb] (atomics); no Om update.
+Neither kernel carries a transition.  Every pair's Om_{I,J} is formed once per backward, laid out
+like dOm ([n_pairs, H, BD, BD], entry pair_base + I * n_sc + J):
+* head dims up to 128 (constexpr DB == BD): ``bwd_pair_transitions_kernel`` stores them in the scan's
+  16-bit type (the walk itself stays float32 in registers); the kernels load the tile of the pair
+  they are at (an L2 hit, 32 KB at BD = 128) and multiply on 16-bit tensor cores with float32
+  accumulation (fp16 keeps tf32's 10-bit mantissa).  A running BD x BD float32 Om and the What tile
+  that updates it held ~128 registers a thread across the walk at D = 128, the main cause of
+  1.4-2.8 KB of spills per thread on sm_90.
+* wider head dims (DB < BD, ``forward.transition_column_block``): a BD x BD float32 tile does not fit
+  shared memory (256 KB at BD = 256); the pairs are float32 (``backward.superchunk_pairs``) and every
+  product with them runs "full K, column-blocked output", out[:, cb] = A @ B[:, cb] with BD x DB
+  blocks of B read from global memory:
+  - dq: Z = Y Om goes block by block into a scratch row buffer of the program's own rows (scan
+    dtype), is read back whole for the key loop, and dY[:, cb] += scale * dZ Om^T[:, cb] is added
+    straight into the program's own rows of dy.
+  - dkv: KZ = KJ Om^T through a scratch the same way; dKJ[:, cb] += scale * dKZ Om[:, cb] into the
+    program's own rows of dkj; dOm[:, cb] += scale * dKZ^T KJ[:, cb] (atomics).
 """
 from __future__ import annotations
 
@@ -34,7 +43,7 @@ from ._ops import mm
 
 @triton.jit
 def bwd_inter_dq_kernel(
-    y_ptr, kj_ptr, v_ptr, what_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
+    y_ptr, kj_ptr, v_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
     dy_ptr, dc_ptr, om_ptr, z_ptr,
     chunk_tok0, chunk_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
     n_chunks, qk_scale, gate_scale, scale, gate_nat,
@@ -42,9 +51,9 @@ def bwd_inter_dq_kernel(
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
 ):
-    # DB == BD: Om is a running register tile (om_ptr, z_ptr, seq_pair_base unused).  DB < BD:
-    # om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J}; z_ptr [N, HQ, D] (scan dtype) is the
-    # scratch of Z = Y Om for this program's rows; dy (zero-filled) accumulates in place.
+    # om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J} (scan dtype when DB == BD, else float32).
+    # DB < BD: z_ptr [N, HQ, D] (scan dtype) is the scratch of Z = Y Om for this program's rows and
+    # dy (zero-filled) accumulates in place; DB == BD: z_ptr unused.
     n = n_chunks - 1 - tl.program_id(0)
     hq = tl.program_id(1)
     h = hq // (HQ // H)
@@ -52,7 +61,6 @@ def bwd_inter_dq_kernel(
     sid = tl.load(chunk_seq + n)
     s0 = tl.load(seq_start + sid)
     send = tl.load(seq_end + sid)
-    sc_base = tl.load(seq_sc_base + sid)
     sc_idx = ((tok0 - s0) // C) // (S // C)
     if sc_idx > 0:
         r = tl.arange(0, C)
@@ -72,11 +80,15 @@ def bwd_inter_dq_kernel(
             c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
         dcq = tl.zeros((C,), dtype=tl.float32)
         if DB == BD:
-            Om = tl.where(d[:, None] == d[None, :], 1.0, 0.0)
+            pair_base = tl.load(seq_pair_base + sid)
+            n_sc_seq = (send - s0 + S - 1) // S
+            dpair = d[:, None] * BD + d[None, :]
+            Yd = Y.to(DT)
             dY = tl.zeros((C, BD), dtype=tl.float32)
             for step in range(0, sc_idx):
                 jj = sc_idx - 1 - step
-                Zd = tl.dot(Y, Om, input_precision=TP).to(DT)
+                om_base = om_ptr + ((pair_base + sc_idx * n_sc_seq + jj) * H + h) * BD * BD
+                Zd = mm(Yd, tl.load(om_base + dpair).to(DT).to(DT), INTERP).to(DT)
                 dZ = tl.zeros((C, BD), dtype=tl.float32)
                 for t0 in range(0, S, BLOCK_N):
                     krows = (s0 + jj * S + t0 + rn).to(tl.int64)
@@ -92,9 +104,7 @@ def bwd_inter_dq_kernel(
                     dZ += mm(ds.to(DT), KJ, INTERP)
                     if USE_GATE:
                         dcq += tl.sum(ds, axis=1)
-                dY += tl.dot(dZ, tl.trans(Om), input_precision=TP)
-                Wh = tl.load(what_ptr + (((sc_base + jj) * H + h) * BD + d[:, None]) * BD + d[None, :])
-                Om = tl.dot(Om, Wh, input_precision=TP)
+                dY += mm(dZ.to(DT), tl.trans(tl.load(om_base + dpair).to(DT).to(DT)), INTERP)
             tl.store(dy_ptr + qoff, dY * scale, mask=rmask[:, None] & dmask)
         else:
             pair_base = tl.load(seq_pair_base + sid)
@@ -142,7 +152,7 @@ def bwd_inter_dq_kernel(
 
 @triton.jit
 def bwd_inter_dkv_kernel(
-    y_ptr, kj_ptr, v_ptr, what_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
+    y_ptr, kj_ptr, v_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
     dkj_ptr, dv_ptr, dom_ptr, dc_ptr, om_ptr, kz_ptr,
     sc_tok0, sc_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
     qk_scale, gate_scale, scale, gate_nat,
@@ -151,9 +161,9 @@ def bwd_inter_dkv_kernel(
     BLOCK_M: tl.constexpr,
     DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
 ):
-    # DB == BD: Om is a running register tile, Om_{I+1,J} = What_I Om_{I,J} (om_ptr, kz_ptr unused).
-    # DB < BD: om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J}; kz_ptr [N, H, D] (scan dtype) is
-    # the scratch of KZ = KJ Om^T for this program's key rows; dkj accumulates in place per pair.
+    # om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J} (scan dtype when DB == BD, else float32).
+    # DB < BD: kz_ptr [N, H, D] (scan dtype) is the scratch of KZ = KJ Om^T for this program's key
+    # rows and dkj accumulates in place per pair; DB == BD: kz_ptr unused.
     # BLOCK_M: query rows per step of the walk over a later super-chunk (the bwd_block_m knob; the
     # UT chunk is no unit here: p and dS of every query row are independent given lse and delta)
     # one program per key tile of BLOCK_N keys (the earliest super-chunks, with the most later
@@ -190,11 +200,12 @@ def bwd_inter_dkv_kernel(
             # the gate's key-side sums -sum_i dS_ij: dS tiles added elementwise, reduced over rows once per
             # kv head (a per-step column reduction crosses warps; on the H200 the once-per-program sum took
             # this kernel from 3.72 to 3.34 ms at D=128, T=4096 and left D=64 unchanged)
-            dsacc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            dck = tl.zeros((BLOCK_N,), dtype=tl.float32)
             if DB == BD:
-                Om = tl.where(d[:, None] == d[None, :], 1.0, 0.0)
+                KJd = KJ.to(DT)
                 for il in range(jl + 1, n_sc_seq):
-                    KZ = tl.dot(KJ.to(tl.float32), tl.trans(Om), input_precision=TP).to(DT)
+                    om_base = om_ptr + ((pair_base + il * n_sc_seq + jl) * H + h) * BD * BD
+                    KZ = mm(KJd, tl.trans(tl.load(om_base + dpair).to(DT).to(DT)), INTERP).to(DT)
                     dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
                     for m0 in range(0, S, BLOCK_M):
                         rows = (s0 + il * S + m0 + r).to(tl.int64)
@@ -205,29 +216,27 @@ def bwd_inter_dkv_kernel(
                                      mask=rmask[:, None] & dvmask, other=0.0)
                         lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
                         delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-                        s = mm(Yd, tl.trans(KZ), INTERP) * qk_scale
+                        sT = mm(KZ, tl.trans(Yd), INTERP) * qk_scale
                         if USE_GATE:
                             c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-                            s += (c_q[:, None] - c_k[None, :]) * gate_scale
-                        p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
-                        dp = mm(dO, tl.trans(Vt), INTERP)
-                        ds = p * (dp - delta[:, None])
-                        dV += mm(tl.trans(p).to(Vt.dtype), dO, INTERP)
-                        dKZ += mm(tl.trans(ds).to(DT), Yd, INTERP)
+                            sT += (c_q[None, :] - c_k[:, None]) * gate_scale
+                        pT = tl.where(rmask[None, :], tl.exp2(sT - lse2[None, :]), 0.0)
+                        dpT = mm(Vt, tl.trans(dO), INTERP)
+                        dsT = pT * (dpT - delta[None, :])
+                        dV += mm(pT.to(Vt.dtype), dO, INTERP)
+                        dKZ += mm(dsT.to(DT), Yd, INTERP)
                         if USE_GATE:
-                            dsacc += ds
+                            dck += tl.sum(dsT, axis=1)
                     # dKJ read-modify-written per super-chunk (rows owned by this program; same layout
                     # for load and store) rather than a BLOCK_N x BD float32 tile live across the walk:
                     # on the H200 4.35 -> 3.76 ms at D=64 (4 warps, spilling), unchanged at D=128
+                    dKZd = dKZ.to(DT)
                     tl.store(dkj_ptr + koff, tl.load(dkj_ptr + koff, mask=dmask, other=0.0)
-                             + tl.dot(dKZ, Om, input_precision=TP) * scale, mask=dmask)
+                             + mm(dKZd, tl.load(om_base + dpair).to(DT).to(DT), INTERP) * scale, mask=dmask)
                     pptr = dom_ptr + ((pair_base + il * n_sc_seq + jl) * H + h) * BD * BD + dpair
-                    dom = tl.dot(tl.trans(dKZ), KJ.to(tl.float32), input_precision=TP) * scale
-                    tl.atomic_add(pptr, dom, sem="relaxed")
+                    tl.atomic_add(pptr, mm(tl.trans(dKZd), KJd, INTERP) * scale, sem="relaxed")
                     # (after the last super-chunk this product is dead; prepare_state zero-fills that
                     # entry rather than branching here, which cost 64 KB more shared memory at D=128)
-                    Wh = tl.load(what_ptr + (((sc_base + il) * H + h) * BD + d[:, None]) * BD + d[None, :])
-                    Om = tl.dot(Wh, Om, input_precision=TP)
             else:
                 krow = (krows * H + h) * D
                 for il in range(jl + 1, n_sc_seq):
@@ -252,17 +261,17 @@ def bwd_inter_dkv_kernel(
                                      mask=rmask[:, None] & dvmask, other=0.0)
                         lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
                         delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-                        s = mm(Yd, tl.trans(KZ), INTERP) * qk_scale
+                        sT = mm(KZ, tl.trans(Yd), INTERP) * qk_scale
                         if USE_GATE:
                             c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-                            s += (c_q[:, None] - c_k[None, :]) * gate_scale
-                        p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
-                        dp = mm(dO, tl.trans(Vt), INTERP)
-                        ds = p * (dp - delta[:, None])
-                        dV += mm(tl.trans(p).to(Vt.dtype), dO, INTERP)
-                        dKZ += mm(tl.trans(ds).to(DT), Yd, INTERP)
+                            sT += (c_q[None, :] - c_k[:, None]) * gate_scale
+                        pT = tl.where(rmask[None, :], tl.exp2(sT - lse2[None, :]), 0.0)
+                        dpT = mm(Vt, tl.trans(dO), INTERP)
+                        dsT = pT * (dpT - delta[None, :])
+                        dV += mm(pT.to(Vt.dtype), dO, INTERP)
+                        dKZ += mm(dsT.to(DT), Yd, INTERP)
                         if USE_GATE:
-                            dsacc += ds
+                            dck += tl.sum(dsT, axis=1)
                     for cb in tl.static_range(BD // DB):
                         if cb * DB < D:
                             e = cb * DB + tl.arange(0, DB)
@@ -279,5 +288,37 @@ def bwd_inter_dkv_kernel(
             tl.store(dv_ptr + voff, tl.load(dv_ptr + voff, mask=dvmask, other=0.0) + dV, mask=dvmask)
             if USE_GATE:
                 cptr = dc_ptr + krows * HQ + hq
-                tl.store(cptr, tl.load(cptr) - tl.sum(dsacc, axis=0) * gate_nat)
+                tl.store(cptr, tl.load(cptr) - dck * gate_nat)
             tl.debug_barrier()
+
+
+@triton.jit
+def bwd_pair_transitions_kernel(
+    what_ptr, om_ptr,
+    sc_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
+    H: tl.constexpr, BD: tl.constexpr, S: tl.constexpr, ROWS: tl.constexpr, TP: tl.constexpr,
+):
+    """Per (super-chunk I, kv head, ROWS rows): Om_{I,J} = What_{I-1} ... What_{J+1} (the identity
+    for J = I - 1) for every J < I, stored in om_ptr's element type (the inter kernels' 16-bit
+    operand) at pair entry pair_base + I * n_sc + J.  Walks J right to left with the rows of Om in
+    float32 registers, Om_{I,J} = Om_{I,J+1} What_{J+1} at precision TP (one BD x BD What tile a
+    step), so the rounding to 16 bits happens once per stored pair, not along the walk.  Entries
+    J >= I are left unwritten: no kernel reads them."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    sid = tl.load(sc_seq + n)
+    nsc = (tl.load(seq_end + sid) - tl.load(seq_start + sid) + S - 1) // S
+    sc_base = tl.load(seq_sc_base + sid)
+    il = n - sc_base
+    if il >= 1:
+        rr = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
+        d = tl.arange(0, BD)
+        tile = rr[:, None] * BD + d[None, :]
+        row0 = (tl.load(seq_pair_base + sid) + il * nsc).to(tl.int64)
+        Om = tl.where(rr[:, None] == d[None, :], 1.0, 0.0)
+        tl.store(om_ptr + ((row0 + il - 1) * H + h) * BD * BD + tile, Om.to(om_ptr.dtype.element_ty))
+        for step in range(0, il - 1):
+            jl = il - 2 - step
+            Wh = tl.load(what_ptr + (((sc_base + jl + 1).to(tl.int64) * H + h) * BD + d[:, None]) * BD + d[None, :])
+            Om = tl.dot(Om, Wh, input_precision=TP)
+            tl.store(om_ptr + ((row0 + jl) * H + h) * BD * BD + tile, Om.to(om_ptr.dtype.element_ty))

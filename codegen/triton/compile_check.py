@@ -81,7 +81,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     """(fn, signature, constexprs, num_warps, num_stages) of every forward and backward launch."""
     from .backward import transport_warps
     from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_chain_kernel, bwd_transport_grads_kernel
-    from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel
+    from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel, bwd_pair_transitions_kernel
     from .bwd_intra import bwd_intra_kernel
     from .bwd_prep import bwd_prep_kernel
     from .forward import (
@@ -131,6 +131,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     bflags = dict(flags, TP=btp)
     rows = transport_rows(BD)
     DB = transition_column_block(BD)   # < BD: the column-blocked transition path of wide head dims
+    inter_sig = dict(sig, om_ptr=scan) if DB == BD else sig   # the pairs' Om: scan type, or float32 blocks
     return [
         # the forward's UT stage: one launch (the backward's per-range recompute keeps the three below)
         (ut_fused_kernel, dict(sig, k_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),
@@ -150,11 +151,14 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
                                                       BLOCK_M=params.block_m, BLOCK_N=params.block_n, DB=DB, **flags),
          params.inter_num_warps, params.num_stages),
         (bwd_prep_kernel, sig, dict(common, INTERP=False), params.bwd_num_warps, 1),
-        (bwd_inter_dq_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags), params.bwd_num_warps,
-         params.bwd_num_stages),
-        (bwd_inter_dkv_kernel, sig, dict(common, BLOCK_N=params.bwd_block_n, BLOCK_M=params.bwd_block_m, DB=DB,
-                                         **bflags),
-         params.bwd_num_warps, params.bwd_num_stages),
+        (bwd_inter_dq_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags),
+         params.bwd_inter_num_warps, params.bwd_num_stages),
+        (bwd_inter_dkv_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, BLOCK_M=params.bwd_block_m,
+                                               DB=DB, **bflags),
+         params.bwd_inter_num_warps, params.bwd_num_stages),
+        # every pair's transition in the scan type, read by the two kernels above (padded head dims <= 128)
+        *([(bwd_pair_transitions_kernel, inter_sig, dict(H=H, BD=BD, S=S, ROWS=min(BD, 64), TP=btp),
+            4 if BD <= 64 else 8, 1)] if DB == BD else []),
         # launched for BD <= 64 only; larger head dims use the torch chain (backward.py)
         *([(bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=btp), 4, 1)] if BD <= 64 else []),
         (bwd_transport_chain_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),

@@ -42,6 +42,7 @@ class TritonParams:
     bwd_block_n: int = spec_default("bwd_block_n")
     bwd_block_m: int = spec_default("bwd_block_m")
     bwd_num_warps: int = spec_default("bwd_num_warps")
+    bwd_inter_num_warps: int = spec_default("bwd_inter_num_warps")
     bwd_num_stages: int = spec_default("bwd_num_stages")
     decode_block_n: int = spec_default("decode_block_n")
     decode_num_warps: int = spec_default("decode_num_warps")
