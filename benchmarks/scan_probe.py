@@ -22,7 +22,6 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_variants import Capture  # noqa: E402
-from variants import scan_folded  # noqa: E402
 
 import pathtune.codegen.triton.forward as fwd  # noqa: E402
 from pathtune.codegen.triton.params import TritonParams  # noqa: E402
@@ -35,9 +34,11 @@ KERNELS = {
 }
 
 
-def candidates(name: str) -> list[tuple[str, object, int | None]]:
-    """(label, kernel, num_warps or None for the shipped launch's) of the candidates for kernel ``name``."""
-    return [("folded", scan_folded.kernels()[name], None)]
+def candidates(name: str, shipped, warps: int) -> list[tuple[str, object, int | None]]:
+    """(label, kernel, num_warps or None for the shipped launch's) timed next to the shipped launch of
+    kernel ``name``: the shipped kernel at the other warp count, and any candidate kernels with its
+    signature (modules under benchmarks/variants/; none open at present)."""
+    return [("shipped", shipped, 8 if warps == 4 else 4)]
 
 
 def rel(a, b) -> float:
@@ -68,7 +69,7 @@ def probe(D: int, T: int, gate: bool, dev, tokens: int = TOKENS, config: dict | 
         cap.real[grid](*args, **kw)
         ref = {n: args[i].clone() for n, i in spec["outputs"].items()}
         base = dict(D=D, T=T, B=B, H=H, gate=gate, kernel=cap.name, grid=list(grid))
-        for label, kernel, warps in [("shipped", cap.real, None)] + candidates(cap.name):
+        for label, kernel, warps in [("shipped", cap.real, None)] + candidates(cap.name, cap.real, kw["num_warps"]):
             kw2 = dict(kw, num_warps=warps or kw["num_warps"])
             row = dict(base, candidate=label, num_warps=kw2["num_warps"])
             try:

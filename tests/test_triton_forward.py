@@ -375,7 +375,7 @@ def test_ut_fused_16bit_inputs(dtype, C, D, parallel):
     beta = (torch.full((T, H), 2.0) if parallel else 1.5 + 0.5 * torch.rand(T, H, generator=g)).to(dtype)
     p = params(chunk_size=C, superchunk_size=2 * C, block_n=16)
     assert ut_apply_mode(p, torch.float16) == "split"
-    assert ut_apply_mode(p, torch.float32) == "tf32x3"     # the backward's float32 state
+    assert ut_apply_mode(p, torch.float32) == p.ut_precision     # the backward's float32 state
     tables = build_tables(1, T, None, C, 2 * C, torch.device("cpu"), block_m=p.block_m)
     u, kt, m, wd = ut_fused(k, w, beta, tables, H, D, C, p, write_w=True, out_dtype=torch.float32,
                             apply_mode="split")
@@ -383,8 +383,9 @@ def test_ut_fused_16bit_inputs(dtype, C, D, parallel):
     assert torch.equal(wd, w.float())
     # A's hi + lo split keeps 16 (bf16) / 22 (fp16) bits; nearly parallel w amplify every rounding (the
     # float32 three-launch path loses digits there too: its own error is the yardstick); below the
-    # half-ulp of the fp16 store (2.4e-4) that the split feeds
-    tol = 4e-5 if dtype == torch.bfloat16 else 1e-6
+    # half-ulp of the fp16 store (2.4e-4) that the split feeds; the block merges at fp16x3 (22 bits) add
+    # ~2e-6 at the nearly parallel bf16 case's conditioning (4.2e-5 there against 4.0e-5 at exact float32)
+    tol = 6e-5 if dtype == torch.bfloat16 else 1e-6
     for c0 in range(0, T, C):
         sl = slice(c0, min(c0 + C, T))
         for h in range(H):

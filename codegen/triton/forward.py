@@ -112,11 +112,11 @@ def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, pa
 
 def ut_apply_mode(params: TritonParams, out_dtype: torch.dtype) -> str:
     """How ut_fused_kernel multiplies its float32 A / M^T into the w tile.  A 16-bit state (the
-    forward's compact one) takes w in that type, and at ut_precision tf32x3 the product is "split":
-    A as hi + lo in that type, two 16-bit tensor-core passes (22 bits of A in fp16, 16 in bf16), an
-    error under the 16-bit store's rounding.  A float32 state (the backward's) keeps the float32
-    product at ut_precision."""
-    if _is_16bit(out_dtype) and params.ut_precision == "tf32x3":
+    forward's compact one) takes w in that type, and at ut_precision fp16x3 or tf32x3 the product is
+    "split": A as hi + lo in that type, two 16-bit tensor-core passes (22 bits of A in fp16, 16 in
+    bf16; w is exact in that type, so fp16x3's third pass would multiply by zero), an error under the
+    16-bit store's rounding.  A float32 state (the backward's) keeps the float32 product at ut_precision."""
+    if _is_16bit(out_dtype) and params.ut_precision in ("fp16x3", "tf32x3"):
         return "split"
     return params.ut_precision
 

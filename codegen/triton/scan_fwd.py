@@ -13,7 +13,11 @@
      left, then X <- X What_J (dense D x D transition), merged into the partial softmax.
 Splitting keeps the second kernel a lean FlashAttention loop (few live tiles, its own query
 tile BLOCK_M, no chunk-level work) -- the bulk of the forward at long T.
-Logits are scaled into base 2 (exp2).  Outputs o and the natural-log lse.
+Logits are scaled into base 2 (exp2).  Outputs o and the natural-log lse.  In scan_inter the
+softmax scale is folded into exp2's multiply-add, and with the FoX gate the walk runs in the frame
+without the query's gate cumsum c_q (constant along a row, so it cancels in the softmax: the partial
+lse is shifted by -c_q on entry and back on store), so a logit costs one multiply-add,
+s * scale - c_k, instead of three operations.
 """
 from __future__ import annotations
 
@@ -28,6 +32,17 @@ def _softmax_step(s, m_i, l_i, acc, v, INTERP: tl.constexpr):
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, INTERP)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _softmax_step_scaled(s, m_i, l_i, acc, v, qk_scale, INTERP: tl.constexpr):
+    """_softmax_step of the logits s * qk_scale (qk_scale > 0), the scaling folded into exp2's argument."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, INTERP)
     return m_new, l_i, acc
@@ -157,6 +172,7 @@ def scan_inter_kernel(
         x_blk = tl.make_block_ptr(x_ptr + q_base * D, (n_rows, D), (HQ * D, 1), (0, 0), (BLOCK_M, BD), (1, 0))
         if USE_GATE:
             c_q = tl.load(gc_ptr + q_base + r * HQ, mask=rmask, other=0.0)
+            m_i = m_i - c_q * gate_scale
         rn = tl.arange(0, BLOCK_N)
         for step in range(0, sc_idx):
             jj = sc_idx - 1 - step
@@ -167,11 +183,13 @@ def scan_inter_kernel(
             for t0 in range(0, S, BLOCK_N):
                 KJ = tl.load(k_blk, boundary_check=(1,), padding_option="zero").to(DT)
                 Vt = tl.load(v_blk, boundary_check=(1,), padding_option="zero")
-                sj = mm(Xd, tl.trans(KJ), INTERP) * qk_scale
+                sj = mm(Xd, tl.trans(KJ), INTERP)
                 if USE_GATE:
                     c_kj = tl.load(gc_ptr + (k0 + t0) * HQ + hq + rn * HQ)
-                    sj += (c_q[:, None] - c_kj[None, :]) * gate_scale
-                m_i, l_i, acc = _softmax_step(sj, m_i, l_i, acc, Vt, INTERP)
+                    m_i, l_i, acc = _softmax_step(sj * qk_scale - (c_kj * gate_scale)[None, :], m_i, l_i, acc,
+                                                  Vt, INTERP)
+                else:
+                    m_i, l_i, acc = _softmax_step_scaled(sj, m_i, l_i, acc, Vt, qk_scale, INTERP)
                 k_blk = tl.advance(k_blk, (BLOCK_N, 0))
                 v_blk = tl.advance(v_blk, (BLOCK_N, 0))
             if jj > 0:
@@ -194,6 +212,8 @@ def scan_inter_kernel(
                                                        (BLOCK_M, DB), (1, 0))
                             tl.store(xb_blk, tdot(X, Wh, TP, INTERP), boundary_check=(0, 1))
                 tl.debug_barrier()
+        if USE_GATE:
+            m_i = m_i + c_q * gate_scale
         tl.store(lse_ptr + q_base + r * HQ, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=rmask)
     o_out = tl.make_block_ptr(o_ptr + q_base * DV, (n_rows, DV), (HQ * DV, 1), (0, 0), (BLOCK_M, BDV), (1, 0))
     tl.store(o_out, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), boundary_check=(0, 1))
