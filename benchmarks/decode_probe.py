@@ -128,7 +128,7 @@ def capture(fn):
 
 def time_steps(out: dict, budget) -> None:
     import pathtune
-    from pathtune.codegen.triton.decode import PENDING_WINDOW
+    from pathtune.codegen.triton.params import TritonParams
 
     rows, sdpa_cache = [], {}
     for D, H in SHAPES:
@@ -160,7 +160,7 @@ def time_steps(out: dict, budget) -> None:
                         row["pathtune_ms"] = do_bench(reset_step)
                         row["reset_ms"] = do_bench(reset)
                         row["pathtune_net_ms"] = row["pathtune_ms"] - row["reset_ms"]
-                        W = PENDING_WINDOW
+                        W = TritonParams.heuristic(D).decode_pending_window   # the step's (no decode record)
                         if W > 0 and cache._pw is not None:   # the lazy step: time the flush step too
 
                             def reset_flush(cache=cache, T=T, W=W):

@@ -169,7 +169,7 @@ def decode_fn(backend: str) -> Callable[..., Tensor]:
 
 def _check_decode_inputs(hidden: Tensor, state: LayerState) -> None:
     B = int(hidden.shape[0])
-    if int(state.kv.k.shape[0]) != B:
+    if state.kv.batch_size != B:   # not .k: reading it rotates pending rows into the current frame
         raise ValueError(f"hidden_states has batch size {B} but the cache was filled with batch size "
-                         f"{int(state.kv.k.shape[0])}; use one PaTHCache per batch (cache.reset() to start over)")
+                         f"{state.kv.batch_size}; use one PaTHCache per batch (cache.reset() to start over)")
 

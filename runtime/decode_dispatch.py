@@ -167,7 +167,7 @@ def decode_plan(q, k, v, g, cache) -> DecodePlan:
     def triton_params():
         return tuned_triton_params("decode", q, k, v, g, keys, "triton")
 
-    return plan_for(q.device, D, v.shape[-1], HQ, k.shape[2], q.dtype, cache.k.dtype, g is not None,
+    return plan_for(q.device, D, v.shape[-1], HQ, k.shape[2], q.dtype, cache.k_buffer.dtype, g is not None,
                     keys, B, triton_params)
 
 

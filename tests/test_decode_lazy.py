@@ -16,8 +16,7 @@ import torch.nn.functional as F
 
 import pathtune
 from pathtune.codegen.kv_cache import PaTHKVCache
-from pathtune.codegen.triton import path_decode_triton
-from pathtune.codegen.triton.decode import PENDING_WINDOW
+from pathtune.codegen.triton import TritonParams, path_decode_triton
 from pathtune.runtime.reference import naive_path_attention
 from pathtune.runtime.reference.recurrent import current_frame_keys, path_attention_prefill
 
@@ -150,9 +149,10 @@ def test_static_cache_window_and_state():
     with pytest.raises(ValueError, match="pending window"):
         cache.set_state(P, P - 2)
     path_decode_triton(*cut(full, P, P + 1), cache, config=CFG)
-    pw = cache.pending_window(PENDING_WINDOW)[0]
+    W = TritonParams.from_config(CFG).decode_pending_window
+    pw = cache.pending_window(W)[0]
     path_decode_triton(*cut(full, P + 1, P + 4), cache, config=CFG)
-    assert cache.pending_window(PENDING_WINDOW)[0] is pw and cache.max_len == P + 4
+    assert cache.pending_window(W)[0] is pw and cache.max_len == P + 4
     assert (cache.length, cache.frame) == (P + 4, P)
     cache.length = P
     assert cache.state_tensor.tolist() == [P, P] and cache.frame == P
@@ -210,3 +210,30 @@ def test_gpu_captured_steps_cross_flushes_bitwise(D, H, HQ, gate, TN):
     assert cache.state_tensor.tolist() == twin.state_tensor.tolist()
     n = twin.length
     assert cache.length == n and torch.equal(cache.k[:, :n], twin.k[:, :n])
+
+
+@pytest.mark.parametrize("window,tokens,expected", [(16, 1, list(range(17))), (16, 4, [0, 4, 8, 12, 16]),
+                                                    (16, 16, [0, 16]), (8, 16, [0]), (0, 1, [0])])
+def test_decode_bench_times_a_whole_flush_cycle(window, tokens, expected):
+    """The decode bench's timed call replays one flush cycle (the pending counts before each step, the
+    last step the one that rotates the cache), so its per-step time is the amortized one."""
+    from pathtune.tuning.decode_bench import flush_cycle
+
+    cycle = flush_cycle(window, tokens)
+    assert cycle == expected
+    assert cycle[-1] + tokens > window and all(p + tokens <= window for p in cycle[:-1])
+
+
+def test_decode_bench_callable_runs_the_cycle():
+    """pathtune_callable: one call = len(cycle) steps at the fixed key length, the last one a flush (the
+    frame moves to the end), the cache back at T rows before each step."""
+    from pathtune.tuning.decode_bench import pathtune_callable
+
+    B, HQ, H, D, P = 1, 2, 2, 16, 12
+    full = sequence(B, P + 1, HQ, H, D, False, torch.float32, seed=9)
+    cache = prefill(full, P, torch.float32, static_cap=P + 1)
+    cfg = dict(CFG, decode_pending_window=8)
+    run = pathtune_callable(cache, cut(full, P, P + 1), cfg)
+    assert run.steps == 9
+    run()
+    assert (cache.length, cache.frame) == (P + 1, P + 1)     # the cycle's last step flushed

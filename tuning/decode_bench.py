@@ -71,9 +71,24 @@ def knob_values(params) -> dict:
 
 
 def _median_ms(fn: Callable[[], object]) -> float:
+    """Median ms of one call; a callable with a ``steps`` attribute runs that many decode steps per call
+    (a whole flush cycle), and the result is per step: the amortized step time."""
     import triton
 
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) / getattr(fn, "steps", 1)
+
+
+def flush_cycle(window: int, tokens: int) -> list[int]:
+    """The pending-row counts before each step of one flush cycle of ``tokens``-token steps with pending
+    window ``window`` (the decode kernel's rule: a step flushes when more than ``window`` rows would be
+    pending after it): e.g. window 16, one token: [0, 1, ..., 16] (17 steps, the last one flushes);
+    window 0: [0] (every step rotates the cache)."""
+    counts, p = [], 0
+    while True:
+        counts.append(p)
+        if p + tokens > window:
+            return counts
+        p += tokens
 
 
 def make_cache(B: int, T: int, H: int, D: int, gate: bool, *, device: str, gen: torch.Generator,
@@ -126,14 +141,27 @@ def accuracy(cache, step, config, prefix: int = 2048, decode: Optional[Callable]
 
 
 def pathtune_callable(cache, step, config):
+    """One call runs a whole flush cycle of the lazily rotated cache (``flush_cycle``) at a fixed key
+    length T: before each step the cache is set to T rows of which the cycle's count are pending, so
+    the cycle's one flush step is timed with the rest and ``_median_ms`` reports the amortized step.
+    The pending rows' window entries are the earlier calls' (their values do not change the time)."""
     from pathtune.codegen.triton import path_decode_triton
+    from pathtune.codegen.triton.decode import decode_params
 
     T = cache.length
+    D, DV = cache.k_buffer.shape[-1], cache.v.shape[-1]
+    window = decode_params(config, D, DV).decode_pending_window
+    cycle = flush_cycle(window, step[0].shape[1])
+    path_decode_triton(*step, cache, config=config)   # allocates the pending window the cycle reuses
 
     def run():
-        cache.length = T  # fixed key length: the new token is written at row T every call
-        return path_decode_triton(*step, cache, config=config)
+        out = None
+        for pending in cycle:
+            cache.set_state(T, T - pending)
+            out = path_decode_triton(*step, cache, config=config)
+        return out
 
+    run.steps = len(cycle)
     return run
 
 
@@ -206,13 +234,17 @@ def fla_decode_callable(cache, step) -> tuple[Optional[Callable[[], object]], st
 
 
 def sweep_configs(D: int, DV: int) -> list[dict]:
-    """Every valid config of the spec's decode schedule knobs (beta_clip_eps left at its default)."""
+    """Every valid config of the spec's decode schedule knobs; the knobs of other roles (precision:
+    beta_clip_eps, decode_pending_window) stay at their defaults (the tuner's accuracy gate decides those)."""
     from pathtune.specs import load_spec
     from pathtune.specs.knobs import KnobSpace
 
-    space = KnobSpace(load_spec(), "decode")
-    default_eps = space.default().get("beta_clip_eps")
-    return [c.to_dict() for c in space.enumerate({"D": D, "DV": DV}) if c.get("beta_clip_eps") == default_eps]
+    spec = load_spec()
+    space = KnobSpace(spec, "decode")
+    default = space.default().to_dict()
+    fixed = {name: default.get(name) for name in default if spec.knobs[name].role != "schedule"}
+    return [c.to_dict() for c in space.enumerate({"D": D, "DV": DV})
+            if all(c.get(name) == value for name, value in fixed.items())]
 
 
 def _sweep(row: DecodeRow, cache, step, D: int, log, keys0) -> None:

@@ -5,7 +5,7 @@ the logit of query i on key j <= i is k_j^T H_{j+1} ... H_i q_i.
 
 Lazy rotation.  The cache (``codegen/kv_cache.py``) keeps a frame base F on the device next to the length
 L: rows j < F hold keys in the frame of position F-1, k~_j = H_{F-1} ... H_{j+1} k_j; rows F .. L-1 are
-"pending": raw keys k_j, with their w_j and (clipped) beta_j in a window of ``PENDING_WINDOW`` slots per
+"pending": raw keys k_j, with their w_j and (clipped) beta_j in a window of W slots (``decode_pending_window``) per
 (batch, kv head) (slot j - F).  A step of T_new tokens (positions L .. L+T_new-1, rows appended raw)
 gives every query i its frame query by walking the pending positions backwards: z = q_i; for
 p = i, i-1, .., F: logit_{p,i} = k_p . z, z <- H_p z = z - beta_p (w_p . z) w_p; the final
@@ -41,7 +41,7 @@ cache materializes its pending rows first (``PaTHKVCache.materialize``, the same
 
 Knobs (spec pass ``decode``): decode_block_n (key tile), decode_num_warps, decode_splits (split-K
 factor, capped by the number of tiles), decode_num_stages (software pipelining of the key-tile loop),
-beta_clip_eps (``TritonParams.beta_max``); ``PENDING_WINDOW`` (W) is a module constant for now.
+beta_clip_eps (``TritonParams.beta_max``), decode_pending_window (W).
 """
 from __future__ import annotations
 
@@ -58,15 +58,12 @@ from ._ops import interpreting, mm
 from .params import TritonParams
 
 __all__ = ["decode_kernel", "decode_merge_kernel", "path_decode_triton", "path_prefill_triton",
-           "current_frame_keys_triton", "decode_params", "decode_loop_stages", "TritonDecodeStep",
-           "PENDING_WINDOW"]
+           "current_frame_keys_triton", "decode_params", "decode_loop_stages", "TritonDecodeStep"]
 
-# W, the pending window: a step flushes (rotates the whole cache into the newest frame) when more than W
-# tokens would be pending after it.  0 = rotate on every step (the eager scheme).  Moves to the spec as the
-# decode knob ``decode_pending_window`` (domain {0, 8, 16, 32, 64}); 16 amortizes the key write over 16
-# one-token steps while a flush step (up to W + T_new rank-one updates per key, fp32) stays near 2x a
-# plain pass.
-PENDING_WINDOW = 16
+# W, the pending window (the spec's decode_pending_window): a step flushes (rotates the whole cache into
+# the newest frame) when more than W tokens would be pending after it; 0 = rotate on every step.  16
+# amortizes the key write over 16 one-token steps while a flush step (up to W + T_new rank-one updates
+# per key, fp32) stays near 2x a plain pass.
 
 _LOG2E = 1.4426950408889634
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" of the running max (keeps exp2(m_old - m_new) NaN-free)
@@ -522,7 +519,7 @@ class TritonDecodeStep:
         self.qk_scale = scale * _LOG2E
         self.gate_scale = (scale if gate_placement == "inside_scale" else 1.0) * _LOG2E
         self.gated = gated
-        self.window = PENDING_WINDOW if window is None else int(window)
+        self.window = params.decode_pending_window if window is None else int(window)
         if self.window < 0:
             raise ValueError(f"the pending window must be >= 0, got {self.window}")
         self.const = dict(H=H, G=G, D=D, DV=DV, BD=_pow2(D), BDV=self.BDV, TN=TN, TNP=triton.next_power_of_2(TN),
@@ -577,14 +574,14 @@ def prepare(q, k, v, w, beta, g, cache, *, scale: Optional[float] = None, config
             gate_placement: str = "inside_scale", window: Optional[int] = None) -> TritonDecodeStep:
     """Validate one decode call's arguments against the cache and return the (memoised) prepared step
     for its shapes, dtypes and knobs; calls with the same metadata may then run the step directly.
-    ``window``: the pending window W (None: ``PENDING_WINDOW``)."""
+    ``window``: the pending window W (None: the config's ``decode_pending_window``)."""
     B, TN, HQ, H, D, DV = _check_decode_args(q, k, v, w, beta, g, cache)
     params = decode_params(config, D, DV)
     ck = cache.k_buffer
     f32 = ck.dtype == torch.float32 or q.dtype != ck.dtype
     return _step_cached(B, TN, HQ, H, D, DV, q.dtype, g is not None, f32, params,
                         None if scale is None else float(scale), gate_placement,
-                        PENDING_WINDOW if window is None else int(window))
+                        params.decode_pending_window if window is None else int(window))
 
 
 def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = None, config=None,
@@ -598,7 +595,7 @@ def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = N
     Token t attends causally to the cache and to tokens <= t of this call, exactly as
     ``runtime.reference.path_attention_decode``.
     ``config``: decode knobs (spec Config / mapping / TritonParams; None = heuristic); ``window``: the
-    pending window W (None: ``PENDING_WINDOW``; 0 rotates the cache on every step).
+    pending window W (None: the config's ``decode_pending_window``; 0 rotates the cache on every step).
     Returns o [B,T_new,HQ,DV] in q's dtype (and lse [B,T_new,HQ] float32 with ``return_lse``).
     """
     step = prepare(q, k, v, w, beta, g, cache, scale=scale, config=config, gate_placement=gate_placement,
@@ -607,9 +604,10 @@ def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = N
 
 
 def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
-                         heads: int = 8, group: int = 1, tokens: int = 1, window: int = PENDING_WINDOW):
+                         heads: int = 8, group: int = 1, tokens: int = 1, window: Optional[int] = None):
     """(fn, signature, constexprs, num_warps, num_stages) of the decode step's two launches for
     ``compile_check.compile_kernel`` (sm_90 compilation without a GPU), as ``TritonDecodeStep`` launches them."""
+    window = params.decode_pending_window if window is None else int(window)
     rowwise, R = decode_layout(tokens, group)
     io = f"*{dtype}"
     f32p = "*fp32"

@@ -48,6 +48,7 @@ class TritonParams:
     decode_num_warps: int = spec_default("decode_num_warps")
     decode_splits: int = spec_default("decode_splits")
     decode_num_stages: int = spec_default("decode_num_stages")
+    decode_pending_window: int = spec_default("decode_pending_window")
 
     def __post_init__(self):
         # a schedule knob only: a super-chunk shorter than the default query tile takes the whole
