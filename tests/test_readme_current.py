@@ -1,8 +1,10 @@
 """The README quotes only current figures.
 
 * A fenced block right after ``<!-- readme-output: COMMAND -->`` shows ``$ COMMAND`` and what COMMAND
-  prints now from the records shipped in perf_db/shipped/ (fresh data dir, 80 terminal columns): the
-  test runs it and compares.  Shipping new records without refreshing the README fails here.
+  prints now (stdout and stderr, as a terminal shows them) from the records shipped in perf_db/shipped/
+  (fresh data dir, 80 terminal columns): the test runs it and compares.  ``<!-- readme-output: COMMAND
+  [exit N] -->`` quotes a command that exits with status N (a refusal the README shows on purpose).
+  Shipping new records without refreshing the README fails here.
 * Every number between ``<!-- readme-numbers: BENCHMARKS.md -->`` and ``<!-- /readme-numbers -->`` is
   a cell of a table of BENCHMARKS.md (itself checked against benchmarks/results/ by
   test_benchmarks_doc.py); a time or speed ratio quoted anywhere else in the README's prose fails.
@@ -37,8 +39,19 @@ def _normalise(text: str) -> str:
     return "\n".join(lines).strip("\n")
 
 
+EXIT_MARK = re.compile(r"\s*\[exit (\d+)\]$")
+
+
 def _quoted_outputs() -> list[tuple[str, str]]:
-    return [(m["cmd"].strip(), m["body"]) for m in OUTPUT_MARK.finditer(README.read_text())]
+    return [(EXIT_MARK.sub("", m["cmd"].strip()), m["body"]) for m in OUTPUT_MARK.finditer(README.read_text())]
+
+
+def _expected_exit(cmd: str) -> int:
+    for m in OUTPUT_MARK.finditer(README.read_text()):
+        if EXIT_MARK.sub("", m["cmd"].strip()) == cmd:
+            code = EXIT_MARK.search(m["cmd"].strip())
+            return int(code.group(1)) if code else 0
+    return 0
 
 
 def _env(home) -> dict[str, str]:
@@ -73,9 +86,11 @@ def current_outputs(tmp_path_factory) -> dict[str, str]:
         cwd = tmp / f"cwd{i}"
         cwd.mkdir()
         argv = [sys.executable, "-m", "pathtune.cli", *shlex.split(cmd)[1:]]
-        run = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-        assert run.returncode == 0, f"`{cmd}` failed:\n{run.stderr[-2000:]}"
-        out[cmd] = run.stdout
+        run = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             timeout=120)
+        want = _expected_exit(cmd)
+        assert run.returncode == want, f"`{cmd}` exited {run.returncode}, README expects {want}:\n{run.stdout[-2000:]}"
+        out[cmd] = run.stdout.replace(str(home), "~")   # the data dir's path as a user's README reads it
     return out
 
 
@@ -136,12 +151,14 @@ def test_a_stale_number_is_caught(monkeypatch, tmp_path):
 
 
 def test_a_stale_output_is_caught(current_outputs, monkeypatch, tmp_path):
-    """A README quoting another entry count than the shipped records give (as after shipping records
-    without refreshing it) fails the output check."""
+    """A README quoting other output than the commands give now (as after shipping records without
+    refreshing it) fails the output check: one changed line of the first quoted block is caught."""
     text = README.read_text()
-    assert "12 entries for NVIDIA H200" in text
+    cmd, body = _quoted_outputs()[0]
+    lines = body.splitlines()
+    assert len(lines) >= 2, f"the first quoted block (`{cmd}`) shows no output line"
     fake = tmp_path / "README.md"
-    fake.write_text(text.replace("12 entries for NVIDIA H200", "20 entries for NVIDIA H200"))
+    fake.write_text(text.replace(body, "\n".join(lines[:1] + [lines[1] + " (edited)"] + lines[2:]), 1))
     monkeypatch.setattr(sys.modules[__name__], "README", fake)
     stale = _stale_quotes(current_outputs)
-    assert len(stale) == 1 and "20 entries" in stale[0]
+    assert len(stale) == 1 and "(edited)" in stale[0]
