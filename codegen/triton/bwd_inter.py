@@ -88,7 +88,7 @@ def bwd_inter_dq_kernel(
             for step in range(0, sc_idx):
                 jj = sc_idx - 1 - step
                 om_base = om_ptr + ((pair_base + sc_idx * n_sc_seq + jj) * H + h) * BD * BD
-                Zd = mm(Yd, tl.load(om_base + dpair).to(DT).to(DT), INTERP).to(DT)
+                Zd = mm(Yd, tl.load(om_base + dpair).to(DT), INTERP).to(DT)
                 dZ = tl.zeros((C, BD), dtype=tl.float32)
                 for t0 in range(0, S, BLOCK_N):
                     krows = (s0 + jj * S + t0 + rn).to(tl.int64)
@@ -104,7 +104,7 @@ def bwd_inter_dq_kernel(
                     dZ += mm(ds.to(DT), KJ, INTERP)
                     if USE_GATE:
                         dcq += tl.sum(ds, axis=1)
-                dY += mm(dZ.to(DT), tl.trans(tl.load(om_base + dpair).to(DT).to(DT)), INTERP)
+                dY += mm(dZ.to(DT), tl.trans(tl.load(om_base + dpair).to(DT)), INTERP)
             tl.store(dy_ptr + qoff, dY * scale, mask=rmask[:, None] & dmask)
         else:
             pair_base = tl.load(seq_pair_base + sid)
@@ -151,6 +151,43 @@ def bwd_inter_dq_kernel(
 
 
 @triton.jit
+def _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_ptr, row0, send, hq, qk_scale,
+                    gate_scale, HQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+                    BDV: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                    DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr):
+    """One key tile (KZ = its keys carried into the later super-chunk's frame, Vt its values, c_k its gate
+    cumsums) against the S query rows of that super-chunk from row0, BLOCK_M rows a step, keys as rows:
+    s^T = KZ Y^T, then dV += p^T dO and dKZ += dS^T Y with p^T and dS^T as they are; the gate's
+    key-side sums -sum_i dS_ij as row sums of dS^T.  Returns (dV, dKZ of this super-chunk, dck)."""
+    r = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BD)
+    dv = tl.arange(0, BDV)
+    dmask = (d < D)[None, :]
+    dvmask = (dv < DV)[None, :]
+    dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
+    for m0 in range(0, S, BLOCK_M):
+        rows = (row0 + m0 + r).to(tl.int64)
+        rmask = rows < send
+        Yd = tl.load(y_ptr + (rows[:, None] * HQ + hq) * D + d[None, :], mask=rmask[:, None] & dmask,
+                     other=0.0).to(DT)
+        dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :], mask=rmask[:, None] & dvmask, other=0.0)
+        lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
+        delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+        sT = mm(KZ, tl.trans(Yd), INTERP) * qk_scale
+        if USE_GATE:
+            c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+            sT += (c_q[None, :] - c_k[:, None]) * gate_scale
+        pT = tl.where(rmask[None, :], tl.exp2(sT - lse2[None, :]), 0.0)
+        dpT = mm(Vt, tl.trans(dO), INTERP)
+        dsT = pT * (dpT - delta[None, :])
+        dV += mm(pT.to(Vt.dtype), dO, INTERP)
+        dKZ += mm(dsT.to(DT), Yd, INTERP)
+        if USE_GATE:
+            dck += tl.sum(dsT, axis=1)
+    return dV, dKZ, dck
+
+
+@triton.jit
 def bwd_inter_dkv_kernel(
     y_ptr, kj_ptr, v_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
     dkj_ptr, dv_ptr, dom_ptr, dc_ptr, om_ptr, kz_ptr,
@@ -165,7 +202,8 @@ def bwd_inter_dkv_kernel(
     # DB < BD: kz_ptr [N, H, D] (scan dtype) is the scratch of KZ = KJ Om^T for this program's key
     # rows and dkj accumulates in place per pair; DB == BD: kz_ptr unused.
     # BLOCK_M: query rows per step of the walk over a later super-chunk (the bwd_block_m knob; the
-    # UT chunk is no unit here: p and dS of every query row are independent given lse and delta)
+    # UT chunk is no unit here: p and dS of every query row are independent given lse and delta;
+    # _dkv_superchunk)
     # one program per key tile of BLOCK_N keys (the earliest super-chunks, with the most later
     # queries, first); one program per super-chunk left 512 serial programs at 32K tokens
     j = tl.program_id(0) // (S // BLOCK_N)
@@ -180,7 +218,6 @@ def bwd_inter_dkv_kernel(
         pair_base = tl.load(seq_pair_base + sid)
         n_sc_seq = (send - s0 + S - 1) // S
         jl = j - sc_base
-        r = tl.arange(0, BLOCK_M)
         d = tl.arange(0, BD)
         dv = tl.arange(0, BDV)
         rn = tl.arange(0, BLOCK_N)
@@ -196,43 +233,24 @@ def bwd_inter_dkv_kernel(
             Vt = tl.load(v_ptr + voff, mask=dvmask, other=0.0)
             if USE_GATE:
                 c_k = tl.load(gc_ptr + krows * HQ + hq)
+            else:
+                c_k = tl.zeros((BLOCK_N,), dtype=tl.float32)
             dV = tl.zeros((BLOCK_N, BDV), dtype=tl.float32)
-            # the gate's key-side sums -sum_i dS_ij: dS tiles added elementwise, reduced over rows once per
-            # kv head (a per-step column reduction crosses warps; on the H200 the once-per-program sum took
-            # this kernel from 3.72 to 3.34 ms at D=128, T=4096 and left D=64 unchanged)
-            dck = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            dck = tl.zeros((BLOCK_N,), dtype=tl.float32)   # the gate's key-side sums -sum_i dS_ij
             if DB == BD:
                 KJd = KJ.to(DT)
                 for il in range(jl + 1, n_sc_seq):
                     om_base = om_ptr + ((pair_base + il * n_sc_seq + jl) * H + h) * BD * BD
-                    KZ = mm(KJd, tl.trans(tl.load(om_base + dpair).to(DT).to(DT)), INTERP).to(DT)
-                    dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
-                    for m0 in range(0, S, BLOCK_M):
-                        rows = (s0 + il * S + m0 + r).to(tl.int64)
-                        rmask = rows < send
-                        Yd = tl.load(y_ptr + (rows[:, None] * HQ + hq) * D + d[None, :],
-                                     mask=rmask[:, None] & dmask, other=0.0).to(DT)
-                        dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :],
-                                     mask=rmask[:, None] & dvmask, other=0.0)
-                        lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
-                        delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-                        sT = mm(KZ, tl.trans(Yd), INTERP) * qk_scale
-                        if USE_GATE:
-                            c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-                            sT += (c_q[None, :] - c_k[:, None]) * gate_scale
-                        pT = tl.where(rmask[None, :], tl.exp2(sT - lse2[None, :]), 0.0)
-                        dpT = mm(Vt, tl.trans(dO), INTERP)
-                        dsT = pT * (dpT - delta[None, :])
-                        dV += mm(pT.to(Vt.dtype), dO, INTERP)
-                        dKZ += mm(dsT.to(DT), Yd, INTERP)
-                        if USE_GATE:
-                            dck += tl.sum(dsT, axis=1)
+                    KZ = mm(KJd, tl.trans(tl.load(om_base + dpair).to(DT)), INTERP).to(DT)
+                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_ptr,
+                                                   s0 + il * S, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV,
+                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, INTERP)
                     # dKJ read-modify-written per super-chunk (rows owned by this program; same layout
                     # for load and store) rather than a BLOCK_N x BD float32 tile live across the walk:
                     # on the H200 4.35 -> 3.76 ms at D=64 (4 warps, spilling), unchanged at D=128
                     dKZd = dKZ.to(DT)
                     tl.store(dkj_ptr + koff, tl.load(dkj_ptr + koff, mask=dmask, other=0.0)
-                             + mm(dKZd, tl.load(om_base + dpair).to(DT).to(DT), INTERP) * scale, mask=dmask)
+                             + mm(dKZd, tl.load(om_base + dpair).to(DT), INTERP) * scale, mask=dmask)
                     pptr = dom_ptr + ((pair_base + il * n_sc_seq + jl) * H + h) * BD * BD + dpair
                     tl.atomic_add(pptr, mm(tl.trans(dKZd), KJd, INTERP) * scale, sem="relaxed")
                     # (after the last super-chunk this product is dead; prepare_state zero-fills that
@@ -251,27 +269,9 @@ def bwd_inter_dkv_kernel(
                                      mask=(e < D)[None, :])
                     tl.debug_barrier()
                     KZ = tl.load(kz_ptr + koff, mask=dmask, other=0.0)
-                    dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
-                    for m0 in range(0, S, BLOCK_M):
-                        rows = (s0 + il * S + m0 + r).to(tl.int64)
-                        rmask = rows < send
-                        Yd = tl.load(y_ptr + (rows[:, None] * HQ + hq) * D + d[None, :],
-                                     mask=rmask[:, None] & dmask, other=0.0).to(DT)
-                        dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :],
-                                     mask=rmask[:, None] & dvmask, other=0.0)
-                        lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
-                        delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-                        sT = mm(KZ, tl.trans(Yd), INTERP) * qk_scale
-                        if USE_GATE:
-                            c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-                            sT += (c_q[None, :] - c_k[:, None]) * gate_scale
-                        pT = tl.where(rmask[None, :], tl.exp2(sT - lse2[None, :]), 0.0)
-                        dpT = mm(Vt, tl.trans(dO), INTERP)
-                        dsT = pT * (dpT - delta[None, :])
-                        dV += mm(pT.to(Vt.dtype), dO, INTERP)
-                        dKZ += mm(dsT.to(DT), Yd, INTERP)
-                        if USE_GATE:
-                            dck += tl.sum(dsT, axis=1)
+                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_ptr,
+                                                   s0 + il * S, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV,
+                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, INTERP)
                     for cb in tl.static_range(BD // DB):
                         if cb * DB < D:
                             e = cb * DB + tl.arange(0, DB)

@@ -187,7 +187,8 @@ def main(argv=None):
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--only", default=None, help="substring of kernel names to compile")
-    ap.add_argument("--config", default=None, help="knob overrides of the spec defaults, as JSON (spec spelling)")
+    ap.add_argument("--config", default=None,
+                    help="knob overrides of the head dim's untuned config, as JSON (spec spelling)")
     ap.add_argument("--pass", dest="pass_", choices=("all", "fwd", "decode"), default="all",
                     help="forward+backward kernels, decode kernels, or all")
     args = ap.parse_args(argv)
@@ -195,7 +196,8 @@ def main(argv=None):
 
     from .._knobs import resolve
 
-    params = resolve("triton", None, json.loads(args.config) if args.config else None)
+    # the config a call of this head dim runs without a record: the spec's per-head-dim defaults
+    params = resolve("triton", None, json.loads(args.config) if args.config else None, (args.head_dim, args.head_dim))
     launches = []
     if args.pass_ in ("all", "fwd"):
         launches += forward_kernels(params, args.head_dim, args.head_dim)
