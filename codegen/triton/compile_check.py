@@ -79,8 +79,16 @@ SMEM_LIMIT_SM90 = 232448  # bytes of dynamic shared memory a block may opt in to
 def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
                     heads: int = 16, group: int = 1):
     """(fn, signature, constexprs, num_warps, num_stages) of every forward and backward launch."""
-    from .backward import transport_warps
-    from .bwd_chain import bwd_superchunk_chain_kernel, bwd_transport_chain_kernel, bwd_transport_grads_kernel
+    from .backward import CHAIN_KERNEL_MAX_BD, GATE_GRAD_SPAN, chain_blocks, transport_warps
+    from .bwd_chain import (
+        bwd_chain_dwhat_kernel,
+        bwd_chain_rows_kernel,
+        bwd_superchunk_chain_kernel,
+        bwd_superchunk_pairs_kernel,
+        bwd_transport_chain_kernel,
+        bwd_transport_grads_kernel,
+        gate_grad_kernel,
+    )
     from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel, bwd_pair_transitions_kernel
     from .bwd_intra import bwd_intra_kernel
     from .bwd_prep import bwd_prep_kernel
@@ -132,6 +140,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     rows = transport_rows(BD)
     DB = transition_column_block(BD)   # < BD: the column-blocked transition path of wide head dims
     inter_sig = dict(sig, om_ptr=scan) if DB == BD else sig   # the pairs' Om: scan type, or float32 blocks
+    chain_rows, chain_cb, chain_dcb, chain_warps = chain_blocks(BD)
+    gate_bh = min(triton.next_power_of_2(HQ), 16)     # as backward._gate_grad launches it
     return [
         # the forward's UT stage: one launch (the backward's per-range recompute keeps the three below)
         (ut_fused_kernel, dict(sig, k_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),
@@ -159,8 +169,17 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         # every pair's transition in the scan type, read by the two kernels above (padded head dims <= 128)
         *([(bwd_pair_transitions_kernel, inter_sig, dict(H=H, BD=BD, S=S, ROWS=min(BD, 64), TP=btp),
             4 if BD <= 64 else 8, 1)] if DB == BD else []),
-        # launched for BD <= 64 only; larger head dims use the torch chain (backward.py)
-        *([(bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=btp), 4, 1)] if BD <= 64 else []),
+        # the super-chunk chain: one kernel per sequence up to padded head dim 64, row / column-block kernels
+        # above (backward.superchunk_chain), and the float32 pair products of the column-blocked path
+        *([(bwd_superchunk_chain_kernel, sig, dict(H=H, BD=BD, S=S, TP=btp), 4, 1)] if BD <= CHAIN_KERNEL_MAX_BD
+          else [(bwd_chain_rows_kernel, sig, dict(H=H, BD=BD, S=S, ROWS=chain_rows, CB=chain_cb, TP=btp),
+                 chain_warps, 1),
+                (bwd_chain_dwhat_kernel, sig, dict(H=H, BD=BD, S=S, CB=chain_dcb, HAS_OM=DB < BD, TP=btp),
+                 chain_warps, 1)]),
+        *([(bwd_superchunk_pairs_kernel, sig, dict(H=H, BD=BD, S=S, ROWS=chain_rows, CB=chain_cb, TP=btp),
+            chain_warps, 1)] if DB < BD else []),
+        (gate_grad_kernel, dict(dc_ptr=_PTR_F32, dg_ptr=_PTR_F32, seq_start=i64, seq_end=i64),
+         dict(HQ=HQ, BH=gate_bh, BT=min(max(16, 1024 // gate_bh), GATE_GRAD_SPAN), SPAN=GATE_GRAD_SPAN), 4, 1),
         (bwd_transport_chain_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_warps(BD)[0], 1),
         (bwd_transport_grads_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
