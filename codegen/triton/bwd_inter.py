@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from ._ops import mm
+from .bwd_chain import _chain_prologue
 
 
 @triton.jit
@@ -304,17 +305,14 @@ def bwd_pair_transitions_kernel(
     float32 registers, Om_{I,J} = Om_{I,J+1} What_{J+1} at precision TP (one BD x BD What tile a
     step), so the rounding to 16 bits happens once per stored pair, not along the walk.  Entries
     J >= I are left unwritten: no kernel reads them."""
-    n = tl.program_id(0)
+    il, nsc, sc_base, pair_base = _chain_prologue(tl.program_id(0), sc_seq, seq_start, seq_end, seq_sc_base,
+                                                  seq_pair_base, S)
     h = tl.program_id(1)
-    sid = tl.load(sc_seq + n)
-    nsc = (tl.load(seq_end + sid) - tl.load(seq_start + sid) + S - 1) // S
-    sc_base = tl.load(seq_sc_base + sid)
-    il = n - sc_base
     if il >= 1:
         rr = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
         d = tl.arange(0, BD)
         tile = rr[:, None] * BD + d[None, :]
-        row0 = (tl.load(seq_pair_base + sid) + il * nsc).to(tl.int64)
+        row0 = (pair_base + il * nsc).to(tl.int64)
         Om = tl.where(rr[:, None] == d[None, :], 1.0, 0.0)
         tl.store(om_ptr + ((row0 + il - 1) * H + h) * BD * BD + tile, Om.to(om_ptr.dtype.element_ty))
         for step in range(0, il - 1):
