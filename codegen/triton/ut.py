@@ -37,11 +37,17 @@ _INTERP = tl.constexpr(interpreting())   # Triton picks interpreter or compiler 
 
 
 @triton.jit
-def _split16(x, scale):
-    """x * scale as hi + lo fp16 parts (hi + lo carries ~22 bits of x * scale)."""
+def _pow2_exponent(amax):
+    """floor(log2(amax)) of each largest magnitude (at least 2^-100): the power of two that scales it near 1."""
+    return tl.floor(tl.log2(tl.maximum(amax, 1e-30)))
+
+
+@triton.jit
+def _split(x, scale, dt: tl.constexpr):
+    """x * scale as hi + lo parts of 16-bit type dt (hi + lo carries ~22 bits in fp16, 16 in bf16)."""
     xs = x * scale
-    hi = xs.to(tl.float16)
-    return hi, (xs - hi.to(tl.float32)).to(tl.float16)
+    hi = xs.to(dt)
+    return hi, (xs - hi.to(tl.float32)).to(dt)
 
 
 @triton.jit
@@ -53,10 +59,10 @@ def _pdot(a, b, UP: tl.constexpr):
     chunk's w are nearly dependent), split into hi + lo fp16 parts, and multiplied as
     hi hi + hi lo + lo hi; the scales come off exactly afterwards.  Else tl.dot in mode UP."""
     if UP == "fp16x3":
-        ea = tl.floor(tl.log2(tl.maximum(tl.max(tl.abs(a), axis=1), 1e-30)))
-        eb = tl.floor(tl.log2(tl.maximum(tl.max(tl.abs(b), axis=0), 1e-30)))
-        ah, al = _split16(a, tl.exp2(-ea)[:, None])
-        bh, bl = _split16(b, tl.exp2(-eb)[None, :])
+        ea = _pow2_exponent(tl.max(tl.abs(a), axis=1))
+        eb = _pow2_exponent(tl.max(tl.abs(b), axis=0))
+        ah, al = _split(a, tl.exp2(-ea)[:, None], tl.float16)
+        bh, bl = _split(b, tl.exp2(-eb)[None, :], tl.float16)
         if _INTERP:   # fp16 x fp16 products are exact in float32: the GPU's fp32-accumulated MMA
             ah, al, bh, bl = ah.to(tl.float32), al.to(tl.float32), bh.to(tl.float32), bl.to(tl.float32)
             p = (tl.dot(ah, bh, input_precision="ieee")
@@ -222,11 +228,8 @@ def _apply(A, X, UP: tl.constexpr, AP: tl.constexpr, INTERP: tl.constexpr):
     row's largest entry; the scale comes off exactly afterwards.  Else float32 operands at precision
     UP (``_pdot``)."""
     if AP == "split":
-        amax = tl.max(tl.abs(A), axis=1)
-        e = tl.floor(tl.log2(tl.maximum(amax, 1e-30)))
-        As = A * tl.exp2(-e)[:, None]
-        hi = As.to(X.dtype)
-        lo = (As - hi.to(tl.float32)).to(X.dtype)
+        e = _pow2_exponent(tl.max(tl.abs(A), axis=1))
+        hi, lo = _split(A, tl.exp2(-e)[:, None], X.dtype)
         return (mm(hi, X, INTERP) + mm(lo, X, INTERP)) * tl.exp2(e)[:, None]
     else:
         return _pdot(A, X.to(tl.float32), UP)
