@@ -184,11 +184,24 @@ class PaTHKVCache:
 
     def pending_window(self, slots: int) -> tuple[Tensor, Tensor]:
         """The pending window (w [B, S, H, D], beta [B, S, H], float32) with S >= max(slots, 1) slots, allocated on
-        first use and grown (contents kept) when a step needs more; a static cache keeps it once allocated
-        (run one eager step before capturing a graph)."""
+        first use and grown (contents kept) when a step needs more; a static cache keeps it once allocated.
+        Inside a CUDA-graph capture it is allocated without initialisation (a captured fill would re-run at every
+        replay); growing a window that holds pending rows there raises (run one eager step first)."""
         need = max(int(slots), 1)
         if self._pw is None or self._pw.shape[1] < need:
             B, _, H, D = self._k.shape
+            if _capturing(self._k):
+                # a fill or copy made here would be captured and re-run by every replay, resetting the window
+                # the replayed steps write: allocate without one (the kernels read only slots < pending rows,
+                # which they write first) and refuse when rows are pending in an older window
+                if self._pw is not None and (self._len is None or self._frame is None or self._frame < self._len):
+                    raise RuntimeError(
+                        f"this decode step needs a pending window of {need} slots but the cache has "
+                        f"{self._pw.shape[1]} with rows pending; run one eager step with the same config "
+                        f"before capturing the CUDA graph")
+                self._pw = torch.empty(B, need, H, D, dtype=torch.float32, device=self._k.device)
+                self._pb = torch.empty(B, need, H, dtype=torch.float32, device=self._k.device)
+                return self._pw, self._pb
             pw = torch.zeros(B, need, H, D, dtype=torch.float32, device=self._k.device)
             pb = torch.zeros(B, need, H, dtype=torch.float32, device=self._k.device)
             if self._pw is not None:

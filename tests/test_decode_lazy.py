@@ -174,6 +174,28 @@ def test_skipping_the_pending_walk_is_detected():
     assert rel(o, ref_o[:, P + 3:]) < TOL_O[torch.float32]
 
 
+def test_window_made_inside_a_capture_has_no_captured_fill(monkeypatch):
+    """Inside a CUDA-graph capture (simulated) the pending window is allocated without a fill or copy (captured, it
+    would re-run at every replay and wipe the slots the replayed steps wrote); growing a window that holds pending
+    rows there raises with what to do. Outside a capture the window grows and keeps its slots."""
+    import pathtune.codegen.kv_cache as kv
+
+    cache = PaTHKVCache.empty(1, 2, 8, 8, max_len=8, device=DEV)
+    fills = []
+    real_zeros = torch.zeros
+    monkeypatch.setattr(kv.torch, "zeros", lambda *a, **k: fills.append(a) or real_zeros(*a, **k))
+    monkeypatch.setattr(kv, "_capturing", lambda t: True)
+    pw, pb = cache.pending_window(4)
+    assert pw.shape == (1, 4, 2, 8) and pb.shape == (1, 4, 2) and not fills
+    cache._len, cache._frame = 3, 1                       # two rows pending in the 4-slot window
+    with pytest.raises(RuntimeError, match="run one eager step"):
+        cache.pending_window(8)
+    monkeypatch.setattr(kv, "_capturing", lambda t: False)
+    pw.fill_(1.0)
+    pw8, _ = cache.pending_window(8)
+    assert pw8.shape[1] == 8 and bool((pw8[:, :4] == 1).all()) and bool((pw8[:, 4:] == 0).all())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("D,H,HQ,gate,TN", [(64, 8, 8, False, 1), (128, 2, 8, True, 4)])
 def test_gpu_captured_steps_cross_flushes_bitwise(D, H, HQ, gate, TN):
