@@ -18,3 +18,45 @@ def test_record_rows_feed_overhead_query(tmp_path):
         statuses = sorted(r["status"] for r in db.query(head_dim=128))
         assert statuses == ["crash", "crash"]
     assert format_table([ok, broken]).row_count == 2
+
+
+def test_an_interrupted_bench_keeps_the_rows_it_finished(tmp_path):
+    """`pathtune bench --record --json F` stores and writes each row when it is measured, all in one perf_db run:
+    a bench stopped after its first row (Ctrl-C, a time limit) keeps that row in perf_db and in F."""
+    import json
+
+    import pytest
+    from rich.console import Console
+
+    from pathtune.cli.bench import _run_and_report
+
+    url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
+    out = tmp_path / "bench.json"
+    first = BenchRow(64, 4096, 8, 16, False, times={"pathtune_f": 2.0, "pathtune_fb": 9.0, "sdpa_flash_f": 1.0,
+                                                     "sdpa_flash_fb": 3.0}, errors={"o": 2e-3})
+
+    def run(on_row):
+        on_row(first)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _run_and_report(Console(), run, format_table, out,
+                        lambda rows, run_id: record_rows(rows, url, None, "pathtune bench (test)", run_id=run_id))
+    assert [r["head_dim"] for r in json.loads(out.read_text())] == [64]
+    with PerfDB(url) as db:
+        assert sorted(r["pass"] for r in db.query(head_dim=64)) == ["bwd", "fwd"]
+
+    # a finished bench: rows handed over one by one and the rest at the end, each stored once, one run
+    second = BenchRow(128, 4096, 8, 8, False, times={"pathtune_f": 1.5, "sdpa_flash_f": 1.0}, errors={"o": 2e-3})
+    url2 = f"sqlite:///{tmp_path / 'perf2.sqlite3'}"
+    runs = set()
+
+    def rec(rows, run_id):
+        runs.add(run_id)
+        return record_rows(rows, url2, None, "pathtune bench (test)", run_id=run_id)
+
+    _run_and_report(Console(), lambda on_row: (on_row(first), [first, second])[1], format_table, out, rec)
+    assert len(runs) == 1
+    with PerfDB(url2) as db:
+        assert len(db.query(head_dim=64)) == 2 and len(db.query(head_dim=128)) == 1
+    assert [r["head_dim"] for r in json.loads(out.read_text())] == [64, 128]

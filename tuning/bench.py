@@ -108,9 +108,12 @@ BACKENDS = ("triton", "tvm")
 def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), *, tokens: int = TOKENS,
               config=None, baselines=("sdpa", "fla"), backward: bool = True, device: str = "cuda",
               seed: int = 0, backends=("triton",), tvm_modules=None,
-              log: Callable[[str], None] = print) -> list[BenchRow]:
+              log: Callable[[str], None] = print,
+              on_row: Optional[Callable[[BenchRow], None]] = None) -> list[BenchRow]:
     """Measure every (D, T, gate) point; see the module docstring. ``tvm_modules``: the folder of
-    TVM module sets (or an opened ``tvm_bench.TVMBenchModules``), needed when ``backends`` has tvm."""
+    TVM module sets (or an opened ``tvm_bench.TVMBenchModules``), needed when ``backends`` has tvm.
+    ``on_row``: called with each row as soon as it is measured (so an interrupted bench keeps what it
+    measured); not with the TVM backend, whose column is timed after every row."""
     from .baselines import fla_path_callable, sdpa_callable
 
     unknown = [b for b in backends if b not in BACKENDS]
@@ -120,6 +123,7 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("pathtune bench needs a CUDA GPU (torch.cuda.is_available() is False)")
     rows = []
+    gates = tuple(sorted(set(gates)))    # ungated first: a gated row takes its SDPA times from it
     for D in head_dims:
         H = HEADS_FOR_DIM.get(D, max(1, 1024 // D))
         for T in seq_lens:
@@ -139,17 +143,16 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
                     if "fla" in baselines:
                         fn = fla_path_callable(q, k, v, w, beta, g, backward=bw)
                         row.times[f"fla_{tag}"] = _median_ms(fn) if fn else None
+                # SDPA has no gate: a gated row compares against the ungated SDPA of the same shape (measured first)
+                if gate:
+                    twin = next((r for r in rows if not r.gate and (r.head_dim, r.seq_len) == (D, T)), None)
+                    for key, val in (twin.times.items() if twin else ()):
+                        if key.startswith("sdpa_"):
+                            row.times.setdefault(key, val)
                 rows.append(row)
                 log(json.dumps(asdict(row)))
-    # SDPA has no gate: gated rows compare against the ungated SDPA of the same shape
-    for row in rows:
-        if row.gate:
-            twin = next((r for r in rows if not r.gate and (r.head_dim, r.seq_len) == (row.head_dim, row.seq_len)),
-                        None)
-            if twin:
-                for key, val in twin.times.items():
-                    if key.startswith("sdpa_"):
-                        row.times.setdefault(key, val)
+                if on_row is not None and tvm is None:
+                    on_row(row)
     if tvm is not None:
         _tvm_column(rows, tvm, config, backends, device, seed, log)
     return rows
@@ -216,10 +219,12 @@ def _tvm_column(rows: list[BenchRow], tvm, config, backends, device: str, seed: 
         torch.cuda.empty_cache()
 
 
-def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: str) -> int:
+def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: str,
+                run_id: Optional[str] = None) -> int:
     """Store pathtune's times in perf_db with SDPA flash of the same run as the baseline; the TVM forward
     (backend "tvm", keyed like the tuner's TVM records: the spec fwd Config its modules were built with and
-    the TVM source hash, which ``tvm_bench`` checked the modules against)."""
+    the TVM source hash, which ``tvm_bench`` checked the modules against).  ``run_id``: add to that run
+    (started if new) instead of a fresh one (a bench recording row by row)."""
     from pathtune.codegen._knobs import resolve
     from pathtune.codegen.triton import source_hash
     from pathtune.fingerprint import collect_env
@@ -231,7 +236,7 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
     env = collect_env()
     n = 0
     with PerfDB(db_url) as db:
-        run_id = db.start_run(command=command, notes="pathtune bench")
+        run_id = db.start_run(command=command, notes="pathtune bench", run_id=run_id)
         for row in rows:
             for tag, pass_ in (("f", "fwd"), ("fb", "bwd")):
                 used = row.configs.get(tag, config)

@@ -276,12 +276,14 @@ def _sweep(row: DecodeRow, cache, step, D: int, log, keys0) -> None:
 def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), *, batch: int = BATCH, config=None,
                      baselines=("sdpa", "fla"), device: str = "cuda", seed: int = 0, sweep: bool = False,
                      backends=("triton",), tvm_sets=None, tvm_loader=None,
-                     log: Callable[[str], None] = print) -> list[DecodeRow]:
+                     log: Callable[[str], None] = print,
+                     on_row: Optional[Callable[[DecodeRow], None]] = None) -> list[DecodeRow]:
     """Measure every (heads, D, cache length, gate) point; see the module docstring.
 
     ``sweep``: also time every config of the decode knobs (spec domains) and report the fastest.
     ``backends``: which pathtune steps to time ("triton", "tvm"); "tvm" times every set of ``tvm_sets``
     (decode_tvm.load_sets) built for the row's shape, each loaded by ``tvm_loader`` (default: its modules).
+    ``on_row``: called with each row as soon as it is measured (an interrupted bench keeps what it measured).
     """
     from pathtune.codegen.triton.decode import decode_params
 
@@ -337,12 +339,15 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                     torch.cuda.empty_cache()
                 rows.append(row)
                 log(json.dumps(asdict(row)))
+                if on_row is not None:
+                    on_row(row)
     return rows
 
 
-def record_decode_rows(rows: list[DecodeRow], db_url: Optional[str], command: str) -> int:
+def record_decode_rows(rows: list[DecodeRow], db_url: Optional[str], command: str,
+                       run_id: Optional[str] = None) -> int:
     """Store pathtune's decode times in perf_db (pass ``decode``, backend triton and, when timed, tvm) with
-    SDPA flash of the same run as baseline."""
+    SDPA flash of the same run as baseline.  ``run_id``: add to that run (started if new)."""
     from pathtune.codegen.triton import source_hash
     from pathtune.perf_db import KernelKey, Measurement, PerfDB
     from pathtune.runtime.environment import collect_env
@@ -352,7 +357,7 @@ def record_decode_rows(rows: list[DecodeRow], db_url: Optional[str], command: st
     env = collect_env()
     n = 0
     with PerfDB(db_url) as db:
-        run_id = db.start_run(command=command, notes="pathtune bench --pass decode")
+        run_id = db.start_run(command=command, notes="pathtune bench --pass decode", run_id=run_id)
         kernel = KernelKey(pass_="decode", backend="triton", spec_hash=spec.hash, source_hash=source_hash("decode"))
         tvm_kernel = None
         if any(row.tvm_sweep for row in rows):

@@ -72,11 +72,13 @@ def register(app: typer.Typer) -> None:
         fwd_backends = _parse_backends(backends, tvm_modules, "fwd")
         _run_and_report(
             console,
-            lambda: run_bench(_ints(head_dim, "--head-dim"), _ints(seq_len, "--seq-len"), gates, tokens=tokens,
-                              config=cfg, baselines=tuple(b.strip() for b in baselines.split(",")),
-                              backward=not forward_only, backends=fwd_backends, tvm_modules=tvm_modules,
-                              log=lambda s: console.print(s, style="dim")),
-            format_table, out, record and (lambda rows: record_rows(rows, db, cfg, command_line())))
+            lambda on_row: run_bench(_ints(head_dim, "--head-dim"), _ints(seq_len, "--seq-len"), gates,
+                                     tokens=tokens, config=cfg,
+                                     baselines=tuple(b.strip() for b in baselines.split(",")),
+                                     backward=not forward_only, backends=fwd_backends, tvm_modules=tvm_modules,
+                                     log=lambda s: console.print(s, style="dim"), on_row=on_row),
+            format_table, out,
+            record and (lambda rows, run_id: record_rows(rows, db, cfg, command_line(), run_id=run_id)))
 
 
 def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, record, db, sweep,
@@ -102,19 +104,44 @@ def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, r
     shapes = tuple((HEADS_FOR_DIM.get(d, max(1, 1024 // d)), d) for d in head_dims)
     _run_and_report(
         console,
-        lambda: run_decode_bench(shapes, cache_lens, gates, batch=batch, config=cfg, baselines=baselines,
-                                 sweep=sweep, backends=backends, tvm_sets=tvm_sets,
-                                 log=lambda s: console.print(s, style="dim")),
-        format_decode_table, out, record and (lambda rows: record_decode_rows(rows, db, command_line())))
+        lambda on_row: run_decode_bench(shapes, cache_lens, gates, batch=batch, config=cfg, baselines=baselines,
+                                        sweep=sweep, backends=backends, tvm_sets=tvm_sets,
+                                        log=lambda s: console.print(s, style="dim"), on_row=on_row),
+        format_decode_table, out,
+        record and (lambda rows, run_id: record_decode_rows(rows, db, command_line(), run_id=run_id)))
 
 
 def _run_and_report(console, run, format_rows, out, record) -> None:
-    """Run a benchmark, print its table, write its rows as JSON (``out``) and store them (``record``:
-    a callable taking the rows and returning how many measurements it stored, or a false value)."""
+    """Run a benchmark (``run(on_row)``), print its table, write its rows as JSON (``out``) and store them
+    (``record(rows, run_id)``: returns how many measurements it stored; or a false value).  Each row is
+    written and stored as soon as it is measured, all into one perf_db run, so a bench that is interrupted
+    (Ctrl-C, a time limit) keeps every row it finished; rows not handed over one by one are stored at the end."""
     from dataclasses import asdict
 
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from pathtune.perf_db import PerfDBError, new_run_id
+
+    done, stored, count = [], set(), [0]     # rows so far, ids of the rows stored, measurements stored
+    run_id = new_run_id()
+
+    def store(rows) -> None:
+        try:
+            count[0] += record(rows, run_id)
+        except (PerfDBError, SQLAlchemyError, OSError) as e:
+            kept = f"; the rows are in {out}" if out else ""
+            _fail(f"could not record the measurements: {str(e).splitlines()[0]}{kept}")
+        stored.update(id(r) for r in rows)
+
+    def on_row(row) -> None:
+        done.append(row)
+        if out:
+            out.write_text(json.dumps([asdict(r) for r in done], indent=1))
+        if record:
+            store([row])
+
     try:
-        rows = run()
+        rows = run(on_row)
     except RuntimeError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from None
@@ -123,16 +150,10 @@ def _run_and_report(console, run, format_rows, out, record) -> None:
         out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
         console.print(f"wrote {out}")
     if record:
-        from sqlalchemy.exc import SQLAlchemyError
-
-        from pathtune.perf_db import PerfDBError
-
-        try:
-            n = record(rows)
-        except (PerfDBError, SQLAlchemyError, OSError) as e:
-            kept = f"; the rows are in {out}" if out else ""
-            _fail(f"could not record the measurements: {str(e).splitlines()[0]}{kept}")
-        console.print(f"recorded {n} measurements in perf_db")
+        rest = [r for r in rows if id(r) not in stored]
+        if rest:
+            store(rest)
+        console.print(f"recorded {count[0]} measurements in perf_db")
 
 
 def _check_record_db(db: Optional[str]) -> None:
