@@ -204,7 +204,7 @@ def test_training_plan_merges_backward_knobs(env, db_url):
     # the knobs both passes share come from the bwd choice (its gate checked them on the gradients: a
     # forward-gated tf32 UT or beta clip passes o and fails dbeta), the forward-only ones from the fwd choice
     assert (params["chunk_size"], params["superchunk_size"]) == (64, 1024)
-    assert (params["ut_precision"], params["beta_clip_eps"]) == ("fp16x3", "off")   # the bwd config's (spec defaults)
+    assert (params["ut_precision"], params["beta_clip_eps"]) == ("tf32x3", "off")   # the bwd config's (spec defaults)
     assert (params["bwd_block_n"], params["bwd_num_warps"], params["block_n"]) == (128, 8, 128)
     inference = json.loads(plan(dispatcher(env, db_url), grad=False).params_json)
     assert (inference["bwd_block_n"], inference["chunk_size"], inference["ut_precision"]) == (64, 32, "tf32")

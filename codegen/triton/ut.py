@@ -22,7 +22,8 @@ finish the inverse with a few full-tile tensor-core products (``_blocked_inverse
 
 UP, the stage's precision (the spec's ut_precision knob), applies to every product of float32 tiles
 (``_pdot``): "fp16x3" multiplies each as three fp16 tensor-core passes of a row / column scaled
-hi + lo split (~22 bits, like tf32x3, at twice tf32's rate and on half the operand registers);
+hi + lo split (~22 bits, like tf32x3, at twice tf32's rate and on half the operand registers, but
+the scales' row and column reductions cost more than that saves in ut_fused_kernel on the H200);
 "tf32x3" / "tf32" / "ieee" are Triton's float32 modes.
 """
 from __future__ import annotations
