@@ -135,37 +135,43 @@ norms against the float64 naive reference on the same (rounded) inputs.
 
 """
 
-FOOTER = """## Not re-measured on the current kernels
+FOOTER = """## What is current
 
-Every table above names the commit whose kernels it timed; the current kernels differ from them by the
-changes in the last table, so their end-to-end times are not measured yet, and no record in
-`perf_db/shipped/` is current for the spec of this tree (its hash changed with those kernels' knobs).
-Earlier measurements (in git history of this file, and their records in `perf_db/shipped/`, retired):
-the decode step (Triton and TVM, `pathtune bench --pass decode`), the TVM forward
-(`pathtune bench --backends triton,tvm`), the extra memory of one forward+backward (0.91 / 0.94 GiB at
-T = 16384, D = 64 / 128, against fla's 3.6) and the tuned configs of `pathtune tune`.
+Every table names the commit whose kernels it timed.  The kernels of this tree differ from those by the
+changes of the kernel-change table (the UT stage's default precision, tf32x3 again): the forward and
+forward + backward tables are their end-to-end times before that change.  No record in `perf_db/shipped/`
+is current for the spec of this tree (its hash changed with that default), so `backend="auto"` runs the
+heuristic configs timed here.  Earlier measurements, in git history of this file and retired records in
+`perf_db/shipped/`: the TVM forward and decode (`pathtune bench --backends triton,tvm`), the extra memory
+of one forward + backward (0.91 / 0.94 GiB at T = 16384, D = 64 / 128, against fla's 3.6) and the tuned
+configs of `pathtune tune`.
 """
 
 
 def kernel_change_section(path: Path, doc: dict) -> list[str]:
-    """Single-launch times of kernels before and after a change the current kernels adopted."""
+    """Times of kernels (or of one launcher call) before and after changes, each pair from one process."""
     pairs: dict[tuple, dict] = {}
     e2e = []
     for r in doc["rows"]:
         if r["variant"] == "before" and r["kernel"].startswith("fwd+bwd"):
             e2e.append(f"D{r['D']} {_gate(r)} {_f(r['ms'])}")
             continue
-        key = (r["kernel"], r["D"], r.get("gate"))
-        pairs.setdefault(key, {})["before" if r["variant"].startswith("before") else "after"] = r
-    out = ["## Kernel changes since the tables above (one launch, T = 4096)", "",
-           "| kernel | D | | before | after | after / before | change |", "|---|---|---|---|---|---|---|"]
+        entry = pairs.setdefault((r["kernel"], r["D"], r.get("gate")), {"before": None, "after": []})
+        if r["variant"].startswith("before"):
+            entry["before"] = r
+        else:
+            entry["after"].append(r)
+    errs = any("o_err" in r for r in doc["rows"])
+    out = ["## Kernel changes since the tables above (T = 4096)", "",
+           "| kernel | D | | before | after | after / before | change |" + (" o err after |" if errs else ""),
+           "|---|---|---|---|---|---|---|" + ("---|" if errs else "")]
     for (kernel, D, gate), pr in pairs.items():
-        b, a = pr.get("before"), pr.get("after")
-        if not (a and b):
-            continue
+        b = pr["before"]
         label = "-" if gate is None else ("FoX" if gate else "PaTH")
-        out.append(f"| {kernel} | {D} | {label} | {_f(b['ms'])} | **{_f(a['ms'])}** | {a['ms'] / b['ms']:.2f} | "
-                   f"{a['variant'].removeprefix('after: ')} |")
+        for a in pr["after"] if b else ():
+            err = (f" {a['o_err']:.1e} |" if "o_err" in a else " - |") if errs else ""
+            out.append(f"| {kernel} | {D} | {label} | {_f(b['ms'])} | **{_f(a['ms'])}** | {a['ms'] / b['ms']:.2f} | "
+                       f"{a['variant'].removeprefix('after: ')} |" + err)
     out.append("")
     if e2e:
         out += ["Forward + backward before these changes (same run, autograd, heuristic config, ms): "
@@ -173,13 +179,70 @@ def kernel_change_section(path: Path, doc: dict) -> list[str]:
     return out + _source(path, doc)
 
 
+def training_profile_section(path: Path, doc: dict) -> list[str]:
+    """Device ms per kernel of one forward + backward (summed over launches) and achieved TFLOP/s."""
+    rows = [r for r in doc["rows"] if r.get("kind") == "profile"]
+    flops = {(f["D"], f["gate"], f["kernel"]): f for f in flops_table(rows, 64, 1024, 64)}
+    cols = [(r["D"], r["T"], r["gate"]) for r in rows]
+    head = " | ".join(f"D{d} T{t} {'FoX' if g else 'PaTH'}" for d, t, g in cols)
+    names = []
+    for r in rows:
+        names += [k for k, _, _ in sorted(r["kernels"], key=lambda e: -e[1]) if k not in names]
+    out = ["## Where one forward + backward's time goes (heuristic config)", "",
+           "Device ms per kernel of one `path_attention` forward + backward (torch profiler, summed over the "
+           "kernel's launches, in brackets) and, where the kernel does matrix products, the achieved TFLOP/s "
+           "(`benchmarks/kernel_flops.py`: 2·m·n·k per product, tf32x3 counted once).", "",
+           f"| kernel | {head} |", "|---|" + "---|" * len(cols)]
+    for name in names:
+        cells = []
+        for r in rows:
+            hit = next(((ms, n) for k, ms, n in r["kernels"] if k == name), None)
+            fl = flops.get((r["D"], r["gate"], name))
+            cells.append("-" if hit is None else f"{hit[0]:.3f} ×{hit[1]}" + (f" ({fl['tflops']:.0f})" if fl else ""))
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    out.append("| sum of kernels | " + " | ".join(f"{sum(ms for _, ms, _ in r['kernels']):.3f}" for r in rows) + " |")
+    return out + [""] + _source(path, doc)
+
+
+def decode_section(path: Path, doc: dict) -> list[str]:
+    """The decode step (``pathtune bench --pass decode``) beside SDPA flash over the same cache and fla's step."""
+    out = ["## Decoding one token (B = 8)", "",
+           "| D | H | cache | | SDPA flash | fla step | pathtune | pathtune / flash | o err |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        t = r["times"]
+        pt, fl = t.get("pathtune"), t.get("sdpa_flash")
+        out.append(f"| {r['head_dim']} | {r['heads']} | {r['cache_len']} | {_gate(r)} | {_f(fl, 4)} | "
+                   f"{_f(t.get('fla'), 4)} | **{_f(pt, 4)}** | {_f(pt / fl if pt and fl else None, 2)}× | "
+                   f"{r['errors'].get('o', float('nan')):.1e} |")
+    return out + [""] + _source(path, doc)
+
+
+def generation_section(path: Path, doc: dict) -> list[str]:
+    """Tokens/s of a small LM generating with PaTH / PaTH-FoX / RoPE + SDPA attention (decode_probe.py)."""
+    rows = doc["rows"]
+    rope = {(r["batch"], r["prompt"], r["mode"]): r["tokens_per_s"] for r in rows if r["kind"] == "rope"}
+    out = ["## Generation (tokens/s)", "",
+           "| batch | prompt | mode | RoPE + SDPA | PaTH | PaTH / RoPE | PaTH-FoX | FoX / RoPE |",
+           "|---|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["batch"], r["prompt"], r["mode"]) for r in rows})
+    for key in keys:
+        got = {r["kind"]: r["tokens_per_s"] for r in rows if (r["batch"], r["prompt"], r["mode"]) == key}
+        base = rope.get(key)
+        cells = []
+        for kind in ("path", "fox"):
+            v = got.get(kind)
+            cells += [f"{v:.0f}" if v else "-", _f(v / base if v and base else None, 2) + "×"]
+        out.append(f"| {key[0]} | {key[1]} | {key[2]} | {base:.0f} | " + " | ".join(cells) + " |")
+    return out + [""] + _source(path, doc)
+
+
 def render() -> str:
     bench = _load("*-bench-*.json")
     probe = _load("*-fwd-probe.json")
     changes = _load("*-kernel-probe.json")
     parts = [HEADER]
-    fwd = _newest(bench, lambda r: "pathtune_f" in r["times"] and "pathtune_fb" not in r["times"])
-    fwd = fwd or _newest(bench, lambda r: "pathtune_f" in r["times"])
+    fwd = _newest(bench, lambda r: "pathtune_f" in r["times"])
     if fwd:
         parts.append("\n".join(forward_section(*fwd)) + "\n")
     fb = _newest(bench, lambda r: "pathtune_fb" in r["times"])
@@ -187,8 +250,17 @@ def render() -> str:
         parts.append("\n".join(training_section(*fb)) + "\n")
     if probe:
         parts.append("\n".join(profile_section(*probe[-1])) + "\n")
+    profiles = _load("*-fwdbwd-profile.json")
+    if profiles:
+        parts.append("\n".join(training_profile_section(*profiles[-1])) + "\n")
     if changes:
         parts.append("\n".join(kernel_change_section(*changes[-1])) + "\n")
+    decode = _newest(bench, lambda r: "cache_len" in r)
+    if decode:
+        parts.append("\n".join(decode_section(*decode)) + "\n")
+    generation = _load("*-decode-probe.json")
+    if generation:
+        parts.append("\n".join(generation_section(*generation[-1])) + "\n")
     parts.append(FOOTER)
     return "\n".join(parts)
 
