@@ -90,6 +90,19 @@ def training_section(path: Path, doc: dict) -> list[str]:
     return out + [""] + _source(path, doc)
 
 
+def _kernel_cells(rows, name: str, kernels_of, flops: dict, launches: bool = True) -> list[str]:
+    """One table row's cells: kernel ``name``'s device ms in each profile row (``kernels_of(row)``: its
+    [name, ms, launches] entries), with the launch count and the achieved TFLOP/s where counted; "-"
+    where the run did not launch it."""
+    cells = []
+    for r in rows:
+        hit = next(((ms, n) for k, ms, n in kernels_of(r) if k == name), None)
+        fl = flops.get((r["D"], r["gate"], name))
+        cells.append("-" if hit is None else f"{hit[0]:.3f}" + (f" ×{hit[1]}" if launches else "")
+                     + (f" ({fl['tflops']:.0f})" if fl else ""))
+    return cells
+
+
 def profile_section(path: Path, doc: dict, seq_len: int = 4096) -> list[str]:
     rows = [r for r in doc["rows"] if r.get("T") == seq_len and "profile" in r]
     flops = {(f["D"], f["gate"], f["kernel"]): f for f in flops_table(rows, 64, 1024, 64, forward_only=True)}
@@ -101,11 +114,7 @@ def profile_section(path: Path, doc: dict, seq_len: int = 4096) -> list[str]:
            "tf32x3 counted once).  The transport runs on a second stream beside `scan_intra`.", "",
            f"| kernel | {head} |", "|---|" + "---|" * len(cols)]
     for name in FWD_KERNELS:
-        cells = []
-        for r in rows:
-            ms = {k: v for k, v, _ in r["profile"]["kernels"]}.get(name)
-            fl = flops.get((r["D"], r["gate"], name))
-            cells.append("-" if ms is None else f"{ms:.3f}" + (f" ({fl['tflops']:.0f})" if fl else ""))
+        cells = _kernel_cells(rows, name, lambda r: r["profile"]["kernels"], flops, launches=False)
         if any(c != "-" for c in cells):     # kernels this run did not launch (an older stage layout) stay out
             out.append(f"| {name} | " + " | ".join(cells) + " |")
     out.append("| whole call (do_bench) | " + " | ".join(f"{r['api']:.3f}" for r in rows) + " |")
@@ -194,12 +203,7 @@ def training_profile_section(path: Path, doc: dict) -> list[str]:
            "(`benchmarks/kernel_flops.py`: 2·m·n·k per product, tf32x3 counted once).", "",
            f"| kernel | {head} |", "|---|" + "---|" * len(cols)]
     for name in names:
-        cells = []
-        for r in rows:
-            hit = next(((ms, n) for k, ms, n in r["kernels"] if k == name), None)
-            fl = flops.get((r["D"], r["gate"], name))
-            cells.append("-" if hit is None else f"{hit[0]:.3f} ×{hit[1]}" + (f" ({fl['tflops']:.0f})" if fl else ""))
-        out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out.append(f"| {name} | " + " | ".join(_kernel_cells(rows, name, lambda r: r["kernels"], flops)) + " |")
     out.append("| sum of kernels | " + " | ".join(f"{sum(ms for _, ms, _ in r['kernels']):.3f}" for r in rows) + " |")
     return out + [""] + _source(path, doc)
 
