@@ -246,16 +246,21 @@ def test_decode_bench_times_a_whole_flush_cycle(window, tokens, expected):
     assert cycle[-1] + tokens > window and all(p + tokens <= window for p in cycle[:-1])
 
 
-def test_decode_bench_callable_runs_the_cycle():
-    """pathtune_callable: one call = len(cycle) steps at the fixed key length, the last one a flush (the
-    frame moves to the end), the cache back at T rows before each step."""
+def test_decode_bench_callable_runs_the_cycle(monkeypatch):
+    """pathtune_callable: one call = len(cycle) steps of the public API at the fixed key length, the last one
+    a flush (the frame moves to the end), the cache back at T rows before each step."""
+    import pathtune.runtime.decode as public
     from pathtune.tuning.decode_bench import pathtune_callable
 
-    B, HQ, H, D, P = 1, 2, 2, 16, 12
+    calls = []
+    real = public.path_attention_decode
+    monkeypatch.setattr(public, "path_attention_decode", lambda *a, **k: calls.append(k) or real(*a, **k))
+    B, HQ, H, D, P = 1, 2, 2, 32, 12      # a head dim the public API takes
     full = sequence(B, P + 1, HQ, H, D, False, torch.float32, seed=9)
     cache = prefill(full, P, torch.float32, static_cap=P + 1)
     cfg = dict(CFG, decode_pending_window=8)
     run = pathtune_callable(cache, cut(full, P, P + 1), cfg)
     assert run.steps == 9
     run()
+    assert len(calls) == 1 + 9 and all(c["config"] == cfg and c["backend"] == "triton" for c in calls)
     assert (cache.length, cache.frame) == (P + 1, P + 1)     # the cycle's last step flushed

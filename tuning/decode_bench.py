@@ -4,12 +4,12 @@
 For each (heads, head dim, cache length, gate): a bf16 cache of ``cache_len`` keys per sequence
 (batch B), one new token.  Timed with ``triton.testing.do_bench`` medians, all in one process:
 
-* ``pathtune``: ``path_decode_triton`` -- the fused step (in-place rank-one update of every cached key
-  by H_t, the new token written at row ``cache_len``, attention of q over ``cache_len + 1`` keys).
-  The kernel mutates the cache; every timed call resets ``cache.length`` to ``cache_len`` first, so
-  the key length stays fixed (the keys keep rotating from call to call, which costs the same; with
-  beta in [1.5, 2) each call also shrinks them along w_t, so ``--sweep`` restores the keys before
-  every config, and before the baselines).
+* ``pathtune``: the public ``pathtune.path_attention_decode(..., backend="triton", config=...)`` (host work
+  included) of one new token over a cache of ``cache_len`` keys kept in the frame of a base position with
+  the last tokens pending (lazy rotation, ``decode_pending_window`` W).  A step whose pending rows
+  would exceed W flushes (rotates every cached key), so one timed call runs a whole flush cycle --
+  the cache set to ``cache_len`` rows of which 0, 1, .., W are pending before each step
+  (``flush_cycle``) -- and the reported time is the amortized step.
 * ``sdpa_flash``: torch SDPA (flash backend) of one query over the same ``cache_len + 1`` keys
   (plain attention: no key update, no gate) -- the speed of light of a decode step that reads K and V
   once.  The issue's targets: pathtune <= 1.8x of it at cache 32768, <= 2.5x at 4096.
@@ -145,20 +145,20 @@ def pathtune_callable(cache, step, config):
     length T: before each step the cache is set to T rows of which the cycle's count are pending, so
     the cycle's one flush step is timed with the rest and ``_median_ms`` reports the amortized step.
     The pending rows' window entries are the earlier calls' (their values do not change the time)."""
-    from pathtune.codegen.triton import path_decode_triton
     from pathtune.codegen.triton.decode import decode_params
+    from pathtune.runtime.decode import path_attention_decode
 
     T = cache.length
     D, DV = cache.k_buffer.shape[-1], cache.v.shape[-1]
     window = decode_params(config, D, DV).decode_pending_window
     cycle = flush_cycle(window, step[0].shape[1])
-    path_decode_triton(*step, cache, config=config)   # allocates the pending window the cycle reuses
+    path_attention_decode(*step, cache, backend="triton", config=config)   # allocates the window the cycle reuses
 
     def run():
         out = None
         for pending in cycle:
             cache.set_state(T, T - pending)
-            out = path_decode_triton(*step, cache, config=config)
+            out = path_attention_decode(*step, cache, backend="triton", config=config)
         return out
 
     run.steps = len(cycle)
