@@ -69,6 +69,8 @@ REPO="$PWD"
 OUT="${OUT:-/tmp/pathtune-gpu-session}"
 ROOT_S="/tmp/pathtune-session/s"
 S="$ROOT_S"
+# a machine lent again keeps /tmp: start from an empty staging folder, so the archive holds this call's files only
+rm -rf "$ROOT_S"
 mkdir -p "$S" "$OUT"
 
 if [ -d .whl ] && ! python3 -c "import optuna" 2>/dev/null; then
