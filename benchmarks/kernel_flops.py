@@ -57,7 +57,8 @@ def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN:
     f["bwd_intra_v2_kernel"] = f["bwd_intra_kernel"] + H * n_chunk * (s - 2) / s * cc
     # UT backward: the chunk kernel's W W^T, W K^T, W dK~^T, dU W^T and nine C x C x C products (inverse (4), M,
     # dL, dA, dT (2)); the apply kernel's five C x C x D products for dW, dK
-    f["ut_bwd_chunk_kernel"] = H * n_chunk * (4 * cc + 9 * c3)
+    # W W^T, W K^T, W dK~^T, dU W^T; T^{-1} = I - A strictLower(W W^T), dL, dA, dT (two); A and M are read
+    f["ut_bwd_chunk_kernel"] = H * n_chunk * (4 * cc + 5 * c3)
     f["ut_bwd_apply_kernel"] = H * n_chunk * 5 * cc
     f["ut_bwd_kernel"] = f["ut_bwd_chunk_kernel"] + f["ut_bwd_apply_kernel"]     # the UT backward as one kernel
     if forward_only:

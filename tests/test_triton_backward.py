@@ -488,21 +488,22 @@ def test_range_budget(monkeypatch):
 
 
 def test_range_budget_counts_the_ut_backward_tiles_where_larger():
-    """The UT backward's C x C tiles (CC_TILES x C float32 per kv head and token) are allocated after u, K~,
-    m and bwd_intra's chain states are freed: the range size counts whichever of the two is larger."""
+    """The UT backward's C x C tiles (CC_TILES x C float32 per kv head and token) are allocated after u, K~
+    and bwd_intra's chain states are freed (m lives on for the UT backward): the range size counts whichever
+    of the two is larger."""
     from pathtune.codegen.triton.ut_bwd import CC_TILES
 
     H, C = 4, 64
-    shared = lambda D: 4 * H * (C + 4 * D + C)           # noqa: E731  scratch, accumulators, dM (no transport)
+    shared = lambda D: 4 * H * (C + 4 * D + C)           # noqa: E731  A, accumulators, dM (no transport)
     # narrow heads, short super-chunks: the tiles outweigh u, K~, m and the chain states
     D, S = 16, 128
     intra = 4 * H * (2 * D + C) + H * (S // (2 * C)) * 64 * 2
-    assert 4 * H * CC_TILES * C > intra
-    assert tri_backward._phase2_bytes_per_token(H, D, C, S, False) == shared(D) + 4 * H * CC_TILES * C
+    assert 4 * H * (CC_TILES + 1) * C > intra
+    assert tri_backward._phase2_bytes_per_token(H, D, C, S, False) == shared(D) + 4 * H * (CC_TILES + 1) * C
     # the tuned shapes: the intra stage is the larger
     D, S = 64, 1024
     intra = 4 * H * (2 * D + C) + H * (S // (2 * C)) * 64 * 2
-    assert intra > 4 * H * CC_TILES * C
+    assert intra > 4 * H * (CC_TILES + 1) * C
     assert tri_backward._phase2_bytes_per_token(H, D, C, S, False) == shared(D) + intra
 
 

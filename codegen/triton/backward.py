@@ -53,8 +53,8 @@ from .forward import (
     _tokens,
     transition_column_block,
     transport_rows,
+    ut_chunk_state,
     ut_forward,
-    ut_inverse_scratch,
 )
 from .params import TritonParams
 from .ut_bwd import CC_TILES, UT_BWD_APPLY_WARPS, UT_BWD_CHUNK_WARPS, ut_bwd_apply_kernel, ut_bwd_chunk_kernel
@@ -243,15 +243,15 @@ def _range_budget():
 
 def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool, HQ: int | None = None,
                             scan_bytes: int = 2) -> int:
-    """Bytes per token of one range: float32 u, K~, m, the UT scratch, the accumulators dK~, dW, dU,
-    dK (D wide) and dM (C wide) and the transport's states and their gradients per kv head; per query head (HQ, default
-    H) bwd_intra's chain states (S // (2C) slots of its 64-or-wider tiles, scan dtype).  The UT backward's
-    C x C tiles (CC_TILES x C float32 per kv head) live after u, K~, m and the chain states are freed:
-    they count where they are larger."""
+    """Bytes per token of one range: float32 u, K~, m, A (C wide, kept for the UT backward), the
+    accumulators dK~, dW, dU, dK (D wide) and dM (C wide) and the transport's states and their gradients
+    per kv head; per query head (HQ, default H) bwd_intra's chain states (S // (2C) slots of its
+    64-or-wider tiles, scan dtype).  The UT backward's C x C tiles (CC_TILES x C float32 per kv head)
+    live with m after u, K~ and the chain states are freed: they count where they are larger."""
     BD = _pow2(D)
     per_head = C + 4 * D + C + (2 * BD * BD // C if multi else 0)
     states = (HQ or H) * (S // (2 * C)) * max(BD, 64) * scan_bytes
-    return 4 * H * per_head + max(4 * H * (2 * D + C) + states, 4 * H * CC_TILES * C)
+    return 4 * H * per_head + max(4 * H * (2 * D + C) + states, 4 * H * (CC_TILES + 1) * C)
 
 
 _LAST_BOUNDS: list = [None, None]     # (tables, bounds) of the last packed varlen batch read
@@ -461,10 +461,10 @@ def path_attention_bwd(
     for (a, b, _c0, _c1, j0, j1), tr in zip(ranges, _range_tables(tb, ranges, B, T, C, S)):
         r = slice(a, b)
         nr = b - a
-        if recompute:
-            u, ktil, m, ut_scratch, _ = ut_forward(kt_in[r], wt[r], bt[r], tr, H, D, C, params)
+        if recompute:   # A stays for the UT backward, which reads A and M instead of inverting again
+            u, ktil, m, amat, _ = ut_forward(kt_in[r], wt[r], bt[r], tr, H, D, C, params, keep_a=True)
         else:
-            u, ktil, m, ut_scratch = state.u, state.kt, state.m, None
+            u, ktil, m, amat = state.u, state.kt, state.m, None
         # the range's accumulators, zeroed at once: the transport backward stores dK~, dW, dU of the
         # rows it owns (not a sequence's last super-chunk), bwd_intra adds into all five
         dkt, dw_acc, du, dk_acc, dm = _zeros([(nr, H, D)] * 4 + [(nr, H, C)], torch.float32, dev)
@@ -496,20 +496,20 @@ def path_attention_bwd(
             # adds of 64 x 32 products faulted on the H200 (illegal address; D = 64 ran clean)
             **dict(common, BD=max(BD, 64), BDV=max(BDV, 64)),
         )
-        del u, ktil, m, xs
-        if not recompute:
+        del u, ktil, xs
+        if not recompute:   # A and M of the UT backward, in the same operations as the recompute's
             state.u = state.kt = state.m = None
-            ut_scratch = ut_inverse_scratch(wt, bt, tb, H, D, C, params)
+            amat, m = ut_chunk_state(kt_in, wt, bt, tb, H, D, C, params)
         # 7. the UT backward: C x C gradients per chunk, then dw, dk per column block
         cc = torch.empty(nr, H, CC_TILES, C, **f32)
         udb = min(BD, UT_COLUMN_BLOCK)
         uk = dict(H=H, D=D, DB=udb, C=C, GP=params.ut_grad_precision, num_stages=1)
         ut_bwd_chunk_kernel[(tr.n_chunks, H)](
-            wt[r], bt[r], kt_in[r], du, dkt, dm, ut_scratch, cc, dbeta[r],
+            wt[r], bt[r], kt_in[r], du, dkt, dm, amat, m, cc, dbeta[r],
             tr.chunk_tok0, tr.chunk_seq, tr.seq_end,
             BD=BD, BETA_MAX=params.beta_max, UP=params.ut_precision, num_warps=UT_BWD_CHUNK_WARPS, **uk,
         )
-        del ut_scratch, dm
+        del dm, amat, m
         ut_bwd_apply_kernel[(tr.n_chunks, H, BD // udb)](
             wt[r], kt_in[r], du, dkt, dw_acc, dk_acc, cc, dw[r], dk[r],
             tr.chunk_tok0, tr.chunk_seq, tr.seq_end, num_warps=UT_BWD_APPLY_WARPS, **uk,

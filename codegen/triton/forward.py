@@ -78,11 +78,28 @@ def ut_inverse_scratch(wt, bt, tables: SequenceTables, H: int, D: int, C: int, p
     return scratch
 
 
+def ut_chunk_state(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams):
+    """The C x C half of stage ut_inverse over the chunks of ``tables``: A = T^{-1} diag(beta) and
+    M = A strictLower(W K^T) ([N, H, C] float32 rows each, ``ut_chunk_kernel``)."""
+    N = kt_in.shape[0]
+    a = torch.empty(N, H, C, device=kt_in.device, dtype=torch.float32)
+    m = torch.empty(N, H, C, device=kt_in.device, dtype=torch.float32)
+    scratch = ut_inverse_scratch(wt, bt, tables, H, D, C, params)
+    BD = _pow2(D)
+    ut_chunk_kernel[(tables.n_chunks, H)](
+        wt, bt, kt_in, a, m, scratch,
+        tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
+        H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
+        num_warps=UT_NUM_WARPS, num_stages=1,
+    )
+    return a, m
+
+
 def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams,
-               out_dtype: torch.dtype = torch.float32, write_w: bool = False):
-    """Stage ut_inverse over the chunks of ``tables``: u, K~ ([N, H, D], ``out_dtype``) and m
-    ([N, H, C], float32), plus the inverse's scratch tiles (``ut_bwd_chunk_kernel`` reads the same
-    ones) and, with ``write_w``, w in ``out_dtype`` (else None).
+               out_dtype: torch.dtype = torch.float32, write_w: bool = False, keep_a: bool = False):
+    """Stage ut_inverse over the chunks of ``tables`` in three launches: u, K~ ([N, H, D], ``out_dtype``),
+    m ([N, H, C], float32), with ``keep_a`` A ([N, H, C] float32, which the backward's
+    ``ut_bwd_chunk_kernel`` reads; else None) and, with ``write_w``, w in ``out_dtype`` (else None).
 
     The token-major inputs may be a token range of a longer stream (``tables`` rebased to it).
     """
@@ -90,24 +107,16 @@ def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, pa
     u = torch.empty(N, H, D, device=kt_in.device, dtype=out_dtype)
     ktil = torch.empty(N, H, D, device=kt_in.device, dtype=out_dtype)
     wd = torch.empty(N, H, D, device=kt_in.device, dtype=out_dtype) if write_w else None
-    m = torch.empty(N, H, C, device=kt_in.device, dtype=torch.float32)
-    scratch = ut_inverse_scratch(wt, bt, tables, H, D, C, params)
-    a = torch.empty(N, H, C, device=kt_in.device, dtype=torch.float32)   # A = T^{-1} diag(beta), per chunk row
+    a, m = ut_chunk_state(kt_in, wt, bt, tables, H, D, C, params)
     BD = _pow2(D)
     DB = min(BD, UT_COLUMN_BLOCK)
-    ut_chunk_kernel[(tables.n_chunks, H)](
-        wt, bt, kt_in, a, m, scratch,
-        tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
-        H=H, D=D, BD=BD, DB=DB, C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
-        num_warps=UT_NUM_WARPS, num_stages=1,
-    )
     ut_apply_kernel[(tables.n_chunks, H, BD // DB)](
         wt, kt_in, a, m, u, ktil, wd if write_w else u,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, DB=DB, C=C, UP=params.ut_precision, WRITE_W=write_w,
         num_warps=UT_NUM_WARPS, num_stages=1,
     )
-    return u, ktil, m, scratch, wd
+    return u, ktil, m, (a if keep_a else None), wd
 
 
 def ut_apply_mode(params: TritonParams, out_dtype: torch.dtype) -> str:

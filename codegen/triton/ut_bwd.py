@@ -2,23 +2,24 @@
 accumulated) to the final dw, dk and dbeta of every UT chunk.
 
 Split like the forward (``ut.py``): ``ut_bwd_chunk_kernel`` does the C x C work of one (chunk, kv
-head) -- the D-reductions W W^T, W K^T, W dK~^T, dU W^T over 64-wide column blocks, the recomputed
-inverse, A and M, and every C x C gradient -- and stores dbeta and four C x C tiles (M, dL, A and
-dG + dG^T) as float32 rows [N_tok, H, 4, C].  ``ut_bwd_apply_kernel`` then forms dW and dK one
-column block at a time:
+head) -- the D-reductions W W^T, W K^T, W dK~^T, dU W^T over 64-wide column blocks, A and M read
+from ``ut_chunk_kernel``'s output (``forward.ut_chunk_state``), T^{-1} = I - A strictLower(W W^T) (one
+product: T^{-1} (I + N) = I with N = diag(beta) strictLower(W W^T)), and every C x C gradient -- and
+stores dbeta and four C x C tiles (M, dL, A and dG + dG^T) as float32 rows [N_tok, H, 4, C].
+``ut_bwd_apply_kernel`` then forms dW and dK one column block at a time:
 
     dW = dW_acc - M dK~ + dL K + A^T dU + (dG + dG^T) W        dK = dK_acc + dK~ + dL^T W
 
 (One kernel holding every C x D tile at once spilled 2.6 KB per thread at D = 128 on sm_90 and ran
-at 17-31 TFLOP/s.)  The forward quantities (T^{-1}, A, M) are recomputed at the
-forward's precision UP, the gradient products run at GP (the spec's ut_grad_precision knob).
+at 17-31 TFLOP/s.)  W W^T, W K^T and T^{-1} run at the forward's precision UP, the gradient products
+at GP (the spec's ut_grad_precision knob).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .ut import _blocked_inverse, _chunk_rows, _pdot
+from .ut import _chunk_rows, _pdot
 
 # C x C tiles the chunk kernel hands the apply kernel, per token row and kv head
 CC_TILES = 4
@@ -31,13 +32,14 @@ UT_BWD_APPLY_WARPS = 4
 
 @triton.jit
 def ut_bwd_chunk_kernel(
-    w_ptr, beta_ptr, k_ptr, du_ptr, dkt_ptr, dm_ptr, scratch_ptr,
+    w_ptr, beta_ptr, k_ptr, du_ptr, dkt_ptr, dm_ptr, a_ptr, m_ptr,
     cc_ptr, dbeta_ptr,
     chunk_tok0, chunk_seq, seq_end,
     H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr, C: tl.constexpr,
     BETA_MAX: tl.constexpr, UP: tl.constexpr, GP: tl.constexpr,
 ):
-    """The C x C half of the UT backward, one program per (chunk, kv head); writes dbeta and the
+    """The C x C half of the UT backward, one program per (chunk, kv head); reads A and M
+    ([N_tok, H, C] float32 rows, as ``ut_chunk_kernel`` stores them) and writes dbeta and the
     tiles M, dL, A, dG + dG^T (float32 [N_tok, H, 4, C]) for ``ut_bwd_apply_kernel``."""
     n = tl.program_id(0)
     h = tl.program_id(1)
@@ -64,11 +66,13 @@ def ut_bwd_chunk_kernel(
     beta_raw = tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32)
     beta = tl.minimum(beta_raw, BETA_MAX)
     strict = r[:, None] > r[None, :]
-    N = tl.where(strict, beta[:, None] * Gm, 0.0)
-    Tinv = _blocked_inverse(N, scratch_ptr + (n * H + h).to(tl.int64) * C * C, C, UP)
-    A = Tinv * beta[None, :]
     L = tl.where(strict, L, 0.0)
-    M = _pdot(A, L, UP)
+    aoff = (rows[:, None] * H + h) * C + r[None, :]
+    A = tl.load(a_ptr + aoff, mask=rmask[:, None], other=0.0)
+    M = tl.load(m_ptr + aoff, mask=rmask[:, None], other=0.0)
+    # T^{-1} = I - T^{-1} N = I - A strictLower(W W^T) (N = diag(beta) strictLower(W W^T)): one product
+    # instead of recomputing the inverse
+    Tinv = tl.where(r[:, None] == r[None, :], 1.0, 0.0) - _pdot(A, tl.where(strict, Gm, 0.0), UP)
     coff = ((rows[:, None] * H + h) * _CC) * C + r[None, :]
     tl.store(cc_ptr + coff + _M * C, M, mask=rmask[:, None])
     tl.store(cc_ptr + coff + _A * C, A, mask=rmask[:, None])
