@@ -8,13 +8,14 @@ launches add into buffers that already hold results, so nothing here checks valu
 
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096] [--gates 1,0]
                                           [--only ut,transport,intra,dkv,utbwd,variants,e2e]
-                                          [--old-intra FILE] [--old-ut FILE] [--intra-v2 FILE[,FILE]]
+                                          [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
-timed on the same arguments (without its newer trailing ones).  ``--old-ut FILE``: a ut.py that still
-holds the one-kernel ``ut_bwd_kernel`` (``git show a470a1f:codegen/triton/ut.py``), timed on the
-arguments of the two-kernel UT backward (``utbwd``: chunk + apply kernels, their warps, and the chunk
-kernel at tf32 for the cost of tf32x3's spills).  ``--intra-v2 FILE[,FILE]``: candidate bwd_intra kernels with
+timed on the same arguments (without its newer trailing ones).  ``--old-ut-bwd FILE``: a ut_bwd.py whose
+``ut_bwd_chunk_kernel`` recomputes the inverse from the diagonal blocks' scratch tiles
+(``git show 4664bfe:codegen/triton/ut_bwd.py``), timed beside this tree's (which reads A and M) on the
+same range, with the scratch tiles of that range's ``ut_diag_inverse_kernel`` launch (``utbwd``: chunk +
+apply kernels, their warps, and the chunk kernel at tf32).  ``--intra-v2 FILE[,FILE]``: candidate bwd_intra kernels with
 the shipped signature (``benchmarks/variants/bwd_intra_v2.py``), timed on the captured arguments as
 they are (``--old-intra`` also takes such a file: one whose kernel still has ``xs_ptr`` gets it).
 ``e2e``: one fwd+bwd through autograd.  JSON rows on
@@ -117,7 +118,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
         emit(dict(base, kernel="bwd_inter_dkv", variant="gate off (same args)",
                   ms=time_launch(dkv.real, grid, args, dict(kw, USE_GATE=False))))
     if "utbwd" in only:
-        ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src)
+        ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src, utd.calls[0])
     if "variants" in only:
         source_variants(base, ia.calls[0], utd.calls[0])
     if "e2e" in only:
@@ -162,8 +163,9 @@ def source_variants(base, intra_call, diag_call):
         emit(dict(base, kernel=kernel, variant=what, ms=time_launch(var, grid, args, dict(kw, **kw_change))))
 
 
-def ut_backward(base, chunk_call, apply_call, old_ut_src):
-    """The UT backward as two kernels (chunk, apply) and their variants; the old single kernel."""
+def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call):
+    """The UT backward as two kernels (chunk, apply) and their variants; an older chunk kernel that
+    recomputes the inverse (``diag_call``: the range's ``ut_diag_inverse_kernel`` launch, its scratch)."""
     (cg, ca, ckw), (ag, aa, akw) = chunk_call, apply_call
     t_chunk = time_launch(bwd_mod.ut_bwd_chunk_kernel, cg, ca, ckw)
     t_apply = time_launch(bwd_mod.ut_bwd_apply_kernel, ag, aa, akw)
@@ -176,15 +178,12 @@ def ut_backward(base, chunk_call, apply_call, old_ut_src):
     emit(dict(base, kernel="ut_bwd_apply", variant="warps 8",
               ms=time_launch(bwd_mod.ut_bwd_apply_kernel, ag, aa, dict(akw, num_warps=8))))
     if old_ut_src:
-        old = load_variant(old_ut_src, "ut_bwd_kernel", f"ut_old_{base['D']}_{int(base['gate'])}")
-        w, beta, k, du, dkt, dm, scratch, _cc, dbeta, ct0, cs, se = ca
-        _w, _k, _du, _dkt, dw_acc, dk_acc, _cc2, dw, dk = aa[:9]
-        args = (w, beta, k, du, dkt, dm, dw_acc, dk_acc, dw, dk, dbeta, scratch, ct0, cs, se)
-        kw = dict(H=ckw["H"], D=ckw["D"], BD=ckw["BD"], C=ckw["C"], BETA_MAX=ckw["BETA_MAX"], UP=ckw["UP"],
-                  GP=ckw["GP"], num_warps=8, num_stages=1)
-        t_old = time_launch(old, cg, args, kw)
-        emit(dict(base, kernel="ut_bwd sum", variant="old one-kernel ut_bwd", ms=t_old,
-                  new_over_old=round((t_chunk + t_apply) / t_old, 3)))
+        old = load_variant(old_ut_src, "ut_bwd_chunk_kernel", f"ut_old_{base['D']}_{int(base['gate'])}")
+        w, beta, k, du, dkt, dm, _a, _m, cc, dbeta, ct0, cs, se = ca
+        scratch = diag_call[1][2]
+        t_old = time_launch(old, cg, (w, beta, k, du, dkt, dm, scratch, cc, dbeta, ct0, cs, se), ckw)
+        emit(dict(base, kernel="ut_bwd_chunk", variant="older kernel recomputing the inverse", ms=t_old,
+                  new_over_old=round(t_chunk / t_old, 3)))
 
 
 def main():
@@ -194,11 +193,11 @@ def main():
     ap.add_argument("--old-intra", default=None)
     ap.add_argument("--gates", default="1,0")
     ap.add_argument("--only", default="ut,transport,intra,dkv,utbwd,variants,e2e")
-    ap.add_argument("--old-ut", default=None)
+    ap.add_argument("--old-ut-bwd", default=None)
     ap.add_argument("--intra-v2", default="", help="candidate bwd_intra files (comma-separated), shipped signature")
     a = ap.parse_args()
     old_src = open(a.old_intra).read() if a.old_intra else None
-    old_ut_src = open(a.old_ut).read() if a.old_ut else None
+    old_ut_src = open(a.old_ut_bwd).read() if a.old_ut_bwd else None
     only = set(a.only.split(","))
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     for D in (int(x) for x in a.D.split(",")):
