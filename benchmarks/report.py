@@ -147,8 +147,9 @@ norms against the float64 naive reference on the same (rounded) inputs.
 FOOTER = """## What is current
 
 Every table names the commit whose kernels it timed.  The kernels of this tree differ from those by the
-changes of the kernel-change table (the UT stage's default precision, tf32x3 again): the forward and
-forward + backward tables are their end-to-end times before that change.  No record in `perf_db/shipped/`
+changes of the kernel-change table (the UT stage's default precision, tf32x3 again) and, not timed yet,
+a UT backward that reads the recompute's A and M instead of inverting again: the forward and
+forward + backward tables are their end-to-end times before those changes.  No record in `perf_db/shipped/`
 is current for the spec of this tree (its hash changed with that default), so `backend="auto"` runs the
 heuristic configs timed here.  Earlier measurements, in git history of this file and retired records in
 `perf_db/shipped/`: the TVM forward and decode (`pathtune bench --backends triton,tvm`), the extra memory
