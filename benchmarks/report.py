@@ -223,6 +223,21 @@ def decode_section(path: Path, doc: dict) -> list[str]:
     return out + [""] + _source(path, doc)
 
 
+def decode_steps_section(path: Path, doc: dict) -> list[str]:
+    """The public decode step for 1, 4 and 16 new tokens (decode_probe.py): a step without a flush, the
+    flush step, the amortized step over a flush cycle, beside SDPA flash over the same query count."""
+    out = ["## Decoding several tokens per call (public API, B = 8, H = 16 at D = 64, 8 at D = 128)", "",
+           "| D | cache | | tokens | step | flush step | amortized | SDPA flash | amortized / SDPA | "
+           "graph / SDPA graph |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc.get("steps", []):
+        if "pathtune_net_ms" not in r:
+            continue
+        out.append(f"| {r['D']} | {r['cache_len']} | {_gate(r)} | {r['tokens']} | {_f(r['pathtune_net_ms'], 4)} | "
+                   f"{_f(r.get('flush_net_ms'), 4)} | **{_f(r.get('amortized_ms'), 4)}** | {_f(r['sdpa_ms'], 4)} | "
+                   f"{_f(r.get('x_sdpa_amortized'), 2)}× | {_f(r.get('graph_x_sdpa_graph'), 2)}× |")
+    return out + [""] + _source(path, doc)
+
+
 def generation_section(path: Path, doc: dict) -> list[str]:
     """Tokens/s of a small LM generating with PaTH / PaTH-FoX / RoPE + SDPA attention (decode_probe.py)."""
     rows = doc["rows"]
@@ -265,6 +280,7 @@ def render() -> str:
         parts.append("\n".join(decode_section(*decode)) + "\n")
     generation = _load("*-decode-probe.json")
     if generation:
+        parts.append("\n".join(decode_steps_section(*generation[-1])) + "\n")
         parts.append("\n".join(generation_section(*generation[-1])) + "\n")
     parts.append(FOOTER)
     return "\n".join(parts)
