@@ -128,7 +128,8 @@ run_steps() {  # the steps of one lane, in order, with S set
                        "$REPO/tests/test_triton_gpu.py" "$REPO/tests/test_triton_decode.py" \
                        "$REPO/tests/test_runtime_dispatch.py" "$REPO/tests/test_layer.py" \
                        "$REPO/tests/test_decode_dispatch.py" "$REPO/tests/test_tvm_gpu.py" -rA ;;
-            fwdtests) run_step fwdtests "${secs:-180}" python3 -m pytest -q -m gpu -p no:cacheprovider -n 4 \
+            # 8 workers: the matrix is bound by cold compiles (ptxas on the host's 16 cores), not by the GPU
+            fwdtests) run_step fwdtests "${secs:-180}" python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 \
                           "$REPO/tests/test_triton_gpu.py" -rA ;;
             decodetests) run_step decodetests "${secs:-120}" python3 -m pytest -q -m gpu -p no:cacheprovider \
                              "$REPO/tests/test_decode_static.py" "$REPO/tests/test_triton_decode.py" \
