@@ -1,4 +1,4 @@
-"""examples/flipflop: the FFL generator against path-math.md §3.1, read-error counting, Wilson
+"""examples/flipflop: the FFL generator against its definition (data.py), read-error counting, Wilson
 intervals, the models' causality and the --tiny end-to-end run (CPU, reference backend).
 
 The generator tests draw a fresh seed each run (printed in the assertion message).

@@ -1,7 +1,6 @@
 """Compiling TVM modules for a CUDA GPU on a host that has no GPU (nvcc + a libcuda stub).
 
-Three things must hold, or tvm.compile silently produces a CUDA module that carries only source
-(shared/reference/tvm.md §1):
+Three things must hold, or tvm.compile silently produces a CUDA module that carries only source:
 
 1. ``libtvm_runtime_cuda.so`` must load. It needs ``libcuda.so.1``; without a driver we load a stub
    (cuda_stub.c, built once with gcc into the cache dir) with RTLD_GLOBAL *before* TVM loads the

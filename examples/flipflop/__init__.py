@@ -1,4 +1,4 @@
-"""Flip-flop language modelling (FFL, path-math.md §3.1) with PaTH, RoPE and PaTH-FoX; see README.md."""
+"""Flip-flop language modelling (FFL, Liu et al. 2023, as in the PaTH paper's Table 1) with PaTH, RoPE and PaTH-FoX; see README.md."""
 from __future__ import annotations
 
 

@@ -1,6 +1,6 @@
 """Flip-flop language modelling data, FFL(T, p_ignore), generated on the fly (no download).
 
-Definition (path-math.md §3.1, after Liu et al. 2023, arXiv 2306.00946):
+Definition (after Liu et al. 2023, arXiv 2306.00946, the setup of the PaTH paper's Table 1):
 
 * Vocabulary: the instructions ``w`` (write), ``r`` (read), ``i`` (ignore) and the bits ``0``, ``1``.
   Token ids here: ``0 -> "0"``, ``1 -> "1"``, ``2 -> "w"``, ``3 -> "r"``, ``4 -> "i"`` (no BOS).
@@ -70,7 +70,7 @@ def sample_flipflop(batch: int, seq_len: int, p_ignore: float, generator: torch.
                     device: torch.device | str | None = None) -> torch.Tensor:
     """``batch`` FFL(seq_len, p_ignore) sequences as int64 token ids, shape [batch, seq_len].
 
-    Follows the recipe of path-math.md §3.1: categorical draw of the instructions, force the first
+    The recipe: categorical draw of the instructions, force the first
     (``w``) and last (``r``), draw all bits uniformly, then forward-fill the last written bit into
     the read slots.
     """

@@ -91,7 +91,7 @@ def train_model(model: FlipFlopLM, cfg: TrainConfig, *, seed: int, device: torch
                 time_limit_s: float, on_step: Callback = None, split: Split = SPLITS["train"]) -> dict:
     """Train on FFL(0.8) for ``cfg.steps`` steps or until ``time_limit_s``; returns stats and curves.
 
-    Loss: next-token cross-entropy on the read targets only (path-math.md §3.1, our choice).
+    Loss: next-token cross-entropy on the read targets only (the only predictable tokens; our choice).
     """
     split = replace(split, seq_len=cfg.seq_len)
     opt = make_optimizer(model, cfg)
