@@ -15,6 +15,8 @@ g = logsigmoid of random values, so real gate decay):
   ``loop_ms``: wall time per [reset, call] of 200 back-to-back ones (the host cost a generation loop pays);
   ``graph_ms`` / ``sdpa_graph_ms``: do_bench of a CUDA graph holding [reset, step] / the SDPA call;
   ``x_sdpa`` = pathtune_net_ms / sdpa_ms, ``fox_x_path`` = PaTH-FoX / PaTH of the same row.
+  One-token rows also time the step on the tensor-core layout (``tc_layout_net_ms``, its output against the
+  row-reduction layout's ``tc_layout_o_vs_rowwise``, ``tc_layout_x_rowwise``): a layout candidate.
   The Triton step rotates lazily (codegen/triton/decode.py): the reset leaves nothing pending, so
   ``pathtune_ms`` times a step that does not flush; ``flush_net_ms`` times the step that flushes (the
   reset leaves ``window`` tokens pending, ``flush_reset_ms`` subtracted); ``every`` = steps per flush cycle
@@ -35,6 +37,7 @@ g = logsigmoid of random values, so real gate decay):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.util
 import json
@@ -126,6 +129,32 @@ def capture(fn):
     return graph, out
 
 
+@contextlib.contextmanager
+def one_row_on_tensor_cores():
+    """Inside: a decode step with one query row per program (one token, one query head per kv head) runs the
+    tensor-core layout (R = 16 rows, 15 masked) instead of the row-reduction one -- a layout candidate; the
+    prepared steps and the dispatcher's decode plans are rebuilt on entry and on exit."""
+    import pathtune.codegen.triton.decode as dec
+    from pathtune.runtime import dispatch
+
+    real = dec.decode_layout
+
+    def forced(T_new: int, G: int):
+        return (False, dec._pow2(1)) if T_new * G == 1 else real(T_new, G)
+
+    def rebuild() -> None:
+        dec._step_cached.cache_clear()
+        (dispatch._DISPATCHER or dispatch.get_dispatcher()).decode_plans.clear()
+
+    dec.decode_layout = forced
+    rebuild()
+    try:
+        yield
+    finally:
+        dec.decode_layout = real
+        rebuild()
+
+
 def time_steps(out: dict, budget) -> None:
     import pathtune
     from pathtune.codegen.triton.params import TritonParams
@@ -160,6 +189,13 @@ def time_steps(out: dict, budget) -> None:
                         row["pathtune_ms"] = do_bench(reset_step)
                         row["reset_ms"] = do_bench(reset)
                         row["pathtune_net_ms"] = row["pathtune_ms"] - row["reset_ms"]
+                        if TN == 1:   # the one-row step on the tensor-core layout, same state and inputs
+                            o_row = reset_step().clone()
+                            with one_row_on_tensor_cores():
+                                row["tc_layout_o_vs_rowwise"] = rel(reset_step(), o_row)
+                                sync()
+                                row["tc_layout_net_ms"] = do_bench(reset_step) - row["reset_ms"]
+                            row["tc_layout_x_rowwise"] = row["tc_layout_net_ms"] / row["pathtune_net_ms"]
                         W = TritonParams.heuristic(D).decode_pending_window   # the step's (no decode record)
                         if W > 0 and cache._pw is not None:   # the lazy step: time the flush step too
 
