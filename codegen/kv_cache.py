@@ -190,21 +190,20 @@ class PaTHKVCache:
         need = max(int(slots), 1)
         if self._pw is None or self._pw.shape[1] < need:
             B, _, H, D = self._k.shape
-            if _capturing(self._k):
-                # a fill or copy made here would be captured and re-run by every replay, resetting the window
-                # the replayed steps write: allocate without one (the kernels read only slots < pending rows,
-                # which they write first) and refuse when rows are pending in an older window
-                if self._pw is not None and (self._len is None or self._frame is None or self._frame < self._len):
-                    raise RuntimeError(
-                        f"this decode step needs a pending window of {need} slots but the cache has "
-                        f"{self._pw.shape[1]} with rows pending; run one eager step with the same config "
-                        f"before capturing the CUDA graph")
-                self._pw = torch.empty(B, need, H, D, dtype=torch.float32, device=self._k.device)
-                self._pb = torch.empty(B, need, H, dtype=torch.float32, device=self._k.device)
-                return self._pw, self._pb
-            pw = torch.zeros(B, need, H, D, dtype=torch.float32, device=self._k.device)
-            pb = torch.zeros(B, need, H, dtype=torch.float32, device=self._k.device)
-            if self._pw is not None:
+            # inside a capture a fill or copy would be re-run by every replay, resetting the window the replayed
+            # steps write: allocate without one (the kernels read only slots < pending rows, which they write
+            # first) and refuse when rows are pending in an older window
+            capturing = _capturing(self._k)
+            if capturing and self._pw is not None and (self._len is None or self._frame is None
+                                                       or self._frame < self._len):
+                raise RuntimeError(
+                    f"this decode step needs a pending window of {need} slots but the cache has "
+                    f"{self._pw.shape[1]} with rows pending; run one eager step with the same config "
+                    f"before capturing the CUDA graph")
+            alloc = torch.empty if capturing else torch.zeros
+            pw = alloc(B, need, H, D, dtype=torch.float32, device=self._k.device)
+            pb = alloc(B, need, H, dtype=torch.float32, device=self._k.device)
+            if self._pw is not None and not capturing:
                 pw[:, :self._pw.shape[1]] = self._pw
                 pb[:, :self._pb.shape[1]] = self._pb
             self._pw, self._pb = pw, pb
