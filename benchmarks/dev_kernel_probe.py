@@ -179,7 +179,7 @@ def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call):
               ms=time_launch(bwd_mod.ut_bwd_apply_kernel, ag, aa, dict(akw, num_warps=8))))
     if old_ut_src:
         old = load_variant(old_ut_src, "ut_bwd_chunk_kernel", f"ut_old_{base['D']}_{int(base['gate'])}")
-        w, beta, k, du, dkt, dm, _a, _m, cc, dbeta, ct0, cs, se = ca
+        w, beta, k, du, dkt, dm, _a, cc, dbeta, ct0, cs, se = ca
         scratch = diag_call[1][2]
         t_old = time_launch(old, cg, (w, beta, k, du, dkt, dm, scratch, cc, dbeta, ct0, cs, se), ckw)
         emit(dict(base, kernel="ut_bwd_chunk", variant="older kernel recomputing the inverse", ms=t_old,

@@ -505,16 +505,16 @@ def path_attention_bwd(
         udb = min(BD, UT_COLUMN_BLOCK)
         uk = dict(H=H, D=D, DB=udb, C=C, GP=params.ut_grad_precision, num_stages=1)
         ut_bwd_chunk_kernel[(tr.n_chunks, H)](
-            wt[r], bt[r], kt_in[r], du, dkt, dm, amat, m, cc, dbeta[r],
+            wt[r], bt[r], kt_in[r], du, dkt, dm, amat, cc, dbeta[r],
             tr.chunk_tok0, tr.chunk_seq, tr.seq_end,
             BD=BD, BETA_MAX=params.beta_max, UP=params.ut_precision, num_warps=UT_BWD_CHUNK_WARPS, **uk,
         )
-        del dm, amat, m
+        del dm
         ut_bwd_apply_kernel[(tr.n_chunks, H, BD // udb)](
-            wt[r], kt_in[r], du, dkt, dw_acc, dk_acc, cc, dw[r], dk[r],
+            wt[r], kt_in[r], du, dkt, dw_acc, dk_acc, amat, m, cc, dw[r], dk[r],
             tr.chunk_tok0, tr.chunk_seq, tr.seq_end, num_warps=UT_BWD_APPLY_WARPS, **uk,
         )
-        del cc, dkt, dw_acc, du, dk_acc
+        del cc, amat, m, dkt, dw_acc, du, dk_acc
     del dy, delta
     if multi:
         del dkj, dwhat

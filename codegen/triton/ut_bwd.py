@@ -2,11 +2,12 @@
 accumulated) to the final dw, dk and dbeta of every UT chunk.
 
 Split like the forward (``ut.py``): ``ut_bwd_chunk_kernel`` does the C x C work of one (chunk, kv
-head) -- the D-reductions W W^T, W K^T, W dK~^T, dU W^T over 64-wide column blocks, A and M read
-from ``ut_chunk_kernel``'s output (``forward.ut_chunk_state``), T^{-1} = I - A strictLower(W W^T) (one
+head) -- the D-reductions W W^T, W K^T, W dK~^T, dU W^T over 64-wide column blocks, A read from
+``ut_chunk_kernel``'s output (``forward.ut_chunk_state``), T^{-1} = I - A strictLower(W W^T) (one
 product: T^{-1} (I + N) = I with N = diag(beta) strictLower(W W^T)), and every C x C gradient -- and
-stores dbeta and four C x C tiles (M, dL, A and dG + dG^T) as float32 rows [N_tok, H, 4, C].
-``ut_bwd_apply_kernel`` then forms dW and dK one column block at a time:
+stores dbeta and two C x C tiles (dL and dG + dG^T) as float32 rows [N_tok, H, 2, C].
+``ut_bwd_apply_kernel`` then forms dW and dK one column block at a time, from those tiles and
+``ut_chunk_kernel``'s A and M rows:
 
     dW = dW_acc - M dK~ + dL K + A^T dU + (dG + dG^T) W        dK = dK_acc + dK~ + dL^T W
 
@@ -21,10 +22,10 @@ import triton.language as tl
 
 from .ut import _chunk_rows, _pdot
 
-# C x C tiles the chunk kernel hands the apply kernel, per token row and kv head
-CC_TILES = 4
+# C x C tiles the chunk kernel hands the apply kernel, per token row and kv head (A and M: their own rows)
+CC_TILES = 2
 _CC = tl.constexpr(CC_TILES)
-_M, _DL, _A, _SG = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
+_DL, _SG = tl.constexpr(0), tl.constexpr(1)
 # warps, from compile_check for sm_90 (see the README's stage table)
 UT_BWD_CHUNK_WARPS = 4
 UT_BWD_APPLY_WARPS = 4
@@ -32,15 +33,15 @@ UT_BWD_APPLY_WARPS = 4
 
 @triton.jit
 def ut_bwd_chunk_kernel(
-    w_ptr, beta_ptr, k_ptr, du_ptr, dkt_ptr, dm_ptr, a_ptr, m_ptr,
+    w_ptr, beta_ptr, k_ptr, du_ptr, dkt_ptr, dm_ptr, a_ptr,
     cc_ptr, dbeta_ptr,
     chunk_tok0, chunk_seq, seq_end,
     H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr, C: tl.constexpr,
     BETA_MAX: tl.constexpr, UP: tl.constexpr, GP: tl.constexpr,
 ):
-    """The C x C half of the UT backward, one program per (chunk, kv head); reads A and M
-    ([N_tok, H, C] float32 rows, as ``ut_chunk_kernel`` stores them) and writes dbeta and the
-    tiles M, dL, A, dG + dG^T (float32 [N_tok, H, 4, C]) for ``ut_bwd_apply_kernel``."""
+    """The C x C half of the UT backward, one program per (chunk, kv head); reads A ([N_tok, H, C]
+    float32 rows, as ``ut_chunk_kernel`` stores them) and writes dbeta and the tiles dL, dG + dG^T
+    (float32 [N_tok, H, 2, C]) for ``ut_bwd_apply_kernel``."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     rows, rmask = _chunk_rows(n, chunk_tok0, chunk_seq, seq_end, C)
@@ -69,13 +70,10 @@ def ut_bwd_chunk_kernel(
     L = tl.where(strict, L, 0.0)
     aoff = (rows[:, None] * H + h) * C + r[None, :]
     A = tl.load(a_ptr + aoff, mask=rmask[:, None], other=0.0)
-    M = tl.load(m_ptr + aoff, mask=rmask[:, None], other=0.0)
     # T^{-1} = I - T^{-1} N = I - A strictLower(W W^T) (N = diag(beta) strictLower(W W^T)): one product
     # instead of recomputing the inverse
     Tinv = tl.where(r[:, None] == r[None, :], 1.0, 0.0) - _pdot(A, tl.where(strict, Gm, 0.0), UP)
     coff = ((rows[:, None] * H + h) * _CC) * C + r[None, :]
-    tl.store(cc_ptr + coff + _M * C, M, mask=rmask[:, None])
-    tl.store(cc_ptr + coff + _A * C, A, mask=rmask[:, None])
 
     # K~ = K - M^T W  and  M = A strictLower(W K^T)
     dM = tl.load(dm_ptr + (rows[:, None] * H + h) * C + r[None, :], mask=rmask[:, None], other=0.0) - WdKt
@@ -97,13 +95,13 @@ def ut_bwd_chunk_kernel(
 
 @triton.jit
 def ut_bwd_apply_kernel(
-    w_ptr, k_ptr, du_ptr, dkt_ptr, dw_acc_ptr, dk_acc_ptr, cc_ptr,
+    w_ptr, k_ptr, du_ptr, dkt_ptr, dw_acc_ptr, dk_acc_ptr, a_ptr, m_ptr, cc_ptr,
     dw_ptr, dk_ptr,
     chunk_tok0, chunk_seq, seq_end,
     H: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, C: tl.constexpr, GP: tl.constexpr,
 ):
     """The C x D half of the UT backward, one program per (chunk, kv head, DB-wide column block):
-    the final dw and dk from the chunk kernel's tiles (module docstring)."""
+    the final dw and dk from A, M and the chunk kernel's tiles (module docstring)."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     d0 = tl.program_id(2) * DB
@@ -113,6 +111,7 @@ def ut_bwd_apply_kernel(
     mask2 = rmask[:, None] & (d0 + db < D)[None, :]
     off = (rows[:, None] * H + h) * D + d0 + db[None, :]
     coff = ((rows[:, None] * H + h) * _CC) * C + r[None, :]
+    aoff = (rows[:, None] * H + h) * C + r[None, :]
     cmask = rmask[:, None]
 
     W = tl.load(w_ptr + off, mask=mask2, other=0.0).to(tl.float32)
@@ -123,9 +122,9 @@ def ut_bwd_apply_kernel(
 
     K = tl.load(k_ptr + off, mask=mask2, other=0.0).to(tl.float32)
     dW = tl.load(dw_acc_ptr + off, mask=mask2, other=0.0) + tl.dot(dL, K, input_precision=GP)
-    M = tl.load(cc_ptr + coff + _M * C, mask=cmask, other=0.0)
+    M = tl.load(m_ptr + aoff, mask=cmask, other=0.0)
     dW -= tl.dot(M, dKt, input_precision=GP)
-    A = tl.load(cc_ptr + coff + _A * C, mask=cmask, other=0.0)
+    A = tl.load(a_ptr + aoff, mask=cmask, other=0.0)
     dU = tl.load(du_ptr + off, mask=mask2, other=0.0)
     dW += tl.dot(tl.trans(A), dU, input_precision=GP)
     Sg = tl.load(cc_ptr + coff + _SG * C, mask=cmask, other=0.0)
