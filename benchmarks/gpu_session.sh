@@ -58,10 +58,10 @@
 # Lane i keeps its files in s/lane<i>/ and continues a tune from .tune_in/lane<i>/tune.sqlite3.
 #
 # Carry: .whl (wheels: optuna stack, fla, pydantic...), and .tcache_in if an earlier call brought the
-# Triton cache back (mkdir -p .tcache_in && cp <files_at>/tcache.tgz.* .tcache_in/; both git-excluded),
+# Triton cache back (mkdir -p .tcache_in && cp <files_at>/tcache.txz.* .tcache_in/; both git-excluded),
 # and .tune_in/tune.sqlite3 to continue an earlier call's tune (git-excluded too).
 # Everything lands in $OUT/session.tgz (logs, JSON, perf_db SQLite with the recorded rows, the tune's
-# results file for perf_db/shipped/, flip-flop results) plus $OUT/tcache.tgz.aa, .ab, ... (the device
+# results file for perf_db/shipped/, flip-flop results) plus $OUT/tcache.txz.aa, .ab, ... (the device
 # tool returns files of at most 16 MiB; the staging folder lives outside $OUT so that only these return).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -87,7 +87,9 @@ fi
 export PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR="$REPO/.tcache"
 mkdir -p "$TRITON_CACHE_DIR"
-if ls .tcache_in/tcache.tgz.* >/dev/null 2>&1; then
+if ls .tcache_in/tcache.txz.* >/dev/null 2>&1; then
+    cat .tcache_in/tcache.txz.* | tar xJf - -C "$TRITON_CACHE_DIR" && echo "Triton cache restored: $(du -sh "$TRITON_CACHE_DIR" | cut -f1)"
+elif ls .tcache_in/tcache.tgz.* >/dev/null 2>&1; then
     cat .tcache_in/tcache.tgz.* | tar xzf - -C "$TRITON_CACHE_DIR" && echo "Triton cache restored: $(du -sh "$TRITON_CACHE_DIR" | cut -f1)"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$S/gpu.txt" 2>&1
@@ -238,5 +240,11 @@ fi
 
 tar czf "$OUT/session.tgz" -C "$(dirname "$S")" s
 # TCACHE_OUT=0: leave the Triton cache behind (it outgrows what a call brings back after a tune)
-[ "${TCACHE_OUT:-1}" = 1 ] && tar czf - -C "$TRITON_CACHE_DIR" . 2>/dev/null | split -b 15m - "$OUT/tcache.tgz."
+# Only what a cache hit reads comes back (the cubin, its metadata JSON, the group files, the launcher .so):
+# Triton loads a cached kernel from those and skips the IR files it lists but cannot find; xz keeps the
+# parts few (~10 MiB for both head dims' fwd + bwd kernels and fla's)
+if [ "${TCACHE_OUT:-1}" = 1 ]; then
+    tar cf - -C "$TRITON_CACHE_DIR" --exclude='*.ttir' --exclude='*.ttgir' --exclude='*.llir' --exclude='*.ptx' \
+        --exclude='*.source' . 2>/dev/null | xz -T0 -6 | split -b 15m - "$OUT/tcache.txz."
+fi
 ls -la "$OUT"

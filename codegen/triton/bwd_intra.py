@@ -28,6 +28,12 @@ def _acc(ptr, val, mask=None):
 
 
 @triton.jit
+def dp_minus_delta(dO, V, delta, INTERP: tl.constexpr):
+    """dP - delta of one key tile: dO V^T minus each query row's delta."""
+    return mm(dO, tl.trans(V), INTERP) - delta[:, None]
+
+
+@triton.jit
 def bwd_intra_kernel(
     q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
     dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr,
@@ -66,6 +72,8 @@ def bwd_intra_kernel(
         c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
     QW = tl.where(causal, mm(Q, tl.trans(Wc), INTERP), 0.0)
     Xc = Q.to(tl.float32) - mm(QW.to(DT), Uc, INTERP)
+    # Q, W_c, U_c and Q W_c^T die here and are loaded / formed again for the diagonal tile after the
+    # walks: live through them they held ~4 C x D tiles of registers the walks' products need
     # the chain states X_m (m = ci-1 .. 0) of this query chunk, parked in its scratch slots:
     # S // (2C) slots per chunk and query head; a super-chunk of s' chunks starting at chunk n - ci
     # needs s' (s' - 1) / 2 of its s' * S // (2C), chunk ci the ci slots from ci (ci - 1) / 2 on
@@ -95,55 +103,57 @@ def bwd_intra_kernel(
         Um = tl.load(u_ptr + kof, mask=dmask, other=0.0).to(DT)
         Vm = tl.load(v_ptr + kvof, mask=dvmask, other=0.0)
         Gd = G.to(DT)
-        # chain step X_{m-1} = X_m - (X_m W_m^T) U_m, G = dX_{m-1}
+        # chain step X_{m-1} = X_m - (X_m W_m^T) U_m, G = dX_{m-1}; each product's atomic add follows
+        # it, so that no finished C x D gradient stays live through the next products
         Yl = mm(Xd, tl.trans(Wm), INTERP)
-        dYl = -mm(Gd, tl.trans(Um), INTERP)
-        dUm = -mm(tl.trans(Yl.to(DT)), Gd, INTERP)
-        dWm = mm(tl.trans(dYl.to(DT)), Xd, INTERP)
-        dX = G + mm(dYl.to(DT), Wm, INTERP)
+        _acc(du_ptr + kof, -mm(tl.trans(Yl.to(DT)), Gd, INTERP), dmask)
+        dYl = (-mm(Gd, tl.trans(Um), INTERP)).to(DT)
+        _acc(dw_ptr + kof, mm(tl.trans(dYl), Xd, INTERP), dmask)
+        dX = G + mm(dYl, Wm, INTERP)
         # logits of key chunk m
         s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
         if USE_GATE:
             c_k = tl.load(gc_ptr + krows * HQ + hq)
             s += (c_q[:, None] - c_k[None, :]) * gate_scale
         p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
+        _acc(dv_ptr + kvof, mm(tl.trans(p).to(Vm.dtype), dO, INTERP), dvmask)
         dp = mm(dO, tl.trans(Vm), INTERP)
         ds = p * (dp - delta[:, None])
         dsd = (ds * scale).to(DT)
         dX += mm(dsd, Kt, INTERP)
         _acc(dkt_ptr + kof, mm(tl.trans(dsd), Xd, INTERP), dmask)
-        _acc(du_ptr + kof, dUm, dmask)
-        _acc(dw_ptr + kof, dWm, dmask)
-        _acc(dv_ptr + kvof, mm(tl.trans(p).to(Vm.dtype), dO, INTERP), dvmask)
         if USE_GATE:
             dcq += tl.sum(ds, axis=1)
             _acc(dc_ptr + krows * HQ + hq, -tl.sum(ds, axis=0) * gate_nat)
         G = dX
-    # diagonal tile and the boundary adjustment of the queries
-    K = tl.load(k_ptr + koff, mask=m2, other=0.0).to(DT)
+    # diagonal tile and the boundary adjustment of the queries; as in the walk, each gradient's atomic
+    # add (or store) follows its product and each operand is loaded where it is first needed
+    Q = tl.load(q_ptr + qoff, mask=m2, other=0.0).to(DT)
+    Wc = tl.load(w_ptr + koff, mask=m2, other=0.0).to(DT)
+    QW = tl.where(causal, mm(Q, tl.trans(Wc), INTERP), 0.0)
     M = tl.load(m_ptr + (rows[:, None] * H + h) * C + r[None, :], mask=rmask[:, None], other=0.0)
-    Vc = tl.load(v_ptr + voff, mask=rmask[:, None] & dvmask, other=0.0)
+    K = tl.load(k_ptr + koff, mask=m2, other=0.0).to(DT)
     s = mm(Q, tl.trans(K), INTERP) - tl.dot(QW, M, input_precision=TP)
     s = s * qk_scale
     if USE_GATE:
         s += (c_q[:, None] - c_q[None, :]) * gate_scale
     p = tl.where(causal & rmask[:, None] & rmask[None, :], tl.exp2(s - lse2[:, None]), 0.0)
-    dp = mm(dO, tl.trans(Vc), INTERP)
-    ds = p * (dp - delta[:, None])
+    _acc(dv_ptr + voff, mm(tl.trans(p).to(dO.dtype), dO, INTERP), rmask[:, None] & dvmask)
+    Vc = tl.load(v_ptr + voff, mask=rmask[:, None] & dvmask, other=0.0)
+    ds = p * (dp_minus_delta(dO, Vc, delta, INTERP))
     dsr = ds * scale
-    dsd = dsr.to(DT)
-    Gd = G.to(DT)
-    dQ = G + mm(dsd, K, INTERP)
-    dQW = -mm(Gd, tl.trans(Uc), INTERP) - tl.dot(dsr, tl.trans(M), input_precision=TP)
-    dQW = tl.where(causal, dQW, 0.0)
-    dQ += mm(dQW.to(DT), Wc, INTERP)
-    tl.store(dq_ptr + qoff, dQ.to(dq_ptr.dtype.element_ty), mask=m2)
-    _acc(du_ptr + koff, -mm(tl.trans(QW.to(DT)), Gd, INTERP), m2)
-    _acc(dk_ptr + koff, mm(tl.trans(dsd), Q, INTERP), m2)
-    _acc(dw_ptr + koff, mm(tl.trans(dQW.to(DT)), Q, INTERP), m2)
+    if USE_GATE:
+        _acc(dc_ptr + rows * HQ + hq, (dcq + tl.sum(ds, axis=1) - tl.sum(ds, axis=0)) * gate_nat, rmask)
     _acc(dm_ptr + (rows[:, None] * H + h) * C + r[None, :],
          -tl.dot(tl.trans(QW), dsr, input_precision=TP), rmask[:, None])
-    _acc(dv_ptr + voff, mm(tl.trans(p).to(Vc.dtype), dO, INTERP), rmask[:, None] & dvmask)
-    if USE_GATE:
-        upd = (dcq + tl.sum(ds, axis=1) - tl.sum(ds, axis=0)) * gate_nat
-        _acc(dc_ptr + rows * HQ + hq, upd, rmask)
+    dsd = dsr.to(DT)
+    _acc(dk_ptr + koff, mm(tl.trans(dsd), Q, INTERP), m2)
+    dQ = G + mm(dsd, K, INTERP)
+    Gd = G.to(DT)
+    _acc(du_ptr + koff, -mm(tl.trans(QW.to(DT)), Gd, INTERP), m2)
+    Uc = tl.load(u_ptr + koff, mask=m2, other=0.0).to(DT)
+    dQW = tl.where(causal, -mm(Gd, tl.trans(Uc), INTERP) - tl.dot(dsr, tl.trans(M), input_precision=TP), 0.0)
+    dQWd = dQW.to(DT)
+    _acc(dw_ptr + koff, mm(tl.trans(dQWd), Q, INTERP), m2)
+    dQ += mm(dQWd, Wc, INTERP)
+    tl.store(dq_ptr + qoff, dQ.to(dq_ptr.dtype.element_ty), mask=m2)
