@@ -15,7 +15,8 @@
 #   tvmtests [120]  pytest -m gpu tests/test_tvm_gpu.py: the TVM forward vs the float64 oracle (carry build/tvm_bench)
 #   bench [240]     pathtune bench (fwd, fwd+bwd vs SDPA flash/cuDNN and fla, same run) $BENCH_ARGS --record
 #   decode [120]    pathtune bench --pass decode --record
-#   dsweep [240]    pathtune bench --pass decode --sweep --record (every decode knob config)
+#   dsweep [240]    pathtune bench --pass decode --sweep --record (every decode knob config, or those of
+#                   DSWEEP_KNOBS, --sweep-knobs JSON: the full space takes ~200 s per row)
 #   benchtuned [240] pathtune bench --config tuned (the runtime's dispatch: shipped records / perf_db) --record
 #   tune [600]      benchmarks/h200_tune.sh (BUDGET: the step's seconds minus 150 s of slack)
 #   ffcompare [240] flip-flop tokens/s comparison only (--resume on a copy of examples/flipflop/results.json)
@@ -145,7 +146,7 @@ run_steps() {  # the steps of one lane, in order, with S set
             decode) run_step decode "${secs:-120}" python3 -m pathtune.cli bench --pass decode --record \
                         --json "$S/decode.json" ;;
             dsweep) run_step dsweep "${secs:-240}" python3 -m pathtune.cli bench --pass decode --sweep --record \
-                        --json "$S/decode_sweep.json" ;;
+                        ${DSWEEP_KNOBS:+--sweep-knobs "$DSWEEP_KNOBS"} --json "$S/decode_sweep.json" ;;
             benchtuned)  # dispatch from this call's tune database if a tune step ran, else the shipped records
                          if [ -f "$S/tune/tune.sqlite3" ]; then dispatch_db="sqlite:///$S/tune/tune.sqlite3"; else dispatch_db=""; fi
                          run_step benchtuned "${secs:-240}" env PATHTUNE_DB_URL="$dispatch_db" python3 -m pathtune.cli bench \

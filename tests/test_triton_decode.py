@@ -485,6 +485,24 @@ def test_decode_bench_sweep_space():
     assert {c["decode_num_stages"] for c in cfgs} == {1, 2, 3, 4}
 
 
+def test_decode_bench_sweep_knobs_restrict_and_are_checked():
+    from pathtune.tuning.decode_bench import check_sweep_knobs, sweep_configs
+
+    only = {"decode_block_n": [128, 256], "decode_splits": [2, 4, 8], "decode_num_stages": 1}
+    cfgs = sweep_configs(64, 64, only)
+    assert len(cfgs) == 2 * 3 * 3          # decode_num_warps: its whole domain (3 values)
+    assert {(c["decode_block_n"], c["decode_splits"], c["decode_num_stages"]) for c in cfgs} == {
+        (b, s, 1) for b in (128, 256) for s in (2, 4, 8)}
+    for bad, msg in [({"decode_splits": [3]}, r"decode_splits values \[3\] are not in its domain"),
+                     ({"decode_pending_window": [0]}, "'decode_pending_window' is not a decode schedule knob"),
+                     ({"block_n": [64]}, "'block_n' is not a decode schedule knob"),
+                     ({"decode_splits": []}, "decode_splits values"),
+                     ([4, 8], "must be a JSON object")]:
+        with pytest.raises(ValueError, match=msg) as err:
+            check_sweep_knobs(bad)
+        assert "\n" not in str(err.value)
+
+
 def test_decode_bench_runs_end_to_end_with_a_stub_timer(monkeypatch):
     """run_decode_bench's control flow (accuracy gate, timing, --sweep, baselines that are unavailable here)
     with the timer replaced by one call of the timed function."""
@@ -497,7 +515,8 @@ def test_decode_bench_runs_end_to_end_with_a_stub_timer(monkeypatch):
         calls.append(1)
         return 1.0 + len(calls)
     monkeypatch.setattr(db, "_median_ms", once)
-    monkeypatch.setattr(db, "sweep_configs", lambda D, DV: [dict(decode_block_n=16, decode_splits=s) for s in (1, 2)])
+    monkeypatch.setattr(db, "sweep_configs",
+                        lambda D, DV, only=None: [dict(decode_block_n=16, decode_splits=s) for s in (1, 2)])
     rows = db.run_decode_bench(((2, 32),), (20,), (True,), batch=1, config=dict(decode_block_n=16),
                                baselines=("fla",), device=DEV, sweep=True, log=lambda s: None)
     (row,) = rows
@@ -537,6 +556,12 @@ def test_bench_cli_decode_pass_options():
     runner = CliRunner()
     bad = runner.invoke(app, ["bench", "--pass", "prefill"], env={"COLUMNS": "200"})
     assert bad.exit_code != 0 and "--pass must be fwd or decode" in bad.output
+    for args, msg in [(["--pass", "fwd", "--sweep-knobs", '{"decode_splits": [4]}'],
+                       "--sweep-knobs is for --pass decode"),
+                      (["--pass", "decode", "--sweep-knobs", "{splits: 4}"], "--sweep-knobs: Expecting property name"),
+                      (["--pass", "decode", "--sweep-knobs", '{"decode_splits": [3]}'], "are not in its domain")]:
+        res = runner.invoke(app, ["bench", *args], env={"COLUMNS": "300"})
+        assert res.exit_code != 0 and msg in res.output, res.output
     if not torch.cuda.is_available():
         res = runner.invoke(app, ["bench", "--pass", "decode", "--gate", "off"], env={"COLUMNS": "200"})
         assert res.exit_code == 1 and "needs a CUDA GPU" in res.output

@@ -233,9 +233,11 @@ def fla_decode_callable(cache, step) -> tuple[Optional[Callable[[], object]], st
     return run, ""
 
 
-def sweep_configs(D: int, DV: int) -> list[dict]:
+def sweep_configs(D: int, DV: int, only: Optional[dict] = None) -> list[dict]:
     """Every valid config of the spec's decode schedule knobs; the knobs of other roles (precision:
-    beta_clip_eps, decode_pending_window) stay at their defaults (the tuner's accuracy gate decides those)."""
+    beta_clip_eps, decode_pending_window) stay at their defaults (the tuner's accuracy gate decides those).
+
+    ``only`` ({knob: [values]}, ``check_sweep_knobs``) keeps the configs whose knobs take those values."""
     from pathtune.specs import load_spec
     from pathtune.specs.knobs import KnobSpace
 
@@ -243,16 +245,41 @@ def sweep_configs(D: int, DV: int) -> list[dict]:
     space = KnobSpace(spec, "decode")
     default = space.default().to_dict()
     fixed = {name: default.get(name) for name in default if spec.knobs[name].role != "schedule"}
+    only = check_sweep_knobs(only or {})
     return [c.to_dict() for c in space.enumerate({"D": D, "DV": DV})
-            if all(c.get(name) == value for name, value in fixed.items())]
+            if all(c.get(name) == value for name, value in fixed.items())
+            and all(c.get(name) in values for name, values in only.items())]
 
 
-def _sweep(row: DecodeRow, cache, step, D: int, log, keys0) -> None:
-    """Time every decode config; the fastest accurate one becomes the row's pathtune time and params."""
+def check_sweep_knobs(only: dict) -> dict:
+    """{knob: [values]} restricting a decode sweep, checked against the spec: each knob a decode schedule
+    knob, each value in its domain (ValueError, one line, otherwise)."""
+    from pathtune.specs import load_spec
+    from pathtune.specs.knobs import KnobSpace
+
+    spec = load_spec()
+    names = [n for n in KnobSpace(spec, "decode").knobs if spec.knobs[n].role == "schedule"]
+    if not isinstance(only, dict):
+        raise ValueError(f"the sweep's knobs must be a JSON object {{knob: [values]}}, got {only!r}")
+    out = {}
+    for name, values in only.items():
+        if name not in names:
+            raise ValueError(f"{name!r} is not a decode schedule knob; sweepable: {', '.join(names)}")
+        values = values if isinstance(values, list) else [values]
+        bad = [v for v in values if v not in spec.knobs[name].domain]
+        if bad or not values:
+            raise ValueError(f"{name} values {bad or values} are not in its domain {list(spec.knobs[name].domain)}")
+        out[name] = values
+    return out
+
+
+def _sweep(row: DecodeRow, cache, step, D: int, log, keys0, only: Optional[dict] = None) -> None:
+    """Time every decode config (of ``only``'s values, ``sweep_configs``); the fastest accurate one becomes
+    the row's pathtune time and params."""
     from pathtune.codegen.triton.decode import decode_params
 
     best = None
-    for cfg in sweep_configs(D, D):
+    for cfg in sweep_configs(D, D, only):
         cache.k.copy_(keys0)  # every config starts from the same keys (timed calls shrink them along w_t)
         cache.length = row.cache_len
         entry = {"config": cfg, "ms": None, "error": ""}
@@ -275,12 +302,13 @@ def _sweep(row: DecodeRow, cache, step, D: int, log, keys0) -> None:
 
 def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), *, batch: int = BATCH, config=None,
                      baselines=("sdpa", "fla"), device: str = "cuda", seed: int = 0, sweep: bool = False,
-                     backends=("triton",), tvm_sets=None, tvm_loader=None,
+                     sweep_knobs: Optional[dict] = None, backends=("triton",), tvm_sets=None, tvm_loader=None,
                      log: Callable[[str], None] = print,
                      on_row: Optional[Callable[[DecodeRow], None]] = None) -> list[DecodeRow]:
     """Measure every (heads, D, cache length, gate) point; see the module docstring.
 
-    ``sweep``: also time every config of the decode knobs (spec domains) and report the fastest.
+    ``sweep``: also time every config of the decode knobs (spec domains; ``sweep_knobs``, {knob: [values]},
+    restricts them) and report the fastest.
     ``backends``: which pathtune steps to time ("triton", "tvm"); "tvm" times every set of ``tvm_sets``
     (decode_tvm.load_sets) built for the row's shape, each loaded by ``tvm_loader`` (default: its modules).
     ``on_row``: called with each row as soon as it is measured (an interrupted bench keeps what it measured).
@@ -291,6 +319,8 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
         raise ValueError("backend tvm needs prebuilt module sets (tvm_sets, from decode_tvm.load_sets)")
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("pathtune bench --pass decode needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if sweep:
+        check_sweep_knobs(sweep_knobs or {})
     rows = []
     for H, D in shapes:
         params = decode_params(config, D, D)
@@ -318,7 +348,7 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                 cache.length = T
                 if sweep and "triton" in backends:
                     row.times["pathtune_default"] = row.times.get("pathtune")
-                    _sweep(row, cache, step, D, log, keys0)
+                    _sweep(row, cache, step, D, log, keys0, sweep_knobs)
                     if row.times.get("pathtune") is not None:
                         row.failures.pop("pathtune", None)
                 cache.length = T

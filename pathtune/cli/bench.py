@@ -38,6 +38,9 @@ def register(app: typer.Typer) -> None:
         batch: int = typer.Option(8, help="--pass decode: batch size."),
         sweep: bool = typer.Option(False, "--sweep", help="--pass decode: also time every decode knob config "
                                    "(spec domains) and report the fastest (all recorded with --record)."),
+        sweep_knobs: Optional[str] = typer.Option(
+            None, "--sweep-knobs", help="--pass decode: sweep only these knob values, JSON {knob: [values]} (each "
+                                        "in its spec domain), e.g. '{\"decode_splits\": [4, 8]}'; implies --sweep."),
         backends: str = typer.Option("triton", "--backends", help="pathtune backends to time: triton, tvm "
                                      "(comma-separated; tvm runs the forward from prebuilt modules, see "
                                      "--tvm-modules)."),
@@ -61,12 +64,23 @@ def register(app: typer.Typer) -> None:
             cfg = config if config == "tuned" else (json.loads(config) if config else None)
         except json.JSONDecodeError as e:
             raise typer.BadParameter(f"--config must be JSON knob values or 'tuned': {e}") from None
+        only = None
+        if sweep_knobs is not None:
+            if pass_ != "decode":
+                raise typer.BadParameter("--sweep-knobs is for --pass decode")
+            from pathtune.tuning.decode_bench import check_sweep_knobs
+
+            try:
+                only = check_sweep_knobs(json.loads(sweep_knobs))
+            except (json.JSONDecodeError, ValueError) as e:
+                raise typer.BadParameter(f"--sweep-knobs: {e}") from None
+            sweep = True
         if record:
             _check_record_db(db)
         if pass_ == "decode":
             _decode(console, _ints(head_dim, "--head-dim"), _ints(seq_len or "4096,32768", "--seq-len"), gates,
                     batch, cfg, tuple(b.strip() for b in baselines.split(",")), out, record, db, sweep,
-                    _parse_backends(backends, tvm_modules, "decode"), tvm_modules)
+                    _parse_backends(backends, tvm_modules, "decode"), tvm_modules, only)
             return
         seq_len = seq_len or "4096,16384"
         fwd_backends = _parse_backends(backends, tvm_modules, "fwd")
@@ -82,7 +96,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, record, db, sweep,
-            backends=("triton",), tvm_modules=None) -> None:
+            backends=("triton",), tvm_modules=None, sweep_knobs=None) -> None:
     """`pathtune bench --pass decode` (logic in tuning/decode_bench.py; the TVM step: tuning/decode_tvm.py)."""
 
     from pathtune.tuning.bench import HEADS_FOR_DIM, command_line
@@ -105,7 +119,7 @@ def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, r
     _run_and_report(
         console,
         lambda on_row: run_decode_bench(shapes, cache_lens, gates, batch=batch, config=cfg, baselines=baselines,
-                                        sweep=sweep, backends=backends, tvm_sets=tvm_sets,
+                                        sweep=sweep, sweep_knobs=sweep_knobs, backends=backends, tvm_sets=tvm_sets,
                                         log=lambda s: console.print(s, style="dim"), on_row=on_row),
         format_decode_table, out,
         record and (lambda rows, run_id: record_decode_rows(rows, db, command_line(), run_id=run_id)))
