@@ -1,4 +1,6 @@
 """`pathtune bench --record` stores pathtune's times with the same-run SDPA baseline in perf_db."""
+import pytest
+
 from pathtune.perf_db import PerfDB
 from pathtune.tuning.bench import BenchRow, format_table, record_rows
 
@@ -60,3 +62,23 @@ def test_an_interrupted_bench_keeps_the_rows_it_finished(tmp_path):
     with PerfDB(url2) as db:
         assert len(db.query(head_dim=64)) == 2 and len(db.query(head_dim=128)) == 1
     assert [r["head_dim"] for r in json.loads(out.read_text())] == [64, 128]
+
+
+def test_a_baseline_does_not_change_the_triton_toolchain(monkeypatch):
+    """A baseline that points TRITON_PTXAS_PATH elsewhere (torch's inductor does, once per process) leaves the
+    process's toolchain as it found it: pathtune's kernels timed after it compile with the same ptxas."""
+    import os
+
+    from pathtune.tuning.baselines import keep_triton_toolchain
+
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    monkeypatch.setenv("TRITON_LIBDEVICE_PATH", "/opt/libdevice.bc")
+    with keep_triton_toolchain():
+        os.environ["TRITON_PTXAS_PATH"] = "/torch/bin/ptxas"
+        os.environ["TRITON_LIBDEVICE_PATH"] = "/torch/lib/libdevice.bc"
+    assert "TRITON_PTXAS_PATH" not in os.environ
+    assert os.environ["TRITON_LIBDEVICE_PATH"] == "/opt/libdevice.bc"
+    with pytest.raises(RuntimeError), keep_triton_toolchain():
+        os.environ["TRITON_PTXAS_PATH"] = "/torch/bin/ptxas"
+        raise RuntimeError("baseline failed")
+    assert "TRITON_PTXAS_PATH" not in os.environ

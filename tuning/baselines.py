@@ -5,10 +5,34 @@ this machine) so that a benchmark can time it with ``triton.testing.do_bench``.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+import contextlib
+import os
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
+
+# Triton's toolchain paths, read at each compile: torch's inductor points TRITON_PTXAS_PATH at the ptxas in
+# torch's wheel the first time it compiles in a process (fla's kernels call torch.compile'd helpers), and
+# every later Triton compile -- pathtune's kernels included -- then uses that ptxas, which perf_db records
+# as a hard key of the environment.
+_TRITON_TOOLCHAIN_VARS = ("TRITON_PTXAS_PATH", "TRITON_LIBDEVICE_PATH", "TRITON_CUOBJDUMP_PATH", "TRITON_NVDISASM_PATH")
+
+
+@contextlib.contextmanager
+def keep_triton_toolchain() -> Iterator[None]:
+    """Run a baseline without letting it change the process's Triton toolchain (``_TRITON_TOOLCHAIN_VARS``
+    restored afterwards), so that pathtune's kernels measured after it compile with the ptxas a process
+    that never runs the baseline uses, the one its perf_db records name."""
+    saved = {name: os.environ.get(name) for name in _TRITON_TOOLCHAIN_VARS}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def sdpa_callable(q, k, v, backend: str, backward: bool = False) -> Optional[Callable[[], object]]:

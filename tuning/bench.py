@@ -114,7 +114,7 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
     TVM module sets (or an opened ``tvm_bench.TVMBenchModules``), needed when ``backends`` has tvm.
     ``on_row``: called with each row as soon as it is measured (so an interrupted bench keeps what it
     measured); not with the TVM backend, whose column is timed after every row."""
-    from .baselines import fla_path_callable, sdpa_callable
+    from .baselines import fla_path_callable, keep_triton_toolchain, sdpa_callable
 
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
@@ -141,8 +141,9 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
                             fn = sdpa_callable(q, k, v, kind, backward=bw)
                             row.times[f"sdpa_{kind}_{tag}"] = _median_ms(fn) if fn else None
                     if "fla" in baselines:
-                        fn = fla_path_callable(q, k, v, w, beta, g, backward=bw)
-                        row.times[f"fla_{tag}"] = _median_ms(fn) if fn else None
+                        with keep_triton_toolchain():
+                            fn = fla_path_callable(q, k, v, w, beta, g, backward=bw)
+                            row.times[f"fla_{tag}"] = _median_ms(fn) if fn else None
                 # SDPA has no gate: a gated row compares against the ungated SDPA of the same shape (measured first)
                 if gate:
                     twin = next((r for r in rows if not r.gate and (r.head_dim, r.seq_len) == (D, T)), None)

@@ -32,6 +32,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from .baselines import keep_triton_toolchain
+
 CACHE_LENS = (4096, 32768)
 SHAPES = ((16, 64), (8, 128))   # (heads, head dim)
 BATCH = 8
@@ -360,8 +362,9 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                     row.times["sdpa_flash"] = _median_ms(fn) if fn else None
                 if "fla" in baselines:
                     cache.length = T
-                    fn, why = fla_decode_callable(cache, step)
-                    row.times["fla"] = _median_ms(fn) if fn else None
+                    with keep_triton_toolchain():
+                        fn, why = fla_decode_callable(cache, step)
+                        row.times["fla"] = _median_ms(fn) if fn else None
                     if fn is None:
                         row.failures["fla"] = why
                 del cache
