@@ -24,8 +24,11 @@ __all__ = ["collect_env", "env_key", "env_hash", "HARD_KEYS", "SOFT_KEYS", "ENV_
 
 # Bump when the meaning of a hard key changes: stored results then stop matching.
 ENV_KEY_SCHEMA = 1
-HARD_KEYS = ("gpu_name", "compute_capability", "cuda_runtime", "ptxas", "triton", "tvm")
-SOFT_KEYS = ("driver", "torch")
+HARD_KEYS = ("gpu_name", "compute_capability", "cuda_runtime", "triton", "tvm")
+# ptxas is soft: which one Triton runs can change inside a process (torch's inductor points
+# TRITON_PTXAS_PATH at the ptxas in torch's wheel the first time it compiles), so a model under
+# torch.compile and the bench that measured its records would otherwise never share an environment.
+SOFT_KEYS = ("driver", "torch", "ptxas")
 
 _TIMEOUT_S = 10
 
@@ -129,8 +132,8 @@ def collect_env() -> dict[str, Any]:
 def env_key(info: Optional[dict[str, Any]] = None) -> dict[str, dict[str, Any]]:
     """``{"hard": {...}, "soft": {...}}`` from ``collect_env()`` output (collected now if not given).
 
-    Hard: GPU name and compute capability ("cpu" / None without a GPU), CUDA runtime, ptxas,
-    Triton, TVM, plus the key schema version. Soft: driver, torch.
+    Hard: GPU name and compute capability ("cpu" / None without a GPU), CUDA runtime, Triton, TVM,
+    plus the key schema version. Soft: driver, torch, ptxas.
     """
     info = collect_env() if info is None else info
     hard = {k: info.get(k) for k in HARD_KEYS}

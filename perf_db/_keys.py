@@ -28,7 +28,7 @@ DEFAULT_OP = "path_attention"
 DISPATCH_BACKENDS = ("triton", "tvm")
 # Backends whose kernels are generated from the spec (so spec_hash / source_hash pin them).
 SPEC_BACKENDS = ("triton", "tvm")
-# Which library versions are hard keys for a backend's results (besides GPU, cc, CUDA and ptxas).
+# Which library versions are hard keys for a backend's results (besides GPU, cc and CUDA).
 BACKEND_LIBS: dict[str, tuple[str, ...]] = {"triton": ("triton",), "fla": ("triton",), "tvm": ("tvm",),
                                             "sdpa": (), "reference": ()}
 ENV_COLUMNS = ("gpu_name", "cc", "sm_count", "mem_bytes", "driver", "cuda", "ptxas", "triton", "tvm", "torch",
@@ -385,7 +385,7 @@ def stale_reasons(kernel: Mapping[str, Any], current: Optional[Mapping[str, Opti
 
 
 def soft_mismatch(row: Mapping[str, Any], info: Optional[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Soft keys (driver, torch) where a stored row differs from ``info``: ``{key: {stored, current}}``."""
+    """Soft keys (driver, torch, ptxas) where a stored row differs from ``info``: ``{key: {stored, current}}``."""
     if info is None:
         return {}
     out = {}

@@ -371,12 +371,12 @@ class PerfDB:
 
     def _env_clause(self, cols: Any, env: Union[str, EnvLike], backends: Sequence[str]) -> Any:
         """Rows whose environment matches ``env``: an ``env_hash`` exactly, or (for ``collect_env()``
-        output) per backend: GPU name, cc, CUDA, ptxas and the backend's own library version."""
+        output) per backend: GPU name, cc, CUDA and the backend's own library version (ptxas is soft)."""
         if isinstance(env, str):
             return cols.env_hash == env
         want = env_columns(env)
         common = [cols.gpu_name == want["gpu_name"], cols.cc.is_not_distinct_from(want["cc"]),
-                  cols.cuda.is_not_distinct_from(want["cuda"]), cols.ptxas.is_not_distinct_from(want["ptxas"]),
+                  cols.cuda.is_not_distinct_from(want["cuda"]),
                   cols.env_key_schema == env_key_schema()]
         per_backend = [and_(cols.backend == b, *[getattr(cols, lib).is_not_distinct_from(want[lib])
                                                   for lib in BACKEND_LIBS[b]]) for b in backends]
@@ -678,7 +678,7 @@ class PerfDB:
 
         Stale: a kernel whose spec_hash / source_hash differs from ``current_keys`` (default: this
         PerfDB's); on this machine's GPU (``env_info``, default ``collect_env()``; same GPU name and
-        cc) an environment whose CUDA, ptxas or backend library (Triton for triton/fla, TVM for tvm)
+        cc) an environment whose CUDA or backend library (Triton for triton/fla, TVM for tvm)
         differs from this one; any row of an older key schema. Results of other GPUs are judged only by
         kernel keys: this machine cannot tell whether their environment is current. Kernels,
         workloads, environments and runs left without measurements are deleted with them. Ingested
@@ -713,7 +713,7 @@ class PerfDB:
                 if wl_schema != KEY_SCHEMA:
                     reasons.append("workload key schema changed")
                 if e.gpu_name == here["gpu_name"] and e.cc == here["cc"]:
-                    for lib in ("cuda", "ptxas", *BACKEND_LIBS[k.backend]):
+                    for lib in ("cuda", *BACKEND_LIBS[k.backend]):
                         if getattr(e, lib) != here[lib]:
                             reasons.append(f"{lib} version changed on this GPU")
                 if not reasons:
