@@ -741,11 +741,15 @@ class Spec(_Model):
 
     @cached_property
     def canonical_json(self) -> str:
-        return canonical_json(self.model_dump(mode="json"))
+        """The spec's content as canonical JSON, without its documentation fields and without the backends'
+        untuned configs (``head_dim_defaults``): a record stores every knob value it ran with, so which
+        config the runtime falls back to where no record exists changes no measurement's meaning."""
+        untuned = {name: {"head_dim_defaults"} for name in self.backends}
+        return canonical_json(self.model_dump(mode="json", exclude={"backends": untuned} if untuned else None))
 
     @cached_property
     def hash(self) -> str:
-        """sha256 (hex) of the canonical JSON of the spec."""
+        """sha256 (hex) of the canonical JSON of the spec (``canonical_json``)."""
         return sha256_hex(self.canonical_json)
 
     @property

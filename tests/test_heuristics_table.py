@@ -11,10 +11,9 @@ import pytest
 from pathtune.codegen.triton.heuristics import heuristic_knobs
 from pathtune.codegen.triton.params import TritonParams
 
-NARROW = {"block_n": 128, "decode_splits": 16, "transition_precision": "fp16"}
+NARROW = {"block_n": 128, "decode_block_n": 256, "transition_precision": "fp16"}
 MEDIUM = {"block_n": 128, "bwd_num_stages": 1, "bwd_num_warps": 8, "bwd_transition_precision": "tf32",
-          "decode_block_n": 64, "decode_num_warps": 8, "decode_splits": 16, "num_stages": 2, "num_warps": 4,
-          "transition_precision": "fp16"}
+          "num_stages": 2, "num_warps": 4, "transition_precision": "fp16"}
 WIDE = {"block_m": 64, "block_n": 32, "bwd_block_m": 64, "bwd_block_n": 32, "bwd_num_stages": 1, "bwd_num_warps": 8,
         "bwd_inter_num_warps": 8,
         "bwd_transition_precision": "tf32", "chunk_size": 32, "decode_block_n": 64, "decode_num_warps": 8,

@@ -75,12 +75,20 @@ def test_packaged_spec_is_valid(spec):
 def test_spec_hash_is_sha256_of_canonical_json(spec, raw, tmp_path):
     import hashlib
 
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    content = spec.model_dump(mode="json")
+    for backend in content["backends"].values():
+        del backend["head_dim_defaults"]
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
     assert spec.hash == hashlib.sha256(canonical.encode()).hexdigest()
     # independent of YAML formatting and key order, sensitive to content
     assert load_spec(write(tmp_path, raw)).hash == spec.hash
     changed = mutated(raw, lambda d: d["knobs"]["num_warps"].update(default=8))
     assert load_spec(write(tmp_path, changed, "b.yaml")).hash != spec.hash
+    # a backend's untuned configs are not hashed (records store every knob value); its own knobs are
+    untuned = mutated(raw, lambda d: d["backends"]["triton"]["head_dim_defaults"][0]["knobs"].update(decode_splits=4))
+    assert load_spec(write(tmp_path, untuned, "c.yaml")).hash == spec.hash
+    own = mutated(raw, lambda d: d["backends"]["tvm"]["knobs"]["decode_vec"].update(default=4))
+    assert load_spec(write(tmp_path, own, "d.yaml")).hash != spec.hash
 
 
 def test_json_schema_is_published(spec):
