@@ -172,7 +172,7 @@ def kernel_change_section(path: Path, doc: dict) -> list[str]:
         else:
             entry["after"].append(r)
     errs = any("o_err" in r for r in doc["rows"])
-    out = ["## Kernel changes since the tables above (T = 4096)", "",
+    out = ["## Latest kernel changes: before and after in one process (T = 4096)", "",
            "| kernel | D | | before | after | after / before | change |" + (" o err after |" if errs else ""),
            "|---|---|---|---|---|---|---|" + ("---|" if errs else "")]
     for (kernel, D, gate), pr in pairs.items():
@@ -211,15 +211,27 @@ def training_profile_section(path: Path, doc: dict) -> list[str]:
 
 def decode_section(path: Path, doc: dict) -> list[str]:
     """The decode step (``pathtune bench --pass decode``) beside SDPA flash over the same cache and fla's step."""
-    out = ["## Decoding one token (B = 8)", "",
-           "| D | H | cache | | SDPA flash | fla step | pathtune | pathtune / flash | o err |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    swept = any(r.get("sweep") for r in doc["rows"])
+    out = ["## Decoding one token (B = 8)", ""]
+    if swept:
+        out += ["pathtune: the fastest config of the sweep (block_n / splits / warps), which `backend=\"auto\"` "
+                "serves from the shipped records; heuristic: the untuned config, timed first in the same row.", "",
+                "| D | H | cache | | SDPA flash | fla step | pathtune | pathtune / flash | config | heuristic | "
+                "heuristic / flash | o err |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    else:
+        out += ["| D | H | cache | | SDPA flash | fla step | pathtune | pathtune / flash | o err |",
+                "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         t = r["times"]
         pt, fl = t.get("pathtune"), t.get("sdpa_flash")
-        out.append(f"| {r['head_dim']} | {r['heads']} | {r['cache_len']} | {_gate(r)} | {_f(fl, 4)} | "
-                   f"{_f(t.get('fla'), 4)} | **{_f(pt, 4)}** | {_f(pt / fl if pt and fl else None, 2)}× | "
-                   f"{r['errors'].get('o', float('nan')):.1e} |")
+        line = (f"| {r['head_dim']} | {r['heads']} | {r['cache_len']} | {_gate(r)} | {_f(fl, 4)} | "
+                f"{_f(t.get('fla'), 4)} | **{_f(pt, 4)}** | {_f(pt / fl if pt and fl else None, 2)}× | ")
+        if swept:
+            p, hd = r.get("params", {}), t.get("pathtune_default")
+            cfg = "/".join(str(p.get(k, "?")) for k in ("decode_block_n", "decode_splits", "decode_num_warps"))
+            line += f"{cfg} | {_f(hd, 4)} | {_f(hd / fl if hd and fl else None, 2)}× | "
+        out.append(line + f"{r['errors'].get('o', float('nan')):.1e} |")
     return out + [""] + _source(path, doc)
 
 
