@@ -64,6 +64,21 @@ def test_an_interrupted_bench_keeps_the_rows_it_finished(tmp_path):
     assert [r["head_dim"] for r in json.loads(out.read_text())] == [64, 128]
 
 
+def test_a_row_over_the_spec_tolerance_is_recorded_wrong(tmp_path):
+    """The bench records through the tuner's gate: a row whose o (or, for fwd+bwd, a gradient) error is over
+    the spec's tolerance is stored as "wrong" with the reason, so the dispatcher never serves it."""
+    url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
+    times = {"pathtune_f": 2.0, "pathtune_fb": 9.0, "sdpa_flash_f": 1.0, "sdpa_flash_fb": 3.0}
+    bad_grad = BenchRow(64, 4096, 8, 16, False, times=dict(times), errors={"o": 2e-3, "dk": 0.5})
+    bad_o = BenchRow(64, 4096, 8, 16, True, times=dict(times), errors={"o": 0.1, "dk": 2e-3})
+    assert record_rows([bad_grad, bad_o], url, None, "pathtune bench --record (test)") == 4
+    with PerfDB(url) as db:
+        got = {(r["use_gate"], r["pass"]): r for r in db.query(head_dim=64)}
+    assert got[(False, "fwd")]["status"] == "ok"             # the forward's own error (o) passes
+    assert got[(False, "bwd")]["status"] == "wrong" and "dk 0.5 > 0.007" in got[(False, "bwd")]["message"]
+    assert got[(True, "fwd")]["status"] == "wrong" and got[(True, "bwd")]["status"] == "wrong"
+
+
 def test_a_baseline_does_not_change_the_triton_toolchain(monkeypatch):
     """A baseline that points TRITON_PTXAS_PATH elsewhere (torch's inductor does, once per process) leaves the
     process's toolchain as it found it: pathtune's kernels timed after it compile with the same ptxas."""

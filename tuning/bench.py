@@ -233,7 +233,10 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
     from pathtune.runtime.dispatch import pass_config
     from pathtune.specs import Workload, load_spec
 
+    from .measure import over_tolerance
+
     spec = load_spec()
+    tolerances = dict(spec.numerics.accuracy.tolerances)
     env = collect_env()
     n = 0
     with PerfDB(db_url) as db:
@@ -255,11 +258,16 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
                 kernel = KernelKey(pass_=pass_, backend="triton", spec_hash=spec.hash,
                                    source_hash=source_hash(pass_))
                 own = {k: e for k, e in row.errors.items() if not k.startswith("tvm_")}   # tvm_o: _record_tvm
-                meas = (Measurement(status="ok", median_ms=t, bench_method="triton.testing.do_bench median",
-                                    errors=own, baseline_ms=row.times.get(f"sdpa_flash_{tag}"),
-                                    baseline_name="sdpa_flash", command=command)
-                        if t is not None else
-                        Measurement(status="crash", message=failed, command=command))
+                # the tuner's gate: a row over the spec's tolerances is recorded "wrong", never served
+                over = over_tolerance({k: e for k, e in own.items() if tag == "fb" or k == "o"}, tolerances)
+                if t is not None and over:
+                    meas = Measurement(status="wrong", errors=own, message="; ".join(over), command=command)
+                elif t is not None:
+                    meas = Measurement(status="ok", median_ms=t, bench_method="triton.testing.do_bench median",
+                                       errors=own, baseline_ms=row.times.get(f"sdpa_flash_{tag}"),
+                                       baseline_name="sdpa_flash", command=command)
+                else:
+                    meas = Measurement(status="crash", message=failed, command=command)
                 db.record(env, kernel, wl, cfg, meas, run_id=run_id, on_conflict="skip")
                 n += 1
             if _record_tvm(db, env, spec, row, command, run_id):

@@ -398,7 +398,8 @@ def _check_fwd_bwd(task: MeasureTask, run: Callable[..., Any]) -> dict[str, floa
                          heads=oracle_kv_heads(task.workload["heads_kv"], task.check_heads), seed=task.seed + 1)
 
 
-def _gate_failures(errors: dict[str, float], tolerances: dict[str, float]) -> list[str]:
+def over_tolerance(errors: dict[str, float], tolerances: dict[str, float]) -> list[str]:
+    """The accuracy gate: "name err > tol" for each error above its tolerance (or not finite); [] passes."""
     bad = []
     for name, err in errors.items():
         tol = tolerances.get(name)
@@ -533,7 +534,7 @@ def _measure_decode(task: MeasureTask) -> dict:
         ref = path_attention_decode(*[None if x is None else x.double() for x in step], ref_cache)
         naive = naive_path_attention(*[None if x is None else x.double() for x in (q, k, v, w, beta, g)])[:, T:]
     errors = {"o": _rel(o, ref), "o_vs_naive": _rel(o, naive)}
-    bad = _gate_failures(errors, task.tolerances)
+    bad = over_tolerance(errors, task.tolerances)
     if bad:
         return {"status": "wrong", "errors": errors,
                 "message": "accuracy gate (decode step vs the float64 reference): " + ", ".join(bad)}
@@ -555,7 +556,7 @@ def measure(task: MeasureTask) -> dict:
             return _measure_decode(task)
         run = _forward_fn(task)
         errors = _check_fwd_bwd(task, run)
-        bad = _gate_failures(errors, task.tolerances)
+        bad = over_tolerance(errors, task.tolerances)
         if bad:
             return {"status": "wrong", "errors": errors,
                     "message": "accuracy gate (relative Frobenius error vs the float64 reference): " + ", ".join(bad)}
