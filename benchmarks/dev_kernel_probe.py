@@ -86,6 +86,14 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
             if nw != kw["num_warps"]:
                 emit(dict(base, kernel=name, variant=f"warps {nw}",
                           ms=time_launch(cap.real, grid, args, dict(kw, num_warps=nw))))
+        # the serial walk waits on each step's W / U loads: pipelined loads; one tf32 pass instead of three
+        for change in ([dict(num_stages=2), dict(num_stages=3)] if name == "bwd_transport_chain" else []) + (
+                [dict(TP="tf32")] if kw.get("TP") == "tf32x3" else []):
+            try:
+                ms = time_launch(cap.real, grid, args, dict(kw, **change))
+            except Exception as exc:     # e.g. out of shared memory
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel=name, variant=str(change), ms=ms))
 
     # bwd_intra: this tree's kernel (chain states parked in scratch) vs an older file's
     if "intra" in only:
