@@ -14,6 +14,7 @@
 #   decodeprobe [240] benchmarks/decode_probe.py: the public decode step vs SDPA, its profile, graph step, generation
 #   tvmtests [120]  pytest -m gpu tests/test_tvm_gpu.py: the TVM forward vs the float64 oracle (carry build/tvm_bench)
 #   bench [240]     pathtune bench (fwd, fwd+bwd vs SDPA flash/cuDNN and fla, same run) $BENCH_ARGS --record
+#                   (JSON in s/$BENCH_JSON, default bench.json: a second bench step of a lane names its own)
 #   decode [120]    pathtune bench --pass decode --record
 #   dsweep [240]    pathtune bench --pass decode --sweep --record (every decode knob config, or those of
 #                   DSWEEP_KNOBS, --sweep-knobs JSON: the full space takes ~200 s per row)
@@ -142,7 +143,7 @@ run_steps() {  # the steps of one lane, in order, with S set
             tvmtests) run_step tvmtests "${secs:-120}" env PATHTUNE_TVM_BENCH_MODULES="$REPO/build/tvm_bench" \
                           python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests/test_tvm_gpu.py" -rA ;;
             bench) run_step bench "${secs:-240}" python3 -m pathtune.cli bench --head-dim "${HEAD_DIMS:-64,128}" ${BENCH_ARGS:-} \
-                       --record --json "$S/bench.json" ;;
+                       --record --json "$S/${BENCH_JSON:-bench.json}" ;;
             decode) run_step decode "${secs:-120}" python3 -m pathtune.cli bench --pass decode --record \
                         --json "$S/decode.json" ;;
             dsweep) run_step dsweep "${secs:-240}" python3 -m pathtune.cli bench --pass decode --sweep --record \

@@ -465,6 +465,32 @@ def test_range_split_gives_identical_gradients(monkeypatch, case):
     check(split, oracle_grads(inputs, do, **kw), TOL[F32])
 
 
+@pytest.mark.parametrize("gate", [True, False])
+def test_ranged_backward_starts_from_the_forwards_compact_state(monkeypatch, gate):
+    """When stages 5-7 run in token ranges (which recompute u, K~ and m in float32), the backward's own
+    recompute of the forward state is the forward's compact one (16-bit u, K~, w: bwd_prep and the
+    transport read it); one range reads it in its kernels and gets float32.  The ranged gradients are
+    bitwise those of one range started from the same compact state, and match the oracle."""
+    inputs, do = make_inputs(452, B=2, T=100, HQ=4, H=2, dtype=F16, gate=gate)
+    q, k, v, w, beta, g = inputs
+    p, scale = params(F16), 16 ** -0.5
+    o, lse, _ = tri_forward.path_attention_fwd(q, k, v, w, beta, g, scale=scale, cu_seqlens=None, params=p)
+    monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
+    assert tri_backward.backward_state(q, k, w, beta, g, cu_seqlens=None, params=p).u.dtype == F32
+    whole_state = tri_forward.prepare_state(q, k, w, beta, g, cu_seqlens=None, params=p, compact=True)
+    whole = tri_backward.path_attention_bwd(do, q, k, v, w, beta, g, o, lse, whole_state, scale=scale, params=p)
+    monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB")
+    monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
+    state = tri_backward.backward_state(q, k, w, beta, g, cu_seqlens=None, params=p)
+    assert state.u.dtype == F16 and state.wd is not None
+    split = tri_backward.path_attention_bwd(do, q, k, v, w, beta, g, o, lse, state, scale=scale, params=p)
+    assert state.u is None and state.wd is None             # released once bwd_prep and the transport ran
+    for name, a, b in zip(NAMES, split, whole):
+        if b is not None:
+            assert torch.equal(a, b), name
+    check(split, oracle_grads(inputs, do), TOL[F16])
+
+
 def test_range_budget(monkeypatch):
     """PHASE2_RANGE_BYTES (256 MiB: 8 ranges at the tuner's 32768 tokens, D=64, H=16, bwd_intra's
     chain-state slots and the transport backward's stored states and gradients included; the memory

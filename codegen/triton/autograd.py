@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from .._knobs import config_of, resolve, resolve_json
-from .backward import path_attention_bwd
-from .forward import path_attention_fwd, prepare_state
+from .backward import backward_state, path_attention_bwd
+from .forward import path_attention_fwd
 from .params import TritonParams
 
 
@@ -69,7 +69,7 @@ def _path_attn_bwd(do: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: 
 
     params = _params(params_json, "bwd", q, v)
     try:
-        state = prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params)
+        state = backward_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params)
         grads = path_attention_bwd(do.contiguous(), q, k, v, w, beta, g, o, lse, state, scale=scale,
                                    params=params, gate_placement=gate_placement, dlse=dlse)
     except OutOfResources as exc:

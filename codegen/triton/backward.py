@@ -31,7 +31,7 @@ import math
 import torch
 import triton
 
-from ._layout import SequenceTables
+from ._layout import SequenceTables, build_tables
 from ._ops import interpreting
 from .bwd_chain import (
     bwd_chain_dwhat_kernel,
@@ -51,6 +51,7 @@ from .forward import (
     ForwardState,
     _pow2,
     _tokens,
+    prepare_state,
     transition_column_block,
     transport_rows,
     ut_chunk_state,
@@ -254,6 +255,33 @@ def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool, HQ: int
     return 4 * H * per_head + max(4 * H * (2 * D + C) + states, 4 * H * (CC_TILES + 1) * C)
 
 
+def _range_count(tb: SequenceTables, N: int, H: int, HQ: int, D: int, params: TritonParams) -> int:
+    """How many token ranges the per-range stages (5-7) run in: the working set over the budget
+    (``_range_budget``), at most one per super-chunk."""
+    budget = _range_budget()
+    if budget is None:
+        return 1
+    C, S = params.chunk_size, params.superchunk_size
+    scan_bytes = torch.empty((), dtype=params.scan_torch_dtype).element_size()
+    per_token = _phase2_bytes_per_token(H, D, C, S, tb.max_seq_len > S, HQ, scan_bytes)
+    return max(1, min(-(-N * per_token // budget), tb.n_sc))
+
+
+def backward_state(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None,
+                   *, cu_seqlens: torch.Tensor | None, params: TritonParams) -> ForwardState:
+    """Stages ut_inverse and transport again for the backward (only o and lse are saved by the forward).
+
+    When the per-range stages run in more than one token range they recompute u, K~ and m per range in
+    float32, and this state only feeds bwd_prep (u) and the transport (kj, What): then it is the
+    forward's compact state (16-bit u, K~ and w, one launch of the UT stage on 16-bit tensor cores), so
+    the backward's kj and What are the forward's own.  One range reads u, K~ and m in its kernels:
+    float32."""
+    B, T, HQ, D = q.shape
+    tb = build_tables(B, T, cu_seqlens, params.chunk_size, params.superchunk_size, q.device, block_m=params.block_m)
+    ranged = _range_count(tb, B * T, k.shape[2], HQ, D, params) > 1
+    return prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params, compact=ranged)
+
+
 _LAST_BOUNDS: list = [None, None]     # (tables, bounds) of the last packed varlen batch read
 
 
@@ -388,12 +416,10 @@ def path_attention_bwd(
     f32 = dict(device=dev, dtype=torch.float32)
     common = dict(HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S, DT=dt)
     multi = tb.max_seq_len > S
-    budget = _range_budget()
     scan_store = state.kj.dtype     # the scan dtype's storage type (state.kj dies before stage 6)
-    per_token = _phase2_bytes_per_token(H, D, C, S, multi, HQ, state.kj.element_size())
-    n_ranges = 1 if budget is None else -(-N * per_token // budget)
-    ranges = _ranges(tb, B, T, N, C, S, n_ranges)
-    recompute = len(ranges) > 1
+    ranges = _ranges(tb, B, T, N, C, S, _range_count(tb, N, H, HQ, D, params))
+    # a compact (16-bit) state is recomputed in float32 for the per-range stages, in one range too
+    recompute = len(ranges) > 1 or state.u.dtype != torch.float32
 
     # 1. queries at their super-chunk start, stored in the scan dtype: they are only ever GEMM operands
     # (bwd_prep writes every row of every sequence)
@@ -408,8 +434,8 @@ def path_attention_bwd(
         INTERP=interp, HAS_DLSE=dlse is not None, num_warps=params.bwd_num_warps, num_stages=1, **common,
     )
     del dlse_t
-    if recompute:   # u, K~, m are recomputed per range below
-        state.u = state.kt = state.m = None
+    if recompute:   # u, K~, m are recomputed per range below (w's 16-bit copy only fed the transport)
+        state.u = state.kt = state.m = state.wd = None
 
     # accumulators that live to the end, zeroed at once: dv; dKJ and dWhat (the narrow chain kernel
     # adds into it) between super-chunks, else dY (read by bwd_intra, nothing else writes it)

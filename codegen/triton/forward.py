@@ -194,8 +194,8 @@ def prepare_state(
     """Stages ut_inverse and super-chunk transport (O(T) work and memory).
 
     compact: U, K~ and a copy of w in the scan's 16-bit type (when scan_precision is 16-bit), the
-    operands the forward scan and the transport read; the backward keeps them float32 (its
-    kernels and its per-range recompute read them so).  side_stream: the transport is queued on a
+    operands the forward scan and the transport read; else float32, what the backward's per-chunk
+    kernels read (``backward.backward_state`` picks).  side_stream: the transport is queued on a
     second stream (``_side_stream``); the caller joins it before reading kj / what
     (``ForwardState.join``).
 
