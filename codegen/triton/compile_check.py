@@ -79,7 +79,7 @@ SMEM_LIMIT_SM90 = 232448  # bytes of dynamic shared memory a block may opt in to
 def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
                     heads: int = 16, group: int = 1):
     """(fn, signature, constexprs, num_warps, num_stages) of every forward and backward launch."""
-    from .backward import CHAIN_KERNEL_MAX_BD, GATE_GRAD_SPAN, chain_blocks, transport_warps
+    from .backward import CHAIN_KERNEL_MAX_BD, GATE_GRAD_SPAN, chain_blocks, transport_launch
     from .bwd_chain import (
         bwd_chain_dwhat_kernel,
         bwd_chain_rows_kernel,
@@ -181,9 +181,9 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (gate_grad_kernel, dict(dc_ptr=_PTR_F32, dg_ptr=_PTR_F32, seq_start=i64, seq_end=i64),
          dict(HQ=HQ, BH=gate_bh, BT=min(max(16, 1024 // gate_bh), GATE_GRAD_SPAN), SPAN=GATE_GRAD_SPAN), 4, 1),
         (bwd_transport_chain_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
-         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_warps(BD)[0], 1),
+         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_launch(BD)[0], transport_launch(BD)[1]),
         (bwd_transport_grads_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
-         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_warps(BD)[1], 1),
+         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_launch(BD)[2], 1),
         (bwd_intra_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
         (ut_bwd_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                            UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_CHUNK_WARPS, 1),
