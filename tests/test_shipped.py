@@ -44,16 +44,27 @@ def test_shipped_file_is_real_and_ingests(path, tmp_path, monkeypatch):
     read_results(path)   # the format checks perf_db applies
     monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(SHIPPED_DIR))
     current = [_current(rec) for rec in records]
-    assert all(current) or not any(current), "a shipped file mixes current and retired kernels"
-    # current files answer as the dispatcher sees them; retired ones only a query over every record
-    keys = {"current_keys": current_keys_of_dispatch()} if all(current) else {"current_keys": _all_keys}
-    with PerfDB(f"sqlite:///{tmp_path / 'fresh.sqlite3'}", **keys) as db:
+    # a pass's kernels retire together (its source hash): a file that holds several passes may have
+    # some current and some retired, never both within one pass and backend
+    by_kernel: dict = {}
+    for rec, cur in zip(records, current):
+        by_kernel.setdefault((rec["kernel"]["pass"], rec["kernel"]["backend"]), set()).add(cur)
+    assert all(len(states) == 1 for states in by_kernel.values()), f"a pass mixes current and retired: {by_kernel}"
+    # the records answer an overhead query over every record (current or retired) on their own
+    with PerfDB(f"sqlite:///{tmp_path / 'fresh.sqlite3'}", current_keys=_all_keys) as db:
         report = db.ingest(path)
         assert report.added == len(records)
         rows = db.overhead(by="head_dim")
     # a file may hold only failures (a resumed tune whose new candidates all failed the gate or the
     # resources); one with a measured time answers the overhead query on its own
     assert rows or not any(rec["measurement"]["status"] == "ok" for rec in records)
+    if any(current):   # and its current records as the dispatcher sees them
+        with PerfDB(f"sqlite:///{tmp_path / 'dispatch.sqlite3'}", current_keys=current_keys_of_dispatch()) as db:
+            db.ingest(path)
+            live = {(r["pass"], r["head_dim"]) for r in db.overhead(by="head_dim")}
+        want = {(rec["workload"]["pass"], rec["workload"]["head_dim"]) for rec, cur in zip(records, current)
+                if cur and rec["measurement"]["status"] == "ok"}
+        assert want <= live, f"current records without an overhead row: {sorted(want - live)}"
     assert all(r["ratio"] == pytest.approx(r["pathtune_ms"] / r["sdpa_ms"]) for r in rows)
 
 
