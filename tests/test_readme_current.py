@@ -166,3 +166,10 @@ def test_a_stale_output_is_caught(current_outputs, monkeypatch, tmp_path):
     monkeypatch.setattr(sys.modules[__name__], "README", fake)
     stale = _stale_quotes(current_outputs)
     assert len(stale) == 1 and "(edited)" in stale[0]
+
+
+def test_readme_stays_short():
+    """The README is for users (what, install, journeys, API, CLI, environment): at most 20 KB; details
+    belong in the package docs, BENCHMARKS.md and docs/."""
+    size = len(README.read_bytes())
+    assert size <= 20 * 1024, f"README.md is {size} bytes, over 20 KB: move detail out of it"
