@@ -15,7 +15,7 @@ import torch.nn.functional as F
 # Triton's toolchain paths, read at each compile: torch's inductor points TRITON_PTXAS_PATH at the ptxas in
 # torch's wheel the first time it compiles in a process (fla's kernels call torch.compile'd helpers), and
 # every later Triton compile -- pathtune's kernels included -- then uses that ptxas, which perf_db records
-# as a hard key of the environment.
+# with each measurement (a soft key: served elsewhere with a warning).
 _TRITON_TOOLCHAIN_VARS = ("TRITON_PTXAS_PATH", "TRITON_LIBDEVICE_PATH", "TRITON_CUOBJDUMP_PATH", "TRITON_NVDISASM_PATH")
 
 

@@ -266,8 +266,7 @@ def _range_count(tb: SequenceTables, N: int, H: int, HQ: int, D: int, params: Tr
     if budget is None:
         return 1
     C, S = params.chunk_size, params.superchunk_size
-    scan_bytes = torch.empty((), dtype=params.scan_torch_dtype).element_size()
-    per_token = _phase2_bytes_per_token(H, D, C, S, tb.max_seq_len > S, HQ, scan_bytes)
+    per_token = _phase2_bytes_per_token(H, D, C, S, tb.max_seq_len > S, HQ, params.scan_torch_dtype.itemsize)
     return max(1, min(-(-N * per_token // budget), tb.n_sc))
 
 

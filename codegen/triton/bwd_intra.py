@@ -28,12 +28,6 @@ def _acc(ptr, val, mask=None):
 
 
 @triton.jit
-def dp_minus_delta(dO, V, delta, INTERP: tl.constexpr):
-    """dP - delta of one key tile: dO V^T minus each query row's delta."""
-    return mm(dO, tl.trans(V), INTERP) - delta[:, None]
-
-
-@triton.jit
 def bwd_intra_kernel(
     q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
     dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr,
@@ -140,7 +134,7 @@ def bwd_intra_kernel(
     p = tl.where(causal & rmask[:, None] & rmask[None, :], tl.exp2(s - lse2[:, None]), 0.0)
     _acc(dv_ptr + voff, mm(tl.trans(p).to(dO.dtype), dO, INTERP), rmask[:, None] & dvmask)
     Vc = tl.load(v_ptr + voff, mask=rmask[:, None] & dvmask, other=0.0)
-    ds = p * (dp_minus_delta(dO, Vc, delta, INTERP))
+    ds = p * (mm(dO, tl.trans(Vc), INTERP) - delta[:, None])
     dsr = ds * scale
     if USE_GATE:
         _acc(dc_ptr + rows * HQ + hq, (dcq + tl.sum(ds, axis=1) - tl.sum(ds, axis=0)) * gate_nat, rmask)

@@ -141,6 +141,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     DB = transition_column_block(BD)   # < BD: the column-blocked transition path of wide head dims
     inter_sig = dict(sig, om_ptr=scan) if DB == BD else sig   # the pairs' Om: scan type, or float32 blocks
     chain_rows, chain_cb, chain_dcb, chain_warps = chain_blocks(BD)
+    transport_chain_warps, transport_chain_stages, transport_grads_warps = transport_launch(BD)
     gate_bh = min(triton.next_power_of_2(HQ), 16)     # as backward._gate_grad launches it
     return [
         # the forward's UT stage: one launch (the backward's per-range recompute keeps the three below)
@@ -181,9 +182,9 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (gate_grad_kernel, dict(dc_ptr=_PTR_F32, dg_ptr=_PTR_F32, seq_start=i64, seq_end=i64),
          dict(HQ=HQ, BH=gate_bh, BT=min(max(16, 1024 // gate_bh), GATE_GRAD_SPAN), SPAN=GATE_GRAD_SPAN), 4, 1),
         (bwd_transport_chain_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
-         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_launch(BD)[0], transport_launch(BD)[1]),
+         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_chain_warps, transport_chain_stages),
         (bwd_transport_grads_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
-         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_launch(BD)[2], 1),
+         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_grads_warps, 1),
         (bwd_intra_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
         (ut_bwd_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                            UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_CHUNK_WARPS, 1),
