@@ -18,6 +18,8 @@
 #   BUCKETS length buckets (default 2048,4096,8192,16384); HEAD_DIMS (64,128); PASSES (decode,fwd,bwd);
 #   TOKENS  B*T of each key's timed shape (default 32768; the decode issue's shapes: 8 x 32768 = 262144)
 #   COMPILE_WORKERS  child processes compiling a batch at once (default 12: the H200 host has 16 cores)
+#   SEED_CONFIG  JSON knob values every study measures right after its default (--seed-config), e.g.
+#           '[{"ut_precision":"tf32"},{"ut_precision":"tf32","bwd_transition_precision":"tf32"}]'
 #
 # Re-running with the same OUT continues the studies (--resume) and never re-measures a config.
 set -euo pipefail
@@ -44,7 +46,7 @@ set +e
 pathtune tune \
     --head-dim "${HEAD_DIMS:-64,128}" --dtype bfloat16 --pass "${PASSES:-decode,fwd,bwd}" --backend triton \
     --tokens "${TOKENS:-32768}" \
-    --compile-workers "${COMPILE_WORKERS:-12}" \
+    --compile-workers "${COMPILE_WORKERS:-12}" ${SEED_CONFIG:+--seed-config "$SEED_CONFIG"} \
     --buckets "${BUCKETS:-2048,4096,8192,16384}" --gate \
     --budget "$BUDGET" --storage "sqlite:///$OUT/tune.sqlite3" --resume --seed 0 \
     --results-out "$RESULTS" --report-json "$OUT/h200_tune_report-$STAMP.json" 2>&1 | tee "$OUT/tune.log"

@@ -302,3 +302,47 @@ def test_new_study_starts_with_the_default_and_its_schedule_neighbours(tmp_path)
     res = CliRunner().invoke(app, [*[a if a != "8" else "16" for a in base], "--resume"])
     assert res.exit_code == 0, res.output
     assert len([t for t in _study(url2).get_trials() if t.user_attrs.get("seeded_neighbour")]) == len(seeded)
+
+
+def test_seed_config_is_measured_right_after_the_default(tmp_path):
+    """--seed-config JSON: the given knob values, applied on each key's default, are the study's next
+    trials (a seed naming only another pass's knobs is skipped, an invalid one is dropped with a note);
+    a bad knob or value is a one-line error before anything runs."""
+    from optuna.trial import TrialState
+    from typer.testing import CliRunner
+
+    from pathtune.cli import app
+
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    seeds = ('[{"ut_precision": "tf32"}, {"ut_precision": "tf32", "bwd_transition_precision": "tf32"}, '
+             '{"decode_splits": 8}, {"superchunk_size": 1024, "block_n": 128, "chunk_size": 64}]')
+    args = ["tune", "--head-dim", "64", "--pass", "bwd", "--buckets", "1024", "--storage", url, "--measure-with",
+            FAKE, "--startup-trials", "2", "--seed-neighbours", "0", "--budget", "5", "--spec", SPEC,
+            "--seed-config", seeds, "--seed-config", '{"bwd_block_m": 128}']
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    trials = sorted(_study(url).get_trials(states=(TrialState.COMPLETE,)), key=lambda t: t.number)
+    default = trials[0].params
+    assert trials[0].user_attrs.get("seeded_default")
+    changes = [{n: t.params[n] for n in default if t.params[n] != default[n]} for t in trials[1:4]]
+    assert all(t.user_attrs.get("seeded_user") for t in trials[1:4])
+    assert changes == [{"ut_precision": "tf32"}, {"ut_precision": "tf32", "bwd_transition_precision": "tf32"},
+                       {"bwd_block_m": 128}]
+    assert not any(t.user_attrs.get("seeded_user") for t in trials[4:])
+
+    # a seed that breaks a constraint at a key's head dim is dropped for that key, with the reason
+    from pathtune.specs import load_spec
+    from pathtune.tuning.space import default_config, seed_configs
+
+    spec = load_spec(SPEC)
+    (key,) = plan_keys([256], ["bfloat16"], ["fwd"], ["triton"], [1024])
+    kept, notes = seed_configs(spec, key, default_config(spec, key), [{"chunk_size": 128}, {"ut_precision": "tf32"}])
+    assert [c["ut_precision"] for c in kept] == ["tf32"]
+    assert len(notes) == 1 and "UT chunk tile" in notes[0] and "dropped" in notes[0]
+
+    for bad, words in [('{"ut_precison": "tf32"}', "not in the spec"), ('{"ut_precision": "fp8"}', "not in its domain"),
+                       ("[{", "is not JSON"), ('[{}]', "non-empty JSON object")]:
+        res = CliRunner().invoke(app, [*args[:-4], "--seed-config", bad])
+        assert res.exit_code == 1 and words in " ".join(res.output.split()), (bad, res.output)
+    res = CliRunner().invoke(app, [*args[:-4], "--seed-config", '{"ut_precison": "tf32"}'])
+    assert "did you mean 'ut_precision'" in " ".join(res.output.split())

@@ -10,13 +10,16 @@ This module imports neither Optuna nor torch at import time.
 """
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
 
 from pathtune.specs import KnobSpace, Spec, Workload
+from pathtune.specs.config import in_domain
 
-__all__ = ["default_config", "neighbour_configs", "TOKENS", "PASSES", "BACKENDS", "TuneKey", "default_heads",
+__all__ = ["default_config", "neighbour_configs", "seed_configs", "check_seed_configs", "TOKENS", "PASSES",
+           "BACKENDS", "TuneKey", "default_heads",
            "plan_keys", "study_name", "run_id_for", "make_sampler", "source_hash_for", "CODEGEN_VERSION"]
 
 TOKENS = 32768
@@ -184,3 +187,40 @@ def neighbour_configs(spec: Spec, key: TuneKey, default: Any, limit: int) -> lis
         if not space.validate(candidate, key.workload):
             out.append(candidate)
     return out
+
+
+def check_seed_configs(spec: Spec, seeds: Any) -> list[dict]:
+    """User seed configs (``--seed-config``): a JSON object or list of objects {knob: value}, each knob one
+    of the spec's and each value in its domain (ValueError, one line, otherwise)."""
+    items = seeds if isinstance(seeds, list) else [seeds]
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or not item:
+            raise ValueError(f"a seed config is a non-empty JSON object {{knob: value}}, got {item!r}")
+        for name, value in item.items():
+            if name not in spec.knobs:
+                close = difflib.get_close_matches(name, list(spec.knobs), n=1)
+                hint = f"did you mean {close[0]!r}?" if close else "`pathtune spec show` lists the knobs"
+                raise ValueError(f"seed config knob {name!r} is not in the spec ({hint})")
+            if not in_domain(value, spec.knobs[name].domain):
+                raise ValueError(f"seed config {name}={value!r} is not in its domain {list(spec.knobs[name].domain)}")
+        out.append(dict(item))
+    return out
+
+
+def seed_configs(spec: Spec, key: TuneKey, default: Any, seeds: list[dict]) -> tuple[list, list[str]]:
+    """The key's default with each seed's knobs of this pass applied (a seed naming none of the pass's knobs
+    is not this key's), valid for the key's workload; plus a note per seed that does not validate."""
+    space = KnobSpace(spec, key.pass_)
+    out, notes = [], []
+    for seed in seeds:
+        mine = {k: v for k, v in seed.items() if k in space.knobs}
+        if not mine:
+            continue
+        candidate = default.replace(**mine)
+        problems = space.validate(candidate, key.workload)
+        if problems:
+            notes.append(f"{key.label}: seed config {mine} dropped: " + "; ".join(problems))
+        elif candidate != default and candidate not in out:
+            out.append(candidate)
+    return out, notes

@@ -6,11 +6,12 @@
   retry finds the measurement in perf_db if the killed worker had stored it.
 * Budget: wall time (shared by the keys still to do: each key gets remaining / keys left) and/or a
   number of COMPLETE trials per study (``MaxTrialsCallback``, counted over every worker).
-* Each new study is seeded with the default config (``enqueue_trial``), then (warm start, a new
-  study only) with up to ``seed_retired`` configs that won under retired kernel sources of the same
+* Each new study is seeded with the default config (``enqueue_trial``), then with the user's seed
+  configs (``seed_configs``: knob values applied on the key's default, ``space.seed_configs``), then
+  (warm start, a new study only) with up to ``seed_retired`` configs that won under retired kernel sources of the same
   key (``tuning/warm.py``; from perf_db and the shipped results files), then with up to
   ``seed_neighbours`` configs one schedule knob away from the default (``space.neighbour_configs``).
-  The default and the warm-start configs are measured first, whatever the budget: the batched loop
+  The default, the user's seeds and the warm-start configs are measured first, whatever the budget: the batched loop
   puts them all in the key's first batch, the unbatched one runs them before its timed trials.
 * Ctrl-C once: the running trial finishes, is recorded and told, then the run stops. Ctrl-C twice:
   the running trial is abandoned (state FAIL, flagged ``interrupted``); ``--resume`` re-queues it.
@@ -35,7 +36,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from .objective import PENALTY_MS, KeyContext, Objective
-from .space import TuneKey, default_config, make_sampler, neighbour_configs, run_id_for, source_hash_for, study_name
+from .space import (
+    TuneKey,
+    default_config,
+    make_sampler,
+    neighbour_configs,
+    run_id_for,
+    seed_configs,
+    source_hash_for,
+    study_name,
+)
 
 __all__ = ["Budget", "TuneOptions", "KeyResult", "Tuner", "make_storage", "StudyExistsError", "parse_budget",
            "requeue_interrupted", "requeue_stale_running", "is_sqlite"]
@@ -167,6 +177,7 @@ class TuneOptions:
     startup_trials: int = 8
     seed_neighbours: int = 0           # a new study also gets up to this many one-knob neighbours of the default
     seed_retired: int = 3              # ... and first (after the default) up to this many winners of retired sources
+    seed_configs: list = field(default_factory=list)   # user seeds {knob: value} applied on each key's default
     command: Optional[str] = None
     results_out: Optional[Any] = None  # path: a results file rewritten after each record
     env_info: Optional[dict] = None    # the GPU host's collect_env() (split flow: the build host has no GPU)
@@ -323,6 +334,14 @@ class Tuner:
         new = not study.get_trials(deepcopy=False)
         if new:
             study.enqueue_trial(default.to_dict(), user_attrs={"seeded_default": True}, skip_if_exists=True)
+        # the user's seeds, right after the default: a new study, or once into a resumed one (the flag)
+        if self.opts.seed_configs and not study.user_attrs.get("user_seeded"):
+            configs, notes = seed_configs(self.spec, key, default, self.opts.seed_configs)
+            for note in notes:
+                self._note(note)
+            for config in configs:
+                study.enqueue_trial(config.to_dict(), user_attrs={"seeded_user": True}, skip_if_exists=True)
+            study.set_user_attr("user_seeded", len(configs))
         # warm start: a new study only (a resumed one has its seeds, or predates them), once (the flag)
         if new and self.opts.seed_retired > 0 and "retired_seeded" not in study.user_attrs:
             warm = self.warm_start(key, default)
@@ -379,11 +398,13 @@ class Tuner:
 
     @staticmethod
     def _seeded_waiting(study: Any) -> int:
-        """Queued trials of the seeded default and the warm start (measured first, whatever the budget)."""
+        """Queued trials of the seeded default, the user's seeds and the warm start (measured first, whatever
+        the budget)."""
         from optuna.trial import TrialState
 
         return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-                   if t.user_attrs.get("seeded_default") or t.user_attrs.get("seeded_retired"))
+                   if t.user_attrs.get("seeded_default") or t.user_attrs.get("seeded_user")
+                   or t.user_attrs.get("seeded_retired"))
 
     def context(self, key: TuneKey, name: str) -> KeyContext:
         self.db.start_run(command=self.opts.command, notes=f"pathtune tune {name}", run_id=run_id_for(name))

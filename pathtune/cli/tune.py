@@ -93,6 +93,26 @@ RETIRED = typer.Option(3, "--seed-retired", min=0, metavar="K",
                             "key under older kernel sources (same GPU env, spec, pass, backend and workload), "
                             "newest source first; configs that no longer validate are dropped with a note. "
                             "0: off.")
+SEED_CONFIG = typer.Option(None, "--seed-config", metavar="JSON",
+                           help="Knob values to try first in every study whose pass has them, applied on the key's "
+                                "default: a JSON object or list of objects, e.g. '[{\"ut_precision\": \"tf32\"}]' "
+                                "(repeatable; checked against the spec's domains, each config still passes the "
+                                "accuracy gate).", show_default=False)
+
+
+def _seed_configs(texts: Optional[List[str]], spec: Optional[Path]) -> list:
+    from pathtune.specs import SpecError, load_spec
+    from pathtune.tuning.space import check_seed_configs
+
+    out: list = []
+    for text in texts or []:
+        try:
+            out += check_seed_configs(load_spec(spec), json.loads(text))
+        except json.JSONDecodeError as e:
+            _fail(f"--seed-config is not JSON ({e.msg} at character {e.pos}): {text!r}")
+        except (ValueError, SpecError) as e:
+            _fail(f"--seed-config: {e}")
+    return out
 
 
 def _keys(head_dim: str, dtype: str, pass_: str, backend: str, buckets: str, gate: bool, heads: Optional[int],
@@ -110,7 +130,7 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
              measure_with: Optional[str], check_len: int, tol: Optional[List[str]], heartbeat: Optional[int],
              startup_trials: int, results_out: Optional[Path] = None, env_info: Optional[dict] = None,
              spec: Optional[Path] = None, compile_workers: Optional[int] = 0, seed_neighbours: int = 0,
-             seed_retired: int = 0) -> Any:
+             seed_retired: int = 0, seed_config: Optional[List[str]] = None) -> Any:
     from pathtune.perf_db import resolve_url
     from pathtune.specs import SpecError, load_spec
     from pathtune.tuning.measure import load_measure_fn
@@ -142,7 +162,7 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
                        heartbeat=heartbeat, startup_trials=startup_trials, command=_command(),
                        results_out=results_out, env_info=env_info, spec_path=spec,
                        compile_workers=compile_workers or 0, seed_neighbours=seed_neighbours,
-                       seed_retired=seed_retired)
+                       seed_retired=seed_retired, seed_configs=_seed_configs(seed_config, spec))
 
 
 def _filter_keys(keys: list, *, local: bool) -> list:
@@ -211,7 +231,7 @@ def tune(
     report_json: Optional[Path] = typer.Option(None, "--report-json", help="Write the per-key summary as JSON."),
     measure_with: Optional[str] = MEASURE_WITH, heartbeat: int = HEARTBEAT, startup_trials: int = STARTUP,
     spec: Optional[Path] = SPEC, compile_workers: Optional[int] = COMPILE_WORKERS,
-    seed_neighbours: int = NEIGHBOURS, seed_retired: int = RETIRED,
+    seed_neighbours: int = NEIGHBOURS, seed_retired: int = RETIRED, seed_config: Optional[List[str]] = SEED_CONFIG,
 ) -> None:
     """Tune every (pass, backend, head dim, dtype, length bucket) key on this GPU host (an Optuna study per key).
 
@@ -240,7 +260,7 @@ def tune(
                   "(tiny shapes only: for tests)")
     opts = _options(storage, db, budget, seed, worker, resume, measure_with, check_len, tol, heartbeat,
                     startup_trials, results_out, spec=spec, compile_workers=compile_workers,
-                    seed_neighbours=seed_neighbours, seed_retired=seed_retired)
+                    seed_neighbours=seed_neighbours, seed_retired=seed_retired, seed_config=seed_config)
     tuner = Tuner(keys, opts)
     console.print(f"pathtune tune: {len(keys)} keys, budget {opts.budget}, storage {tuner.db.display_url}, "
                   f"gpu {tuner.env_info.get('gpu_name') or 'none (CPU: Triton interpreter)'}, "
@@ -286,6 +306,7 @@ def build(
     tokens: int = TOKENS, storage: Optional[str] = STORAGE, db: Optional[str] = DB, seed: int = SEED,
     check_len: int = CHECK_LEN, tol: Optional[List[str]] = TOL, startup_trials: int = STARTUP,
     spec: Optional[Path] = SPEC, seed_neighbours: int = NEIGHBOURS, seed_retired: int = RETIRED,
+    seed_config: Optional[List[str]] = SEED_CONFIG,
 ) -> None:
     """Propose (Optuna ask) and compile a batch of candidates per key into a self-contained bundle for a GPU host."""
     from pathtune.tuning.bundle import build_bundle
@@ -300,7 +321,7 @@ def build(
         _fail(f"--gpu-env {gpu_env} is not `pathtune env --json` output")
     keys = _filter_keys(_keys(head_dim, dtype, pass_, backend, buckets, gate, heads, heads_kv, tokens), local=False)
     opts = _options(storage, db, "1", seed, 0, True, None, check_len, tol, None, startup_trials, env_info=env_info,
-                    spec=spec, seed_neighbours=seed_neighbours, seed_retired=seed_retired)
+                    spec=spec, seed_neighbours=seed_neighbours, seed_retired=seed_retired, seed_config=seed_config)
     tuner = Tuner(keys, opts)
     tuner.on_note = _note
     try:
