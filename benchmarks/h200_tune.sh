@@ -18,6 +18,8 @@
 #   BUCKETS length buckets (default 2048,4096,8192,16384); HEAD_DIMS (64,128); PASSES (decode,fwd,bwd);
 #   TOKENS  B*T of each key's timed shape (default 32768; the decode issue's shapes: 8 x 32768 = 262144)
 #   COMPILE_WORKERS  child processes compiling a batch at once (default 12: the H200 host has 16 cores)
+#   GATE    fox (PaTH-FoX keys, default) or path (plain PaTH keys: the dispatcher carries only the schedule
+#           knobs of a result across gate settings, so precision moves need their own keys)
 #   SEED_CONFIG  JSON knob values every study measures right after its default (--seed-config), e.g.
 #           '[{"ut_precision":"tf32"},{"ut_precision":"tf32","bwd_transition_precision":"tf32"}]'
 #
@@ -40,6 +42,11 @@ pathtune env --json > "$OUT/env.json"
 # no serial smoke run: every candidate compiles in its own child process first (--compile-workers),
 # so a config that faults the GPU is recorded as crash there and never reaches the measuring process
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
+case "${GATE:-fox}" in
+    fox) GATE_FLAG=--gate ;;
+    path) GATE_FLAG=--no-gate ;;
+    *) echo "GATE must be fox or path, got '$GATE'" >&2; exit 2 ;;
+esac
 HD="${HEAD_DIMS:-64,128}"
 RESULTS="$OUT/H200-tune-d${HD//,/-}-$STAMP.json"
 set +e
@@ -47,7 +54,7 @@ pathtune tune \
     --head-dim "${HEAD_DIMS:-64,128}" --dtype bfloat16 --pass "${PASSES:-decode,fwd,bwd}" --backend triton \
     --tokens "${TOKENS:-32768}" \
     --compile-workers "${COMPILE_WORKERS:-12}" ${SEED_CONFIG:+--seed-config "$SEED_CONFIG"} \
-    --buckets "${BUCKETS:-2048,4096,8192,16384}" --gate \
+    --buckets "${BUCKETS:-2048,4096,8192,16384}" "$GATE_FLAG" \
     --budget "$BUDGET" --storage "sqlite:///$OUT/tune.sqlite3" --resume --seed 0 \
     --results-out "$RESULTS" --report-json "$OUT/h200_tune_report-$STAMP.json" 2>&1 | tee "$OUT/tune.log"
 status=${PIPESTATUS[0]}
