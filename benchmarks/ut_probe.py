@@ -1,5 +1,6 @@
 """GPU probe of the forward's UT stage: the one-launch kernel (``forward.ut_fused``) against the
-three-launch path (``forward.ut_forward``), per precision / apply mode / warps, with each variant's
+three-launch path (``forward.ut_forward``) and the candidate of ``variants/ut_halves.py`` (the chunk's
+two halves as separate blocks), per precision / apply mode / warps, with each variant's
 error on U, K~ and M against a float64 evaluation of the same formulas.
 
     python benchmarks/ut_probe.py [--head-dims 64,128] [--tokens 32768] [--out ut_probe.json]
@@ -17,6 +18,7 @@ import os
 
 import torch
 import triton
+from variants.ut_halves import ut_halves
 
 from pathtune.codegen.triton import forward as fwd
 from pathtune.codegen.triton._layout import build_tables
@@ -77,10 +79,15 @@ def main() -> None:
         variants += [dict(path="fused", up=up, apply=a, warps=nw)
                      for up, a, nw in (("fp16x3", None, 4), ("tf32x3", None, 4), ("tf32x3", "tf32", 4),
                                        ("tf32", None, 4))]
+        # benchmarks/variants/ut_halves.py: the same outputs from the chunk's two halves
+        variants += [dict(path="halves", up=up, apply=None, warps=nw) for up in ("tf32x3", "tf32") for nw in (4, 8)]
         for v in variants:
             params = TritonParams.from_config(dict(ut_precision=v["up"]), base)
             def call(s, out_dtype=timed_dtype):
                 w, k, beta = data[s]
+                if v["path"] == "halves":
+                    return ut_halves(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True,
+                                     num_warps=v["warps"])[:3]
                 if v["path"] == "fused":
                     mode = v["apply"] or fwd.ut_apply_mode(params, timed_dtype)   # as timed
                     return fwd.ut_fused(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True,
