@@ -18,7 +18,7 @@
 #   decode [120]    pathtune bench --pass decode --record
 #   dsweep [240]    pathtune bench --pass decode --sweep --record (every decode knob config, or those of
 #                   DSWEEP_KNOBS, --sweep-knobs JSON: the full space takes ~200 s per row)
-#   benchtuned [240] pathtune bench --config tuned (the runtime's dispatch: shipped records / perf_db) --record
+#   benchtuned [240] pathtune bench --config tuned (the runtime's dispatch: shipped records / perf_db) $BENCH_ARGS --record
 #   tune [600]      benchmarks/h200_tune.sh (BUDGET: the step's seconds minus 150 s of slack)
 #   ffcompare [240] flip-flop tokens/s comparison only (--resume on a copy of examples/flipflop/results.json)
 #   flipflop [540]  python -m examples.flipflop --device cuda (budget from the step's seconds)
@@ -151,7 +151,7 @@ run_steps() {  # the steps of one lane, in order, with S set
             benchtuned)  # dispatch from this call's tune database if a tune step ran, else the shipped records
                          if [ -f "$S/tune/tune.sqlite3" ]; then dispatch_db="sqlite:///$S/tune/tune.sqlite3"; else dispatch_db=""; fi
                          run_step benchtuned "${secs:-240}" env PATHTUNE_DB_URL="$dispatch_db" python3 -m pathtune.cli bench \
-                             --head-dim "${HEAD_DIMS:-64,128}" --config tuned --gate "${BENCH_GATE:-both}" --record --db "$PATHTUNE_DB_URL" \
+                             --head-dim "${HEAD_DIMS:-64,128}" --config tuned --gate "${BENCH_GATE:-both}" ${BENCH_ARGS:-} --record --db "$PATHTUNE_DB_URL" \
                              --json "$S/bench_tuned.json" ;;
             tune) t="${secs:-600}"
                   # a tune spread over several calls: carry the last call's database in (.tune_in/tune.sqlite3,
