@@ -20,6 +20,9 @@ three non-zero blocks, each formed from the half's own loads (no slicing of regi
 Six products of (C/2)^3 at the UT precision instead of five of C^3 (C = 64: 3.3x fewer multiply-adds),
 and six C/2 x C/2 x D applies instead of four C x C x D.  The substitution walks C/2 - 1 dependent rows
 (31 at C = 64) where the shipped kernel walks 15 for its four 16-row blocks at once.
+
+The row-by-row substitution is ``ut.py``'s ``_invert_unit_lower_16`` for any size (that one stays until
+this candidate replaces the shipped kernel).
 """
 from __future__ import annotations
 
@@ -27,7 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from pathtune.codegen.triton._ops import interpreting
 from pathtune.codegen.triton.ut import _apply, _gram, _operand, _pdot
 
 
@@ -140,22 +142,12 @@ def ut_halves_kernel(
 
 def ut_halves(kt_in, wt, bt, tables, H: int, D: int, C: int, params, out_dtype=torch.float32, write_w: bool = False,
               apply_mode=None, num_warps: int = 4):
-    """``forward.ut_fused``'s launcher with ``ut_halves_kernel``: (u, K~, m, w copy or None)."""
-    from pathtune.codegen.triton.forward import UT_COLUMN_BLOCK, _is_16bit, _pow2, ut_apply_mode
+    """``forward.ut_fused`` (same arguments and outputs: u, K~, m, w copy or None) launching
+    ``ut_halves_kernel``, which takes ``ut_fused_kernel``'s arguments."""
+    from kernel_variants import swapped
 
-    N = kt_in.shape[0]
-    dev = kt_in.device
-    u = torch.empty(N, H, D, device=dev, dtype=out_dtype)
-    ktil = torch.empty(N, H, D, device=dev, dtype=out_dtype)
-    wd = torch.empty(N, H, D, device=dev, dtype=out_dtype) if write_w else None
-    m = torch.empty(N, H, C, device=dev, dtype=torch.float32)
-    BD = _pow2(D)
-    ut_halves_kernel[(tables.n_chunks, H)](
-        wt, bt, kt_in, u, ktil, wd if write_w else u, m,
-        tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
-        H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
-        AP=apply_mode or ut_apply_mode(params, out_dtype), OP16=_is_16bit(out_dtype), WRITE_W=write_w,
-        INTERP=interpreting(),
-        num_warps=num_warps, num_stages=1,
-    )
-    return u, ktil, m, wd
+    from pathtune.codegen.triton import forward as fwd
+
+    with swapped(fwd, "ut_fused_kernel", ut_halves_kernel):
+        return fwd.ut_fused(kt_in, wt, bt, tables, H, D, C, params, out_dtype=out_dtype, write_w=write_w,
+                            apply_mode=apply_mode, num_warps=num_warps)
