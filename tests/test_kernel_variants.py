@@ -84,19 +84,22 @@ def test_bwd_intra_v2_equals_shipped(D, dtype, scan, gate, HQ, H, lens):
             assert e_pair < 0.5 * e_old, (name, e_pair, e_old)
 
 
+@pytest.mark.parametrize("variant", ["ut_halves", "ut_sub8"])
 @pytest.mark.parametrize("D,out_dtype,up,lens", [
     (64, torch.bfloat16, "tf32x3", None),
     (64, torch.float16, "tf32", None),
     (48, torch.float32, "tf32x3", (70, 1, 57)),
     (128, torch.bfloat16, "fp16x3", None),
 ], ids=["D64-bf16-tf32x3", "D64-fp16-tf32", "D48-fp32-varlen", "D128-bf16-fp16x3"])
-def test_ut_halves_equals_shipped(D, out_dtype, up, lens):
-    """benchmarks/variants/ut_halves.py (the UT stage on the chunk's two halves) gives the shipped
-    ut_fused_kernel's U, K~, M and w copy: as close to a float64 evaluation of the same formulas, and
-    close to the shipped outputs.  Chunks of 64 (the default), a partial last chunk, varlen sequences
-    whose chunks end mid-half; w unit-norm, beta in [1.5, 2)."""
+def test_ut_candidates_equal_shipped(D, out_dtype, up, lens, variant):
+    """The UT-stage candidates of benchmarks/variants/ (ut_halves: the chunk's two halves; ut_sub8: 8-row
+    diagonal blocks) give the shipped ut_fused_kernel's U, K~, M and w copy: as close to a float64
+    evaluation of the same formulas, and close to the shipped outputs.  Chunks of 64 (the default), a
+    partial last chunk, varlen sequences whose chunks end mid-half; w unit-norm, beta in [1.5, 2)."""
+    import importlib
+
     from ut_probe import ut_reference
-    from variants.ut_halves import ut_halves
+    candidate = getattr(importlib.import_module(f"variants.{variant}"), variant)
 
     from pathtune.codegen.triton import forward as fwd
     from pathtune.codegen.triton._layout import build_tables
@@ -114,7 +117,7 @@ def test_ut_halves_equals_shipped(D, out_dtype, up, lens):
     tables = build_tables(1, N, cu if len(lens) > 1 else None, C, p.superchunk_size, torch.device("cpu"),
                           block_m=p.block_m)
     shipped = fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=True)
-    got = ut_halves(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=True)
+    got = candidate(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=True)
     # float64 reference per sequence, chunked from each sequence's start (w rounded as the kernels take it)
     w_in = w.to(out_dtype).float() if out_dtype != torch.float32 else w
     refs = {"u": [], "kt": [], "m": []}
@@ -130,7 +133,7 @@ def test_ut_halves_equals_shipped(D, out_dtype, up, lens):
     for i, name in enumerate(("u", "kt", "m")):
         ref = torch.cat(refs[name])
         e_new, e_old, e_pair = rel(got[i], ref), rel(shipped[i], ref), rel(got[i], shipped[i])
-        print(f"{name}: halves {e_new:.2e} shipped {e_old:.2e} halves-vs-shipped {e_pair:.2e}")
+        print(f"{name}: {variant} {e_new:.2e} shipped {e_old:.2e} {variant}-vs-shipped {e_pair:.2e}")
         assert e_new < 1.5 * e_old + 1e-6, (name, e_new, e_old)
         assert e_pair < 1e-2 if out_dtype != torch.float32 else e_pair < 1e-4, (name, e_pair)
     assert torch.equal(got[3], shipped[3])
