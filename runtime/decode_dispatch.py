@@ -17,9 +17,15 @@ fastest of its key whatever its backend). A TVM choice runs only when the TVM st
 Otherwise the Triton step runs with Triton's own best record, and why is logged once (INFO on the
 ``pathtune.dispatch`` logger; printed to stderr with ``PATHTUNE_PRINT_DISPATCH=1``). The plan is cached per
 key on the dispatcher (``clear_cache()`` forgets it): after the first call a step pays one dict lookup.
+
+A Triton config that is not a record of this very key (a nearer batch or length bucket's record, the
+untuned config) gets more splits when its (batch x kv head) rows times ``decode_splits`` would leave
+multiprocessors idle (``_fill_gpu``): the decode sweeps run at batch 8, where 128 rows fill the GPU with
+2-4 splits; at batch 1 the same splits ran 16 heads as 32-64 programs on 132 multiprocessors.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from dataclasses import dataclass
@@ -49,11 +55,13 @@ class DecodePlan:
     triton_params: Any = None
     tvm_step: Any = None
     fallback: str = ""
+    adjusted: str = ""     # how the Triton params differ from the choice's config (``_fill_gpu``)
 
     def describe(self) -> str:
         out = self.choice.describe()
-        if self.fallback:
-            out += f"; {self.fallback}"
+        for extra in (self.adjusted, self.fallback):
+            if extra:
+                out += f"; {extra}"
         return out
 
 
@@ -152,7 +160,8 @@ def plan_for(device: torch.device, head_dim: int, head_dim_v: int, heads_q: int,
     if plan is None:
         choice = d.choose("decode", wl, device, ("triton",))
         params = triton_params() if triton_params is not None else _triton_params(choice, head_dim, head_dim_v)
-        plan = DecodePlan("triton", choice, triton_params=params, fallback=fallback)
+        params, adjusted = _fill_gpu(params, choice, d.env_for(device).get("sm_count"), batch * heads_kv, keys)
+        plan = DecodePlan("triton", choice, triton_params=params, fallback=fallback, adjusted=adjusted)
     d.decode_plans[key] = plan
     _report(key, plan)
     return plan
@@ -200,6 +209,26 @@ def tuned_triton_params(pass_: str, q, k, v, g, keys: int, backend: str):
             merged.update(dispatch.select_config("decode", wl, q.device).config.to_dict())
         params = cached[("params", key)] = resolve("triton", pass_, merged, (D, DV))
     return params
+
+
+def _fill_gpu(params, choice, sm_count, rows: int, keys: int):
+    """(params, "") or (params with more ``decode_splits``, what changed and why).
+
+    Only for a config that is not a record of this key (``choice.source`` neither pack nor perf_db): a
+    measured config stays as measured.  ``rows``: batch x kv heads (the decode grid's first axis).  The
+    splits rise to the smallest value of their spec domain with rows x splits >= ``sm_count``, at most
+    the number of key tiles (``keys`` / decode_block_n), never below the config's own."""
+    if params is None or not sm_count or rows <= 0 or choice.source in ("pack", "perf_db"):
+        return params, ""
+    domain = sorted(_spec().knobs["decode_splits"].domain)
+    tiles = -(-keys // params.decode_block_n)
+    wanted = next((s for s in domain if rows * s >= sm_count), domain[-1])
+    splits = min(wanted, max([s for s in domain if s <= tiles] or [domain[0]]))
+    if splits <= params.decode_splits:
+        return params, ""
+    note = (f"decode_splits {params.decode_splits} -> {splits} (a {choice.source} config: {rows} batch x kv-head rows "
+            f"x {params.decode_splits} splits would leave some of the {sm_count} multiprocessors idle)")
+    return dataclasses.replace(params, decode_splits=splits), note
 
 
 def _triton_params(choice, D: int, DV: int):

@@ -417,3 +417,44 @@ def test_gpu_auto_decode_runs_prebuilt_tvm_modules(tmp_path, monkeypatch):
     assert p.backend == "tvm", p.describe()
     ref = ref_decode(q.double(), k.double(), v.double(), w.double(), beta.double(), None, ref_cache)
     assert ((o.double() - ref).norm() / ref.norm()).item() < 4e-3
+
+
+# -- filling the GPU -------------------------------------------------------------------------------
+
+def _triton_plan(batch, keys=32768, heads=16, D=64):
+    return decode_dispatch.plan_for(CUDA0, D, D, heads, heads, torch.bfloat16, torch.bfloat16, False, keys, batch)
+
+
+def test_a_borrowed_or_untuned_decode_config_gets_splits_that_fill_the_gpu(env, db_url):
+    """Batch 1 x 16 kv heads with the untuned config's 4 splits would run 64 programs on the H200's 132
+    multiprocessors: the plan raises the splits to 16 (16 x 16 = 256 >= 132) and says so; at batch 8
+    (128 rows x 4) the config stays; the splits never exceed the cache's key tiles; a record of the very
+    key runs as measured, while its batch-8 record lent to batch 1 (source bucket) is raised."""
+    use(env)
+    heuristic = load_spec().backend_defaults("triton", 64, 64)
+    base = heuristic.get("decode_splits", load_spec().knobs["decode_splits"].default)
+    block = heuristic.get("decode_block_n", load_spec().knobs["decode_block_n"].default)
+    p1 = _triton_plan(1)
+    assert p1.backend == "triton" and p1.choice.source == "heuristic"
+    assert base < 16 and p1.triton_params.decode_splits == 16
+    assert f"decode_splits {base} -> 16" in p1.describe() and "132 multiprocessors" in p1.describe()
+    p8 = _triton_plan(8)
+    assert p8.triton_params.decode_splits == base and not p8.adjusted
+    short = _triton_plan(1, keys=2 * block + 1)          # three key tiles: at most 2 splits of the domain
+    assert short.triton_params.decode_splits == max(base, 2)
+    gqa = _triton_plan(2, heads=4)                       # 8 rows: the domain's largest, 16
+    assert gqa.triton_params.decode_splits == 16
+
+    measured = triton_cfg(decode_splits=2)
+    b1 = Workload(**{**SHAPE, "head_dim": 64, "head_dim_v": 64, "heads_q": 16, "heads_kv": 16},
+                  pass_="decode", seq_bucket=32768, batch_bucket=1)
+    record(db_url, env, [(b1, "triton", measured, 0.5)])
+    use(env, db_url)
+    exact = _triton_plan(1)
+    assert exact.choice.source == "perf_db" and exact.triton_params.decode_splits == 2 and not exact.adjusted
+    dispatch.get_dispatcher().decode_plans.clear()
+    b8 = Workload(**{**SHAPE, "head_dim": 128, "head_dim_v": 128}, pass_="decode", seq_bucket=32768, batch_bucket=8)
+    record(db_url, env, [(b8, "triton", measured, 0.5)])
+    use(env, db_url)
+    lent = _triton_plan(1, heads=8, D=128)
+    assert lent.choice.source == "bucket" and lent.triton_params.decode_splits == 16, lent.describe()
