@@ -111,7 +111,9 @@ run_step() {  # name seconds command...
     shift 2
     local t0=$SECONDS
     echo "== $name (limit ${secs}s)"
-    (cd /tmp && timeout "$secs" "$@") > "$S/$name.log" 2>&1
+    # SIGINT at the limit (then SIGKILL 45 s later): a tune stops like after Ctrl-C (the running trial
+    # finishes and is recorded, the report is written), pytest prints its summary
+    (cd /tmp && timeout --signal=INT --kill-after=45 "$secs" "$@") > "$S/$name.log" 2>&1
     local rc=$?
     echo "== $name rc=$rc in $((SECONDS - t0))s" | tee -a "$S/steps.txt"
     tail -n 25 "$S/$name.log"
