@@ -1,7 +1,7 @@
 """GPU probe of the forward's UT stage: the one-launch kernel (``forward.ut_fused``) against the
-three-launch path (``forward.ut_forward``) and the candidates of ``variants/`` (``ut_halves.py``: the
-chunk's two halves as separate blocks; ``ut_sub8.py``: 8-row diagonal blocks), per precision / apply
-mode / warps, with each variant's error on U, K~ and M against a float64 evaluation of the same formulas.
+three-launch path (``forward.ut_forward``) and the candidate of ``variants/ut_sub8.py`` (8-row diagonal
+blocks), per precision / apply mode / warps, with each variant's error on U, K~ and M against a float64
+evaluation of the same formulas.
 
     python benchmarks/ut_probe.py [--head-dims 64,128] [--tokens 32768] [--paths fused,sub8] [--out ut_probe.json]
 
@@ -18,7 +18,6 @@ import os
 
 import torch
 import triton
-from variants.ut_halves import ut_halves
 from variants.ut_sub8 import ut_sub8
 
 from pathtune.codegen.triton import forward as fwd
@@ -62,7 +61,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--tokens", type=int, default=32768)
-    ap.add_argument("--paths", default="three_launch,fused,halves,sub8", help="the variants' paths to time")
+    ap.add_argument("--paths", default="three_launch,fused,sub8", help="the variants' paths to time")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "ut_probe.json"))
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # cpu: TRITON_INTERPRET=1 smoke run
@@ -81,8 +80,6 @@ def main() -> None:
         variants += [dict(path="fused", up=up, apply=a, warps=nw)
                      for up, a, nw in (("fp16x3", None, 4), ("tf32x3", None, 4), ("tf32x3", "tf32", 4),
                                        ("tf32", None, 4))]
-        # benchmarks/variants/ut_halves.py: the same outputs from the chunk's two halves
-        variants += [dict(path="halves", up=up, apply=None, warps=nw) for up in ("tf32x3", "tf32") for nw in (4, 8)]
         # benchmarks/variants/ut_sub8.py: 8-row diagonal blocks (7 substitution steps instead of 15)
         variants += [dict(path="sub8", up=up, apply=None, warps=4) for up in ("tf32x3", "tf32")]
         for v in [v for v in variants if v["path"] in args.paths.split(",")]:
@@ -92,9 +89,6 @@ def main() -> None:
                 if v["path"] == "sub8":
                     return ut_sub8(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True,
                                    num_warps=v["warps"])[:3]
-                if v["path"] == "halves":
-                    return ut_halves(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True,
-                                     num_warps=v["warps"])[:3]
                 if v["path"] == "fused":
                     mode = v["apply"] or fwd.ut_apply_mode(params, timed_dtype)   # as timed
                     return fwd.ut_fused(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True,

@@ -4,7 +4,7 @@ The shipped kernel inverts the diagonal blocks of T = I + strictLower(diag(beta)
 substitution in registers, 15 dependent row steps for its C / 16 blocks at once, then merges them with
 full C x C products: F = Dinv E, (I + F)^{-1} = (I - F)(I + F^2)... and T^{-1} = (I + F)^{-1} Dinv.
 On the H200 a candidate with 3.3x fewer multiply-adds but 31 substitution steps
-(``ut_halves.py``) ran slower than the shipped kernel, so the dependent steps, not the products, may
+(the chunk's halves as blocks) ran slower than the shipped kernel, so the dependent steps, not the products, may
 set the time.  Here the substitution takes 7 steps (C / 8 blocks of 8 rows) and the merge one more
 product pair (F^(C/8) = 0: (I - F)(I + F^2)(I + F^4) at C = 64), everything else as shipped: same
 arguments, grid and outputs as ``ut_fused_kernel``.
