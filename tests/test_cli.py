@@ -87,3 +87,24 @@ def test_python_dash_m():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "valid" in out.stdout
+
+
+def test_tables_piped_to_a_log_keep_their_numbers():
+    """`pathtune bench` / `tune` print wide tables; piped into a file or a log (no terminal) they get a
+    console wide enough that no cell is elided (an 80-column pipe showed every bench number as '…')."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from pathtune.cli._output import table_console
+
+    table = Table()
+    for i in range(16):
+        table.add_column(f"column {i}")
+    table.add_row(*[f"{1.2345 * i:.4f}" for i in range(16)])
+    buf = io.StringIO()
+    table_console(Console(file=buf, width=80), 240).print(table)
+    assert "…" not in buf.getvalue() and "18.5175" in buf.getvalue()
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=80)
+    assert table_console(terminal, 240) is terminal

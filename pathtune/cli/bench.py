@@ -8,6 +8,8 @@ from typing import NoReturn, Optional
 import typer
 from rich.console import Console
 
+from ._output import table_console
+
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
     try:
@@ -52,7 +54,7 @@ def register(app: typer.Typer) -> None:
 
         from pathtune.tuning.bench import command_line, format_table, record_rows, run_bench
 
-        console = Console()
+        console = table_console(Console(), 240)    # the bench tables have up to 17 columns
         gates = {"off": (False,), "on": (True,), "both": (False, True)}.get(gate)
         if gates is None:
             raise typer.BadParameter(f"--gate must be off, on or both, got {gate!r}")

@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ._output import table_console
+
 __all__ = ["register", "tune_app"]
 
 console = Console()
@@ -206,7 +208,7 @@ def _report(results: list, json_path: Optional[Path]) -> None:
         table.add_row(r.key.label, str(r.trials), str(r.measured), default, fmt_ms(r.best_ms), sp, vs)
         if r.best_config:
             lines.append(f"{r.key.label}: " + " ".join(f"{k}={v}" for k, v in r.best_config.items()))
-    out = console if console.is_terminal else Console(width=max(console.width, 150))
+    out = table_console(console, 150)
     out.print(table)
     if lines:
         out.print("best configs:\n  " + "\n  ".join(lines), highlight=False, markup=False)
