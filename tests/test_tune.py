@@ -329,6 +329,10 @@ def test_seed_config_is_measured_right_after_the_default(tmp_path):
     assert changes == [{"ut_precision": "tf32"}, {"ut_precision": "tf32", "bwd_transition_precision": "tf32"},
                        {"bwd_block_m": 128}]
     assert not any(t.user_attrs.get("seeded_user") for t in trials[4:])
+    # resumed with the same seeds: nothing enqueued twice
+    res = CliRunner().invoke(app, [*[a if a != "5" else "7" for a in args], "--resume"])
+    assert res.exit_code == 0, res.output
+    assert len([t for t in _study(url).get_trials() if t.user_attrs.get("seeded_user")]) == 3
 
     # a seed that breaks a constraint at a key's head dim is dropped for that key, with the reason
     from pathtune.specs import load_spec

@@ -8,11 +8,11 @@
   number of COMPLETE trials per study (``MaxTrialsCallback``, counted over every worker).
 * Each new study is seeded with the default config (``enqueue_trial``), then with the user's seed
   configs (``seed_configs``: knob values applied on the key's default, ``space.seed_configs``), then
-  (warm start, a new study only) with up to ``seed_retired`` configs that won under retired kernel sources of the same
-  key (``tuning/warm.py``; from perf_db and the shipped results files), then with up to
-  ``seed_neighbours`` configs one schedule knob away from the default (``space.neighbour_configs``).
-  The default, the user's seeds and the warm-start configs are measured first, whatever the budget: the batched loop
-  puts them all in the key's first batch, the unbatched one runs them before its timed trials.
+  (warm start, a new study only) with up to ``seed_retired`` configs that won under retired kernel
+  sources of the same key (``tuning/warm.py``; from perf_db and the shipped results files), then with
+  up to ``seed_neighbours`` configs one schedule knob away from the default (``space.neighbour_configs``).
+  The default, the user's seeds and the warm-start configs are measured first, whatever the budget: the
+  batched loop puts them all in the key's first batch, the unbatched one runs them before its timed trials.
 * Ctrl-C once: the running trial finishes, is recorded and told, then the run stops. Ctrl-C twice:
   the running trial is abandoned (state FAIL, flagged ``interrupted``); ``--resume`` re-queues it.
 * Batched (``compile_workers`` > 0, the default on a CUDA host): per key, a batch of proposals is
@@ -334,14 +334,14 @@ class Tuner:
         new = not study.get_trials(deepcopy=False)
         if new:
             study.enqueue_trial(default.to_dict(), user_attrs={"seeded_default": True}, skip_if_exists=True)
-        # the user's seeds, right after the default: a new study, or once into a resumed one (the flag)
-        if self.opts.seed_configs and not study.user_attrs.get("user_seeded"):
+        # the user's seeds, right after the default, into a new or a resumed study (a config the study
+        # already holds is skipped, so a resume with the same seeds adds nothing and new seeds still count)
+        if self.opts.seed_configs:
             configs, notes = seed_configs(self.spec, key, default, self.opts.seed_configs)
             for note in notes:
                 self._note(note)
             for config in configs:
                 study.enqueue_trial(config.to_dict(), user_attrs={"seeded_user": True}, skip_if_exists=True)
-            study.set_user_attr("user_seeded", len(configs))
         # warm start: a new study only (a resumed one has its seeds, or predates them), once (the flag)
         if new and self.opts.seed_retired > 0 and "retired_seeded" not in study.user_attrs:
             warm = self.warm_start(key, default)

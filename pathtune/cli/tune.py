@@ -102,17 +102,17 @@ SEED_CONFIG = typer.Option(None, "--seed-config", metavar="JSON",
                                 "accuracy gate).", show_default=False)
 
 
-def _seed_configs(texts: Optional[List[str]], spec: Optional[Path]) -> list:
-    from pathtune.specs import SpecError, load_spec
+def _seed_configs(texts: Optional[List[str]], spec: Any) -> list:
+    """The --seed-config values checked against ``spec`` (a loaded Spec)."""
     from pathtune.tuning.space import check_seed_configs
 
     out: list = []
     for text in texts or []:
         try:
-            out += check_seed_configs(load_spec(spec), json.loads(text))
+            out += check_seed_configs(spec, json.loads(text))
         except json.JSONDecodeError as e:
             _fail(f"--seed-config is not JSON ({e.msg} at character {e.pos}): {text!r}")
-        except (ValueError, SpecError) as e:
+        except ValueError as e:
             _fail(f"--seed-config: {e}")
     return out
 
@@ -146,9 +146,10 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
     url, _ = resolve_url(storage)
     url_str = url.render_as_string(hide_password=False)
     try:
-        tolerances = dict(load_spec(spec).numerics.accuracy.tolerances)
+        loaded = load_spec(spec)
     except SpecError as e:
         _fail(str(e))
+    tolerances = dict(loaded.numerics.accuracy.tolerances)
     for item in tol or []:
         name, _, value = item.partition("=")
         try:
@@ -164,7 +165,7 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
                        heartbeat=heartbeat, startup_trials=startup_trials, command=_command(),
                        results_out=results_out, env_info=env_info, spec_path=spec,
                        compile_workers=compile_workers or 0, seed_neighbours=seed_neighbours,
-                       seed_retired=seed_retired, seed_configs=_seed_configs(seed_config, spec))
+                       seed_retired=seed_retired, seed_configs=_seed_configs(seed_config, loaded))
 
 
 def _filter_keys(keys: list, *, local: bool) -> list:
