@@ -290,9 +290,13 @@ def render() -> str:
     decode = _newest(bench, lambda r: "cache_len" in r)
     if decode:
         parts.append("\n".join(decode_section(*decode)) + "\n")
-    generation = _load("*-decode-probe.json")
+    # a decode probe may time only some sections (--skip): each table comes from the newest file that has it
+    probes = _load("*-decode-probe.json")
+    steps = [p for p in probes if p[1].get("steps")]
+    generation = [p for p in probes if p[1].get("rows")]
+    if steps:
+        parts.append("\n".join(decode_steps_section(*steps[-1])) + "\n")
     if generation:
-        parts.append("\n".join(decode_steps_section(*generation[-1])) + "\n")
         parts.append("\n".join(generation_section(*generation[-1])) + "\n")
     parts.append(FOOTER)
     return "\n".join(parts)
