@@ -104,6 +104,14 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
         emit(dict(base, kernel="bwd_intra_walk", variant="as is", ms=t_walk))
         emit(dict(base, kernel="bwd_intra_diag", variant="as is", ms=t_diag))
         emit(dict(base, kernel="bwd_intra", variant="as is (walk + diag)", ms=round(t_walk + t_diag, 4)))
+        for cap, name in ((ia, "bwd_intra_walk"), (ib, "bwd_intra_diag")):   # the other warp count, per kernel
+            g_, a_, k_ = cap.calls[0]
+            nw = 8 if k_["num_warps"] == 4 else 4
+            try:
+                ms = time_launch(cap.real, g_, a_, dict(k_, num_warps=nw))
+            except Exception as exc:
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel=name, variant=f"warps {nw}", ms=ms))
     if "intra" in only and old_intra_src:
         old = load_variant(old_intra_src, "bwd_intra_kernel", f"intra_old_{D}_{int(gate)}")
         if "xs_ptr" in old.arg_names:
