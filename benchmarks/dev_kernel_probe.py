@@ -112,6 +112,21 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
             except Exception as exc:
                 ms = f"{type(exc).__name__}: {str(exc)[:200]}"
             emit(dict(base, kernel=name, variant=f"warps {nw}", ms=ms))
+        # what bounds the walk: its loads pipelined; its atomic adds as plain stores (wrong sums: timing only)
+        g_, a_, k_ = ia.calls[0]
+        walk_variants = [(f"num_stages {ns}", ia.real, dict(k_, num_stages=ns)) for ns in (2, 3)]
+        try:
+            stores = load_variant(_src("bwd_intra"), "bwd_intra_walk_kernel", f"walk_stores_{D}_{int(gate)}",
+                                  [(_ATOMIC_ADD, _PLAIN_STORE)])
+            walk_variants.append(("atomic adds as plain stores (timing only)", stores, k_))
+        except ValueError as exc:
+            emit(dict(base, kernel="bwd_intra_walk", variant="atomic adds as plain stores", ms=str(exc)[:200]))
+        for what, kern, kw_ in walk_variants:
+            try:
+                ms = time_launch(kern, g_, a_, kw_)
+            except Exception as exc:
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel="bwd_intra_walk", variant=what, ms=ms))
     if "intra" in only and old_intra_src:
         old = load_variant(old_intra_src, "bwd_intra_kernel", f"intra_old_{D}_{int(gate)}")
         if "xs_ptr" in old.arg_names:
@@ -157,6 +172,10 @@ def _src(module_name):
     import pathtune.codegen.triton as pkg
     with open(os.path.join(os.path.dirname(pkg.__file__), f"{module_name}.py")) as fh:
         return fh.read()
+
+
+_ATOMIC_ADD = '    tl.atomic_add(ptr, val, mask=mask, sem="relaxed")'
+_PLAIN_STORE = "    tl.store(ptr, val, mask=mask)"
 
 
 # source variants of this tree's kernels not taken (still timed on request): text replacements (the ones
