@@ -65,7 +65,7 @@ def _hashes():
     ("new_helper.py", {None, *PASSES}),      # a file not placed yet counts for every pass
     ("compile_check.py", set()),             # runs no kernel
     ("registry.py", set()),                  # which stage variants exist: runs no kernel
-    ("heuristics.py", set()),                # reads the spec's head_dim_defaults (the spec hash keys those)
+    ("heuristics.py", set()),                # reads the spec's head_dim_defaults (untuned configs: not hashed)
 ])
 def test_an_edit_changes_the_hashes_of_the_passes_built_from_it(copy_of_sources, edit, changed):
     before = _hashes()

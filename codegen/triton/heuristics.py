@@ -1,7 +1,8 @@
 """The untuned config of the Triton backend per head dim (``TritonParams.heuristic``).
 
 The values are the spec's table ``backends.triton.head_dim_defaults`` (specs/path_attention.yaml, with
-the reasons for each row): a revision there changes the spec hash, which retires every record.
+the reasons for each row).  The spec hash leaves that table out (a record stores every knob value it
+ran with), so a revision changes what runs where no record exists and retires no record.
 """
 from __future__ import annotations
 
