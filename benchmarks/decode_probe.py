@@ -33,6 +33,9 @@ g = logsigmoid of random values, so real gate decay):
   prompt 4096 and 32768; eager and graph), tokens/s and the ratio to RoPE.
 
 ``--budget-s`` (default 225) bounds the run: sections not reached in time are listed under ``skipped``.
+``--old-decode FILE`` (an older ``codegen/triton/decode.py``): each steps row with a flush also times the plain
+and the flush step with that file's decode kernel in the same process (``old_pathtune_net_ms``,
+``old_flush_net_ms``, ``old_amortized_ms``).
 """
 from __future__ import annotations
 
@@ -155,6 +158,30 @@ def one_row_on_tensor_cores():
         rebuild()
 
 
+OLD_DECODE = None   # --old-decode: the decode kernel of an older decode.py, timed beside this tree's
+
+
+@contextlib.contextmanager
+def swapped_decode_kernel(kernel):
+    """The Triton decode step launches ``kernel`` instead of this tree's ``decode_kernel`` inside the block."""
+    import pathtune.codegen.triton.decode as decode_mod
+
+    real = decode_mod.decode_kernel
+    decode_mod.decode_kernel = kernel
+    try:
+        yield
+    finally:
+        decode_mod.decode_kernel = real
+
+
+def load_old_decode(path: str):
+    """``decode_kernel`` of an older ``codegen/triton/decode.py`` (``git show REV:codegen/triton/decode.py``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from kernel_variants import load_variant
+
+    return load_variant(Path(path).read_text(), "decode_kernel", "old_decode")
+
+
 def time_steps(out: dict, budget) -> None:
     import pathtune
     from pathtune.codegen.triton.params import TritonParams
@@ -213,6 +240,15 @@ def time_steps(out: dict, budget) -> None:
                             every = W // TN + 1
                             row["every"] = every
                             row["amortized_ms"] = ((every - 1) * row["pathtune_net_ms"] + row["flush_net_ms"]) / every
+                            if OLD_DECODE is not None:   # the same steps with an older decode kernel
+                                with swapped_decode_kernel(OLD_DECODE):
+                                    flush_step()
+                                    reset_step()
+                                    sync()
+                                    row["old_pathtune_net_ms"] = do_bench(reset_step) - row["reset_ms"]
+                                    row["old_flush_net_ms"] = do_bench(flush_step) - row["flush_reset_ms"]
+                                row["old_amortized_ms"] = ((every - 1) * row["old_pathtune_net_ms"]
+                                                           + row["old_flush_net_ms"]) / every
                         reset()
                         sync()
                         t0 = time.perf_counter()
@@ -443,7 +479,12 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="cache 4096 only, D 64 only, generation at 4K only")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: steps,profiles,checks,generate")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1 (tests)")
+    ap.add_argument("--old-decode", default=None, help="an older codegen/triton/decode.py: its decode kernel's "
+                    "plain and flush steps timed beside this tree's in the steps section (old_* fields)")
     args = ap.parse_args(argv)
+    global OLD_DECODE
+    if args.old_decode:
+        OLD_DECODE = load_old_decode(args.old_decode)
     if args.cpu_smoke:
         smoke_config()
     elif not torch.cuda.is_available():
