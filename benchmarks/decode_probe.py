@@ -161,19 +161,6 @@ def one_row_on_tensor_cores():
 OLD_DECODE = None   # --old-decode: the decode kernel of an older decode.py, timed beside this tree's
 
 
-@contextlib.contextmanager
-def swapped_decode_kernel(kernel):
-    """The Triton decode step launches ``kernel`` instead of this tree's ``decode_kernel`` inside the block."""
-    import pathtune.codegen.triton.decode as decode_mod
-
-    real = decode_mod.decode_kernel
-    decode_mod.decode_kernel = kernel
-    try:
-        yield
-    finally:
-        decode_mod.decode_kernel = real
-
-
 def load_old_decode(path: str):
     """``decode_kernel`` of an older ``codegen/triton/decode.py`` (``git show REV:codegen/triton/decode.py``)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -241,7 +228,11 @@ def time_steps(out: dict, budget) -> None:
                             row["every"] = every
                             row["amortized_ms"] = ((every - 1) * row["pathtune_net_ms"] + row["flush_net_ms"]) / every
                             if OLD_DECODE is not None:   # the same steps with an older decode kernel
-                                with swapped_decode_kernel(OLD_DECODE):
+                                from kernel_variants import swapped  # on sys.path: load_old_decode put it there
+
+                                import pathtune.codegen.triton.decode as decode_mod
+
+                                with swapped(decode_mod, "decode_kernel", OLD_DECODE):
                                     flush_step()
                                     reset_step()
                                     sync()
