@@ -11,13 +11,14 @@ launches add into buffers that already hold results, so nothing here checks valu
                                           [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
-timed on the same arguments (without its newer trailing ones).  ``--old-ut-bwd FILE``: a ut_bwd.py whose
+timed on the walk kernel's arguments (without its newer trailing ones)
+beside this tree's walk + diagonal kernels.  ``--old-ut-bwd FILE``: a ut_bwd.py whose
 ``ut_bwd_chunk_kernel`` recomputes the inverse from the diagonal blocks' scratch tiles
 (``git show 4664bfe:codegen/triton/ut_bwd.py``), timed beside this tree's (which reads A and M) on the
 same range, with the scratch tiles of that range's ``ut_diag_inverse_kernel`` launch (``utbwd``: chunk +
-apply kernels, their warps, and the chunk kernel at tf32).  ``--intra-v2 FILE[,FILE]``: candidate bwd_intra kernels with
-the shipped signature (``benchmarks/variants/bwd_intra_v2.py``), timed on the captured arguments as
-they are (``--old-intra`` also takes such a file: one whose kernel still has ``xs_ptr`` gets it).
+apply kernels, their warps, and the chunk kernel at tf32).  ``--intra-v2 FILE[,FILE]``: candidate files defining
+``bwd_intra_walk_kernel`` and / or ``bwd_intra_diag_kernel`` with this tree's signature, each timed on its
+kernel's captured arguments (``--old-intra``: a one-kernel file; one that still has ``xs_ptr`` gets it).
 ``e2e``: one fwd+bwd through autograd.  JSON rows on
 stdout and in $OUT.
 """
@@ -60,7 +61,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
     do = torch.randn_like(q)
     with Capture(bwd_mod, "bwd_transport_chain_kernel") as trc, Capture(bwd_mod, "bwd_transport_grads_kernel") as trg, \
-            Capture(bwd_mod, "bwd_intra_kernel") as ia, \
+            Capture(bwd_mod, "bwd_intra_walk_kernel") as ia, Capture(bwd_mod, "bwd_intra_diag_kernel") as ib, \
             Capture(bwd_mod, "bwd_inter_dkv_kernel") as dkv, Capture(fwd_mod, "ut_chunk_kernel") as utc, \
             Capture(fwd_mod, "ut_apply_kernel") as uta, Capture(fwd_mod, "ut_diag_inverse_kernel") as utd, \
             Capture(bwd_mod, "ut_bwd_chunk_kernel") as ubc, Capture(bwd_mod, "ut_bwd_apply_kernel") as uba:
@@ -95,10 +96,37 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
                 ms = f"{type(exc).__name__}: {str(exc)[:200]}"
             emit(dict(base, kernel=name, variant=str(change), ms=ms))
 
-    # bwd_intra: this tree's kernel (chain states parked in scratch) vs an older file's
+    # bwd_intra: this tree's two kernels (the walk, then the diagonal tile) vs an older file's one kernel
     if "intra" in only:
         grid, args, kw = ia.calls[0]
-        emit(dict(base, kernel="bwd_intra", variant="as is", ms=time_launch(ia.real, grid, args, kw)))
+        t_walk = time_launch(ia.real, grid, args, kw)
+        t_diag = time_launch(ib.real, *ib.calls[0])
+        emit(dict(base, kernel="bwd_intra_walk", variant="as is", ms=t_walk))
+        emit(dict(base, kernel="bwd_intra_diag", variant="as is", ms=t_diag))
+        emit(dict(base, kernel="bwd_intra", variant="as is (walk + diag)", ms=round(t_walk + t_diag, 4)))
+        for cap, name in ((ia, "bwd_intra_walk"), (ib, "bwd_intra_diag")):   # the other warp count, per kernel
+            g_, a_, k_ = cap.calls[0]
+            nw = 8 if k_["num_warps"] == 4 else 4
+            try:
+                ms = time_launch(cap.real, g_, a_, dict(k_, num_warps=nw))
+            except Exception as exc:
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel=name, variant=f"warps {nw}", ms=ms))
+        # what bounds the walk: its loads pipelined; its atomic adds as plain stores (wrong sums: timing only)
+        g_, a_, k_ = ia.calls[0]
+        walk_variants = [(f"num_stages {ns}", ia.real, dict(k_, num_stages=ns)) for ns in (2, 3)]
+        try:
+            stores = load_variant(_src("bwd_intra"), "bwd_intra_walk_kernel", f"walk_stores_{D}_{int(gate)}",
+                                  [(_ATOMIC_ADD, _PLAIN_STORE)])
+            walk_variants.append(("atomic adds as plain stores (timing only)", stores, k_))
+        except ValueError as exc:
+            emit(dict(base, kernel="bwd_intra_walk", variant="atomic adds as plain stores", ms=str(exc)[:200]))
+        for what, kern, kw_ in walk_variants:
+            try:
+                ms = time_launch(kern, g_, a_, kw_)
+            except Exception as exc:
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel="bwd_intra_walk", variant=what, ms=ms))
     if "intra" in only and old_intra_src:
         old = load_variant(old_intra_src, "bwd_intra_kernel", f"intra_old_{D}_{int(gate)}")
         if "xs_ptr" in old.arg_names:
@@ -107,16 +135,20 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
             i = ia.real.arg_names.index("xs_ptr")        # the old kernel has no chain-state scratch
             emit(dict(base, kernel="bwd_intra", variant="old (recomputes the chain)",
                       ms=time_launch(old, grid, args[:i] + args[i + 1:], kw)))
+    # candidate files defining bwd_intra_walk_kernel and / or bwd_intra_diag_kernel with this tree's signature
     for path in intra_v2 if "intra" in only else ():
-        grid, args, kw = ia.calls[0]
-        try:
-            cand = load_variant(open(path).read(), "bwd_intra_kernel",
-                                f"intra_v2_{os.path.basename(path)[:-3]}_{D}_{int(gate)}")
-            ms = time_launch(cand, grid, args, kw)
-        except Exception as exc:   # a candidate that fails to build or launch is a result too
-            ms = f"{type(exc).__name__}: {str(exc)[:200]}"
-        emit(dict(base, kernel="bwd_intra", variant=f"candidate {os.path.basename(path)} (warps {kw['num_warps']})",
-                  ms=ms))
+        src = open(path).read()
+        for cap, name in ((ia, "bwd_intra_walk_kernel"), (ib, "bwd_intra_diag_kernel")):
+            if f"def {name}(" not in src:
+                continue
+            grid, args, kw = cap.calls[0]
+            try:
+                cand = load_variant(src, name, f"intra_cand_{os.path.basename(path)[:-3]}_{name}_{D}_{int(gate)}")
+                ms = time_launch(cand, grid, args, kw)
+            except Exception as exc:   # a candidate that fails to build or launch is a result too
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel=name[:-7], variant=f"candidate {os.path.basename(path)} (warps {kw['num_warps']})",
+                      ms=ms))
 
     # bwd_inter_dkv: the gate's column sums once per program instead of once per query step
     if "dkv" in only:
@@ -128,7 +160,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
     if "utbwd" in only:
         ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src, utd.calls[0])
     if "variants" in only:
-        source_variants(base, ia.calls[0], utd.calls[0])
+        source_variants(base, utd.calls[0])
     if "e2e" in only:
         fn = lambda: torch.autograd.grad(path_attention_triton(*xs[:5], xs[5] if gate else None)[0], xs, do)  # noqa: E731
         fn()
@@ -142,21 +174,15 @@ def _src(module_name):
         return fh.read()
 
 
+_ATOMIC_ADD = '    tl.atomic_add(ptr, val, mask=mask, sem="relaxed")'
+_PLAIN_STORE = "    tl.store(ptr, val, mask=mask)"
+
+
 # source variants of this tree's kernels not taken (still timed on request): text replacements (the ones
 # that won, e.g. dkv's dKJ out of registers, are in the kernels).
-_INTRA_RELOAD = (
-    ("    # diagonal tile and the boundary adjustment of the queries\n",
-     "    Q = tl.load(q_ptr + qoff, mask=m2, other=0.0).to(DT)\n"
-     "    Wc = tl.load(w_ptr + koff, mask=m2, other=0.0).to(DT)\n"
-     "    Uc = tl.load(u_ptr + koff, mask=m2, other=0.0).to(DT)\n"
-     "    QW = tl.where(causal, mm(Q, tl.trans(Wc), INTERP), 0.0)\n"),
-)
-
-
-def source_variants(base, intra_call, diag_call):
+def source_variants(base, diag_call):
     """Kernels of this tree (timed once each) next to variants of their source or launch (same arguments)."""
     cases = (
-        ("bwd_intra_kernel", "bwd_intra", intra_call, "Q, W, U, QW again after the walk", _INTRA_RELOAD, {}),
         ("ut_diag_inverse_kernel", "ut", diag_call, "warps 2", (), dict(num_warps=2)),
         ("ut_diag_inverse_kernel", "ut", diag_call, "warps 4", (), dict(num_warps=4)),
     )

@@ -49,12 +49,10 @@ def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN:
     f["bwd_transport_chain_kernel"] = H * with_transport * s * 5 * 2 * C * D * D
     f["bwd_transport_grads_kernel"] = H * with_transport * s * 5 * 2 * C * D * D
     f["bwd_transport_kernel"] = f["bwd_transport_chain_kernel"] + f["bwd_transport_grads_kernel"]
-    # bwd_intra: the states pass, ten products per (query chunk, earlier key chunk), the diagonal tile
-    f["bwd_intra_kernel"] = H * n_chunk * (max(mean_ci - 1, 0) * 2 * cc + mean_ci * 10 * cc + 11 * cc + 3 * c3)
-    # candidate benchmarks/variants/bwd_intra_v2.py: the same products, except that tril(Q W^T) is formed again
-    # for the diagonal phase in every chunk with a states phase (s - 1 of s) and Q~ only there (not in the
-    # first chunk of a super-chunk)
-    f["bwd_intra_v2_kernel"] = f["bwd_intra_kernel"] + H * n_chunk * (s - 2) / s * cc
+    # bwd_intra: the walk (the states pass, ten products per (query chunk, earlier key chunk)) and the
+    # diagonal tile's kernel
+    f["bwd_intra_walk_kernel"] = H * n_chunk * (2 * cc + max(mean_ci - 1, 0) * 2 * cc + mean_ci * 10 * cc)
+    f["bwd_intra_diag_kernel"] = H * n_chunk * (10 * cc + 3 * c3)
     # UT backward: the chunk kernel's W W^T, W K^T, W dK~^T, dU W^T and nine C x C x C products (inverse (4), M,
     # dL, dA, dT (2)); the apply kernel's five C x C x D products for dW, dK
     # W W^T, W K^T, W dK~^T, dU W^T; T^{-1} = I - A strictLower(W W^T), dL, dA, dT (two); A and M are read

@@ -12,6 +12,7 @@ Order (each stage only reads what earlier ones wrote):
   5. bwd_transport     dK~, dW, dU from dKJ and dWhat (a chain kernel storing the states, then a
                        per-chunk kernel summing their products)
   6. bwd_intra         dq (final) and the chunk-level dK~, dU, dW, dM, dK, dV, dc inside super-chunks
+                       (two kernels: the walk over earlier chunks, then the diagonal tile)
   7. ut_bwd            dw, dk, dbeta through the UT transform (C x C chunk kernel, then per column block)
 then dg = reverse cumsum of dc per sequence (``gate_grad_kernel``).  Stages 5-7 only touch rows of
 one super-chunk; on long inputs they run per token range of super-chunks (see
@@ -43,7 +44,7 @@ from .bwd_chain import (
     gate_grad_kernel,
 )
 from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel, bwd_pair_transitions_kernel
-from .bwd_intra import bwd_intra_kernel
+from .bwd_intra import bwd_intra_diag_kernel, bwd_intra_walk_kernel
 from .bwd_prep import bwd_prep_kernel
 from .forward import (
     _LOG2E,
@@ -441,7 +442,8 @@ def path_attention_bwd(
         state.u = state.kt = state.m = state.wd = None
 
     # accumulators that live to the end, zeroed at once: dv; dKJ and dWhat (the narrow chain kernel
-    # adds into it) between super-chunks, else dY (read by bwd_intra, nothing else writes it)
+    # adds into it) between super-chunks, else dY (read by bwd_intra's walk, which leaves
+    # its carried query gradient there for the diagonal tile; nothing else writes it)
     if multi:
         chain_adds = BD <= CHAIN_KERNEL_MAX_BD
         shapes = [(N, H, DV), (N, H, D)] + ([tuple(state.what.shape)] if chain_adds else [])
@@ -515,17 +517,19 @@ def path_attention_bwd(
             del suf, gs
         # bwd_intra's chain-state slots (see the kernel): S // (2C) per chunk and query head
         xs = torch.empty(max(1, HQ * tr.n_chunks * (S // (2 * C)) * C * max(BD, 64)), device=dev, dtype=scan_store)
-        bwd_intra_kernel[(tr.n_chunks, HQ)](
-            qt[r], kt_in[r], vt[r], wt[r], u, m, ktil, gc[r], dot_[r], lset[r], delta[r], dy[r],
-            dq[r], dk_acc, dv[r], dw_acc, du, dm, dkt, dc[r], xs,
-            tr.chunk_tok0, tr.chunk_seq, tr.seq_start, tr.seq_end,
-            tr.n_chunks, qk_scale, gate_scale, scale, gate_nat,
-            TP=tp, USE_GATE=use_gate, INTERP=interp, num_warps=params.bwd_num_warps, num_stages=1,
-            # head dims under 64 run on 64-wide (masked) tiles here: at D = 32 this kernel's atomic
-            # adds of 64 x 32 products faulted on the H200 (illegal address; D = 64 ran clean)
-            **dict(common, BD=max(BD, 64), BDV=max(BDV, 64)),
-        )
-        del u, ktil, xs
+        intra_args = (qt[r], kt_in[r], vt[r], wt[r], u, m, ktil, gc[r], dot_[r], lset[r], delta[r], dy[r],
+                      dq[r], dk_acc, dv[r], dw_acc, du, dm, dkt, dc[r], xs,
+                      tr.chunk_tok0, tr.chunk_seq, tr.seq_start, tr.seq_end,
+                      tr.n_chunks, qk_scale, gate_scale, scale, gate_nat)
+        # head dims under 64 run on 64-wide (masked) tiles here: at D = 32 this kernel's atomic
+        # adds of 64 x 32 products faulted on the H200 (illegal address; D = 64 ran clean)
+        intra_kw = dict(common, BD=max(BD, 64), BDV=max(BDV, 64), TP=tp, USE_GATE=use_gate, INTERP=interp,
+                        num_warps=params.bwd_num_warps, num_stages=1)
+        # the walk leaves its carried query gradient in dy[r] for the diagonal tile's kernel
+        bwd_intra_walk_kernel[(tr.n_chunks, HQ)](*intra_args, **intra_kw)
+        bwd_intra_diag_kernel[(tr.n_chunks, HQ)](*intra_args, **intra_kw)
+        # the tuple holds u, K~ and the chain-state slots: drop it with them, before the UT backward
+        del intra_args, u, ktil, xs
         if not recompute:   # A and M of the UT backward, in the same operations as the recompute's
             state.u = state.kt = state.m = None
             amat, m = ut_chunk_state(kt_in, wt, bt, tb, H, D, C, params)

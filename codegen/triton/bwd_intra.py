@@ -28,7 +28,48 @@ def _acc(ptr, val, mask=None):
 
 
 @triton.jit
-def bwd_intra_kernel(
+def _program_tile(n_chunks, chunk_tok0, chunk_seq, seq_start, seq_end,
+                  HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+                  BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr):
+    """This program's query chunk and head: (hq, h, ci = the chunk's position in its super-chunk, tokI =
+    the super-chunk's first token, rows, rmask, dmask, dvmask, m2, koff, qoff, voff)."""
+    n = n_chunks - 1 - tl.program_id(0)     # latest chunks of a super-chunk (most work) first
+    hq = tl.program_id(1)
+    h = hq // (HQ // H)
+    tok0, sid, s0, send = tile_of(n, chunk_tok0, chunk_seq, seq_start, seq_end)
+    ci = ((tok0 - s0) // C) % (S // C)
+    tokI = tok0 - ci * C
+    r = tl.arange(0, C)
+    d = tl.arange(0, BD)
+    dv = tl.arange(0, BDV)
+    dmask = (d < D)[None, :]
+    dvmask = (dv < DV)[None, :]
+    rows = (tok0 + r).to(tl.int64)
+    rmask = rows < send
+    m2 = rmask[:, None] & dmask
+    koff = (rows[:, None] * H + h) * D + d[None, :]
+    qoff = (rows[:, None] * HQ + hq) * D + d[None, :]
+    voff = (rows[:, None] * H + h) * DV + dv[None, :]
+    return n, hq, h, ci, tokI, rows, rmask, dmask, dvmask, m2, koff, qoff, voff
+
+
+@triton.jit
+def _row_stats(do_ptr, lse_ptr, delta_ptr, gc_ptr, rows, rmask, dvmask, hq,
+               HQ: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, USE_GATE: tl.constexpr):
+    """dO, lse (base 2), delta and the gate cumsum (zeros without the gate) of the program's query rows."""
+    dv = tl.arange(0, BDV)
+    dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :], mask=rmask[:, None] & dvmask, other=0.0)
+    lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
+    delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+    if USE_GATE:
+        c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+    else:
+        c_q = tl.zeros_like(delta)
+    return dO, lse2, delta, c_q
+
+
+@triton.jit
+def bwd_intra_walk_kernel(
     q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
     dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr,
     chunk_tok0, chunk_seq, seq_start, seq_end,
@@ -37,37 +78,19 @@ def bwd_intra_kernel(
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
 ):
-    n = n_chunks - 1 - tl.program_id(0)     # latest chunks of a super-chunk (most work) first
-    hq = tl.program_id(1)
-    h = hq // (HQ // H)
-    tok0, sid, s0, send = tile_of(n, chunk_tok0, chunk_seq, seq_start, seq_end)
-    c_idx = (tok0 - s0) // C
-    ci = c_idx % (S // C)                   # position of the chunk inside its super-chunk
-    tokI = tok0 - ci * C
+    n, hq, h, ci, tokI, rows, rmask, dmask, dvmask, m2, koff, qoff, voff = _program_tile(
+        n_chunks, chunk_tok0, chunk_seq, seq_start, seq_end, HQ, H, D, DV, BD, BDV, C, S)
     r = tl.arange(0, C)
     d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
-    dmask = (d < D)[None, :]
-    dvmask = (dv < DV)[None, :]
     causal = r[:, None] >= r[None, :]
-    rows = (tok0 + r).to(tl.int64)
-    rmask = rows < send
-    m2 = rmask[:, None] & dmask
-    koff = (rows[:, None] * H + h) * D + d[None, :]
-    qoff = (rows[:, None] * HQ + hq) * D + d[None, :]
-    voff = (rows[:, None] * H + h) * DV + dv[None, :]
+    dO, lse2, delta, c_q = _row_stats(do_ptr, lse_ptr, delta_ptr, gc_ptr, rows, rmask, dvmask, hq,
+                                      HQ, DV, BDV, USE_GATE)
     Q = tl.load(q_ptr + qoff, mask=m2, other=0.0).to(DT)
     Wc = tl.load(w_ptr + koff, mask=m2, other=0.0).to(DT)
     Uc = tl.load(u_ptr + koff, mask=m2, other=0.0).to(DT)
-    dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :], mask=rmask[:, None] & dvmask, other=0.0)
-    lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
-    delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-    if USE_GATE:
-        c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
     QW = tl.where(causal, mm(Q, tl.trans(Wc), INTERP), 0.0)
     Xc = Q.to(tl.float32) - mm(QW.to(DT), Uc, INTERP)
-    # Q, W_c, U_c and Q W_c^T die here and are loaded / formed again for the diagonal tile after the
-    # walks: live through them they held ~4 C x D tiles of registers the walks' products need
     # the chain states X_m (m = ci-1 .. 0) of this query chunk, parked in its scratch slots:
     # S // (2C) slots per chunk and query head; a super-chunk of s' chunks starting at chunk n - ci
     # needs s' (s' - 1) / 2 of its s' * S // (2C), chunk ci the ci slots from ci (ci - 1) / 2 on
@@ -120,8 +143,31 @@ def bwd_intra_kernel(
             dcq += tl.sum(ds, axis=1)
             _acc(dc_ptr + krows * HQ + hq, -tl.sum(ds, axis=0) * gate_nat)
         G = dX
-    # diagonal tile and the boundary adjustment of the queries; as in the walk, each gradient's atomic
-    # add (or store) follows its product and each operand is loaded where it is first needed
+    # G to the diagonal kernel in dY's storage (this program's tile, read above), the query-side gate sums to dc
+    tl.store(dy_ptr + qoff, G, mask=m2 & (ci > 0))
+    if USE_GATE:
+        _acc(dc_ptr + rows * HQ + hq, dcq * gate_nat, rmask & (ci > 0))
+
+
+@triton.jit
+def bwd_intra_diag_kernel(
+    q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr,
+    chunk_tok0, chunk_seq, seq_start, seq_end,
+    n_chunks, qk_scale, gate_scale, scale, gate_nat,
+    HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
+    DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+):
+    _n, hq, h, _ci, _tokI, rows, rmask, dmask, dvmask, m2, koff, qoff, voff = _program_tile(
+        n_chunks, chunk_tok0, chunk_seq, seq_start, seq_end, HQ, H, D, DV, BD, BDV, C, S)
+    r = tl.arange(0, C)
+    causal = r[:, None] >= r[None, :]
+    dO, lse2, delta, c_q = _row_stats(do_ptr, lse_ptr, delta_ptr, gc_ptr, rows, rmask, dvmask, hq,
+                                      HQ, DV, BDV, USE_GATE)
+    G = tl.load(dy_ptr + qoff, mask=m2, other=0.0)     # the walk's carried query gradient
+    # the diagonal tile and the boundary adjustment of the queries; as in the walk, each gradient's
+    # atomic add (or store) follows its product and each operand is loaded where it is first needed
     Q = tl.load(q_ptr + qoff, mask=m2, other=0.0).to(DT)
     Wc = tl.load(w_ptr + koff, mask=m2, other=0.0).to(DT)
     QW = tl.where(causal, mm(Q, tl.trans(Wc), INTERP), 0.0)
@@ -137,7 +183,7 @@ def bwd_intra_kernel(
     ds = p * (mm(dO, tl.trans(Vc), INTERP) - delta[:, None])
     dsr = ds * scale
     if USE_GATE:
-        _acc(dc_ptr + rows * HQ + hq, (dcq + tl.sum(ds, axis=1) - tl.sum(ds, axis=0)) * gate_nat, rmask)
+        _acc(dc_ptr + rows * HQ + hq, (tl.sum(ds, axis=1) - tl.sum(ds, axis=0)) * gate_nat, rmask)
     _acc(dm_ptr + (rows[:, None] * H + h) * C + r[None, :],
          -tl.dot(tl.trans(QW), dsr, input_precision=TP), rmask[:, None])
     dsd = dsr.to(DT)

@@ -90,7 +90,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         gate_grad_kernel,
     )
     from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel, bwd_pair_transitions_kernel
-    from .bwd_intra import bwd_intra_kernel
+    from .bwd_intra import bwd_intra_diag_kernel, bwd_intra_walk_kernel
     from .bwd_prep import bwd_prep_kernel
     from .forward import (
         UT_COLUMN_BLOCK,
@@ -185,7 +185,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_chain_warps, transport_chain_stages),
         (bwd_transport_grads_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_grads_warps, 1),
-        (bwd_intra_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
+        (bwd_intra_walk_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
+        (bwd_intra_diag_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
         (ut_bwd_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                            UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_CHUNK_WARPS, 1),
         (ut_bwd_apply_kernel, ut_sig, dict(H=H, D=D, DB=min(BD, UT_COLUMN_BLOCK), C=C, GP=params.ut_grad_precision),

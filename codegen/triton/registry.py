@@ -32,7 +32,8 @@ REGISTRY.unsupported("blockwise_scan", "one_kernel", FWD,
                      "scan_inter_kernel: variant intra_inter_kernels)")
 REGISTRY.implement("blockwise_scan", "tensor_core", FWD, _T + "scan_fwd:scan_intra_kernel",
                    _T + "scan_fwd:scan_inter_kernel")
-REGISTRY.implement("blockwise_scan", "tensor_core", BWD, _T + "bwd_intra:bwd_intra_kernel",
+REGISTRY.implement("blockwise_scan", "tensor_core", BWD, _T + "bwd_intra:bwd_intra_walk_kernel",
+                   _T + "bwd_intra:bwd_intra_diag_kernel",
                    _T + "bwd_inter:bwd_inter_dq_kernel", _T + "bwd_inter:bwd_inter_dkv_kernel")
 REGISTRY.unsupported("blockwise_scan", "cuda_core", FWD,
                      "Triton lowers the scan's tl.dot products to tensor cores (scan_precision tf32 keeps float32 "
