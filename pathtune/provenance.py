@@ -3,9 +3,9 @@
 ``kernel_source_hash(backend, pass_)`` is the hash that perf_db records of ``pass_`` on ``backend`` carry
 (Triton: the files of that pass, ``codegen.triton.source_hash``; TVM: the backend's kernel sources),
 None where the backend cannot be imported. ``current_keys(op, pass_, backend)`` is the perf_db
-``current_keys`` of the code that would run here: the spec hash and that source hash. It is the one
-rule the runtime dispatcher and the CLI's export, query and gc apply; a record under other keys is
-retired (not served, not exported).
+``current_keys`` of the code that would run here: the spec hashes (the pass's, or the full spec hash of
+an older record) and that source hash. It is the one rule the runtime dispatcher and the CLI's export,
+query and gc apply; a record under other keys is retired (not served, not exported).
 
 Layer: above codegen and perf_db, which it reads, and below the runtime (``runtime.dispatch`` re-exports
 ``current_keys``).
@@ -40,7 +40,7 @@ def kernel_source_hash(backend: str, pass_: str) -> Optional[str]:
 
 
 def current_keys(op: str, pass_: str, backend: str) -> Optional[dict[str, Optional[str]]]:
-    """perf_db ``current_keys`` of the code that would run here: the spec hash and the backend's
+    """perf_db ``current_keys`` of the code that would run here: the spec hashes and the backend's
     kernel source hash of the pass (results measured with other kernel sources are stale and not served)."""
     from pathtune.perf_db import default_current_keys
 

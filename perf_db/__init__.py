@@ -2,7 +2,8 @@
 
     from pathtune.perf_db import PerfDB, KernelKey, Measurement
     db = PerfDB()                                   # PATHTUNE_DB_URL or <user data dir>/perf.sqlite3
-    db.record(collect_env(), KernelKey(pass_="fwd", backend="triton", spec_hash=spec.hash, source_hash=h),
+    db.record(collect_env(), KernelKey(pass_="fwd", backend="triton", spec_hash=spec.pass_hash("fwd"),
+                                       source_hash=h),
               workload, config, Measurement(status="ok", median_ms=0.41, baseline_ms=0.30))
     db.best(env_hash(), "fwd", workload)            # fastest current config, exact or nearest length bucket
     db.overhead(by="head_dim")                      # pathtune vs SDPA measured in the same run
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "PerfDB": "._store", "GcReport": "._store", "IngestReport": "._store", "OVERHEAD_BY": "._store",
     "KernelKey": "._keys", "Measurement": "._keys", "DISPATCH_BACKENDS": "._keys",
-    "default_current_keys": "._keys", "new_run_id": "._keys",
+    "default_current_keys": "._keys", "spec_keys": "._keys", "new_run_id": "._keys",
     "STATUSES": "._models", "BACKENDS": "._models", "VERSION_TABLE": "._models",
     "PerfDBError": "._errors", "DuplicateMeasurementError": "._errors", "ResultsFormatError": "._errors",
     "PackMismatch": "._errors", "SoftMismatchWarning": "._errors", "NoDatabaseError": "._errors",
@@ -32,7 +33,7 @@ _EXPORTS = {
 }
 __all__ = [
     "PerfDB", "GcReport", "IngestReport", "OVERHEAD_BY",
-    "KernelKey", "Measurement", "DISPATCH_BACKENDS", "default_current_keys", "new_run_id",
+    "KernelKey", "Measurement", "DISPATCH_BACKENDS", "default_current_keys", "spec_keys", "new_run_id",
     "STATUSES", "BACKENDS", "VERSION_TABLE",
     "PerfDBError", "DuplicateMeasurementError", "ResultsFormatError", "PackMismatch", "SoftMismatchWarning",
     "NoDatabaseError", "DatabaseLockedError",
@@ -53,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
         ResultsFormatError,
         SoftMismatchWarning,
     )
-    from ._keys import DISPATCH_BACKENDS, KernelKey, Measurement, default_current_keys, new_run_id
+    from ._keys import DISPATCH_BACKENDS, KernelKey, Measurement, default_current_keys, new_run_id, spec_keys
     from ._models import BACKENDS, STATUSES, VERSION_TABLE
     from ._pack import Pack, PackEntry, PackHit, export_pack, load_pack
     from ._results import RunInfo, results_record, write_results

@@ -21,7 +21,8 @@ from ._models import BACKENDS, PASSES, STATUSES
 __all__ = ["KernelKey", "Measurement", "EnvLike", "KernelLike", "WorkloadLike", "ConfigLike", "CurrentKeys",
            "DISPATCH_BACKENDS", "SPEC_BACKENDS", "BACKEND_LIBS", "as_kernel", "as_workload", "as_config",
            "as_measurement", "env_columns", "new_run_id", "current_command", "parse_time", "iso",
-           "default_current_keys", "stale_reasons", "soft_mismatch", "DEFAULT_OP", "env_key_schema"]
+           "default_current_keys", "spec_keys", "current_spec_hashes", "same_spec_hashes", "stale_reasons",
+           "soft_mismatch", "DEFAULT_OP", "env_key_schema"]
 
 DEFAULT_OP = "path_attention"
 # Backends the runtime can dispatch a PaTH call to (best() considers these unless told otherwise).
@@ -234,9 +235,12 @@ EnvLike = Mapping[str, Any]
 KernelLike = Union[KernelKey, Mapping[str, Any]]
 WorkloadLike = Union[Workload, Mapping[str, Any]]
 ConfigLike = Union[Config, Mapping[str, Any]]
-CurrentKeys = Callable[[str, str, str], Optional[Mapping[str, Optional[str]]]]
+CurrentKeys = Callable[[str, str, str], Optional[Mapping[str, Any]]]
 """``current_keys(op, pass_, backend)`` -> ``{"spec_hash": ..., "source_hash": ...}`` of the code that
-would run now; a missing or None value is not checked. Results whose kernel differs are stale."""
+would run now; a missing or None value is not checked. Results whose kernel differs are stale.
+``"spec_hashes"`` (optional) lists further spec hashes that are current too (``current_spec_hashes``):
+the default's are the pass's hash (``Spec.pass_hash``, what new records carry) and the full spec hash
+(what records carried before the per-pass hash; the same spec, so the same pass hash)."""
 
 
 def as_kernel(kernel: KernelLike) -> KernelKey:
@@ -356,11 +360,22 @@ def new_run_id(host: Optional[str] = None, when: Optional[datetime] = None) -> s
     return f"{when:%Y%m%dT%H%M%SZ}-{host}-{uuid.uuid4().hex[:8]}"
 
 
-def default_current_keys(op: str, pass_: str, backend: str) -> Optional[dict[str, Optional[str]]]:
-    """The hash of the packaged spec for spec-generated backends of its op; source hashes unknown.
+def spec_keys(spec: Any, pass_: str) -> dict[str, Any]:
+    """The spec part of ``current_keys`` for ``pass_`` of ``spec`` (a ``pathtune.specs.Spec``): new records
+    carry the pass hash (``spec_hash``); a record of the pass hash or of the full spec hash is current."""
+    if pass_ not in spec.passes:
+        return {"spec_hash": spec.hash}
+    mine = spec.pass_hash(pass_)
+    return {"spec_hash": mine, "spec_hashes": (mine, spec.hash)}
+
+
+def default_current_keys(op: str, pass_: str, backend: str) -> Optional[dict[str, Any]]:
+    """The packaged spec's hashes for spec-generated backends of its op (``spec_keys``: the pass hash, and
+    the full hash of records made before per-pass hashes); source hashes unknown.
 
     The tuner and dispatcher pass their own ``current_keys`` (with the codegen's source hashes) to
-    ``PerfDB``; this default only retires results of an older spec.
+    ``PerfDB``; this default only retires results of an older spec, or of a pass whose part of the spec
+    changed.
     """
     if backend not in SPEC_BACKENDS:
         return None
@@ -369,18 +384,38 @@ def default_current_keys(op: str, pass_: str, backend: str) -> Optional[dict[str
     spec = load_spec()
     if op != spec.name:
         return None
-    return {"spec_hash": spec.hash, "source_hash": None}
+    return {**spec_keys(spec, pass_), "source_hash": None}
 
 
-def stale_reasons(kernel: Mapping[str, Any], current: Optional[Mapping[str, Optional[str]]]) -> list[str]:
+def current_spec_hashes(current: Optional[Mapping[str, Any]]) -> tuple[str, ...]:
+    """Every spec hash a ``current_keys`` answer accepts: its ``spec_hash`` and its ``spec_hashes``
+    (empty: the spec hash is not checked)."""
+    if not current:
+        return ()
+    out = [] if current.get("spec_hash") is None else [current["spec_hash"]]
+    out += [h for h in current.get("spec_hashes") or () if h not in out]
+    return tuple(out)
+
+
+def same_spec_hashes(spec_hash: str, current: Optional[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The stored spec hashes that name the same spec as ``spec_hash`` for one pass: all that ``current``
+    accepts when it accepts ``spec_hash`` (the pass hash and the full hash of the current spec), else
+    ``spec_hash`` alone."""
+    accepted = current_spec_hashes(current)
+    return accepted if spec_hash in accepted else (spec_hash,)
+
+
+def stale_reasons(kernel: Mapping[str, Any], current: Optional[Mapping[str, Any]]) -> list[str]:
     """Why a stored kernel no longer matches the code that would run now (empty: it matches)."""
     if not current:
         return []
     out = []
-    for key in ("spec_hash", "source_hash"):
-        want = current.get(key)
-        if want is not None and kernel.get(key) != want:
-            out.append(f"{key} {str(kernel.get(key))[:12] or '(none)'} != current {str(want)[:12]}")
+    specs = current_spec_hashes(current)
+    if specs and kernel.get("spec_hash") not in specs:
+        out.append(f"spec_hash {str(kernel.get('spec_hash'))[:12] or '(none)'} != current {specs[0][:12]}")
+    want = current.get("source_hash")
+    if want is not None and kernel.get("source_hash") != want:
+        out.append(f"source_hash {str(kernel.get('source_hash'))[:12] or '(none)'} != current {str(want)[:12]}")
     return out
 
 

@@ -12,7 +12,9 @@ Layout (``format: pathtune-pack``, ``version: 1``)::
 Lookup: the exact workload key, else the same key at the nearest length bucket (log2 distance, ties
 to the larger), else the pass's default (when it satisfies the spec's constraints for the workload).
 Hard keys (GPU name, cc, Triton major.minor, spec hash) must match or ``PackMismatch`` is raised;
-other differences (CUDA, ptxas, torch, driver, Triton patch, pathtune) only warn.
+other differences (CUDA, ptxas, torch, driver, Triton patch, pathtune) only warn. The pack's spec hash
+is the full spec hash (``Spec.hash``) of the records it was exported from, which carry their pass's hash
+(``Spec.pass_hash``) or, older ones, the full hash.
 """
 from __future__ import annotations
 
@@ -328,6 +330,19 @@ def _geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.inf
 
 
+def _full_spec_hash(row: Mapping[str, Any]) -> str:
+    """The full spec hash of a record's spec: a record carries its pass's hash (``Spec.pass_hash``) or,
+    made before per-pass hashes, the full hash; the pass hash of the packaged spec maps to that spec's
+    full hash (a pack stores one spec hash, the full one), any other hash stays as it is."""
+    from pathtune.specs import load_spec
+
+    spec = load_spec()
+    h = row["spec_hash"]
+    if row.get("op", DEFAULT_OP) == spec.name and row["pass"] in spec.passes and h == spec.pass_hash(row["pass"]):
+        return spec.hash
+    return h
+
+
 def export_pack(db: "PerfDB", gpu: str, path: Union[str, Path, None] = None, *, env_hash: Optional[str] = None,
                 backends: Sequence[str] = DISPATCH_BACKENDS) -> dict[str, Any]:
     """Write the pack of one GPU (one hard environment) and return it.
@@ -359,7 +374,7 @@ def export_pack(db: "PerfDB", gpu: str, path: Union[str, Path, None] = None, *, 
     if not rows:
         raise PerfDBError(f"no ok, current measurements of backends {', '.join(backends)} for {name} "
                           f"(env {chosen['env_hash'][:12]}) in {db.display_url}")
-    spec_hashes = sorted({r["spec_hash"] for r in rows})
+    spec_hashes = sorted({_full_spec_hash(r) for r in rows})
     if len(spec_hashes) > 1:
         listed = ", ".join(h[:12] for h in spec_hashes)
         raise PerfDBError(f"{name}: current measurements come from several specs ({listed}); pass a current_keys "

@@ -11,8 +11,9 @@ files): the record's
 * environment matches as in ``PerfDB.lookup`` / ``best`` (the dispatcher's): GPU name, compute
   capability, CUDA runtime, ptxas, env key schema and the backend's own library (Triton for
   triton/fla, TVM for tvm); an ``env_hash`` string is matched exactly;
-* kernel has the same op, pass, backend and spec hash, and a source hash OTHER than the current one
-  (the codegen version is not compared, as ``best`` does not);
+* kernel has the same op, pass, backend and spec (its spec hash, or for a kernel of the current spec
+  either of the hashes a current record may carry: the pass hash and the full spec hash), and a source
+  hash OTHER than the current one (the codegen version is not compared, as ``best`` does not);
 * workload key is the same (``Workload.key_hash``: head dims, heads, dtype, gate, pass, length and
   batch bucket, varlen, key schema);
 * status is ``ok`` (compiled, passed the accuracy gate, timed) with a time.
@@ -29,7 +30,18 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, Union
 
 from ._errors import PerfDBError
-from ._keys import BACKEND_LIBS, EnvLike, KernelKey, KernelLike, WorkloadLike, as_kernel, as_workload, env_columns
+from ._keys import (
+    BACKEND_LIBS,
+    EnvLike,
+    KernelKey,
+    KernelLike,
+    WorkloadLike,
+    as_kernel,
+    as_workload,
+    default_current_keys,
+    env_columns,
+    same_spec_hashes,
+)
 
 __all__ = ["env_matches", "retired_in_records", "shipped_retired", "shipped_records"]
 
@@ -48,17 +60,27 @@ def env_matches(stored: EnvLike, env: Union[str, EnvLike], backend: str) -> bool
     return all(have[k] == want[k] for k in keys)
 
 
+def _spec_hashes(k: KernelKey, spec_hashes: Optional[Sequence[str]]) -> tuple[str, ...]:
+    if spec_hashes is not None:
+        return tuple(spec_hashes) if k.spec_hash in spec_hashes else (k.spec_hash,)
+    return same_spec_hashes(k.spec_hash, default_current_keys(k.op, k.pass_, k.backend))
+
+
 def retired_in_records(records: Iterable[Any], env: Union[str, EnvLike], kernel: KernelLike, workload: WorkloadLike,
                        *, origin: str = "results", when: Optional[datetime] = None,
-                       started: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+                       started: Optional[dict[str, Any]] = None,
+                       spec_hashes: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
     """The rows of ``records`` (``ResultRecord``) that match the rule above. ``created_at``: the
-    measurement's, else its run's start (``started``: run_id -> datetime), else ``when``."""
+    measurement's, else its run's start (``started``: run_id -> datetime), else ``when``. ``spec_hashes``:
+    the hashes of one spec (the pass hash and the full hash) that count as ``kernel``'s when it carries
+    one of them (default: the packaged spec's, ``default_current_keys``)."""
     k, wl = as_kernel(kernel), as_workload(workload)
+    specs = _spec_hashes(k, spec_hashes)
     out = []
     for rec in records:
         rk: KernelKey = rec.kernel
         m = rec.measurement
-        if (rk.op, rk.pass_, rk.backend, rk.spec_hash) != (k.op, k.pass_, k.backend, k.spec_hash):
+        if (rk.op, rk.pass_, rk.backend) != (k.op, k.pass_, k.backend) or rk.spec_hash not in specs:
             continue
         if rk.source_hash == k.source_hash or rec.workload.key_hash != wl.key_hash:
             continue
@@ -115,12 +137,13 @@ def shipped_records(files: Optional[Sequence[Path]] = None) -> list[tuple[Path, 
 
 
 def shipped_retired(env: Union[str, EnvLike], kernel: KernelLike, workload: WorkloadLike,
-                    files: Optional[Sequence[Path]] = None) -> list[dict[str, Any]]:
+                    files: Optional[Sequence[Path]] = None, *,
+                    spec_hashes: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
     """``retired_in_records`` over the shipped results files, read directly: a database that
     ingested them may have pruned their retired records since (``gc`` keeps the ingest markers, so
     they are not ingested again)."""
     rows = []
     for path, records, started, when in shipped_records(files):
         rows += retired_in_records(records, env, kernel, workload, origin=f"shipped/{path.name}", when=when,
-                                   started=started)
+                                   started=started, spec_hashes=spec_hashes)
     return rows

@@ -43,6 +43,7 @@ from ._keys import (
     json_float,
     new_run_id,
     parse_time,
+    same_spec_hashes,
     soft_mismatch,
     stale_reasons,
 )
@@ -382,11 +383,17 @@ class PerfDB:
                                                   for lib in BACKEND_LIBS[b]]) for b in backends]
         return and_(*common, or_(*per_backend))
 
+    def _same_spec(self, k: KernelKey) -> tuple[str, ...]:
+        """The stored spec hashes that name ``k``'s spec for its pass (``same_spec_hashes`` under this
+        PerfDB's ``current_keys``: the pass hash and the full hash of the current spec, else ``k``'s alone)."""
+        return same_spec_hashes(k.spec_hash, self.current_keys(k.op, k.pass_, k.backend))
+
     def lookup(self, env: Union[str, EnvLike], kernel: KernelLike, workload: WorkloadLike,
                config: Union[str, ConfigLike]) -> Optional[dict[str, Any]]:
         """The newest stored measurement (any status) of this config, or None: the tuner asks this before
         benchmarking. ``env``: an env_hash, or ``collect_env()`` output (matched per backend, so
-        installing TVM does not hide Triton results). ``config``: a Config, a dict or a config hash."""
+        installing TVM does not hide Triton results). ``config``: a Config, a dict or a config hash.
+        A kernel of the current spec matches records of its pass hash and of the full spec hash."""
         k, wl = as_kernel(kernel), as_workload(workload)
         config_hash = config if isinstance(config, str) else as_config(config).hash
         env_cols = _EnvCols(EnvRow.__table__.c, KernelRow.__table__.c.backend)
@@ -396,7 +403,7 @@ class PerfDB:
                 .join(WorkloadRow, WorkloadRow.id == MeasurementRow.workload_id)
                 .where(self._env_clause(env_cols, env, (k.backend,)),
                        KernelRow.op == k.op, KernelRow.pass_ == k.pass_, KernelRow.backend == k.backend,
-                       KernelRow.spec_hash == k.spec_hash, KernelRow.codegen_version == k.codegen_version,
+                       KernelRow.spec_hash.in_(self._same_spec(k)), KernelRow.codegen_version == k.codegen_version,
                        KernelRow.source_hash == k.source_hash, WorkloadRow.key_hash == wl.key_hash,
                        MeasurementRow.config_hash == config_hash)
                 .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc()).limit(1))
@@ -405,8 +412,8 @@ class PerfDB:
             return None if hit is None else _row_dict(*hit)
 
     def retired(self, env: Union[str, EnvLike], kernel: KernelLike, workload: WorkloadLike) -> list[dict[str, Any]]:
-        """ok measurements of ``workload`` by ``kernel``'s op, pass, backend and spec hash under OTHER
-        kernel source hashes (code edited since), in ``env`` (matched as by ``lookup``): what a new
+        """ok measurements of ``workload`` by ``kernel``'s op, pass, backend and spec (``_same_spec``) under
+        OTHER kernel source hashes (code edited since), in ``env`` (matched as by ``lookup``): what a new
         study warm-starts from. Newest first; rule and row fields in ``perf_db/_retired.py``."""
         k, wl = as_kernel(kernel), as_workload(workload)
         env_cols = _EnvCols(EnvRow.__table__.c, KernelRow.__table__.c.backend)
@@ -418,7 +425,7 @@ class PerfDB:
                 .join(WorkloadRow, WorkloadRow.id == MeasurementRow.workload_id)
                 .where(self._env_clause(env_cols, env, (k.backend,)),
                        KernelRow.op == k.op, KernelRow.pass_ == k.pass_, KernelRow.backend == k.backend,
-                       KernelRow.spec_hash == k.spec_hash, KernelRow.source_hash != k.source_hash,
+                       KernelRow.spec_hash.in_(self._same_spec(k)), KernelRow.source_hash != k.source_hash,
                        WorkloadRow.key_hash == wl.key_hash, MeasurementRow.status == "ok",
                        MeasurementRow.median_ms.is_not(None))
                 .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc()))
@@ -676,13 +683,14 @@ class PerfDB:
            env_info: Optional[EnvLike] = None) -> GcReport:
         """Prune measurements whose hard keys no longer match; report what was (or would be) deleted.
 
-        Stale: a kernel whose spec_hash / source_hash differs from ``current_keys`` (default: this
-        PerfDB's); on this machine's GPU (``env_info``, default ``collect_env()``; same GPU name and
-        cc) an environment whose CUDA or backend library (Triton for triton/fla, TVM for tvm)
-        differs from this one; any row of an older key schema. Results of other GPUs are judged only by
-        kernel keys: this machine cannot tell whether their environment is current. Kernels,
-        workloads, environments and runs left without measurements are deleted with them. Ingested
-        file markers are kept, so shipped results are not re-ingested after a gc.
+        Stale: a kernel whose spec_hash is none ``current_keys`` accepts (default: this PerfDB's; the
+        default accepts the pass hash and the full hash of the packaged spec) or whose source_hash
+        differs; on this machine's GPU (``env_info``, default ``collect_env()``; same GPU name and cc) an
+        environment whose CUDA or backend library (Triton for triton/fla, TVM for tvm) differs from this one;
+        any row of an older key schema. Results of other GPUs are judged only by kernel keys: this machine
+        cannot tell whether their environment is current. Kernels, workloads, environments and runs left
+        without measurements are deleted with them. Ingested file markers are kept, so shipped results are
+        not re-ingested after a gc.
         """
         keys_fn = current_keys or self.current_keys
         if env_info is None:

@@ -4,7 +4,8 @@ from files (``pathtune import``, shipped results, ``load_pack``).
 A Triton record of the current spec must be a point of its pass's knob space (every knob of the pass,
 each in its domain, every constraint met for its head dims): the dispatcher would otherwise drop it
 without a word, or a pack would make it a default.  Records of another spec version are retired
-anyway and keep whatever knobs that spec had; the TVM backend has knobs of its own.
+anyway and keep whatever knobs that spec had; the TVM backend has knobs of its own. A record is of the
+current spec when it carries the spec's full hash or its pass's hash (``Spec.pass_hash``).
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def config_problems(backend: str, pass_: str, spec_hash: Optional[str], config: 
     if backend not in CHECKED_BACKENDS:
         return []
     spec = load_spec()
-    if spec_hash is not None and spec_hash != spec.hash:
+    if spec_hash is not None and spec_hash != spec.hash and (pass_ not in spec.passes
+                                                               or spec_hash != spec.pass_hash(pass_)):
         return []
     if pass_ not in spec.passes:
         return [f"pass {pass_!r} is not one of the spec's passes ({', '.join(spec.passes)})"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import json
 import keyword
 import math
 import re
@@ -487,6 +488,7 @@ class Spec(_Model):
     backends: dict[Literal["triton", "tvm"], BackendSpec] = {}
 
     _source: Optional[str] = PrivateAttr(default=None)
+    _pass_hashes: dict[str, str] = PrivateAttr(default_factory=dict)
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
@@ -751,6 +753,56 @@ class Spec(_Model):
     def hash(self) -> str:
         """sha256 (hex) of the canonical JSON of the spec (``canonical_json``)."""
         return sha256_hex(self.canonical_json)
+
+    def pass_canonical_json(self, pass_: str) -> str:
+        """The canonical JSON that :meth:`pass_hash` hashes: ``{"pass": pass_, "spec": <reduced spec>}``,
+        where the reduced spec is ``canonical_json``'s content less what belongs only to other passes:
+
+        * ``knobs``: the knobs ``passes.<pass_>.knobs`` lists (a knob shared with other passes stays);
+        * ``passes``: this pass's entry only;
+        * ``constraints``: those ``constraints_for(pass_)`` applies (all their knobs in this pass; a rule
+          over workload dims only applies to every pass), in spec order;
+        * ``stages``: each stage's variants that serve this pass, their ``passes`` cut to this pass; a
+          stage with no such variant is left out;
+        * ``backends.<name>.knobs``: the backend knobs this pass reads, their ``passes`` cut to this pass.
+
+        Everything else (name, version, description, dims, dim rules, tensors, numerics with the
+        tolerances, the other fields of the stages and knobs) stays as it is in the full spec.
+        """
+        if pass_ not in self.passes:
+            raise ValueError(f"unknown pass {pass_!r}; passes: {', '.join(self.passes)}")
+        full = json.loads(self.canonical_json)
+        mine = set(self.passes[pass_].knobs)
+        full["knobs"] = {n: k for n, k in full["knobs"].items() if n in mine}
+        full["passes"] = {pass_: full["passes"][pass_]}
+        kept = {id(rule) for rule in self.constraints_for(pass_)}
+        full["constraints"] = [c for rule, c in zip(self.constraints, full["constraints"]) if id(rule) in kept]
+        stages = {}
+        for sname, stage in full["stages"].items():
+            variants = {v: {**d, "passes": [pass_]} for v, d in stage["variants"].items() if pass_ in d["passes"]}
+            if variants:
+                stages[sname] = {**stage, "variants": variants}
+        full["stages"] = stages
+        for backend in full.get("backends", {}).values():
+            backend["knobs"] = {n: {**k, "passes": [pass_]} for n, k in backend.get("knobs", {}).items()
+                                if pass_ in k["passes"]}
+        return canonical_json({"pass": pass_, "spec": full})
+
+    def pass_hash(self, pass_: str) -> str:
+        """sha256 (hex) of the spec reduced to what concerns ``pass_`` (``pass_canonical_json``): what the
+        records, caches and studies of that pass carry, so that adding or changing a knob, constraint or
+        stage variant of one pass leaves the other passes' hashes (and their measurements) as they are.
+        A change to anything every pass reads (dims, tensors, numerics, a shared knob) changes the hash
+        of each pass that reads it. Deterministic: a function of the spec's content only."""
+        cached = self._pass_hashes.get(pass_)
+        if cached is None:
+            cached = self._pass_hashes[pass_] = sha256_hex(self.pass_canonical_json(pass_))
+        return cached
+
+    @property
+    def pass_hashes(self) -> dict[str, str]:
+        """``{pass: pass_hash(pass)}`` for every pass of the spec."""
+        return {p: self.pass_hash(p) for p in self.passes}
 
     @property
     def head_dims(self) -> tuple[int, ...]:

@@ -255,7 +255,7 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
                 wl = Workload(head_dim=row.head_dim, head_dim_v=row.head_dim, heads_q=row.heads,
                               heads_kv=row.heads, dtype="bfloat16", use_gate=row.gate, pass_=pass_,
                               seq_bucket=row.seq_len, batch_bucket=row.batch)
-                kernel = KernelKey(pass_=pass_, backend="triton", spec_hash=spec.hash,
+                kernel = KernelKey(pass_=pass_, backend="triton", spec_hash=spec.pass_hash(pass_),
                                    source_hash=source_hash(pass_))
                 own = {k: e for k, e in row.errors.items() if not k.startswith("tvm_")}   # tvm_o: _record_tvm
                 # the tuner's gate: a row over the spec's tolerances is recorded "wrong", never served
@@ -286,7 +286,7 @@ def _record_tvm(db, env, spec, row: BenchRow, command: str, run_id) -> bool:
         return False
     wl = Workload(head_dim=row.head_dim, head_dim_v=row.head_dim, heads_q=row.heads, heads_kv=row.heads,
                   dtype="bfloat16", use_gate=row.gate, pass_="fwd", seq_bucket=row.seq_len, batch_bucket=row.batch)
-    kernel = KernelKey(pass_="fwd", backend="tvm", spec_hash=spec.hash, source_hash=source_hash())
+    kernel = KernelKey(pass_="fwd", backend="tvm", spec_hash=spec.pass_hash("fwd"), source_hash=source_hash())
     errors = {"o": row.errors["tvm_o"]} if "tvm_o" in row.errors else None
     if status == "ok":
         meas = Measurement(status="ok", median_ms=row.times["tvm_f"], bench_method="triton.testing.do_bench median",

@@ -391,12 +391,14 @@ def record_decode_rows(rows: list[DecodeRow], db_url: Optional[str], command: st
     n = 0
     with PerfDB(db_url) as db:
         run_id = db.start_run(command=command, notes="pathtune bench --pass decode", run_id=run_id)
-        kernel = KernelKey(pass_="decode", backend="triton", spec_hash=spec.hash, source_hash=source_hash("decode"))
+        kernel = KernelKey(pass_="decode", backend="triton", spec_hash=spec.pass_hash("decode"),
+                           source_hash=source_hash("decode"))
         tvm_kernel = None
         if any(row.tvm_sweep for row in rows):
             from pathtune.codegen.tvm.build import source_hash as tvm_source_hash
 
-            tvm_kernel = KernelKey(pass_="decode", backend="tvm", spec_hash=spec.hash, source_hash=tvm_source_hash())
+            tvm_kernel = KernelKey(pass_="decode", backend="tvm", spec_hash=spec.pass_hash("decode"),
+                                   source_hash=tvm_source_hash())
         for row in rows:
             wl = Workload(head_dim=row.head_dim, head_dim_v=row.head_dim, heads_q=row.heads, heads_kv=row.heads,
                           dtype="bfloat16", use_gate=row.gate, pass_="decode", seq_bucket=row.cache_len,

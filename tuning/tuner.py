@@ -222,7 +222,7 @@ class Tuner:
 
     def __init__(self, keys: Sequence[TuneKey], opts: TuneOptions, *, progress: Any = None) -> None:
         from pathtune.fingerprint import collect_env, env_hash
-        from pathtune.perf_db import KernelKey, PerfDB
+        from pathtune.perf_db import KernelKey, PerfDB, spec_keys
         from pathtune.specs import load_spec
 
         from .measure import measure
@@ -238,11 +238,11 @@ class Tuner:
         self.sources = {(b, p): fake_source or source_hash_for(b, p)
                         for b, p in {(k.backend, k.pass_) for k in self.keys}}
         sources = self.sources
-        spec_hash = self.spec.hash
+        spec = self.spec
 
         def current_keys(op: str, pass_: str, backend: str) -> Optional[dict]:
             if (backend, pass_) in sources:
-                return {"spec_hash": spec_hash, "source_hash": sources[(backend, pass_)]}
+                return {**spec_keys(spec, pass_), "source_hash": sources[(backend, pass_)]}
             return None
 
         # several workers may open a fresh database at once: the loser of a schema race retries
@@ -250,6 +250,7 @@ class Tuner:
         # heartbeats are Study.optimize's (its thread); the batched loop asks and tells without them
         batched = opts.preparer is not None or opts.compile_workers > 0
         self.storage = _retry(lambda: make_storage(opts.storage, None if batched else opts.heartbeat))
+        self._study_names: Optional[set[str]] = None   # the studies in the storage when first asked (study_name)
         self.measure_fn = opts.measure_fn or measure
         self.KernelKey = KernelKey
         self.progress = progress
@@ -267,12 +268,22 @@ class Tuner:
     # -- names ----------------------------------------------------------------------------------------
 
     def study_name(self, key: TuneKey) -> str:
-        return study_name(self.env_hash, self.spec.hash, self.sources[(key.backend, key.pass_)], key)
+        """The key's study, named by its pass's spec hash; a study of the same key named by the full spec
+        hash (opened before per-pass hashes, under this very spec) is the one continued when it exists."""
+        source = self.sources[(key.backend, key.pass_)]
+        name = study_name(self.env_hash, self.spec.pass_hash(key.pass_), source, key)
+        older = study_name(self.env_hash, self.spec.hash, source, key)
+        if self._study_names is None:   # listed once: this pathtune never opens a study of the older name
+            import optuna
+
+            self._study_names = {s.study_name for s in optuna.get_all_study_summaries(
+                self.storage, include_best_trial=False)}
+        return older if older in self._study_names and name not in self._study_names else name
 
     def kernel(self, key: TuneKey) -> Any:
         from .space import CODEGEN_VERSION
 
-        return self.KernelKey(pass_=key.pass_, backend=key.backend, spec_hash=self.spec.hash,
+        return self.KernelKey(pass_=key.pass_, backend=key.backend, spec_hash=self.spec.pass_hash(key.pass_),
                               codegen_version=CODEGEN_VERSION, source_hash=self.sources[(key.backend, key.pass_)])
 
     # -- results file ---------------------------------------------------------------------------------
@@ -328,7 +339,7 @@ class Tuner:
             study.set_user_attr("key", {"label": key.label, "pass": key.pass_, "backend": key.backend,
                                         "workload": key.workload.to_dict(), "batch": key.batch,
                                         "seq_len": key.seq_len, "env_hash": self.env_hash,
-                                        "spec_hash": self.spec.hash,
+                                        "spec_hash": self.spec.pass_hash(key.pass_),
                                         "source_hash": self.sources[(key.backend, key.pass_)]})
         default = default_config(self.spec, key)
         new = not study.get_trials(deepcopy=False)
@@ -367,7 +378,8 @@ class Tuner:
         kernel = self.kernel(key)
         try:
             rows = self.db.retired(self.env_info, kernel, key.workload)
-            rows += shipped_retired(self.env_info, kernel, key.workload)
+            rows += shipped_retired(self.env_info, kernel, key.workload,
+                                    spec_hashes=(self.spec.pass_hash(key.pass_), self.spec.hash))
         except Exception as e:  # noqa: BLE001  (an optimisation: never the reason a tune fails)
             self._note(f"{key.label}: warm start skipped: reading retired results failed: {e}")
             return WarmStart()

@@ -125,8 +125,9 @@ def build_bench_modules(dims_list: Sequence[Any], knobs: Optional[Mapping[str, A
         sets[sid] = dict(entry, kernels={n: f"{sid}/{n}.so" for n in paths})
         log(f"[build] {sid}: {time.time() - t0:.1f} s")
     copy_runtime_libs(out / "tvm_runtime")
-    manifest = dict(format=FORMAT, version=1, arch=arch, tvm=str(tvm.__version__), spec_hash=load_spec().hash,
-                    source_hash=src, command=command, sets=sorted(sets.values(), key=lambda s: s["id"]))
+    manifest = dict(format=FORMAT, version=1, arch=arch, tvm=str(tvm.__version__),
+                    spec_hash=load_spec().pass_hash("fwd"), source_hash=src, command=command,
+                    sets=sorted(sets.values(), key=lambda s: s["id"]))
     tmp = out / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     tmp.replace(out / MANIFEST)

@@ -5,9 +5,9 @@
 
 A build needs no GPU: nvcc compiles each kernel to sm_XX machine code embedded in the exported
 module (toolchain.py), and a module that came out source-only is an error. Modules are cached under
-<PATHTUNE_CACHE_DIR>/tvm/modules/<key>/ where key is a content hash of (spec hash, the pass's knobs,
-TVM version, arch, workload dims, kernel variant, this package's source), so a change to any of
-them rebuilds.
+<PATHTUNE_CACHE_DIR>/tvm/modules/<key>/ where key is a content hash of (the pass's spec hash
+``Spec.pass_hash``, the pass's knobs, TVM version, arch, workload dims, kernel variant, this package's
+source), so a change to any of them rebuilds; a change to another pass's part of the spec does not.
 
 Kernels per pass: fwd = ut, transport, scan; decode = decode, decode_merge. The scan has two
 variants: "tc" (TIRx, mma.sync tensor cores; the default) and "simt" (the S-TIR stage with the
@@ -50,10 +50,18 @@ def source_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def _spec_hash() -> str:
+def _spec_hash(pass_: Optional[str] = None) -> str:
+    """The spec hash a module of ``pass_`` is keyed by: the pass's (``Spec.pass_hash``), so that a change to
+    another pass's part of the spec keeps its modules; None: the full spec hash (modules cached before
+    per-pass hashes)."""
     from pathtune.specs import load_spec
 
-    return load_spec().hash
+    spec = load_spec()
+    return spec.hash if pass_ is None else spec.pass_hash(pass_)
+
+
+def _kernel_pass(name: str) -> str:
+    return next(p for p, names in PASS_KERNELS.items() if name in names)
 
 
 def _tvm_version() -> str:
@@ -62,11 +70,15 @@ def _tvm_version() -> str:
     return str(tvm.__version__)
 
 
-def module_key(name: str, params: TVMParams, dims: KernelDims, arch: str, variant: str) -> str:
+def module_key(name: str, params: TVMParams, dims: KernelDims, arch: str, variant: str, *,
+               full_spec: bool = False) -> str:
+    """The cache folder name of a kernel's module. ``full_spec``: keyed by the full spec hash, as modules
+    were cached before per-pass hashes (build_kernels still takes those from the cache)."""
     knobs = params.decode_dict() if name.startswith("decode") else params.fwd_dict()
     if name == "ut":
         knobs = {k: knobs[k] for k in ("chunk_size", "num_warps")}
-    payload = dict(kernel=name, spec=_spec_hash(), knobs=knobs, dims=dims.key(), tvm=_tvm_version(), arch=arch,
+    spec = _spec_hash(None if full_spec else _kernel_pass(name))
+    payload = dict(kernel=name, spec=spec, knobs=knobs, dims=dims.key(), tvm=_tvm_version(), arch=arch,
                    variant=variant if name == "scan" else "simt", src=source_hash())
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -178,9 +190,13 @@ def build_kernels(pass_: str, config: Any, dims: KernelDims, *, arch: str = DEFA
         key = module_key(name, params, dims, arch, variant)
         kdir = root / key
         path = kdir / f"{name}.so"
-        if path.exists() and not force and (not ptxas or "ptxas" in json.loads(path.with_suffix(".json").read_text())):
-            out[name] = path
-            continue
+        if not force:
+            older = root / module_key(name, params, dims, arch, variant, full_spec=True) / f"{name}.so"
+            hit = next((p for p in (path, older) if p.exists() and (
+                not ptxas or "ptxas" in json.loads(p.with_suffix(".json").read_text()))), None)
+            if hit is not None:
+                out[name] = hit
+                continue
         t0 = time.time()
         mod, is_tirx = make_kernel(name, params, dims, target="cuda", variant=variant)
         ex = compile_cuda(mod, arch, tirx=is_tirx, explicit_barriers=not is_tirx, what=f"{pass_}/{name}")
@@ -188,7 +204,7 @@ def build_kernels(pass_: str, config: Any, dims: KernelDims, *, arch: str = DEFA
         tmp = kdir / f".{name}.{os.getpid()}.so"
         ex.export_library(str(tmp))
         meta = dict(kernel=name, entry=name, pass_=pass_, arch=arch, variant=variant if name == "scan" else "simt",
-                    params=json.loads(params.to_json()), dims=dims.key(), tvm=_tvm_version(), spec=_spec_hash(),
+                    params=json.loads(params.to_json()), dims=dims.key(), tvm=_tvm_version(), spec=_spec_hash(pass_),
                     src=source_hash(), build_seconds=round(time.time() - t0, 2))
         if ptxas:
             meta["ptxas"] = ptxas_stats(ex, arch)

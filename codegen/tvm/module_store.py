@@ -4,7 +4,8 @@ A *store* is any folder holding exported modules with their build metadata (``<k
 ``<kernel>.json``, written by build.py): the compile cache (``<PATHTUNE_CACHE_DIR>/tvm/modules/<key>/``), a
 bench bundle (``build/tvm_decode_bench/modules/<set>/``, build_decode_bench.py) or the folder
 ``pathtune export --tvm-modules`` writes beside a pack. Modules are matched on their metadata -- kernel,
-decode knobs, workload dims, spec hash, kernel source hash (build.source_hash) and GPU arch -- never on
+decode knobs, workload dims, spec hash (the decode pass's, or the full spec hash of a module built before
+per-pass hashes), kernel source hash (build.source_hash) and GPU arch -- never on
 file names, so a module built from other kernel sources or for another GPU is never run.
 
     found = find_decode_modules(params, dims, "sm_90", store_roots())
@@ -92,12 +93,14 @@ def _wanted(params: TVMParams, dims: KernelDims, arch: str) -> dict:
 
     from .build import source_hash
 
-    return dict(pass_="decode", dims=dims.key(), arch=arch, src=source_hash(), spec=load_spec().hash,
-                knobs=params.decode_dict())
+    spec = load_spec()
+    # a module built for the decode pass's hash, or (built before per-pass hashes) for the full spec's
+    return dict(pass_="decode", dims=dims.key(), arch=arch, src=source_hash(),
+                spec=(spec.pass_hash("decode"), spec.hash), knobs=params.decode_dict())
 
 
 def _matches(meta: dict, want: dict) -> bool:
-    if any(meta.get(k) != want[k] for k in ("pass_", "dims", "arch", "src", "spec")):
+    if any(meta.get(k) != want[k] for k in ("pass_", "dims", "arch", "src")) or meta.get("spec") not in want["spec"]:
         return False
     stored = meta.get("params") or {}
     return all(stored.get(k) == v for k, v in want["knobs"].items())

@@ -99,13 +99,16 @@ def _domain_str(values: Any) -> str:
 @spec_app.command("show")
 def spec_show(file: Optional[Path] = FileArg,
               as_json: bool = typer.Option(False, "--json", help="Print the validated spec as JSON.")) -> None:
-    """Tensors, stages, knobs (domains, defaults), constraints and the spec hash."""
+    """Tensors, stages, knobs (domains, defaults), constraints, the spec hash and each pass's hash."""
     spec = _load(file)
     if as_json:
         print(json.dumps(spec.model_dump(mode="json"), indent=2))
         return
     console.print(f"[bold]{spec.name}[/bold] v{spec.version}   source: {spec.source}", highlight=False)
     console.print(f"spec hash: {spec.hash}", highlight=False)
+    # what a pass's records carry: the spec less what only other passes read (Spec.pass_hash)
+    for pass_, h in spec.pass_hashes.items():
+        console.print(f"  {pass_ + ' hash:':<13} {h}", highlight=False)
     console.print(spec.description, highlight=False, markup=False)
 
     dims = Table(title="dims")
