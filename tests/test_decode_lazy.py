@@ -1,5 +1,6 @@
 """Lazy key rotation of the Triton decode step (codegen/triton/decode.py): a pending window of W tokens, the
-cache rotated into the newest frame only when more than W tokens would be pending (decided on the device).
+cache rotated into the newest frame only when more than W tokens would be pending (decided on the device);
+one-token steps rotate the frame rows in the attention pass, multi-token steps in a second pass in compact WY form.
 
 CPU: the kernels run in Triton's interpreter (tests/conftest.py) at tiny shapes, with small windows so a few
 steps cross several flushes. Every output is checked against the float64 recompute (naive attention over the
@@ -13,10 +14,13 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 import pathtune
 from pathtune.codegen.kv_cache import PaTHKVCache
 from pathtune.codegen.triton import TritonParams, path_decode_triton
+from pathtune.codegen.triton.decode import _fdot, _rotate, _wy
 from pathtune.runtime.reference import naive_path_attention
 from pathtune.runtime.reference.recurrent import current_frame_keys, path_attention_prefill
 
@@ -264,3 +268,105 @@ def test_decode_bench_callable_runs_the_cycle(monkeypatch):
     run()
     assert len(calls) == 1 + 9 and all(c["config"] == cfg and c["backend"] == "triton" for c in calls)
     assert (cache.length, cache.frame) == (P + 1, P + 1)     # the cycle's last step flushed
+
+
+# ---- multi-token flushes: the frame rows rotated in compact WY form ------------------------------------------
+
+@pytest.mark.parametrize("HQ,H,D,cdt,steps,window,cfg", [
+    # GQA, 4 tokens a step (PB 16); 128-row rotation blocks over 16-row splits (masked at the split's end)
+    (4, 2, 16, torch.bfloat16, (1, 4, 4, 4, 4), 6, dict(decode_splits=3, decode_block_n=16)),
+    # GQA, 16 tokens a step after a pending 1 + 4 (PB 32); 32-row blocks, two per 64-row tile
+    (4, 1, 64, torch.float16, (1, 4, 16, 16), 16, dict(decode_splits=2, decode_block_n=64)),
+    # MHA, 16 tokens, fp32 cache: tight bounds (the ieee products)
+    (2, 2, 32, torch.float32, (2, 16, 3, 16), 16, dict(decode_splits=2, decode_block_n=16)),
+    # MHA, 4 tokens, bf16, one split owning every tile
+    (2, 2, 16, torch.bfloat16, (3, 4, 4), 4, dict(decode_splits=1, decode_block_n=16)),
+])
+def test_multi_token_flush_steps_vs_float64(HQ, H, D, cdt, steps, window, cfg):
+    """Steps of several tokens that flush with rows pending from earlier steps (window slots) plus this step's:
+    the frame rows are rotated after the attention pass by all pending transitions at once (I - W^T T W). Every
+    output against the float64 naive attention; after each flush the stored keys (nothing pending: no
+    materialization) against the float64 current-frame keys."""
+    B, P = 2, 150 if D == 64 else 45
+    dt = torch.float32 if cdt == torch.float32 else cdt
+    full = sequence(B, P + sum(steps), HQ, H, D, True, dt, seed=D + sum(steps))
+    ref_o = naive_path_attention(*f64(full))
+    cache = prefill(full, P, cdt)
+    t, flushed = P, []
+    for tn in steps:
+        pending = cache.length - cache.frame
+        o = path_decode_triton(*cut(full, t, t + tn), cache, config=cfg, window=window)
+        t += tn
+        assert rel(o, ref_o[:, t - tn:t]) < TOL_O[cdt], (t, rel(o, ref_o[:, t - tn:t]))
+        if cache.frame == t:
+            flushed.append((tn, pending))
+            kr = current_frame_keys(*f64((full[1][:, :t], full[3][:, :t], full[4][:, :t])))
+            assert rel(cache.k_buffer[:, :t], kr) < TOL_K[cdt], (t, rel(cache.k_buffer[:, :t], kr))
+    assert any(tn > 1 and pending > 0 for tn, pending in flushed), flushed
+    assert rel(cache.c[:, :t], torch.cumsum(full[5].double(), 1)[:, :t]) < 1e-6
+
+
+def test_multi_token_flush_equals_the_one_token_steps():
+    """The same 8 tokens fed as two 4-token steps (the second flushes: compact WY form over 8 transitions) and as
+    eight 1-token steps (the last flushes: in-loop serial rotation) on twin fp32 caches: keys and outputs agree to
+    fp32 rounding."""
+    B, HQ, H, D, P = 2, 4, 2, 32, 40
+    full = sequence(B, P + 8, HQ, H, D, True, torch.float32, seed=13)
+    multi, single = prefill(full, P, torch.float32), prefill(full, P, torch.float32)
+    om = torch.cat([path_decode_triton(*cut(full, P + i, P + i + 4), multi, config=CFG, window=7)
+                    for i in (0, 4)], dim=1)
+    os_ = torch.cat([path_decode_triton(*cut(full, P + i, P + i + 1), single, config=CFG, window=7)
+                     for i in range(8)], dim=1)
+    assert multi.frame == single.frame == P + 8
+    assert rel(om, os_) < TOL_O[torch.float32]
+    assert rel(multi.k_buffer[:, :P + 8], single.k_buffer[:, :P + 8]) < 1e-6
+
+
+@triton.jit
+def _wy_vs_serial_kernel(k_ptr, ser_ptr, wy_ptr, pw_ptr, pb_ptr, w_ptr, b_ptr, P, NP, H: tl.constexpr, D: tl.constexpr,
+                 BD: tl.constexpr, PB: tl.constexpr, ROWS: tl.constexpr, BETA_MAX: tl.constexpr):
+    d = tl.arange(0, BD)
+    dmask = d < D
+    r = tl.arange(0, ROWS)
+    off = r[:, None] * D + d[None, :]
+    K = tl.load(k_ptr + off, mask=dmask[None, :], other=0.0)
+    frame = ROWS   # every row is a frame row: all NP transitions apply
+    Ks = _rotate(K, r, frame, NP, pw_ptr, pb_ptr, w_ptr, b_ptr, P, H, D, d, dmask, BETA_MAX)
+    Wm, M = _wy(frame, NP, pw_ptr, pb_ptr, w_ptr, b_ptr, P, H, D, d, dmask, PB, BETA_MAX, True)
+    Kw = K - _fdot(_fdot(K, tl.trans(Wm), True), M, True)
+    tl.store(ser_ptr + off, Ks, mask=dmask[None, :])
+    tl.store(wy_ptr + off, Kw, mask=dmask[None, :])
+
+
+def test_compact_wy_form_equals_the_serial_rotation():
+    """decode.py's ``_wy`` (W, M = T W from the window slots and this step's tokens) applied as k - (k W^T) M
+    equals ``_rotate``'s serial updates (H_F first) and the float64 serial product, in the interpreter, for
+    pending counts with and without padding (NP < PB) and beta in [1.5, 2) (one beta 0: an identity
+    transition); the reversed order (H_{N-1} first) is far off, so the check can fail."""
+    gen = torch.Generator().manual_seed(0)
+    H, D, ROWS = 2, 24, 16   # D padded to BD = 32; the pointers address kv head 1 of 2
+    for P, TN, PB in ((3, 4, 16), (16, 16, 32), (0, 16, 16), (5, 11, 16)):
+        NP = P + TN
+        k = torch.randn(ROWS, D, generator=gen, dtype=torch.float64)
+        ws = F.normalize(torch.randn(NP, H, D, generator=gen, dtype=torch.float64), dim=-1)
+        bs = torch.rand(NP, H, generator=gen, dtype=torch.float64) * 0.5 + 1.5
+        bs[NP // 2, 1] = 0.0
+        pw = torch.zeros(max(P, 1), H, D)
+        pb = torch.zeros(max(P, 1), H)
+        pw[:P], pb[:P] = ws[:P].float(), bs[:P].float()
+        wn, bn = ws[P:].float().contiguous(), bs[P:].float().contiguous()
+        ser, wy = torch.zeros(ROWS, D), torch.zeros(ROWS, D)
+        _wy_vs_serial_kernel[(1,)](k.float(), ser, wy, pw[:, 1], pb[:, 1], wn[:, 1], bn[:, 1], P, NP,
+                                   H=H, D=D, BD=32, PB=PB, ROWS=ROWS, BETA_MAX=2.0)
+        exact = k.clone()
+        for s in range(NP):                       # k^T H_F H_{F+1} ... H_{N-1}
+            w, b = ws[s, 1], bs[s, 1]
+            exact = exact - b * (exact @ w)[:, None] * w[None, :]
+        reverse = k.clone()
+        for s in reversed(range(NP)):
+            w, b = ws[s, 1], bs[s, 1]
+            reverse = reverse - b * (reverse @ w)[:, None] * w[None, :]
+        assert rel(ser, exact) < 1e-5, (P, TN, rel(ser, exact))
+        assert rel(wy, exact) < 1e-5, (P, TN, rel(wy, exact))
+        assert rel(wy, ser) < 1e-5
+        assert rel(reverse, exact) > 0.1

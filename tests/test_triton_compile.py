@@ -168,3 +168,25 @@ def test_kernel_compiles_and_fits_sm90_d256(compiled, name):
     assert r["ok"], f"{name} (D=256) does not compile for sm_90: {r['error']}"
     assert 0 <= r["shared"] <= SMEM_LIMIT_SM90, (
         f"{name} (D=256) needs {r['shared']} B of shared memory > {SMEM_LIMIT_SM90} B (sm_90)")
+
+
+def test_decode_kernels_compile_sm90_multi_token():
+    """``compile_check --pass decode`` compiles the decode step's launches at D = 64 and 128: the one-token
+    MHA kernel (flush rotation in the tile loop) and 4- and 16-token GQA kernels (flush rotation in a second
+    pass, compact WY form); each compiles for sm_90 and fits its shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    procs = {D: subprocess.Popen([sys.executable, "-m", "pathtune.codegen.triton.compile_check", "--pass", "decode",
+                                  "--head-dim", str(D)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+             for D in (64, 128)}
+    for D, proc in procs.items():
+        out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
+        assert proc.returncode == 0, err[-3000:]
+        print(f"\nD={D}:\n{out}")
+        lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip()}
+        for name in ("decode_kernel[TN=1,G=1]", "decode_kernel[TN=4,G=4]", "decode_kernel[TN=16,G=4]",
+                     "decode_merge_kernel"):
+            assert name in lines, f"D={D}: {name} missing from\n{out}"
+            assert "FAILED" not in lines[name] and "OVER" not in lines[name], lines[name]
+            shared = int(lines[name].split("shared")[1].split()[0])
+            assert 0 <= shared <= SMEM_LIMIT_SM90, lines[name]

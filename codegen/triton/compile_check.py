@@ -223,9 +223,11 @@ def main(argv=None):
     if args.pass_ in ("all", "fwd"):
         launches += forward_kernels(params, args.head_dim, args.head_dim)
     if args.pass_ in ("all", "decode"):
-        # one token, MHA (row-reduction path) and a 4-token GQA step (tensor-core path)
+        # one token, MHA (row-reduction path, in-loop flush rotation) and 4- and 16-token GQA steps
+        # (tensor-core path, flush rotation in a second pass in compact WY form)
         launches += decode_kernels(params, args.head_dim, args.head_dim)
-        launches += decode_kernels(params, args.head_dim, args.head_dim, group=4, tokens=4)[:1]
+        for tokens in (4, 16):
+            launches += decode_kernels(params, args.head_dim, args.head_dim, group=4, tokens=tokens)[:1]
     for fn, sig, const, nw, ns in launches:
         if args.only and args.only not in fn.fn.__name__:
             continue

@@ -14,13 +14,28 @@ A step that keeps the pending count L + T_new - F <= W reads K and V once and wr
 new rows and their window slots, whatever T_new is.
 
 Flush rule (decided on the device, from L and F, by both kernels alike): when L + T_new - F > W the
-step also rotates every row into the frame of the last new token N-1 (N = L + T_new): the same pass
-that reads a key tile computes its logits from k~_j . q^_i, then applies H_F, H_{F+1}, .., H_{N-1} in
-that order (fp32, rounded to the cache dtype once) and writes the tile back; the pending rows
-F .. N-1 get H_{j+1} .. H_{N-1}; the merge kernel sets F = N.  So the cache rounds a key once per
-flush instead of once per token, the key writes happen once every ~W / T_new steps, and one launch
-(or one captured CUDA graph) serves flush and non-flush steps.  W = 0 flushes on every step: the
-eager-rotation scheme (read K, rotate, write K, read V every step) on the same code path.
+step also rotates every row into the frame of the last new token N-1 (N = L + T_new): each frame row
+j < F gets H_F, H_{F+1}, .., H_{N-1} in that order (NP = N - F transitions, fp32, rounded to the cache
+dtype once) after its logits were taken from k~_j . q^_i; the pending rows F .. N-1 get H_{j+1} ..
+H_{N-1} (serial rank-one updates, which give every row its partial product); the merge kernel sets
+F = N.  The frame rows are rotated in one of two forms (T_new is a constexpr):
+
+* T_new = 1 (NP <= W + 1): in the attention pass itself.  The pass that reads a key tile rotates it by
+  NP serial rank-one updates per row, k <- k - beta (k . w) w, and writes it back: the tile is read once.
+* T_new > 1 (NP up to W + T_new): after the attention pass, each program makes a second pass over its
+  split's frame rows and applies all NP transitions at once in compact WY form,
+  H_F H_{F+1} .. H_{N-1} = I - W^T T W (W [PB, D]: row s = w_{F+s}; T upper triangular with
+  T^-1 = diag(1/beta) + the strictly upper part of W W^T, found once per program by back substitution):
+  a key row k <- k - ((k W^T) T) W = k - (k W^T) M with M = T W formed once, two fp32-accurate products
+  per block of rows (ieee where the kernel computes in fp32, tf32x3 otherwise) instead of NP dependent
+  row reductions.
+  At one token the second pass (re-reading the tiles) measured ~1.0-1.17x slower than the in-pass
+  rotation, hence the two forms.
+
+So the cache rounds a key once per flush instead of once per token, the key writes happen once every
+~W / T_new steps, and one launch (or one captured CUDA graph) serves flush and non-flush steps.  W = 0
+flushes on every step: the eager-rotation scheme (read K, rotate, write K, read V every step) on the same
+code path.
 
 Kernels.  ``decode_kernel``: grid (B*H, splits).  A program owns a contiguous share of the key tiles
 of rows [0, F) of one (batch, kv head); the last split also owns the pending block, rows [F, N) (at
@@ -30,7 +45,10 @@ flush rotates the block in place.  Every program walks the pending positions its
 per query row, reading only w / beta; the owner also reads the pending keys), so no program waits
 for another.  The partial online softmax (m, l, acc) covers every query head of the kv-head group
 (GQA: K and V are read once per group); one token with one query head per kv head (MHA) uses row
-reductions instead of tensor-core products.  ``decode_merge_kernel`` combines the splits, then
+reductions instead of tensor-core products.  On a flush the frame tiles a program reads are rotated as
+the flush rule says: in its tile loop (one token), or after it by the program's second pass over the same
+rows (several tokens; a barrier orders the loop's reads before the pass's writes; rows in blocks of
+ROT_ROWS = max(16, 2048 / BD) for the register budget).  ``decode_merge_kernel`` combines the splits, then
 (program 0, after every split has read them) advances L by T_new and, on a flush, sets F = N.  The
 grid depends only on the cache's capacity: a step is two launches and no host sync.  Rows past the
 capacity are never written (a replayed graph that overflows drops them; the length then exceeds the
@@ -62,8 +80,8 @@ __all__ = ["decode_kernel", "decode_merge_kernel", "path_decode_triton", "path_p
 
 # W, the pending window (the spec's decode_pending_window): a step flushes (rotates the whole cache into
 # the newest frame) when more than W tokens would be pending after it; 0 = rotate on every step.  16
-# amortizes the key write over 16 one-token steps while a flush step (up to W + T_new rank-one updates
-# per key, fp32) stays near 2x a plain pass.
+# amortizes the key write over 16 one-token steps while a one-token flush step (up to W + 1 rank-one
+# updates per key, fp32) stays near 2x a plain pass; multi-token steps rotate in compact WY form.
 
 _LOG2E = 1.4426950408889634
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" of the running max (keeps exp2(m_old - m_new) NaN-free)
@@ -165,6 +183,43 @@ def _rotate(K, pos, F, n_rot, pw_base, pb_base, wb, bb, P, H: tl.constexpr, D: t
 
 
 @triton.jit
+def _fdot(a, b, IEEE: tl.constexpr):
+    """fp32 x fp32 -> fp32 at fp32 accuracy: full-precision products (IEEE) or three tf32 tensor-core passes."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b, input_precision="tf32x3")
+
+
+@triton.jit
+def _wy(F, NP, pw_base, pb_base, wb, bb, P, H: tl.constexpr, D: tl.constexpr, d, dmask, PB: tl.constexpr,
+        BETA_MAX: tl.constexpr, IEEE: tl.constexpr):
+    """Compact WY form of the NP pending transitions: H_F H_{F+1} .. H_{F+NP-1} = I - W^T T W with W [PB, BD]
+    (row s = w_{F+s}, zero rows for s >= NP) and T [PB, PB] upper triangular, T^-1 = diag(1/beta) + the strictly
+    upper part of W W^T.  Back substitution from the last row, T[i] = beta_i (e_i - U[i] T) with U the strictly
+    upper part of W W^T, divides by nothing (beta = 0 gives a zero row) and leaves the padding rows / columns
+    s >= NP zero.  Returns (W, M = T W) [PB, BD] fp32: a key row k maps to k - (k W^T) M."""
+    s = tl.arange(0, PB)
+    old = s < P
+    new = (s >= P) & (s < NP)
+    soff = s[:, None] * (H * D) + d[None, :]
+    Wm = tl.load(pw_base + soff, mask=old[:, None] & dmask[None, :], other=0.0) \
+        + tl.load(wb + (soff - P * (H * D)), mask=new[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+    b_old = tl.load(pb_base + s * H, mask=old, other=0.0)
+    b_new = tl.minimum(tl.load(bb + (s - P) * H, mask=new, other=0.0).to(tl.float32), BETA_MAX)
+    bw = tl.where(old, b_old, b_new)
+    U = _fdot(Wm, tl.trans(Wm), IEEE)
+    U = tl.where(s[None, :] > s[:, None], U, 0.0)
+    T = tl.zeros([PB, PB], tl.float32)
+    for i2 in range(0, NP):
+        i = NP - 1 - i2
+        u_i = tl.sum(tl.where((s == i)[:, None], U, 0.0), axis=0)
+        b_i = tl.sum(tl.where(s == i, bw, 0.0), axis=0)
+        t_i = b_i * (tl.where(s == i, 1.0, 0.0) - tl.sum(u_i[:, None] * T, axis=0))
+        T = tl.where((s == i)[:, None], t_i[None, :], T)
+    return Wm, _fdot(T, Wm, IEEE)
+
+
+@triton.jit
 def _walk(Z, ipos, rvalid, k_base, F, NP, own, pw_base, pb_base, wb, bb, P, H: tl.constexpr, D: tl.constexpr,
           d, dmask, R: tl.constexpr, PB: tl.constexpr, BETA_MAX: tl.constexpr, OFF64: tl.constexpr):
     """The pending walk: for p = F+NP-1 down to F (NP pending positions), every query row r with p <= ipos_r
@@ -222,7 +277,8 @@ def decode_kernel(
     PB: tl.constexpr, STAGES: tl.constexpr = None,
 ):
     """One split of one (batch, kv head): partial softmax over its frame tiles (+ the pending block on the last
-    split), rotating and writing back what it read on a flush step.
+    split), rotating and writing back what it read on a flush step (TN = 1: in the tile loop; TN > 1: in a second
+    pass over the split's frame rows, compact WY form).
 
     New tokens: q [B, TN, H*G, D], k [B, TN, H, D], v [B, TN, H, DV], w [B, TN, H, D], beta [B, TN, H],
     g [B, TN, H*G] (contiguous; w / beta / g in any float dtype, converted to fp32 here).  Cache:
@@ -328,9 +384,10 @@ def decode_kernel(
         koff = nr[:, None] * (H * D) + d[None, :]
         K = tl.load(k_base + koff, mask=nmask[:, None] & dmask[None, :], other=0.0)
         s = _qk(Zq, K, ROWWISE, F32, INTERP) * qk_scale
-        if flush:
-            Kr = _rotate(K.to(tl.float32), n, F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, BETA_MAX)
-            tl.store(k_base + koff, _to_cache(Kr, cdt, INTERP), mask=nmask[:, None] & dmask[None, :])
+        if TN == 1:
+            if flush:
+                Kr = _rotate(K.to(tl.float32), n, F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, BETA_MAX)
+                tl.store(k_base + koff, _to_cache(Kr, cdt, INTERP), mask=nmask[:, None] & dmask[None, :])
         V = tl.load(v_base + nr[:, None] * (H * DV) + dv[None, :], mask=nmask[:, None] & dvmask[None, :],
                     other=0.0)
         if USE_GATE:
@@ -346,6 +403,23 @@ def decode_kernel(
     tl.store(m_part + part * R + r, m_i)
     tl.store(l_part + part * R + r, l_i)
     tl.store(acc_part + (part * R + r)[:, None] * BDV + dv[None, :], acc)
+    if TN > 1:
+        if flush:
+            # the split's frame rows, rotated by all NP transitions at once (compact WY form), after the loop
+            # above has read them
+            Wm, M = _wy(F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, PB, BETA_MAX, F32)
+            ROT_ROWS: tl.constexpr = 2048 // BD if BD <= 128 else 16
+            rr = tl.arange(0, ROT_ROWS)
+            row_hi = tl.minimum(t_hi * BLOCK_N, F)
+            tl.debug_barrier()  # every thread of this program is past its last read of these rows
+            for r0 in range(t_lo * BLOCK_N, row_hi, ROT_ROWS):
+                kr = r0 + rr
+                kmask = (kr < row_hi)[:, None] & dmask[None, :]
+                kro = kr.to(tl.int64) if OFF64 else kr
+                kroff = kro[:, None] * (H * D) + d[None, :]
+                Kf = tl.load(k_base + kroff, mask=kmask, other=0.0).to(tl.float32)
+                Kf = Kf - _fdot(_fdot(Kf, tl.trans(Wm), F32), M, F32)
+                tl.store(k_base + kroff, _to_cache(Kf, cdt, INTERP), mask=kmask)
 
 
 @triton.jit(do_not_specialize=["max_len", "n_splits"])
