@@ -5,6 +5,9 @@ of the spec (``knobs``) or of that backend (``backends.<name>.knobs``).  Its def
 (``spec_default``) and its checks from the spec's domains and constraints (``check_params``); nothing
 is repeated in code.  ``resolve(backend, pass_, config, dims)`` is the one Config -> kernel params
 function: the dispatcher, the tuner, the benches and the layer's custom op build params with it.
+``config_json`` is the text a launch carries (the complete Config, checked by ``resolve``) and
+``resolve_json`` reads it back; ``params_from_config`` (``TritonParams.from_config``) overlays a partial
+config on given params.  All three construct params in ``_construct`` only (tests/test_knob_path.py).
 
 Spelling: the spec writes "no clip" as ``'off'`` (a categorical knob whose domain holds ``'off'``); the
 params hold None.  ``config_of`` turns params (or a partial config) back into a complete config in the
@@ -22,7 +25,7 @@ from typing import Any, Mapping, Optional, TypeVar
 P = TypeVar("P")
 
 __all__ = ["spec_default", "check_params", "params_from_config", "params_class", "config_of", "resolve",
-           "resolve_json", "head_dims_of"]
+           "resolve_json", "config_json", "head_dims_of"]
 
 _OFF = "off"
 
@@ -172,9 +175,25 @@ def resolve(backend: str, pass_: Optional[str], config: Any, dims: Any = None) -
     spec = _spec()
     if pass_ is not None and pass_ not in spec.passes:
         raise ValueError(f"unknown pass {pass_!r}; passes: {', '.join(spec.passes)}")
-    values = config_of(backend, config, dims)
+    return _construct(cls, config_of(backend, config, dims), backend)
+
+
+def _construct(cls: type[P], values: Mapping[str, Any], backend: Optional[str], base: Optional[P] = None) -> P:
+    """The one place knob values (the spec's spelling) become kernel params: the knobs ``cls`` declares,
+    'off' -> None, over ``base`` when given (its fields for the knobs ``values`` leave out)."""
     names = {f.name for f in fields(cls)}
-    return cls(**{k: _to_params(k, v, backend) for k, v in values.items() if k in names})
+    kw = {k: _to_params(k, v, backend) for k, v in values.items() if k in names}
+    return cls(**kw) if base is None else dataclasses.replace(base, **kw)
+
+
+def config_json(backend: str, pass_: Optional[str], config: Any, dims: Any = None) -> str:
+    """The config a launch carries (``Plan.params_json``, the custom op's argument): every knob ``backend``
+    reads, in the spec's spelling (``config_of``), as canonical JSON; checked by ``resolve`` first, so a
+    config the kernels cannot take fails here, not at the launch.  ``resolve_json`` reads it back."""
+    from pathtune.specs.canonical import canonical_json
+
+    resolve(backend, pass_, config, dims)
+    return canonical_json(config_of(backend, config, dims))
 
 
 @functools.lru_cache(maxsize=256)
@@ -189,11 +208,8 @@ def params_from_config(cls: type[P], config: Any, base: Optional[P] = None) -> P
     """``cls(**knobs)`` for a frozen params dataclass: knobs ``cls`` does not declare are ignored,
     missing ones take their value from ``base`` (default: the class defaults, i.e. the spec's), and
     beta_clip_eps ``'off'`` becomes None."""
-    if config is None:
-        return cls() if base is None else base
+    if config is None and base is not None:
+        return base
     if isinstance(config, cls):
         return config
-    names = {f.name for f in fields(cls)}
-    backend = getattr(cls, "BACKEND", None)
-    kw = {k: _to_params(k, v, backend) for k, v in _as_mapping(config).items() if k in names}
-    return cls(**kw) if base is None else dataclasses.replace(base, **kw)
+    return _construct(cls, _as_mapping(config), getattr(cls, "BACKEND", None), base)   # None: cls()

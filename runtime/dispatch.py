@@ -97,9 +97,9 @@ class Plan:
     """What a call runs: ``backend`` ("triton" or "tvm") with ``params_json``.
 
     triton: the config the custom op runs, every knob in the spec's spelling as canonical JSON (forward
-    knobs, plus the knobs of ``bwd`` when a backward follows); the op turns it into kernel params
-    (``codegen._knobs.resolve``); tvm: the forward Config's JSON, and the Triton backward's config in
-    ``bwd_params_json`` (TVM forward, Triton backward).
+    knobs, plus the knobs of ``bwd`` when a backward follows; ``codegen._knobs.config_json``); the op turns
+    it into kernel params (``codegen._knobs.resolve_json``); tvm: the forward Config's JSON, and the Triton
+    backward's config in ``bwd_params_json`` (TVM forward, Triton backward).
     """
 
     backend: str
@@ -644,22 +644,19 @@ def _soft_warning() -> type[Warning]:
 def _triton_params_json(fwd: Choice, bwd: Optional[Choice], D: int, DV: int) -> str:
     """The config the Triton op runs (every knob, spec spelling, canonical JSON): the untuned config for the
     head dims, overlaid with the forward's knobs, then every knob of ``bwd`` (see module doc) when they
-    combine into valid kernel params (``resolve``), else the forward's alone."""
-    from pathtune.codegen._knobs import config_of, resolve
-    from pathtune.specs.canonical import canonical_json
+    combine into valid kernel params, else the forward's alone (``codegen._knobs.config_json``: checked by
+    ``resolve``, so a config the kernels cannot take fails here, not in the op)."""
+    from pathtune.codegen._knobs import config_json
 
     dims = (D, DV)
     merged = fwd.config.to_dict()
     if bwd is not None:
-        with_bwd = {**merged, **bwd.config.to_dict()}
         try:
-            resolve("triton", "bwd", with_bwd, dims)
-            merged = with_bwd
+            return config_json("triton", "bwd", {**merged, **bwd.config.to_dict()}, dims)
         except (TypeError, ValueError) as e:
             _log.debug("dispatch: backward knobs %s do not combine with the forward config (%s); untuned "
                        "backward knobs", dict(bwd.config), e)
-    resolve("triton", "fwd", merged, dims)      # a config the kernels cannot take fails here, not in the op
-    return canonical_json(config_of("triton", merged, dims))
+    return config_json("triton", "fwd", merged, dims)
 
 
 def _key_text(key: tuple) -> str:

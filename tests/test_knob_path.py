@@ -141,3 +141,89 @@ def test_superchunk_size_from_the_plan_to_the_launch(monkeypatch, fake_h200_env)
     assert torch.isfinite(o).all()
     assert seen["S"] == [32]
     assert [c["superchunk_size"] for c in seen["configs"]] == [32] and seen["configs"][0]["beta_clip_eps"] == "off"
+
+
+# -- one conversion path: checked over the sources -------------------------------------------------------
+
+ROOT = CODEGEN.parent
+PACKAGE_DIRS = ("pathtune", "specs", "codegen", "runtime", "tuning", "perf_db")
+PARAMS_CLASSES = {"TritonParams", "TVMParams"}
+# params -> params adjustments (not a Config conversion): (file, function)
+PARAMS_REPLACED_IN = {("runtime/decode_dispatch.py", "_fill_gpu")}
+# where the text a launch carries (Plan.params_json) is parsed back into knob values, besides resolve_json
+PARAMS_JSON_PARSED_IN = {("runtime/decode_dispatch.py", "tuned_triton_params"), ("tuning/bench.py", "_tuned")}
+
+
+def _sources():
+    for d in PACKAGE_DIRS:
+        for path in sorted((ROOT / d).rglob("*.py")):
+            yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text())
+
+
+def _calls(tree):
+    """(enclosing function name or '', the called name, the call) for every call in ``tree``."""
+    def walk(node, fn):
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else fn
+            if isinstance(child, ast.Call):
+                f = child.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                yield inner, name, child
+            yield from walk(child, inner)
+    yield from walk(tree, "")
+
+
+def test_kernel_params_are_built_in_one_function():
+    """Knob values become kernel params in ``codegen/_knobs._construct`` only (``resolve``, ``resolve_json``,
+    ``params_from_config`` / ``TritonParams.from_config`` and ``heuristic`` all end there): a second
+    Config -> params conversion anywhere in the package fails here."""
+    seen = []
+    for rel, tree in _sources():
+        for fn, name, call in _calls(tree):
+            where = (rel, fn)
+            if name in PARAMS_CLASSES:
+                seen.append(f"{rel}:{call.lineno} {fn}() calls {name}(...): build params with _knobs.resolve")
+            if name in ("_to_params", "_construct") and where not in {("codegen/_knobs.py", "_construct"),
+                                                                    ("codegen/_knobs.py", "spec_default"),
+                                                                    ("codegen/_knobs.py", "resolve"),
+                                                                    ("codegen/_knobs.py", "params_from_config")}:
+                seen.append(f"{rel}:{call.lineno} {fn}() calls {name}")
+            if name == "cls" and rel == "codegen/_knobs.py" and fn != "_construct":
+                seen.append(f"{rel}:{call.lineno} {fn}() constructs params outside _construct")
+            if (name == "replace" and call.args and "params" in ast.unparse(call.args[0])
+                    and where not in PARAMS_REPLACED_IN):
+                seen.append(f"{rel}:{call.lineno} {fn}() replaces fields of params")
+            if (name == "loads" and call.args and "params_json" in ast.unparse(call.args[0])
+                    and where not in PARAMS_JSON_PARSED_IN):
+                seen.append(f"{rel}:{call.lineno} {fn}() parses a launch's config text: use _knobs.resolve_json")
+    assert not seen, "\n".join(seen)
+
+
+def test_the_dispatcher_only_carries_the_config():
+    """runtime/ picks Configs and hands the launch text over; it converts nothing itself (no resolve, no
+    JSON of its own: ``_knobs.config_json`` builds the text)."""
+    for rel, tree in _sources():
+        if not rel.startswith("runtime/") or rel.startswith("runtime/decode"):
+            continue
+        for fn, name, call in _calls(tree):
+            assert name not in ("resolve", "canonical_json", "dumps", "resolve_json"), f"{rel}:{call.lineno} {fn}()"
+
+
+def test_the_plan_text_is_config_json_and_resolves_like_the_ops(fake_h200_env):
+    from pathtune.codegen._knobs import config_json, resolve_json
+    from pathtune.codegen.triton.autograd import _resolve_params_json
+    from pathtune.runtime import dispatch
+
+    d = dispatch.Dispatcher(env_info=fake_h200_env, db=None, pack=None)
+    for D in (64, 128, 256):
+        plan = d.plan(torch.device("cuda", 0), D, D, 4, 2, "bfloat16", True, 4096, 1, False, grad=True)
+        assert plan.params_json == config_json("triton", "fwd", {**plan.fwd.config, **plan.bwd.config}, (D, D))
+        op_text = _resolve_params_json(None, D, D)        # what path_attention_triton(config=None) carries
+        assert resolve_json("triton", "fwd", op_text, D, D) == resolve_json("triton", "fwd", plan.params_json, D, D)
+    cfg = {"superchunk_size": 32, "chunk_size": 16, "block_n": 16, "bwd_block_n": 16}    # block_m clamps to 32
+    text = config_json("triton", None, cfg, (64, 64))
+    assert json.loads(text)["superchunk_size"] == 32
+    assert resolve_json("triton", "fwd", text, 64, 64) == resolve_json("triton", "fwd",
+                                                                       _resolve_params_json(cfg, 64, 64), 64, 64)
+    with pytest.raises(ValueError, match="multiple of the forward key tile"):
+        config_json("triton", "fwd", {"superchunk_size": 1024, "block_n": 96}, (64, 64))
