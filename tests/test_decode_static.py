@@ -254,7 +254,7 @@ def test_decode_probe_cpu_smoke(tmp_path):
     import sys
 
     out = tmp_path / "probe.json"
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_probe.py"), "--cpu-smoke",
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_probe.py"), "--cpu-smoke", "--wy-walk",
                           "--budget-s", "600", "--out", str(out)], capture_output=True, text=True, timeout=900,
                          cwd=ROOT, env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
@@ -265,6 +265,8 @@ def test_decode_probe_cpu_smoke(tmp_path):
     assert {c["prefill"] for c in checks} == {"reference", "api"}
     assert len(d["steps"]) == 4 and all("pathtune_ms" in r and "sdpa_ms" in r for r in d["steps"])
     assert all("fox_x_path" in r for r in d["steps"] if r["gate"])
+    flushed = [r for r in d["steps"] if "flush_net_ms" in r]     # --wy-walk: the decode candidate timed beside
+    assert flushed and all(r["wy_flush_net_ms"] > 0 and r["wy_amortized_ms"] > 0 for r in flushed), flushed
     one = [r for r in d["steps"] if r["tokens"] == 1]      # the tensor-core layout candidate: same outputs
     assert one and all(r["tc_layout_o_vs_rowwise"] < 1e-2 and r["tc_layout_net_ms"] > 0 for r in one), one
     assert len(d["profiles"]) == 2 and len(d["generate"]) == 6   # 3 attentions x 2 batches, eager
