@@ -172,6 +172,19 @@ def load_old_decode(path: str):
     return load_variant(Path(path).read_text(), "decode_kernel", "old_decode")
 
 
+def time_alternative(row: dict, prefix: str, context, reset_step, flush_step, every: int) -> None:
+    """The row's plain and flush steps again inside ``context`` (another decode kernel in place):
+    ``<prefix>_pathtune_net_ms``, ``<prefix>_flush_net_ms`` and ``<prefix>_amortized_ms``."""
+    with context:
+        flush_step()
+        reset_step()
+        sync()
+        row[f"{prefix}_pathtune_net_ms"] = do_bench(reset_step) - row["reset_ms"]
+        row[f"{prefix}_flush_net_ms"] = do_bench(flush_step) - row["flush_reset_ms"]
+    row[f"{prefix}_amortized_ms"] = ((every - 1) * row[f"{prefix}_pathtune_net_ms"]
+                                     + row[f"{prefix}_flush_net_ms"]) / every
+
+
 def time_steps(out: dict, budget) -> None:
     import pathtune
     from pathtune.codegen.triton.params import TritonParams
@@ -235,25 +248,12 @@ def time_steps(out: dict, budget) -> None:
 
                                 import pathtune.codegen.triton.decode as decode_mod
 
-                                with swapped(decode_mod, "decode_kernel", OLD_DECODE):
-                                    flush_step()
-                                    reset_step()
-                                    sync()
-                                    row["old_pathtune_net_ms"] = do_bench(reset_step) - row["reset_ms"]
-                                    row["old_flush_net_ms"] = do_bench(flush_step) - row["flush_reset_ms"]
-                                row["old_amortized_ms"] = ((every - 1) * row["old_pathtune_net_ms"]
-                                                           + row["old_flush_net_ms"]) / every
+                                time_alternative(row, "old", swapped(decode_mod, "decode_kernel", OLD_DECODE),
+                                                 reset_step, flush_step, every)
                             if WY_WALK:   # the same steps on the candidate of benchmarks/variants/decode_wy_walk.py
                                 from variants.decode_wy_walk import install
 
-                                with install():
-                                    flush_step()
-                                    reset_step()
-                                    sync()
-                                    row["wy_pathtune_net_ms"] = do_bench(reset_step) - row["reset_ms"]
-                                    row["wy_flush_net_ms"] = do_bench(flush_step) - row["flush_reset_ms"]
-                                row["wy_amortized_ms"] = ((every - 1) * row["wy_pathtune_net_ms"]
-                                                          + row["wy_flush_net_ms"]) / every
+                                time_alternative(row, "wy", install(), reset_step, flush_step, every)
                         reset()
                         sync()
                         t0 = time.perf_counter()
