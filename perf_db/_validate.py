@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional
 
+from ._keys import current_spec_hashes, spec_keys
+
 __all__ = ["config_problems", "time_problem"]
 
 CHECKED_BACKENDS = ("triton",)
@@ -27,8 +29,7 @@ def config_problems(backend: str, pass_: str, spec_hash: Optional[str], config: 
     if backend not in CHECKED_BACKENDS:
         return []
     spec = load_spec()
-    if spec_hash is not None and spec_hash != spec.hash and (pass_ not in spec.passes
-                                                               or spec_hash != spec.pass_hash(pass_)):
+    if spec_hash is not None and spec_hash not in current_spec_hashes(spec_keys(spec, pass_)):
         return []
     if pass_ not in spec.passes:
         return [f"pass {pass_!r} is not one of the spec's passes ({', '.join(spec.passes)})"]

@@ -371,6 +371,7 @@ class Tuner:
     def warm_start(self, key: TuneKey, default: Any) -> Any:
         """The configs a new study of ``key`` is warm-started with (``tuning/warm.py``), from perf_db and
         the shipped results files; says what it chose and what no longer validates."""
+        from pathtune.perf_db import spec_keys
         from pathtune.perf_db._retired import shipped_retired
 
         from .warm import WarmStart, select_retired
@@ -379,7 +380,7 @@ class Tuner:
         try:
             rows = self.db.retired(self.env_info, kernel, key.workload)
             rows += shipped_retired(self.env_info, kernel, key.workload,
-                                    spec_hashes=(self.spec.pass_hash(key.pass_), self.spec.hash))
+                                    spec_hashes=spec_keys(self.spec, key.pass_)["spec_hashes"])
         except Exception as e:  # noqa: BLE001  (an optimisation: never the reason a tune fails)
             self._note(f"{key.label}: warm start skipped: reading retired results failed: {e}")
             return WarmStart()
