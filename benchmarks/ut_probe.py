@@ -1,9 +1,9 @@
-"""GPU probe of the forward's UT stage: the one-launch kernel (``forward.ut_fused``) against the
-three-launch path (``forward.ut_forward``) and the candidate of ``variants/ut_sub8.py`` (8-row diagonal
-blocks), per precision / apply mode / warps, with each variant's error on U, K~ and M against a float64
-evaluation of the same formulas.
+"""GPU probe of the forward's UT stage: the one-launch kernel (``forward.ut_fused``) per precision, apply
+mode and diagonal block size (the spec's ut_diag_block), against the three-launch path
+(``forward.ut_forward``), with each variant's error on U, K~ and M against a float64 evaluation of the
+same formulas.
 
-    python benchmarks/ut_probe.py [--head-dims 64,128] [--tokens 32768] [--paths fused,sub8] [--out ut_probe.json]
+    python benchmarks/ut_probe.py [--head-dims 64,128] [--tokens 32768] [--paths three_launch,fused] [--out F]
 
 Precisions (the spec's ut_precision): fp16x3 (three fp16 passes of a scaled hi + lo split), tf32x3, tf32.
 
@@ -18,7 +18,6 @@ import os
 
 import torch
 import triton
-from variants.ut_sub8 import ut_sub8
 
 from pathtune.codegen.triton import forward as fwd
 from pathtune.codegen.triton._layout import build_tables
@@ -61,7 +60,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--tokens", type=int, default=32768)
-    ap.add_argument("--paths", default="three_launch,fused,sub8", help="the variants' paths to time")
+    ap.add_argument("--paths", default="three_launch,fused", help="the variants' paths to time")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "ut_probe.json"))
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # cpu: TRITON_INTERPRET=1 smoke run
@@ -77,18 +76,14 @@ def main() -> None:
         # the reference takes w as the kernels do: rounded to the 16-bit state's type for the forward
         refs = {s: ut_reference(data[s][0].to(timed_dtype).float(), data[s][1], data[s][2], C) for s in (False, True)}
         variants = [dict(path="three_launch", up=up) for up in ("fp16x3", "tf32x3", "tf32")]
-        variants += [dict(path="fused", up=up, apply=a, warps=nw)
-                     for up, a, nw in (("fp16x3", None, 4), ("tf32x3", None, 4), ("tf32x3", "tf32", 4),
-                                       ("tf32", None, 4))]
-        # benchmarks/variants/ut_sub8.py: 8-row diagonal blocks (7 substitution steps instead of 15)
-        variants += [dict(path="sub8", up=up, apply=None, warps=4) for up in ("tf32x3", "tf32")]
+        variants += [dict(path="fused", up=up, apply=a, warps=4, diag_block=sb)
+                     for up, a in (("tf32x3", None), ("tf32", None), ("tf32x3", "tf32"))
+                     for sb in (16, 8, 4)]
+        variants += [dict(path="fused", up="fp16x3", apply=None, warps=4, diag_block=16)]
         for v in [v for v in variants if v["path"] in args.paths.split(",")]:
-            params = TritonParams.from_config(dict(ut_precision=v["up"]), base)
+            params = TritonParams.from_config(dict(ut_precision=v["up"], ut_diag_block=v.get("diag_block", 16)), base)
             def call(s, out_dtype=timed_dtype):
                 w, k, beta = data[s]
-                if v["path"] == "sub8":
-                    return ut_sub8(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True,
-                                   num_warps=v["warps"])[:3]
                 if v["path"] == "fused":
                     mode = v["apply"] or fwd.ut_apply_mode(params, timed_dtype)   # as timed
                     return fwd.ut_fused(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True,

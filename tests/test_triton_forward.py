@@ -353,14 +353,15 @@ def test_ut_stage_against_reference(C, ut_precision, D):
         assert rel(st.m[sl, 0, :n], M) < 1e-5
 
 
-@pytest.mark.parametrize("dtype,C,D,parallel", [(torch.bfloat16, 64, 64, False), (torch.float16, 64, 96, False),
-                                                 (torch.bfloat16, 64, 32, True), (torch.bfloat16, 32, 128, False)])
-def test_ut_fused_16bit_inputs(dtype, C, D, parallel):
+@pytest.mark.parametrize("dtype,C,D,parallel,diag_block", [
+    (torch.bfloat16, 64, 64, False, 16), (torch.float16, 64, 96, False, 16), (torch.bfloat16, 64, 32, True, 16),
+    (torch.bfloat16, 32, 128, False, 16), (torch.bfloat16, 64, 64, True, 4), (torch.float16, 64, 64, True, 8)])
+def test_ut_fused_16bit_inputs(dtype, C, D, parallel, diag_block):
     """The forward's one-launch UT stage on 16-bit w / k (its W W^T and W K^T on 16-bit tensor cores,
     A W and M^T W as two 16-bit passes of A = hi + lo): U, K~, M vs float64 on the same rounded inputs,
     and equal to the three-launch path (ut_forward, float32 products) to float32-level error.
     ``parallel``: the w of a chunk nearly parallel at beta = 2 (the ill-conditioned case of the
-    diagonal substitution)."""
+    diagonal substitution; with 4- and 8-row blocks more of the inverse comes from the merge products)."""
     from pathtune.codegen.triton._layout import build_tables
     from pathtune.codegen.triton.forward import ut_apply_mode, ut_forward, ut_fused
     from pathtune.runtime.reference.blockwise import boundary_adjust_keys, ut_transform
@@ -373,7 +374,7 @@ def test_ut_fused_16bit_inputs(dtype, C, D, parallel):
     w = F.normalize(w, dim=-1).to(dtype)
     k = torch.randn(T, H, D, generator=g).to(dtype)
     beta = (torch.full((T, H), 2.0) if parallel else 1.5 + 0.5 * torch.rand(T, H, generator=g)).to(dtype)
-    p = params(chunk_size=C, superchunk_size=2 * C, block_n=16)
+    p = params(chunk_size=C, superchunk_size=2 * C, block_n=16, ut_diag_block=diag_block)
     assert ut_apply_mode(p, torch.float16) == "split"
     assert ut_apply_mode(p, torch.float32) == p.ut_precision     # the backward's float32 state
     tables = build_tables(1, T, None, C, 2 * C, torch.device("cpu"), block_m=p.block_m)
@@ -396,6 +397,68 @@ def test_ut_fused_16bit_inputs(dtype, C, D, parallel):
             for mine, three, ref, t in ((u[sl, h], u3[sl, h], U, tol), (kt[sl, h], kt3[sl, h], Kt, tol),
                                         (m[sl, h, :n], m3[sl, h, :n], M, 1e-5)):
                 assert rel(mine, ref) < min(max(t, 8 * rel(three, ref)), 2.4e-4), (rel(mine, ref), rel(three, ref))
+
+
+def _ut_reference(w, k, beta, C, boundary_adjust_keys, ut_transform):
+    """U, K~, M in float64 for token-major [N, H, D] inputs (N a multiple of C, one sequence)."""
+    N, H, D = w.shape
+    W = w.double().view(N // C, C, H, D).transpose(1, 2)            # [n, H, C, D]
+    K = k.double().view(N // C, C, H, D).transpose(1, 2)
+    A, U = ut_transform(W, beta.double().view(N // C, C, H).transpose(1, 2))
+    M = A @ torch.tril(W @ K.transpose(-1, -2), -1)
+    back = lambda x: x.transpose(1, 2).reshape(N, H, x.shape[-1])   # noqa: E731
+    return back(U), back(boundary_adjust_keys(K, W, A)), back(M)
+
+
+@pytest.mark.parametrize("diag_block", [8, 4])
+@pytest.mark.parametrize("D,out_dtype,up,lens", [
+    (64, torch.bfloat16, "tf32x3", None),
+    (64, torch.float16, "tf32", None),
+    (48, torch.float32, "tf32x3", (70, 1, 57)),
+    (128, torch.bfloat16, "fp16x3", None),
+], ids=["D64-bf16-tf32x3", "D64-fp16-tf32", "D48-fp32-varlen", "D128-bf16-fp16x3"])
+def test_ut_fused_diag_block_sizes(D, out_dtype, up, lens, diag_block):
+    """ut_fused with 8- and 4-row diagonal blocks (the spec's ut_diag_block) gives the U, K~, M and w copy of
+    the 16-row blocks: as close to a float64 evaluation of the same formulas, and close to the 16-row
+    outputs.  Chunks of 64 (the default), a partial last chunk, varlen sequences whose chunks end
+    mid-block; w unit-norm, beta in [1.5, 2)."""
+    from pathtune.codegen.triton import forward as fwd
+    from pathtune.codegen.triton._layout import build_tables
+    from pathtune.runtime.reference.blockwise import boundary_adjust_keys, ut_transform
+
+    H, C = 2, 64
+    lens = lens or (150,)
+    N = sum(lens)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    g = torch.Generator().manual_seed(D + len(lens))
+    w = F.normalize(torch.randn(N, H, D, generator=g), dim=-1)
+    k = torch.randn(N, H, D, generator=g).to(torch.bfloat16)
+    beta = 1.5 + 0.5 * torch.rand(N, H, generator=g)
+    p = TritonParams(ut_precision=up)
+    tables = build_tables(1, N, cu if len(lens) > 1 else None, C, p.superchunk_size, torch.device("cpu"),
+                          block_m=p.block_m)
+    shipped = fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=True)
+    got = fwd.ut_fused(k, w, beta, tables, H, D, C, TritonParams(ut_precision=up, ut_diag_block=diag_block),
+                       out_dtype=out_dtype, write_w=True)
+    # float64 reference per sequence, chunked from each sequence's start (w rounded as the kernels take it)
+    w_in = w.to(out_dtype).float() if out_dtype != torch.float32 else w
+    refs = {"u": [], "kt": [], "m": []}
+    for s0, s1 in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        n = s1 - s0
+        pad = (-n) % C
+        wp = F.pad(w_in[s0:s1], (0, 0, 0, 0, 0, pad))
+        kp = F.pad(k[s0:s1].float(), (0, 0, 0, 0, 0, pad))
+        bp = F.pad(beta[s0:s1], (0, 0, 0, pad))
+        U, Kt, M = _ut_reference(wp, kp, bp, C, boundary_adjust_keys, ut_transform)
+        for name, x in zip(("u", "kt", "m"), (U, Kt, M)):
+            refs[name].append(x[:n])
+    for i, name in enumerate(("u", "kt", "m")):
+        ref = torch.cat(refs[name])
+        e_new, e_old, e_pair = rel(got[i], ref), rel(shipped[i], ref), rel(got[i], shipped[i])
+        print(f"{name}: {diag_block}-row {e_new:.2e} 16-row {e_old:.2e} apart {e_pair:.2e}")
+        assert e_new < 1.5 * e_old + 1e-6, (name, e_new, e_old)
+        assert e_pair < 1e-2 if out_dtype != torch.float32 else e_pair < 1e-4, (name, e_pair)
+    assert torch.equal(got[3], shipped[3])
 
 
 @pytest.mark.parametrize("D", [16, 32])

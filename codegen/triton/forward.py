@@ -160,7 +160,7 @@ def ut_fused(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, para
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
         AP=apply_mode or ut_apply_mode(params, out_dtype), OP16=_is_16bit(out_dtype), WRITE_W=write_w,
-        INTERP=interpreting(),
+        INTERP=interpreting(), SB=params.ut_diag_block,
         num_warps=num_warps, num_stages=1,
     )
     return u, ktil, m, wd

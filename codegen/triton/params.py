@@ -38,6 +38,7 @@ class TritonParams:
     bwd_transition_precision: str = spec_default("bwd_transition_precision")
     beta_clip_eps: float | None = spec_default("beta_clip_eps")
     ut_precision: str = spec_default("ut_precision")
+    ut_diag_block: int = spec_default("ut_diag_block")
     ut_grad_precision: str = spec_default("ut_grad_precision")
     bwd_block_n: int = spec_default("bwd_block_n")
     bwd_block_m: int = spec_default("bwd_block_m")

@@ -33,7 +33,6 @@ import triton.language as tl
 
 from ._ops import interpreting, mm
 
-SUB = 16  # diagonal block size of the blocked inverse
 _INTERP = tl.constexpr(interpreting())   # Triton picks interpreter or compiler when a module is imported
 
 
@@ -139,65 +138,66 @@ def _blocked_inverse(N, base, C: tl.constexpr, UP: tl.constexpr):
     r = tl.arange(0, C)
     blockdiag = (r // 16)[:, None] == (r // 16)[None, :]
     Dinv = tl.load(base + r[:, None] * C + r[None, :], mask=blockdiag, other=0.0)
-    return _finish_inverse(N, Dinv, C, UP)
+    return _finish_inverse(N, Dinv, C, UP, 16)
 
 
 @triton.jit
-def _finish_inverse(N, Dinv, C: tl.constexpr, UP: tl.constexpr):
-    """(I + N)^{-1} for a strictly lower C x C tile N, given Dinv, the inverses of its 16 x 16
+def _finish_inverse(N, Dinv, C: tl.constexpr, UP: tl.constexpr, SB: tl.constexpr):
+    """(I + N)^{-1} for a strictly lower C x C tile N, given Dinv, the inverses of its SB x SB
     diagonal blocks (a block-diagonal C x C tile).
 
     With D the block diagonal of T = I + N and E its strictly block-lower rest,
-    T = D (I + F) with F = Dinv E strictly block-lower, so F^(C/16) = 0 and
-    (I + F)^{-1} = (I - F)(I + F^2)(I + F^4)...  -- log2(C/16) + 2 full-tile tensor-core products
+    T = D (I + F) with F = Dinv E strictly block-lower, so F^(C/SB) = 0 and
+    (I + F)^{-1} = (I - F)(I + F^2)(I + F^4)...  -- log2(C/SB) + 2 full-tile tensor-core products
     and no serial block-row substitution (that took ~16 dependent scratch round trips per chunk).
     """
     r = tl.arange(0, C)
-    blockdiag = (r // 16)[:, None] == (r // 16)[None, :]
+    blockdiag = (r // SB)[:, None] == (r // SB)[None, :]
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
     F = _pdot(Dinv, tl.where(blockdiag, 0.0, N), UP)
     X = eye - F
     P = F
-    for k in tl.static_range(6):  # C // 16 block rows: F^2, F^4, ... while F^(2^(k+1)) != 0
-        if (2 << k) < C // 16:
+    for k in tl.static_range(6):  # C // SB block rows: F^2, F^4, ... while F^(2^(k+1)) != 0
+        if (2 << k) < C // SB:
             P = _pdot(P, P, UP)
             X = _pdot(X, eye + P, UP)
     return _pdot(X, Dinv, UP)
 
 
 @triton.jit
-def _diagonal_block_inverses(N, m_ptr, tok0, send, h, H: tl.constexpr, C: tl.constexpr):
-    """The inverses of the 16 x 16 diagonal blocks of I + N (N strictly lower, C x C float32), as a
-    block-diagonal C x C tile, by forward substitution in registers: the C / 16 blocks advance
-    together, one row per step (15 dependent steps of two small reductions each).  Substitution
+def _diagonal_block_inverses(N, m_ptr, tok0, send, h, H: tl.constexpr, C: tl.constexpr, SB: tl.constexpr):
+    """The inverses of the SB x SB diagonal blocks of I + N (N strictly lower, C x C float32), as a
+    block-diagonal C x C tile, by forward substitution in registers: the C / SB blocks advance
+    together, one row per step (SB - 1 dependent steps of two small reductions each).  Substitution
     rather than a product formula: (I - N)(I + N^2)(I + N^4)(I + N^8) cancels entries of ~1e6 down
-    to ~2 in float32 when the w of a block are nearly parallel at beta = 2.
+    to ~2 in float32 when the w of a block are nearly parallel at beta = 2.  SB (the spec's
+    ut_diag_block) trades these serial steps, which set the kernel's time, for the merge products
+    of ``_finish_inverse`` (two more per halving of SB).
 
-    The [C/16, 16, 16] result returns to the C x C layout through global memory: the first 16
+    The [C/SB, SB, SB] result returns to the C x C layout through global memory: the first SB
     columns of this chunk's rows of m (``m_ptr``, [N_tok, H, C] float32; M overwrites them later),
-    written, barrier, read back.  Rearranging it in registers (a [C/16, 16, C/16, 16] reshape) spilled
+    written, barrier, read back.  Rearranging it in registers (a [C/SB, SB, C/SB, SB] reshape) spilled
     1.4 KB per thread on sm_90; the round trip stays in L1 / L2.  Rows outside ``tmask`` (past a
     sequence end) read back as 0: they only meet later rows of the lower-triangular products."""
-    NB: tl.constexpr = C // 16
+    NB: tl.constexpr = C // SB
     b = tl.arange(0, NB)
-    s = tl.arange(0, 16)
+    s = tl.arange(0, SB)
     r = tl.arange(0, C)
     same = b[:, None, None, None] == b[None, None, :, None]
-    Nbb = tl.sum(tl.where(same, tl.reshape(N, (NB, 16, NB, 16)), 0.0), axis=2)   # [NB, 16, 16]
+    Nbb = tl.sum(tl.where(same, tl.reshape(N, (NB, SB, NB, SB)), 0.0), axis=2)   # [NB, SB, SB]
     si = s[None, :, None]
-    inv = tl.where(si == s[None, None, :], 1.0, 0.0) + tl.zeros((NB, 16, 16), dtype=tl.float32)
-    for i in range(1, 16):
+    inv = tl.where(si == s[None, None, :], 1.0, 0.0) + tl.zeros((NB, SB, SB), dtype=tl.float32)
+    for i in range(1, SB):
         n_i = tl.sum(tl.where(si == i, Nbb, 0.0), axis=1)               # row i of each block
         corr = tl.sum(n_i[:, :, None] * inv, axis=1)                    # n_i . inv, per block
         inv = tl.where(si == i, inv - corr[:, None, :], inv)
-    rows3 = (tok0 + b[:, None, None] * 16 + si).to(tl.int64)
+    rows3 = (tok0 + b[:, None, None] * SB + si).to(tl.int64)
     tl.store(m_ptr + (rows3 * H + h) * C + s[None, None, :], inv, mask=rows3 < send)
     tl.debug_barrier()
     rows = (tok0 + r).to(tl.int64)
-    blockdiag = (r // 16)[:, None] == (r // 16)[None, :]
-    return tl.load(m_ptr + (rows[:, None] * H + h) * C + r[None, :] % 16,
+    blockdiag = (r // SB)[:, None] == (r // SB)[None, :]
+    return tl.load(m_ptr + (rows[:, None] * H + h) * C + r[None, :] % SB,
                    mask=blockdiag & (rows < send)[:, None], other=0.0)
-
 
 @triton.jit
 def _operand(x, out_ptr, OP16: tl.constexpr):
@@ -315,14 +315,14 @@ def ut_fused_kernel(
     chunk_tok0, chunk_seq, seq_end,
     H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr, C: tl.constexpr,
     BETA_MAX: tl.constexpr, UP: tl.constexpr, AP: tl.constexpr, OP16: tl.constexpr, WRITE_W: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, SB: tl.constexpr,
 ):
     """The whole UT stage of one (chunk, kv head) in one program: the outputs of ut_diag_inverse,
     ut_chunk and ut_apply (U, K~, M and the optional 16-bit copy of w) without their float32 A / M
     round trip or scratch tile.
 
     W W^T and W K^T accumulate over DB-wide column blocks (``_gram``: exact on 16-bit tensor cores
-    for 16-bit inputs); the 16 x 16 diagonal inverses run in registers
+    for 16-bit inputs); the SB x SB diagonal inverses run in registers
     (``_diagonal_block_inverses``), the block merges at UP; U = A W and K~ = K - M^T W per column
     block at AP (``_apply``), re-reading the W / K column block (an L2 hit: the first loop just read
     it) instead of keeping a C x D tile live.
@@ -346,8 +346,8 @@ def ut_fused_kernel(
     strict = r[:, None] > r[None, :]
     N = tl.where(strict, beta[:, None] * Gm, 0.0)
     Dinv = _diagonal_block_inverses(N, m_ptr, tl.load(chunk_tok0 + n), tl.load(seq_end + tl.load(chunk_seq + n)),
-                                    h, H, C)
-    A = _finish_inverse(N, Dinv, C, UP) * beta[None, :]
+                                    h, H, C, SB)
+    A = _finish_inverse(N, Dinv, C, UP, SB) * beta[None, :]
     # W K^T after the inverse, so that only one C x C accumulator is live through it
     L = tl.zeros((C, C), dtype=tl.float32)
     for d0 in tl.static_range(0, BD, DB):
