@@ -35,9 +35,7 @@ g = logsigmoid of random values, so real gate decay):
 ``--budget-s`` (default 225) bounds the run: sections not reached in time are listed under ``skipped``.
 ``--old-decode FILE`` (an older ``codegen/triton/decode.py``): each steps row with a flush also times the plain
 and the flush step with that file's decode kernel in the same process (``old_pathtune_net_ms``,
-``old_flush_net_ms``, ``old_amortized_ms``).  ``--wy-walk``: the same with the candidate of
-``benchmarks/variants/decode_wy_walk.py`` (``wy_*`` fields; its T buffer starts at zero, the T of the zero
-window slots a replayed flush state holds, so the replayed steps are timed, not checked).
+``old_flush_net_ms``, ``old_amortized_ms``).
 """
 from __future__ import annotations
 
@@ -161,7 +159,6 @@ def one_row_on_tensor_cores():
 
 
 OLD_DECODE = None   # --old-decode: the decode kernel of an older decode.py, timed beside this tree's
-WY_WALK = False     # --wy-walk: the candidate of benchmarks/variants/decode_wy_walk.py, timed beside it
 
 
 def load_old_decode(path: str):
@@ -250,10 +247,6 @@ def time_steps(out: dict, budget) -> None:
 
                                 time_alternative(row, "old", swapped(decode_mod, "decode_kernel", OLD_DECODE),
                                                  reset_step, flush_step, every)
-                            if WY_WALK:   # the same steps on the candidate of benchmarks/variants/decode_wy_walk.py
-                                from variants.decode_wy_walk import install
-
-                                time_alternative(row, "wy", install(), reset_step, flush_step, every)
                         reset()
                         sync()
                         t0 = time.perf_counter()
@@ -486,15 +479,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1 (tests)")
     ap.add_argument("--old-decode", default=None, help="an older codegen/triton/decode.py: its decode kernel's "
                     "plain and flush steps timed beside this tree's in the steps section (old_* fields)")
-    ap.add_argument("--wy-walk", action="store_true", help="also time the candidate of "
-                    "benchmarks/variants/decode_wy_walk.py in the steps section (wy_* fields)")
     args = ap.parse_args(argv)
-    global OLD_DECODE, WY_WALK
+    global OLD_DECODE
     if args.old_decode:
         OLD_DECODE = load_old_decode(args.old_decode)
-    if args.wy_walk:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        WY_WALK = True
     if args.cpu_smoke:
         smoke_config()
     elif not torch.cuda.is_available():
