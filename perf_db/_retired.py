@@ -18,8 +18,13 @@ files): the record's
   batch bucket, varlen, key schema);
 * status is ``ok`` (compiled, passed the accuracy gate, timed) with a time.
 
-Rows: ``{"config", "config_hash", "median_ms", "source_hash", "codegen_version", "created_at"
-(datetime or None), "origin"}``.
+``earlier_specs=True`` asks instead for the records of the same op, pass, backend, environment and
+workload under OTHER specs (any source): a spec change (a new knob, a changed domain) retires every
+record of the passes it touches, and the tuner falls back to those when its own spec has none (their
+configs lack the knobs added since: ``tuning/warm.py`` gives those the key's defaults).
+
+Rows: ``{"config", "config_hash", "median_ms", "source_hash", "spec_hash", "codegen_version",
+"created_at" (datetime or None), "origin"}``.
 """
 from __future__ import annotations
 
@@ -69,20 +74,25 @@ def _spec_hashes(k: KernelKey, spec_hashes: Optional[Sequence[str]]) -> tuple[st
 def retired_in_records(records: Iterable[Any], env: Union[str, EnvLike], kernel: KernelLike, workload: WorkloadLike,
                        *, origin: str = "results", when: Optional[datetime] = None,
                        started: Optional[dict[str, Any]] = None,
-                       spec_hashes: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
+                       spec_hashes: Optional[Sequence[str]] = None,
+                       earlier_specs: bool = False) -> list[dict[str, Any]]:
     """The rows of ``records`` (``ResultRecord``) that match the rule above. ``created_at``: the
     measurement's, else its run's start (``started``: run_id -> datetime), else ``when``. ``spec_hashes``:
     the hashes of one spec (the pass hash and the full hash) that count as ``kernel``'s when it carries
-    one of them (default: the packaged spec's, ``default_current_keys``)."""
+    one of them (default: the packaged spec's, ``default_current_keys``). ``earlier_specs``: the records
+    of every other spec instead (any source)."""
     k, wl = as_kernel(kernel), as_workload(workload)
     specs = _spec_hashes(k, spec_hashes)
     out = []
     for rec in records:
         rk: KernelKey = rec.kernel
         m = rec.measurement
-        if (rk.op, rk.pass_, rk.backend) != (k.op, k.pass_, k.backend) or rk.spec_hash not in specs:
+        if (rk.op, rk.pass_, rk.backend) != (k.op, k.pass_, k.backend) or rec.workload.key_hash != wl.key_hash:
             continue
-        if rk.source_hash == k.source_hash or rec.workload.key_hash != wl.key_hash:
+        if earlier_specs:
+            if rk.spec_hash in specs:
+                continue
+        elif rk.spec_hash not in specs or rk.source_hash == k.source_hash:
             continue
         if m.status != "ok" or m.median_ms is None:
             continue
@@ -93,8 +103,8 @@ def retired_in_records(records: Iterable[Any], env: Union[str, EnvLike], kernel:
             continue
         created = m.created_at or (started or {}).get(rec.run_id) or when
         out.append({"config": rec.config.to_dict(), "config_hash": rec.config.hash, "median_ms": m.median_ms,
-                    "source_hash": rk.source_hash, "codegen_version": rk.codegen_version, "created_at": created,
-                    "origin": origin})
+                    "source_hash": rk.source_hash, "spec_hash": rk.spec_hash, "codegen_version": rk.codegen_version,
+                    "created_at": created, "origin": origin})
     return out
 
 
@@ -138,12 +148,12 @@ def shipped_records(files: Optional[Sequence[Path]] = None) -> list[tuple[Path, 
 
 def shipped_retired(env: Union[str, EnvLike], kernel: KernelLike, workload: WorkloadLike,
                     files: Optional[Sequence[Path]] = None, *,
-                    spec_hashes: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
+                    spec_hashes: Optional[Sequence[str]] = None, earlier_specs: bool = False) -> list[dict[str, Any]]:
     """``retired_in_records`` over the shipped results files, read directly: a database that
     ingested them may have pruned their retired records since (``gc`` keeps the ingest markers, so
     they are not ingested again)."""
     rows = []
     for path, records, started, when in shipped_records(files):
         rows += retired_in_records(records, env, kernel, workload, origin=f"shipped/{path.name}", when=when,
-                                   started=started, spec_hashes=spec_hashes)
+                                   started=started, spec_hashes=spec_hashes, earlier_specs=earlier_specs)
     return rows

@@ -411,29 +411,33 @@ class PerfDB:
             hit = s.execute(stmt).first()
             return None if hit is None else _row_dict(*hit)
 
-    def retired(self, env: Union[str, EnvLike], kernel: KernelLike, workload: WorkloadLike) -> list[dict[str, Any]]:
+    def retired(self, env: Union[str, EnvLike], kernel: KernelLike, workload: WorkloadLike, *,
+                earlier_specs: bool = False) -> list[dict[str, Any]]:
         """ok measurements of ``workload`` by ``kernel``'s op, pass, backend and spec (``_same_spec``) under
         OTHER kernel source hashes (code edited since), in ``env`` (matched as by ``lookup``): what a new
-        study warm-starts from. Newest first; rule and row fields in ``perf_db/_retired.py``."""
+        study warm-starts from. ``earlier_specs``: those under every other spec instead (any source).
+        Newest first; rule and row fields in ``perf_db/_retired.py``."""
         k, wl = as_kernel(kernel), as_workload(workload)
         env_cols = _EnvCols(EnvRow.__table__.c, KernelRow.__table__.c.backend)
+        same = self._same_spec(k)
+        which = (KernelRow.spec_hash.not_in(same) if earlier_specs
+                 else and_(KernelRow.spec_hash.in_(same), KernelRow.source_hash != k.source_hash))
         stmt = (select(MeasurementRow.id, MeasurementRow.config_json, MeasurementRow.config_hash,
                        MeasurementRow.median_ms, MeasurementRow.created_at, KernelRow.source_hash,
-                       KernelRow.codegen_version)
+                       KernelRow.spec_hash, KernelRow.codegen_version)
                 .join(EnvRow, EnvRow.id == MeasurementRow.env_id)
                 .join(KernelRow, KernelRow.id == MeasurementRow.kernel_id)
                 .join(WorkloadRow, WorkloadRow.id == MeasurementRow.workload_id)
                 .where(self._env_clause(env_cols, env, (k.backend,)),
                        KernelRow.op == k.op, KernelRow.pass_ == k.pass_, KernelRow.backend == k.backend,
-                       KernelRow.spec_hash.in_(self._same_spec(k)), KernelRow.source_hash != k.source_hash,
-                       WorkloadRow.key_hash == wl.key_hash, MeasurementRow.status == "ok",
+                       which, WorkloadRow.key_hash == wl.key_hash, MeasurementRow.status == "ok",
                        MeasurementRow.median_ms.is_not(None))
                 .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc()))
         with self.session() as s:
             return [{"config": json.loads(config_json), "config_hash": config_hash, "median_ms": ms,
-                     "source_hash": source, "codegen_version": codegen, "created_at": created,
-                     "origin": f"perf_db #{mid}"}
-                    for mid, config_json, config_hash, ms, created, source, codegen in s.execute(stmt)]
+                     "source_hash": source, "spec_hash": spec_hash, "codegen_version": codegen,
+                     "created_at": created, "origin": f"perf_db #{mid}"}
+                    for mid, config_json, config_hash, ms, created, source, spec_hash, codegen in s.execute(stmt)]
 
     # -- best -----------------------------------------------------------------------------------------
 

@@ -277,6 +277,50 @@ def test_shipped_results_warm_start_a_fresh_or_pruned_database(tmp_path, spec_co
     assert prep.batches[0] == [default_config(spec, _key()).to_dict()] + [c.to_dict() for c in want[:3]]
 
 
+def test_after_a_spec_change_the_earlier_specs_winners_warm_start_with_new_knobs_at_defaults(tmp_path, spec_copy,
+                                                                                            caplog):
+    """A spec change (here: a knob added since the records were measured) retires every record of the pass:
+    with no retired record of the current spec, a new study takes the winners of earlier specs, the knobs
+    they lack at the key's defaults; a config with a knob the spec no longer has is dropped.  Once the
+    current spec has retired records of its own, the earlier spec's are not used."""
+    from pathtune.specs import load_spec
+
+    spec = load_spec(spec_copy)
+    key = _key()
+    d = default_config(spec, key)
+    earlier = KernelKey(pass_="fwd", backend="triton", spec_hash="e" * 64, codegen_version="1", source_hash=OLD)
+
+    def measured_before(config):   # the record of a spec without ut_diag_block (which this one adds)
+        return {n: v for n, v in config.to_dict().items() if n != "ut_diag_block"}
+
+    b, a = d.replace(block_n=64), d.replace(num_stages=3)
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    _record(url, [(ENV, earlier, key.workload, measured_before(b), _ok(0.9, T0 + timedelta(hours=1))),
+                  (ENV, earlier, key.workload, measured_before(a), _ok(1.0, T0 + timedelta(hours=1))),
+                  (ENV, earlier, key.workload, dict(measured_before(d), gone_knob=2), _ok(0.5, T0))])
+    prep = FakePreparer(workers=4)
+    tuner = _tuner(url, spec_copy, preparer=prep, budget=Budget(trials=3), seed_neighbours=0)
+    with caplog.at_level(logging.INFO, logger="pathtune.tune"):
+        (result,) = tuner.run()
+    tuner.close()
+    assert prep.batches[0] == [d.to_dict(), b.to_dict(), a.to_dict()]
+    assert result.seeded_retired == 2
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "2 configs that won under retired kernel sources of an earlier spec" in text
+    assert "knob 'gone_knob' is not used by pass fwd" in text
+
+    # the current spec's own retired record wins over every earlier spec's
+    url2 = f"sqlite:///{tmp_path / 'tune2.sqlite3'}"
+    e = d.replace(num_warps=8)
+    _record(url2, [(ENV, earlier, key.workload, measured_before(b), _ok(0.9, T0 + timedelta(hours=5))),
+                   (ENV, _kernel(spec), key.workload, e, _ok(1.2, T0))])
+    prep = FakePreparer(workers=4)
+    tuner = _tuner(url2, spec_copy, preparer=prep, budget=Budget(trials=2), seed_neighbours=0)
+    tuner.run()
+    tuner.close()
+    assert prep.batches[0] == [d.to_dict(), e.to_dict()]
+
+
 def test_shipped_file_with_a_config_outside_the_knob_space_is_skipped(tmp_path, spec_copy, monkeypatch, caplog):
     """A shipped file holding a config outside the spec's knob space is skipped whole, with a warning
     naming the file and the knob, and the user's database opens without it."""

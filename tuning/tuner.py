@@ -377,14 +377,19 @@ class Tuner:
         from .warm import WarmStart, select_retired
 
         kernel = self.kernel(key)
+        specs = spec_keys(self.spec, key.pass_)["spec_hashes"]
+        earlier = False
         try:
             rows = self.db.retired(self.env_info, kernel, key.workload)
-            rows += shipped_retired(self.env_info, kernel, key.workload,
-                                    spec_hashes=spec_keys(self.spec, key.pass_)["spec_hashes"])
+            rows += shipped_retired(self.env_info, kernel, key.workload, spec_hashes=specs)
+            if not rows:   # the spec itself changed since the last tune: its winners, new knobs at defaults
+                earlier = True
+                rows = self.db.retired(self.env_info, kernel, key.workload, earlier_specs=True)
+                rows += shipped_retired(self.env_info, kernel, key.workload, spec_hashes=specs, earlier_specs=True)
         except Exception as e:  # noqa: BLE001  (an optimisation: never the reason a tune fails)
             self._note(f"{key.label}: warm start skipped: reading retired results failed: {e}")
             return WarmStart()
-        warm = select_retired(self.spec, key, default, rows, self.opts.seed_retired)
+        warm = select_retired(self.spec, key, default, rows, self.opts.seed_retired, fill_defaults=earlier)
         for _config, problems, row in warm.dropped:
             self._note(f"{key.label}: warm start: dropped a config of retired source {row['source_hash'][:10]} "
                        f"({row['median_ms']:.4g} ms there; {row['origin']}): it no longer validates: "
@@ -394,8 +399,10 @@ class Tuner:
             for _, row in warm.configs:
                 by_source.setdefault(row["source_hash"][:10], []).append(f"{row['median_ms']:.4g}")
             n = len(warm.configs)
-            self._note(f"{key.label}: warm start: {n} config{'s' if n > 1 else ''} that won under retired kernel "
-                       "sources, measured right after the default: " + "; ".join(
+            where = ("retired kernel sources of an earlier spec (knobs new since at this key's defaults)" if earlier
+                     else "retired kernel sources")
+            self._note(f"{key.label}: warm start: {n} config{'s' if n > 1 else ''} that won under {where}, "
+                       "measured right after the default: " + "; ".join(
                            f"{', '.join(times)} ms under {src}" for src, times in by_source.items())
                        + (" (the default's own knobs were among them: measured once)" if warm.same_as_default else ""))
         elif rows:

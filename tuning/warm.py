@@ -13,6 +13,10 @@ kernel edit those are usually still near the best. ``select_retired`` picks up t
 * re-validated against the current spec (``KnobSpace.validate``: knobs of the pass, domains,
   constraints for the workload): a config that no longer validates is dropped and reported.
 
+A spec change (a knob added, a domain changed) retires the records of every pass it touches, spec and
+source alike.  When the current spec has no retired records for a key, the tuner takes those of earlier
+specs (``earlier_specs``), with the knobs added since at the key's defaults (``fill_defaults``).
+
 This module imports neither Optuna nor torch.
 """
 from __future__ import annotations
@@ -61,9 +65,13 @@ def rank_retired(rows: Iterable[dict]) -> list[dict]:
     return sorted(best.values(), key=order)
 
 
-def select_retired(spec: Spec, key: TuneKey, default: Config, rows: Iterable[dict], limit: int) -> WarmStart:
+def select_retired(spec: Spec, key: TuneKey, default: Config, rows: Iterable[dict], limit: int, *,
+                   fill_defaults: bool = False) -> WarmStart:
     """Up to ``limit`` distinct configs of ``rows`` (``PerfDB.retired`` / ``shipped_retired``), ranked
-    by ``rank_retired``, that differ from ``default`` and validate for ``key`` now."""
+    by ``rank_retired``, that differ from ``default`` and validate for ``key`` now.
+
+    ``fill_defaults``: rows measured under an earlier spec (``earlier_specs=True``) lack the knobs added
+    since; those take ``default``'s values (a knob the spec no longer has still fails validation)."""
     space = KnobSpace(spec, key.pass_)
     out = WarmStart()
     seen: set[str] = set()
@@ -73,7 +81,7 @@ def select_retired(spec: Spec, key: TuneKey, default: Config, rows: Iterable[dic
         if len(out.configs) >= limit:
             break
         try:
-            config = Config(row["config"])
+            config = Config({**default.to_dict(), **row["config"]} if fill_defaults else row["config"])
         except (TypeError, ValueError) as e:
             if row["config_hash"] not in seen:
                 seen.add(row["config_hash"])

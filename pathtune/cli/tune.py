@@ -94,7 +94,8 @@ RETIRED = typer.Option(3, "--seed-retired", min=0, metavar="K",
                             "the K fastest distinct configs that perf_db and the shipped results hold for the same "
                             "key under older kernel sources (same GPU env, spec, pass, backend and workload), "
                             "newest source first; configs that no longer validate are dropped with a note. "
-                            "0: off.")
+                            "A key with none under the current spec takes those of earlier specs (knobs added "
+                            "since at the key's defaults). 0: off.")
 SEED_CONFIG = typer.Option(None, "--seed-config", metavar="JSON",
                            help="Knob values to try first in every study whose pass has them, applied on the key's "
                                 "default: a JSON object or list of objects, e.g. '[{\"ut_precision\": \"tf32\"}]' "
