@@ -22,6 +22,9 @@
 #           knobs of a result across gate settings, so precision moves need their own keys)
 #   SEED_CONFIG  JSON knob values every study measures right after its default (--seed-config), e.g.
 #           '[{"ut_precision":"tf32"},{"ut_precision":"tf32","bwd_transition_precision":"tf32"}]'
+#   SEED_RETIRED, SEED_NEIGHBOURS, STARTUP  --seed-retired (3), --seed-neighbours (12), --startup-trials (8):
+#           a short re-tune after a kernel edit measures the default and the retired winners only, e.g.
+#           SEED_NEIGHBOURS=0 STARTUP=0 BUDGET=5m,3
 #
 # Re-running with the same OUT continues the studies (--resume) and never re-measures a config.
 set -euo pipefail
@@ -54,6 +57,8 @@ pathtune tune \
     --head-dim "${HEAD_DIMS:-64,128}" --dtype bfloat16 --pass "${PASSES:-decode,fwd,bwd}" --backend triton \
     --tokens "${TOKENS:-32768}" \
     --compile-workers "${COMPILE_WORKERS:-12}" ${SEED_CONFIG:+--seed-config "$SEED_CONFIG"} \
+    ${SEED_RETIRED:+--seed-retired "$SEED_RETIRED"} ${SEED_NEIGHBOURS:+--seed-neighbours "$SEED_NEIGHBOURS"} \
+    ${STARTUP:+--startup-trials "$STARTUP"} \
     --buckets "${BUCKETS:-2048,4096,8192,16384}" "$GATE_FLAG" \
     --budget "$BUDGET" --storage "sqlite:///$OUT/tune.sqlite3" --resume --seed 0 \
     --results-out "$RESULTS" --report-json "$OUT/h200_tune_report-$STAMP.json" 2>&1 | tee "$OUT/tune.log"

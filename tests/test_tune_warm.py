@@ -321,6 +321,44 @@ def test_after_a_spec_change_the_earlier_specs_winners_warm_start_with_new_knobs
     assert prep.batches[0] == [d.to_dict(), e.to_dict()]
 
 
+def test_seeded_configs_of_every_key_compile_in_one_wave(tmp_path, spec_copy, caplog):
+    """Several keys: the seeded configs of all of them (defaults, warm start) compile in one wave before any key
+    is measured, a config shared by two length buckets of one shape once; each key's first batch then measures
+    them without compiling them again, and only proposals beyond the seeds reach the compile workers later."""
+    from optuna.trial import TrialState
+
+    from pathtune.specs import load_spec
+
+    spec = load_spec(spec_copy)
+    facts, want = _facts(spec)
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    _record(url, facts)
+    keys = [_key(bucket=1024), _key(bucket=2048)]
+    prep = FakePreparer(workers=3)
+    opts = dict(storage=url, budget=Budget(trials=5), measure_fn=tune_fake.measure, spec_path=spec_copy,
+                startup_trials=2, heartbeat=None, env_info=ENV, seed_retired=3, seed_neighbours=0, preparer=prep)
+    tuner = Tuner(keys, TuneOptions(**opts))
+    with caplog.at_level(logging.INFO, logger="pathtune.tune"):
+        results = tuner.run()
+    tuner.close()
+    default = default_config(spec, keys[0]).to_dict()
+    seeded = [default] + [c.to_dict() for c in want[:3]]
+    # the T2048 key: its default (the T1024 default, the same kernels: compiled once) and its one retired winner
+    seeded.append(dict(default, chunk_size=32))
+    assert prep.batches[0] == seeded
+    for later in prep.batches[1:]:
+        assert not [c for c in later if c in seeded]
+    assert "compiled the seeded configs of 2 keys in one wave: 5 configs, 6 trials" in \
+        "\n".join(r.getMessage() for r in caplog.records)
+    for res in results:
+        assert res.trials == 5 and res.default_ms is not None
+    import optuna
+
+    for name in optuna.get_all_study_names(url):
+        study = optuna.load_study(study_name=name, storage=url)
+        assert not study.get_trials(states=(TrialState.WAITING, TrialState.RUNNING))
+
+
 def test_shipped_file_with_a_config_outside_the_knob_space_is_skipped(tmp_path, spec_copy, monkeypatch, caplog):
     """A shipped file holding a config outside the spec's knob space is skipped whole, with a warning
     naming the file and the knob, and the user's database opens without it."""

@@ -264,6 +264,8 @@ class Tuner:
             from .prepare import Preparer
 
             self.preparer = Preparer(opts.compile_workers, opts.compile_timeout)
+        self._opened: dict[str, Any] = {}        # study name -> study opened by compile_seeded, for tune_key
+        self._compiled: dict[tuple[str, str], dict] = {}   # (study name, config hash) -> compile_seeded's result
 
     # -- names ----------------------------------------------------------------------------------------
 
@@ -438,7 +440,7 @@ class Tuner:
         from optuna.study import MaxTrialsCallback
         from optuna.trial import TrialState
 
-        study = self.open_study(key)
+        study = self._opened.pop(self.study_name(key), None) or self.open_study(key)
         name = study.study_name
         if self.opts.resume:
             requeue_interrupted(study)
@@ -538,8 +540,13 @@ class Tuner:
             empty_batches = 0 if batch else empty_batches + 1
             untold = [t for t, _ in batch + repeats]
             try:
-                prepared = self.preparer.run([ctx.task(config, trial.number) for trial, config in batch],
-                                             should_stop=lambda: self.stop_requested) if batch else []
+                # configs that compile_seeded already compiled (or found failing) are not compiled again
+                known = {i: self._compiled.pop((ctx.study_name, config.hash)) for i, (_, config) in enumerate(batch)
+                         if (ctx.study_name, config.hash) in self._compiled}
+                todo = [i for i in range(len(batch)) if i not in known]
+                fresh = self.preparer.run([ctx.task(batch[i][1], batch[i][0].number) for i in todo],
+                                          should_stop=lambda: self.stop_requested) if todo else []
+                prepared = [known[i] if i in known else fresh[todo.index(i)] for i in range(len(batch))]
                 if len(batch) > 1 and all(p.get("child_failed") for p in prepared):
                     # not the configs: the children cannot run at all (environment); record nothing
                     ctx.fatal = ("every compile child of a batch died without a result (a setup problem, not "
@@ -597,12 +604,67 @@ class Tuner:
 
     # -- all keys -------------------------------------------------------------------------------------
 
+    def compile_seeded(self) -> None:
+        """Compile the seeded trials of every key (its default, the user's seeds, the warm start) in one wave of
+        the compile workers, before any key is measured; each key's first batch then measures them without
+        compiling again.  Key by key, a batch of a few seeded configs leaves most workers idle while it
+        compiles (a re-tune after a kernel edit: the default and the retired winners of 16 keys, minutes of
+        cold compiles each); one wave keeps every worker busy.  Configs whose kernels another key already
+        compiles (the same pass, head dims, heads, dtype, gate and config at another length bucket) are
+        compiled once; their Triton cache entries serve both.  No straggler rule in the wave: a backward
+        config compiles for minutes next to forward ones that take seconds."""
+        from optuna.trial import TrialState
+
+        from pathtune.specs import Config
+
+        tasks, owners, first = [], [], {}
+        for key in self.keys:
+            study = self.open_study(key)
+            self._opened[study.study_name] = study
+            ctx = KeyContext(key=key, space=key.space(self.spec), db=self.db, env_info=self.env_info,
+                             kernel=self.kernel(key), study_name=study.study_name, run_id=run_id_for(study.study_name),
+                             measure_fn=self.measure_fn, task_defaults=dict(self.opts.task_defaults),
+                             seed=self.opts.seed + 1000 * self.opts.worker)
+            for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                params = trial.system_attrs.get("fixed_params")
+                if not params:
+                    continue
+                try:
+                    config = Config(params)
+                except (TypeError, ValueError):
+                    continue
+                if self.db.lookup(self.env_info, ctx.kernel, key.workload, config) is not None:
+                    continue     # measured before: its trial reads perf_db
+                wl = key.workload
+                kernels = (key.pass_, key.backend, wl.head_dim, wl.head_dim_v, wl.heads_q, wl.heads_kv, wl.dtype,
+                           wl.use_gate, wl.varlen, config.hash)
+                owners.append(((study.study_name, config.hash), first.setdefault(kernels, len(tasks))))
+                if first[kernels] == len(tasks):
+                    tasks.append(ctx.task(config, trial.number))
+        if len(tasks) <= 1:
+            return
+        preparer = self.preparer
+        if hasattr(preparer, "straggler_factor"):
+            import copy
+
+            preparer = copy.copy(preparer)
+            preparer.straggler_factor = None
+        start = time.monotonic()
+        results = preparer.run(tasks, should_stop=lambda: self.stop_requested)
+        for (study_config, i) in owners:
+            if results[i].get("status") not in ("interrupted", "timeout") and not results[i].get("child_failed"):
+                self._compiled[study_config] = results[i]
+        self._note(f"compiled the seeded configs of {len(self.keys)} keys in one wave: {len(tasks)} configs, "
+                   f"{len(owners)} trials, {time.monotonic() - start:.0f} s")
+
     def run(self, on_key_done: Optional[Callable[[KeyResult], None]] = None) -> list[KeyResult]:
         results = []
         deadline = None if self.opts.budget.seconds is None else time.monotonic() + self.opts.budget.seconds
         self.check_new()
         old = _install_sigint(self)
         try:
+            if self.preparer is not None and len(self.keys) > 1:
+                self.compile_seeded()
             for i, key in enumerate(self.keys):
                 if self.stop_requested or self.fatal:
                     break
