@@ -18,8 +18,9 @@
 #   BUCKETS length buckets (default 2048,4096,8192,16384); HEAD_DIMS (64,128); PASSES (decode,fwd,bwd);
 #   TOKENS  B*T of each key's timed shape (default 32768; the decode issue's shapes: 8 x 32768 = 262144)
 #   COMPILE_WORKERS  child processes compiling a batch at once (default 12: the H200 host has 16 cores)
-#   GATE    fox (PaTH-FoX keys, default) or path (plain PaTH keys: the dispatcher carries only the schedule
-#           knobs of a result across gate settings, so precision moves need their own keys)
+#   GATE    fox (PaTH-FoX keys, default), path (plain PaTH keys: the dispatcher carries only the schedule
+#           knobs of a result across gate settings, so precision moves need their own keys) or both (one run,
+#           one compile wave for the seeded configs of both)
 #   SEED_CONFIG  JSON knob values every study measures right after its default (--seed-config), e.g.
 #           '[{"ut_precision":"tf32"},{"ut_precision":"tf32","bwd_transition_precision":"tf32"}]'
 #   SEED_RETIRED, SEED_NEIGHBOURS, STARTUP  --seed-retired (3), --seed-neighbours (12), --startup-trials (8):
@@ -48,7 +49,8 @@ STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 case "${GATE:-fox}" in
     fox) GATE_FLAG=--gate ;;
     path) GATE_FLAG=--no-gate ;;
-    *) echo "GATE must be fox or path, got '$GATE'" >&2; exit 2 ;;
+    both) GATE_FLAG=--both-gates ;;
+    *) echo "GATE must be fox, path or both, got '$GATE'" >&2; exit 2 ;;
 esac
 HD="${HEAD_DIMS:-64,128}"
 RESULTS="$OUT/H200-tune-d${HD//,/-}-$STAMP.json"

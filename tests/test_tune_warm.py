@@ -418,6 +418,22 @@ def test_cli_seed_retired_unbatched_and_help(tmp_path, spec_copy, monkeypatch):
     assert "--seed-retired" in res.output
 
 
+def test_cli_both_gates_tunes_the_fox_and_the_plain_keys_in_one_run(tmp_path, spec_copy):
+    from typer.testing import CliRunner
+
+    from pathtune.cli import app
+
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    args = ["tune", "--head-dim", "64", "--pass", "fwd", "--buckets", "1024", "--storage", url, "--measure-with",
+            f"{HERE / 'tune_fake.py'}:measure", "--startup-trials", "0", "--seed-neighbours", "0", "--spec",
+            str(spec_copy), "--budget", "2", "--both-gates"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "pathtune tune: 2 keys" in res.output
+    with PerfDB(url, current_keys=None) as db:
+        assert {r["workload"]["use_gate"] for r in db.query()} == {True, False}
+
+
 def test_rank_and_select():
     from pathtune.specs import load_spec
 

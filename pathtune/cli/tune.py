@@ -59,6 +59,8 @@ BACKEND = typer.Option("triton", "--backend", help="Backends: triton, tvm (forwa
 BUCKETS = typer.Option("1024,2048,4096,8192,16384", "--buckets",
                        help="Sequence-length buckets (powers of two); each is timed at B*T = --tokens.")
 GATE = typer.Option(True, "--gate/--no-gate", help="FoX forget gate on (PaTH-FoX, default) or off (PaTH).")
+BOTH_GATES = typer.Option(False, "--both-gates", help="Tune the PaTH-FoX and the PaTH keys in one run (their seeded "
+                                                      "configs compile in one wave); overrides --gate / --no-gate.")
 HEADS = typer.Option(None, "--heads", help="Query heads (default 16 for D <= 64, else 8).")
 HEADS_KV = typer.Option(None, "--heads-kv", help="Key/value heads (default: = --heads).")
 TOKENS = typer.Option(32768, "--tokens", help="B*T of the timed shape (batch = tokens // bucket).")
@@ -236,6 +238,7 @@ def tune(
     measure_with: Optional[str] = MEASURE_WITH, heartbeat: int = HEARTBEAT, startup_trials: int = STARTUP,
     spec: Optional[Path] = SPEC, compile_workers: Optional[int] = COMPILE_WORKERS,
     seed_neighbours: int = NEIGHBOURS, seed_retired: int = RETIRED, seed_config: Optional[List[str]] = SEED_CONFIG,
+    both_gates: bool = BOTH_GATES,
 ) -> None:
     """Tune every (pass, backend, head dim, dtype, length bucket) key on this GPU host (an Optuna study per key).
 
@@ -248,7 +251,9 @@ def tune(
     from pathtune.tuning.progress import TuneProgress
     from pathtune.tuning.tuner import StudyExistsError, Tuner
 
-    keys = _filter_keys(_keys(head_dim, dtype, pass_, backend, buckets, gate, heads, heads_kv, tokens), local=True)
+    keys = [k for g in ((True, False) if both_gates else (gate,))
+            for k in _keys(head_dim, dtype, pass_, backend, buckets, g, heads, heads_kv, tokens)]
+    keys = _filter_keys(keys, local=True)
     if measure_with is None:
         import os
 
