@@ -365,8 +365,8 @@ def spec_keys(spec: Any, pass_: str) -> dict[str, Any]:
     carry the pass hash (``spec_hash``); a record of the pass hash or of the full spec hash is current."""
     if pass_ not in spec.passes:
         return {"spec_hash": spec.hash}
-    mine = spec.pass_hash(pass_)
-    return {"spec_hash": mine, "spec_hashes": (mine, spec.hash)}
+    hashes = spec.hashes_of(pass_)
+    return {"spec_hash": hashes[0], "spec_hashes": hashes}
 
 
 def default_current_keys(op: str, pass_: str, backend: str) -> Optional[dict[str, Any]]:

@@ -799,6 +799,14 @@ class Spec(_Model):
             cached = self._pass_hashes[pass_] = sha256_hex(self.pass_canonical_json(pass_))
         return cached
 
+    def hashes_of(self, pass_: str) -> tuple[str, ...]:
+        """The spec hashes that name this spec for ``pass_``: what a record or built module of that pass may carry
+        and still be this spec's -- the pass hash (everything made since per-pass hashes) and the full hash (made
+        before); just the full hash for a name that is not one of the spec's passes."""
+        if pass_ not in self.passes:
+            return (self.hash,)
+        return (self.pass_hash(pass_), self.hash)
+
     @property
     def pass_hashes(self) -> dict[str, str]:
         """``{pass: pass_hash(pass)}`` for every pass of the spec."""

@@ -261,3 +261,8 @@ def test_the_tuner_keys_records_and_studies_by_the_pass_hash(tmp_path, monkeypat
         assert t.study_name(key) == older
     finally:
         t.close()
+
+
+def test_hashes_of_names_the_pass_hash_then_the_full_hash():
+    assert SPEC.hashes_of("decode") == (SPEC.pass_hash("decode"), SPEC.hash)
+    assert SPEC.hashes_of("no-such-pass") == (SPEC.hash,)

@@ -93,10 +93,8 @@ def _wanted(params: TVMParams, dims: KernelDims, arch: str) -> dict:
 
     from .build import source_hash
 
-    spec = load_spec()
-    # a module built for the decode pass's hash, or (built before per-pass hashes) for the full spec's
     return dict(pass_="decode", dims=dims.key(), arch=arch, src=source_hash(),
-                spec=(spec.pass_hash("decode"), spec.hash), knobs=params.decode_dict())
+                spec=load_spec().hashes_of("decode"), knobs=params.decode_dict())
 
 
 def _matches(meta: dict, want: dict) -> bool:
