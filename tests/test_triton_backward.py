@@ -400,7 +400,9 @@ def test_mutation_gate_ignored_is_caught(monkeypatch):
     """Mutant: the kernels drop the FoX gate (gate cumsum replaced by zeros in forward and in the
     backward's recomputation).  Against the gated oracle the errors must be huge; against the
     ungated oracle dq/dk/dv/dw/dbeta match, which shows the mutant is the one intended."""
-    monkeypatch.setattr(tri_forward, "gate_cumsum", lambda g, cu: torch.zeros_like(g, dtype=F32))
+    monkeypatch.setattr(tri_forward, "gate_cumsum",
+                        lambda g, cu, head_major=False: torch.zeros(g.shape[2], g.shape[0] * g.shape[1], dtype=F32)
+                        if head_major else torch.zeros_like(g, dtype=F32))
     inputs, do = make_inputs(410, T=64, gate=True)
     p = params()
     xs = _leaves(inputs)
@@ -418,7 +420,7 @@ def test_mutation_gate_ignored_is_caught(monkeypatch):
 def test_mutation_gate_grad_is_caught(monkeypatch):
     """Mutant: dg = dc (the reverse cumsum over each sequence is skipped).  dg must fail, the others
     must still pass (the gate's forward is intact)."""
-    monkeypatch.setattr(tri_backward, "_gate_grad", lambda dc, tables, shape: dc.to(F64).view(shape))
+    monkeypatch.setattr(tri_backward, "_gate_grad", lambda dc, tables, shape: dc.t().to(F64).reshape(shape))
     inputs, do = make_inputs(420, T=64, gate=True)
     got = kernel_grads(inputs, do, params())
     ref = oracle_grads(inputs, do)
@@ -638,7 +640,7 @@ def test_gate_grad_kernel_matches_torch(monkeypatch, HQ):
     lens = [1, 150, 37, 64, 65]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
     tb = build_tables(1, sum(lens), cu, 16, 32, torch.device("cpu"))
-    dc = 1.0 + 1e-3 * torch.randn(sum(lens), HQ, generator=torch.Generator().manual_seed(530 + HQ))
+    dc = 1.0 + 1e-3 * torch.randn(HQ, sum(lens), generator=torch.Generator().manual_seed(530 + HQ))   # head-major
     got = tri_backward._gate_grad(dc, tb, (1, sum(lens), HQ))
     ref = tri_backward._gate_grad_torch(dc, tb, (1, sum(lens), HQ))
     assert got.dtype == F32 and got.shape == (1, sum(lens), HQ)

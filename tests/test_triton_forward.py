@@ -272,6 +272,12 @@ def test_gate_cumsum_kernel(lens):
     if cu is not None:
         for t in cu[:-1].tolist():   # each sequence restarts
             assert c[0, t].equal(g[0, t])
+    # head-major [HQ, B * T]: the same values, from the kernel and from the float64 torch version
+    hm = gate_cumsum(g, cu, head_major=True)
+    assert hm.shape == (5, g.shape[0] * g.shape[1]) and hm.is_contiguous()
+    assert hm.equal(c.reshape(-1, 5).t())
+    hm64 = _gate_cumsum_torch(g.double(), cu, head_major=True)
+    assert hm64.shape == hm.shape and hm64.equal(_gate_cumsum_torch(g.double(), cu).reshape(-1, 5).t())
 
 
 def _ref_varlen(g, cu):

@@ -140,8 +140,9 @@ def _build_tables(batch, seq_len, cu_seqlens, chunk_size, superchunk_size, devic
     )
 
 
-def gate_cumsum(g: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
-    """Inclusive cumulative sum of the log forget gate per sequence, float32 [B, T, HQ] (contiguous).
+def gate_cumsum(g: torch.Tensor, cu_seqlens: torch.Tensor | None, head_major: bool = False) -> torch.Tensor:
+    """Inclusive cumulative sum of the log forget gate per sequence, float32 [B, T, HQ] (contiguous);
+    head_major: [HQ, B * T] (contiguous, token t of head hq at hq * B * T + t).
 
     g: [B, T, HQ] (or [1, N_tok, HQ] with cu_seqlens).  On the GPU (and under Triton's interpreter)
     ``gate_cumsum_kernel``: one launch for sequences of one span, else two (the span totals, then the
@@ -150,10 +151,10 @@ def gate_cumsum(g: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tenso
     torch cumsum (rounded to float32 like the kernel's).
     """
     if g.dtype == torch.float64 or not (g.is_cuda or interpreting()):
-        return _gate_cumsum_torch(g, cu_seqlens)
+        return _gate_cumsum_torch(g, cu_seqlens, head_major)
     B, T, HQ = g.shape
     gt = g.reshape(B * T, HQ).contiguous()
-    c = torch.empty(B * T, HQ, device=g.device, dtype=torch.float32)
+    c = torch.empty((HQ, B * T) if head_major else (B * T, HQ), device=g.device, dtype=torch.float32)
     BH = min(triton.next_power_of_2(HQ), 16)
     BT = max(16, 1024 // BH)
     if cu_seqlens is None:
@@ -166,11 +167,12 @@ def gate_cumsum(g: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tenso
     # (hi, lo) float32 total of every span: the prefix of a span is the sum of the totals before it
     totals = torch.empty(n_seq, n_spans, 2, HQ, device=g.device, dtype=torch.float32) if n_spans > 1 else c
     grid = (n_seq, n_spans, triton.cdiv(HQ, BH))
-    kw = dict(HQ=HQ, BH=BH, BT=min(BT, span), SPAN=span, VARLEN=cu_seqlens is not None, num_warps=4)
+    kw = dict(HQ=HQ, BH=BH, BT=min(BT, span), SPAN=span, VARLEN=cu_seqlens is not None, HEAD_MAJOR=head_major,
+              num_warps=4)
     if n_spans > 1:
-        gate_cumsum_kernel[grid](gt, c, totals, cu, T, n_spans, TOTALS_ONLY=True, **kw)
-    gate_cumsum_kernel[grid](gt, c, totals, cu, T, n_spans, TOTALS_ONLY=False, **kw)
-    return c.view(B, T, HQ)
+        gate_cumsum_kernel[grid](gt, c, totals, cu, T, n_spans, B * T, TOTALS_ONLY=True, **kw)
+    gate_cumsum_kernel[grid](gt, c, totals, cu, T, n_spans, B * T, TOTALS_ONLY=False, **kw)
+    return c if head_major else c.view(B, T, HQ)
 
 
 GATE_CUMSUM_SPAN = 1024   # tokens per program of gate_cumsum_kernel
@@ -185,9 +187,13 @@ def _add2(hi, lo, x):
 
 
 @triton.jit
-def gate_cumsum_kernel(g_ptr, c_ptr, tot_ptr, cu_ptr, seq_len, n_spans, HQ: tl.constexpr, BH: tl.constexpr,
-                       BT: tl.constexpr, SPAN: tl.constexpr, VARLEN: tl.constexpr, TOTALS_ONLY: tl.constexpr):
+def gate_cumsum_kernel(g_ptr, c_ptr, tot_ptr, cu_ptr, seq_len, n_spans, c_hs, HQ: tl.constexpr, BH: tl.constexpr,
+                       BT: tl.constexpr, SPAN: tl.constexpr, VARLEN: tl.constexpr, HEAD_MAJOR: tl.constexpr,
+                       TOTALS_ONLY: tl.constexpr):
     """One program per (sequence, span of SPAN tokens, BH heads): c[t] = g[s0] + ... + g[t].
+
+    g [N, HQ] token-major; c [N, HQ] token-major, or HEAD_MAJOR [HQ, c_hs] (c_hs = N, head hq's tokens
+    contiguous from hq * c_hs).
 
     TOTALS_ONLY: the span's sum, stored as a (hi, lo) float32 pair in tot_ptr [n_seq, n_spans, 2, HQ].
     Else the span starts from the sum of the totals of the spans before it (at most T / SPAN loads of
@@ -228,14 +234,18 @@ def gate_cumsum_kernel(g_ptr, c_ptr, tot_ptr, cu_ptr, seq_len, n_spans, HQ: tl.c
                 off = t[:, None] * HQ + hs[None, :]
                 x = tl.load(g_ptr + off, mask=mask, other=0.0).to(tl.float32)
                 part = tl.cumsum(x, axis=0)
-                tl.store(c_ptr + off, hi[None, :] + (lo[None, :] + part), mask=mask)
+                if HEAD_MAJOR:
+                    c_off = hs[None, :].to(tl.int64) * c_hs + t[:, None]
+                else:
+                    c_off = off
+                tl.store(c_ptr + c_off, hi[None, :] + (lo[None, :] + part), mask=mask)
                 hi, lo = _add2(hi, lo, tl.sum(tl.where((r == BT - 1)[:, None], part, 0.0), axis=0))
 
 
-def _gate_cumsum_torch(g: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
-    """``gate_cumsum`` in float64 torch ops (CPU without the interpreter, float64 g).  The sum runs
-    over the innermost dimension (T moved last): a cumsum over an outer dimension is a slow strided
-    scan on the GPU."""
+def _gate_cumsum_torch(g: torch.Tensor, cu_seqlens: torch.Tensor | None, head_major: bool = False) -> torch.Tensor:
+    """``gate_cumsum`` in float64 torch ops (CPU without the interpreter, float64 g), in the same layout
+    ([B, T, HQ], or head_major [HQ, B * T]).  The sum runs over the innermost dimension (T moved last):
+    a cumsum over an outer dimension is a slow strided scan on the GPU."""
     c = torch.cumsum(g.transpose(1, 2).to(torch.float64), dim=-1)  # [B, HQ, T]
     if cu_seqlens is not None:
         # restart the sum at each sequence start: subtract the running total before it
@@ -243,4 +253,7 @@ def _gate_cumsum_torch(g: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torc
         lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
         offs = torch.cat([torch.zeros_like(c[..., :1]), c], dim=-1)[..., starts]  # [1, HQ, n_seq]
         c = c - torch.repeat_interleave(offs, lengths, dim=-1)
-    return c.to(torch.float32).transpose(1, 2).contiguous()
+    c = c.to(torch.float32)
+    if head_major:
+        return c.transpose(0, 1).reshape(c.shape[1], -1)              # [HQ, B * T]
+    return c.transpose(1, 2).contiguous()

@@ -66,21 +66,22 @@ GATE_GRAD_SPAN = 1024    # tokens per program of gate_grad_kernel
 
 def _gate_grad(dc: torch.Tensor, tables: SequenceTables, shape) -> torch.Tensor:
     """dg_l = sum_{i >= l, same sequence} dc_i (c is the inclusive cumsum of g), float32, one launch of
-    ``gate_grad_kernel`` (no host work: the grid comes from the tables' host ints)."""
-    N, HQ = dc.shape
+    ``gate_grad_kernel`` (no host work: the grid comes from the tables' host ints).  dc [HQ, N]
+    head-major (rows of stride dc.stride(0)); dg [N, HQ] token-major, viewed as ``shape``."""
+    HQ, N = dc.shape
     dg = torch.empty(N, HQ, device=dc.device, dtype=torch.float32)
     BH = min(triton.next_power_of_2(HQ), 16)
     BT = min(max(16, 1024 // BH), GATE_GRAD_SPAN)
     grid = (tables.n_seq, triton.cdiv(max(tables.max_seq_len, 1), GATE_GRAD_SPAN), triton.cdiv(HQ, BH))
-    gate_grad_kernel[grid](dc, dg, tables.seq_start, tables.seq_end, HQ=HQ, BH=BH, BT=BT, SPAN=GATE_GRAD_SPAN,
-                           num_warps=4)
+    gate_grad_kernel[grid](dc, dg, tables.seq_start, tables.seq_end, dc.stride(0), HQ=HQ, BH=BH, BT=BT,
+                           SPAN=GATE_GRAD_SPAN, num_warps=4)
     return dg.view(shape)
 
 
 def _gate_grad_torch(dc: torch.Tensor, tables: SequenceTables, shape) -> torch.Tensor:
     """``_gate_grad`` in float64 torch ops along the innermost dimension (tokens moved last): the
-    reference of the kernel's test."""
-    d64 = dc.t().to(torch.float64)                                   # [HQ, N]
+    reference of the kernel's test.  dc [HQ, N] head-major, dg [N, HQ] viewed as ``shape``."""
+    d64 = dc.to(torch.float64)                                       # [HQ, N]
     rc = torch.flip(torch.cumsum(torch.flip(d64, [-1]), -1), [-1])   # sum over i >= l, whole stream
     tail = torch.cat([rc, torch.zeros_like(rc[:, :1])], -1)[:, tables.seq_end]  # beyond each sequence
     lengths = tables.seq_end - tables.seq_start
@@ -413,6 +414,7 @@ def path_attention_bwd(
     qt, kt_in, vt, wt, bt = _tokens(q), _tokens(k), _tokens(v), _tokens(w), _tokens(beta)
     dot_, ot, lset = _tokens(do), _tokens(o), _tokens(lse)
     N = qt.shape[0]
+    # gc, dc: [HQ, N] head-major (a key tile's gates contiguous), head stride N
     gc = state.gc if use_gate else lset  # dummy pointer when ungated
     qk_scale = scale * _LOG2E
     gate_nat = scale if gate_placement == "inside_scale" else 1.0
@@ -428,9 +430,9 @@ def path_attention_bwd(
     # 1. queries at their super-chunk start, stored in the scan dtype: they are only ever GEMM operands
     # (bwd_prep writes every row of every sequence)
     y = torch.empty(N, HQ, D, device=dev, dtype=scan_store)
-    # delta (bwd_prep writes it whole) shares dc's buffer: one memset, and two [N, HQ] float32 rows
-    # rounded together instead of dc rounding up a larger buffer (the caching allocator's 2 MiB)
-    delta, dc = _zeros([(N, HQ), (N, HQ)], torch.float32, dev)
+    # delta [N, HQ] (bwd_prep writes it whole) shares dc's buffer: one memset, and two N x HQ float32
+    # arrays rounded together instead of dc rounding up a larger buffer (the caching allocator's 2 MiB)
+    delta, dc = _zeros([(N, HQ), (HQ, N)], torch.float32, dev)
     dlse_t = _tokens(dlse).float() if dlse is not None else delta
     bwd_prep_kernel[(tb.n_chunks, HQ)](
         qt, wt, state.u, ot, dot_, dlse_t, y, delta,
@@ -462,7 +464,7 @@ def path_attention_bwd(
         bwd_inter_dkv_kernel[(tb.n_sc * (S // BN), H)](
             y, state.kj, vt, gc, dot_, lset, delta, dkj, dv, dom, dc, om, kz,
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
-            qk_scale, gate_scale, scale, gate_nat,
+            qk_scale, gate_scale, scale, gate_nat, N,
             BLOCK_N=BN, BLOCK_M=params.bwd_block_m, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
             num_warps=params.bwd_inter_num_warps, num_stages=params.bwd_num_stages, **common,
         )
@@ -474,7 +476,7 @@ def path_attention_bwd(
         bwd_inter_dq_kernel[(tb.n_chunks, HQ)](
             y, state.kj, vt, gc, dot_, lset, delta, dy, dc, om, z,
             tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
-            tb.n_chunks, qk_scale, gate_scale, scale, gate_nat,
+            tb.n_chunks, qk_scale, gate_scale, scale, gate_nat, N,
             BLOCK_N=BN, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
             num_warps=params.bwd_inter_num_warps, num_stages=params.bwd_num_stages, **common,
         )
@@ -517,10 +519,11 @@ def path_attention_bwd(
             del suf, gs
         # bwd_intra's chain-state slots (see the kernel): S // (2C) per chunk and query head
         xs = torch.empty(max(1, HQ * tr.n_chunks * (S // (2 * C)) * C * max(BD, 64)), device=dev, dtype=scan_store)
-        intra_args = (qt[r], kt_in[r], vt[r], wt[r], u, m, ktil, gc[r], dot_[r], lset[r], delta[r], dy[r],
-                      dq[r], dk_acc, dv[r], dw_acc, du, dm, dkt, dc[r], xs,
+        # the range's columns of gc and dc: views with the full head stride N
+        intra_args = (qt[r], kt_in[r], vt[r], wt[r], u, m, ktil, gc[:, r] if use_gate else gc, dot_[r], lset[r],
+                      delta[r], dy[r], dq[r], dk_acc, dv[r], dw_acc, du, dm, dkt, dc[:, r], xs,
                       tr.chunk_tok0, tr.chunk_seq, tr.seq_start, tr.seq_end,
-                      tr.n_chunks, qk_scale, gate_scale, scale, gate_nat)
+                      tr.n_chunks, qk_scale, gate_scale, scale, gate_nat, N)
         # head dims under 64 run on 64-wide (masked) tiles here: at D = 32 this kernel's atomic
         # adds of 64 x 32 products faulted on the H200 (illegal address; D = 64 ran clean)
         intra_kw = dict(common, BD=max(BD, 64), BDV=max(BDV, 64), TP=tp, USE_GATE=use_gate, INTERP=interp,

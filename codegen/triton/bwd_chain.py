@@ -275,10 +275,11 @@ def bwd_transport_grads_kernel(
 
 
 @triton.jit
-def gate_grad_kernel(dc_ptr, dg_ptr, seq_start, seq_end, HQ: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr,
-                     SPAN: tl.constexpr):
+def gate_grad_kernel(dc_ptr, dg_ptr, seq_start, seq_end, dc_hs, HQ: tl.constexpr, BH: tl.constexpr,
+                     BT: tl.constexpr, SPAN: tl.constexpr):
     """dg_l = sum of dc_i over i >= l in l's sequence (c is the inclusive cumsum of g), one program per
-    (sequence, span of SPAN tokens, BH query heads), [N, HQ] token-major in and out (dg in its own dtype).
+    (sequence, span of SPAN tokens, BH query heads); dc [HQ, dc_hs] float32 head-major in, dg [N, HQ]
+    token-major out (in its own dtype).
 
     The program first sums the sequence's tokens after its span (a re-read of at most the sequence's
     length), then scans its span from the end in tiles of BT tokens (a reversed cumsum per tile).  The
@@ -287,6 +288,7 @@ def gate_grad_kernel(dc_ptr, dg_ptr, seq_start, seq_end, HQ: tl.constexpr, BH: t
     sid = tl.program_id(0)
     hs = tl.program_id(2) * BH + tl.arange(0, BH)
     hmask = hs < HQ
+    dc_h = hs[None, :].to(tl.int64) * dc_hs      # each head's row of dc
     s0 = tl.load(seq_start + sid)
     s1 = tl.load(seq_end + sid)
     a = s0 + tl.program_id(1).to(tl.int64) * SPAN
@@ -297,7 +299,7 @@ def gate_grad_kernel(dc_ptr, dg_ptr, seq_start, seq_end, HQ: tl.constexpr, BH: t
         b = tl.minimum(a + SPAN, s1)
         for t0 in range(b, s1, BT):           # everything after the span: its sum only
             t = t0 + r
-            x = tl.load(dc_ptr + t[:, None] * HQ + hs[None, :], mask=(t < s1)[:, None] & hmask[None, :], other=0.0)
+            x = tl.load(dc_ptr + dc_h + t[:, None], mask=(t < s1)[:, None] & hmask[None, :], other=0.0)
             y = lo + tl.sum(x, axis=0)
             new_hi = hi + y
             lo = y - (new_hi - hi)
@@ -305,10 +307,10 @@ def gate_grad_kernel(dc_ptr, dg_ptr, seq_start, seq_end, HQ: tl.constexpr, BH: t
         for i in range(0, tl.cdiv(b - a, BT)):
             t = b - (i + 1) * BT + r
             mask = (t >= a)[:, None] & hmask[None, :]
-            off = t[:, None] * HQ + hs[None, :]
-            x = tl.load(dc_ptr + off, mask=mask, other=0.0)
+            x = tl.load(dc_ptr + dc_h + t[:, None], mask=mask, other=0.0)
             part = tl.cumsum(x, axis=0, reverse=True)
-            tl.store(dg_ptr + off, (hi[None, :] + (lo[None, :] + part)).to(dg_ptr.dtype.element_ty), mask=mask)
+            dg = (hi[None, :] + (lo[None, :] + part)).to(dg_ptr.dtype.element_ty)
+            tl.store(dg_ptr + t[:, None] * HQ + hs[None, :], dg, mask=mask)
             y = lo + tl.sum(x, axis=0)
             new_hi = hi + y
             lo = y - (new_hi - hi)

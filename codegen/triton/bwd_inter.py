@@ -47,7 +47,7 @@ def bwd_inter_dq_kernel(
     y_ptr, kj_ptr, v_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
     dy_ptr, dc_ptr, om_ptr, z_ptr,
     chunk_tok0, chunk_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
-    n_chunks, qk_scale, gate_scale, scale, gate_nat,
+    n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
@@ -55,9 +55,12 @@ def bwd_inter_dq_kernel(
     # om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J} (scan dtype when DB == BD, else float32).
     # DB < BD: z_ptr [N, HQ, D] (scan dtype) is the scratch of Z = Y Om for this program's rows and
     # dy (zero-filled) accumulates in place; DB == BD: z_ptr unused.
+    # gc_ptr, dc_ptr [HQ, gc_hs] float32 head-major: a head's gates (and their gradients) contiguous.
     n = n_chunks - 1 - tl.program_id(0)
     hq = tl.program_id(1)
     h = hq // (HQ // H)
+    gc_h = gc_ptr + hq.to(tl.int64) * gc_hs
+    dc_h = dc_ptr + hq.to(tl.int64) * gc_hs
     tok0 = tl.load(chunk_tok0 + n)
     sid = tl.load(chunk_seq + n)
     s0 = tl.load(seq_start + sid)
@@ -78,7 +81,7 @@ def bwd_inter_dq_kernel(
         lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
         if USE_GATE:
-            c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+            c_q = tl.load(gc_h + rows, mask=rmask, other=0.0)
         dcq = tl.zeros((C,), dtype=tl.float32)
         if DB == BD:
             pair_base = tl.load(seq_pair_base + sid)
@@ -97,7 +100,7 @@ def bwd_inter_dq_kernel(
                     Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
                     s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
                     if USE_GATE:
-                        c_k = tl.load(gc_ptr + krows * HQ + hq)
+                        c_k = tl.load(gc_h + krows)
                         s += (c_q[:, None] - c_k[None, :]) * gate_scale
                     p = tl.exp2(s - lse2[:, None])
                     dp = mm(dO, tl.trans(Vt), INTERP)
@@ -130,7 +133,7 @@ def bwd_inter_dq_kernel(
                     Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
                     s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
                     if USE_GATE:
-                        c_k = tl.load(gc_ptr + krows * HQ + hq)
+                        c_k = tl.load(gc_h + krows)
                         s += (c_q[:, None] - c_k[None, :]) * gate_scale
                     p = tl.exp2(s - lse2[:, None])
                     dp = mm(dO, tl.trans(Vt), INTERP)
@@ -147,19 +150,20 @@ def bwd_inter_dq_kernel(
                         upd = tl.dot(dZ, tl.trans(OmR), input_precision=TP) * scale
                         tl.store(yptr, tl.load(yptr, mask=ymask, other=0.0) + upd, mask=ymask)
         if USE_GATE:
-            cptr = dc_ptr + rows * HQ + hq
+            cptr = dc_h + rows
             tl.store(cptr, tl.load(cptr, mask=rmask, other=0.0) + dcq * gate_nat, mask=rmask)
 
 
 @triton.jit
-def _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_ptr, row0, send, hq, qk_scale,
+def _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h, row0, send, hq, qk_scale,
                     gate_scale, HQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
                     BDV: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                     DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr):
     """One key tile (KZ = its keys carried into the later super-chunk's frame, Vt its values, c_k its gate
     cumsums) against the S query rows of that super-chunk from row0, BLOCK_M rows a step, keys as rows:
     s^T = KZ Y^T, then dV += p^T dO and dKZ += dS^T Y with p^T and dS^T as they are; the gate's
-    key-side sums -sum_i dS_ij as row sums of dS^T.  Returns (dV, dKZ of this super-chunk, dck)."""
+    key-side sums -sum_i dS_ij as row sums of dS^T.  gc_h: head hq's row of the head-major gate cumsum.
+    Returns (dV, dKZ of this super-chunk, dck)."""
     r = tl.arange(0, BLOCK_M)
     d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
@@ -176,7 +180,7 @@ def _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_
         delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
         sT = mm(KZ, tl.trans(Yd), INTERP) * qk_scale
         if USE_GATE:
-            c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+            c_q = tl.load(gc_h + rows, mask=rmask, other=0.0)
             sT += (c_q[None, :] - c_k[:, None]) * gate_scale
         pT = tl.where(rmask[None, :], tl.exp2(sT - lse2[None, :]), 0.0)
         dpT = mm(Vt, tl.trans(dO), INTERP)
@@ -193,7 +197,7 @@ def bwd_inter_dkv_kernel(
     y_ptr, kj_ptr, v_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
     dkj_ptr, dv_ptr, dom_ptr, dc_ptr, om_ptr, kz_ptr,
     sc_tok0, sc_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
-    qk_scale, gate_scale, scale, gate_nat,
+    qk_scale, gate_scale, scale, gate_nat, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -202,6 +206,7 @@ def bwd_inter_dkv_kernel(
     # om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J} (scan dtype when DB == BD, else float32).
     # DB < BD: kz_ptr [N, H, D] (scan dtype) is the scratch of KZ = KJ Om^T for this program's key
     # rows and dkj accumulates in place per pair; DB == BD: kz_ptr unused.
+    # gc_ptr, dc_ptr [HQ, gc_hs] float32 head-major: a key tile's gates (and their gradients) contiguous.
     # BLOCK_M: query rows per step of the walk over a later super-chunk (the bwd_block_m knob; the
     # UT chunk is no unit here: p and dS of every query row are independent given lse and delta;
     # _dkv_superchunk)
@@ -227,13 +232,14 @@ def bwd_inter_dkv_kernel(
         dpair = d[:, None] * BD + d[None, :]
         for g_i in range(0, HQ // H):
             hq = h * (HQ // H) + g_i
+            gc_h = gc_ptr + hq.to(tl.int64) * gc_hs
             krows = (tokj + t0 + rn).to(tl.int64)
             koff = (krows[:, None] * H + h) * D + d[None, :]
             voff = (krows[:, None] * H + h) * DV + dv[None, :]
             KJ = tl.load(kj_ptr + koff, mask=dmask, other=0.0)
             Vt = tl.load(v_ptr + voff, mask=dvmask, other=0.0)
             if USE_GATE:
-                c_k = tl.load(gc_ptr + krows * HQ + hq)
+                c_k = tl.load(gc_h + krows)
             else:
                 c_k = tl.zeros((BLOCK_N,), dtype=tl.float32)
             dV = tl.zeros((BLOCK_N, BDV), dtype=tl.float32)
@@ -243,7 +249,7 @@ def bwd_inter_dkv_kernel(
                 for il in range(jl + 1, n_sc_seq):
                     om_base = om_ptr + ((pair_base + il * n_sc_seq + jl) * H + h) * BD * BD
                     KZ = mm(KJd, tl.trans(tl.load(om_base + dpair).to(DT)), INTERP).to(DT)
-                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_ptr,
+                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
                                                    s0 + il * S, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV,
                                                    S, BLOCK_N, BLOCK_M, DT, USE_GATE, INTERP)
                     # dKJ read-modify-written per super-chunk (rows owned by this program; same layout
@@ -270,7 +276,7 @@ def bwd_inter_dkv_kernel(
                                      mask=(e < D)[None, :])
                     tl.debug_barrier()
                     KZ = tl.load(kz_ptr + koff, mask=dmask, other=0.0)
-                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_ptr,
+                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
                                                    s0 + il * S, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV,
                                                    S, BLOCK_N, BLOCK_M, DT, USE_GATE, INTERP)
                     for cb in tl.static_range(BD // DB):
@@ -288,7 +294,7 @@ def bwd_inter_dkv_kernel(
             tl.debug_barrier()
             tl.store(dv_ptr + voff, tl.load(dv_ptr + voff, mask=dvmask, other=0.0) + dV, mask=dvmask)
             if USE_GATE:
-                cptr = dc_ptr + krows * HQ + hq
+                cptr = dc_ptr + hq.to(tl.int64) * gc_hs + krows
                 tl.store(cptr, tl.load(cptr) - dck * gate_nat)
             tl.debug_barrier()
 

@@ -54,15 +54,16 @@ def _program_tile(n_chunks, chunk_tok0, chunk_seq, seq_start, seq_end,
 
 
 @triton.jit
-def _row_stats(do_ptr, lse_ptr, delta_ptr, gc_ptr, rows, rmask, dvmask, hq,
+def _row_stats(do_ptr, lse_ptr, delta_ptr, gc_h, rows, rmask, dvmask, hq,
                HQ: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, USE_GATE: tl.constexpr):
-    """dO, lse (base 2), delta and the gate cumsum (zeros without the gate) of the program's query rows."""
+    """dO, lse (base 2), delta and the gate cumsum (zeros without the gate) of the program's query rows
+    (gc_h: head hq's row of the head-major gate cumsum)."""
     dv = tl.arange(0, BDV)
     dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :], mask=rmask[:, None] & dvmask, other=0.0)
     lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
     delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
     if USE_GATE:
-        c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+        c_q = tl.load(gc_h + rows, mask=rmask, other=0.0)
     else:
         c_q = tl.zeros_like(delta)
     return dO, lse2, delta, c_q
@@ -73,7 +74,7 @@ def bwd_intra_walk_kernel(
     q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
     dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr,
     chunk_tok0, chunk_seq, seq_start, seq_end,
-    n_chunks, qk_scale, gate_scale, scale, gate_nat,
+    n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
@@ -84,7 +85,9 @@ def bwd_intra_walk_kernel(
     d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
     causal = r[:, None] >= r[None, :]
-    dO, lse2, delta, c_q = _row_stats(do_ptr, lse_ptr, delta_ptr, gc_ptr, rows, rmask, dvmask, hq,
+    gc_h = gc_ptr + hq.to(tl.int64) * gc_hs     # gc, dc [HQ, gc_hs] head-major: this head's rows
+    dc_h = dc_ptr + hq.to(tl.int64) * gc_hs
+    dO, lse2, delta, c_q = _row_stats(do_ptr, lse_ptr, delta_ptr, gc_h, rows, rmask, dvmask, hq,
                                       HQ, DV, BDV, USE_GATE)
     Q = tl.load(q_ptr + qoff, mask=m2, other=0.0).to(DT)
     Wc = tl.load(w_ptr + koff, mask=m2, other=0.0).to(DT)
@@ -130,7 +133,7 @@ def bwd_intra_walk_kernel(
         # logits of key chunk m
         s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
         if USE_GATE:
-            c_k = tl.load(gc_ptr + krows * HQ + hq)
+            c_k = tl.load(gc_h + krows)
             s += (c_q[:, None] - c_k[None, :]) * gate_scale
         p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
         _acc(dv_ptr + kvof, mm(tl.trans(p).to(Vm.dtype), dO, INTERP), dvmask)
@@ -141,12 +144,12 @@ def bwd_intra_walk_kernel(
         _acc(dkt_ptr + kof, mm(tl.trans(dsd), Xd, INTERP), dmask)
         if USE_GATE:
             dcq += tl.sum(ds, axis=1)
-            _acc(dc_ptr + krows * HQ + hq, -tl.sum(ds, axis=0) * gate_nat)
+            _acc(dc_h + krows, -tl.sum(ds, axis=0) * gate_nat)
         G = dX
     # G to the diagonal kernel in dY's storage (this program's tile, read above), the query-side gate sums to dc
     tl.store(dy_ptr + qoff, G, mask=m2 & (ci > 0))
     if USE_GATE:
-        _acc(dc_ptr + rows * HQ + hq, dcq * gate_nat, rmask & (ci > 0))
+        _acc(dc_h + rows, dcq * gate_nat, rmask & (ci > 0))
 
 
 @triton.jit
@@ -154,7 +157,7 @@ def bwd_intra_diag_kernel(
     q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
     dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr,
     chunk_tok0, chunk_seq, seq_start, seq_end,
-    n_chunks, qk_scale, gate_scale, scale, gate_nat,
+    n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
@@ -163,7 +166,9 @@ def bwd_intra_diag_kernel(
         n_chunks, chunk_tok0, chunk_seq, seq_start, seq_end, HQ, H, D, DV, BD, BDV, C, S)
     r = tl.arange(0, C)
     causal = r[:, None] >= r[None, :]
-    dO, lse2, delta, c_q = _row_stats(do_ptr, lse_ptr, delta_ptr, gc_ptr, rows, rmask, dvmask, hq,
+    gc_h = gc_ptr + hq.to(tl.int64) * gc_hs     # gc, dc [HQ, gc_hs] head-major: this head's rows
+    dc_h = dc_ptr + hq.to(tl.int64) * gc_hs
+    dO, lse2, delta, c_q = _row_stats(do_ptr, lse_ptr, delta_ptr, gc_h, rows, rmask, dvmask, hq,
                                       HQ, DV, BDV, USE_GATE)
     G = tl.load(dy_ptr + qoff, mask=m2, other=0.0)     # the walk's carried query gradient
     # the diagonal tile and the boundary adjustment of the queries; as in the walk, each gradient's
@@ -183,7 +188,7 @@ def bwd_intra_diag_kernel(
     ds = p * (mm(dO, tl.trans(Vc), INTERP) - delta[:, None])
     dsr = ds * scale
     if USE_GATE:
-        _acc(dc_ptr + rows * HQ + hq, (tl.sum(ds, axis=1) - tl.sum(ds, axis=0)) * gate_nat, rmask)
+        _acc(dc_h + rows, (tl.sum(ds, axis=1) - tl.sum(ds, axis=0)) * gate_nat, rmask)
     _acc(dm_ptr + (rows[:, None] * H + h) * C + r[None, :],
          -tl.dot(tl.trans(QW), dsr, input_precision=TP), rmask[:, None])
     dsd = dsr.to(DT)

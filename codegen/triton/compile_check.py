@@ -131,6 +131,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         sig[name] = "fp32"
     sig["n_chunks"] = "i32"
     sig["n_blocks"] = "i32"
+    sig["gc_hs"] = "i32"     # head stride of the head-major gate cumsum and its gradient
     ut_sig = dict(sig, k_ptr=io, dk_ptr=io)
     # a forward's compact state: U, K~ and w's copy in the scan's type (forward.prepare_state)
     fwd_sig = dict(sig, u_ptr=scan, kt_ptr=scan, w_ptr=scan)
@@ -180,7 +181,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
                  chain_warps, 1)]),
         *([(bwd_superchunk_pairs_kernel, sig, dict(H=H, BD=BD, S=S, ROWS=chain_rows, CB=chain_cb, TP=btp),
             chain_warps, 1)] if DB < BD else []),
-        (gate_grad_kernel, dict(dc_ptr=_PTR_F32, dg_ptr=_PTR_F32, seq_start=i64, seq_end=i64),
+        (gate_grad_kernel, dict(dc_ptr=_PTR_F32, dg_ptr=_PTR_F32, seq_start=i64, seq_end=i64, dc_hs="i32"),
          dict(HQ=HQ, BH=gate_bh, BT=min(max(16, 1024 // gate_bh), GATE_GRAD_SPAN), SPAN=GATE_GRAD_SPAN), 4, 1),
         (bwd_transport_chain_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_chain_warps, transport_chain_stages),

@@ -46,7 +46,7 @@ class ForwardState:
     m: torch.Tensor        # [N, H, C] float32
     kj: torch.Tensor       # [N, H, D] scan dtype, keys transported to their super-chunk end
     what: torch.Tensor     # [n_sc, H, BD, BD] float32, super-chunk transitions
-    gc: torch.Tensor | None  # [N, HQ] float32 gate cumsum
+    gc: torch.Tensor | None  # [HQ, N] float32 gate cumsum, head-major (a head's tokens contiguous)
     wd: torch.Tensor | None = None  # [N, H, D] w in the scan's 16-bit type (compact state only)
     pending: tuple | None = field(default=None, repr=False)  # (main, side) streams while the transport runs
 
@@ -240,7 +240,7 @@ def prepare_state(
         pending = (main, side) if side is not None else None
     else:
         pending = None
-    gc = None if g is None else _tokens(gate_cumsum(g, cu_seqlens))
+    gc = None if g is None else gate_cumsum(g, cu_seqlens, head_major=True)
     return ForwardState(tables=tables, u=u, kt=ktil, m=m, kj=kj, what=what, gc=gc, wd=wd, pending=pending)
 
 
@@ -280,7 +280,7 @@ def path_attention_fwd(
         qt, kt_in, vt, wt, u, m, ktil, gc_arg,
         o_part, lse, x,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_start, tables.seq_end,
-        tables.n_chunks, scale * _LOG2E, gate_scale,
+        tables.n_chunks, scale * _LOG2E, gate_scale, N,
         HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S,
         DT=dt, TP=params.transition_precision, USE_GATE=g is not None, WRITE_X=inter, INTERP=interp,
         # one stage: pipelining the walk's loads doubles its shared memory (D = 128: 65 -> 189 KB, one
@@ -293,7 +293,7 @@ def path_attention_fwd(
             x, kj, vt, what, gc_arg, o_part,
             o, lse,
             tables.blk_tok0, tables.blk_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base,
-            tables.n_blocks, scale * _LOG2E, gate_scale,
+            tables.n_blocks, scale * _LOG2E, gate_scale, N,
             HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, BLOCK_M=params.block_m, S=S, BLOCK_N=params.block_n,
             DB=transition_column_block(BD), DT=dt, TP=params.transition_precision, USE_GATE=g is not None,
             INTERP=interp,

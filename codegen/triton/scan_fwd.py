@@ -53,7 +53,7 @@ def scan_intra_kernel(
     q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr,
     o_ptr, lse_ptr, x_ptr,
     chunk_tok0, chunk_seq, seq_start, seq_end,
-    n_chunks, qk_scale, gate_scale,
+    n_chunks, qk_scale, gate_scale, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, WRITE_X: tl.constexpr,
@@ -74,6 +74,7 @@ def scan_intra_kernel(
     dvmask = (dv < DV)[None, :]
     rows = (tok0 + r).to(tl.int64)
     rmask = rows < send
+    gc_h = gc_ptr + hq.to(tl.int64) * gc_hs     # gc [HQ, gc_hs] head-major: this head's gates
 
     koff = (rows[:, None] * H + h) * D + d[None, :]
     qoff = (rows[:, None] * HQ + hq) * D + d[None, :]
@@ -90,7 +91,7 @@ def scan_intra_kernel(
     s = mm(Q, tl.trans(K), INTERP) - tdot(QW, M, TP, INTERP)
 
     if USE_GATE:
-        c_q = tl.load(gc_ptr + rows * HQ + hq, mask=rmask, other=0.0)
+        c_q = tl.load(gc_h + rows, mask=rmask, other=0.0)
         s = s * qk_scale + (c_q[:, None] - c_q[None, :]) * gate_scale
     else:
         s = s * qk_scale
@@ -112,7 +113,7 @@ def scan_intra_kernel(
         Xd = X.to(DT)
         s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
         if USE_GATE:
-            c_k = tl.load(gc_ptr + krows * HQ + hq)
+            c_k = tl.load(gc_h + krows)
             s += (c_q[:, None] - c_k[None, :]) * gate_scale
         m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, Vm, INTERP)
         XW = mm(Xd, tl.trans(Wm), INTERP)
@@ -132,7 +133,7 @@ def scan_inter_kernel(
     x_ptr, kj_ptr, v_ptr, what_ptr, gc_ptr, o_part_ptr,
     o_ptr, lse_ptr,
     blk_tok0, blk_seq, seq_start, seq_end, seq_sc_base,
-    n_blocks, qk_scale, gate_scale,
+    n_blocks, qk_scale, gate_scale, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
@@ -141,6 +142,7 @@ def scan_inter_kernel(
 
     o_part (float32) and lse hold the partial result; o (q's dtype) and lse receive the final one.
     x [N, HQ, D] float32 holds the queries at the start of their super-chunk; it is overwritten.
+    gc [HQ, gc_hs] float32, head-major: the gates of a key tile are contiguous.
     Blocks of the first super-chunk of a sequence only convert o_part to o.
     DB (``forward.transition_column_block``): DB == BD multiplies X by the whole BD x BD What_J;
     DB < BD (wide head dims) writes X What_J one DB-column block at a time, each from the full X
@@ -171,7 +173,8 @@ def scan_inter_kernel(
         # key loop: the loop holds FlashAttention's tiles and no more
         x_blk = tl.make_block_ptr(x_ptr + q_base * D, (n_rows, D), (HQ * D, 1), (0, 0), (BLOCK_M, BD), (1, 0))
         if USE_GATE:
-            c_q = tl.load(gc_ptr + q_base + r * HQ, mask=rmask, other=0.0)
+            gc_h = gc_ptr + hq.to(tl.int64) * gc_hs
+            c_q = tl.load(gc_h + tok0 + r, mask=rmask, other=0.0)
             m_i = m_i - c_q * gate_scale
         rn = tl.arange(0, BLOCK_N)
         for step in range(0, sc_idx):
@@ -185,7 +188,7 @@ def scan_inter_kernel(
                 Vt = tl.load(v_blk, boundary_check=(1,), padding_option="zero")
                 sj = mm(Xd, tl.trans(KJ), INTERP)
                 if USE_GATE:
-                    c_kj = tl.load(gc_ptr + (k0 + t0) * HQ + hq + rn * HQ)
+                    c_kj = tl.load(gc_h + (k0 + t0) + rn)
                     m_i, l_i, acc = _softmax_step(sj * qk_scale - (c_kj * gate_scale)[None, :], m_i, l_i, acc,
                                                   Vt, INTERP)
                 else:
