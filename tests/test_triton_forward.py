@@ -431,6 +431,8 @@ def test_ut_fused_diag_block_8(D, out_dtype, up, lens):
     from pathtune.codegen.triton._layout import build_tables
     from pathtune.runtime.reference.blockwise import boundary_adjust_keys, ut_transform
 
+    diag_block = 8
+
     H, C = 2, 64
     lens = lens or (150,)
     N = sum(lens)
