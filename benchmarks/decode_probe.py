@@ -35,7 +35,8 @@ g = logsigmoid of random values, so real gate decay):
 ``--budget-s`` (default 225) bounds the run: sections not reached in time are listed under ``skipped``.
 ``--old-decode FILE`` (an older ``codegen/triton/decode.py``): each steps row with a flush also times the plain
 and the flush step with that file's decode kernel in the same process (``old_pathtune_net_ms``,
-``old_flush_net_ms``, ``old_amortized_ms``).
+``old_flush_net_ms``, ``old_amortized_ms``); it is launched as this tree's ``decode_kernel`` (same arguments:
+a file whose step merges its splits in the same launch).
 """
 from __future__ import annotations
 

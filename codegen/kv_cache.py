@@ -12,7 +12,9 @@ Layout (contiguous; rows >= length are unused capacity):
 * ``c`` [B, max_len, HQ]: inclusive FoX gate cumsum (float32; float64 for float64 gates), None ungated;
 * ``state_tensor`` [2] int32 on the cache's device: (length, frame base F), read and advanced by the
   kernels on the device, so a captured CUDA graph of a decode step can be replayed as the cache grows;
-  ``length_tensor`` and ``frame_tensor`` are its two one-element views.
+  ``length_tensor`` and ``frame_tensor`` are its two one-element views;
+* ``arrival_counters`` [B*H + 1] int32 on the cache's device: zero between steps (the decode kernel's split
+  arrival counters, which it resets itself), filled once at creation.
 
 Lazy rotation (the Triton decode step, codegen/triton/decode.py): rows j < F of ``k_buffer`` hold keys in
 the frame of position F-1; rows F .. length-1 are pending: raw keys, whose w (fp32) and clipped beta sit in
@@ -58,7 +60,7 @@ class PaTHKVCache:
     """
 
     __slots__ = ("_k", "v", "c", "num_q_heads", "static", "_state", "_len", "_frame", "_hint", "_work",
-                 "_pw", "_pb")
+                 "_pw", "_pb", "_count")
 
     def __init__(self, k: Tensor, v: Tensor, c: Optional[Tensor], length: int, num_q_heads: int, *,
                  static: bool = False) -> None:
@@ -73,6 +75,8 @@ class PaTHKVCache:
         self._work: dict = {}             # kernel scratch buffers, allocated once per launch shape
         self._pw: Optional[Tensor] = None  # pending window: w [B, slots, H, D] fp32
         self._pb: Optional[Tensor] = None  # pending window: beta [B, slots, H] fp32 (clipped)
+        # arrival counters of the decode kernels: zero-filled here, once (never inside a step or a graph capture)
+        self._count = torch.zeros(k.shape[0] * k.shape[2] + 1, dtype=torch.int32, device=k.device)
 
     # -- keys and device state -----------------------------------------------------------------------
     @property
@@ -270,6 +274,13 @@ class PaTHKVCache:
         def grow(x):
             return None if x is None else F.pad(x, [0, 0] * (x.dim() - 2) + [0, cap - x.shape[1]])
         self._k, self.v, self.c = grow(self._k), grow(self.v), grow(self.c)
+
+    @property
+    def arrival_counters(self) -> Tensor:
+        """int32 [B*H + 1] on the cache's device, zero between steps: one arrival counter per (batch, kv head),
+        then one for the whole grid.  A kernel that counts on them sets them back to 0 before it ends, so they
+        are filled once, when the cache is created, and a captured step contains no fill of them."""
+        return self._count
 
     def workspace(self, key: tuple, numel: int) -> Tensor:
         """A float32 scratch buffer of ``numel`` elements on the cache's device, kept for later steps."""

@@ -18,8 +18,8 @@ the cache's layout, backend, config, scale, the dispatch length bucket). The fir
 every check (spec validation, cache compatibility, head dims), resolves the backend and its knobs and
 prepares the kernel launch; later calls of the key look the prepared step up and run it: no spec
 access, no dtype copies (the Triton kernel reads w / beta / g in their dtype), no allocation beyond the
-output, two kernel launches, no host synchronisation (value checks of beta / w run per call only where
-they are enabled: CPU inputs, or ``PATHTUNE_CHECK_INPUTS=1``). The prepared steps live on the
+output, one kernel launch (the TVM step: two), no host synchronisation (value checks of beta / w run per
+call only where they are enabled: CPU inputs, or ``PATHTUNE_CHECK_INPUTS=1``). The prepared steps live on the
 dispatcher (``runtime.dispatch.clear_cache()`` forgets them).
 
 CUDA graphs: with a static cache (``path_attention_prefill(..., max_len=N, static=True)`` or

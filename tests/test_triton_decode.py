@@ -368,8 +368,8 @@ _CHILD = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_decode_kernels_compile_for_sm90():
-    """Both decode kernels compile for sm_90 at the heuristic knobs for D = 64 and 128 (one token MHA; 4 and 16
-    tokens GQA 4, whose flush rotates in a second pass in compact WY form), and the decode kernel also with
+    """The decode kernel compiles for sm_90 at the heuristic knobs for D = 64 and 128 (one token MHA; 4 and 16
+    tokens GQA 4, whose flush rotates in a second pass in compact WY form), also with
     its tile loop pipelined 3 deep (decode_num_stages=3; not the 16-token GQA kernel, whose 64 query rows of
     staged tiles exceed a block's shared memory at 3 stages); the hot single-token MHA
     launch of the heuristic config spills at most a few registers (D = 128's 128-row tiles at 4 warps:

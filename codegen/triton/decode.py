@@ -13,12 +13,12 @@ z = q^_i = H_F ... H_i q_i, and logit_{j,i} = k~_j . q^_i for every j < F, as in
 A step that keeps the pending count L + T_new - F <= W reads K and V once and writes nothing but the
 new rows and their window slots, whatever T_new is.
 
-Flush rule (decided on the device, from L and F, by both kernels alike): when L + T_new - F > W the
+Flush rule (decided on the device, from L and F, by every program alike): when L + T_new - F > W the
 step also rotates every row into the frame of the last new token N-1 (N = L + T_new): each frame row
 j < F gets H_F, H_{F+1}, .., H_{N-1} in that order (NP = N - F transitions, fp32, rounded to the cache
 dtype once) after its logits were taken from k~_j . q^_i; the pending rows F .. N-1 get H_{j+1} ..
-H_{N-1} (serial rank-one updates, which give every row its partial product); the merge kernel sets
-F = N.  The frame rows are rotated in one of two forms (T_new is a constexpr):
+H_{N-1} (serial rank-one updates, which give every row its partial product); the state update at the
+end of the step sets F = N.  The frame rows are rotated in one of two forms (T_new is a constexpr):
 
 * T_new = 1 (NP <= W + 1): in the attention pass itself.  The pass that reads a key tile rotates it by
   NP serial rank-one updates per row, k <- k - beta (k . w) w, and writes it back: the tile is read once.
@@ -48,9 +48,13 @@ for another.  The partial online softmax (m, l, acc) covers every query head of 
 reductions instead of tensor-core products.  On a flush the frame tiles a program reads are rotated as
 the flush rule says: in its tile loop (one token), or after it by the program's second pass over the same
 rows (several tokens; a barrier orders the loop's reads before the pass's writes; rows in blocks of
-ROT_ROWS = max(16, 2048 / BD) for the register budget).  ``decode_merge_kernel`` combines the splits, then
-(program 0, after every split has read them) advances L by T_new and, on a flush, sets F = N.  The
-grid depends only on the cache's capacity: a step is two launches and no host sync.  Rows past the
+ROT_ROWS = max(16, 2048 / BD) for the register budget).  Each program then stores its partials and
+counts its arrival on an int32 counter of its (batch, kv head) (``tl.atomic_add``, acq_rel); the last split
+to arrive merges the partials of every split into o (and lse), resets that counter to 0 and counts the
+merged (batch, kv head) on one more counter; the last of those (every program of the grid has read the
+state by then) resets it and advances L by T_new and, on a flush, sets F = N.  The counters
+(``PaTHKVCache.arrival_counters``) are zero between steps with no fill per step.  The grid depends only on
+the cache's capacity: a step is one launch and no host sync (capturable in a CUDA graph).  Rows past the
 capacity are never written (a replayed graph that overflows drops them; the length then exceeds the
 capacity, which the cache reports).
 
@@ -75,7 +79,7 @@ from pathtune.codegen.kv_cache import PaTHKVCache
 from ._ops import interpreting, mm
 from .params import TritonParams
 
-__all__ = ["decode_kernel", "decode_merge_kernel", "path_decode_triton", "path_prefill_triton",
+__all__ = ["decode_kernel", "path_decode_triton", "path_prefill_triton",
            "current_frame_keys_triton", "decode_params", "decode_loop_stages", "TritonDecodeStep"]
 
 # W, the pending window (the spec's decode_pending_window): a step flushes (rotates the whole cache into
@@ -263,18 +267,48 @@ def _pv(p, V, ROWWISE: tl.constexpr, F32: tl.constexpr, INTERP: tl.constexpr):
     return o
 
 
+@triton.jit
+def _merge_splits(m_part, l_part, acc_part, o_ptr, lse_ptr, pid, b, h, n_splits, H: tl.constexpr,
+                  G: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, TN: tl.constexpr, R: tl.constexpr,
+                  STORE_LSE: tl.constexpr, INTERP: tl.constexpr):
+    """Combine the split partials of one (batch, kv head) ``pid``: o [B, TN, H*G, DV] in o's dtype, lse
+    [B, TN, H*G] (natural log, with STORE_LSE).  The partials of other programs are loaded from L2 (.cg)."""
+    HQ: tl.constexpr = H * G
+    r = tl.arange(0, R)
+    dv = tl.arange(0, BDV)
+    base = pid * n_splits
+    m = tl.full([R], _NEG, tl.float32)
+    for s in range(0, n_splits):
+        m = tl.maximum(m, tl.load(m_part + (base + s) * R + r, cache_modifier=".cg"))
+    l_sum = tl.zeros([R], tl.float32)
+    acc = tl.zeros([R, BDV], tl.float32)
+    for s in range(0, n_splits):
+        wgt = tl.exp2(tl.load(m_part + (base + s) * R + r, cache_modifier=".cg") - m)
+        l_sum += wgt * tl.load(l_part + (base + s) * R + r, cache_modifier=".cg")
+        acc += wgt[:, None] * tl.load(acc_part + ((base + s) * R + r)[:, None] * BDV + dv[None, :],
+                                      cache_modifier=".cg")
+    rvalid = r < TN * G
+    l_sum = tl.where(rvalid, l_sum, 1.0)  # padding rows hold no keys
+    o = acc / l_sum[:, None]
+    row = (b * TN + r // G) * HQ + h * G + r % G
+    tl.store(o_ptr + row[:, None] * DV + dv[None, :], _to_cache(o, o_ptr.dtype.element_ty, INTERP),
+             mask=rvalid[:, None] & (dv < DV)[None, :])
+    if STORE_LSE:
+        tl.store(lse_ptr + row, (m + tl.log2(l_sum)) * 0.6931471805599453, mask=rvalid)
+
+
 # the capacity changes when a growable cache grows: no per-value specialisation (a recompile per size class)
 @triton.jit(do_not_specialize=["max_len", "n_splits"])
 def decode_kernel(
     q_ptr, knew_ptr, vnew_ptr, w_ptr, beta_ptr, g_ptr, k_ptr, v_ptr, c_ptr, st_ptr, pw_ptr, pb_ptr,
-    m_part, l_part, acc_part,
+    m_part, l_part, acc_part, o_ptr, lse_ptr, cnt_ptr,
     max_len, n_splits,
     qk_scale, gate_scale,
     H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr, TN: tl.constexpr, TNP: tl.constexpr, GP: tl.constexpr, R: tl.constexpr,
     BLOCK_N: tl.constexpr, ROWWISE: tl.constexpr, F32: tl.constexpr, USE_GATE: tl.constexpr,
     BETA_MAX: tl.constexpr, OFF64: tl.constexpr, INTERP: tl.constexpr, W: tl.constexpr, WS: tl.constexpr,
-    PB: tl.constexpr, STAGES: tl.constexpr = None,
+    PB: tl.constexpr, STORE_LSE: tl.constexpr, STAGES: tl.constexpr = None,
 ):
     """One split of one (batch, kv head): partial softmax over its frame tiles (+ the pending block on the last
     split), rotating and writing back what it read on a flush step (TN = 1: in the tile loop; TN > 1: in a second
@@ -286,6 +320,9 @@ def decode_kernel(
     st = (L, F) int32 on the device; window w [B, WS, H, D] fp32, beta [B, WS, H] fp32 (clipped).
     Query row r = t * G + g (token t, head h*G + g); rows >= TN*G are padding.  PB >= W + TN (power of two):
     the pending block.  Partials: m/l [B*H, n_splits, R], acc [B*H, n_splits, R, BDV] (fp32, base-2 logits).
+    Outputs: o [B, TN, H*G, DV], lse [B, TN, H*G] (natural log, with STORE_LSE), written by the last split of the
+    (batch, kv head) to arrive (``_merge_splits``).  cnt: int32 [B*H + 1], zero before and after the launch:
+    the arrival counters of each (batch, kv head), then the count of merged (batch, kv head)s.
     STAGES: software-pipelining stages of the key-tile loop (None: the loop as written).
     """
     pid = tl.program_id(0)
@@ -421,47 +458,30 @@ def decode_kernel(
                 Kf = Kf - _fdot(_fdot(Kf, tl.trans(Wm), F32), M, F32)
                 tl.store(k_base + kroff, _to_cache(Kf, cdt, INTERP), mask=kmask)
 
-
-@triton.jit(do_not_specialize=["max_len", "n_splits"])
-def decode_merge_kernel(
-    m_part, l_part, acc_part, o_ptr, lse_ptr, st_ptr, max_len, n_splits,
-    H: tl.constexpr, G: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, TN: tl.constexpr,
-    R: tl.constexpr, W: tl.constexpr, STORE_LSE: tl.constexpr, INTERP: tl.constexpr,
-):
-    """Combine the split partials of one (batch, kv head): o [B, TN, H*G, DV], lse [B, TN, H*G] (natural log,
-    with STORE_LSE); program 0 then advances the device state (decode_kernel has finished reading it):
-    L += TN, and F = min(L + TN, max_len) when the step flushed."""
-    pid = tl.program_id(0)
-    b = (pid // H).to(tl.int64)
-    h = pid % H
-    HQ: tl.constexpr = H * G
-    r = tl.arange(0, R)
-    dv = tl.arange(0, BDV)
-    base = pid * n_splits
-    m = tl.full([R], _NEG, tl.float32)
-    for s in range(0, n_splits):
-        m = tl.maximum(m, tl.load(m_part + (base + s) * R + r))
-    l_sum = tl.zeros([R], tl.float32)
-    acc = tl.zeros([R, BDV], tl.float32)
-    for s in range(0, n_splits):
-        wgt = tl.exp2(tl.load(m_part + (base + s) * R + r) - m)
-        l_sum += wgt * tl.load(l_part + (base + s) * R + r)
-        acc += wgt[:, None] * tl.load(acc_part + ((base + s) * R + r)[:, None] * BDV + dv[None, :])
-    rvalid = r < TN * G
-    l_sum = tl.where(rvalid, l_sum, 1.0)  # padding rows hold no keys
-    o = acc / l_sum[:, None]
-    row = (b * TN + r // G) * HQ + h * G + r % G
-    tl.store(o_ptr + row[:, None] * DV + dv[None, :], _to_cache(o, o_ptr.dtype.element_ty, INTERP),
-             mask=rvalid[:, None] & (dv < DV)[None, :])
-    if STORE_LSE:
-        tl.store(lse_ptr + row, (m + tl.log2(l_sum)) * 0.6931471805599453, mask=rvalid)
-    if pid == 0:
-        L_raw = tl.load(st_ptr)
-        F_raw = tl.load(st_ptr + 1)
-        L = tl.minimum(L_raw, max_len)
-        F = tl.minimum(F_raw, L)
-        tl.store(st_ptr + 1, tl.where(_flushes(L, F, TN, W), tl.minimum(L + TN, max_len), F_raw))
-        tl.store(st_ptr, L_raw + TN)
+    # arrival: the last split of this (batch, kv head) to finish merges the partials of all its splits.  The
+    # barrier puts every thread's partial stores before the counter's (acq_rel, gpu-scope) increment, whose
+    # release publishes them; the merging program's acquire (its result reaches every thread through a
+    # barrier) puts its loads after every split's stores.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr + pid, 1)
+    if arrived == n_splits - 1:
+        tl.debug_barrier()
+        _merge_splits(m_part, l_part, acc_part, o_ptr, lse_ptr, pid, b, h, n_splits, H, G, DV, BDV, TN, R,
+                      STORE_LSE, INTERP)
+        tl.store(cnt_ptr + pid, 0)  # every split has arrived: the counter is free for the next step
+        # the device state, advanced by the last (batch, kv head) to merge: by then every program of the grid
+        # has read it (each read it before its arrival, which precedes its merge, which precedes this count)
+        n_heads = tl.num_programs(0)
+        tl.debug_barrier()
+        merged = tl.atomic_add(cnt_ptr + n_heads, 1)
+        if merged == n_heads - 1:
+            tl.store(cnt_ptr + n_heads, 0)
+            L_raw = tl.load(st_ptr)
+            F_raw = tl.load(st_ptr + 1)
+            L_st = tl.minimum(L_raw, max_len)
+            F_st = tl.minimum(F_raw, L_st)
+            tl.store(st_ptr + 1, tl.where(_flushes(L_st, F_st, TN, W), tl.minimum(L_st + TN, max_len), F_raw))
+            tl.store(st_ptr, L_raw + TN)
 
 
 def _pow2(x: int) -> int:
@@ -570,7 +590,7 @@ class TritonDecodeStep:
 
     Everything that depends only on those (kernel constexprs, scales, split count, launch options, the pending
     window ``window``) is computed once here; a call reserves room in the cache (host-side capacity check, no
-    device read), launches ``decode_kernel`` and ``decode_merge_kernel`` on a scratch buffer and the pending
+    device read), launches ``decode_kernel`` once on a scratch buffer, the arrival counters and the pending
     window the cache keeps, and allocates only the output (and lse with ``return_lse``). It does not validate
     its inputs: build it with ``path_decode_triton`` / ``prepare`` after ``_check_decode_args``. Inputs that
     are not contiguous are copied. Capturable in a CUDA graph with a static cache (see codegen/kv_cache.py).
@@ -601,8 +621,6 @@ class TritonDecodeStep:
                           F32=f32, USE_GATE=gated, BETA_MAX=params.beta_max, INTERP=interpreting(),
                           STAGES=decode_loop_stages(params), W=self.window,
                           PB=_pow2(self.window + TN))
-        self.merge_const = dict(H=H, G=G, DV=DV, BDV=self.BDV, TN=TN, R=self.R, W=self.window,
-                                INTERP=self.const["INTERP"])
         self._wide = max(D, DV, G)
 
     def launch_splits(self, max_len: int) -> int:
@@ -623,16 +641,14 @@ class TritonDecodeStep:
         xs = [x if x.is_contiguous() else x.contiguous() for x in (q, k, v, w, beta)]
         gg = m_part if g is None else (g if g.is_contiguous() else g.contiguous())
         pw, pb = cache.pending_window(self.window)
-        decode_kernel[(BH, splits)](
-            *xs[:3], xs[3], xs[4], gg, cache.k_buffer, cache.v, cache.c if cache.c is not None else m_part,
-            cache.state_tensor, pw, pb, m_part, l_part, acc_part, max_len, splits, self.qk_scale, self.gate_scale,
-            OFF64=max_len * self.H * self._wide >= _OFF64_ELEMS, WS=pw.shape[1], **self.const,
-            num_warps=self.num_warps, num_stages=2,
-        )
         o = torch.empty(self.B, TN, self.HQ, self.DV, device=q.device, dtype=self.q_dtype)
         lse = torch.empty(self.B, TN, self.HQ, device=q.device, dtype=torch.float32) if return_lse else m_part
-        decode_merge_kernel[(BH,)](m_part, l_part, acc_part, o, lse, cache.state_tensor, max_len, splits,
-                                   STORE_LSE=return_lse, **self.merge_const, num_warps=4, num_stages=1)
+        decode_kernel[(BH, splits)](
+            *xs[:3], xs[3], xs[4], gg, cache.k_buffer, cache.v, cache.c if cache.c is not None else m_part,
+            cache.state_tensor, pw, pb, m_part, l_part, acc_part, o, lse, cache.arrival_counters, max_len, splits,
+            self.qk_scale, self.gate_scale, OFF64=max_len * self.H * self._wide >= _OFF64_ELEMS, WS=pw.shape[1],
+            STORE_LSE=return_lse, **self.const, num_warps=self.num_warps, num_stages=2,
+        )
         cache.advanced(TN, window=self.window)
         return (o, lse) if return_lse else o
 
@@ -679,8 +695,8 @@ def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = N
 
 def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
                          heads: int = 8, group: int = 1, tokens: int = 1, window: Optional[int] = None):
-    """(fn, signature, constexprs, num_warps, num_stages) of the decode step's two launches for
-    ``compile_check.compile_kernel`` (sm_90 compilation without a GPU), as ``TritonDecodeStep`` launches them."""
+    """[(fn, signature, constexprs, num_warps, num_stages)] of the decode step's one launch for
+    ``compile_check.compile_kernel`` (sm_90 compilation without a GPU), as ``TritonDecodeStep`` launches it."""
     window = params.decode_pending_window if window is None else int(window)
     rowwise, R = decode_layout(tokens, group)
     io = f"*{dtype}"
@@ -688,7 +704,7 @@ def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = 
     sig = {n: io for n in ("q_ptr", "knew_ptr", "vnew_ptr", "k_ptr", "v_ptr", "o_ptr")}
     for n in ("w_ptr", "beta_ptr", "g_ptr", "c_ptr", "pw_ptr", "pb_ptr", "m_part", "l_part", "acc_part", "lse_ptr"):
         sig[n] = f32p
-    sig["st_ptr"] = "*i32"
+    sig["st_ptr"] = sig["cnt_ptr"] = "*i32"
     sig["max_len"] = sig["n_splits"] = "i32"
     sig["qk_scale"] = sig["gate_scale"] = "fp32"
     BD, BDV = _pow2(D), _pow2(DV)
@@ -696,9 +712,8 @@ def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = 
                  GP=triton.next_power_of_2(group), R=R, BLOCK_N=params.decode_block_n,
                  ROWWISE=rowwise, F32=dtype == "fp32", USE_GATE=gate, BETA_MAX=params.beta_max, OFF64=False,
                  INTERP=False, STAGES=decode_loop_stages(params), W=window, WS=max(window, 1),
-                 PB=_pow2(window + tokens))
-    merge = dict(H=heads, G=group, DV=DV, BDV=BDV, TN=tokens, R=R, W=window, STORE_LSE=False, INTERP=False)
-    return [(decode_kernel, sig, const, params.decode_num_warps, 2), (decode_merge_kernel, sig, merge, 4, 1)]
+                 PB=_pow2(window + tokens), STORE_LSE=False)
+    return [(decode_kernel, sig, const, params.decode_num_warps, 2)]
 
 
 def current_frame_keys_triton(k, w, beta, *, params: TritonParams):
