@@ -144,18 +144,33 @@ norms against the float64 naive reference on the same (rounded) inputs.
 
 """
 
-FOOTER = """## What is current
+def current_section() -> list[str]:
+    """Which shipped records the dispatcher serves for the kernels and spec of this tree (``perf_db/shipped/``,
+    per file and pass), computed here: a kernel or spec edit changes this section until the next measurement."""
+    from pathtune.perf_db._keys import stale_reasons
+    from pathtune.provenance import current_keys
 
-Every table names the commit whose kernels it timed.  The kernels of this tree differ from those by the
-changes of the kernel-change table (the UT stage's default precision, tf32x3 again) and, not timed yet,
-a UT backward that reads the recompute's A and M instead of inverting again: the forward and
-forward + backward tables are their end-to-end times before those changes.  No record in `perf_db/shipped/`
-is current for the spec of this tree (its hash changed with that default), so `backend="auto"` runs the
-heuristic configs timed here.  Earlier measurements, in git history of this file and retired records in
-`perf_db/shipped/`: the TVM forward and decode (`pathtune bench --backends triton,tvm`), the extra memory
-of one forward + backward (0.91 / 0.94 GiB at T = 16384, D = 64 / 128, against fla's 3.6) and the tuned
-configs of `pathtune tune`.
-"""
+    shipped = sorted((HERE.parent / "perf_db" / "shipped").glob("*.json"))
+    current, retired = [], 0
+    for path in shipped:
+        counts: dict[str, int] = {}
+        for rec in json.loads(path.read_text())["records"]:
+            k = rec["kernel"]
+            keys = current_keys(k.get("op", "path_attention"), k["pass"], k["backend"])
+            if rec["measurement"]["status"] == "ok" and not stale_reasons(k, keys):
+                counts[k["pass"]] = counts.get(k["pass"], 0) + 1
+        if counts:
+            what = ", ".join(f"{n} {p}" for p, n in sorted(counts.items()))
+            current.append(f"`{path.name}` ({what})")
+        else:
+            retired += 1
+    out = ["## What is current", "",
+           "Every table names the commit whose kernels it timed.  Shipped measurements that `backend=\"auto\"` serves "
+           "for the kernels and spec of this tree (ok records, by pass): " + ("; ".join(current) if current else "none")
+           + f".  The other {retired} files in `perf_db/shipped/` hold retired records (earlier kernels or spec), "
+           "kept for history and for the tuner's warm start."]
+    return out
+
 
 
 def kernel_change_section(path: Path, doc: dict) -> list[str]:
@@ -304,7 +319,7 @@ def render() -> str:
         parts.append("\n".join(decode_steps_section(*steps[-1])) + "\n")
     if generation:
         parts.append("\n".join(generation_section(*generation[-1])) + "\n")
-    parts.append(FOOTER)
+    parts.append("\n".join(current_section()) + "\n")
     return "\n".join(parts)
 
 
