@@ -207,9 +207,11 @@ def test_tuner_compiles_batches_before_measuring(tmp_path, spec_copy):
     assert n_compiled + len(again) == len({*compiled, *again})
 
 
-def test_tuner_stops_when_every_compile_child_dies(tmp_path, spec_copy):
+@pytest.mark.parametrize("passes", [["fwd"], ["fwd", "bwd"]], ids=["one-key", "keys-compile-wave"])
+def test_tuner_stops_when_every_compile_child_dies(tmp_path, spec_copy, passes):
     """A setup problem (children cannot import pathtune, ...) is not a property of the configs: the
-    tuner stops with a fatal error instead of recording every proposal as a crash."""
+    tuner stops with a fatal error instead of recording every proposal as a crash -- at its first key, or
+    with several keys at the compile wave of their seeded configs, before any key is measured."""
     import optuna
     from optuna.trial import TrialState
 
@@ -224,20 +226,25 @@ def test_tuner_stops_when_every_compile_child_dies(tmp_path, spec_copy):
                     for _ in tasks]
 
     url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
-    keys = plan_keys([64], ["bfloat16"], ["fwd", "bwd"], ["triton"], [1024])
+    keys = plan_keys([64], ["bfloat16"], passes, ["triton"], [1024])
     tuner = Tuner(keys, TuneOptions(storage=url, budget=Budget(trials=10), measure_fn=tune_fake.measure,
                                     preparer=Broken(workers=3), spec_path=spec_copy, heartbeat=None))
     results = tuner.run()
     tuner.close()
     assert tuner.fatal and "No module named" in tuner.fatal
-    assert len(results) == 1, "the run stops at the first key"
+    if len(keys) == 1:
+        assert len(results) == 1, "the run stops at the first key"
+    else:
+        assert results == [], "the run stops at the compile wave, before any key"
     with PerfDB(url, current_keys=None) as db:
         assert db.query() == []
     assert not _measured(tmp_path)
-    (name,) = optuna.get_all_study_names(url)
-    study = optuna.load_study(study_name=name, storage=url)
-    assert not study.get_trials(states=(TrialState.COMPLETE, TrialState.RUNNING))
-    assert all(t.user_attrs.get("interrupted") for t in study.get_trials(states=(TrialState.FAIL,)))
+    names = optuna.get_all_study_names(url)
+    assert len(names) == len(keys)
+    for name in names:
+        study = optuna.load_study(study_name=name, storage=url)
+        assert not study.get_trials(states=(TrialState.COMPLETE, TrialState.RUNNING))
+        assert all(t.user_attrs.get("interrupted") for t in study.get_trials(states=(TrialState.FAIL,)))
 
 
 def test_tuner_abandons_compiled_trials_when_stopped(tmp_path, spec_copy):

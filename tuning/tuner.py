@@ -651,6 +651,11 @@ class Tuner:
             preparer.straggler_factor = None
         start = time.monotonic()
         results = preparer.run(tasks, should_stop=lambda: self.stop_requested)
+        if all(r.get("child_failed") for r in results):
+            # not the configs: the children cannot run at all (environment); stop before any key
+            self.fatal = ("every compile child of the seeded configs died without a result (a setup problem, not "
+                          f"the configs): {str(results[0].get('message', ''))[-600:]}")
+            return
         for (study_config, i) in owners:
             if results[i].get("status") not in ("interrupted", "timeout") and not results[i].get("child_failed"):
                 self._compiled[study_config] = results[i]
