@@ -22,20 +22,9 @@ import triton
 from pathtune.codegen.triton import forward as fwd
 from pathtune.codegen.triton._layout import build_tables
 from pathtune.codegen.triton.params import TritonParams
-from pathtune.runtime.reference.blockwise import boundary_adjust_keys, ut_transform
+from pathtune.runtime.reference.blockwise import ut_stage_tokens
+from pathtune.specs import load_spec
 from pathtune.tuning.inputs import HEADS_FOR_DIM
-
-
-def ut_reference(w, k, beta, C):
-    """U, K~, M in float64 for token-major [N, H, D] inputs (N a multiple of C, one sequence), from the
-    float64 reference's chunk functions."""
-    N, H, D = w.shape
-    W = w.double().view(N // C, C, H, D).transpose(1, 2)            # [n, H, C, D]
-    K = k.double().view(N // C, C, H, D).transpose(1, 2)
-    A, U = ut_transform(W, beta.double().view(N // C, C, H).transpose(1, 2))
-    M = A @ torch.tril(W @ K.transpose(-1, -2), -1)
-    back = lambda x: x.transpose(1, 2).reshape(N, H, x.shape[-1])   # noqa: E731
-    return back(U), back(boundary_adjust_keys(K, W, A)), back(M)
 
 
 def rel(a, b) -> float:
@@ -74,11 +63,12 @@ def main() -> None:
         timed_dtype = base.scan_torch_dtype   # the forward's compact state
         data = {s: inputs(N, H, D, s, dev) for s in (False, True)}
         # the reference takes w as the kernels do: rounded to the 16-bit state's type for the forward
-        refs = {s: ut_reference(data[s][0].to(timed_dtype).float(), data[s][1], data[s][2], C) for s in (False, True)}
+        refs = {s: ut_stage_tokens(data[s][0].to(timed_dtype).float(), data[s][1], data[s][2], C)
+                for s in (False, True)}
         variants = [dict(path="three_launch", up=up) for up in ("fp16x3", "tf32x3", "tf32")]
         variants += [dict(path="fused", up=up, apply=a, warps=4, diag_block=sb)
                      for up, a in (("tf32x3", None), ("tf32", None), ("tf32x3", "tf32"))
-                     for sb in (16, 8, 4)]
+                     for sb in sorted(load_spec().knobs["ut_diag_block"].domain, reverse=True)]
         variants += [dict(path="fused", up="fp16x3", apply=None, warps=4, diag_block=16)]
         for v in [v for v in variants if v["path"] in args.paths.split(",")]:
             params = TritonParams.from_config(dict(ut_precision=v["up"], ut_diag_block=v.get("diag_block", 16)), base)

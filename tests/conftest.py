@@ -78,3 +78,22 @@ def fake_h200_env():
     info.update(gpu_name="NVIDIA H200", compute_capability="9.0", cuda_runtime="12.8", ptxas="12.8.93",
                 driver="570.1", sm_count=132, gpu_memory_bytes=150_000_000_000, gpu_count=1)
     return info
+
+
+@pytest.fixture
+def spy_launches(monkeypatch):
+    """``spy(module, name, what=grid)`` -> list: ``what(grid, launch kwargs)`` of every launch of the Triton
+    kernel ``module.name`` during the test (each launch still runs)."""
+    def spy(module, name, what=lambda grid, kw: grid):
+        seen, real = [], getattr(module, name)
+
+        class Spy:
+            def __getitem__(self, grid):
+                def launch(*args, **kw):
+                    seen.append(what(grid, kw))
+                    return real[grid](*args, **kw)
+                return launch
+
+        monkeypatch.setattr(module, name, Spy())
+        return seen
+    return spy

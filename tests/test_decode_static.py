@@ -123,7 +123,7 @@ def test_static_cache_decode_matches_reference(HQ, H, gate, tokens, cdt):
     assert tri.k.data_ptr() == k_ptr and tri.max_len == cap
 
 
-def test_splits_merge_in_the_one_launch_and_leave_the_counters_at_zero(monkeypatch):
+def test_splits_merge_in_the_one_launch_and_leave_the_counters_at_zero(spy_launches):
     """Four splits (one 16-row tile each of the 64-row capacity; the last owns no frame tile, only the pending
     block), GQA 2, gated, steps of 1, 3 and 3 tokens with a 3-token window (the second step flushes): one
     ``decode_kernel`` launch per step, whose last split to arrive merges o and lse, both equal to the float64
@@ -132,14 +132,7 @@ def test_splits_merge_in_the_one_launch_and_leave_the_counters_at_zero(monkeypat
     from pathtune.codegen.triton import path_decode_triton
     from pathtune.runtime.reference.recurrent import path_attention_decode_step
 
-    grids = []
-    real = dec.decode_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return real[grid]
-    monkeypatch.setattr(dec, "decode_kernel", Spy())
+    grids = spy_launches(dec, "decode_kernel")
     B, HQ, H, D, T0, cap = 2, 4, 2, 16, 45, 64
     tri, ref = both_prefilled(B, T0, HQ, H, D, True, cap)
     assert tri.arrival_counters.shape == (B * H + 1,) and tri.arrival_counters.dtype == torch.int32

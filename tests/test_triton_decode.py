@@ -183,23 +183,14 @@ def test_mha_single_token_consecutive_steps_fp32():
 @pytest.mark.parametrize("stages", [1, 3])
 @pytest.mark.parametrize("HQ,TN,cdt", [(2, 1, torch.float32), (2, 1, torch.bfloat16), (4, 2, torch.bfloat16)],
                          ids=["row-fp32", "row-bf16", "matrix-bf16"])
-def test_pipelined_tile_loop_matches_reference(monkeypatch, stages, HQ, TN, cdt):
+def test_pipelined_tile_loop_matches_reference(monkeypatch, spy_launches, stages, HQ, TN, cdt):
     """decode_num_stages pipelines the key-tile loop (tl.range(num_stages=)) of both paths: the one-row
     path (MHA, one token) and the tensor-core path (GQA, two tokens).  Several tiles per split, so the
     loop runs more iterations than stages; the result equals the float64 reference either way, and the
     launch carries STAGES (None for 1: the loop as written)."""
     from pathtune.codegen.triton import decode as dec
 
-    launches = []
-    real = dec.decode_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                launches.append(kw["STAGES"])
-                return real[grid](*args, **kw)
-            return launch
-    monkeypatch.setattr(dec, "decode_kernel", Spy())
+    launches = spy_launches(dec, "decode_kernel", lambda grid, kw: kw["STAGES"])
     B, H, D = 2, 2, 16
     tri, ref_cache = prefilled(B, 75, HQ, H, D, D, True, cdt)   # 75 + TN rows: 5 tiles of 16, 3 per split
     inputs = make(B, TN, HQ, H, D, D, True, dtype=torch.float32 if cdt == torch.float32 else cdt)

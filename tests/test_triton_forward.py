@@ -405,17 +405,6 @@ def test_ut_fused_16bit_inputs(dtype, C, D, parallel, diag_block):
                 assert rel(mine, ref) < min(max(t, 8 * rel(three, ref)), 2.4e-4), (rel(mine, ref), rel(three, ref))
 
 
-def _ut_reference(w, k, beta, C, boundary_adjust_keys, ut_transform):
-    """U, K~, M in float64 for token-major [N, H, D] inputs (N a multiple of C, one sequence)."""
-    N, H, D = w.shape
-    W = w.double().view(N // C, C, H, D).transpose(1, 2)            # [n, H, C, D]
-    K = k.double().view(N // C, C, H, D).transpose(1, 2)
-    A, U = ut_transform(W, beta.double().view(N // C, C, H).transpose(1, 2))
-    M = A @ torch.tril(W @ K.transpose(-1, -2), -1)
-    back = lambda x: x.transpose(1, 2).reshape(N, H, x.shape[-1])   # noqa: E731
-    return back(U), back(boundary_adjust_keys(K, W, A)), back(M)
-
-
 @pytest.mark.parametrize("D,out_dtype,up,lens", [
     (64, torch.bfloat16, "tf32x3", None),
     (64, torch.float16, "tf32", None),
@@ -429,7 +418,7 @@ def test_ut_fused_diag_block_8(D, out_dtype, up, lens):
     mid-block; w unit-norm, beta in [1.5, 2)."""
     from pathtune.codegen.triton import forward as fwd
     from pathtune.codegen.triton._layout import build_tables
-    from pathtune.runtime.reference.blockwise import boundary_adjust_keys, ut_transform
+    from pathtune.runtime.reference.blockwise import ut_stage_tokens
 
     diag_block = 8
 
@@ -456,7 +445,7 @@ def test_ut_fused_diag_block_8(D, out_dtype, up, lens):
         wp = F.pad(w_in[s0:s1], (0, 0, 0, 0, 0, pad))
         kp = F.pad(k[s0:s1].float(), (0, 0, 0, 0, 0, pad))
         bp = F.pad(beta[s0:s1], (0, 0, 0, pad))
-        U, Kt, M = _ut_reference(wp, kp, bp, C, boundary_adjust_keys, ut_transform)
+        U, Kt, M = ut_stage_tokens(wp, kp, bp, C)
         for name, x in zip(("u", "kt", "m"), (U, Kt, M)):
             refs[name].append(x[:n])
     for i, name in enumerate(("u", "kt", "m")):
@@ -493,21 +482,11 @@ def test_ut_fused_compact_state_more_tokens_than_dims(D):
 
 # ----------------------------------------------------------------------------- wide head dims
 
-def _record_transition_blocks(monkeypatch):
+def _record_transition_blocks(spy_launches):
     """(BD, DB) of every scan_inter_kernel launch (DB < BD: the column-blocked transition path)."""
     import pathtune.codegen.triton.forward as tri_forward
 
-    seen, real = [], tri_forward.scan_inter_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                seen.append((kw["BD"], kw["DB"]))
-                return real[grid](*args, **kw)
-            return launch
-
-    monkeypatch.setattr(tri_forward, "scan_inter_kernel", Spy())
-    return seen
+    return spy_launches(tri_forward, "scan_inter_kernel", lambda grid, kw: (kw["BD"], kw["DB"]))
 
 
 def test_transition_column_block():
@@ -522,11 +501,11 @@ def test_transition_column_block():
 @pytest.mark.parametrize("D,DV,HQ,H,lens", [(256, 256, 2, 1, None), (192, 64, 4, 2, None),
                                             (256, 128, 2, 1, (45, 1, 74))],
                          ids=["D256", "D192-DV64-gqa", "D256-DV128-varlen"])
-def test_forward_wide_head_dims(monkeypatch, D, DV, HQ, H, lens):
+def test_forward_wide_head_dims(monkeypatch, spy_launches, D, DV, HQ, H, lens):
     """D = 192 / 256 (padded to 256): the inter-super-chunk scan applies What_J in 64-column blocks.
     T = 120 over 4 super-chunks of 32 (varlen: 45 / 1 / 74 tokens, 2 + 1 + 3 super-chunks), FoX gate;
     D = 192 leaves the fourth column block empty, DV != D, GQA."""
-    seen = _record_transition_blocks(monkeypatch)
+    seen = _record_transition_blocks(spy_launches)
     T = sum(lens) if lens else 120
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32) if lens else None
     x = make_inputs(210 + D + DV + HQ, B=1, T=T, HQ=HQ, H=H, D=D, DV=DV, gate=True)

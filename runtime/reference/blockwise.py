@@ -49,7 +49,7 @@ __all__ = [
     "blockwise_path_attention", "ut_transform", "chunk_transition", "boundary_adjust",
     "boundary_adjust_queries", "boundary_adjust_keys", "diagonal_logits", "apply_transition",
     "superchunk_transport", "online_softmax_init", "online_softmax_update",
-    "online_softmax_finalize", "apply_gate",
+    "online_softmax_finalize", "apply_gate", "ut_stage_tokens",
 ]
 
 OnlineState = Tuple[Tensor, Tensor, Tensor]   # (running max m [..,Cq], denominator l [..,Cq], acc [..,Cq,DV])
@@ -100,6 +100,20 @@ def boundary_adjust_queries(Q: Tensor, W: Tensor, U: Tensor) -> Tensor:
 def boundary_adjust_keys(K: Tensor, W: Tensor, A: Tensor) -> Tensor:
     """K~ = K - (A strictLower(W K^T))^T W: row j = (H_last ... H_{j+1} k_j)^T."""
     return K - (A @ _strict_lower(W @ K.transpose(-1, -2))).transpose(-1, -2) @ W
+
+
+def ut_stage_tokens(w: Tensor, k: Tensor, beta: Tensor, C: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """U, K~, M of the UT stage in float64 for token-major inputs (w, k [N, H, D], beta [N, H]; one sequence,
+    N a multiple of C), token-major like the Triton kernels' outputs (U, K~ [N, H, D], M [N, H, C])."""
+    N, H, D = w.shape
+    W = w.double().view(N // C, C, H, D).transpose(1, 2)            # [n, H, C, D]
+    K = k.double().view(N // C, C, H, D).transpose(1, 2)
+    A, U = ut_transform(W, beta.double().view(N // C, C, H).transpose(1, 2))
+    M = A @ _strict_lower(W @ K.transpose(-1, -2))
+
+    def back(x: Tensor) -> Tensor:
+        return x.transpose(1, 2).reshape(N, H, x.shape[-1])
+    return back(U), back(boundary_adjust_keys(K, W, A)), back(M)
 
 
 def diagonal_logits(Q: Tensor, K: Tensor, W: Tensor, A: Tensor) -> Tensor:
