@@ -295,6 +295,8 @@ class PaTHKVCache:
     def __setstate__(self, state) -> None:
         for s, val in state.items():
             object.__setattr__(self, s, val)
+        if "_count" not in state:   # pickled by a version without arrival counters
+            self._count = torch.zeros(self._k.shape[0] * self._k.shape[2] + 1, dtype=torch.int32, device=self._k.device)
 
     def __repr__(self) -> str:
         n = self._len if self._len is not None else f"~{self._hint} (on the device)"

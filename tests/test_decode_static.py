@@ -401,3 +401,22 @@ def test_gpu_captured_model_generation_equals_eager_and_recompute(gate):
     assert torch.equal(eager, graphed)
     rel_err = lm.cached_vs_full_logits(model, prompt, eager)
     assert rel_err < 3e-2
+
+
+def test_a_pickled_cache_keeps_or_regains_its_arrival_counters():
+    """A cache survives pickling with its state; one pickled without arrival counters (an older version) gets
+    zeroed ones back, so the Triton step can run on it."""
+    import pickle
+
+    from pathtune.codegen.kv_cache import PaTHKVCache
+
+    cache = PaTHKVCache.empty(2, 3, 8, 8, 6, max_len=32, gated=True, dtype=torch.float32,
+                              gate_dtype=torch.float32, device="cpu")
+    cache.length = 5
+    back = pickle.loads(pickle.dumps(cache))
+    assert back.length == 5 and back.arrival_counters.tolist() == [0] * 7
+    old = cache.__getstate__()
+    del old["_count"]
+    bare = PaTHKVCache.__new__(PaTHKVCache)
+    bare.__setstate__(old)
+    assert bare.arrival_counters.dtype == torch.int32 and bare.arrival_counters.tolist() == [0] * 7
