@@ -75,8 +75,7 @@ class PaTHKVCache:
         self._work: dict = {}             # kernel scratch buffers, allocated once per launch shape
         self._pw: Optional[Tensor] = None  # pending window: w [B, slots, H, D] fp32
         self._pb: Optional[Tensor] = None  # pending window: beta [B, slots, H] fp32 (clipped)
-        # arrival counters of the decode kernels: zero-filled here, once (never inside a step or a graph capture)
-        self._count = torch.zeros(k.shape[0] * k.shape[2] + 1, dtype=torch.int32, device=k.device)
+        self._count = _arrival_counters(k)
 
     # -- keys and device state -----------------------------------------------------------------------
     @property
@@ -296,7 +295,7 @@ class PaTHKVCache:
         for s, val in state.items():
             object.__setattr__(self, s, val)
         if "_count" not in state:   # pickled by a version without arrival counters
-            self._count = torch.zeros(self._k.shape[0] * self._k.shape[2] + 1, dtype=torch.int32, device=self._k.device)
+            self._count = _arrival_counters(self._k)
 
     def __repr__(self) -> str:
         n = self._len if self._len is not None else f"~{self._hint} (on the device)"
@@ -305,3 +304,9 @@ class PaTHKVCache:
         return (f"PaTHKVCache(B={B}, H={H}, HQ={self.num_q_heads}, D={D}, DV={self.v.shape[-1]}, length={n}{pend}, "
                 f"max_len={self.max_len}, gated={self.gated}, static={self.static}, dtype={self._k.dtype}, "
                 f"device={self._k.device})")
+
+
+def _arrival_counters(k: Tensor) -> Tensor:
+    """The zeroed arrival counters of the decode kernels for a key buffer k [B, max_len, H, D]: int32 [B*H + 1],
+    filled here, once (never inside a step or a graph capture)."""
+    return torch.zeros(k.shape[0] * k.shape[2] + 1, dtype=torch.int32, device=k.device)

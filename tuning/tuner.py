@@ -373,13 +373,12 @@ class Tuner:
     def warm_start(self, key: TuneKey, default: Any) -> Any:
         """The configs a new study of ``key`` is warm-started with (``tuning/warm.py``), from perf_db and
         the shipped results files; says what it chose and what no longer validates."""
-        from pathtune.perf_db import spec_keys
         from pathtune.perf_db._retired import shipped_retired
 
         from .warm import WarmStart, select_retired
 
         kernel = self.kernel(key)
-        specs = spec_keys(self.spec, key.pass_)["spec_hashes"]
+        specs = self.spec.hashes_of(key.pass_)
         earlier = False
         try:
             rows = self.db.retired(self.env_info, kernel, key.workload)
@@ -428,8 +427,11 @@ class Tuner:
                    if t.user_attrs.get("seeded_default") or t.user_attrs.get("seeded_user")
                    or t.user_attrs.get("seeded_retired"))
 
-    def context(self, key: TuneKey, name: str) -> KeyContext:
-        self.db.start_run(command=self.opts.command, notes=f"pathtune tune {name}", run_id=run_id_for(name))
+    def context(self, key: TuneKey, name: str, *, start_run: bool = True) -> KeyContext:
+        """The objective's context of ``key``'s study ``name``; ``start_run``: also open its perf_db run (the
+        measuring loop records into it; ``compile_seeded`` only builds tasks)."""
+        if start_run:
+            self.db.start_run(command=self.opts.command, notes=f"pathtune tune {name}", run_id=run_id_for(name))
         return KeyContext(key=key, space=key.space(self.spec), db=self.db, env_info=self.env_info,
                           kernel=self.kernel(key), study_name=name, run_id=run_id_for(name),
                           measure_fn=self.measure_fn, task_defaults=dict(self.opts.task_defaults),
@@ -621,10 +623,7 @@ class Tuner:
         for key in self.keys:
             study = self.open_study(key)
             self._opened[study.study_name] = study
-            ctx = KeyContext(key=key, space=key.space(self.spec), db=self.db, env_info=self.env_info,
-                             kernel=self.kernel(key), study_name=study.study_name, run_id=run_id_for(study.study_name),
-                             measure_fn=self.measure_fn, task_defaults=dict(self.opts.task_defaults),
-                             seed=self.opts.seed + 1000 * self.opts.worker)
+            ctx = self.context(key, study.study_name, start_run=False)
             for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                 params = trial.system_attrs.get("fixed_params")
                 if not params:
