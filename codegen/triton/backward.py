@@ -1,18 +1,20 @@
 """Host side of the Triton backward: seven stages, every buffer O(T) per head.
 
 Order (each stage only reads what earlier ones wrote):
-  1. bwd_prep          Y (queries at their super-chunk start), delta = rowsum(dO * O)
+  1. bwd_prep          Y (queries at their super-chunk start), delta = rowsum(dO * O) - dlse, and the
+                       query side of dc (dlse: a query row's dS sums to it)
   3. bwd_inter_dkv     dKJ, inter part of dV, dOm per super-chunk pair, key side of dc
   4. superchunk chain  dWhat from dOm (``superchunk_chain``: one kernel per sequence up to padded
                        head dim 64, two blocked kernels per super-chunk above)
-  2. bwd_inter_dq      dY from all earlier super-chunks, query side of dc (after 3-4: dOm is
+  2. bwd_inter_dq      dY from all earlier super-chunks (after 3-4: dOm is
                        freed before dY is allocated; wide head dims, padded D above 128: 3 and 2
                        run column-blocked on every pair's Om_{I,J}, computed before 3 by
                        ``superchunk_pairs`` (one kernel), as large as dOm, freed after 2)
   5. bwd_transport     dK~, dW, dU from dKJ and dWhat (a chain kernel storing the states, then a
                        per-chunk kernel summing their products)
   6. bwd_intra         dq (final) and the chunk-level dK~, dU, dW, dM, dK, dV, dc inside super-chunks
-                       (two kernels: the walk over earlier chunks, then the diagonal tile)
+                       (three kernels: the query walk over earlier chunks, the key-side sums per key
+                       chunk from the walk's parked states and gradients, then the diagonal tile)
   7. ut_bwd            dw, dk, dbeta through the UT transform (C x C chunk kernel, then per column block)
 then dg = reverse cumsum of dc per sequence (``gate_grad_kernel``).  Stages 5-7 only touch rows of
 one super-chunk; on long inputs they run per token range of super-chunks (see
@@ -44,7 +46,7 @@ from .bwd_chain import (
     gate_grad_kernel,
 )
 from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel, bwd_pair_transitions_kernel
-from .bwd_intra import bwd_intra_diag_kernel, bwd_intra_walk_kernel
+from .bwd_intra import bwd_intra_diag_kernel, bwd_intra_keys_kernel, bwd_intra_walk_kernel
 from .bwd_prep import bwd_prep_kernel
 from .forward import (
     _LOG2E,
@@ -257,7 +259,7 @@ def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool, HQ: int
     live with m after u, K~ and the chain states are freed: they count where they are larger."""
     BD = _pow2(D)
     per_head = C + 4 * D + C + (2 * BD * BD // C if multi else 0)
-    states = (HQ or H) * (S // (2 * C)) * max(BD, 64) * scan_bytes
+    states = 2 * (HQ or H) * (S // (2 * C)) * max(BD, 64) * scan_bytes
     return 4 * H * per_head + max(4 * H * (2 * D + C) + states, 4 * H * (CC_TILES + 1) * C)
 
 
@@ -435,9 +437,10 @@ def path_attention_bwd(
     delta, dc = _zeros([(N, HQ), (HQ, N)], torch.float32, dev)
     dlse_t = _tokens(dlse).float() if dlse is not None else delta
     bwd_prep_kernel[(tb.n_chunks, HQ)](
-        qt, wt, state.u, ot, dot_, dlse_t, y, delta,
-        tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end,
-        INTERP=interp, HAS_DLSE=dlse is not None, num_warps=params.bwd_num_warps, num_stages=1, **common,
+        qt, wt, state.u, ot, dot_, dlse_t, y, delta, dc,
+        tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, gate_nat, N,
+        INTERP=interp, HAS_DLSE=dlse is not None, USE_GATE=use_gate, num_warps=params.bwd_num_warps,
+        num_stages=1, **common,
     )
     del dlse_t
     if recompute:   # u, K~, m are recomputed per range below (w's 16-bit copy only fed the transport)
@@ -451,8 +454,7 @@ def path_attention_bwd(
         shapes = [(N, H, DV), (N, H, D)] + ([tuple(state.what.shape)] if chain_adds else [])
         dv, dkj, *dwhat0 = _zeros(shapes, torch.float32, dev)
         dwhat0 = dwhat0[0] if chain_adds else None
-        # 3. + 4. first (dom and its chain die before dY exists); stage 2 adds to dc after them,
-        # and a sum of two terms from zero does not depend on their order
+        # 3. + 4. first (dom and its chain die before dY exists)
         dom = torch.zeros(max(tb.n_pairs, 1), H, BD, BD, **f32)
         # every pair's Om (laid out like dom): in the scan's 16-bit type, the inter kernels' operand, up to
         # padded head dim 128; float32 for the column-blocked transitions of wide head dims, with scratch
@@ -474,9 +476,9 @@ def path_attention_bwd(
         dy = torch.zeros(N, HQ, D, **f32)
         z = torch.empty(N, HQ, D, device=dev, dtype=y.dtype) if DB < BD else dy
         bwd_inter_dq_kernel[(tb.n_chunks, HQ)](
-            y, state.kj, vt, gc, dot_, lset, delta, dy, dc, om, z,
+            y, state.kj, vt, gc, dot_, lset, delta, dy, om, z,
             tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
-            tb.n_chunks, qk_scale, gate_scale, scale, gate_nat, N,
+            tb.n_chunks, qk_scale, gate_scale, scale, N,
             BLOCK_N=BN, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
             num_warps=params.bwd_inter_num_warps, num_stages=params.bwd_num_stages, **common,
         )
@@ -517,22 +519,26 @@ def path_attention_bwd(
                 tr.sc_tok0, tr.sc_seq, tr.seq_end, num_warps=grads_warps, num_stages=1, **tkw,
             )
             del suf, gs
-        # bwd_intra's chain-state slots (see the kernel): S // (2C) per chunk and query head
-        xs = torch.empty(max(1, HQ * tr.n_chunks * (S // (2 * C)) * C * max(BD, 64)), device=dev, dtype=scan_store)
+        # bwd_intra's chain-state slots and the walk's parked query gradients (see the kernels): S // (2C)
+        # of each per chunk and query head
+        slots = max(1, HQ * tr.n_chunks * (S // (2 * C)) * C * max(BD, 64))
+        xs, gs = torch.empty(2 * slots, device=dev, dtype=scan_store).split(slots)
         # the range's columns of gc and dc: views with the full head stride N
         intra_args = (qt[r], kt_in[r], vt[r], wt[r], u, m, ktil, gc[:, r] if use_gate else gc, dot_[r], lset[r],
-                      delta[r], dy[r], dq[r], dk_acc, dv[r], dw_acc, du, dm, dkt, dc[:, r], xs,
+                      delta[r], dy[r], dq[r], dk_acc, dv[r], dw_acc, du, dm, dkt, dc[:, r], xs, gs,
                       tr.chunk_tok0, tr.chunk_seq, tr.seq_start, tr.seq_end,
                       tr.n_chunks, qk_scale, gate_scale, scale, gate_nat, N)
         # head dims under 64 run on 64-wide (masked) tiles here: at D = 32 this kernel's atomic
         # adds of 64 x 32 products faulted on the H200 (illegal address; D = 64 ran clean)
         intra_kw = dict(common, BD=max(BD, 64), BDV=max(BDV, 64), TP=tp, USE_GATE=use_gate, INTERP=interp,
                         num_warps=params.bwd_num_warps, num_stages=1)
-        # the walk leaves its carried query gradient in dy[r] for the diagonal tile's kernel
+        # the walk leaves its carried query gradient in dy[r] for the diagonal tile's kernel, its states
+        # and per-step gradients in xs, gs for the key-side sums
         bwd_intra_walk_kernel[(tr.n_chunks, HQ)](*intra_args, **intra_kw)
+        bwd_intra_keys_kernel[(tr.n_chunks, H, 2)](*intra_args, **intra_kw)
         bwd_intra_diag_kernel[(tr.n_chunks, HQ)](*intra_args, **intra_kw)
         # the tuple holds u, K~ and the chain-state slots: drop it with them, before the UT backward
-        del intra_args, u, ktil, xs
+        del intra_args, u, ktil, xs, gs
         if not recompute:   # A and M of the UT backward, in the same operations as the recompute's
             state.u = state.kt = state.m = None
             amat, m = ut_chunk_state(kt_in, wt, bt, tb, H, D, C, params)

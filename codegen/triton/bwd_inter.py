@@ -45,9 +45,9 @@ from .bwd_chain import _chain_prologue
 @triton.jit
 def bwd_inter_dq_kernel(
     y_ptr, kj_ptr, v_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
-    dy_ptr, dc_ptr, om_ptr, z_ptr,
+    dy_ptr, om_ptr, z_ptr,
     chunk_tok0, chunk_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
-    n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
+    n_chunks, qk_scale, gate_scale, scale, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
@@ -55,12 +55,12 @@ def bwd_inter_dq_kernel(
     # om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J} (scan dtype when DB == BD, else float32).
     # DB < BD: z_ptr [N, HQ, D] (scan dtype) is the scratch of Z = Y Om for this program's rows and
     # dy (zero-filled) accumulates in place; DB == BD: z_ptr unused.
-    # gc_ptr, dc_ptr [HQ, gc_hs] float32 head-major: a head's gates (and their gradients) contiguous.
+    # gc_ptr [HQ, gc_hs] float32 head-major: a head's gates contiguous.  No gate gradient here: a query
+    # row's sum of dS over its keys is d lse_i (bwd_prep_kernel stores it), the key side is bwd_inter_dkv's.
     n = n_chunks - 1 - tl.program_id(0)
     hq = tl.program_id(1)
     h = hq // (HQ // H)
     gc_h = gc_ptr + hq.to(tl.int64) * gc_hs
-    dc_h = dc_ptr + hq.to(tl.int64) * gc_hs
     tok0 = tl.load(chunk_tok0 + n)
     sid = tl.load(chunk_seq + n)
     s0 = tl.load(seq_start + sid)
@@ -82,7 +82,6 @@ def bwd_inter_dq_kernel(
         delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
         if USE_GATE:
             c_q = tl.load(gc_h + rows, mask=rmask, other=0.0)
-        dcq = tl.zeros((C,), dtype=tl.float32)
         if DB == BD:
             pair_base = tl.load(seq_pair_base + sid)
             n_sc_seq = (send - s0 + S - 1) // S
@@ -106,8 +105,6 @@ def bwd_inter_dq_kernel(
                     dp = mm(dO, tl.trans(Vt), INTERP)
                     ds = p * (dp - delta[:, None])
                     dZ += mm(ds.to(DT), KJ, INTERP)
-                    if USE_GATE:
-                        dcq += tl.sum(ds, axis=1)
                 dY += mm(dZ.to(DT), tl.trans(tl.load(om_base + dpair).to(DT)), INTERP)
             tl.store(dy_ptr + qoff, dY * scale, mask=rmask[:, None] & dmask)
         else:
@@ -139,8 +136,6 @@ def bwd_inter_dq_kernel(
                     dp = mm(dO, tl.trans(Vt), INTERP)
                     ds = p * (dp - delta[:, None])
                     dZ += mm(ds.to(DT), KJ, INTERP)
-                    if USE_GATE:
-                        dcq += tl.sum(ds, axis=1)
                 for cb in tl.static_range(BD // DB):
                     if cb * DB < D:
                         e = cb * DB + tl.arange(0, DB)
@@ -149,9 +144,6 @@ def bwd_inter_dq_kernel(
                         ymask = rmask[:, None] & (e < D)[None, :]
                         upd = tl.dot(dZ, tl.trans(OmR), input_precision=TP) * scale
                         tl.store(yptr, tl.load(yptr, mask=ymask, other=0.0) + upd, mask=ymask)
-        if USE_GATE:
-            cptr = dc_h + rows
-            tl.store(cptr, tl.load(cptr, mask=rmask, other=0.0) + dcq * gate_nat, mask=rmask)
 
 
 @triton.jit

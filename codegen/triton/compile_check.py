@@ -90,7 +90,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         gate_grad_kernel,
     )
     from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel, bwd_pair_transitions_kernel
-    from .bwd_intra import bwd_intra_diag_kernel, bwd_intra_walk_kernel
+    from .bwd_intra import bwd_intra_diag_kernel, bwd_intra_keys_kernel, bwd_intra_walk_kernel
     from .bwd_prep import bwd_prep_kernel
     from .forward import (
         UT_COLUMN_BLOCK,
@@ -119,9 +119,10 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     for name in ("w_ptr", "u_ptr", "m_ptr", "kt_ptr", "what_ptr", "gc_ptr", "lse_ptr", "beta_ptr", "y_ptr",
                  "delta_ptr", "dy_ptr", "dc_ptr", "dkj_ptr", "dv_ptr", "dom_ptr", "dwhat_ptr", "dkt_ptr",
                  "dw_ptr", "du_ptr", "dm_ptr", "dk_ptr", "scratch_ptr", "dw_acc_ptr", "dk_acc_ptr",
-                 "dbeta_ptr", "a_ptr", "om_ptr", "cc_ptr"):
+                 "dbeta_ptr", "a_ptr", "om_ptr", "cc_ptr", "dlse_ptr"):
         sig[name] = _PTR_F32
-    sig["kj_ptr"] = sig["z_ptr"] = sig["kz_ptr"] = sig["xs_ptr"] = scan   # xs: bwd_intra's chain-state slots
+    # xs, gs: bwd_intra's chain-state slots and the walk's parked query gradients
+    sig["kj_ptr"] = sig["z_ptr"] = sig["kz_ptr"] = sig["xs_ptr"] = sig["gs_ptr"] = scan
     for name in ("x_ptr", "o_part_ptr"):
         sig[name] = _PTR_F32
     for name in ("chunk_tok0", "chunk_seq", "seq_start", "seq_end", "seq_sc_base", "sc_tok0", "sc_seq",
@@ -131,7 +132,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         sig[name] = "fp32"
     sig["n_chunks"] = "i32"
     sig["n_blocks"] = "i32"
-    sig["gc_hs"] = "i32"     # head stride of the head-major gate cumsum and its gradient
+    sig["gc_hs"] = sig["dc_hs"] = "i32"     # head stride of the head-major gate cumsum and its gradient
     ut_sig = dict(sig, k_ptr=io, dk_ptr=io)
     # a forward's compact state: U, K~ and w's copy in the scan's type (forward.prepare_state)
     fwd_sig = dict(sig, u_ptr=scan, kt_ptr=scan, w_ptr=scan)
@@ -163,7 +164,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (scan_inter_kernel, dict(sig, o_ptr=io), dict({k: v for k, v in common.items() if k != 'C'},
                                                       BLOCK_M=params.block_m, BLOCK_N=params.block_n, DB=DB, **flags),
          params.inter_num_warps, params.num_stages),
-        (bwd_prep_kernel, sig, dict(common, INTERP=False), params.bwd_num_warps, 1),
+        (bwd_prep_kernel, sig, dict(common, INTERP=False, HAS_DLSE=True, USE_GATE=gate), params.bwd_num_warps, 1),
         (bwd_inter_dq_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags),
          params.bwd_inter_num_warps, params.bwd_num_stages),
         (bwd_inter_dkv_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, BLOCK_M=params.bwd_block_m,
@@ -188,6 +189,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (bwd_transport_grads_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_grads_warps, 1),
         (bwd_intra_walk_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
+        (bwd_intra_keys_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
         (bwd_intra_diag_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
         (ut_bwd_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                            UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_CHUNK_WARPS, 1),
