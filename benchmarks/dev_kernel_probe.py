@@ -10,9 +10,9 @@ launches add into buffers that already hold results, so nothing here checks valu
                                           [--only ut,transport,intra,dkv,utbwd,variants,e2e]
                                           [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]]
 
-``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``)
-whose ``bwd_intra_walk_kernel`` is timed on this tree's walk arguments (those its signature names)
-beside this tree's three kernels.  ``--old-ut-bwd FILE``: a ut_bwd.py whose
+``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
+timed on the walk kernel's arguments (without its newer trailing ones)
+beside this tree's walk + diagonal kernels.  ``--old-ut-bwd FILE``: a ut_bwd.py whose
 ``ut_bwd_chunk_kernel`` recomputes the inverse from the diagonal blocks' scratch tiles
 (``git show 4664bfe:codegen/triton/ut_bwd.py``), timed beside this tree's (which reads A and M) on the
 same range, with the scratch tiles of that range's ``ut_diag_inverse_kernel`` launch (``utbwd``: chunk +
@@ -62,7 +62,6 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
     do = torch.randn_like(q)
     with Capture(bwd_mod, "bwd_transport_chain_kernel") as trc, Capture(bwd_mod, "bwd_transport_grads_kernel") as trg, \
             Capture(bwd_mod, "bwd_intra_walk_kernel") as ia, Capture(bwd_mod, "bwd_intra_diag_kernel") as ib, \
-            Capture(bwd_mod, "bwd_intra_keys_kernel") as ik, \
             Capture(bwd_mod, "bwd_inter_dkv_kernel") as dkv, Capture(fwd_mod, "ut_chunk_kernel") as utc, \
             Capture(fwd_mod, "ut_apply_kernel") as uta, Capture(fwd_mod, "ut_diag_inverse_kernel") as utd, \
             Capture(bwd_mod, "ut_bwd_chunk_kernel") as ubc, Capture(bwd_mod, "ut_bwd_apply_kernel") as uba:
@@ -97,36 +96,45 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
                 ms = f"{type(exc).__name__}: {str(exc)[:200]}"
             emit(dict(base, kernel=name, variant=str(change), ms=ms))
 
-    # bwd_intra: this tree's three kernels (the query walk, the key-side sums, the diagonal tile), their
-    # launch variants, and an older file's walk (key-side gradients inside it) on the same arguments
+    # bwd_intra: this tree's two kernels (the walk, then the diagonal tile) vs an older file's one kernel
     if "intra" in only:
-        t = {}
-        for cap, name in ((ia, "bwd_intra_walk"), (ik, "bwd_intra_keys"), (ib, "bwd_intra_diag")):
-            g_, a_, k_ = cap.calls[0]
-            t[name] = time_launch(cap.real, g_, a_, k_)
-            emit(dict(base, kernel=name, variant=f"as is (warps {k_['num_warps']}, stages {k_['num_stages']})",
-                      ms=t[name]))
-        emit(dict(base, kernel="bwd_intra", variant="as is (walk + keys + diag)", ms=round(sum(t.values()), 4)))
-        for cap, name, changes in ((ia, "bwd_intra_walk", [dict(num_stages=2)]),
-                                   (ik, "bwd_intra_keys", [dict(num_stages=2), dict(num_stages=3),
-                                                           "other warps", "other warps, stages 2"])):
-            g_, a_, k_ = cap.calls[0]
-            for change in changes:
-                if isinstance(change, str):
-                    nw = 8 if k_["num_warps"] == 4 else 4
-                    change = dict(num_warps=nw, **({"num_stages": 2} if "stages" in change else {}))
-                try:
-                    ms = time_launch(cap.real, g_, a_, dict(k_, **change))
-                except Exception as exc:
-                    ms = f"{type(exc).__name__}: {str(exc)[:200]}"
-                emit(dict(base, kernel=name, variant=str(change), ms=ms))
-    if "intra" in only and old_intra_src:
-        old = load_variant(old_intra_src, "bwd_intra_walk_kernel", f"intra_old_{D}_{int(gate)}")
         grid, args, kw = ia.calls[0]
-        names = ia.real.arg_names
-        keep = [i for i, n in enumerate(names) if n in old.arg_names]
-        emit(dict(base, kernel="bwd_intra_walk", variant="older walk (key-side gradients inside, atomics)",
-                  ms=time_launch(old, grid, tuple(args[i] for i in keep), kw)))
+        t_walk = time_launch(ia.real, grid, args, kw)
+        t_diag = time_launch(ib.real, *ib.calls[0])
+        emit(dict(base, kernel="bwd_intra_walk", variant="as is", ms=t_walk))
+        emit(dict(base, kernel="bwd_intra_diag", variant="as is", ms=t_diag))
+        emit(dict(base, kernel="bwd_intra", variant="as is (walk + diag)", ms=round(t_walk + t_diag, 4)))
+        for cap, name in ((ia, "bwd_intra_walk"), (ib, "bwd_intra_diag")):   # the other warp count, per kernel
+            g_, a_, k_ = cap.calls[0]
+            nw = 8 if k_["num_warps"] == 4 else 4
+            try:
+                ms = time_launch(cap.real, g_, a_, dict(k_, num_warps=nw))
+            except Exception as exc:
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel=name, variant=f"warps {nw}", ms=ms))
+        # what bounds the walk: its loads pipelined; its atomic adds as plain stores (wrong sums: timing only)
+        g_, a_, k_ = ia.calls[0]
+        walk_variants = [(f"num_stages {ns}", ia.real, dict(k_, num_stages=ns)) for ns in (2, 3)]
+        try:
+            stores = load_variant(_src("bwd_intra"), "bwd_intra_walk_kernel", f"walk_stores_{D}_{int(gate)}",
+                                  [(_ATOMIC_ADD, _PLAIN_STORE)])
+            walk_variants.append(("atomic adds as plain stores (timing only)", stores, k_))
+        except ValueError as exc:
+            emit(dict(base, kernel="bwd_intra_walk", variant="atomic adds as plain stores", ms=str(exc)[:200]))
+        for what, kern, kw_ in walk_variants:
+            try:
+                ms = time_launch(kern, g_, a_, kw_)
+            except Exception as exc:
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel="bwd_intra_walk", variant=what, ms=ms))
+    if "intra" in only and old_intra_src:
+        old = load_variant(old_intra_src, "bwd_intra_kernel", f"intra_old_{D}_{int(gate)}")
+        if "xs_ptr" in old.arg_names:
+            emit(dict(base, kernel="bwd_intra", variant="old (same signature)", ms=time_launch(old, grid, args, kw)))
+        else:
+            i = ia.real.arg_names.index("xs_ptr")        # the old kernel has no chain-state scratch
+            emit(dict(base, kernel="bwd_intra", variant="old (recomputes the chain)",
+                      ms=time_launch(old, grid, args[:i] + args[i + 1:], kw)))
     # candidate files defining bwd_intra_walk_kernel and / or bwd_intra_diag_kernel with this tree's signature
     for path in intra_v2 if "intra" in only else ():
         src = open(path).read()
@@ -166,6 +174,8 @@ def _src(module_name):
         return fh.read()
 
 
+_ATOMIC_ADD = '    tl.atomic_add(ptr, val, mask=mask, sem="relaxed")'
+_PLAIN_STORE = "    tl.store(ptr, val, mask=mask)"
 
 
 # source variants of this tree's kernels not taken (still timed on request): text replacements (the ones

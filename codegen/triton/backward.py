@@ -13,8 +13,7 @@ Order (each stage only reads what earlier ones wrote):
   5. bwd_transport     dK~, dW, dU from dKJ and dWhat (a chain kernel storing the states, then a
                        per-chunk kernel summing their products)
   6. bwd_intra         dq (final) and the chunk-level dK~, dU, dW, dM, dK, dV, dc inside super-chunks
-                       (three kernels: the query walk over earlier chunks, the key-side sums per key
-                       chunk from the walk's parked states and gradients, then the diagonal tile)
+                       (two kernels: the walk over earlier chunks, then the diagonal tile)
   7. ut_bwd            dw, dk, dbeta through the UT transform (C x C chunk kernel, then per column block)
 then dg = reverse cumsum of dc per sequence (``gate_grad_kernel``).  Stages 5-7 only touch rows of
 one super-chunk; on long inputs they run per token range of super-chunks (see
@@ -46,7 +45,7 @@ from .bwd_chain import (
     gate_grad_kernel,
 )
 from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel, bwd_pair_transitions_kernel
-from .bwd_intra import bwd_intra_diag_kernel, bwd_intra_keys_kernel, bwd_intra_walk_kernel
+from .bwd_intra import bwd_intra_diag_kernel, bwd_intra_walk_kernel
 from .bwd_prep import bwd_prep_kernel
 from .forward import (
     _LOG2E,
@@ -259,7 +258,7 @@ def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool, HQ: int
     live with m after u, K~ and the chain states are freed: they count where they are larger."""
     BD = _pow2(D)
     per_head = C + 4 * D + C + (2 * BD * BD // C if multi else 0)
-    states = 2 * (HQ or H) * (S // (2 * C)) * max(BD, 64) * scan_bytes
+    states = (HQ or H) * (S // (2 * C)) * max(BD, 64) * scan_bytes
     return 4 * H * per_head + max(4 * H * (2 * D + C) + states, 4 * H * (CC_TILES + 1) * C)
 
 
@@ -519,26 +518,22 @@ def path_attention_bwd(
                 tr.sc_tok0, tr.sc_seq, tr.seq_end, num_warps=grads_warps, num_stages=1, **tkw,
             )
             del suf, gs
-        # bwd_intra's chain-state slots and the walk's parked query gradients (see the kernels): S // (2C)
-        # of each per chunk and query head
-        slots = max(1, HQ * tr.n_chunks * (S // (2 * C)) * C * max(BD, 64))
-        xs, gs = torch.empty(2 * slots, device=dev, dtype=scan_store).split(slots)
+        # bwd_intra's chain-state slots (see the kernel): S // (2C) per chunk and query head
+        xs = torch.empty(max(1, HQ * tr.n_chunks * (S // (2 * C)) * C * max(BD, 64)), device=dev, dtype=scan_store)
         # the range's columns of gc and dc: views with the full head stride N
         intra_args = (qt[r], kt_in[r], vt[r], wt[r], u, m, ktil, gc[:, r] if use_gate else gc, dot_[r], lset[r],
-                      delta[r], dy[r], dq[r], dk_acc, dv[r], dw_acc, du, dm, dkt, dc[:, r], xs, gs,
+                      delta[r], dy[r], dq[r], dk_acc, dv[r], dw_acc, du, dm, dkt, dc[:, r], xs,
                       tr.chunk_tok0, tr.chunk_seq, tr.seq_start, tr.seq_end,
                       tr.n_chunks, qk_scale, gate_scale, scale, gate_nat, N)
         # head dims under 64 run on 64-wide (masked) tiles here: at D = 32 this kernel's atomic
         # adds of 64 x 32 products faulted on the H200 (illegal address; D = 64 ran clean)
         intra_kw = dict(common, BD=max(BD, 64), BDV=max(BDV, 64), TP=tp, USE_GATE=use_gate, INTERP=interp,
                         num_warps=params.bwd_num_warps, num_stages=1)
-        # the walk leaves its carried query gradient in dy[r] for the diagonal tile's kernel, its states
-        # and per-step gradients in xs, gs for the key-side sums
+        # the walk leaves its carried query gradient in dy[r] for the diagonal tile's kernel
         bwd_intra_walk_kernel[(tr.n_chunks, HQ)](*intra_args, **intra_kw)
-        bwd_intra_keys_kernel[(tr.n_chunks, H, 2)](*intra_args, **intra_kw)
         bwd_intra_diag_kernel[(tr.n_chunks, HQ)](*intra_args, **intra_kw)
         # the tuple holds u, K~ and the chain-state slots: drop it with them, before the UT backward
-        del intra_args, u, ktil, xs, gs
+        del intra_args, u, ktil, xs
         if not recompute:   # A and M of the UT backward, in the same operations as the recompute's
             state.u = state.kt = state.m = None
             amat, m = ut_chunk_state(kt_in, wt, bt, tb, H, D, C, params)

@@ -1,27 +1,20 @@
-"""Backward inside one super-chunk: three kernels per token range.
+"""Backward inside one super-chunk: one program per (query UT chunk c, query head).
 
 For query chunk c of super-chunk I the forward chain inside I was X_c = Q~_c,
 X_{m-1} = X_m P_m (m = c-1 .. first) with logits X_m K~_m^T, ending in Y_c = X_{first-1},
-whose gradient dY_c the inter kernels produced.
-
-``bwd_intra_walk_kernel`` (one program per query chunk c and query head): reverse mode walks m left
-to right carrying G = dX_{m-1}; the states X_m it needs come from one right-to-left pass from Q~_c
-(the forward's own chain, the same float32 operations) that parks each X_m, in the scan dtype it is
-used in, in a per-program scratch slot.  The walk only carries the query side (five products per
-step, two of them on G's dependency chain) and parks each step's G (16-bit, the only form any product
-reads it in) in a second slot beside X_m.
-
-``bwd_intra_keys_kernel`` (one program per key chunk m and kv head, keys as rows): the key-side
-gradients dU, dW, dK~, dV and the key side of dc of chunk m, summed over every later query chunk of
-the super-chunk and every query head of the GQA group from the parked X_m and G -- products with keys
-as rows (no transposed accumulator), added once per program.  (The walk adding them per step with
-atomics held a chain of ten dependent products per step at one CTA per SM.)
-
-``bwd_intra_diag_kernel`` (per query chunk and head): the diagonal tile
+whose gradient dY_c the inter kernels produced.  Reverse mode walks m left to right carrying
+G = dX_{m-1}; the states X_m it needs come from one right-to-left pass from Q~_c (the forward's
+own chain, the same float32 operations) that parks each X_m, in the scan dtype it is used in,
+in a per-program scratch slot; the reverse walk reads them back.  (Recomputing X_m from Q~_c
+for every m instead took O(s^2) chunk transitions per query chunk -- at s = 16 chunks per
+super-chunk about as many products as the whole backward step itself.)  Then the diagonal tile
 S = tril(Q K^T) - tril(Q W^T) M and Q~ = Q - tril(Q W^T) U give dq (final, owned here).
-
-The query side of dc (sum over a query row's keys of dS) is never accumulated: over all keys it is
-d lse_i (softmax rows are shift invariant), which ``bwd_prep_kernel`` stores.
+The key-side gradients dK~, dU, dW, dM, dK, dV, dc of chunk m are shared by every later query
+chunk of I (and every query head of a GQA group): they are added with atomics.  (One program
+per super-chunk owned them without atomics but left the H200 with 512 serial programs at
+32K tokens: 12.9 ms, the largest cost of the backward at T=4096.)  The query side of dc (a query
+row's dS summed over its keys) is never accumulated: over all keys it is d lse_i (softmax rows are
+shift invariant), which ``bwd_prep_kernel`` stores.
 """
 from __future__ import annotations
 
@@ -81,7 +74,7 @@ def _row_stats(do_ptr, lse_ptr, delta_ptr, gc_h, rows, rmask, dvmask, hq,
 @triton.jit
 def bwd_intra_walk_kernel(
     q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr, gs_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr,
     chunk_tok0, chunk_seq, seq_start, seq_end,
     n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
@@ -94,7 +87,8 @@ def bwd_intra_walk_kernel(
     d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
     causal = r[:, None] >= r[None, :]
-    gc_h = gc_ptr + hq.to(tl.int64) * gc_hs     # gc [HQ, gc_hs] head-major: this head's rows
+    gc_h = gc_ptr + hq.to(tl.int64) * gc_hs     # gc, dc [HQ, gc_hs] head-major: this head's rows
+    dc_h = dc_ptr + hq.to(tl.int64) * gc_hs
     dO, lse2, delta, c_q = _row_stats(do_ptr, lse_ptr, delta_ptr, gc_h, rows, rmask, dvmask, hq,
                                       HQ, DV, BDV, USE_GATE)
     Q = tl.load(q_ptr + qoff, mask=m2, other=0.0).to(DT)
@@ -102,8 +96,8 @@ def bwd_intra_walk_kernel(
     Uc = tl.load(u_ptr + koff, mask=m2, other=0.0).to(DT)
     QW = tl.where(causal, mm(Q, tl.trans(Wc), INTERP), 0.0)
     Xc = Q.to(tl.float32) - mm(QW.to(DT), Uc, INTERP)
-    # the chain states X_m (m = ci-1 .. 0) of this query chunk, parked in its scratch slots (and the
-    # walk's G per step in gs_ptr's, laid out alike): S // (2C) slots per chunk and query head; a super-chunk of s' chunks starting at chunk n - ci
+    # the chain states X_m (m = ci-1 .. 0) of this query chunk, parked in its scratch slots:
+    # S // (2C) slots per chunk and query head; a super-chunk of s' chunks starting at chunk n - ci
     # needs s' (s' - 1) / 2 of its s' * S // (2C), chunk ci the ci slots from ci (ci - 1) / 2 on
     slot0 = (hq * n_chunks + n - ci).to(tl.int64) * (S // (2 * C)) + ci * (ci - 1) // 2
     xs = xs_ptr + slot0 * C * BD
@@ -120,7 +114,6 @@ def bwd_intra_walk_kernel(
             X = X - mm(mm(X.to(DT), tl.trans(Wt), INTERP).to(DT), Ut, INTERP)
     tl.debug_barrier()
     G = tl.load(dy_ptr + qoff, mask=m2, other=0.0)
-    gs = gs_ptr + slot0 * C * BD
     for mi in range(0, ci):
         Xd = tl.load(xs + mi * C * BD + xso)
         krows = (tokI + mi * C + r).to(tl.int64)
@@ -131,113 +124,36 @@ def bwd_intra_walk_kernel(
         Um = tl.load(u_ptr + kof, mask=dmask, other=0.0).to(DT)
         Vm = tl.load(v_ptr + kvof, mask=dvmask, other=0.0)
         Gd = G.to(DT)
-        tl.store(gs + mi * C * BD + xso, Gd)    # for the key-side gradients (bwd_intra_keys_kernel)
-        # logits of key chunk m (independent of G: off the chain)
+        # chain step X_{m-1} = X_m - (X_m W_m^T) U_m, G = dX_{m-1}; each product's atomic add follows
+        # it, so that no finished C x D gradient stays live through the next products
+        Yl = mm(Xd, tl.trans(Wm), INTERP)
+        _acc(du_ptr + kof, -mm(tl.trans(Yl.to(DT)), Gd, INTERP), dmask)
+        dYl = (-mm(Gd, tl.trans(Um), INTERP)).to(DT)
+        _acc(dw_ptr + kof, mm(tl.trans(dYl), Xd, INTERP), dmask)
+        dX = G + mm(dYl, Wm, INTERP)
+        # logits of key chunk m
         s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
         if USE_GATE:
             c_k = tl.load(gc_h + krows)
             s += (c_q[:, None] - c_k[None, :]) * gate_scale
         p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
+        _acc(dv_ptr + kvof, mm(tl.trans(p).to(Vm.dtype), dO, INTERP), dvmask)
         dp = mm(dO, tl.trans(Vm), INTERP)
-        dsd = (p * (dp - delta[:, None]) * scale).to(DT)
-        # chain step X_{m-1} = X_m - (X_m W_m^T) U_m, G = dX_{m-1}
-        dYl = (-mm(Gd, tl.trans(Um), INTERP)).to(DT)
-        dX = G + mm(dYl, Wm, INTERP)
+        ds = p * (dp - delta[:, None])
+        dsd = (ds * scale).to(DT)
         dX += mm(dsd, Kt, INTERP)
+        _acc(dkt_ptr + kof, mm(tl.trans(dsd), Xd, INTERP), dmask)
+        if USE_GATE:
+            _acc(dc_h + krows, -tl.sum(ds, axis=0) * gate_nat)
         G = dX
     # G to the diagonal kernel in dY's storage (this program's tile, read above)
     tl.store(dy_ptr + qoff, G, mask=m2 & (ci > 0))
 
 
 @triton.jit
-def bwd_intra_keys_kernel(
-    q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr, gs_ptr,
-    chunk_tok0, chunk_seq, seq_start, seq_end,
-    n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
-    HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
-    DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
-):
-    """Grid (key chunks, kv heads, 2): program_id(2) 0 sums dU, dW; 1 sums dV, dK~ and dc's key side."""
-    n = tl.program_id(0)
-    h = tl.program_id(1)
-    part = tl.program_id(2)
-    G_SIZE: tl.constexpr = HQ // H
-    tok0, _sid, s0, send = tile_of(n, chunk_tok0, chunk_seq, seq_start, seq_end)
-    mi = ((tok0 - s0) // C) % (S // C)
-    tokI = tok0 - mi * C
-    n_sc_chunks = tl.minimum(S // C, (send - tokI + C - 1) // C)   # chunks of this super-chunk
-    if mi + 1 < n_sc_chunks:      # later query chunks exist (so this key chunk is whole: no row mask)
-        r = tl.arange(0, C)
-        d = tl.arange(0, BD)
-        dv = tl.arange(0, BDV)
-        dmask = (d < D)[None, :]
-        dvmask = (dv < DV)[None, :]
-        krows = (tok0 + r).to(tl.int64)
-        kof = (krows[:, None] * H + h) * D + d[None, :]
-        xso = r[:, None] * BD + d[None, :]
-        nf = n - mi               # the super-chunk's first chunk in the range's chunk table
-        if part == 0:
-            Wm = tl.load(w_ptr + kof, mask=dmask, other=0.0).to(DT)
-            Um = tl.load(u_ptr + kof, mask=dmask, other=0.0).to(DT)
-            dU = tl.zeros((C, BD), dtype=tl.float32)
-            dW = tl.zeros((C, BD), dtype=tl.float32)
-            for gi in range(0, G_SIZE):
-                hq = h * G_SIZE + gi
-                base = (hq * n_chunks + nf).to(tl.int64) * (S // (2 * C)) + mi
-                for c in range(mi + 1, n_sc_chunks):
-                    slot = (base + c * (c - 1) // 2) * C * BD
-                    Xd = tl.load(xs_ptr + slot + xso)
-                    Gd = tl.load(gs_ptr + slot + xso)
-                    ylT = mm(Wm, tl.trans(Xd), INTERP).to(DT)             # (X_m W_m^T)^T
-                    dU -= mm(ylT, Gd, INTERP)
-                    dylT = (-mm(Um, tl.trans(Gd), INTERP)).to(DT)         # (-G U_m^T)^T
-                    dW += mm(dylT, Xd, INTERP)
-            _acc(du_ptr + kof, dU, dmask)
-            _acc(dw_ptr + kof, dW, dmask)
-        else:
-            kvof = (krows[:, None] * H + h) * DV + dv[None, :]
-            Kt = tl.load(kt_ptr + kof, mask=dmask, other=0.0).to(DT)
-            Vm = tl.load(v_ptr + kvof, mask=dvmask, other=0.0)
-            dV = tl.zeros((C, BDV), dtype=tl.float32)
-            dKt = tl.zeros((C, BD), dtype=tl.float32)
-            for gi in range(0, G_SIZE):
-                hq = h * G_SIZE + gi
-                base = (hq * n_chunks + nf).to(tl.int64) * (S // (2 * C)) + mi
-                gc_h = gc_ptr + hq.to(tl.int64) * gc_hs
-                if USE_GATE:
-                    c_k = tl.load(gc_h + krows)
-                dck = tl.zeros((C,), dtype=tl.float32)
-                for c in range(mi + 1, n_sc_chunks):
-                    slot = (base + c * (c - 1) // 2) * C * BD
-                    Xd = tl.load(xs_ptr + slot + xso)
-                    qrows = (tokI + c * C + r).to(tl.int64)
-                    qmask = qrows < send
-                    dO = tl.load(do_ptr + (qrows[:, None] * HQ + hq) * DV + dv[None, :],
-                                 mask=qmask[:, None] & dvmask, other=0.0)
-                    lse2 = tl.load(lse_ptr + qrows * HQ + hq, mask=qmask, other=0.0) * 1.4426950408889634
-                    delta = tl.load(delta_ptr + qrows * HQ + hq, mask=qmask, other=0.0)
-                    sT = mm(Kt, tl.trans(Xd), INTERP) * qk_scale              # logits, keys as rows
-                    if USE_GATE:
-                        c_q = tl.load(gc_h + qrows, mask=qmask, other=0.0)
-                        sT += (c_q[None, :] - c_k[:, None]) * gate_scale
-                    pT = tl.where(qmask[None, :], tl.exp2(sT - lse2[None, :]), 0.0)
-                    dV += mm(pT.to(Vm.dtype), dO, INTERP)
-                    dsT = pT * (mm(Vm, tl.trans(dO), INTERP) - delta[None, :])
-                    dKt += mm((dsT * scale).to(DT), Xd, INTERP)
-                    if USE_GATE:
-                        dck -= tl.sum(dsT, axis=1)
-                if USE_GATE:
-                    _acc(dc_ptr + hq.to(tl.int64) * gc_hs + krows, dck * gate_nat)
-            _acc(dv_ptr + kvof, dV, dvmask)
-            _acc(dkt_ptr + kof, dKt, dmask)
-
-
-@triton.jit
 def bwd_intra_diag_kernel(
     q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr, gs_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr,
     chunk_tok0, chunk_seq, seq_start, seq_end,
     n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,

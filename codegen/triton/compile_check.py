@@ -90,7 +90,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         gate_grad_kernel,
     )
     from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel, bwd_pair_transitions_kernel
-    from .bwd_intra import bwd_intra_diag_kernel, bwd_intra_keys_kernel, bwd_intra_walk_kernel
+    from .bwd_intra import bwd_intra_diag_kernel, bwd_intra_walk_kernel
     from .bwd_prep import bwd_prep_kernel
     from .forward import (
         UT_COLUMN_BLOCK,
@@ -121,8 +121,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
                  "dw_ptr", "du_ptr", "dm_ptr", "dk_ptr", "scratch_ptr", "dw_acc_ptr", "dk_acc_ptr",
                  "dbeta_ptr", "a_ptr", "om_ptr", "cc_ptr", "dlse_ptr"):
         sig[name] = _PTR_F32
-    # xs, gs: bwd_intra's chain-state slots and the walk's parked query gradients
-    sig["kj_ptr"] = sig["z_ptr"] = sig["kz_ptr"] = sig["xs_ptr"] = sig["gs_ptr"] = scan
+    sig["kj_ptr"] = sig["z_ptr"] = sig["kz_ptr"] = sig["xs_ptr"] = scan   # xs: bwd_intra's chain-state slots
     for name in ("x_ptr", "o_part_ptr"):
         sig[name] = _PTR_F32
     for name in ("chunk_tok0", "chunk_seq", "seq_start", "seq_end", "seq_sc_base", "sc_tok0", "sc_seq",
@@ -189,7 +188,6 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (bwd_transport_grads_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_grads_warps, 1),
         (bwd_intra_walk_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
-        (bwd_intra_keys_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
         (bwd_intra_diag_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
         (ut_bwd_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                            UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_CHUNK_WARPS, 1),
