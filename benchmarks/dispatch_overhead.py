@@ -2,11 +2,21 @@
 
     python benchmarks/dispatch_overhead.py            # CPU or GPU host; no kernel is launched
     python benchmarks/dispatch_overhead.py --e2e      # GPU: also path_attention's whole host overhead
+    python benchmarks/dispatch_overhead.py --decode   # CPU or GPU host: path_attention_decode's cached path
 
 Prints microseconds per call of ``select_plan`` (the per-call selection ``path_attention`` runs)
 for a cached key, and the time of the first decision of a key (pack / perf_db lookup). With
 ``--e2e`` on a GPU: the median wall time of a tiny ``path_attention`` call with and without
 ``backend='auto'`` dispatch, both launching the same kernel (host-bound at that size).
+
+``--decode``: the host work of a cached ``path_attention_decode`` call (B = 8, one new token, cache
+4096, D 64 / 128, PaTH and PaTH-FoX) up to the Triton launch, which is replaced by a stub that takes the
+launch's arguments and returns: the call key plus the prepared-step lookup, and the whole public call
+(key, lookup, the prepared Triton step's Python: capacity check, scratch and pending-window lookups,
+output allocation, the launch arguments, the host length mirrors). The tensors live on the ``meta``
+device, which runs every line a CUDA call runs except the kernel (no value checks, as on the GPU
+without PATHTUNE_CHECK_INPUTS); Triton's own launcher (argument binding, specialisation key, driver
+call) is not included.
 """
 from __future__ import annotations
 
@@ -31,7 +41,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=20000)
     p.add_argument("--e2e", action="store_true", help="GPU: time whole path_attention calls too")
+    p.add_argument("--decode", action="store_true",
+                   help="time the cached host path of path_attention_decode (the launch stubbed) instead")
     args = p.parse_args()
+    if args.decode:
+        decode_host(max(1, args.n // 10))
+        return
 
     from pathtune.runtime import dispatch
 
@@ -94,6 +109,75 @@ def main() -> None:
                 torch.cuda.synchronize()
                 us.append((time.perf_counter() - t0) / 200 * 1e6)
             print(f"path_attention(backend={backend!r}) T={T}: {statistics.median(us):.1f} us/call (host-bound)")
+
+
+class _NoLaunch:
+    """Stands in for ``decode_kernel``: ``decode_kernel[grid](*args, **kwargs)`` takes the arguments and launches
+    nothing."""
+
+    def __getitem__(self, grid):
+        return self._launch
+
+    @staticmethod
+    def _launch(*args, **kwargs):
+        return None
+
+
+def decode_host(n: int, repeats: int = 7) -> dict:
+    """us per call of the cached decode path's host work (see the module docstring); returns the numbers."""
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "1"   # backend 'triton' accepts non-CUDA tensors; nothing is interpreted
+    import pathtune
+    from pathtune.codegen.triton import decode as tdecode
+    from pathtune.runtime import decode as rdecode
+    from pathtune.runtime import dispatch
+
+    B, L0, dev, dt = 8, 4096, torch.device("meta"), torch.bfloat16
+    real_kernel, tdecode.decode_kernel = tdecode.decode_kernel, _NoLaunch()
+    out = {}
+    try:
+        for D, H in ((64, 16), (128, 8)):
+            for gated in (False, True):
+                cache = pathtune.PaTHKVCache.empty(B, H, D, D, H, max_len=2 * L0, gated=gated, dtype=dt, device=dev)
+                q, k, v = (torch.empty(B, 1, H, D, dtype=dt, device=dev) for _ in range(3))
+                w = torch.empty(B, 1, H, D, device=dev)
+                beta = torch.empty(B, 1, H, device=dev)
+                g = torch.empty(B, 1, H, device=dev) if gated else None
+                xs = (q, k, v, w, beta, g, cache)
+                plans = dispatch.get_dispatcher().decode_plans
+
+                def reset():
+                    cache.set_state(L0, L0)   # the stub appends nothing: keep the length in one bucket
+
+                def call():
+                    pathtune.path_attention_decode(*xs, backend="triton")
+
+                def lookup():   # the cached path's key and lookup, whatever it is built from
+                    (dispatch._DISPATCHER or dispatch.get_dispatcher()).decode_plans.get(
+                        rdecode._call_key(q, k, v, w, beta, g, cache, None, "triton", None))
+
+                reset()
+                call()   # prepares the step of this key
+                before = len(plans)
+                row = {}
+                for name, fn in (("key_lookup", lookup), ("call", call)):
+                    times = []
+                    for _ in range(repeats):
+                        reset()
+                        t0 = time.perf_counter()
+                        for _ in range(n):
+                            fn()
+                        times.append((time.perf_counter() - t0) / n * 1e6)
+                    row[name] = min(times)
+                assert len(plans) == before, "the timed calls prepared a new step (the key changed)"
+                tag = f"D{D} H{H} {'PaTH-FoX' if gated else 'PaTH'}"
+                out[tag] = row
+                print(f"decode {tag:22s}: call key + step lookup {row['key_lookup']:6.2f} us/call; whole cached "
+                      f"call, launch stubbed {row['call']:6.2f} us/call")
+    finally:
+        tdecode.decode_kernel = real_kernel
+    return out
 
 
 if __name__ == "__main__":

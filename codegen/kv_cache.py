@@ -14,7 +14,9 @@ Layout (contiguous; rows >= length are unused capacity):
   kernels on the device, so a captured CUDA graph of a decode step can be replayed as the cache grows;
   ``length_tensor`` and ``frame_tensor`` are its two one-element views;
 * ``arrival_counters`` [B*H + 1] int32 on the cache's device: zero between steps (the decode kernel's split
-  arrival counters, which it resets itself), filled once at creation.
+  arrival counters, which it resets itself), filled once at creation;
+* ``layout_key()``: an int naming the buffers' layout (sizes but the capacity, dtypes, devices, contiguity,
+  HQ), computed once and dropped whenever k, v, c or num_q_heads is replaced (growth included).
 
 Lazy rotation (the Triton decode step, codegen/triton/decode.py): rows j < F of ``k_buffer`` hold keys in
 the frame of position F-1; rows F .. length-1 are pending: raw keys, whose w (fp32) and clipped beta sit in
@@ -35,6 +37,7 @@ raises ``CacheFullError``.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 import torch
@@ -59,11 +62,12 @@ class PaTHKVCache:
     v [B,max_len,H,DV], c [B,max_len,HQ] or None; ``length`` valid rows; ``num_q_heads`` HQ).
     """
 
-    __slots__ = ("_k", "v", "c", "num_q_heads", "static", "_state", "_len", "_frame", "_hint", "_work",
-                 "_pw", "_pb", "_count")
+    __slots__ = ("_k", "_v", "_c", "_hq", "static", "_state", "_len", "_frame", "_hint", "_work",
+                 "_pw", "_pb", "_count", "_layout")
 
     def __init__(self, k: Tensor, v: Tensor, c: Optional[Tensor], length: int, num_q_heads: int, *,
                  static: bool = False) -> None:
+        self._layout: Optional[int] = None   # layout_key(), computed on first use, dropped when a buffer is replaced
         self._k, self.v, self.c = k, v, c
         self.num_q_heads = int(num_q_heads)
         self.static = bool(static)
@@ -89,6 +93,49 @@ class PaTHKVCache:
     @k.setter
     def k(self, t: Tensor) -> None:
         self._k = t
+        self._layout = None
+
+    @property
+    def v(self) -> Tensor:
+        """Values [B, max_len, H, DV]."""
+        return self._v
+
+    @v.setter
+    def v(self, t: Tensor) -> None:
+        self._v = t
+        self._layout = None
+
+    @property
+    def c(self) -> Optional[Tensor]:
+        """Inclusive FoX gate cumsum [B, max_len, HQ], None for an ungated cache."""
+        return self._c
+
+    @c.setter
+    def c(self, t: Optional[Tensor]) -> None:
+        self._c = t
+        self._layout = None
+
+    @property
+    def num_q_heads(self) -> int:
+        return self._hq
+
+    @num_q_heads.setter
+    def num_q_heads(self, n: int) -> None:
+        self._hq = n
+        self._layout = None
+
+    def layout_key(self) -> int:
+        """The layout of the buffers as a small int, equal for two caches iff their layouts are: the cache's type,
+        HQ, and per buffer (k, v, c) its sizes other than max_len, dtype, device and contiguity (None for an
+        ungated c).  Decode calls key their prepared steps by it.  Computed once and kept until k, v, c or
+        num_q_heads is replaced (assignment, growth by ``reserve``, unpickling); a tensor of the cache changed
+        in place (``resize_``, ``set_``, ``as_strided_``) is not noticed: assign a new tensor instead."""
+        key = self._layout
+        if key is None:
+            layout = (type(self), self._hq, _buffer_layout(self._k), _buffer_layout(self._v),
+                      _buffer_layout(self._c))
+            key = self._layout = _LAYOUT_IDS.setdefault(layout, next(_LAYOUT_COUNT))
+        return key
 
     @property
     def k_buffer(self) -> Tensor:
@@ -272,7 +319,8 @@ class PaTHKVCache:
 
         def grow(x):
             return None if x is None else F.pad(x, [0, 0] * (x.dim() - 2) + [0, cap - x.shape[1]])
-        self._k, self.v, self.c = grow(self._k), grow(self.v), grow(self.c)
+        self._k, self._v, self._c = grow(self._k), grow(self._v), grow(self._c)
+        self._layout = None
 
     @property
     def arrival_counters(self) -> Tensor:
@@ -288,12 +336,19 @@ class PaTHKVCache:
             buf = self._work[key] = torch.empty(numel, dtype=torch.float32, device=self._k.device)
         return buf
 
+    # pickled state: the public names of k's companions (v, c, num_q_heads), never the layout key
+    _PICKLED = ("_k", "v", "c", "num_q_heads", "static", "_state", "_len", "_frame", "_hint", "_work", "_pw", "_pb",
+              "_count")
+
     def __getstate__(self):
-        return {s: getattr(self, s) for s in self.__slots__}
+        return {s: getattr(self, s) for s in self._PICKLED}
 
     def __setstate__(self, state) -> None:
+        self._layout = None
         for s, val in state.items():
-            object.__setattr__(self, s, val)
+            if s != "_layout":
+                object.__setattr__(self, s, val)
+        self._layout = None
         if "_count" not in state:   # pickled by a version without arrival counters
             self._count = _arrival_counters(self._k)
 
@@ -304,6 +359,18 @@ class PaTHKVCache:
         return (f"PaTHKVCache(B={B}, H={H}, HQ={self.num_q_heads}, D={D}, DV={self.v.shape[-1]}, length={n}{pend}, "
                 f"max_len={self.max_len}, gated={self.gated}, static={self.static}, dtype={self._k.dtype}, "
                 f"device={self._k.device})")
+
+
+# every buffer layout met in this process -> its id (layout_key); the ids are never reused
+_LAYOUT_IDS: dict = {}
+_LAYOUT_COUNT = itertools.count()
+
+
+def _buffer_layout(t: Optional[Tensor]):
+    if t is None:
+        return None
+    shape = t.shape
+    return (shape[:1], shape[2:], t.dtype, t.device, t.is_contiguous())
 
 
 def _arrival_counters(k: Tensor) -> Tensor:

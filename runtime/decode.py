@@ -14,7 +14,8 @@ of ``codegen/triton/decode.py``; CUDA tensors, or CPU tensors under TRITON_INTER
 TVM step when its tuning record is faster and it can run here -- runtime/decode_dispatch.py; else reference).
 
 Hot path: a decode call is keyed by the metadata of its arguments (shapes, dtypes, devices, contiguity,
-the cache's layout, backend, config, scale, the dispatch length bucket). The first call of a key runs
+the cache's layout -- ``PaTHKVCache.layout_key()``, kept on the cache until a buffer is replaced --, backend,
+config, scale, the dispatch length bucket, PATHTUNE_CHECK_INPUTS). The first call of a key runs
 every check (spec validation, cache compatibility, head dims), resolves the backend and its knobs and
 prepares the kernel launch; later calls of the key look the prepared step up and run it: no spec
 access, no dtype copies (the Triton kernel reads w / beta / g in their dtype), no allocation beyond the
@@ -38,7 +39,7 @@ import torch
 from pathtune import _env
 from pathtune.codegen.kv_cache import CacheFullError, PaTHKVCache
 from pathtune.specs import load_spec
-from pathtune.specs.workload import seq_bucket
+from pathtune.specs.workload import MIN_SEQ_BUCKET
 
 from . import dispatch
 from .validation import check_head_dims, validate_inputs, value_checks_enabled
@@ -163,18 +164,43 @@ def _config_key(config):
 
 _UNCACHED = object()
 
+# PATHTUNE_CHECK_INPUTS is part of every call key (it decides the per-call value checks) and is read on every
+# call, as _env reads it.  os.environ.get encodes the name and decodes the value on each read; CPython's
+# os.environ keeps the encoded environment in ``_data``, which is read directly while os.environ is the
+# mapping seen at import (the raw value, bytes there, keys the call like the string os.environ.get returns).
+_CHECK_ENV = _env.CHECK_INPUTS.name
+_ENVIRON = os.environ
+try:
+    _ENV_DATA, _ENV_KEY = _ENVIRON._data, _ENVIRON.encodekey(_CHECK_ENV)
+    if not isinstance(_ENV_DATA, dict):
+        raise TypeError
+except (AttributeError, TypeError):
+    _ENVIRON = None
+
+# A call's dispatch length bucket, seq_bucket(cache length + T_new) = max(MIN_SEQ_BUCKET, 2 ** bits) with
+# bits = (n - 1).bit_length(), is keyed by ``bits`` (clamped to the minimum bucket's).
+_MIN_BUCKET_BITS = (MIN_SEQ_BUCKET - 1).bit_length()
+
 
 def _call_key(q, k, v, w, beta, g, cache, scale, backend, config):
-    """Hashable metadata of a decode call (AttributeError / TypeError for arguments of the wrong kind)."""
-    ck, cv, cc = cache.k_buffer, cache.v, cache.c
-    return ("call", backend, _config_key(config), scale,
-            q.shape, k.shape, v.shape, w.shape, beta.shape,
-            q.dtype, k.dtype, v.dtype, w.dtype, beta.dtype, q.device, k.device, v.device, w.device, beta.device,
-            q.is_contiguous(), k.is_contiguous(), v.is_contiguous(), w.is_contiguous(), beta.is_contiguous(),
+    """Hashable metadata of a decode call (AttributeError / TypeError / ValueError for arguments of the wrong
+    kind): backend, config, scale; shape, dtype, device and contiguity of every tensor argument; the cache's
+    ``layout_key()``; the dispatch length bucket of its length + T_new; the PATHTUNE_CHECK_INPUTS setting."""
+    layout = cache._layout
+    if layout is None:
+        layout = cache.layout_key()
+    n = cache._hint + q.shape[1]
+    if n < 1:
+        raise ValueError(f"sequence length must be >= 1, got {n}")
+    bits = (n - 1).bit_length()
+    env = os.environ
+    return ("call", backend, None if config is None else _config_key(config), scale,
+            q.shape, q.dtype, q.device, q.is_contiguous(), k.shape, k.dtype, k.device, k.is_contiguous(),
+            v.shape, v.dtype, v.device, v.is_contiguous(), w.shape, w.dtype, w.device, w.is_contiguous(),
+            beta.shape, beta.dtype, beta.device, beta.is_contiguous(),
             None if g is None else (g.shape, g.dtype, g.device, g.is_contiguous()),
-            type(cache), ck.shape[0], ck.shape[2:], cv.shape[-1], ck.dtype, cv.dtype, ck.device, cache.num_q_heads,
-            ck.is_contiguous(), cv.is_contiguous(), None if cc is None else (cc.dtype, cc.is_contiguous()),
-            seq_bucket(cache._hint + q.shape[1]), os.environ.get(_env.CHECK_INPUTS.name))
+            layout, bits if bits > _MIN_BUCKET_BITS else _MIN_BUCKET_BITS,
+            _ENV_DATA.get(_ENV_KEY) if env is _ENVIRON else env.get(_CHECK_ENV))
 
 
 def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Optional[float] = None,
@@ -199,27 +225,28 @@ def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Opt
         step = _prepare(q, k, v, w, beta, g, cache, scale=scale, backend=backend, config=config)
         if plans is not None and key is not _UNCACHED and key[2] is not _UNCACHED:
             plans[key] = step
-        return step(q, k, v, w, beta, g, cache, checked=True)
-    return step(q, k, v, w, beta, g, cache)
+        return step.run(q, k, v, w, beta, g, cache)   # _prepare ran every check, value checks included
+    if step.check_values:
+        step.check(q, k, v, w, beta, g)
+    return step.run(q, k, v, w, beta, g, cache)
 
 
 class _Step:
-    """A decode call resolved for one key: ``run`` (the backend's step) plus the per-call value checks."""
+    """A decode call resolved for one key: ``run(q, k, v, w, beta, g, cache)`` (the backend's step) and, where
+    ``check_values``, the per-call value checks ``check`` to run before it."""
 
     __slots__ = ("run", "spec", "check_values")
 
     def __init__(self, run, spec, check_values: bool) -> None:
         self.run, self.spec, self.check_values = run, spec, check_values
 
-    def __call__(self, q, k, v, w, beta, g, cache, *, checked: bool = False):
-        if self.check_values and not checked:
-            from .validation import _check_values
+    def check(self, q, k, v, w, beta, g) -> None:
+        from .validation import _check_values
 
-            args = {"q": q, "k": k, "v": v, "w": w, "beta": beta}
-            if g is not None:
-                args["g"] = g
-            _check_values(self.spec, args)
-        return self.run(q, k, v, w, beta, g, cache)
+        args = {"q": q, "k": k, "v": v, "w": w, "beta": beta}
+        if g is not None:
+            args["g"] = g
+        _check_values(self.spec, args)
 
 
 def _prepare(q, k, v, w, beta, g, cache, *, scale, backend, config) -> _Step:
@@ -248,11 +275,9 @@ def _prepare(q, k, v, w, beta, g, cache, *, scale, backend, config) -> _Step:
     if chosen == "triton":
         from pathtune.codegen.triton.decode import prepare
 
+        # the prepared launcher itself is the step: run(q, k, v, w, beta, g, cache)
         triton_step = prepare(q, k, v, w, beta, g, cache, scale=scale, config=config, gate_placement=placement)
-
-        def run(q, k, v, w, beta, g, cache):
-            return triton_step(q, k, v, w, beta, g, cache)
-        return _Step(run, spec, check_values)
+        return _Step(triton_step, spec, check_values)
     # tvm: its fused step takes one token per launch; a multi-token call runs them in order
     if tvm_step is None:
         from pathtune.codegen._registry import require
