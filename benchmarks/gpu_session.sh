@@ -80,6 +80,9 @@ if [ -d .whl ] && ! python3 -c "import optuna" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
+# a fresh copy every call: on a machine lent again, pip --target would keep the previous call's package
+# (and its perf_db/shipped files) instead of this tree's
+rm -rf /tmp/pt
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/pt . >/dev/null 2>&1 \
     && export PYTHONPATH="/tmp/pt${PYTHONPATH:+:$PYTHONPATH}"
 # the pathtune console script lands in /tmp/pt/bin; the GPU image has python3 but maybe no `python`
