@@ -340,6 +340,19 @@ class PaTHKVCache:
     _PICKLED = ("_k", "v", "c", "num_q_heads", "static", "_state", "_len", "_frame", "_hint", "_work", "_pw", "_pb",
               "_count")
 
+    def workspace_parts(self, key: tuple, sizes: tuple) -> tuple:
+        """float32 scratch views of ``sizes`` elements on the cache's device, each starting 16-byte aligned in one
+        buffer; buffer and views are made on first use and kept for later steps (no slicing per step)."""
+        parts = self._work.get(key)
+        if parts is None:
+            starts, n = [], 0
+            for size in sizes:
+                starts.append(n)
+                n += -(-size // 4) * 4
+            buf = torch.empty(n, dtype=torch.float32, device=self._k.device)
+            parts = self._work[key] = tuple(buf[a:a + size] for a, size in zip(starts, sizes))
+        return parts
+
     def __getstate__(self):
         return {s: getattr(self, s) for s in self._PICKLED}
 

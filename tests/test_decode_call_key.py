@@ -206,3 +206,13 @@ def test_growth_keeps_the_prepared_step(prepares):
         r = ref_decode(*xs, ref, gate_placement="inside_scale")
         assert float((o - r).norm() / r.norm()) < 1e-4
     assert cache.max_len >= 8 and prepares() == 1
+
+
+def test_workspace_parts_are_aligned_disjoint_and_kept():
+    cache = cache_of()
+    parts = cache.workspace_parts(("t", 5), (5, 5, 5 * 64))
+    assert [p.numel() for p in parts] == [5, 5, 320] and all(p.dtype == torch.float32 for p in parts)
+    assert all(p.data_ptr() % 16 == 0 for p in parts)
+    ends = [(p.data_ptr(), p.data_ptr() + 4 * p.numel()) for p in parts]
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(ends, ends[1:]))
+    assert all(a is b for a, b in zip(cache.workspace_parts(("t", 5), (5, 5, 320)), parts))

@@ -591,7 +591,8 @@ class TritonDecodeStep:
     Everything that depends only on those (kernel constexprs, scales, split count, launch options, the pending
     window ``window``) is computed once here; a call reserves room in the cache (host-side capacity check, no
     device read), launches ``decode_kernel`` once on a scratch buffer, the arrival counters and the pending
-    window the cache keeps, and allocates only the output (and lse with ``return_lse``). It does not validate
+    window the cache keeps, and allocates only the output (and lse with ``return_lse``); what depends on the
+    cache's capacity too (grid, scratch sizes, 64-bit offsets) is computed once per capacity. It does not validate
     its inputs: build it with ``path_decode_triton`` / ``prepare`` after ``_check_decode_args``. Inputs that
     are not contiguous are copied. Capturable in a CUDA graph with a static cache (see codegen/kv_cache.py).
     """
@@ -622,32 +623,53 @@ class TritonDecodeStep:
                           STAGES=decode_loop_stages(params), W=self.window,
                           PB=_pow2(self.window + TN))
         self._wide = max(D, DV, G)
+        self._o_shape = (B, TN, HQ, DV)
+        self._geo: dict = {}   # capacity -> _geometry(capacity)
 
     def launch_splits(self, max_len: int) -> int:
         """Splits per (batch, kv head): the knob, capped by the key tiles of the cache's capacity (the grid
         must not depend on the length, which lives on the device)."""
-        return min(self.splits, max(1, triton.cdiv(max_len, self.block_n)))
+        return min(self.splits, max(1, -(-max_len // self.block_n)))
+
+    def _geometry(self, max_len: int) -> tuple:
+        """What a launch on a cache of capacity ``max_len`` needs besides the tensors, computed once per capacity:
+        (grid, splits, scratch key, scratch part sizes (m, l, acc), the launch's keyword arguments but WS and
+        STORE_LSE)."""
+        geo = self._geo.get(max_len)
+        if geo is None:
+            splits = self.launch_splits(max_len)
+            nrow = self.B * self.H * splits * self.R
+            kw = dict(OFF64=max_len * self.H * self._wide >= _OFF64_ELEMS, **self.const, num_warps=self.num_warps,
+                      num_stages=2)
+            geo = self._geo[max_len] = ((self.B * self.H, splits), splits, ("triton_decode_parts", nrow, self.BDV),
+                                        (nrow, nrow, nrow * self.BDV), kw)
+        return geo
 
     def __call__(self, q, k, v, w, beta, g, cache: PaTHKVCache, *, return_lse: bool = False):
         TN = self.TN
         cache.reserve(TN)
         max_len = cache.max_len
-        splits = self.launch_splits(max_len)
-        BH = self.B * self.H
-        nrow = BH * splits * self.R
-        pad = -(-nrow // 4) * 4  # 16-byte aligned sub-buffers
-        part = cache.workspace(("triton_decode", nrow, self.BDV), pad * (self.BDV + 2))
-        m_part, l_part, acc_part = part[:nrow], part[pad:pad + nrow], part[2 * pad:2 * pad + nrow * self.BDV]
-        xs = [x if x.is_contiguous() else x.contiguous() for x in (q, k, v, w, beta)]
+        grid, splits, parts, sizes, kw = self._geometry(max_len)
+        m_part, l_part, acc_part = cache.workspace_parts(parts, sizes)   # 16-byte aligned views, kept by the cache
+        if not q.is_contiguous():
+            q = q.contiguous()
+        if not k.is_contiguous():
+            k = k.contiguous()
+        if not v.is_contiguous():
+            v = v.contiguous()
+        if not w.is_contiguous():
+            w = w.contiguous()
+        if not beta.is_contiguous():
+            beta = beta.contiguous()
         gg = m_part if g is None else (g if g.is_contiguous() else g.contiguous())
+        c = cache.c
         pw, pb = cache.pending_window(self.window)
-        o = torch.empty(self.B, TN, self.HQ, self.DV, device=q.device, dtype=self.q_dtype)
-        lse = torch.empty(self.B, TN, self.HQ, device=q.device, dtype=torch.float32) if return_lse else m_part
-        decode_kernel[(BH, splits)](
-            *xs[:3], xs[3], xs[4], gg, cache.k_buffer, cache.v, cache.c if cache.c is not None else m_part,
+        o = torch.empty(self._o_shape, device=q.device, dtype=self.q_dtype)
+        lse = torch.empty(self._o_shape[:3], device=q.device, dtype=torch.float32) if return_lse else m_part
+        decode_kernel[grid](
+            q, k, v, w, beta, gg, cache.k_buffer, cache.v, m_part if c is None else c,
             cache.state_tensor, pw, pb, m_part, l_part, acc_part, o, lse, cache.arrival_counters, max_len, splits,
-            self.qk_scale, self.gate_scale, OFF64=max_len * self.H * self._wide >= _OFF64_ELEMS, WS=pw.shape[1],
-            STORE_LSE=return_lse, **self.const, num_warps=self.num_warps, num_stages=2,
+            self.qk_scale, self.gate_scale, WS=pw.shape[1], STORE_LSE=return_lse, **kw,
         )
         cache.advanced(TN, window=self.window)
         return (o, lse) if return_lse else o
