@@ -18,7 +18,8 @@ beside this tree's walk + diagonal kernels.  ``--old-ut-bwd FILE``: a ut_bwd.py 
 same range, with the scratch tiles of that range's ``ut_diag_inverse_kernel`` launch (``utbwd``: chunk +
 apply kernels, their warps, and the chunk kernel at tf32).  ``--intra-v2 FILE[,FILE]``: candidate files defining
 ``bwd_intra_walk_kernel`` and / or ``bwd_intra_diag_kernel`` with this tree's signature, each timed on its
-kernel's captured arguments (``--old-intra``: a one-kernel file; one that still has ``xs_ptr`` gets it).
+kernel's captured arguments at the launch's warps and the other count (4 / 8) (``--old-intra``: a one-kernel
+file; one that still has ``xs_ptr`` gets it).
 ``e2e``: one fwd+bwd through autograd.  JSON rows on
 stdout and in $OUT.
 """
@@ -144,11 +145,16 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
             grid, args, kw = cap.calls[0]
             try:
                 cand = load_variant(src, name, f"intra_cand_{os.path.basename(path)[:-3]}_{name}_{D}_{int(gate)}")
-                ms = time_launch(cand, grid, args, kw)
-            except Exception as exc:   # a candidate that fails to build or launch is a result too
-                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
-            emit(dict(base, kernel=name[:-7], variant=f"candidate {os.path.basename(path)} (warps {kw['num_warps']})",
-                      ms=ms))
+            except Exception as exc:   # a candidate that fails to build is a result too
+                emit(dict(base, kernel=name[:-7], variant=f"candidate {os.path.basename(path)}",
+                          ms=f"{type(exc).__name__}: {str(exc)[:200]}"))
+                continue
+            for nw in (kw["num_warps"], 8 if kw["num_warps"] == 4 else 4):   # the launch's warps and the other
+                try:
+                    ms = time_launch(cand, grid, args, dict(kw, num_warps=nw))
+                except Exception as exc:   # a candidate that fails to launch is a result too
+                    ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+                emit(dict(base, kernel=name[:-7], variant=f"candidate {os.path.basename(path)} (warps {nw})", ms=ms))
 
     # bwd_inter_dkv: the gate's column sums once per program instead of once per query step
     if "dkv" in only:
