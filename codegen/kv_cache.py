@@ -329,17 +329,6 @@ class PaTHKVCache:
         are filled once, when the cache is created, and a captured step contains no fill of them."""
         return self._count
 
-    def workspace(self, key: tuple, numel: int) -> Tensor:
-        """A float32 scratch buffer of ``numel`` elements on the cache's device, kept for later steps."""
-        buf = self._work.get(key)
-        if buf is None:
-            buf = self._work[key] = torch.empty(numel, dtype=torch.float32, device=self._k.device)
-        return buf
-
-    # pickled state: the public names of k's companions (v, c, num_q_heads), never the layout key
-    _PICKLED = ("_k", "v", "c", "num_q_heads", "static", "_state", "_len", "_frame", "_hint", "_work", "_pw", "_pb",
-              "_count")
-
     def workspace_parts(self, key: tuple, sizes: tuple) -> tuple:
         """float32 scratch views of ``sizes`` elements on the cache's device, each starting 16-byte aligned in one
         buffer; buffer and views are made on first use and kept for later steps (no slicing per step)."""
@@ -353,14 +342,16 @@ class PaTHKVCache:
             parts = self._work[key] = tuple(buf[a:a + size] for a, size in zip(starts, sizes))
         return parts
 
+    # pickled state: the public names of k's companions (v, c, num_q_heads), never the layout key
+    _PICKLED = ("_k", "v", "c", "num_q_heads", "static", "_state", "_len", "_frame", "_hint", "_work", "_pw", "_pb",
+                "_count")
+
     def __getstate__(self):
         return {s: getattr(self, s) for s in self._PICKLED}
 
     def __setstate__(self, state) -> None:
-        self._layout = None
-        for s, val in state.items():
-            if s != "_layout":
-                object.__setattr__(self, s, val)
+        for s, val in state.items():   # v, c, num_q_heads through their setters
+            object.__setattr__(self, s, val)
         self._layout = None
         if "_count" not in state:   # pickled by a version without arrival counters
             self._count = _arrival_counters(self._k)

@@ -39,7 +39,7 @@ import torch
 from pathtune import _env
 from pathtune.codegen.kv_cache import CacheFullError, PaTHKVCache
 from pathtune.specs import load_spec
-from pathtune.specs.workload import MIN_SEQ_BUCKET
+from pathtune.specs.workload import seq_bucket
 
 from . import dispatch
 from .validation import check_head_dims, validate_inputs, value_checks_enabled
@@ -177,10 +177,6 @@ try:
 except (AttributeError, TypeError):
     _ENVIRON = None
 
-# A call's dispatch length bucket, seq_bucket(cache length + T_new) = max(MIN_SEQ_BUCKET, 2 ** bits) with
-# bits = (n - 1).bit_length(), is keyed by ``bits`` (clamped to the minimum bucket's).
-_MIN_BUCKET_BITS = (MIN_SEQ_BUCKET - 1).bit_length()
-
 
 def _call_key(q, k, v, w, beta, g, cache, scale, backend, config):
     """Hashable metadata of a decode call (AttributeError / TypeError / ValueError for arguments of the wrong
@@ -189,17 +185,13 @@ def _call_key(q, k, v, w, beta, g, cache, scale, backend, config):
     layout = cache._layout
     if layout is None:
         layout = cache.layout_key()
-    n = cache._hint + q.shape[1]
-    if n < 1:
-        raise ValueError(f"sequence length must be >= 1, got {n}")
-    bits = (n - 1).bit_length()
     env = os.environ
     return ("call", backend, None if config is None else _config_key(config), scale,
             q.shape, q.dtype, q.device, q.is_contiguous(), k.shape, k.dtype, k.device, k.is_contiguous(),
             v.shape, v.dtype, v.device, v.is_contiguous(), w.shape, w.dtype, w.device, w.is_contiguous(),
             beta.shape, beta.dtype, beta.device, beta.is_contiguous(),
             None if g is None else (g.shape, g.dtype, g.device, g.is_contiguous()),
-            layout, bits if bits > _MIN_BUCKET_BITS else _MIN_BUCKET_BITS,
+            layout, seq_bucket(cache._hint + q.shape[1]),
             _ENV_DATA.get(_ENV_KEY) if env is _ENVIRON else env.get(_CHECK_ENV))
 
 

@@ -19,10 +19,12 @@ def _next_pow2(n: int) -> int:
 
 
 def seq_bucket(max_seqlen: int) -> int:
-    """Power-of-two bucket of the longest sequence: the next power of two >= it, at least 16."""
-    if max_seqlen < 1:
+    """Power-of-two bucket of the longest sequence: the next power of two >= it, at least 16.  On every
+    cached decode call's path: one int conversion and one bit_length, no helper calls."""
+    n = int(max_seqlen)
+    if n < 1:
         raise ValueError(f"sequence length must be >= 1, got {max_seqlen}")
-    return max(MIN_SEQ_BUCKET, _next_pow2(max_seqlen))
+    return 1 << (n - 1).bit_length() if n > MIN_SEQ_BUCKET else MIN_SEQ_BUCKET
 
 
 def batch_bucket(num_seqs: int) -> int:
