@@ -22,6 +22,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_variants import Capture  # noqa: E402
+from variants.scan_inter_tma import TmaScanInter  # noqa: E402
 
 import pathtune.codegen.triton.forward as fwd  # noqa: E402
 from pathtune.codegen.triton.params import TritonParams  # noqa: E402
@@ -34,11 +35,18 @@ KERNELS = {
 }
 
 
-def candidates(name: str, shipped, warps: int) -> list[tuple[str, object, int | None]]:
-    """(label, kernel, num_warps or None for the shipped launch's) timed next to the shipped launch of
-    kernel ``name``: the shipped kernel at the other warp count, and any candidate kernels with its
-    signature (modules under benchmarks/variants/; none open at present)."""
-    return [("shipped", shipped, 8 if warps == 4 else 4)]
+def candidates(name: str, shipped, kw: dict) -> list[tuple[str, object, dict]]:
+    """(label, kernel, launch keyword overrides) timed next to the shipped launch of kernel ``name``: the
+    shipped kernel at the other warp count, and the candidates of benchmarks/variants/ that take its
+    launch arguments (``variants.scan_inter_tma``: the inter kernel with TMA loads, nested or flat loop)."""
+    rows = [("shipped", shipped, dict(num_warps=8 if kw["num_warps"] == 4 else 4))]
+    if name == "scan_inter_kernel" and TmaScanInter.applies(kw):
+        rows += [("tma nested", TmaScanInter(flat=False), {}),
+                 ("tma flat", TmaScanInter(flat=True), {}),
+                 ("tma flat, 3 stages", TmaScanInter(flat=True), dict(num_stages=3)),
+                 ("tma flat, 64-key tiles, 3 stages", TmaScanInter(flat=True, block_n=64), dict(num_stages=3)),
+                 ("shipped, 3 stages", shipped, dict(num_stages=3))]
+    return rows
 
 
 def rel(a, b) -> float:
@@ -69,9 +77,9 @@ def probe(D: int, T: int, gate: bool, dev, tokens: int = TOKENS, config: dict | 
         cap.real[grid](*args, **kw)
         ref = {n: args[i].clone() for n, i in spec["outputs"].items()}
         base = dict(D=D, T=T, B=B, H=H, gate=gate, kernel=cap.name, grid=list(grid))
-        for label, kernel, warps in [("shipped", cap.real, None)] + candidates(cap.name, cap.real, kw["num_warps"]):
-            kw2 = dict(kw, num_warps=warps or kw["num_warps"])
-            row = dict(base, candidate=label, num_warps=kw2["num_warps"])
+        for label, kernel, over in [("shipped", cap.real, {})] + candidates(cap.name, cap.real, kw):
+            kw2 = dict(kw, **over)
+            row = dict(base, candidate=label, num_warps=kw2["num_warps"], num_stages=kw2["num_stages"])
             try:
                 restore()
                 for i in spec["outputs"].values():
