@@ -489,6 +489,27 @@ def _record_transition_blocks(spy_launches):
     return spy_launches(tri_forward, "scan_inter_kernel", lambda grid, kw: (kw["BD"], kw["DB"]))
 
 
+@pytest.mark.parametrize("D,DV,offset,tma", [(32, 32, 0, True), (32, 16, 0, True), (24, 32, 0, False),
+                                             (32, 32, 1, False)],
+                         ids=["D32-tma", "DV16-tma", "D24-block-pointers", "v-misaligned-block-pointers"])
+def test_inter_key_loads_tma_or_block_pointers(spy_launches, D, DV, offset, tma):
+    """scan_inter_kernel reads the transported keys and the values as TMA blocks where both head dims are
+    their own powers of two and both tensors are 16-byte aligned, else with block pointers (D = 24; v a
+    contiguous view one element into its buffer); both paths match the oracle (3 super-chunks, FoX gate)."""
+    import pathtune.codegen.triton.forward as tri_forward
+
+    seen = spy_launches(tri_forward, "scan_inter_kernel", lambda grid, kw: kw["TMA"])
+    q, k, v, w, beta, g = make_inputs(230 + D + DV + offset, B=1, T=90, HQ=2, H=1, D=D, DV=DV, gate=True)
+    if offset:
+        buf = torch.empty(v.numel() + offset, dtype=v.dtype)
+        buf[offset:] = v.reshape(-1)
+        v = buf[offset:].view(v.shape)
+        assert v.is_contiguous() and v.data_ptr() % 16 != 0
+    o, lse = run((q, k, v, w, beta, g), params())
+    check(o, lse, *oracle(q, k, v, w, beta, g), TOL[F32])
+    assert seen == [tma], seen
+
+
 def test_transition_column_block():
     """Padded head dims up to 128 keep one BD x BD transition product (DB == BD: the code path the
     D <= 128 kernels always had); 256 (D = 192 and 256) runs column blocks of 64."""

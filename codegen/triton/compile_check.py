@@ -96,6 +96,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         UT_COLUMN_BLOCK,
         UT_NUM_WARPS,
         _pow2,
+        inter_tma_shapes,
         transition_column_block,
         transport_rows,
         ut_apply_mode,
@@ -141,6 +142,12 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     rows = transport_rows(BD)
     DB = transition_column_block(BD)   # < BD: the column-blocked transition path of wide head dims
     inter_sig = dict(sig, om_ptr=scan) if DB == BD else sig   # the pairs' Om: scan type, or float32 blocks
+    # scan_inter reads the transported keys and the values as TMA blocks where forward.inter_operands does
+    tma = inter_tma_shapes(D, DV, BD, BDV)
+    inter_fwd_sig = dict(sig, o_ptr=io)
+    if tma:
+        inter_fwd_sig.update(kj_ptr=f"tensordesc<{scan[1:]}[{params.block_n}, {D}]>",
+                             v_ptr=f"tensordesc<{dtype}[{params.block_n}, {DV}]>")
     chain_rows, chain_cb, chain_dcb, chain_warps = chain_blocks(BD)
     transport_chain_warps, transport_chain_stages, transport_grads_warps = transport_launch(BD)
     gate_bh = min(triton.next_power_of_2(HQ), 16)     # as backward._gate_grad launches it
@@ -160,8 +167,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (superchunk_transport_kernel, fwd_sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype,
                                                     TP=tp, INTERP=False), 4, 1),
         (scan_intra_kernel, fwd_sig, dict(common, WRITE_X=True, **flags), params.num_warps, 1),
-        (scan_inter_kernel, dict(sig, o_ptr=io), dict({k: v for k, v in common.items() if k != 'C'},
-                                                      BLOCK_M=params.block_m, BLOCK_N=params.block_n, DB=DB, **flags),
+        (scan_inter_kernel, inter_fwd_sig, dict({k: v for k, v in common.items() if k != 'C'}, TMA=tma,
+                                                BLOCK_M=params.block_m, BLOCK_N=params.block_n, DB=DB, **flags),
          params.inter_num_warps, params.num_stages),
         (bwd_prep_kernel, sig, dict(common, INTERP=False, HAS_DLSE=True, USE_GATE=gate), params.bwd_num_warps, 1),
         (bwd_inter_dq_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags),

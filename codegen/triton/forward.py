@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._layout import SequenceTables, build_tables, gate_cumsum
 from ._ops import interpreting
@@ -186,6 +187,28 @@ def transport_rows(BD: int) -> int:
     return min(BD, 32)
 
 
+def _tma_ready(t: torch.Tensor) -> bool:
+    """Whether a [N, H, D] tensor can back a TMA descriptor of its [N, H * D] view: contiguous, its base and
+    row stride 16-byte aligned (a contiguous view at an odd offset of a larger buffer is not)."""
+    return t.is_contiguous() and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
+def inter_tma_shapes(D: int, DV: int, BD: int, BDV: int) -> bool:
+    """Whether scan_inter_kernel's key and value tiles can be TMA blocks: each head dim its own padded
+    power of two (a block is one head's slice of a row) and at most ``TRANSITION_BLOCKED_ABOVE``."""
+    return D == BD and DV == BDV and BD <= TRANSITION_BLOCKED_ABOVE
+
+
+def inter_operands(kj: torch.Tensor, vt: torch.Tensor, block_n: int, D: int, DV: int, BD: int, BDV: int):
+    """(kj, v, TMA) as ``scan_inter_kernel`` takes them: tensor descriptors over the [N, H * D] /
+    [N, H * DV] views with [block_n, D] / [block_n, DV] blocks (TMA loads) where ``inter_tma_shapes``
+    holds and both tensors are aligned, else the tensors themselves (block-pointer loads)."""
+    if inter_tma_shapes(D, DV, BD, BDV) and _tma_ready(kj) and _tma_ready(vt):
+        return (TensorDescriptor.from_tensor(kj.view(kj.shape[0], -1), [block_n, D]),
+                TensorDescriptor.from_tensor(vt.view(vt.shape[0], -1), [block_n, DV]), True)
+    return kj, vt, False
+
+
 def prepare_state(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None,
     *, cu_seqlens: torch.Tensor | None, params: TritonParams, compact: bool = False,
@@ -289,14 +312,15 @@ def path_attention_fwd(
     )
     state.join()
     if inter:
+        kj_arg, v_arg, tma = inter_operands(kj, vt, params.block_n, D, DV, BD, BDV)
         scan_inter_kernel[(tables.n_blocks, HQ)](
-            x, kj, vt, what, gc_arg, o_part,
+            x, kj_arg, v_arg, what, gc_arg, o_part,
             o, lse,
             tables.blk_tok0, tables.blk_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base,
             tables.n_blocks, scale * _LOG2E, gate_scale, N,
             HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, BLOCK_M=params.block_m, S=S, BLOCK_N=params.block_n,
             DB=transition_column_block(BD), DT=dt, TP=params.transition_precision, USE_GATE=g is not None,
-            INTERP=interp,
+            INTERP=interp, TMA=tma,
             num_warps=params.inter_num_warps, num_stages=params.num_stages,
         )
     return o.view(B, T, HQ, DV), lse.view(B, T, HQ), state

@@ -28,12 +28,21 @@ from ._ops import mm, tdot, tile_of
 
 
 @triton.jit
+def _accumulate_pv(acc, p, v, INTERP: tl.constexpr):
+    """acc + p @ v, accumulated in the MMA itself on the GPU (float32 acc, 16-bit p and v)."""
+    if INTERP:
+        return acc + mm(p, v, INTERP)
+    else:
+        return tl.dot(p, v, acc)
+
+
+@triton.jit
 def _softmax_step(s, m_i, l_i, acc, v, INTERP: tl.constexpr):
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, INTERP)
+    acc = _accumulate_pv(acc * alpha[:, None], p.to(v.dtype), v, INTERP)
     return m_new, l_i, acc
 
 
@@ -44,7 +53,7 @@ def _softmax_step_scaled(s, m_i, l_i, acc, v, qk_scale, INTERP: tl.constexpr):
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s * qk_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, INTERP)
+    acc = _accumulate_pv(acc * alpha[:, None], p.to(v.dtype), v, INTERP)
     return m_new, l_i, acc
 
 
@@ -137,6 +146,7 @@ def scan_inter_kernel(
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """Merge the earlier super-chunks into the partial softmax of ``scan_intra_kernel``.
 
@@ -147,6 +157,10 @@ def scan_inter_kernel(
     DB (``forward.transition_column_block``): DB == BD multiplies X by the whole BD x BD What_J;
     DB < BD (wide head dims) writes X What_J one DB-column block at a time, each from the full X
     (read before the first write) and a BD x DB block of What_J.
+    TMA: kj_ptr and v_ptr are tensor descriptors over the [N, H * D] / [N, H * DV] views with blocks
+    [BLOCK_N, D] / [BLOCK_N, DV] (``forward.inter_descriptors``; D == BD, DV == BDV): the key and value
+    tiles arrive by TMA copies, no address tiles in registers and no masks (a super-chunk J < I lies
+    wholly inside the sequence); else block pointers.
     """
     n = n_blocks - 1 - tl.program_id(0)     # latest blocks (most super-chunks to scan) first
     hq = tl.program_id(1)
@@ -181,11 +195,21 @@ def scan_inter_kernel(
             jj = sc_idx - 1 - step
             Xd = tl.load(x_blk, boundary_check=(0, 1), padding_option="zero").to(DT)
             k0 = (s0 + jj * S).to(tl.int64)
-            k_blk = tl.make_block_ptr(kj_ptr + (k0 * H + h) * D, (S, D), (H * D, 1), (0, 0), (BLOCK_N, BD), (1, 0))
-            v_blk = tl.make_block_ptr(v_ptr + (k0 * H + h) * DV, (S, DV), (H * DV, 1), (0, 0), (BLOCK_N, BDV), (1, 0))
+            if not TMA:
+                k_blk = tl.make_block_ptr(kj_ptr + (k0 * H + h) * D, (S, D), (H * D, 1), (0, 0), (BLOCK_N, BD),
+                                          (1, 0))
+                v_blk = tl.make_block_ptr(v_ptr + (k0 * H + h) * DV, (S, DV), (H * DV, 1), (0, 0), (BLOCK_N, BDV),
+                                          (1, 0))
             for t0 in range(0, S, BLOCK_N):
-                KJ = tl.load(k_blk, boundary_check=(1,), padding_option="zero").to(DT)
-                Vt = tl.load(v_blk, boundary_check=(1,), padding_option="zero")
+                if TMA:
+                    krow = (k0 + t0).to(tl.int32)
+                    KJ = kj_ptr.load([krow, (h * D).to(tl.int32)]).to(DT)
+                    Vt = v_ptr.load([krow, (h * DV).to(tl.int32)])
+                else:
+                    KJ = tl.load(k_blk, boundary_check=(1,), padding_option="zero").to(DT)
+                    Vt = tl.load(v_blk, boundary_check=(1,), padding_option="zero")
+                    k_blk = tl.advance(k_blk, (BLOCK_N, 0))
+                    v_blk = tl.advance(v_blk, (BLOCK_N, 0))
                 sj = mm(Xd, tl.trans(KJ), INTERP)
                 if USE_GATE:
                     c_kj = tl.load(gc_h + (k0 + t0) + rn)
@@ -193,8 +217,6 @@ def scan_inter_kernel(
                                                   Vt, INTERP)
                 else:
                     m_i, l_i, acc = _softmax_step_scaled(sj, m_i, l_i, acc, Vt, qk_scale, INTERP)
-                k_blk = tl.advance(k_blk, (BLOCK_N, 0))
-                v_blk = tl.advance(v_blk, (BLOCK_N, 0))
             if jj > 0:
                 d = tl.arange(0, BD)
                 if DB == BD:
