@@ -23,6 +23,7 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_variants import Capture  # noqa: E402
 from variants.scan_inter_tma import TmaScanInter  # noqa: E402
+from variants.scan_intra_tma import TmaScanIntra  # noqa: E402
 
 import pathtune.codegen.triton.forward as fwd  # noqa: E402
 from pathtune.codegen.triton.params import TritonParams  # noqa: E402
@@ -38,8 +39,13 @@ KERNELS = {
 def candidates(name: str, shipped, kw: dict) -> list[tuple[str, object, dict]]:
     """(label, kernel, launch keyword overrides) timed next to the shipped launch of kernel ``name``: the
     shipped kernel at the other warp count, and the candidates of benchmarks/variants/ that take its
-    launch arguments (``variants.scan_inter_tma``: the inter kernel with TMA loads, nested or flat loop)."""
+    launch arguments (``variants.scan_intra_tma``: the intra kernel's walk with TMA loads;
+    ``variants.scan_inter_tma``: the inter kernel with TMA loads, nested or flat loop)."""
     rows = [("shipped", shipped, dict(num_warps=8 if kw["num_warps"] == 4 else 4))]
+    if name == "scan_intra_kernel" and TmaScanIntra.applies(kw):
+        rows += [("tma walk", TmaScanIntra(stages=1), {}),
+                 ("tma walk, 2 stages", TmaScanIntra(stages=2), {}),
+                 ("tma walk, 8 warps", TmaScanIntra(stages=1), dict(num_warps=8))]
     if name == "scan_inter_kernel" and TmaScanInter.applies(kw):
         rows += [("tma nested", TmaScanInter(flat=False), {}),
                  ("tma flat", TmaScanInter(flat=True), {}),
