@@ -22,7 +22,6 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_variants import Capture  # noqa: E402
-from variants.scan_inter_tma import TmaScanInter  # noqa: E402
 from variants.scan_intra_tma import TmaScanIntra  # noqa: E402
 
 import pathtune.codegen.triton.forward as fwd  # noqa: E402
@@ -39,19 +38,15 @@ KERNELS = {
 def candidates(name: str, shipped, kw: dict) -> list[tuple[str, object, dict]]:
     """(label, kernel, launch keyword overrides) timed next to the shipped launch of kernel ``name``: the
     shipped kernel at the other warp count, and the candidates of benchmarks/variants/ that take its
-    launch arguments (``variants.scan_intra_tma``: the intra kernel's walk with TMA loads;
-    ``variants.scan_inter_tma``: the inter kernel with TMA loads, nested or flat loop)."""
+    launch arguments (``variants.scan_intra_tma``: the intra kernel's walk with TMA loads), and the inter
+    kernel at 3 stages."""
     rows = [("shipped", shipped, dict(num_warps=8 if kw["num_warps"] == 4 else 4))]
     if name == "scan_intra_kernel" and TmaScanIntra.applies(kw):
         rows += [("tma walk", TmaScanIntra(stages=1), {}),
                  ("tma walk, 2 stages", TmaScanIntra(stages=2), {}),
                  ("tma walk, 8 warps", TmaScanIntra(stages=1), dict(num_warps=8))]
-    if name == "scan_inter_kernel" and TmaScanInter.applies(kw):
-        rows += [("tma nested", TmaScanInter(flat=False), {}),
-                 ("tma flat", TmaScanInter(flat=True), {}),
-                 ("tma flat, 3 stages", TmaScanInter(flat=True), dict(num_stages=3)),
-                 ("tma flat, 64-key tiles, 3 stages", TmaScanInter(flat=True, block_n=64), dict(num_stages=3)),
-                 ("shipped, 3 stages", shipped, dict(num_stages=3))]
+    if name == "scan_inter_kernel":
+        rows.append(("shipped, 3 stages", shipped, dict(num_stages=3)))
     return rows
 
 

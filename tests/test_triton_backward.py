@@ -625,37 +625,3 @@ def test_gate_grad_kernel_matches_torch(monkeypatch, HQ):
     ref = tri_backward._gate_grad_torch(dc, tb, (1, sum(lens), HQ))
     assert got.dtype == F32 and got.shape == (1, sum(lens), HQ)
     assert rel(got, ref) < 1e-7
-
-
-# ----------------------------------------------------------------------------- candidate kernels (benchmarks/variants)
-
-@pytest.mark.parametrize("case", ["gate-partial-chunk", "gqa-4-super-chunk-chunks", "varlen"])
-def test_paired_walk_candidate_matches_the_shipped_walk(monkeypatch, case):
-    """``benchmarks/variants/bwd_intra_walk_pair.py`` (two query chunks per program, the shipped signature and
-    grid) gives the shipped walk's gradients up to the order of its atomic sums, and the oracle's: a sequence
-    ending inside a chunk (the last pair without its second chunk), GQA with four chunks per super-chunk
-    (pairs at positions 0 and 2), packed varlen with a length-1 sequence."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "variants" / "bwd_intra_walk_pair.py"
-    spec = importlib.util.spec_from_file_location("bwd_intra_walk_pair", path)
-    cand = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cand)
-    kw, p = {}, params()
-    if case == "gate-partial-chunk":
-        inputs, do = make_inputs(540, T=97, gate=True)
-    elif case == "gqa-4-super-chunk-chunks":
-        inputs, do = make_inputs(541, B=2, T=150, HQ=4, H=2, gate=True)
-        p = params(superchunk_size=64)
-    else:
-        lens = (45, 1, 74)
-        kw["cu_seqlens"] = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-        inputs, do = make_inputs(542, T=sum(lens), gate=True)
-    shipped = kernel_grads(inputs, do, p, **kw)
-    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", cand.bwd_intra_walk_kernel)
-    got = kernel_grads(inputs, do, p, **kw)
-    for name, a, b in zip(NAMES, got, shipped):
-        if b is not None:
-            assert rel(a, b) < 1e-6, name
-    check(got, oracle_grads(inputs, do, **kw), TOL[F32])

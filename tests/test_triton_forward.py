@@ -534,3 +534,27 @@ def test_forward_wide_head_dims(monkeypatch, spy_launches, D, DV, HQ, H, lens):
     check(o, lse, *oracle(*x, cu_seqlens=cu), TOL[F32])
     assert seen == [(256, 64)], seen       # the column-blocked path ran
 
+
+# ----------------------------------------------------------------------------- candidate kernels (benchmarks/variants)
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_scan_intra_tma_candidate_matches_the_shipped_kernel(monkeypatch, stages):
+    """``benchmarks/variants/scan_intra_tma.py`` (the walk over earlier chunks with TMA loads), launched with
+    the shipped kernel's arguments, gives the shipped forward's o and lse and the oracle's: 3 super-chunks
+    of 2 chunks each, FoX gate, GQA, a sequence ending inside a chunk."""
+    import importlib.util
+    from pathlib import Path
+
+    import pathtune.codegen.triton.forward as tri_forward
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "variants" / "scan_intra_tma.py"
+    spec = importlib.util.spec_from_file_location("scan_intra_tma", path)
+    cand = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cand)
+    x = make_inputs(260 + stages, B=1, T=90, HQ=4, H=2, D=16, DV=16, gate=True)
+    p = params()
+    o_ref, lse_ref = run(x, p)
+    monkeypatch.setattr(tri_forward, "scan_intra_kernel", cand.TmaScanIntra(stages=stages))
+    o, lse = run(x, p)
+    assert rel(o, o_ref) < 1e-6 and rel(lse, lse_ref) < 1e-6
+    check(o, lse, *oracle(*x), TOL[F32])
