@@ -7,7 +7,7 @@ a temporary module, since ``triton.jit`` reads its source from a file).  Timing 
 launches add into buffers that already hold results, so nothing here checks values.
 
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096] [--gates 1,0]
-                                          [--only ut,transport,intra,dkv,utbwd,variants,e2e]
+                                          [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e]
                                           [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
@@ -65,7 +65,8 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
             Capture(bwd_mod, "bwd_intra_walk_kernel") as ia, Capture(bwd_mod, "bwd_intra_diag_kernel") as ib, \
             Capture(bwd_mod, "bwd_inter_dkv_kernel") as dkv, Capture(fwd_mod, "ut_chunk_kernel") as utc, \
             Capture(fwd_mod, "ut_apply_kernel") as uta, Capture(fwd_mod, "ut_diag_inverse_kernel") as utd, \
-            Capture(bwd_mod, "ut_bwd_chunk_kernel") as ubc, Capture(bwd_mod, "ut_bwd_apply_kernel") as uba:
+            Capture(bwd_mod, "ut_bwd_chunk_kernel") as ubc, Capture(bwd_mod, "ut_bwd_apply_kernel") as uba, \
+            Capture(bwd_mod, "bwd_prep_kernel") as prep:
         o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None)
         torch.autograd.grad(o, xs, do)
         torch.cuda.synchronize()
@@ -156,6 +157,16 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
                     ms = f"{type(exc).__name__}: {str(exc)[:200]}"
                 emit(dict(base, kernel=name[:-7], variant=f"candidate {os.path.basename(path)} (warps {nw})", ms=ms))
 
+    # bwd_prep (the queries carried to their super-chunk start, delta, the gate's d lse): its warps, which the
+    # bwd_num_warps knob shares with the bwd_intra kernels
+    if "prep" in only:
+        grid, args, kw = prep.calls[0]
+        emit(dict(base, kernel="bwd_prep", variant=f"as is (warps {kw['num_warps']})",
+                  ms=time_launch(prep.real, grid, args, kw)))
+        other = 8 if kw["num_warps"] == 4 else 4
+        emit(dict(base, kernel="bwd_prep", variant=f"warps {other}",
+                  ms=time_launch(prep.real, grid, args, dict(kw, num_warps=other))))
+
     # bwd_inter_dkv: the gate's column sums once per program instead of once per query step
     if "dkv" in only:
         grid, args, kw = dkv.calls[0]
@@ -232,7 +243,7 @@ def main():
     ap.add_argument("--T", type=int, default=4096)
     ap.add_argument("--old-intra", default=None)
     ap.add_argument("--gates", default="1,0")
-    ap.add_argument("--only", default="ut,transport,intra,dkv,utbwd,variants,e2e")
+    ap.add_argument("--only", default="ut,transport,intra,prep,dkv,utbwd,variants,e2e")
     ap.add_argument("--old-ut-bwd", default=None)
     ap.add_argument("--intra-v2", default="", help="candidate bwd_intra files (comma-separated), shipped signature")
     a = ap.parse_args()
