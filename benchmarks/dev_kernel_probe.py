@@ -7,7 +7,7 @@ a temporary module, since ``triton.jit`` reads its source from a file).  Timing 
 launches add into buffers that already hold results, so nothing here checks values.
 
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096] [--gates 1,0]
-                                          [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e]
+                                          [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e,prepwarps]
                                           [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
@@ -20,12 +20,14 @@ apply kernels, their warps, and the chunk kernel at tf32).  ``--intra-v2 FILE[,F
 ``bwd_intra_walk_kernel`` and / or ``bwd_intra_diag_kernel`` with this tree's signature, each timed on its
 kernel's captured arguments at the launch's warps and the other count (4 / 8) (``--old-intra``: a one-kernel
 file; one that still has ``xs_ptr`` gets it).
-``e2e``: one fwd+bwd through autograd.  JSON rows on
+``e2e``: one fwd+bwd through autograd.  ``prepwarps`` (not in the default set): fwd+bwd at bwd_num_warps 8
+and 4, and at 4 with bwd_prep kept at 8 warps.  JSON rows on
 stdout and in $OUT.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -183,6 +185,42 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
         fn()
         emit(dict(base, kernel="fwd+bwd", variant="autograd, heuristic config",
                   ms=round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)))
+    if "prepwarps" in only:
+        prep_warps_e2e(base, xs, do, gate)
+
+
+class _WarpsOverride:
+    """Stands in for a kernel in a launcher module: every launch runs ``kernel`` at ``num_warps``."""
+
+    def __init__(self, kernel, num_warps):
+        self.kernel, self.num_warps = kernel, num_warps
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.kernel[grid](*args, **dict(kw, num_warps=self.num_warps))
+
+
+def prep_warps_e2e(base, xs, do, gate):
+    """One fwd+bwd (autograd) at bwd_num_warps 8 and 4, and at 4 with bwd_prep kept at 8 warps: what a knob of
+    bwd_prep's own warps would give, before it exists (the heuristic config otherwise)."""
+    from kernel_variants import swapped
+
+    from pathtune.codegen.triton.params import TritonParams
+
+    D = xs[0].shape[-1]
+    heur = TritonParams.heuristic(D, D)
+    for label, warps, prep_warps in (("bwd_num_warps 8", 8, None), ("bwd_num_warps 4", 4, None),
+                                     ("bwd_num_warps 4, bwd_prep at 8", 4, 8)):
+        cfg = dataclasses.replace(heur, bwd_num_warps=warps)
+        override = _WarpsOverride(bwd_mod.bwd_prep_kernel, prep_warps) if prep_warps else None
+
+        def fn():
+            o = path_attention_triton(*xs[:5], xs[5] if gate else None, config=cfg)[0]
+            return torch.autograd.grad(o, xs, do)
+
+        with swapped(bwd_mod, "bwd_prep_kernel", override):
+            fn()
+            ms = round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)
+        emit(dict(base, kernel="fwd+bwd", variant=label, ms=ms))
 
 
 def _src(module_name):
