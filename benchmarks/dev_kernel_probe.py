@@ -7,7 +7,7 @@ a temporary module, since ``triton.jit`` reads its source from a file).  Timing 
 launches add into buffers that already hold results, so nothing here checks values.
 
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096] [--gates 1,0]
-                                          [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e,prepwarps]
+                                          [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e,prepwarps,gatecumsum]
                                           [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
@@ -20,9 +20,9 @@ apply kernels, their warps, and the chunk kernel at tf32).  ``--intra-v2 FILE[,F
 ``bwd_intra_walk_kernel`` and / or ``bwd_intra_diag_kernel`` with this tree's signature, each timed on its
 kernel's captured arguments at the launch's warps and the other count (4 / 8) (``--old-intra``: a one-kernel
 file; one that still has ``xs_ptr`` gets it).
-``e2e``: one fwd+bwd through autograd.  ``prepwarps`` (not in the default set): fwd+bwd at bwd_num_warps 8
-and 4, and at 4 with bwd_prep kept at 8 warps.  JSON rows on
-stdout and in $OUT.
+``e2e``: one fwd+bwd through autograd.  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8
+and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per
+program.  JSON rows on stdout and in $OUT.
 """
 from __future__ import annotations
 
@@ -187,6 +187,36 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
                   ms=round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)))
     if "prepwarps" in only:
         prep_warps_e2e(base, xs, do, gate)
+    if "gatecumsum" in only and gate:
+        gate_cumsum_spans(base, xs[5].detach())
+
+
+def gate_cumsum_spans(base, g):
+    """The forward's gate cumsum (head-major, both launches) at the shipped span of tokens per program and
+    at shorter ones (more programs: B * T / span of them), each with its largest difference to the shipped
+    result (the (hi, lo) running sums make any span exact to float32 rounding)."""
+    from kernel_variants import swapped
+
+    from pathtune.codegen.triton import _layout
+
+    ref = _layout.gate_cumsum(g, None, head_major=True)
+    for span in (_layout.GATE_CUMSUM_SPAN, 512, 256, 128, 64):
+        with swapped(_layout, "GATE_CUMSUM_SPAN", span):
+            fn = lambda: _layout.gate_cumsum(g, None, head_major=True)  # noqa: E731
+            diff = float((fn() - ref).abs().max())
+            ms = round(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"), 4)
+        emit(dict(base, kernel="gate_cumsum", variant=f"span {span}", ms=ms, max_abs_diff=diff))
+    # the backward's reverse cumsum (dg from dc), one launch of gate_grad_kernel per fwd+bwd
+    B, T, HQ = g.shape
+    tables = _layout.build_tables(B, T, None, 64, 1024, g.device)
+    dc = torch.randn(HQ, B * T, device=g.device)
+    ref = bwd_mod._gate_grad(dc, tables, g.shape)
+    for span in (bwd_mod.GATE_GRAD_SPAN, 256, 64):
+        with swapped(bwd_mod, "GATE_GRAD_SPAN", span):
+            fn = lambda: bwd_mod._gate_grad(dc, tables, g.shape)  # noqa: E731
+            diff = float((fn() - ref).abs().max())
+            ms = round(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"), 4)
+        emit(dict(base, kernel="gate_grad", variant=f"span {span}", ms=ms, max_abs_diff=diff))
 
 
 class _WarpsOverride:
