@@ -192,31 +192,31 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
 
 
 def gate_cumsum_spans(base, g):
-    """The forward's gate cumsum (head-major, both launches) at the shipped span of tokens per program and
-    at shorter ones (more programs: B * T / span of them), each with its largest difference to the shipped
-    result (the (hi, lo) running sums make any span exact to float32 rounding)."""
-    from kernel_variants import swapped
-
+    """The forward's gate cumsum (head-major, both launches) and the backward's reverse cumsum (dg from dc,
+    one launch of gate_grad_kernel) at the shipped span of tokens per program and at shorter ones (more
+    programs: B * T / span of them), each with its largest difference to the shipped result (the (hi, lo)
+    running sums make any span exact to float32 rounding)."""
     from pathtune.codegen.triton import _layout
 
-    ref = _layout.gate_cumsum(g, None, head_major=True)
-    for span in (_layout.GATE_CUMSUM_SPAN, 512, 256, 128, 64):
-        with swapped(_layout, "GATE_CUMSUM_SPAN", span):
-            fn = lambda: _layout.gate_cumsum(g, None, head_major=True)  # noqa: E731
-            diff = float((fn() - ref).abs().max())
-            ms = round(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"), 4)
-        emit(dict(base, kernel="gate_cumsum", variant=f"span {span}", ms=ms, max_abs_diff=diff))
-    # the backward's reverse cumsum (dg from dc), one launch of gate_grad_kernel per fwd+bwd
+    _time_spans(base, "gate_cumsum", _layout, "GATE_CUMSUM_SPAN", (512, 256, 128, 64),
+                lambda: _layout.gate_cumsum(g, None, head_major=True))
     B, T, HQ = g.shape
     tables = _layout.build_tables(B, T, None, 64, 1024, g.device)
     dc = torch.randn(HQ, B * T, device=g.device)
-    ref = bwd_mod._gate_grad(dc, tables, g.shape)
-    for span in (bwd_mod.GATE_GRAD_SPAN, 256, 64):
-        with swapped(bwd_mod, "GATE_GRAD_SPAN", span):
-            fn = lambda: bwd_mod._gate_grad(dc, tables, g.shape)  # noqa: E731
+    _time_spans(base, "gate_grad", bwd_mod, "GATE_GRAD_SPAN", (256, 64),
+                lambda: bwd_mod._gate_grad(dc, tables, g.shape))
+
+
+def _time_spans(base, kernel, module, constant, spans, fn):
+    """``fn`` timed with ``module.constant`` (a span of tokens per program) as shipped and at each of ``spans``."""
+    from kernel_variants import swapped
+
+    ref = fn()
+    for span in (getattr(module, constant), *spans):
+        with swapped(module, constant, span):
             diff = float((fn() - ref).abs().max())
             ms = round(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"), 4)
-        emit(dict(base, kernel="gate_grad", variant=f"span {span}", ms=ms, max_abs_diff=diff))
+        emit(dict(base, kernel=kernel, variant=f"span {span}", ms=ms, max_abs_diff=diff))
 
 
 class _WarpsOverride:

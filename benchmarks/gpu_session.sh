@@ -91,9 +91,10 @@ if ! command -v python >/dev/null; then
     mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH="/tmp/pybin:$PATH"
 fi
 export PYTHONUNBUFFERED=1
-# which tree this is: a git checkout's HEAD, or the commit an extracted copy names in .commit
-# (git archive HEAD | tar x -C .gpuclean && git rev-parse --short HEAD > .gpuclean/.commit)
-tree="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || cat "$REPO/.commit" 2>/dev/null || echo unknown)"
+# which tree this is: the commit an extracted copy names in .commit (git archive HEAD | tar x -C .gpuclean
+# && git rev-parse --short HEAD > .gpuclean/.commit; checked first: a copy inside a checkout would else
+# report the checkout's HEAD), or a git checkout's HEAD
+tree="$(cat "$REPO/.commit" 2>/dev/null || git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 echo "tree: $tree; source hashes: $(python3 -c 'from pathtune.codegen.triton import source_hash as h; print(" ".join(p + "=" + h(p) for p in ("fwd", "bwd", "decode")))' 2>/dev/null)"
 export TRITON_CACHE_DIR="$REPO/.tcache"
 mkdir -p "$TRITON_CACHE_DIR"
