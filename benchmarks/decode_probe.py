@@ -144,7 +144,7 @@ def one_row_on_tensor_cores():
     real = dec.decode_layout
 
     def forced(T_new: int, G: int):
-        return (False, dec._pow2(1)) if T_new * G == 1 else real(T_new, G)
+        return (False, dec.padded_dim(1)) if T_new * G == 1 else real(T_new, G)
 
     def rebuild() -> None:
         dec._step_cached.cache_clear()

@@ -22,7 +22,6 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_variants import Capture  # noqa: E402
-from variants.scan_intra_tma import TmaScanIntra  # noqa: E402
 
 import pathtune.codegen.triton.forward as fwd  # noqa: E402
 from pathtune.codegen.triton.params import TritonParams  # noqa: E402
@@ -30,23 +29,23 @@ from pathtune.tuning.inputs import HEADS_FOR_DIM, TOKENS, make_inputs  # noqa: E
 
 # per shipped kernel: its outputs and the inputs it overwrites (argument positions)
 KERNELS = {
-    "scan_intra_kernel": dict(outputs={"o_part": 8, "lse": 9, "x": 10}, inplace=()),
+    "scan_intra_kernel": dict(outputs={"o_part": 7, "lse": 8, "x": 9}, inplace=()),
     "scan_inter_kernel": dict(outputs={"o": 6, "lse": 7}, inplace=(0, 7)),     # x, and lse (partial in, final out)
 }
 
 
 def candidates(name: str, shipped, kw: dict) -> list[tuple[str, object, dict]]:
     """(label, kernel, launch keyword overrides) timed next to the shipped launch of kernel ``name``: the
-    shipped kernel at the other warp count, and the candidates of benchmarks/variants/ that take its
-    launch arguments (``variants.scan_intra_tma``: the intra kernel's walk with TMA loads), and the inter
-    kernel at 3 stages."""
+    shipped kernel at the other warp count, the intra kernel's walk at the other number of pipelining stages,
+    the inter kernel at 2 and 3 stages, and any candidate of benchmarks/variants/ that takes the launch
+    arguments of the kernel it would replace."""
     rows = [("shipped", shipped, dict(num_warps=8 if kw["num_warps"] == 4 else 4))]
-    if name == "scan_intra_kernel" and TmaScanIntra.applies(kw):
-        rows += [("tma walk", TmaScanIntra(stages=1), {}),
-                 ("tma walk, 2 stages", TmaScanIntra(stages=2), {}),
-                 ("tma walk, 8 warps", TmaScanIntra(stages=1), dict(num_warps=8))]
+    if name == "scan_intra_kernel":
+        other = 1 if kw.get("WALK_STAGES", 1) == 2 else 2
+        rows.append((f"shipped, walk stages {other}", shipped, dict(WALK_STAGES=other)))
     if name == "scan_inter_kernel":
-        rows.append(("shipped, 3 stages", shipped, dict(num_stages=3)))
+        other = 3 if kw["num_stages"] != 3 else 2
+        rows.append((f"shipped, {other} stages", shipped, dict(num_stages=other)))
     return rows
 
 
@@ -81,6 +80,8 @@ def probe(D: int, T: int, gate: bool, dev, tokens: int = TOKENS, config: dict | 
         for label, kernel, over in [("shipped", cap.real, {})] + candidates(cap.name, cap.real, kw):
             kw2 = dict(kw, **over)
             row = dict(base, candidate=label, num_warps=kw2["num_warps"], num_stages=kw2["num_stages"])
+            if "WALK_STAGES" in kw2:
+                row.update(walk_stages=kw2["WALK_STAGES"], tma=bool(kw2["TMA"]))
             try:
                 restore()
                 for i in spec["outputs"].values():

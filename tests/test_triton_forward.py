@@ -252,7 +252,7 @@ def test_forward_compact_state():
 
 @pytest.mark.parametrize("lens", [(2, 3000), (1, 7, 2600, 1, 392)], ids=["dense", "varlen"])
 def test_gate_cumsum_kernel(lens):
-    """The Triton gate cumsum (spans of 1024 tokens in parallel, tiles of 64 tokens, a compensated
+    """The Triton gate cumsum (spans of GATE_CUMSUM_SPAN tokens in parallel, tiles of 64 tokens, a compensated
     running total) equals the float64 cumsum to about one float32 ulp of the largest |c|,
     restarting at every sequence start; HQ = 5 exercises the masked head lanes."""
     from pathtune.codegen.triton._layout import GATE_CUMSUM_SPAN, _gate_cumsum_torch, gate_cumsum
@@ -535,26 +535,24 @@ def test_forward_wide_head_dims(monkeypatch, spy_launches, D, DV, HQ, H, lens):
     assert seen == [(256, 64)], seen       # the column-blocked path ran
 
 
-# ----------------------------------------------------------------------------- candidate kernels (benchmarks/variants)
-
-@pytest.mark.parametrize("stages", [1, 2])
-def test_scan_intra_tma_candidate_matches_the_shipped_kernel(monkeypatch, stages):
-    """``benchmarks/variants/scan_intra_tma.py`` (the walk over earlier chunks with TMA loads), launched with
-    the shipped kernel's arguments, gives the shipped forward's o and lse and the oracle's: 3 super-chunks
-    of 2 chunks each, FoX gate, GQA, a sequence ending inside a chunk."""
-    import importlib.util
-    from pathlib import Path
-
+@pytest.mark.parametrize("D,DV,offset,stages,tma", [(32, 32, 0, 1, True), (32, 16, 0, 2, True), (24, 32, 0, 2, False),
+                                                    (32, 32, 1, 1, False)],
+                         ids=["D32-tma", "DV16-tma-2-stages", "D24-pointers-2-stages", "v-misaligned-pointers"])
+def test_intra_walk_loads_tma_or_pointers(spy_launches, D, DV, offset, stages, tma):
+    """scan_intra_kernel's walk over the earlier chunks of a super-chunk reads K~, W, U and V as TMA blocks
+    where both head dims are their own powers of two and every tensor is 16-byte aligned, else with pointer
+    tiles (D = 24; v a contiguous view one element into its buffer), pipelined over ``intra_num_stages``;
+    every path matches the oracle: super-chunks of 4 chunks (walks of up to 3 steps), FoX gate, GQA, a
+    sequence ending inside a chunk."""
     import pathtune.codegen.triton.forward as tri_forward
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "variants" / "scan_intra_tma.py"
-    spec = importlib.util.spec_from_file_location("scan_intra_tma", path)
-    cand = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cand)
-    x = make_inputs(260 + stages, B=1, T=90, HQ=4, H=2, D=16, DV=16, gate=True)
-    p = params()
-    o_ref, lse_ref = run(x, p)
-    monkeypatch.setattr(tri_forward, "scan_intra_kernel", cand.TmaScanIntra(stages=stages))
-    o, lse = run(x, p)
-    assert rel(o, o_ref) < 1e-6 and rel(lse, lse_ref) < 1e-6
-    check(o, lse, *oracle(*x), TOL[F32])
+    seen = spy_launches(tri_forward, "scan_intra_kernel", lambda grid, kw: (kw["TMA"], kw["WALK_STAGES"]))
+    q, k, v, w, beta, g = make_inputs(260 + D + DV + offset, B=1, T=90, HQ=4, H=2, D=D, DV=DV, gate=True)
+    if offset:
+        buf = torch.empty(v.numel() + offset, dtype=v.dtype)
+        buf[offset:] = v.reshape(-1)
+        v = buf[offset:].view(v.shape)
+        assert v.is_contiguous() and v.data_ptr() % 16 != 0
+    o, lse = run((q, k, v, w, beta, g), params(superchunk_size=64, intra_num_stages=stages))
+    check(o, lse, *oracle(q, k, v, w, beta, g), TOL[F32])
+    assert seen == [(tma, stages)], seen

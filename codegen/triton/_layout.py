@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._ops import interpreting
+from ._ops import interpreting, next_pow2
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def gate_cumsum(g: torch.Tensor, cu_seqlens: torch.Tensor | None, head_major: bo
     B, T, HQ = g.shape
     gt = g.reshape(B * T, HQ).contiguous()
     c = torch.empty((HQ, B * T) if head_major else (B * T, HQ), device=g.device, dtype=torch.float32)
-    BH = min(triton.next_power_of_2(HQ), 16)
+    BH = min(next_pow2(HQ), 16)
     BT = max(16, 1024 // BH)
     if cu_seqlens is None:
         n_seq, max_len, cu = B, T, gt
@@ -175,7 +175,7 @@ def gate_cumsum(g: torch.Tensor, cu_seqlens: torch.Tensor | None, head_major: bo
     return c if head_major else c.view(B, T, HQ)
 
 
-GATE_CUMSUM_SPAN = 1024   # tokens per program of gate_cumsum_kernel
+GATE_CUMSUM_SPAN = 256   # tokens per program of gate_cumsum_kernel (H200, 32K tokens x 16 heads: 0.043 -> 0.015 ms)
 
 
 @triton.jit

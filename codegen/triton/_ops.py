@@ -12,6 +12,17 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def next_pow2(x: int) -> int:
+    """The smallest power of two >= x (x >= 1), in plain Python: launchers call it per launch, where
+    ``triton.next_power_of_2`` (a constexpr function) costs microseconds."""
+    return 1 << (x - 1).bit_length()
+
+
+def padded_dim(x: int) -> int:
+    """A head dim as the kernels tile it: its next power of two, at least 16 (the MMA's K)."""
+    return max(16, next_pow2(x))
+
+
 @triton.jit
 def mm(a, b, INTERP: tl.constexpr):
     """tl.dot with fp32 accumulation.

@@ -34,7 +34,7 @@ import torch
 import triton
 
 from ._layout import SequenceTables, build_tables
-from ._ops import interpreting
+from ._ops import interpreting, next_pow2, padded_dim
 from .bwd_chain import (
     bwd_chain_dwhat_kernel,
     bwd_chain_rows_kernel,
@@ -51,7 +51,6 @@ from .forward import (
     _LOG2E,
     UT_COLUMN_BLOCK,
     ForwardState,
-    _pow2,
     _tokens,
     prepare_state,
     transition_column_block,
@@ -62,7 +61,7 @@ from .forward import (
 from .params import TritonParams
 from .ut_bwd import CC_TILES, UT_BWD_APPLY_WARPS, UT_BWD_CHUNK_WARPS, ut_bwd_apply_kernel, ut_bwd_chunk_kernel
 
-GATE_GRAD_SPAN = 1024    # tokens per program of gate_grad_kernel
+GATE_GRAD_SPAN = 256    # tokens per program of gate_grad_kernel (H200, 32K tokens x 16 heads: 0.055 -> 0.039 ms)
 
 
 def _gate_grad(dc: torch.Tensor, tables: SequenceTables, shape) -> torch.Tensor:
@@ -71,7 +70,7 @@ def _gate_grad(dc: torch.Tensor, tables: SequenceTables, shape) -> torch.Tensor:
     head-major (rows of stride dc.stride(0)); dg [N, HQ] token-major, viewed as ``shape``."""
     HQ, N = dc.shape
     dg = torch.empty(N, HQ, device=dc.device, dtype=torch.float32)
-    BH = min(triton.next_power_of_2(HQ), 16)
+    BH = min(next_pow2(HQ), 16)
     BT = min(max(16, 1024 // BH), GATE_GRAD_SPAN)
     grid = (tables.n_seq, triton.cdiv(max(tables.max_seq_len, 1), GATE_GRAD_SPAN), triton.cdiv(HQ, BH))
     gate_grad_kernel[grid](dc, dg, tables.seq_start, tables.seq_end, dc.stride(0), HQ=HQ, BH=BH, BT=BT,
@@ -256,7 +255,7 @@ def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool, HQ: int
     per kv head; per query head (HQ, default H) bwd_intra's chain states (S // (2C) slots of its
     64-or-wider tiles, scan dtype).  The UT backward's C x C tiles (CC_TILES x C float32 per kv head)
     live with m after u, K~ and the chain states are freed: they count where they are larger."""
-    BD = _pow2(D)
+    BD = padded_dim(D)
     per_head = C + 4 * D + C + (2 * BD * BD // C if multi else 0)
     states = (HQ or H) * (S // (2 * C)) * max(BD, 64) * scan_bytes
     return 4 * H * per_head + max(4 * H * (2 * D + C) + states, 4 * H * (CC_TILES + 1) * C)
@@ -405,7 +404,7 @@ def path_attention_bwd(
     B, T, HQ, D = q.shape
     H, DV = v.shape[2], v.shape[3]
     C, S, BN = params.chunk_size, params.superchunk_size, params.bwd_block_n
-    BD, BDV = _pow2(D), _pow2(DV)
+    BD, BDV = padded_dim(D), padded_dim(DV)
     dev = q.device
     # the backward's own D x D transition products (the recomputed forward state keeps the forward's)
     dt, tp = params.scan_dtype, params.bwd_transition_precision

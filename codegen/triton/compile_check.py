@@ -20,6 +20,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from ._ops import next_pow2, padded_dim
 from .params import TritonParams
 
 
@@ -95,8 +96,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .forward import (
         UT_COLUMN_BLOCK,
         UT_NUM_WARPS,
-        _pow2,
         inter_tma_shapes,
+        intra_walk_tma_shapes,
         transition_column_block,
         transport_rows,
         ut_apply_mode,
@@ -110,7 +111,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     scan = {tl.float16: "*fp16", tl.bfloat16: "*bf16", tl.float32: "*fp32"}[params.scan_dtype]
     H, HQ = heads, heads * group
     C, S = params.chunk_size, params.superchunk_size
-    BD, BDV = _pow2(D), _pow2(DV)
+    BD, BDV = padded_dim(D), padded_dim(DV)
     i64 = "*i64"
     common = dict(HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S, DT=params.scan_dtype)
     tp = params.transition_precision
@@ -145,12 +146,18 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     # scan_inter reads the transported keys and the values as TMA blocks where forward.inter_operands does
     tma = inter_tma_shapes(D, DV, BD, BDV)
     inter_fwd_sig = dict(sig, o_ptr=io)
+    # scan_intra's walk reads K~, W, U and V as TMA blocks where forward.intra_walk_operands does
+    intra_fwd_sig = dict(fwd_sig, kt_walk=scan, w_walk=scan, u_walk=scan, v_walk=io)
+    intra_tma = intra_walk_tma_shapes(D, DV, BD, BDV)
+    if intra_tma:
+        intra_fwd_sig.update({n: f"tensordesc<{scan[1:]}[{C}, {D}]>" for n in ("kt_walk", "w_walk", "u_walk")},
+                             v_walk=f"tensordesc<{dtype}[{C}, {DV}]>")
     if tma:
         inter_fwd_sig.update(kj_ptr=f"tensordesc<{scan[1:]}[{params.block_n}, {D}]>",
                              v_ptr=f"tensordesc<{dtype}[{params.block_n}, {DV}]>")
     chain_rows, chain_cb, chain_dcb, chain_warps = chain_blocks(BD)
     transport_chain_warps, transport_chain_stages, transport_grads_warps = transport_launch(BD)
-    gate_bh = min(triton.next_power_of_2(HQ), 16)     # as backward._gate_grad launches it
+    gate_bh = min(next_pow2(HQ), 16)     # as backward._gate_grad launches it
     return [
         # the forward's UT stage: one launch (the backward's per-range recompute keeps the three below)
         (ut_fused_kernel, dict(sig, k_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),
@@ -166,7 +173,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          dict(H=H, D=D, DB=min(BD, UT_COLUMN_BLOCK), C=C, UP=params.ut_precision, WRITE_W=True), UT_NUM_WARPS, 1),
         (superchunk_transport_kernel, fwd_sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype,
                                                     TP=tp, INTERP=False), 4, 1),
-        (scan_intra_kernel, fwd_sig, dict(common, WRITE_X=True, **flags), params.num_warps, 1),
+        (scan_intra_kernel, intra_fwd_sig,
+         dict(common, WRITE_X=True, TMA=intra_tma, WALK_STAGES=params.intra_num_stages, **flags), params.num_warps, 1),
         (scan_inter_kernel, inter_fwd_sig, dict({k: v for k, v in common.items() if k != 'C'}, TMA=tma,
                                                 BLOCK_M=params.block_m, BLOCK_N=params.block_n, DB=DB, **flags),
          params.inter_num_warps, params.num_stages),

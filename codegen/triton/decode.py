@@ -76,7 +76,7 @@ import triton.language as tl
 
 from pathtune.codegen.kv_cache import PaTHKVCache
 
-from ._ops import interpreting, mm
+from ._ops import interpreting, mm, next_pow2, padded_dim
 from .params import TritonParams
 
 __all__ = ["decode_kernel", "path_decode_triton", "path_prefill_triton",
@@ -484,10 +484,6 @@ def decode_kernel(
             tl.store(st_ptr, L_raw + TN)
 
 
-def _pow2(x: int) -> int:
-    return max(16, triton.next_power_of_2(x))
-
-
 @functools.lru_cache(maxsize=256)
 def _params_cached(key) -> TritonParams:
     if key[0] == "heuristic":
@@ -523,7 +519,7 @@ def decode_layout(T_new: int, G: int) -> tuple[bool, int]:
     rows = T_new * G
     if rows == 1:
         return True, 1
-    return False, _pow2(rows)
+    return False, padded_dim(rows)
 
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
@@ -609,7 +605,7 @@ class TritonDecodeStep:
         self.rowwise, self.R = decode_layout(TN, G)
         self.block_n = int(params.decode_block_n)
         self.splits = max(1, int(params.decode_splits))
-        self.BDV = _pow2(DV)
+        self.BDV = padded_dim(DV)
         self.num_warps = int(params.decode_num_warps)
         self.qk_scale = scale * _LOG2E
         self.gate_scale = (scale if gate_placement == "inside_scale" else 1.0) * _LOG2E
@@ -617,11 +613,11 @@ class TritonDecodeStep:
         self.window = params.decode_pending_window if window is None else int(window)
         if self.window < 0:
             raise ValueError(f"the pending window must be >= 0, got {self.window}")
-        self.const = dict(H=H, G=G, D=D, DV=DV, BD=_pow2(D), BDV=self.BDV, TN=TN, TNP=triton.next_power_of_2(TN),
-                          GP=triton.next_power_of_2(G), R=self.R, BLOCK_N=self.block_n, ROWWISE=self.rowwise,
+        self.const = dict(H=H, G=G, D=D, DV=DV, BD=padded_dim(D), BDV=self.BDV, TN=TN, TNP=next_pow2(TN),
+                          GP=next_pow2(G), R=self.R, BLOCK_N=self.block_n, ROWWISE=self.rowwise,
                           F32=f32, USE_GATE=gated, BETA_MAX=params.beta_max, INTERP=interpreting(),
                           STAGES=decode_loop_stages(params), W=self.window,
-                          PB=_pow2(self.window + TN))
+                          PB=padded_dim(self.window + TN))
         self._wide = max(D, DV, G)
         self._o_shape = (B, TN, HQ, DV)
         self._geo: dict = {}   # capacity -> _geometry(capacity)
@@ -729,12 +725,12 @@ def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = 
     sig["st_ptr"] = sig["cnt_ptr"] = "*i32"
     sig["max_len"] = sig["n_splits"] = "i32"
     sig["qk_scale"] = sig["gate_scale"] = "fp32"
-    BD, BDV = _pow2(D), _pow2(DV)
-    const = dict(H=heads, G=group, D=D, DV=DV, BD=BD, BDV=BDV, TN=tokens, TNP=triton.next_power_of_2(tokens),
-                 GP=triton.next_power_of_2(group), R=R, BLOCK_N=params.decode_block_n,
+    BD, BDV = padded_dim(D), padded_dim(DV)
+    const = dict(H=heads, G=group, D=D, DV=DV, BD=BD, BDV=BDV, TN=tokens, TNP=next_pow2(tokens),
+                 GP=next_pow2(group), R=R, BLOCK_N=params.decode_block_n,
                  ROWWISE=rowwise, F32=dtype == "fp32", USE_GATE=gate, BETA_MAX=params.beta_max, OFF64=False,
                  INTERP=False, STAGES=decode_loop_stages(params), W=window, WS=max(window, 1),
-                 PB=_pow2(window + tokens), STORE_LSE=False)
+                 PB=padded_dim(window + tokens), STORE_LSE=False)
     return [(decode_kernel, sig, const, params.decode_num_warps, 2)]
 
 

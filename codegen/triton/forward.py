@@ -5,11 +5,10 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
-import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._layout import SequenceTables, build_tables, gate_cumsum
-from ._ops import interpreting
+from ._ops import interpreting, padded_dim
 from .params import TritonParams
 from .scan_fwd import scan_inter_kernel, scan_intra_kernel
 from .transport import superchunk_transport_kernel
@@ -59,10 +58,6 @@ class ForwardState:
             self.pending = None
 
 
-def _pow2(x: int) -> int:
-    return max(16, triton.next_power_of_2(x))
-
-
 def _tokens(x: torch.Tensor) -> torch.Tensor:
     """[B, T, ...] -> contiguous [B*T, ...] (a view when already contiguous)."""
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
@@ -73,7 +68,7 @@ def ut_inverse_scratch(wt, bt, tables: SequenceTables, H: int, D: int, C: int, p
     scratch = torch.empty(tables.n_chunks * H * C * C, device=wt.device, dtype=torch.float32)
     ut_diag_inverse_kernel[(tables.n_chunks * (C // 16), H)](
         wt, bt, scratch, tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
-        H=H, D=D, BD=_pow2(D), DB=min(_pow2(D), UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
+        H=H, D=D, BD=padded_dim(D), DB=min(padded_dim(D), UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
         UP=params.ut_precision, num_warps=1, num_stages=1,
     )
     return scratch
@@ -86,7 +81,7 @@ def ut_chunk_state(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int
     a = torch.empty(N, H, C, device=kt_in.device, dtype=torch.float32)
     m = torch.empty(N, H, C, device=kt_in.device, dtype=torch.float32)
     scratch = ut_inverse_scratch(wt, bt, tables, H, D, C, params)
-    BD = _pow2(D)
+    BD = padded_dim(D)
     ut_chunk_kernel[(tables.n_chunks, H)](
         wt, bt, kt_in, a, m, scratch,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
@@ -109,7 +104,7 @@ def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, pa
     ktil = torch.empty(N, H, D, device=kt_in.device, dtype=out_dtype)
     wd = torch.empty(N, H, D, device=kt_in.device, dtype=out_dtype) if write_w else None
     a, m = ut_chunk_state(kt_in, wt, bt, tables, H, D, C, params)
-    BD = _pow2(D)
+    BD = padded_dim(D)
     DB = min(BD, UT_COLUMN_BLOCK)
     ut_apply_kernel[(tables.n_chunks, H, BD // DB)](
         wt, kt_in, a, m, u, ktil, wd if write_w else u,
@@ -155,7 +150,7 @@ def ut_fused(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, para
     ktil = torch.empty(N, H, D, device=dev, dtype=out_dtype)
     wd = torch.empty(N, H, D, device=dev, dtype=out_dtype) if write_w else None
     m = torch.empty(N, H, C, device=dev, dtype=torch.float32)
-    BD = _pow2(D)
+    BD = padded_dim(D)
     ut_fused_kernel[(tables.n_chunks, H)](
         wt, bt, kt_in, u, ktil, wd if write_w else u, m,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
@@ -199,14 +194,33 @@ def inter_tma_shapes(D: int, DV: int, BD: int, BDV: int) -> bool:
     return D == BD and DV == BDV and BD <= TRANSITION_BLOCKED_ABOVE
 
 
+def _row_blocks(tensors: tuple[torch.Tensor, ...], rows: int, shapes_fit: bool) -> tuple:
+    """(*operands, TMA): tensor descriptors over each [N, H, X] tensor's [N, H * X] view with [rows, X]
+    blocks (one head's slice of ``rows`` tokens) where ``shapes_fit`` and every tensor is aligned
+    (``_tma_ready``), else the tensors themselves."""
+    if shapes_fit and all(_tma_ready(t) for t in tensors):
+        return (*(TensorDescriptor.from_tensor(t.view(t.shape[0], -1), [rows, t.shape[-1]]) for t in tensors), True)
+    return (*tensors, False)
+
+
 def inter_operands(kj: torch.Tensor, vt: torch.Tensor, block_n: int, D: int, DV: int, BD: int, BDV: int):
-    """(kj, v, TMA) as ``scan_inter_kernel`` takes them: tensor descriptors over the [N, H * D] /
-    [N, H * DV] views with [block_n, D] / [block_n, DV] blocks (TMA loads) where ``inter_tma_shapes``
-    holds and both tensors are aligned, else the tensors themselves (block-pointer loads)."""
-    if inter_tma_shapes(D, DV, BD, BDV) and _tma_ready(kj) and _tma_ready(vt):
-        return (TensorDescriptor.from_tensor(kj.view(kj.shape[0], -1), [block_n, D]),
-                TensorDescriptor.from_tensor(vt.view(vt.shape[0], -1), [block_n, DV]), True)
-    return kj, vt, False
+    """(kj, v, TMA) as ``scan_inter_kernel`` takes them: tensor descriptors with [block_n, D] /
+    [block_n, DV] blocks (TMA loads) where ``inter_tma_shapes`` holds and both tensors are aligned, else
+    the tensors themselves (block-pointer loads)."""
+    return _row_blocks((kj, vt), block_n, inter_tma_shapes(D, DV, BD, BDV))
+
+
+def intra_walk_tma_shapes(D: int, DV: int, BD: int, BDV: int) -> bool:
+    """Whether the walk of scan_intra_kernel can read its tiles as TMA blocks: each head dim its own
+    padded power of two (a block is one head's slice of C rows, no column mask)."""
+    return D == BD and DV == BDV
+
+
+def intra_walk_operands(ktil: torch.Tensor, w: torch.Tensor, u: torch.Tensor, vt: torch.Tensor, C: int,
+                        D: int, DV: int, BD: int, BDV: int):
+    """(K~, W, U, V, TMA) as ``scan_intra_kernel``'s walk takes them: tensor descriptors with [C, D] /
+    [C, DV] blocks where ``intra_walk_tma_shapes`` holds and every tensor is aligned, else the tensors."""
+    return _row_blocks((ktil, w, u, vt), C, intra_walk_tma_shapes(D, DV, BD, BDV))
 
 
 def prepare_state(
@@ -228,7 +242,7 @@ def prepare_state(
     B, T, HQ, D = q.shape
     H = k.shape[2]
     C, S = params.chunk_size, params.superchunk_size
-    BD = _pow2(D)
+    BD = padded_dim(D)
     dev = q.device
     dt = params.scan_dtype
     store_dtype = params.scan_torch_dtype
@@ -279,7 +293,7 @@ def path_attention_fwd(
     B, T, HQ, D = q.shape
     H, DV = v.shape[2], v.shape[3]
     C, S = params.chunk_size, params.superchunk_size
-    BD, BDV = _pow2(D), _pow2(DV)
+    BD, BDV = padded_dim(D), padded_dim(DV)
     dev = q.device
     dt = params.scan_dtype
     if state is None:
@@ -299,15 +313,16 @@ def path_attention_fwd(
     o_part = torch.empty(N, HQ, DV, device=dev, dtype=torch.float32) if inter else o
     x = torch.empty(N, HQ, D, device=dev, dtype=torch.float32) if inter else lse
     gc_arg = gc if gc is not None else lse
+    *walk, walk_tma = intra_walk_operands(ktil, wt, u, vt, C, D, DV, BD, BDV)
     scan_intra_kernel[(tables.n_chunks, HQ)](
-        qt, kt_in, vt, wt, u, m, ktil, gc_arg,
-        o_part, lse, x,
+        qt, kt_in, vt, wt, u, m, gc_arg,
+        o_part, lse, x, *walk,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_start, tables.seq_end,
         tables.n_chunks, scale * _LOG2E, gate_scale, N,
         HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S,
         DT=dt, TP=params.transition_precision, USE_GATE=g is not None, WRITE_X=inter, INTERP=interp,
-        # one stage: pipelining the walk's loads doubles its shared memory (D = 128: 65 -> 189 KB, one
-        # program per multiprocessor) and made it slower on the H200 (0.62 -> 0.71 ms at T = 4K)
+        TMA=walk_tma, WALK_STAGES=params.intra_num_stages,
+        # the kernel-wide pipeliner stays off: it doubles the shared memory of the diagonal tile's operands
         num_warps=params.num_warps, num_stages=1,
     )
     state.join()

@@ -33,6 +33,7 @@ class TritonParams:
     num_warps: int = spec_default("num_warps")
     inter_num_warps: int = spec_default("inter_num_warps")
     num_stages: int = spec_default("num_stages")
+    intra_num_stages: int = spec_default("intra_num_stages")
     scan_precision: str = spec_default("scan_precision")
     transition_precision: str = spec_default("transition_precision")
     bwd_transition_precision: str = spec_default("bwd_transition_precision")

@@ -59,15 +59,24 @@ def _softmax_step_scaled(s, m_i, l_i, acc, v, qk_scale, INTERP: tl.constexpr):
 
 @triton.jit
 def scan_intra_kernel(
-    q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr,
+    q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, gc_ptr,
     o_ptr, lse_ptr, x_ptr,
+    kt_walk, w_walk, u_walk, v_walk,
     chunk_tok0, chunk_seq, seq_start, seq_end,
     n_chunks, qk_scale, gate_scale, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, WRITE_X: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, TMA: tl.constexpr = False, WALK_STAGES: tl.constexpr = 1,
 ):
+    """One UT chunk of queries: its diagonal tile, then the walk over the earlier chunks of its super-chunk.
+
+    kt_walk, w_walk, u_walk, v_walk: what the walk reads.  TMA: tensor descriptors over the [N, H * D] /
+    [N, H * DV] views of K~, W, U and V with [C, D] / [C, DV] blocks (``forward.intra_walk_operands``;
+    D == BD, DV == BDV): a walk step's four tiles arrive by TMA copies, no address tiles and no masks
+    (a chunk before the query's lies wholly inside its sequence); else the tensors themselves.
+    WALK_STAGES (knob ``intra_num_stages``): software-pipelining stages of the walk's loads.
+    """
     # heaviest chunks (latest in their super-chunk) first
     n = n_chunks - 1 - tl.program_id(0)
     hq = tl.program_id(1)
@@ -111,14 +120,21 @@ def scan_intra_kernel(
     acc = mm(p.to(V.dtype), V, INTERP)
 
     # 2. earlier chunks of this super-chunk, right to left (chunk-level low-rank transitions)
-    for step in range(0, c_idx - first_chunk_of_sc):
+    for step in tl.range(0, c_idx - first_chunk_of_sc, num_stages=WALK_STAGES):
         cc = c_idx - 1 - step
         krows = (s0 + cc * C + r).to(tl.int64)
-        kof = (krows[:, None] * H + h) * D + d[None, :]
-        Kt = tl.load(kt_ptr + kof, mask=dmask, other=0.0).to(DT)
-        Wm = tl.load(w_ptr + kof, mask=dmask, other=0.0).to(DT)
-        Um = tl.load(u_ptr + kof, mask=dmask, other=0.0).to(DT)
-        Vm = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
+        if TMA:
+            krow = (s0 + cc * C).to(tl.int32)
+            Kt = kt_walk.load([krow, (h * D).to(tl.int32)]).to(DT)
+            Wm = w_walk.load([krow, (h * D).to(tl.int32)]).to(DT)
+            Um = u_walk.load([krow, (h * D).to(tl.int32)]).to(DT)
+            Vm = v_walk.load([krow, (h * DV).to(tl.int32)])
+        else:
+            kof = (krows[:, None] * H + h) * D + d[None, :]
+            Kt = tl.load(kt_walk + kof, mask=dmask, other=0.0).to(DT)
+            Wm = tl.load(w_walk + kof, mask=dmask, other=0.0).to(DT)
+            Um = tl.load(u_walk + kof, mask=dmask, other=0.0).to(DT)
+            Vm = tl.load(v_walk + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
         Xd = X.to(DT)
         s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
         if USE_GATE:
@@ -158,7 +174,7 @@ def scan_inter_kernel(
     DB < BD (wide head dims) writes X What_J one DB-column block at a time, each from the full X
     (read before the first write) and a BD x DB block of What_J.
     TMA: kj_ptr and v_ptr are tensor descriptors over the [N, H * D] / [N, H * DV] views with blocks
-    [BLOCK_N, D] / [BLOCK_N, DV] (``forward.inter_descriptors``; D == BD, DV == BDV): the key and value
+    [BLOCK_N, D] / [BLOCK_N, DV] (``forward.inter_operands``; D == BD, DV == BDV): the key and value
     tiles arrive by TMA copies, no address tiles in registers and no masks (a super-chunk J < I lies
     wholly inside the sequence); else block pointers.
     """
