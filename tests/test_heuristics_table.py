@@ -11,7 +11,8 @@ import pytest
 from pathtune.codegen.triton.heuristics import heuristic_knobs
 from pathtune.codegen.triton.params import TritonParams
 
-NARROW = {"block_n": 128, "decode_block_n": 256, "transition_precision": "fp16", "ut_diag_block": 8, "intra_num_stages": 2}
+NARROW = {"block_n": 128, "decode_block_n": 256, "transition_precision": "fp16", "ut_diag_block": 8,
+          "intra_num_stages": 2}
 MEDIUM = {"block_n": 128, "bwd_num_stages": 1, "bwd_num_warps": 8, "bwd_transition_precision": "tf32",
           "num_stages": 3, "num_warps": 4, "transition_precision": "fp16"}
 WIDE = {"block_m": 64, "block_n": 32, "bwd_block_m": 64, "bwd_block_n": 32, "bwd_num_stages": 1, "bwd_num_warps": 8,
@@ -43,7 +44,8 @@ EXPECTED = {
 
 # every TritonParams field with no head-dim override (the spec defaults, beta_clip_eps 'off' as None)
 BASE = {"chunk_size": 64, "superchunk_size": 1024, "block_n": 64, "block_m": 128, "num_warps": 4,
-        "inter_num_warps": 8, "num_stages": 2, "intra_num_stages": 1, "scan_precision": "fp16", "transition_precision": "tf32x3",
+        "inter_num_warps": 8, "num_stages": 2, "intra_num_stages": 1, "scan_precision": "fp16",
+        "transition_precision": "tf32x3",
         "bwd_transition_precision": "tf32x3", "beta_clip_eps": None, "ut_precision": "tf32x3",
         "ut_diag_block": 16, "ut_grad_precision": "tf32", "bwd_block_n": 64, "bwd_block_m": 64, "bwd_num_warps": 4,
         "bwd_inter_num_warps": 4,
