@@ -489,6 +489,15 @@ def _record_transition_blocks(spy_launches):
     return spy_launches(tri_forward, "scan_inter_kernel", lambda grid, kw: (kw["BD"], kw["DB"]))
 
 
+def _misaligned_copy(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """A contiguous copy of t that starts ``offset`` elements into a larger buffer (not 16-byte aligned)."""
+    buf = torch.empty(t.numel() + offset, dtype=t.dtype)
+    buf[offset:] = t.reshape(-1)
+    out = buf[offset:].view(t.shape)
+    assert out.is_contiguous() and out.data_ptr() % 16 != 0
+    return out
+
+
 @pytest.mark.parametrize("D,DV,offset,tma", [(32, 32, 0, True), (32, 16, 0, True), (24, 32, 0, False),
                                              (32, 32, 1, False)],
                          ids=["D32-tma", "DV16-tma", "D24-block-pointers", "v-misaligned-block-pointers"])
@@ -501,10 +510,7 @@ def test_inter_key_loads_tma_or_block_pointers(spy_launches, D, DV, offset, tma)
     seen = spy_launches(tri_forward, "scan_inter_kernel", lambda grid, kw: kw["TMA"])
     q, k, v, w, beta, g = make_inputs(230 + D + DV + offset, B=1, T=90, HQ=2, H=1, D=D, DV=DV, gate=True)
     if offset:
-        buf = torch.empty(v.numel() + offset, dtype=v.dtype)
-        buf[offset:] = v.reshape(-1)
-        v = buf[offset:].view(v.shape)
-        assert v.is_contiguous() and v.data_ptr() % 16 != 0
+        v = _misaligned_copy(v, offset)
     o, lse = run((q, k, v, w, beta, g), params())
     check(o, lse, *oracle(q, k, v, w, beta, g), TOL[F32])
     assert seen == [tma], seen
@@ -549,10 +555,7 @@ def test_intra_walk_loads_tma_or_pointers(spy_launches, D, DV, offset, stages, t
     seen = spy_launches(tri_forward, "scan_intra_kernel", lambda grid, kw: (kw["TMA"], kw["WALK_STAGES"]))
     q, k, v, w, beta, g = make_inputs(260 + D + DV + offset, B=1, T=90, HQ=4, H=2, D=D, DV=DV, gate=True)
     if offset:
-        buf = torch.empty(v.numel() + offset, dtype=v.dtype)
-        buf[offset:] = v.reshape(-1)
-        v = buf[offset:].view(v.shape)
-        assert v.is_contiguous() and v.data_ptr() % 16 != 0
+        v = _misaligned_copy(v, offset)
     o, lse = run((q, k, v, w, beta, g), params(superchunk_size=64, intra_num_stages=stages))
     check(o, lse, *oracle(q, k, v, w, beta, g), TOL[F32])
     assert seen == [(tma, stages)], seen
