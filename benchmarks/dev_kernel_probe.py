@@ -7,8 +7,8 @@ a temporary module, since ``triton.jit`` reads its source from a file).  Timing 
 launches add into buffers that already hold results, so nothing here checks values.
 
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096] [--gates 1,0]
-                                          [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e,prepwarps,gatecumsum]
-                                          [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]]
+                          [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e,prepwarps,gatecumsum,keepstate]
+                          [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
 timed on the walk kernel's arguments (without its newer trailing ones)
@@ -22,11 +22,14 @@ kernel's captured arguments at the launch's warps and the other count (4 / 8) (`
 file; one that still has ``xs_ptr`` gets it).
 ``e2e``: one fwd+bwd through autograd.  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8
 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per
-program.  JSON rows on stdout and in $OUT.
+program; ``keepstate``, fwd+bwd with the backward recomputing the forward's state (shipped) and reusing it
+(``variants/kept_forward_state.py``), with time, extra peak memory and gradient differences.
+JSON rows on stdout and in $OUT.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -189,6 +192,40 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
         prep_warps_e2e(base, xs, do, gate)
     if "gatecumsum" in only and gate:
         gate_cumsum_spans(base, xs[5].detach())
+    if "keepstate" in only:
+        kept_state_e2e(base, xs, do, gate)
+
+
+def kept_state_e2e(base, xs, do, gate):
+    """One fwd+bwd (autograd, heuristic config) as shipped (the backward recomputes the forward's UT / transport
+    state) and with the forward's state kept for the backward (``variants/kept_forward_state.py``): the time,
+    the extra peak memory of one fwd+bwd above the inputs, and each gradient's relative difference to the
+    shipped one (0 where the kept state is the one the backward would have recomputed)."""
+    from variants.kept_forward_state import kept_forward_state
+
+    def fn():
+        o = path_attention_triton(*xs[:5], xs[5] if gate else None)[0]
+        return torch.autograd.grad(o, xs, do)
+
+    ref = None
+    for label, ctx in (("recompute (shipped)", contextlib.nullcontext), ("forward state kept", kept_forward_state)):
+        with ctx() as used:
+            grads = fn()
+            torch.cuda.synchronize()
+            del grads
+            base_mem = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            grads = fn()
+            torch.cuda.synchronize()
+            extra_mib = (torch.cuda.max_memory_allocated() - base_mem) / 2**20
+            ms = round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)
+        if ref is None:
+            ref, diffs = grads, {}
+        else:
+            diffs = {f"d{i}": float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+                     for i, (a, b) in enumerate(zip(grads, ref))}
+        emit(dict(base, kernel="fwd+bwd", variant=label, ms=ms, extra_peak_mib=round(extra_mib, 1),
+                  grad_rel_diff=diffs, states=dict(used) if used else None))
 
 
 def gate_cumsum_spans(base, g):

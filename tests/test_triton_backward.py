@@ -625,3 +625,33 @@ def test_gate_grad_kernel_matches_torch(monkeypatch, HQ):
     ref = tri_backward._gate_grad_torch(dc, tb, (1, sum(lens), HQ))
     assert got.dtype == F32 and got.shape == (1, sum(lens), HQ)
     assert rel(got, ref) < 1e-7
+
+
+# ----------------------------------------------------------------------------- candidates (benchmarks/variants)
+
+def test_kept_forward_state_candidate_gives_the_shipped_gradients(monkeypatch):
+    """``benchmarks/variants/kept_forward_state.py`` (the backward reuses the forward's UT / transport state
+    instead of recomputing it): in a ranged backward the kept state is the one the backward recomputes, so
+    the gradients are bitwise the shipped ones; a single-range backward (float32 state) still recomputes."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "variants" / "kept_forward_state.py"
+    spec = importlib.util.spec_from_file_location("kept_forward_state", path)
+    cand = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cand)
+    inputs, do = make_inputs(540, B=1, T=80, HQ=4, H=2, dtype=F16, gate=True)
+    p = params(F16)
+    monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
+    shipped = kernel_grads(inputs, do, p)
+    with cand.kept_forward_state() as used:
+        kept = kernel_grads(inputs, do, p)
+    assert used == {"kept": 1, "recomputed": 0}
+    for name, a, b in zip(NAMES, kept, shipped):
+        if b is not None:
+            assert torch.equal(a, b), name
+    monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")     # one range: the float32 state, recomputed
+    with cand.kept_forward_state() as used:
+        kernel_grads(inputs, do, p)
+    assert used == {"kept": 0, "recomputed": 1}
+    assert tri_autograd.backward_state is tri_backward.backward_state    # restored on exit
