@@ -36,7 +36,8 @@ g = logsigmoid of random values, so real gate decay):
 ``--old-decode FILE`` (an older ``codegen/triton/decode.py``): each steps row with a flush also times the plain
 and the flush step with that file's decode kernel in the same process (``old_pathtune_net_ms``,
 ``old_flush_net_ms``, ``old_amortized_ms``); it is launched as this tree's ``decode_kernel`` (same arguments:
-a file whose step merges its splits in the same launch).
+a file whose step merges its splits in the same launch).  ``--candidate-decode FILE`` (a benchmarks/variants/
+module that defines ``decode_kernel`` with this tree's launch arguments): the same, as ``candidate_*`` fields.
 """
 from __future__ import annotations
 
@@ -159,7 +160,8 @@ def one_row_on_tensor_cores():
         rebuild()
 
 
-OLD_DECODE = None   # --old-decode: the decode kernel of an older decode.py, timed beside this tree's
+# (field prefix, decode kernel) timed beside this tree's: --old-decode ("old"), --candidate-decode ("candidate")
+ALT_DECODES: list = []
 
 
 def load_old_decode(path: str):
@@ -168,6 +170,16 @@ def load_old_decode(path: str):
     from kernel_variants import load_variant
 
     return load_variant(Path(path).read_text(), "decode_kernel", "old_decode")
+
+
+def load_candidate_decode(path: str):
+    """``decode_kernel`` of a candidate module in benchmarks/variants/ (one that builds it from this tree's
+    decode.py and takes its launch arguments, e.g. ``variants/decode_gate_head_major.py``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    spec = importlib.util.spec_from_file_location(f"candidate_{Path(path).stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.decode_kernel
 
 
 def time_alternative(row: dict, prefix: str, context, reset_step, flush_step, every: int) -> None:
@@ -241,12 +253,12 @@ def time_steps(out: dict, budget) -> None:
                             every = W // TN + 1
                             row["every"] = every
                             row["amortized_ms"] = ((every - 1) * row["pathtune_net_ms"] + row["flush_net_ms"]) / every
-                            if OLD_DECODE is not None:   # the same steps with an older decode kernel
-                                from kernel_variants import swapped  # on sys.path: load_old_decode put it there
+                            for prefix, kernel in ALT_DECODES:   # the same steps with another decode kernel
+                                from kernel_variants import swapped  # on sys.path: the loaders put it there
 
                                 import pathtune.codegen.triton.decode as decode_mod
 
-                                time_alternative(row, "old", swapped(decode_mod, "decode_kernel", OLD_DECODE),
+                                time_alternative(row, prefix, swapped(decode_mod, "decode_kernel", kernel),
                                                  reset_step, flush_step, every)
                         reset()
                         sync()
@@ -480,10 +492,13 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1 (tests)")
     ap.add_argument("--old-decode", default=None, help="an older codegen/triton/decode.py: its decode kernel's "
                     "plain and flush steps timed beside this tree's in the steps section (old_* fields)")
+    ap.add_argument("--candidate-decode", default=None, help="a benchmarks/variants/ module defining decode_kernel "
+                    "(this tree's launch arguments): its steps timed beside this tree's (candidate_* fields)")
     args = ap.parse_args(argv)
-    global OLD_DECODE
     if args.old_decode:
-        OLD_DECODE = load_old_decode(args.old_decode)
+        ALT_DECODES.append(("old", load_old_decode(args.old_decode)))
+    if args.candidate_decode:
+        ALT_DECODES.append(("candidate", load_candidate_decode(args.candidate_decode)))
     if args.cpu_smoke:
         smoke_config()
     elif not torch.cuda.is_available():

@@ -565,3 +565,34 @@ def test_bench_cli_decode_pass_options():
     if not torch.cuda.is_available():
         res = runner.invoke(app, ["bench", "--pass", "decode", "--gate", "off"], env={"COLUMNS": "200"})
         assert res.exit_code == 1 and "needs a CUDA GPU" in res.output
+
+
+# ----------------------------------------------------------------------------- candidates (benchmarks/variants)
+
+def test_gate_head_major_candidate_matches_the_shipped_step(monkeypatch):
+    """``benchmarks/variants/decode_gate_head_major.py`` (the gate cumsum addressed as c [B, HQ, max_len]) on a
+    cache whose gate buffer holds that layout gives the shipped step's output and writes the new rows' cumsums
+    where the layout puts them: GQA 2, two new tokens, ragged tiles over three splits."""
+    import importlib.util
+    from pathlib import Path
+
+    import pathtune.codegen.triton.decode as decode_mod
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "variants" / "decode_gate_head_major.py"
+    spec = importlib.util.spec_from_file_location("decode_gate_head_major", path)
+    cand = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cand)
+    B, T0, HQ, H, D, TN = 2, 37, 4, 2, 16, 2
+    tri, _ = prefilled(B, T0, HQ, H, D, D, True, torch.float32)
+    tri.reserve(TN)                                  # room for the step: no regrowth of the permuted buffer
+    head_major = copy.deepcopy(tri)
+    cap = tri.max_len
+    head_major.c = tri.c.permute(0, 2, 1).contiguous().view(B, cap, HQ)   # c [B, HQ, cap] in the same buffer
+    inputs = make(B, TN, HQ, H, D, D, True)
+    config = dict(decode_splits=3, decode_block_n=16)
+    o = path_decode_triton(*inputs, tri, config=config)
+    monkeypatch.setattr(decode_mod, "decode_kernel", cand.decode_kernel)
+    o_cand = path_decode_triton(*inputs, head_major, config=config)
+    assert rel(o_cand, o) < 1e-6
+    n = T0 + TN
+    assert torch.equal(head_major.c.view(B, HQ, cap).permute(0, 2, 1)[:, :n], tri.c[:, :n])
