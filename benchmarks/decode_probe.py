@@ -37,7 +37,8 @@ g = logsigmoid of random values, so real gate decay):
 and the flush step with that file's decode kernel in the same process (``old_pathtune_net_ms``,
 ``old_flush_net_ms``, ``old_amortized_ms``); it is launched as this tree's ``decode_kernel`` (same arguments:
 a file whose step merges its splits in the same launch).  ``--candidate-decode FILE`` (a benchmarks/variants/
-module that defines ``decode_kernel`` with this tree's launch arguments): the same, as ``candidate_*`` fields.
+module that defines ``decode_kernel`` with this tree's launch arguments; ``FILE:NAME`` another kernel of it,
+several comma-separated): the same, as ``candidate_*`` (``candidate2_*``, ...) fields.
 """
 from __future__ import annotations
 
@@ -173,13 +174,15 @@ def load_old_decode(path: str):
 
 
 def load_candidate_decode(path: str):
-    """``decode_kernel`` of a candidate module in benchmarks/variants/ (one that builds it from this tree's
-    decode.py and takes its launch arguments, e.g. ``variants/decode_gate_head_major.py``)."""
+    """The kernel ``NAME`` (default ``decode_kernel``) of a candidate module ``FILE[:NAME]`` in benchmarks/variants/
+    (one that builds it from this tree's decode.py and takes its launch arguments, e.g.
+    ``variants/decode_gate_head_major.py``)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    spec = importlib.util.spec_from_file_location(f"candidate_{Path(path).stem}", path)
+    file, _, name = path.partition(":")
+    spec = importlib.util.spec_from_file_location(f"candidate_{Path(file).stem}", file)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.decode_kernel
+    return getattr(mod, name or "decode_kernel")
 
 
 def time_alternative(row: dict, prefix: str, context, reset_step, flush_step, every: int) -> None:
@@ -492,13 +495,14 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1 (tests)")
     ap.add_argument("--old-decode", default=None, help="an older codegen/triton/decode.py: its decode kernel's "
                     "plain and flush steps timed beside this tree's in the steps section (old_* fields)")
-    ap.add_argument("--candidate-decode", default=None, help="a benchmarks/variants/ module defining decode_kernel "
-                    "(this tree's launch arguments): its steps timed beside this tree's (candidate_* fields)")
+    ap.add_argument("--candidate-decode", default=None, help="FILE[:NAME][,FILE[:NAME]...]: benchmarks/variants/ "
+                    "modules defining a kernel NAME (default decode_kernel) with this tree's launch arguments: its "
+                    "steps timed beside this tree's (candidate_* fields; candidate2_*, ... for the next ones)")
     args = ap.parse_args(argv)
     if args.old_decode:
         ALT_DECODES.append(("old", load_old_decode(args.old_decode)))
-    if args.candidate_decode:
-        ALT_DECODES.append(("candidate", load_candidate_decode(args.candidate_decode)))
+    for i, path in enumerate(p for p in (args.candidate_decode or "").split(",") if p):
+        ALT_DECODES.append((f"candidate{i + 1 if i else ''}", load_candidate_decode(path)))
     if args.cpu_smoke:
         smoke_config()
     elif not torch.cuda.is_available():

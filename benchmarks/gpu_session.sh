@@ -95,7 +95,10 @@ export PYTHONUNBUFFERED=1
 # && git rev-parse --short HEAD > .gpuclean/.commit; checked first: a copy inside a checkout would else
 # report the checkout's HEAD), or a git checkout's HEAD
 tree="$(cat "$REPO/.commit" 2>/dev/null || git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-echo "tree: $tree; source hashes: $(python3 -c 'from pathtune.codegen.triton import source_hash as h; print(" ".join(p + "=" + h(p) for p in ("fwd", "bwd", "decode")))' 2>/dev/null)"
+# (from /tmp, as every step: in the repo root `import pathtune` would find the source tree's top folder first)
+hashes="$(cd /tmp && python3 -c 'from pathtune.codegen.triton import source_hash as h
+print(" ".join(p + "=" + h(p) for p in ("fwd", "bwd", "decode")))' 2>&1 | tail -1)"
+echo "tree: $tree; source hashes: $hashes"
 export TRITON_CACHE_DIR="$REPO/.tcache"
 mkdir -p "$TRITON_CACHE_DIR"
 if ls .tcache_in/tcache.txz.* >/dev/null 2>&1; then
