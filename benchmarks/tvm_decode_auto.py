@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     from pathtune.runtime import decode_dispatch, dispatch
     from pathtune.specs import Workload
     from pathtune.specs.workload import batch_bucket, seq_bucket
+    from pathtune.tuning.baselines import sdpa_backend
     from pathtune.tuning.bench import HEADS_FOR_DIM
     from pathtune.tuning.decode_bench import make_cache, make_step, sdpa_decode_callable
 
@@ -61,8 +62,9 @@ def main(argv=None) -> int:
     out = dict(D=D, H=H, B=B, keys=L + 1, backend=plan.backend, plan=plan.describe(), fallback=plan.fallback,
                auto_ms=ms(call("auto")), triton_ms=ms(call("triton", dict(triton_choice.config))))
     cache.length = L
-    sdpa = sdpa_decode_callable(cache, step, "flash")
-    out["sdpa_flash_ms"] = ms(sdpa) if sdpa else None
+    with sdpa_backend("flash"):
+        sdpa = sdpa_decode_callable(cache, step)
+        out["sdpa_flash_ms"] = ms(sdpa) if sdpa else None
     if out["sdpa_flash_ms"]:
         out["auto_over_sdpa"] = out["auto_ms"] / out["sdpa_flash_ms"]
         out["triton_over_sdpa"] = out["triton_ms"] / out["sdpa_flash_ms"]
