@@ -5,7 +5,7 @@ the super-chunk transport and the gate cumsum again (``forward.prepare_state``).
 in several token ranges (B * T = 32K at the tuned shapes: 8 ranges) the state it recomputes is the forward's
 own compact one (16-bit u, K~ and w copy, float32 m, the transported keys and the super-chunk transitions),
 so keeping the forward's state gives the same gradients and saves one UT stage, one transport and one gate
-cumsum per fwd+bwd, at the cost of holding that state from the forward to the backward (about 320 MB at
+cumsum per fwd+bwd, at the cost of holding that state from the forward to the backward (about 340 MiB at
 B * T = 32K, D = 128, H = 8).  A shipped version needs the op to return the state's tensors for autograd to
 save, under a memory-budget knob the user opts into (the default keeps the extra memory of one fwd+bwd at
 T = 16K under 1.0 GiB); this candidate measures what it would give first.
