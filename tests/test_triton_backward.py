@@ -633,13 +633,9 @@ def test_kept_forward_state_candidate_gives_the_shipped_gradients(monkeypatch):
     """``benchmarks/variants/kept_forward_state.py`` (the backward reuses the forward's UT / transport state
     instead of recomputing it): in a ranged backward the kept state is the one the backward recomputes, so
     the gradients are bitwise the shipped ones; a single-range backward (float32 state) still recomputes."""
-    import importlib.util
-    from pathlib import Path
+    from repo_scripts import load_script
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "variants" / "kept_forward_state.py"
-    spec = importlib.util.spec_from_file_location("kept_forward_state", path)
-    cand = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cand)
+    cand = load_script("benchmarks/variants/kept_forward_state.py")
     inputs, do = make_inputs(540, B=1, T=80, HQ=4, H=2, dtype=F16, gate=True)
     p = params(F16)
     monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range

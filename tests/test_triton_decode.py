@@ -573,15 +573,10 @@ def test_gate_head_major_candidate_matches_the_shipped_step(monkeypatch):
     """``benchmarks/variants/decode_gate_head_major.py`` (the gate cumsum addressed as c [B, HQ, max_len]) on a
     cache whose gate buffer holds that layout gives the shipped step's output and writes the new rows' cumsums
     where the layout puts them: GQA 2, two new tokens, ragged tiles over three splits."""
-    import importlib.util
-    from pathlib import Path
-
     import pathtune.codegen.triton.decode as decode_mod
+    from repo_scripts import load_script
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "variants" / "decode_gate_head_major.py"
-    spec = importlib.util.spec_from_file_location("decode_gate_head_major", path)
-    cand = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cand)
+    cand = load_script("benchmarks/variants/decode_gate_head_major.py")
     B, T0, HQ, H, D, TN = 2, 37, 4, 2, 16, 2
     tri, _ = prefilled(B, T0, HQ, H, D, D, True, torch.float32)
     tri.reserve(TN)                                  # room for the step: no regrowth of the permuted buffer
@@ -604,15 +599,10 @@ def test_flush_wy_candidates_match_the_shipped_flush(monkeypatch, name, TN):
     blocks): steps of TN tokens into a pending window of 8 until the next one flushes; that step's output and
     rotated keys from the candidate equal the shipped kernel's (fp32 cache, GQA 2, two splits, tiles and row
     blocks cut by the cache end) and the exact keys."""
-    import importlib.util
-    from pathlib import Path
-
     import pathtune.codegen.triton.decode as decode_mod
+    from repo_scripts import load_script
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "variants" / "decode_flush_wy.py"
-    spec = importlib.util.spec_from_file_location("decode_flush_wy", path)
-    cand = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cand)
+    cand = load_script("benchmarks/variants/decode_flush_wy.py")
     B, T0, HQ, H, D = 1, 37, 4, 2, 16
     config = dict(decode_splits=2, decode_block_n=16, decode_pending_window=8)
     tri, ref_cache = prefilled(B, T0, HQ, H, D, D, True, torch.float32)

@@ -29,6 +29,7 @@ Tests inject a cost model instead: ``pathtune tune --measure-with module:functio
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import math
@@ -198,13 +199,12 @@ def _baseline(task: MeasureTask, q: Any, k: Any, v: Any) -> tuple[Optional[float
     try:
         from .baselines import sdpa_backend, sdpa_callable
 
-        if task.pass_ == "decode":
-            with sdpa_backend("flash"):   # once around the timing loop: a decode call is ~50 us
-                fn = _sdpa_decode_callable(q, k, v)
-                if fn is not None:
-                    out = (_time(fn, task)["median_ms"], "sdpa_flash")
-        else:
-            fn = sdpa_callable(q, k, v, "flash", backward=task.pass_ == "bwd")
+        decode = task.pass_ == "decode"
+        # decode: the backend chosen once around the timing loop (a decode call is ~50 us); the others
+        # choose it inside each call (sdpa_callable)
+        with sdpa_backend("flash") if decode else contextlib.nullcontext():
+            fn = (_sdpa_decode_callable(q, k, v) if decode
+                  else sdpa_callable(q, k, v, "flash", backward=task.pass_ == "bwd"))
             if fn is not None:
                 out = (_time(fn, task)["median_ms"], "sdpa_flash")
     except Exception:  # a baseline that cannot run is simply absent
