@@ -6,7 +6,7 @@ through variant kernels built from the kernel module's source with text replacem
 a temporary module, since ``triton.jit`` reads its source from a file).  Timing only: replayed
 launches add into buffers that already hold results, so nothing here checks values.
 
-    python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096] [--gates 1,0]
+    python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096[,16384]] [--gates 1,0]
                           [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e,prepwarps,gatecumsum,keepstate]
                           [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]]
 
@@ -345,7 +345,7 @@ def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--D", default="64,128")
-    ap.add_argument("--T", type=int, default=4096)
+    ap.add_argument("--T", default="4096", help="sequence lengths (comma-separated), B = 32768 / T each")
     ap.add_argument("--old-intra", default=None)
     ap.add_argument("--gates", default="1,0")
     ap.add_argument("--only", default="ut,transport,intra,prep,dkv,utbwd,variants,e2e")
@@ -356,14 +356,15 @@ def main():
     old_ut_src = open(a.old_ut_bwd).read() if a.old_ut_bwd else None
     only = set(a.only.split(","))
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
-    for D in (int(x) for x in a.D.split(",")):
-        H = 16 if D <= 64 else 8
-        for gate in (bool(int(x)) for x in a.gates.split(",")):
-            try:
-                run_case(D, H, a.T, gate, old_src, only, old_ut_src,
-                         tuple(x for x in a.intra_v2.split(",") if x))
-            except Exception as exc:
-                emit(dict(D=D, gate=gate, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+    for T in (int(x) for x in a.T.split(",")):
+        for D in (int(x) for x in a.D.split(",")):
+            H = 16 if D <= 64 else 8
+            for gate in (bool(int(x)) for x in a.gates.split(",")):
+                try:
+                    run_case(D, H, T, gate, old_src, only, old_ut_src,
+                             tuple(x for x in a.intra_v2.split(",") if x))
+                except Exception as exc:
+                    emit(dict(D=D, T=T, gate=gate, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 
 
 if __name__ == "__main__":
