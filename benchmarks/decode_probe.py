@@ -182,8 +182,8 @@ def load_old_decode(path: str):
 
 def load_candidate_decode(path: str):
     """The kernel ``NAME`` (default ``decode_kernel``) of a candidate module ``FILE[:NAME]`` in benchmarks/variants/
-    (one that builds it from this tree's decode.py and takes its launch arguments, e.g.
-    ``variants/decode_gate_head_major.py``)."""
+    (one that builds it from this tree's decode.py, e.g. by text replacements with ``kernel_variants.load_variant``,
+    and takes its launch arguments)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     file, _, name = path.partition(":")
     spec = importlib.util.spec_from_file_location(f"candidate_{Path(file).stem}", _repo_path(file))

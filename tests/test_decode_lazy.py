@@ -307,9 +307,9 @@ def test_multi_token_flush_steps_vs_float64(HQ, H, D, cdt, steps, window, cfg):
 
 
 def test_multi_token_flush_equals_the_one_token_steps():
-    """The same 8 tokens fed as two 4-token steps (the second flushes: compact WY form over 8 transitions) and as
-    eight 1-token steps (the last flushes: in-loop serial rotation) on twin fp32 caches: keys and outputs agree to
-    fp32 rounding."""
+    """The same 8 tokens fed as two 4-token steps (the second flushes: compact WY form over 4 window slots and
+    4 new tokens) and as eight 1-token steps (the last flushes: compact WY form over 7 window slots and the new
+    token) on twin fp32 caches: keys and outputs agree to fp32 rounding."""
     B, HQ, H, D, P = 2, 4, 2, 32, 40
     full = sequence(B, P + 8, HQ, H, D, True, torch.float32, seed=13)
     multi, single = prefill(full, P, torch.float32), prefill(full, P, torch.float32)

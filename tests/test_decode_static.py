@@ -282,7 +282,10 @@ def test_decode_probe_cpu_smoke(tmp_path):
     import sys
 
     out = tmp_path / "probe.json"
-    candidate = ROOT / "benchmarks" / "variants" / "decode_gate_head_major.py"
+    candidate = tmp_path / "decode_same.py"     # the shipped kernel rebuilt as a variant: same launch arguments
+    candidate.write_text("from kernel_variants import load_variant, module_source\n"
+                         "import pathtune.codegen.triton.decode as decode\n"
+                         "decode_kernel = load_variant(module_source(decode), 'decode_kernel', 'decode_same')\n")
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_probe.py"), "--cpu-smoke",
                           "--budget-s", "600", "--candidate-decode", str(candidate), "--out", str(out)],
                          capture_output=True, text=True, timeout=900,

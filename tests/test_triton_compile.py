@@ -172,7 +172,7 @@ def test_kernel_compiles_and_fits_sm90_d256(compiled, name):
 
 def test_decode_kernels_compile_sm90_multi_token():
     """``compile_check --pass decode`` compiles the decode step's launches at D = 64 and 128: the one-token
-    MHA kernel (flush rotation in the tile loop) and 4- and 16-token GQA kernels (flush rotation in a second
+    MHA kernel and 4- and 16-token GQA kernels (every flush rotates the keys in a second
     pass, compact WY form); each compiles for sm_90 and fits its shared memory."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     procs = {D: subprocess.Popen([sys.executable, "-m", "pathtune.codegen.triton.compile_check", "--pass", "decode",

@@ -360,15 +360,14 @@ _CHILD = textwrap.dedent("""
 @pytest.mark.slow
 def test_decode_kernels_compile_for_sm90():
     """The decode kernel compiles for sm_90 at the heuristic knobs for D = 64 and 128 (one token MHA; 4 and 16
-    tokens GQA 4, whose flush rotates in a second pass in compact WY form), also with
+    tokens GQA 4; every flush rotates in a second pass in compact WY form), also with
     its tile loop pipelined 3 deep (decode_num_stages=3; not the 16-token GQA kernel, whose 64 query rows of
     staged tiles exceed a block's shared memory at 3 stages); the hot single-token MHA
-    launch of the heuristic config spills at most a few registers (D = 128's 128-row tiles at 4 warps:
-    36 B of spill stores, the fastest of the H200 sweep at a 32K cache; pipelined over the D = 64
-    heuristic's 256-row tiles it spills ~1.5 KB: a config the tuner measures, not a default); shared
+    launch of the heuristic config spills less than 768 B (108 B at D = 64, 624 B at D = 128 at 4 warps,
+    in the flush's WY pass over 8192 / BD-row blocks; its key-tile loop spills nothing); shared
     memory fits an H200 block.
     Pipelining shows in the one-row path's shared memory (its loads are staged there; unpipelined it
-    only holds reduction scratch)."""
+    holds the WY pass's operands and reduction scratch)."""
     ptxas = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "ptxas")
     if not os.path.exists(ptxas):
         pytest.skip("Triton's bundled ptxas is missing")
@@ -381,7 +380,7 @@ def test_decode_kernels_compile_for_sm90():
         assert r["shared"] <= 232448, r
         hot = r["name"] == "decode_kernel" and r["tokens"] == 1 and r["group"] == 1
         if hot and r["stages"] == TritonParams.heuristic(r["D"], r["D"]).decode_num_stages and r["spills"] is not None:
-            assert r["spills"] <= 64, r
+            assert r["spills"] < 768, r
     row = {(r["D"], r["stages"]): r["shared"] for r in rows
            if r["name"] == "decode_kernel" and r["tokens"] == 1 and r["group"] == 1}
     for D in (64, 128):
@@ -409,7 +408,8 @@ def test_gpu_long_cache_bf16(D, H, HQ, TN):
 @pytest.mark.parametrize("D,H,HQ,TN", [(128, 8, 8, 1), (64, 2, 8, 4)])
 def test_gpu_pipelined_tile_loop(D, H, HQ, TN, stages):
     """decode_num_stages > 1 on the GPU (the interpreter ignores tl.range's num_stages): cp.async loads of
-    later tiles in flight while a tile is rotated in place and written back; several tiles per split."""
+    later tiles in flight while a tile is processed, then the flush's second pass rotates the same rows in
+    place; several tiles per split."""
     B, T0 = 2, 4096
     tri, ref_cache = prefilled(B, T0, HQ, H, D, D, True, torch.bfloat16)
     cfg = dict(decode_block_n=64, decode_num_warps=8, decode_splits=4, decode_num_stages=stages)
@@ -565,58 +565,3 @@ def test_bench_cli_decode_pass_options():
     if not torch.cuda.is_available():
         res = runner.invoke(app, ["bench", "--pass", "decode", "--gate", "off"], env={"COLUMNS": "200"})
         assert res.exit_code == 1 and "needs a CUDA GPU" in res.output
-
-
-# ----------------------------------------------------------------------------- candidates (benchmarks/variants)
-
-def test_gate_head_major_candidate_matches_the_shipped_step(monkeypatch):
-    """``benchmarks/variants/decode_gate_head_major.py`` (the gate cumsum addressed as c [B, HQ, max_len]) on a
-    cache whose gate buffer holds that layout gives the shipped step's output and writes the new rows' cumsums
-    where the layout puts them: GQA 2, two new tokens, ragged tiles over three splits."""
-    import pathtune.codegen.triton.decode as decode_mod
-    from repo_scripts import load_script
-
-    cand = load_script("benchmarks/variants/decode_gate_head_major.py")
-    B, T0, HQ, H, D, TN = 2, 37, 4, 2, 16, 2
-    tri, _ = prefilled(B, T0, HQ, H, D, D, True, torch.float32)
-    tri.reserve(TN)                                  # room for the step: no regrowth of the permuted buffer
-    head_major = copy.deepcopy(tri)
-    cap = tri.max_len
-    head_major.c = tri.c.permute(0, 2, 1).contiguous().view(B, cap, HQ)   # c [B, HQ, cap] in the same buffer
-    inputs = make(B, TN, HQ, H, D, D, True)
-    config = dict(decode_splits=3, decode_block_n=16)
-    o = path_decode_triton(*inputs, tri, config=config)
-    monkeypatch.setattr(decode_mod, "decode_kernel", cand.decode_kernel)
-    o_cand = path_decode_triton(*inputs, head_major, config=config)
-    assert rel(o_cand, o) < 1e-6
-    n = T0 + TN
-    assert torch.equal(head_major.c.view(B, HQ, cap).permute(0, 2, 1)[:, :n], tri.c[:, :n])
-
-
-@pytest.mark.parametrize("name,TN", [("decode_kernel", 1), ("decode_kernel_rows", 3)])
-def test_flush_wy_candidates_match_the_shipped_flush(monkeypatch, name, TN):
-    """``benchmarks/variants/decode_flush_wy.py`` (flushes rotating the keys in compact WY form over larger row
-    blocks): steps of TN tokens into a pending window of 8 until the next one flushes; that step's output and
-    rotated keys from the candidate equal the shipped kernel's (fp32 cache, GQA 2, two splits, tiles and row
-    blocks cut by the cache end) and the exact keys."""
-    import pathtune.codegen.triton.decode as decode_mod
-    from repo_scripts import load_script
-
-    cand = load_script("benchmarks/variants/decode_flush_wy.py")
-    B, T0, HQ, H, D = 1, 37, 4, 2, 16
-    config = dict(decode_splits=2, decode_block_n=16, decode_pending_window=8)
-    tri, ref_cache = prefilled(B, T0, HQ, H, D, D, True, torch.float32)
-    steps = 8 // TN
-    for _ in range(steps):
-        step_both(tri, ref_cache, make(B, TN, HQ, H, D, D, True), config=config)
-    assert tri.frame == T0                # steps * TN rows pending: the next step flushes
-    twin = copy.deepcopy(tri)
-    inputs = make(B, TN, HQ, H, D, D, True)
-    o, ref = step_both(tri, ref_cache, inputs, config=config)
-    n = T0 + (steps + 1) * TN
-    assert tri.frame == n
-    monkeypatch.setattr(decode_mod, "decode_kernel", getattr(cand, name))
-    o_cand = path_decode_triton(*inputs, twin, config=config)
-    assert rel(o_cand, o) < 1e-6 and rel(o_cand, ref) < TOL_O[torch.float32]
-    assert rel(twin.k[:, :n], tri.k[:, :n]) < 1e-6
-    assert_keys(twin, ref_cache, n, TOL_K[torch.float32])
