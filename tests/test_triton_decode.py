@@ -566,34 +566,3 @@ def test_bench_cli_decode_pass_options():
         res = runner.invoke(app, ["bench", "--pass", "decode", "--gate", "off"], env={"COLUMNS": "200"})
         assert res.exit_code == 1 and "needs a CUDA GPU" in res.output
 
-
-# ----------------------------------------------------------------------------- candidates (benchmarks/variants)
-
-@pytest.mark.parametrize("dtype,TN", [(torch.float32, 1), (torch.bfloat16, 3)])
-def test_tf32_flush_candidate_matches_the_shipped_flush(monkeypatch, dtype, TN):
-    """``benchmarks/variants/decode_flush_tf32.py`` (the flush's WY products at tf32 for a 16-bit cache): steps
-    of TN tokens into a pending window of 8 until the next one flushes; that step's output and rotated keys
-    from the candidate equal the shipped kernel's (GQA 2, two splits, tiles and row blocks cut by the cache
-    end) and the exact keys.  The interpreter computes tf32 products in fp32: this checks the candidate's
-    source, the GPU probe its speed."""
-    import pathtune.codegen.triton.decode as decode_mod
-    from repo_scripts import load_script
-
-    cand = load_script("benchmarks/variants/decode_flush_tf32.py")
-    B, T0, HQ, H, D = 1, 37, 4, 2, 16
-    config = dict(decode_splits=2, decode_block_n=16, decode_pending_window=8)
-    tri, ref_cache = prefilled(B, T0, HQ, H, D, D, True, dtype)
-    steps = 8 // TN
-    for _ in range(steps):
-        step_both(tri, ref_cache, make(B, TN, HQ, H, D, D, True, dtype), config=config)
-    assert tri.frame == T0                # steps * TN rows pending: the next step flushes
-    twin = copy.deepcopy(tri)
-    inputs = make(B, TN, HQ, H, D, D, True, dtype)
-    o, ref = step_both(tri, ref_cache, inputs, config=config)
-    n = T0 + (steps + 1) * TN
-    assert tri.frame == n
-    monkeypatch.setattr(decode_mod, "decode_kernel", cand.decode_kernel)
-    o_cand = path_decode_triton(*inputs, twin, config=config)
-    assert rel(o_cand, o) < 1e-6 and rel(o_cand, ref) < TOL_O[dtype]
-    assert rel(twin.k[:, :n], tri.k[:, :n]) < 1e-6
-    assert_keys(twin, ref_cache, n, TOL_K[dtype])
