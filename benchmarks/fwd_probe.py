@@ -9,6 +9,8 @@ For every (D, T, gate) at B*T = 32768 tokens (H = 16 at D <= 64, else 8), bf16, 
     when ``--config auto``), wall time per call as users see it (``do_bench`` medians, host included);
   - the launcher ``path_attention_fwd`` with explicit params (no dispatch), and each variant of
     ``--variants`` (knob changes on the base params);
+  - the public call's host time per call (25 calls queued) and its replay from a CUDA graph (device
+    time alone: api / graph is what the host adds);
   - per-kernel device ms of one public call (torch profiler), host->device copies and syncs per call;
   - the forward's relative error against the float64 oracle on the first 2048 tokens of batch 0.
 With ``--host``: instead, one small host-bound call (B = 1, T = 512, H = 8, D = 64, FoX): the public
@@ -40,6 +42,19 @@ def emit(row: dict) -> None:
 
 def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def graph_of(fn):
+    """``fn`` captured into a CUDA graph (warmed up on a side stream first); returns its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def kernel_profile(fn) -> dict:
@@ -91,15 +106,7 @@ def host_profile(shape=(1, 512, 8, 64)) -> None:
             api()
         row["api_host_ms"] = (time.perf_counter() - t0) / n * 1e3
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            api()
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(graph):
-            api()
-        row["graph_replay"] = bench(graph.replay)
+        row["graph_replay"] = bench(graph_of(api))
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(n):
@@ -164,12 +171,17 @@ def main() -> None:
 
                 with torch.no_grad():
                     row["api"] = bench(api)
-                    # host time of one call: the CPU returns before the GPU finishes when nothing syncs
+                    # host time per call: the CPU returns before the GPU finishes when nothing syncs, so
+                    # queued calls time the host alone until the launch queue fills (25 calls stay below)
                     torch.cuda.synchronize()
                     h0 = time.perf_counter()
-                    api()
-                    row["api_host_ms"] = (time.perf_counter() - h0) * 1e3
+                    for _ in range(25):
+                        api()
+                    row["api_host_ms"] = (time.perf_counter() - h0) / 25 * 1e3
                     torch.cuda.synchronize()
+                    # the same call replayed from a CUDA graph: device time with no host work between
+                    # launches; api / graph > 1 is what the host adds to a call
+                    row["graph"] = bench(graph_of(api))
                     n = min(T, 2048)
                     small = [x[:1, :n] if x is not None else None for x in (q, k, v, w, beta, g)]
                     ref = naive_path_attention(*[x[:, :, :2].double() if x is not None else None for x in small],
@@ -198,6 +210,7 @@ def main() -> None:
                             row["variants"].append(dict(change=change, error=f"{type(exc).__name__}: {str(exc)[:160]}"))
                     if not args.no_profile:
                         row["profile"] = kernel_profile(api)
+                row["api/graph"] = round(row["api"] / row["graph"], 3)
                 for key in ("api", "launcher"):
                     if row.get("sdpa_flash"):
                         row[f"{key}/sdpa"] = round(row[key] / row["sdpa_flash"], 3)
