@@ -3,7 +3,13 @@ mode and diagonal block size (the spec's ut_diag_block), against the three-launc
 (``forward.ut_forward``), with each variant's error on U, K~ and M against a float64 evaluation of the
 same formulas.
 
-    python benchmarks/ut_probe.py [--head-dims 64,128] [--tokens 32768] [--paths three_launch,fused] [--out F]
+    python benchmarks/ut_probe.py [--head-dims 64,128] [--tokens 32768] [--paths three_launch,fused]
+                                  [--candidate benchmarks/variants/FILE.py] [--out F]
+
+``--candidate``: a file defining a ``ut_fused_kernel`` with the shipped kernel's signature; its rows
+(``kernel: candidate``) time it on the fused path at each precision and diagonal block size (the spec's,
+and half and all of a chunk), beside the
+shipped kernel's rows of the same process.
 
 Precisions (the spec's ut_precision): fp16x3 (three fp16 passes of a scaled hi + lo split), tf32x3, tf32.
 
@@ -13,6 +19,7 @@ parallel inside each chunk at beta = 2 (errors only).  Times are ``do_bench`` me
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 
@@ -25,6 +32,13 @@ from pathtune.codegen.triton.params import TritonParams
 from pathtune.runtime.reference.blockwise import ut_stage_tokens
 from pathtune.specs import load_spec
 from pathtune.tuning.inputs import HEADS_FOR_DIM
+
+
+def _load(path: str):
+    spec = importlib.util.spec_from_file_location("ut_candidate", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def rel(a, b) -> float:
@@ -50,9 +64,13 @@ def main() -> None:
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--paths", default="three_launch,fused", help="the variants' paths to time")
+    ap.add_argument("--candidate", default="", help="a file defining a candidate ut_fused_kernel")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "ut_probe.json"))
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # cpu: TRITON_INTERPRET=1 smoke run
+    kernels = {"shipped": fwd.ut_fused_kernel}
+    if args.candidate:
+        kernels["candidate"] = _load(args.candidate).ut_fused_kernel
     rows = []
     for D in map(int, args.head_dims.split(",")):
         H = HEADS_FOR_DIM[D]
@@ -70,12 +88,17 @@ def main() -> None:
                      for up, a in (("tf32x3", None), ("tf32", None), ("tf32x3", "tf32"))
                      for sb in sorted(load_spec().knobs["ut_diag_block"].domain, reverse=True)]
         variants += [dict(path="fused", up="fp16x3", apply=None, warps=4, diag_block=16)]
+        variants = [dict(v, kernel="shipped") for v in variants]
+        variants += [dict(path="fused", up=up, apply=None, warps=4, diag_block=sb, kernel=name)
+                     for name in kernels if name != "shipped" for up in ("tf32x3", "tf32")
+                     for sb in sorted({*load_spec().knobs["ut_diag_block"].domain, C // 2, C}, reverse=True)]
         for v in [v for v in variants if v["path"] in args.paths.split(",")]:
             params = TritonParams.from_config(dict(ut_precision=v["up"], ut_diag_block=v.get("diag_block", 16)), base)
             def call(s, out_dtype=timed_dtype):
                 w, k, beta = data[s]
                 if v["path"] == "fused":
                     mode = v["apply"] or fwd.ut_apply_mode(params, timed_dtype)   # as timed
+                    fwd.ut_fused_kernel = kernels[v["kernel"]]
                     return fwd.ut_fused(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True,
                                         apply_mode=mode, num_warps=v["warps"])[:3]
                 return fwd.ut_forward(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True)[:3]

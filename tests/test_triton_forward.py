@@ -405,6 +405,24 @@ def test_ut_fused_16bit_inputs(dtype, C, D, parallel, diag_block):
                 assert rel(mine, ref) < min(max(t, 8 * rel(three, ref)), 2.4e-4), (rel(mine, ref), rel(three, ref))
 
 
+def _ut_stage_reference(w, k, beta, cu, C, out_dtype):
+    """(U, K~, M) [N, H, *] of the UT stage in float64 per sequence of ``cu``, chunked from each
+    sequence's start, on w rounded as the kernels take it for a state of ``out_dtype``."""
+    from pathtune.runtime.reference.blockwise import ut_stage_tokens
+
+    w_in = w.to(out_dtype).float() if out_dtype != torch.float32 else w
+    refs = ([], [], [])
+    for s0, s1 in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        n = s1 - s0
+        pad = (-n) % C
+        wp = F.pad(w_in[s0:s1], (0, 0, 0, 0, 0, pad))
+        kp = F.pad(k[s0:s1].float(), (0, 0, 0, 0, 0, pad))
+        bp = F.pad(beta[s0:s1], (0, 0, 0, pad))
+        for acc, x in zip(refs, ut_stage_tokens(wp, kp, bp, C)):
+            acc.append(x[:n])
+    return tuple(torch.cat(x) for x in refs)
+
+
 @pytest.mark.parametrize("D,out_dtype,up,lens", [
     (64, torch.bfloat16, "tf32x3", None),
     (64, torch.float16, "tf32", None),
@@ -418,7 +436,6 @@ def test_ut_fused_diag_block_8(D, out_dtype, up, lens):
     mid-block; w unit-norm, beta in [1.5, 2)."""
     from pathtune.codegen.triton import forward as fwd
     from pathtune.codegen.triton._layout import build_tables
-    from pathtune.runtime.reference.blockwise import ut_stage_tokens
 
     diag_block = 8
 
@@ -436,25 +453,55 @@ def test_ut_fused_diag_block_8(D, out_dtype, up, lens):
     shipped = fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=True)
     got = fwd.ut_fused(k, w, beta, tables, H, D, C, TritonParams(ut_precision=up, ut_diag_block=diag_block),
                        out_dtype=out_dtype, write_w=True)
-    # float64 reference per sequence, chunked from each sequence's start (w rounded as the kernels take it)
-    w_in = w.to(out_dtype).float() if out_dtype != torch.float32 else w
-    refs = {"u": [], "kt": [], "m": []}
-    for s0, s1 in zip(cu[:-1].tolist(), cu[1:].tolist()):
-        n = s1 - s0
-        pad = (-n) % C
-        wp = F.pad(w_in[s0:s1], (0, 0, 0, 0, 0, pad))
-        kp = F.pad(k[s0:s1].float(), (0, 0, 0, 0, 0, pad))
-        bp = F.pad(beta[s0:s1], (0, 0, 0, pad))
-        U, Kt, M = ut_stage_tokens(wp, kp, bp, C)
-        for name, x in zip(("u", "kt", "m"), (U, Kt, M)):
-            refs[name].append(x[:n])
+    refs = _ut_stage_reference(w, k, beta, cu, C, out_dtype)
     for i, name in enumerate(("u", "kt", "m")):
-        ref = torch.cat(refs[name])
+        ref = refs[i]
         e_new, e_old, e_pair = rel(got[i], ref), rel(shipped[i], ref), rel(got[i], shipped[i])
         print(f"{name}: {diag_block}-row {e_new:.2e} 16-row {e_old:.2e} apart {e_pair:.2e}")
         assert e_new < 1.5 * e_old + 1e-6, (name, e_new, e_old)
         assert e_pair < 1e-2 if out_dtype != torch.float32 else e_pair < 1e-4, (name, e_pair)
     assert torch.equal(got[3], shipped[3])
+
+
+@pytest.mark.parametrize("diag_block,parallel,lens", [(16, False, (150,)), (8, True, (150,)), (16, True, (70, 1, 57)),
+                                                       (8, False, (70, 1, 57)), (32, True, (70, 1, 57))])
+def test_warp_substitution_candidate_matches_the_shipped_ut_stage(monkeypatch, diag_block, parallel, lens):
+    """``benchmarks/variants/ut_warp_substitution.py`` (the diagonal-block substitution on a transposed
+    tile, one warp per reduction) gives the shipped one-launch UT stage's U, K~, M and w copy: a partial
+    last chunk, varlen sequences whose chunks end mid-block, w nearly parallel at beta = 2 (the
+    ill-conditioned substitution): as close to the float64 evaluation as the shipped kernel, and within
+    that error of it (the same arithmetic up to the order of each step's sum)."""
+    from repo_scripts import load_script
+
+    from pathtune.codegen.triton import forward as fwd
+    from pathtune.codegen.triton._layout import build_tables
+
+    cand = load_script("benchmarks/variants/ut_warp_substitution.py")
+    H, C, D = 2, 64, 64
+    N = sum(lens)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    g = torch.Generator().manual_seed(diag_block + len(lens) + parallel)
+    w = torch.randn(N, H, D, generator=g)
+    if parallel:
+        w = w[:1] + 0.02 * torch.randn(N, H, D, generator=g)
+    w = F.normalize(w, dim=-1)
+    k = torch.randn(N, H, D, generator=g).to(torch.bfloat16)
+    beta = torch.full((N, H), 2.0) if parallel else 1.5 + 0.5 * torch.rand(N, H, generator=g)
+    p = TritonParams(ut_precision="tf32x3", ut_diag_block=diag_block)
+    tables = build_tables(1, N, cu if len(lens) > 1 else None, C, p.superchunk_size, torch.device("cpu"),
+                          block_m=p.block_m)
+    for out_dtype in (torch.bfloat16, torch.float32):
+        shipped = fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=True)
+        with monkeypatch.context() as mp:
+            mp.setattr(fwd, "ut_fused_kernel", cand.ut_fused_kernel)
+            got = fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=True)
+        refs = _ut_stage_reference(w, k, beta, cu, C, out_dtype)
+        for name, mine, theirs, ref in zip(("u", "kt", "m"), got[:3], shipped[:3], refs):
+            e_new, e_old = rel(mine, ref), rel(theirs, ref)
+            # nearly parallel w amplify each rounding: the two sums' orders differ by up to ~2x there
+            assert e_new < 2.5 * e_old + 1e-7, (name, out_dtype, e_new, e_old)
+            assert rel(mine, theirs) < 3 * e_old + 1e-7, (name, out_dtype, rel(mine, theirs), e_old)
+        assert torch.equal(got[3], shipped[3])
 
 
 @pytest.mark.parametrize("D", [16, 32])
