@@ -36,7 +36,7 @@
 #                   backend="auto" takes for D128 at the 32K bucket from those fresh records, and that step timed
 #                   through the public API next to backend="triton" and SDPA (~60 s of the limit). Carry .whl and
 #                   build/tvm_decode_bench (5.3 MiB; built here by `python -m pathtune.codegen.tvm.build_decode_bench`)
-#   utprobe [120]   benchmarks/ut_probe.py: the forward's UT stage, one launch vs three vs the candidates of
+#   utprobe [120]   benchmarks/ut_probe.py $UTPROBE_ARGS: the forward's UT stage, one launch vs three vs the candidates of
 #                   benchmarks/variants/, per precision / warps, with errors (UTPROBE_PATHS: --paths)
 #   scanprobe [150] benchmarks/scan_probe.py: scan_intra / scan_inter alone vs the candidates in benchmarks/variants/
 #   fwdprobe [300]  benchmarks/fwd_probe.py $FWDPROBE_ARGS: the forward vs SDPA / fla, per-kernel profile, knob variants
@@ -220,7 +220,7 @@ run_steps() {  # the steps of one lane, in order, with S set
                           python3 "$REPO/benchmarks/dev_memcheck.py" 64 1300 512 1 ;;
             probe) run_step probe "${secs:-60}" python3 "$REPO/benchmarks/memory_probe.py" --no-timeline ;;
             profile) run_step profile "${secs:-120}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ${PROFILE_STEPS:-profile profile4k} ;;
-            utprobe) run_step utprobe "${secs:-120}" python3 "$REPO/benchmarks/ut_probe.py" ${UTPROBE_PATHS:+--paths "$UTPROBE_PATHS"} \
+            utprobe) run_step utprobe "${secs:-120}" python3 "$REPO/benchmarks/ut_probe.py" ${UTPROBE_PATHS:+--paths "$UTPROBE_PATHS"} ${UTPROBE_ARGS:-} \
                          --out "$S/ut_probe.json" ;;
             scanprobe) run_step scanprobe "${secs:-150}" python3 "$REPO/benchmarks/scan_probe.py" --out "$S/scan_probe.json" ;;
             fwdprobe) run_step fwdprobe "${secs:-300}" env OUT="$S" python3 "$REPO/benchmarks/fwd_probe.py" ${FWDPROBE_ARGS:-} ;;
