@@ -97,31 +97,38 @@ def _kernel_cells(rows, name: str, kernels_of, flops: dict, launches: bool = Tru
     cells = []
     for r in rows:
         hit = next(((ms, n) for k, ms, n in kernels_of(r) if k == name), None)
-        fl = flops.get((r["D"], r["gate"], name))
+        fl = flops.get((r["D"], r["T"], r["gate"], name))
         cells.append("-" if hit is None else f"{hit[0]:.3f}" + (f" ×{hit[1]}" if launches else "")
                      + (f" ({fl['tflops']:.0f})" if fl else ""))
     return cells
 
 
-def profile_section(path: Path, doc: dict, seq_len: int = 4096) -> list[str]:
-    rows = [r for r in doc["rows"] if r.get("T") == seq_len and "profile" in r]
-    flops = {(f["D"], f["gate"], f["kernel"]): f for f in flops_table(rows, 64, 1024, 64, forward_only=True)}
-    cols = [(r["D"], r["gate"]) for r in rows]
-    head = " | ".join(f"D{d} {'FoX' if g else 'PaTH'}" for d, g in cols)
-    out = [f"## Where one forward's time goes (T = {seq_len}, heuristic config)", "",
+def profile_section(path: Path, doc: dict) -> list[str]:
+    """Device ms per kernel of one public forward per (D, T, gate) of a fwd_probe.py run, its do_bench time,
+    its CUDA-graph replay (where the run timed one) and the launcher's knob variants."""
+    rows = sorted((r for r in doc["rows"] if "profile" in r), key=lambda r: (r["T"], r["D"], not r["gate"]))
+    flops = {(f["D"], f["T"], f["gate"], f["kernel"]): f
+             for f in flops_table(rows, 64, 1024, 64, forward_only=True)}
+    head = " | ".join(f"D{r['D']} T{r['T']} {'FoX' if r['gate'] else 'PaTH'}" for r in rows)
+    config = "tuned config, backend='auto'" if "--config auto" in doc["command"] else "heuristic config"
+    out = [f"## Where one forward's time goes ({config})", "",
            "Device ms per kernel of one public `path_attention` call (torch profiler) and, where the kernel does "
            "matrix products, the achieved TFLOP/s (`benchmarks/kernel_flops.py --forward`: 2·m·n·k per product, "
            "tf32x3 counted once).  The transport runs on a second stream beside `scan_intra`.", "",
-           f"| kernel | {head} |", "|---|" + "---|" * len(cols)]
+           f"| kernel | {head} |", "|---|" + "---|" * len(rows)]
     for name in FWD_KERNELS:
         cells = _kernel_cells(rows, name, lambda r: r["profile"]["kernels"], flops, launches=False)
         if any(c != "-" for c in cells):     # kernels this run did not launch (an older stage layout) stay out
             out.append(f"| {name} | " + " | ".join(cells) + " |")
     out.append("| whole call (do_bench) | " + " | ".join(f"{r['api']:.3f}" for r in rows) + " |")
-    out += ["", "Knob changes from the heuristic config, launcher only (ms, o error vs the float64 oracle):", "",
-            f"| change | {head} |", "|---|" + "---|" * len(cols)]
+    if all("graph" in r for r in rows):
+        out.append("| the call from a CUDA graph | " + " | ".join(f"{r['graph']:.3f}" for r in rows) + " |")
+    out.append("| SDPA flash | " + " | ".join(f"{r['sdpa_flash']:.3f}" for r in rows) + " |")
     changes = [json.dumps(v["change"]) for v in rows[0]["variants"]] if rows else []
-    out.append("| (none) | " + " | ".join(f"{r['launcher']:.3f} ({r['o_err']:.1e})" for r in rows) + " |")
+    if changes:
+        out += ["", "Knob changes, launcher only (ms, o error vs the float64 oracle):", "",
+                f"| change | {head} |", "|---|" + "---|" * len(rows)]
+        out.append("| (none) | " + " | ".join(f"{r['launcher']:.3f} ({r['o_err']:.1e})" for r in rows) + " |")
     for i, change in enumerate(changes):
         cells = []
         for r in rows:
@@ -207,7 +214,7 @@ def kernel_change_section(path: Path, doc: dict) -> list[str]:
 def training_profile_section(path: Path, doc: dict) -> list[str]:
     """Device ms per kernel of one forward + backward (summed over launches) and achieved TFLOP/s."""
     rows = [r for r in doc["rows"] if r.get("kind") == "profile"]
-    flops = {(f["D"], f["gate"], f["kernel"]): f for f in flops_table(rows, 64, 1024, 64)}
+    flops = {(f["D"], f["T"], f["gate"], f["kernel"]): f for f in flops_table(rows, 64, 1024, 64)}
     cols = [(r["D"], r["T"], r["gate"]) for r in rows]
     head = " | ".join(f"D{d} T{t} {'FoX' if g else 'PaTH'}" for d, t, g in cols)
     names = []
