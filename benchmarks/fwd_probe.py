@@ -2,6 +2,7 @@
 
     python benchmarks/fwd_probe.py [--head-dims 64,128] [--seq-lens 2048,4096,16384] [--gates 1,0]
                                    [--config heuristic|auto|JSON] [--variants JSON-list] [--no-fla]
+                                   [--ut-candidate FILE[:NAME]]
 
 For every (D, T, gate) at B*T = 32768 tokens (H = 16 at D <= 64, else 8), bf16, in ONE process:
   - SDPA flash and fla's ``parallel_path_attn`` forward (fla when importable);
@@ -11,6 +12,7 @@ For every (D, T, gate) at B*T = 32768 tokens (H = 16 at D <= 64, else 8), bf16, 
     ``--variants`` (knob changes on the base params);
   - the public call's host time per call (25 calls queued) and its replay from a CUDA graph (device
     time alone: api / graph is what the host adds);
+  - with ``--ut-candidate``, the public call with that UT kernel in place of the shipped one;
   - per-kernel device ms of one public call (torch profiler), host->device copies and syncs per call;
   - the forward's relative error against the float64 oracle on the first 2048 tokens of batch 0.
 With ``--host``: instead, one small host-bound call (B = 1, T = 512, H = 8, D = 64, FoX): the public
@@ -128,6 +130,8 @@ def main() -> None:
     ap.add_argument("--config", default="heuristic")
     ap.add_argument("--variants", default="[]", help="JSON list of knob-change dicts timed on the launcher")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--ut-candidate", default="",
+                    help="FILE[:NAME]: also time the public call with this ut_fused_kernel (NAME default: that)")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--host", action="store_true", help="only the small host-bound call (see above)")
     args = ap.parse_args()
@@ -144,6 +148,16 @@ def main() -> None:
 
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     variants = json.loads(args.variants)
+    from pathtune.codegen.triton import forward as fwd_mod
+    ut_candidate = None
+    if args.ut_candidate:
+        import importlib.util
+
+        path, _, name = args.ut_candidate.partition(":")
+        spec = importlib.util.spec_from_file_location("ut_candidate", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        ut_candidate = getattr(mod, name or "ut_fused_kernel")
     for D in [int(x) for x in args.head_dims.split(",")]:
         H = 16 if D <= 64 else 8
         for T in [int(x) for x in args.seq_lens.split(",")]:
@@ -182,6 +196,14 @@ def main() -> None:
                     # the same call replayed from a CUDA graph: device time with no host work between
                     # launches; api / graph > 1 is what the host adds to a call
                     row["graph"] = bench(graph_of(api))
+                    if ut_candidate is not None:   # the same call with the candidate UT kernel patched in
+                        shipped_ut = fwd_mod.ut_fused_kernel
+                        fwd_mod.ut_fused_kernel = ut_candidate
+                        try:
+                            row["api_ut_candidate"] = bench(api)
+                        finally:
+                            fwd_mod.ut_fused_kernel = shipped_ut
+                        row["ut_candidate/api"] = round(row["api_ut_candidate"] / row["api"], 3)
                     n = min(T, 2048)
                     small = [x[:1, :n] if x is not None else None for x in (q, k, v, w, beta, g)]
                     ref = naive_path_attention(*[x[:, :, :2].double() if x is not None else None for x in small],

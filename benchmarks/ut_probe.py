@@ -4,12 +4,13 @@ mode and diagonal block size (the spec's ut_diag_block), against the three-launc
 same formulas.
 
     python benchmarks/ut_probe.py [--head-dims 64,128] [--tokens 32768] [--paths three_launch,fused]
-                                  [--candidate benchmarks/variants/FILE.py] [--out F]
+                                  [--candidate FILE[:NAME],...] [--precisions P,...] [--diag-blocks SB,...]
+                                  [--out F]
 
-``--candidate``: a file defining a ``ut_fused_kernel`` with the shipped kernel's signature; its rows
-(``kernel: candidate``) time it on the fused path at each precision and diagonal block size (the spec's,
-and half and all of a chunk), beside the
-shipped kernel's rows of the same process.
+``--candidate FILE[:NAME],...``: kernels with the shipped ``ut_fused_kernel``'s signature (NAME default
+``ut_fused_kernel``); their rows (``kernel``: NAME, or ``candidate``) time each on the fused path at each
+precision and diagonal block size (the spec's, and half and all of a chunk), beside the shipped kernel's
+rows of the same process.  ``--precisions`` / ``--diag-blocks`` keep only those rows.
 
 Precisions (the spec's ut_precision): fp16x3 (three fp16 passes of a scaled hi + lo split), tf32x3, tf32.
 
@@ -64,13 +65,17 @@ def main() -> None:
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--paths", default="three_launch,fused", help="the variants' paths to time")
-    ap.add_argument("--candidate", default="", help="a file defining a candidate ut_fused_kernel")
+    ap.add_argument("--candidate", default="",
+                    help="FILE[:NAME],...: candidate kernels (NAME default ut_fused_kernel) with its signature")
+    ap.add_argument("--diag-blocks", default="", help="only these diagonal block sizes (comma-separated)")
+    ap.add_argument("--precisions", default="", help="only these ut_precision values (comma-separated)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "ut_probe.json"))
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # cpu: TRITON_INTERPRET=1 smoke run
     kernels = {"shipped": fwd.ut_fused_kernel}
-    if args.candidate:
-        kernels["candidate"] = _load(args.candidate).ut_fused_kernel
+    for entry in filter(None, args.candidate.split(",")):
+        path, _, name = entry.partition(":")
+        kernels[name or "candidate"] = getattr(_load(path), name or "ut_fused_kernel")
     rows = []
     for D in map(int, args.head_dims.split(",")):
         H = HEADS_FOR_DIM[D]
@@ -92,6 +97,10 @@ def main() -> None:
         variants += [dict(path="fused", up=up, apply=None, warps=4, diag_block=sb, kernel=name)
                      for name in kernels if name != "shipped" for up in ("tf32x3", "tf32")
                      for sb in sorted({*load_spec().knobs["ut_diag_block"].domain, C // 2, C}, reverse=True)]
+        keep_sb = {int(x) for x in args.diag_blocks.split(",") if x}
+        keep_up = set(filter(None, args.precisions.split(",")))
+        variants = [v for v in variants if (not keep_sb or v.get("diag_block") in keep_sb)
+                    and (not keep_up or v["up"] in keep_up)]
         for v in [v for v in variants if v["path"] in args.paths.split(",")]:
             params = TritonParams.from_config(dict(ut_precision=v["up"], ut_diag_block=v.get("diag_block", 16)), base)
             def call(s, out_dtype=timed_dtype):

@@ -465,7 +465,8 @@ def test_ut_fused_diag_block_8(D, out_dtype, up, lens):
 
 @pytest.mark.parametrize("diag_block,parallel,lens", [(16, False, (150,)), (8, True, (150,)), (16, True, (70, 1, 57)),
                                                        (8, False, (70, 1, 57)), (32, True, (70, 1, 57))])
-def test_warp_substitution_candidate_matches_the_shipped_ut_stage(monkeypatch, diag_block, parallel, lens):
+@pytest.mark.parametrize("kernel", ["ut_fused_kernel", "ut_fused_kernel_prefetch"])
+def test_warp_substitution_candidate_matches_the_shipped_ut_stage(monkeypatch, diag_block, parallel, lens, kernel):
     """``benchmarks/variants/ut_warp_substitution.py`` (the diagonal-block substitution on a transposed
     tile, one warp per reduction) gives the shipped one-launch UT stage's U, K~, M and w copy: a partial
     last chunk, varlen sequences whose chunks end mid-block, w nearly parallel at beta = 2 (the
@@ -493,7 +494,7 @@ def test_warp_substitution_candidate_matches_the_shipped_ut_stage(monkeypatch, d
     for out_dtype in (torch.bfloat16, torch.float32):
         shipped = fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=True)
         with monkeypatch.context() as mp:
-            mp.setattr(fwd, "ut_fused_kernel", cand.ut_fused_kernel)
+            mp.setattr(fwd, "ut_fused_kernel", getattr(cand, kernel))
             got = fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=True)
         refs = _ut_stage_reference(w, k, beta, cu, C, out_dtype)
         for name, mine, theirs, ref in zip(("u", "kt", "m"), got[:3], shipped[:3], refs):

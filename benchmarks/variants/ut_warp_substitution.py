@@ -14,6 +14,9 @@ inverse): those loads do not depend on the steps, so they issue early.  The inve
 layout through the same rows of m as before.  Same arithmetic, same order of the step sums' terms up to
 the reduction tree.
 
+``ut_fused_kernel_prefetch``: the same, each step's row of N loaded three steps ahead (the loads' latency,
+not the reductions, may set a step's time once no barrier is left).
+
 Everything else is the shipped kernel's source (a text replacement of ``codegen/triton/ut.py``);
 ``benchmarks/ut_probe.py --candidate FILE`` times it beside the shipped kernel.
 """
@@ -32,6 +35,14 @@ _START = _SRC.index("@triton.jit\ndef _diagonal_block_inverses(")
 _END = _SRC.index("@triton.jit\ndef _operand(")
 
 _NEW = '''@triton.jit
+def _block_row(m_ptr, first, i, send, h, H: tl.constexpr, C: tl.constexpr, SB: tl.constexpr):
+    """Row i of each row's SB x SB block of N, from the first SB columns of m's rows ([C, SB])."""
+    row_i = (first + i).to(tl.int64)
+    return tl.load(m_ptr + (row_i * H + h)[:, None] * C + tl.arange(0, SB)[None, :], mask=(row_i < send)[:, None],
+                   other=0.0)
+
+
+@triton.jit
 def _diagonal_block_inverses(N, m_ptr, tok0, send, h, H: tl.constexpr, C: tl.constexpr, SB: tl.constexpr):
     """The inverses of the SB x SB diagonal blocks of I + N (N strictly lower, C x C float32), as a
     block-diagonal C x C tile, by forward substitution (SB - 1 dependent steps).
@@ -51,11 +62,24 @@ def _diagonal_block_inverses(N, m_ptr, tok0, send, h, H: tl.constexpr, C: tl.con
     tl.debug_barrier()
     first = tok0 + (r // SB) * SB           # first token row of row (b, c)'s block
     it = tl.where((r % SB)[:, None] == k[None, :], 1.0, 0.0)
+    # rows of N in flight: n_a for this step, n_b / n_c for the next two (PREFETCH), each loaded early
+    n_a = _block_row(m_ptr, first, 1, send, h, H, C, SB)
+    if PREFETCH:
+        n_b = _block_row(m_ptr, first, 2 % SB, send, h, H, C, SB)
+        n_c = _block_row(m_ptr, first, 3 % SB, send, h, H, C, SB)
     for i in tl.static_range(1, SB):
-        row_i = (first + i).to(tl.int64)
-        n_i = tl.load(m_ptr + (row_i * H + h)[:, None] * C + k[None, :], mask=(row_i < send)[:, None], other=0.0)
-        corr = tl.sum(n_i * it, axis=1)
+        if PREFETCH and i + 3 < SB:
+            n_d = _block_row(m_ptr, first, i + 3, send, h, H, C, SB)
+        corr = tl.sum(n_a * it, axis=1)
         it = tl.where(k[None, :] == i, it - corr[:, None], it)
+        if i + 1 < SB:
+            if PREFETCH:
+                n_a = n_b
+                n_b = n_c
+                if i + 3 < SB:
+                    n_c = n_d
+            else:
+                n_a = _block_row(m_ptr, first, i + 1, send, h, H, C, SB)
     tl.debug_barrier()                      # every row of N is read before the inverse overwrites it
     inv_rows = (first[:, None] + k[None, :]).to(tl.int64)
     tl.store(m_ptr + (inv_rows * H + h) * C + (r % SB)[:, None], it, mask=inv_rows < send)
@@ -65,5 +89,12 @@ def _diagonal_block_inverses(N, m_ptr, tok0, send, h, H: tl.constexpr, C: tl.con
 
 '''
 
-module = load_variant_module(_SRC, "ut_warp_substitution", [(_SRC[_START:_END], _NEW)])
-ut_fused_kernel = module.ut_fused_kernel
+
+def _variant(tag: str, prefetch: bool):
+    new = _NEW.replace("PREFETCH", str(prefetch))
+    return load_variant_module(_SRC, tag, [(_SRC[_START:_END], new)]).ut_fused_kernel
+
+
+ut_fused_kernel = _variant("ut_warp_substitution", prefetch=False)
+# the same with each step's row of N loaded three steps ahead (a hand-pipelined load)
+ut_fused_kernel_prefetch = _variant("ut_warp_substitution_prefetch", prefetch=True)
