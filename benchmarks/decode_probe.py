@@ -165,19 +165,12 @@ def one_row_on_tensor_cores():
 ALT_DECODES: list = []
 
 
-def _repo_path(path: str) -> Path:
-    """``path`` as given, or relative to the repository root when it does not exist from here (the GPU
-    session runs its steps from /tmp)."""
-    p = Path(path)
-    return p if p.is_absolute() or p.exists() else Path(__file__).resolve().parents[1] / p
-
-
 def load_old_decode(path: str):
     """``decode_kernel`` of an older ``codegen/triton/decode.py`` (``git show REV:codegen/triton/decode.py``)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from kernel_variants import load_variant
+    from kernel_variants import load_variant, repo_path
 
-    return load_variant(_repo_path(path).read_text(), "decode_kernel", "old_decode")
+    return load_variant(repo_path(path).read_text(), "decode_kernel", "old_decode")
 
 
 def load_candidate_decode(path: str):
@@ -185,11 +178,9 @@ def load_candidate_decode(path: str):
     (one that builds it from this tree's decode.py, e.g. by text replacements with ``kernel_variants.load_variant``,
     and takes its launch arguments)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    file, _, name = path.partition(":")
-    spec = importlib.util.spec_from_file_location(f"candidate_{Path(file).stem}", _repo_path(file))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return getattr(mod, name or "decode_kernel")
+    from kernel_variants import load_candidate
+
+    return load_candidate(path, "decode_kernel")
 
 
 def time_alternative(row: dict, prefix: str, context, reset_step, flush_step, every: int) -> None:

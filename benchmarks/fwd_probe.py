@@ -30,6 +30,7 @@ import time
 
 import torch
 import triton
+from kernel_variants import load_candidate, swapped  # benchmarks/ (this script's folder) is on sys.path
 
 OUT = os.environ.get("OUT", "/tmp")
 ROWS: list[dict] = []
@@ -149,15 +150,7 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     variants = json.loads(args.variants)
     from pathtune.codegen.triton import forward as fwd_mod
-    ut_candidate = None
-    if args.ut_candidate:
-        import importlib.util
-
-        path, _, name = args.ut_candidate.partition(":")
-        spec = importlib.util.spec_from_file_location("ut_candidate", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        ut_candidate = getattr(mod, name or "ut_fused_kernel")
+    ut_candidate = load_candidate(args.ut_candidate, "ut_fused_kernel") if args.ut_candidate else None
     for D in [int(x) for x in args.head_dims.split(",")]:
         H = 16 if D <= 64 else 8
         for T in [int(x) for x in args.seq_lens.split(",")]:
@@ -197,12 +190,8 @@ def main() -> None:
                     # launches; api / graph > 1 is what the host adds to a call
                     row["graph"] = bench(graph_of(api))
                     if ut_candidate is not None:   # the same call with the candidate UT kernel patched in
-                        shipped_ut = fwd_mod.ut_fused_kernel
-                        fwd_mod.ut_fused_kernel = ut_candidate
-                        try:
+                        with swapped(fwd_mod, "ut_fused_kernel", ut_candidate):
                             row["api_ut_candidate"] = bench(api)
-                        finally:
-                            fwd_mod.ut_fused_kernel = shipped_ut
                         row["ut_candidate/api"] = round(row["api_ut_candidate"] / row["api"], 3)
                     n = min(T, 2048)
                     small = [x[:1, :n] if x is not None else None for x in (q, k, v, w, beta, g)]

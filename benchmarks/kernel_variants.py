@@ -13,6 +13,7 @@ import inspect
 import os
 import re
 import tempfile
+from pathlib import Path
 
 _TMP = tempfile.mkdtemp(prefix="pathtune_variants_")
 
@@ -42,6 +43,23 @@ def load_variant_module(src: str, tag: str, replacements=(), append: str = ""):
 def load_variant(src: str, kernel: str, tag: str, replacements=(), append: str = ""):
     """The kernel ``kernel`` of ``load_variant_module(src, tag, replacements, append)``."""
     return getattr(load_variant_module(src, tag, replacements, append), kernel)
+
+
+def repo_path(path: str) -> Path:
+    """``path`` as given, or relative to the repository root when it does not exist from here (a GPU
+    session runs its steps from another directory)."""
+    p = Path(path)
+    return p if p.is_absolute() or p.exists() else Path(__file__).resolve().parents[1] / p
+
+
+def load_candidate(entry: str, default_name: str):
+    """The attribute NAME (default ``default_name``) of the module FILE, for ``entry`` = ``FILE[:NAME]``: a
+    candidate kernel in benchmarks/variants/ (built from this tree's kernel source, with its launch arguments)."""
+    file, _, name = entry.partition(":")
+    spec = importlib.util.spec_from_file_location(f"candidate_{Path(file).stem}", repo_path(file))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, name or default_name)
 
 
 class Capture:

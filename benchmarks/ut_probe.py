@@ -20,12 +20,12 @@ parallel inside each chunk at beta = 2 (errors only).  Times are ``do_bench`` me
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 
 import torch
 import triton
+from kernel_variants import load_candidate, swapped  # benchmarks/ (this script's folder) is on sys.path
 
 from pathtune.codegen.triton import forward as fwd
 from pathtune.codegen.triton._layout import build_tables
@@ -33,13 +33,6 @@ from pathtune.codegen.triton.params import TritonParams
 from pathtune.runtime.reference.blockwise import ut_stage_tokens
 from pathtune.specs import load_spec
 from pathtune.tuning.inputs import HEADS_FOR_DIM
-
-
-def _load(path: str):
-    spec = importlib.util.spec_from_file_location("ut_candidate", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def rel(a, b) -> float:
@@ -74,8 +67,7 @@ def main() -> None:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # cpu: TRITON_INTERPRET=1 smoke run
     kernels = {"shipped": fwd.ut_fused_kernel}
     for entry in filter(None, args.candidate.split(",")):
-        path, _, name = entry.partition(":")
-        kernels[name or "candidate"] = getattr(_load(path), name or "ut_fused_kernel")
+        kernels[entry.partition(":")[2] or "candidate"] = load_candidate(entry, "ut_fused_kernel")
     rows = []
     for D in map(int, args.head_dims.split(",")):
         H = HEADS_FOR_DIM[D]
@@ -107,9 +99,9 @@ def main() -> None:
                 w, k, beta = data[s]
                 if v["path"] == "fused":
                     mode = v["apply"] or fwd.ut_apply_mode(params, timed_dtype)   # as timed
-                    fwd.ut_fused_kernel = kernels[v["kernel"]]
-                    return fwd.ut_fused(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True,
-                                        apply_mode=mode, num_warps=v["warps"])[:3]
+                    with swapped(fwd, "ut_fused_kernel", kernels[v["kernel"]]):
+                        return fwd.ut_fused(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype,
+                                            write_w=True, apply_mode=mode, num_warps=v["warps"])[:3]
                 return fwd.ut_forward(k, w, beta, tables, H, D, C, params, out_dtype=out_dtype, write_w=True)[:3]
             row = dict(D=D, H=H, tokens=N, **v)
             try:
