@@ -472,10 +472,9 @@ def test_warp_substitution_candidate_matches_the_shipped_ut_stage(monkeypatch, d
     last chunk, varlen sequences whose chunks end mid-block, w nearly parallel at beta = 2 (the
     ill-conditioned substitution): as close to the float64 evaluation as the shipped kernel, and within
     that error of it (the same arithmetic up to the order of each step's sum)."""
-    from repo_scripts import load_script
-
     from pathtune.codegen.triton import forward as fwd
     from pathtune.codegen.triton._layout import build_tables
+    from repo_scripts import load_script
 
     cand = load_script("benchmarks/variants/ut_warp_substitution.py")
     H, C, D = 2, 64, 64
