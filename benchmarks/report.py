@@ -262,16 +262,23 @@ def decode_steps_section(path: Path, doc: dict) -> list[str]:
     flush step, the amortized step over a flush cycle, beside SDPA flash over the same query count."""
     # --old-decode runs also time an older decode kernel on the same steps: its flush step and amortized step
     before = any("old_amortized_ms" in r for r in doc.get("steps", []))
+    # --repeats runs time each row several times: the median of the rounds' ratios, with their range
+    rounds = any("x_sdpa_amortized_median" in r for r in doc.get("steps", []))
     out = ["## Decoding several tokens per call (public API, B = 8, H = 16 at D = 64, 8 at D = 128)", "",
            "| D | cache | | tokens | step | flush step | amortized | SDPA flash | amortized / SDPA | "
-           "graph / SDPA graph |" + (" flush step before | amortized before |" if before else ""),
-           "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if before else "")]
+           "graph / SDPA graph |" + (" median of rounds (range) |" if rounds else "")
+           + (" flush step before | amortized before |" if before else ""),
+           "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if rounds else "") + ("---|---|" if before else "")]
     for r in doc.get("steps", []):
         if "pathtune_net_ms" not in r:
             continue
         line = (f"| {r['D']} | {r['cache_len']} | {_gate(r)} | {r['tokens']} | {_f(r['pathtune_net_ms'], 4)} | "
                 f"{_f(r.get('flush_net_ms'), 4)} | **{_f(r.get('amortized_ms'), 4)}** | {_f(r['sdpa_ms'], 4)} | "
                 f"{_f(r.get('x_sdpa_amortized'), 2)}× | {_f(r.get('graph_x_sdpa_graph'), 2)}× |")
+        if rounds:
+            rs = r.get("x_sdpa_amortized_rounds") or []
+            line += (f" {_f(r.get('x_sdpa_amortized_median'), 2)}× ({_f(min(rs), 2)}-{_f(max(rs), 2)}) |" if rs
+                     else " - |")
         if before:
             line += f" {_f(r.get('old_flush_net_ms'), 4)} | {_f(r.get('old_amortized_ms'), 4)} |"
         out.append(line)

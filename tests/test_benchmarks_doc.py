@@ -35,3 +35,21 @@ def test_check_fails_on_a_hand_edit(tmp_path, monkeypatch):
     edited.write_text(report.render().replace("**", "", 1))
     monkeypatch.setattr(report, "TARGET", edited)
     assert report.main(["--check"]) == 1
+
+
+def test_decode_steps_table_quotes_the_median_of_repeated_rounds():
+    """A decode probe run with --repeats: the several-tokens table adds the median of the rounds'
+    amortized / SDPA ratios with their range; a run without rounds keeps the plain table."""
+    from pathlib import Path
+
+    report = _report()
+    row = dict(D=64, cache_len=4096, gate=False, tokens=1, pathtune_net_ms=0.06, flush_net_ms=0.18,
+               amortized_ms=0.07, sdpa_ms=0.05, x_sdpa_amortized=1.4, graph_x_sdpa_graph=1.1)
+    doc = dict(command="python benchmarks/decode_probe.py --repeats 3 --out p.json", gpu="NVIDIA H200",
+               software="torch", notes="synthetic", steps=[dict(row, x_sdpa_amortized_rounds=[1.4, 1.2, 1.3],
+                                                                 x_sdpa_amortized_median=1.3)])
+    lines = report.decode_steps_section(Path("H200-x-decode-probe.json"), doc)
+    assert "median of rounds (range)" in lines[2]
+    assert lines[4].endswith("| 1.30× (1.20-1.40) |"), lines[4]
+    plain = report.decode_steps_section(Path("H200-x-decode-probe.json"), dict(doc, steps=[row]))
+    assert "median" not in plain[2] and plain[4].endswith("| 1.10× |"), plain[4]

@@ -275,8 +275,8 @@ def test_rope_baseline_cache_is_right_and_bench_cells_are_complete():
 
 def test_decode_probe_cpu_smoke(tmp_path):
     """benchmarks/decode_probe.py end to end at tiny shapes (the Triton kernels in the interpreter, no CUDA
-    graphs): every section runs, the correctness checks are within bf16 tolerance, and a candidate decode
-    kernel (--candidate-decode) is timed beside the shipped one."""
+    graphs): every section runs, the correctness checks are within bf16 tolerance, a candidate decode
+    kernel (--candidate-decode) is timed beside the shipped one, and --repeats times each row again."""
     import json
     import subprocess
     import sys
@@ -287,7 +287,8 @@ def test_decode_probe_cpu_smoke(tmp_path):
                          "import pathtune.codegen.triton.decode as decode\n"
                          "decode_kernel = load_variant(module_source(decode), 'decode_kernel', 'decode_same')\n")
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_probe.py"), "--cpu-smoke",
-                          "--budget-s", "600", "--candidate-decode", str(candidate), "--out", str(out)],
+                          "--budget-s", "600", "--candidate-decode", str(candidate), "--repeats", "2",
+                          "--out", str(out)],
                          capture_output=True, text=True, timeout=900,
                          cwd=ROOT, env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
@@ -301,6 +302,10 @@ def test_decode_probe_cpu_smoke(tmp_path):
     flushed = [r for r in d["steps"] if "flush_net_ms" in r]     # the lazy step's flush step, timed too
     assert flushed and all(r["flush_net_ms"] > 0 and r["amortized_ms"] > 0 for r in flushed), flushed
     assert all(r["candidate_flush_net_ms"] > 0 and r["candidate_amortized_ms"] > 0 for r in flushed), flushed
+    for r in flushed:     # --repeats 2: the row's ratio and one more round, and their median
+        rounds = r["x_sdpa_amortized_rounds"]
+        assert len(rounds) == 2 and rounds[0] == r["x_sdpa_amortized"] and all(x > 0 for x in rounds), r
+        assert r["x_sdpa_amortized_median"] == sum(rounds) / 2
     one = [r for r in d["steps"] if r["tokens"] == 1]      # the tensor-core layout candidate: same outputs
     assert one and all(r["tc_layout_o_vs_rowwise"] < 1e-2 and r["tc_layout_net_ms"] > 0 for r in one), one
     assert len(d["profiles"]) == 2 and len(d["generate"]) == 6   # 3 attentions x 2 batches, eager
