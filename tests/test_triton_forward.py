@@ -463,20 +463,23 @@ def test_ut_fused_diag_block_8(D, out_dtype, up, lens):
     assert torch.equal(got[3], shipped[3])
 
 
+# float32 state: rel. error bound against float64; 16-bit state: bound (the rounding of U, K~, M,
+# amplified where the w of a block are nearly parallel at beta = 2)
+_SUBSTITUTION_BOUNDS = {False: {torch.float32: 1e-6, torch.bfloat16: 1.6e-2},
+                        True: {torch.float32: 1.2e-4, torch.bfloat16: 0.4}}
+
+
 @pytest.mark.parametrize("diag_block,parallel,lens", [(16, False, (150,)), (8, True, (150,)), (16, True, (70, 1, 57)),
                                                        (8, False, (70, 1, 57)), (32, True, (70, 1, 57))])
-@pytest.mark.parametrize("kernel", ["ut_fused_kernel", "ut_fused_kernel_prefetch"])
-def test_warp_substitution_candidate_matches_the_shipped_ut_stage(monkeypatch, diag_block, parallel, lens, kernel):
-    """``benchmarks/variants/ut_warp_substitution.py`` (the diagonal-block substitution on a transposed
-    tile, one warp per reduction) gives the shipped one-launch UT stage's U, K~, M and w copy: a partial
-    last chunk, varlen sequences whose chunks end mid-block, w nearly parallel at beta = 2 (the
-    ill-conditioned substitution): as close to the float64 evaluation as the shipped kernel, and within
-    that error of it (the same arithmetic up to the order of each step's sum)."""
+def test_ut_fused_diagonal_substitution_against_float64(diag_block, parallel, lens):
+    """The one-launch UT stage's diagonal-block substitution (a transposed [C, SB] inverse whose step
+    products reduce inside one warp) at every ut_diag_block: U, K~ and M against the float64 evaluation
+    for a float32 and a bf16 state, with a partial last chunk, varlen sequences whose chunks end mid-block,
+    and w nearly parallel at beta = 2 (the ill-conditioned substitution); the w copy is w at the
+    state's precision."""
     from pathtune.codegen.triton import forward as fwd
     from pathtune.codegen.triton._layout import build_tables
-    from repo_scripts import load_script
 
-    cand = load_script("benchmarks/variants/ut_warp_substitution.py")
     H, C, D = 2, 64, 64
     N = sum(lens)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
@@ -491,17 +494,13 @@ def test_warp_substitution_candidate_matches_the_shipped_ut_stage(monkeypatch, d
     tables = build_tables(1, N, cu if len(lens) > 1 else None, C, p.superchunk_size, torch.device("cpu"),
                           block_m=p.block_m)
     for out_dtype in (torch.bfloat16, torch.float32):
-        shipped = fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=True)
-        with monkeypatch.context() as mp:
-            mp.setattr(fwd, "ut_fused_kernel", getattr(cand, kernel))
-            got = fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=True)
+        got = fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=True)
         refs = _ut_stage_reference(w, k, beta, cu, C, out_dtype)
-        for name, mine, theirs, ref in zip(("u", "kt", "m"), got[:3], shipped[:3], refs):
-            e_new, e_old = rel(mine, ref), rel(theirs, ref)
-            # nearly parallel w amplify each rounding: the two sums' orders differ by up to ~2x there
-            assert e_new < 2.5 * e_old + 1e-7, (name, out_dtype, e_new, e_old)
-            assert rel(mine, theirs) < 3 * e_old + 1e-7, (name, out_dtype, rel(mine, theirs), e_old)
-        assert torch.equal(got[3], shipped[3])
+        for name, mine, ref in zip(("u", "kt", "m"), got[:3], refs):
+            err = rel(mine, ref)
+            print(f"{name} {out_dtype}: {err:.2e}")
+            assert err < _SUBSTITUTION_BOUNDS[parallel][out_dtype], (name, out_dtype, err)
+        assert rel(got[3], w) < (8e-3 if out_dtype == torch.bfloat16 else 1e-7)
 
 
 @pytest.mark.parametrize("D", [16, 32])

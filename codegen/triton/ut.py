@@ -165,39 +165,53 @@ def _finish_inverse(N, Dinv, C: tl.constexpr, UP: tl.constexpr, SB: tl.constexpr
 
 
 @triton.jit
+def _block_row(m_ptr, first, i, send, h, H: tl.constexpr, C: tl.constexpr, SB: tl.constexpr):
+    """Row i of the SB x SB block of N that each of the chunk's rows belongs to ([C, SB]), read from the
+    first SB columns of m's rows (where ``_diagonal_block_inverses`` parks the blocks)."""
+    row_i = (first + i).to(tl.int64)
+    return tl.load(m_ptr + (row_i * H + h)[:, None] * C + tl.arange(0, SB)[None, :], mask=(row_i < send)[:, None],
+                   other=0.0)
+
+
+@triton.jit
 def _diagonal_block_inverses(N, m_ptr, tok0, send, h, H: tl.constexpr, C: tl.constexpr, SB: tl.constexpr):
     """The inverses of the SB x SB diagonal blocks of I + N (N strictly lower, C x C float32), as a
-    block-diagonal C x C tile, by forward substitution in registers: the C / SB blocks advance
-    together, one row per step (SB - 1 dependent steps of two small reductions each).  Substitution
-    rather than a product formula: (I - N)(I + N^2)(I + N^4)(I + N^8) cancels entries of ~1e6 down
-    to ~2 in float32 when the w of a block are nearly parallel at beta = 2.  SB (the spec's
-    ut_diag_block) trades these serial steps, which set the kernel's time, for the merge products
-    of ``_finish_inverse`` (two more per halving of SB).
+    block-diagonal C x C tile, by forward substitution: the C / SB blocks advance together, one row per
+    step (SB - 1 dependent steps).  Substitution rather than a product formula: (I - N)(I + N^2)(I + N^4)
+    (I + N^8) cancels entries of ~1e6 down to ~2 in float32 when the w of a block are nearly parallel at
+    beta = 2.  SB (the spec's ut_diag_block) trades these serial steps, which set the kernel's time, for
+    the merge products of ``_finish_inverse`` (two more per halving of SB).
 
-    The [C/SB, SB, SB] result returns to the C x C layout through global memory: the first SB
-    columns of this chunk's rows of m (``m_ptr``, [N_tok, H, C] float32; M overwrites them later),
-    written, barrier, read back.  Rearranging it in registers (a [C/SB, SB, C/SB, SB] reshape) spilled
-    1.4 KB per thread on sm_90; the round trip stays in L1 / L2.  Rows outside ``tmask`` (past a
-    sequence end) read back as 0: they only meet later rows of the lower-triangular products."""
-    NB: tl.constexpr = C // SB
-    b = tl.arange(0, NB)
-    s = tl.arange(0, SB)
+    Layout: the blocks of N go to the first SB columns of this chunk's rows of m (``m_ptr``, [N_tok, H, C]
+    float32; M overwrites them later).  The inverse is held transposed as a [C, SB] tile, ``it[b*SB + c, k]``
+    = entry (k, c) of block b's inverse, so a step's product with row i of every block is a reduction over
+    the tile's last axis, which stays inside one warp (shuffles, no barrier; a [C/SB, SB, SB] tile reduces
+    across the warps, through shared memory, at every step).  The rows of N a step needs come back from m
+    and do not depend on earlier steps.  The inverse returns to the C x C layout through the same columns
+    of m.  Rows outside ``send`` (past a sequence end) read back as 0: they only meet later rows of the
+    lower-triangular products."""
     r = tl.arange(0, C)
-    same = b[:, None, None, None] == b[None, None, :, None]
-    Nbb = tl.sum(tl.where(same, tl.reshape(N, (NB, SB, NB, SB)), 0.0), axis=2)   # [NB, SB, SB]
-    si = s[None, :, None]
-    inv = tl.where(si == s[None, None, :], 1.0, 0.0) + tl.zeros((NB, SB, SB), dtype=tl.float32)
-    for i in range(1, SB):
-        n_i = tl.sum(tl.where(si == i, Nbb, 0.0), axis=1)               # row i of each block
-        corr = tl.sum(n_i[:, :, None] * inv, axis=1)                    # n_i . inv, per block
-        inv = tl.where(si == i, inv - corr[:, None, :], inv)
-    rows3 = (tok0 + b[:, None, None] * SB + si).to(tl.int64)
-    tl.store(m_ptr + (rows3 * H + h) * C + s[None, None, :], inv, mask=rows3 < send)
-    tl.debug_barrier()
+    k = tl.arange(0, SB)
     rows = (tok0 + r).to(tl.int64)
+    rmask = rows < send
     blockdiag = (r // SB)[:, None] == (r // SB)[None, :]
-    return tl.load(m_ptr + (rows[:, None] * H + h) * C + r[None, :] % SB,
-                   mask=blockdiag & (rows < send)[:, None], other=0.0)
+    tl.store(m_ptr + (rows[:, None] * H + h) * C + (r % SB)[None, :], N, mask=blockdiag & rmask[:, None])
+    tl.debug_barrier()
+    first = tok0 + (r // SB) * SB           # first token row of the block row (b, c) belongs to
+    it = tl.where((r % SB)[:, None] == k[None, :], 1.0, 0.0)
+    n_i = _block_row(m_ptr, first, 1, send, h, H, C, SB)
+    for i in tl.static_range(1, SB):
+        corr = tl.sum(n_i * it, axis=1)
+        it = tl.where(k[None, :] == i, it - corr[:, None], it)
+        if i + 1 < SB:
+            n_i = _block_row(m_ptr, first, i + 1, send, h, H, C, SB)
+    tl.debug_barrier()                      # every row of N is read before the inverse overwrites it
+    inv_rows = (first[:, None] + k[None, :]).to(tl.int64)
+    tl.store(m_ptr + (inv_rows * H + h) * C + (r % SB)[:, None], it, mask=inv_rows < send)
+    tl.debug_barrier()
+    return tl.load(m_ptr + (rows[:, None] * H + h) * C + (r % SB)[None, :],
+                   mask=blockdiag & rmask[:, None], other=0.0)
+
 
 @triton.jit
 def _operand(x, out_ptr, OP16: tl.constexpr):
@@ -322,7 +336,7 @@ def ut_fused_kernel(
     round trip or scratch tile.
 
     W W^T and W K^T accumulate over DB-wide column blocks (``_gram``: exact on 16-bit tensor cores
-    for 16-bit inputs); the SB x SB diagonal inverses run in registers
+    for 16-bit inputs); the SB x SB diagonal inverses by substitution, each step inside one warp
     (``_diagonal_block_inverses``), the block merges at UP; U = A W and K~ = K - M^T W per column
     block at AP (``_apply``), re-reading the W / K column block (an L2 hit: the first loop just read
     it) instead of keeping a C x D tile live.
