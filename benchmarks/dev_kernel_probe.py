@@ -22,14 +22,13 @@ kernel's captured arguments at the launch's warps and the other count (4 / 8) (`
 file; one that still has ``xs_ptr`` gets it).
 ``e2e``: one fwd+bwd through autograd.  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8
 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per
-program; ``keepstate``, fwd+bwd with the backward recomputing the forward's state (shipped) and reusing it
-(``variants/kept_forward_state.py``), with time, extra peak memory and gradient differences.
+program; ``keepstate``, fwd+bwd at bwd_forward_state recompute and keep (the backward reuses the forward's
+state), with time, extra peak memory and gradient differences.
 JSON rows on stdout and in $OUT.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -197,35 +196,33 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
 
 
 def kept_state_e2e(base, xs, do, gate):
-    """One fwd+bwd (autograd, heuristic config) as shipped (the backward recomputes the forward's UT / transport
-    state) and with the forward's state kept for the backward (``variants/kept_forward_state.py``): the time,
-    the extra peak memory of one fwd+bwd above the inputs, and each gradient's relative difference to the
-    shipped one (0 where the kept state is the one the backward would have recomputed)."""
-    from variants.kept_forward_state import kept_forward_state
-
-    def fn():
-        o = path_attention_triton(*xs[:5], xs[5] if gate else None)[0]
+    """One fwd+bwd (autograd, heuristic config) at bwd_forward_state recompute (the spec's default: the
+    backward recomputes the forward's UT / transport state) and keep (the forward's state kept for the
+    backward): the time, the extra peak memory of one fwd+bwd above the inputs, and each gradient's
+    relative difference to the recompute's (0 where the kept state is the one the backward would have
+    recomputed)."""
+    def fn(state):
+        o = path_attention_triton(*xs[:5], xs[5] if gate else None, config={"bwd_forward_state": state})[0]
         return torch.autograd.grad(o, xs, do)
 
     ref = None
-    for label, ctx in (("recompute (shipped)", contextlib.nullcontext), ("forward state kept", kept_forward_state)):
-        with ctx() as used:
-            grads = fn()
-            torch.cuda.synchronize()
-            del grads
-            base_mem = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            grads = fn()
-            torch.cuda.synchronize()
-            extra_mib = (torch.cuda.max_memory_allocated() - base_mem) / 2**20
-            ms = round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)
+    for state in ("recompute", "keep"):
+        grads = fn(state)
+        torch.cuda.synchronize()
+        del grads
+        base_mem = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        grads = fn(state)
+        torch.cuda.synchronize()
+        extra_mib = (torch.cuda.max_memory_allocated() - base_mem) / 2**20
+        ms = round(triton.testing.do_bench(lambda: fn(state), warmup=3, rep=30, return_mode="median"), 3)
         if ref is None:
             ref, diffs = grads, {}
         else:
             diffs = {f"d{i}": float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
                      for i, (a, b) in enumerate(zip(grads, ref))}
-        emit(dict(base, kernel="fwd+bwd", variant=label, ms=ms, extra_peak_mib=round(extra_mib, 1),
-                  grad_rel_diff=diffs, states=dict(used) if used else None))
+        emit(dict(base, kernel="fwd+bwd", variant=f"bwd_forward_state {state}", ms=ms,
+                  extra_peak_mib=round(extra_mib, 1), grad_rel_diff=diffs))
 
 
 def gate_cumsum_spans(base, g):

@@ -241,8 +241,9 @@ def _run_kernel(plan, q, k, v, w, beta, g, scale, cu_seqlens, placement):
                                                plan.bwd_params_json, placement)
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
-    return torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, float(scale), plan.params_json,
-                                            placement)
+    o, lse, _ = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, float(scale), plan.params_json,
+                                                 placement)
+    return o, lse
 
 
 class _TVMForwardTritonBackward(torch.autograd.Function):
@@ -265,7 +266,7 @@ class _TVMForwardTritonBackward(torch.autograd.Function):
         if do is None:
             do = torch.zeros_like(o)
         dq, dk, dv, dw, dbeta, dg = torch.ops.pathtune.path_attn_bwd(
-            do, dlse, q, k, v, w, beta, g, o, lse, cu_seqlens, ctx.scale, ctx.params_json, ctx.placement)
+            do, dlse, q, k, v, w, beta, g, o, lse, cu_seqlens, [], ctx.scale, ctx.params_json, ctx.placement)
         return dq, dk, dv, dw, dbeta, (dg if g is not None else None), None, None, None, None, None
 
 
@@ -347,7 +348,7 @@ def _path_attention_traced(q, k, v, w, beta, g, scale, cu_seqlens, backend, retu
 
         if cu_seqlens is not None:
             cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
-        o, lse = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, params_json, placement)
+        o, lse, _ = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, params_json, placement)
     if not return_lse:
         return o
     return o, lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)

@@ -23,11 +23,12 @@ class KnobSpace:
     as a mapping or as a ``Workload``.
     """
 
-    def __init__(self, spec: "Spec", pass_: str) -> None:
+    def __init__(self, spec: "Spec", pass_: str, *, memory_knobs: bool = False) -> None:
         if pass_ not in spec.passes:
             raise ValueError(f"unknown pass {pass_!r}; spec {spec.name!r} defines: {', '.join(spec.passes)}")
         self.spec = spec
         self.pass_ = pass_
+        self.memory_knobs = memory_knobs   # search the memory-role knobs too (else: their defaults)
         self.knobs: dict[str, Knob] = {name: spec.knobs[name] for name in spec.passes[pass_].knobs}
         self.constraints: tuple[Rule, ...] = spec.constraints_for(pass_)
         self.dim_names: frozenset[str] = frozenset(
@@ -97,25 +98,35 @@ class KnobSpace:
     def is_valid(self, config: Mapping[str, Any], dims: Any) -> bool:
         return not self.validate(config, dims)
 
+    def searched_domain(self, name: str) -> tuple:
+        """The values a search tries for knob ``name``: its domain, or only its default for a memory-role
+        knob unless this space was made with ``memory_knobs=True`` (the user allows the memory)."""
+        knob = self.knobs[name]
+        if knob.role == "memory" and not self.memory_knobs:
+            return (knob.default,)
+        return tuple(knob.domain)
+
     def enumerate(self, dims: Any) -> Iterator[Config]:
-        """Every valid config, in domain order (first knob slowest)."""
+        """Every valid config the search may try (``searched_domain``), in domain order (first knob slowest)."""
         env = self._dims(dims)
         names = list(self.knobs)
-        for values in itertools.product(*(self.knobs[n].domain for n in names)):
+        for values in itertools.product(*(self.searched_domain(n) for n in names)):
             env.update(zip(names, values))
             if all(c.compiled.evaluate_bool(env) for c in self.constraints):
                 yield Config(zip(names, values))
 
     def suggest(self, trial: Any, dims: Any) -> Config:
-        """Ask an Optuna trial for one config (a categorical over each knob's domain).
+        """Ask an Optuna trial for one config (a categorical over each knob's domain; a memory knob the
+        space does not search is not asked, it takes its default).
 
         A proposal that violates a constraint raises ``optuna.TrialPruned`` with the reasons, so a
         study records it as pruned and moves on; no compiler ever sees it.
         """
         import optuna  # heavy; only the tuner needs it
 
-        config = Config({name: trial.suggest_categorical(name, list(knob.domain))
-                         for name, knob in self.knobs.items()})
+        searched = {name: self.searched_domain(name) for name in self.knobs}
+        config = Config({name: trial.suggest_categorical(name, list(values)) if len(values) > 1 or
+                         self.knobs[name].role != "memory" else values[0] for name, values in searched.items()})
         problems = self.validate(config, dims)
         if problems:
             raise optuna.TrialPruned("invalid config: " + "; ".join(problems))

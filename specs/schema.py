@@ -394,7 +394,7 @@ class Knob(_Model):
     type: Literal["int", "float", "bool", "categorical"]
     domain: tuple[KnobScalar, ...]
     default: KnobScalar
-    role: Literal["schedule", "precision", "semantics"] = "schedule"
+    role: Literal["schedule", "precision", "semantics", "memory"] = "schedule"
     description: str = ""
 
     @model_validator(mode="before")

@@ -320,6 +320,31 @@ def test_suggest_with_optuna(spec):
     assert all(c.chunk_size * 256 <= 16384 for c in seen)
 
 
+@pytest.mark.parametrize("allowed", [False, True])
+def test_memory_knobs_are_searched_only_when_allowed(spec, allowed):
+    """A memory-role knob (bwd_forward_state: keep holds the forward's state until the backward) stays at
+    the spec's default in the tuner's search unless the space allows memory knobs (``pathtune tune
+    --memory-knobs``): not asked of Optuna (``enumerate`` walks the same ``searched_domain``)."""
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    assert spec.knobs["bwd_forward_state"].role == "memory"
+    assert spec.knobs["bwd_forward_state"].default == "recompute"
+    space = KnobSpace(spec, "bwd", memory_knobs=allowed)
+    assert space.searched_domain("bwd_forward_state") == (("recompute", "keep") if allowed else ("recompute",))
+    assert space.searched_domain("chunk_size") == tuple(spec.knobs["chunk_size"].domain)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = []
+
+    def objective(trial):
+        seen.append(space.suggest(trial, {"D": 64, "DV": 64}).bwd_forward_state)
+        return 0.0
+
+    study.optimize(objective, n_trials=24)
+    asked = {name for t in study.trials for name in t.params}
+    assert ("bwd_forward_state" in asked) == allowed
+    assert set(seen) == ({"recompute", "keep"} if allowed else {"recompute"})
+
+
 # ---- Workload ---------------------------------------------------------------------------------------
 
 def test_workload_from_tensors():

@@ -481,6 +481,36 @@ def test_ranged_backward_starts_from_the_forwards_compact_state(monkeypatch, gat
     check(split, oracle_grads(inputs, do), TOL[F16])
 
 
+@pytest.mark.parametrize("dtype,ranged,varlen,gate", [(F16, True, False, True), (F16, False, False, False),
+                                                        (F32, False, True, True), (F16, True, True, False)],
+                         ids=["fp16-ranged-gate", "fp16-one-range", "fp32-varlen-gate", "fp16-ranged-varlen"])
+def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, dtype, ranged, varlen, gate):
+    """bwd_forward_state keep: the forward op returns its compact state, autograd keeps it, and the
+    backward reads it instead of running the UT stage and the transport again (no ``backward_state``
+    call).  Where the recompute would build the same state (token ranges, or a float32 scan) the
+    gradients are bitwise the recompute's; in one range of a 16-bit scan the recompute reads a float32
+    state and the kept one is 16-bit: both match the oracle.  Varlen: the kept transitions tensor has
+    rows for the most super-chunks the sequence count allows."""
+    inputs, do = make_inputs(453, B=1 if varlen else 2, T=150 if varlen else 100, HQ=4, H=2, dtype=dtype, gate=gate)
+    kw = dict(cu_seqlens=torch.tensor([0, 20, 21, 101, 150])) if varlen else {}
+    if ranged:
+        monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
+    else:
+        monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
+    calls = []
+    real_state = tri_autograd.backward_state
+    monkeypatch.setattr(tri_autograd, "backward_state", lambda *a, **k: calls.append(1) or real_state(*a, **k))
+    recomputed = kernel_grads(inputs, do, params(dtype), **kw)
+    assert calls == [1]
+    kept = kernel_grads(inputs, do, params(dtype, bwd_forward_state="keep"), **kw)
+    assert calls == [1]                                     # the kept state, nothing recomputed
+    if ranged or dtype == F32:
+        for name, a, b in zip(NAMES, kept, recomputed):
+            if b is not None:
+                assert torch.equal(a, b), name
+    check(kept, oracle_grads(inputs, do, **kw), TOL[dtype])
+
+
 def test_range_budget(monkeypatch):
     """PHASE2_RANGE_BYTES (256 MiB: 8 ranges at the tuner's 32768 tokens, D=64, H=16, bwd_intra's
     chain-state slots and the transport backward's stored states and gradients included; the memory
@@ -625,29 +655,3 @@ def test_gate_grad_kernel_matches_torch(monkeypatch, HQ):
     ref = tri_backward._gate_grad_torch(dc, tb, (1, sum(lens), HQ))
     assert got.dtype == F32 and got.shape == (1, sum(lens), HQ)
     assert rel(got, ref) < 1e-7
-
-
-# ----------------------------------------------------------------------------- candidates (benchmarks/variants)
-
-def test_kept_forward_state_candidate_gives_the_shipped_gradients(monkeypatch):
-    """``benchmarks/variants/kept_forward_state.py`` (the backward reuses the forward's UT / transport state
-    instead of recomputing it): in a ranged backward the kept state is the one the backward recomputes, so
-    the gradients are bitwise the shipped ones; a single-range backward (float32 state) still recomputes."""
-    from repo_scripts import load_script
-
-    cand = load_script("benchmarks/variants/kept_forward_state.py")
-    inputs, do = make_inputs(540, B=1, T=80, HQ=4, H=2, dtype=F16, gate=True)
-    p = params(F16)
-    monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
-    shipped = kernel_grads(inputs, do, p)
-    with cand.kept_forward_state() as used:
-        kept = kernel_grads(inputs, do, p)
-    assert used == {"kept": 1, "recomputed": 0}
-    for name, a, b in zip(NAMES, kept, shipped):
-        if b is not None:
-            assert torch.equal(a, b), name
-    monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")     # one range: the float32 state, recomputed
-    with cand.kept_forward_state() as used:
-        kernel_grads(inputs, do, p)
-    assert used == {"kept": 0, "recomputed": 1}
-    assert tri_autograd.backward_state is tri_backward.backward_state    # restored on exit

@@ -1,4 +1,5 @@
 """torch.compile(fullgraph=True) traces through the Triton custom ops; compiled == eager, grads too."""
+import pytest
 import torch
 
 from pathtune.codegen.triton import path_attention_triton
@@ -18,16 +19,19 @@ def _inputs(seed):
     return [x.requires_grad_() for x in (q, k, v, w, beta, g)]
 
 
-def _loss(q, k, v, w, beta, g):
-    o, lse = path_attention_triton(q, k, v, w, beta, g, config=CFG)
+def _loss(q, k, v, w, beta, g, state="recompute"):
+    o, lse = path_attention_triton(q, k, v, w, beta, g, config={**CFG, "bwd_forward_state": state})
     return (o * o).sum() + lse.sum()
 
 
-def test_fullgraph_compile_matches_eager():
+@pytest.mark.parametrize("state", ["recompute", "keep"])
+def test_fullgraph_compile_matches_eager(state):
+    """Also with bwd_forward_state keep: the forward op's kept state (fake shapes from sizes) reaches the
+    backward op through autograd under the compiled graph."""
     xs = _inputs(1)
-    eager = _loss(*xs)
+    eager = _loss(*xs, state)
     g_eager = torch.autograd.grad(eager, xs)
-    compiled_fn = torch.compile(_loss, fullgraph=True, backend="aot_eager")
+    compiled_fn = torch.compile(lambda *a: _loss(*a, state), fullgraph=True, backend="aot_eager")
     comp = compiled_fn(*xs)
     g_comp = torch.autograd.grad(comp, xs)
     torch.testing.assert_close(comp, eager)
@@ -44,14 +48,19 @@ def test_fake_tensor_shapes():
         v = torch.empty(2, 64, 2, 16)
         w = torch.empty(2, 64, 2, 32)
         beta = torch.empty(2, 64, 2)
-        o, lse = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, None, None, 0.2, "{}", "inside_scale")
+        o, lse, kept = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, None, None, 0.2, "{}", "inside_scale")
         assert o.shape == (2, 64, 4, 16) and lse.shape == (2, 64, 4) and lse.dtype == torch.float32
+        assert len(kept) == 7 and all(t.numel() == 0 for t in kept)     # bwd_forward_state recompute
 
 
-def test_opcheck_fake_matches_real_on_permuted_inputs():
+@pytest.mark.parametrize("state,scan,varlen", [("recompute", "tf32", False), ("keep", "tf32", False),
+                                               ("keep", "fp16", False), ("keep", "tf32", True)])
+def test_opcheck_fake_matches_real_on_permuted_inputs(state, scan, varlen):
     """torch.library.opcheck: the fake implementations agree with the real ops in shape, dtype and
     strides, also for permuted (non-contiguous) inputs as a model's projections produce them.
-    (The backward's fake once copied a permuted q's strides; inductor then asserted on the H200.)"""
+    (The backward's fake once copied a permuted q's strides; inductor then asserted on the H200.)
+    With bwd_forward_state keep the forward also returns its state: 16-bit (fp16 scan) or float32,
+    and for packed varlen input a transitions tensor sized from the sequence count alone."""
     import json
 
     from pathtune.codegen.triton import TritonParams
@@ -60,13 +69,15 @@ def test_opcheck_fake_matches_real_on_permuted_inputs():
     q = xs[0].transpose(1, 2).contiguous().transpose(1, 2)      # [B, T, HQ, D] with permuted strides
     assert not q.is_contiguous()
     k, v, w, beta, g = xs[1:]
-    pj = TritonParams.from_config(CFG).to_json()
-    args = (q, k, v, w, beta, g, None, 0.25, pj, "inside_scale")
+    cu = torch.tensor([0, 7, 40], dtype=torch.int64) if varlen else None
+    pj = TritonParams.from_config({**CFG, "scan_precision": scan, "bwd_forward_state": state}).to_json()
+    args = (q, k, v, w, beta, g, cu, 0.25, pj, "inside_scale")
     torch.library.opcheck(torch.ops.pathtune.path_attn_fwd.default, args,
                           test_utils=("test_schema", "test_faketensor"))
-    o, lse = torch.ops.pathtune.path_attn_fwd(*args)
+    o, lse, kept = torch.ops.pathtune.path_attn_fwd(*args)
     do = torch.randn_like(o).transpose(1, 2).contiguous().transpose(1, 2)
-    bwd_args = (do, None, q, k, v, w, beta, g, o, lse, None, 0.25, pj, "inside_scale")
+    assert all(t.numel() == 0 for t in kept) == (state == "recompute")
+    bwd_args = (do, None, q, k, v, w, beta, g, o, lse, cu, kept, 0.25, pj, "inside_scale")
     torch.library.opcheck(torch.ops.pathtune.path_attn_bwd.default, bwd_args,
                           test_utils=("test_schema", "test_faketensor"))
     assert json.loads(pj)["chunk_size"] == 16

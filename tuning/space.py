@@ -50,8 +50,9 @@ class TuneKey:
         heads = f"{wl.heads_q}" if wl.heads_q == wl.heads_kv else f"{wl.heads_q}/{wl.heads_kv}"
         return f"{self.backend}/{self.pass_} D{wl.head_dim} {wl.dtype} {gate} H{heads} T{self.seq_len}x{self.batch}"
 
-    def space(self, spec: Spec) -> KnobSpace:
-        return KnobSpace(spec, self.pass_)
+    def space(self, spec: Spec, *, memory_knobs: bool = False) -> KnobSpace:
+        """The knob space this key's study searches (memory-role knobs only with ``memory_knobs``)."""
+        return KnobSpace(spec, self.pass_, memory_knobs=memory_knobs)
 
 
 def default_config(spec: Spec, key: TuneKey) -> Any:

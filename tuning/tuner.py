@@ -185,6 +185,7 @@ class TuneOptions:
     compile_workers: int = 0           # > 0: batches compiled in that many child processes, then measured
     compile_timeout: float = 300.0     # seconds one compile child may take
     preparer: Optional[Any] = None     # injected Preparer-like object (tests); default tuning.prepare.Preparer
+    memory_knobs: bool = False         # also search the spec's memory-role knobs (the user allows the memory)
 
 
 @dataclass
@@ -432,7 +433,8 @@ class Tuner:
         measuring loop records into it; ``compile_seeded`` only builds tasks)."""
         if start_run:
             self.db.start_run(command=self.opts.command, notes=f"pathtune tune {name}", run_id=run_id_for(name))
-        return KeyContext(key=key, space=key.space(self.spec), db=self.db, env_info=self.env_info,
+        space = key.space(self.spec, memory_knobs=self.opts.memory_knobs)
+        return KeyContext(key=key, space=space, db=self.db, env_info=self.env_info,
                           kernel=self.kernel(key), study_name=name, run_id=run_id_for(name),
                           measure_fn=self.measure_fn, task_defaults=dict(self.opts.task_defaults),
                           seed=self.opts.seed + 1000 * self.opts.worker, command=self.opts.command,

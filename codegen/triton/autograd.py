@@ -1,9 +1,11 @@
 """Autograd and torch.compile integration of the Triton PaTH kernels.
 
 Two ``torch.library`` custom ops (``pathtune::path_attn_fwd`` / ``pathtune::path_attn_bwd``)
-with fake implementations, so ``torch.compile(fullgraph=True)`` traces through them.  Only
-o and lse are saved for backward; the O(T) UT/transport state is recomputed there (cheap next
-to the scan), which keeps activation memory at what FlashAttention keeps.
+with fake implementations, so ``torch.compile(fullgraph=True)`` traces through them.  With the
+spec's default ``bwd_forward_state: recompute`` only o and lse are saved for backward and the O(T)
+UT / transport state is recomputed there, which keeps activation memory at what FlashAttention
+keeps.  With ``keep`` the forward op also returns its compact state (``forward.KEPT_STATE_FIELDS``,
+empty placeholders otherwise) for autograd to save, and the backward op reads it instead.
 """
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ import torch
 from torch import Tensor
 
 from .._knobs import config_of, resolve, resolve_json
+from ._layout import build_tables
 from .backward import backward_state, path_attention_bwd
-from .forward import path_attention_fwd
+from .forward import kept_state_like, kept_state_tensors, path_attention_fwd, state_from_kept
 from .params import TritonParams
 
 
@@ -41,35 +44,53 @@ def _explain(exc: Exception, q: Tensor, v: Tensor, params_json: str, what: str) 
         f"--config JSON` reports a config's shared memory per kernel without a GPU.")
 
 
+def _keeps_state(params: TritonParams) -> bool:
+    return params.bwd_forward_state == "keep"
+
+
+def _absent_state(q: Tensor) -> list[Tensor]:
+    return [q.new_empty(0, dtype=torch.float32) for _ in range(7)]
+
+
 @torch.library.custom_op("pathtune::path_attn_fwd", mutates_args=())
 def _path_attn_fwd(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, g: Optional[Tensor],
                    cu_seqlens: Optional[Tensor], scale: float, params_json: str,
-                   gate_placement: str) -> tuple[Tensor, Tensor]:
+                   gate_placement: str) -> tuple[Tensor, Tensor, list[Tensor]]:
     from triton.runtime.errors import OutOfResources
 
+    params = _params(params_json, "fwd", q, v)
     try:
-        o, lse, _ = path_attention_fwd(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
-                                       params=_params(params_json, "fwd", q, v), gate_placement=gate_placement)
+        o, lse, state = path_attention_fwd(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
+                                           params=params, gate_placement=gate_placement)
     except OutOfResources as exc:
         raise _explain(exc, q, v, params_json, "forward") from exc
-    return o, lse
+    return o, lse, (kept_state_tensors(state) if _keeps_state(params) else _absent_state(q))
 
 
 @_path_attn_fwd.register_fake
 def _(q, k, v, w, beta, g, cu_seqlens, scale, params_json, gate_placement):
     B, T, HQ, _ = q.shape
-    return q.new_empty(B, T, HQ, v.shape[-1]), q.new_empty(B, T, HQ, dtype=torch.float32)
+    params = _params(params_json, "fwd", q, v)
+    n_seqs = None if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    kept = kept_state_like(q, k, g, n_seqs, params) if _keeps_state(params) else _absent_state(q)
+    return q.new_empty(B, T, HQ, v.shape[-1]), q.new_empty(B, T, HQ, dtype=torch.float32), kept
 
 
 @torch.library.custom_op("pathtune::path_attn_bwd", mutates_args=())
 def _path_attn_bwd(do: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, w: Tensor,
                    beta: Tensor, g: Optional[Tensor], o: Tensor, lse: Tensor, cu_seqlens: Optional[Tensor],
-                   scale: float, params_json: str, gate_placement: str) -> list[Tensor]:
+                   kept: list[Tensor], scale: float, params_json: str, gate_placement: str) -> list[Tensor]:
     from triton.runtime.errors import OutOfResources
 
     params = _params(params_json, "bwd", q, v)
     try:
-        state = backward_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params)
+        if kept and kept[0].numel():      # the forward's state (bwd_forward_state keep)
+            B, T = q.shape[:2]
+            tables = build_tables(B, T, cu_seqlens, params.chunk_size, params.superchunk_size, q.device,
+                                  block_m=params.block_m)
+            state = state_from_kept(list(kept), tables)
+        else:
+            state = backward_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params)
         grads = path_attention_bwd(do.contiguous(), q, k, v, w, beta, g, o, lse, state, scale=scale,
                                    params=params, gate_placement=gate_placement, dlse=dlse)
     except OutOfResources as exc:
@@ -79,7 +100,7 @@ def _path_attn_bwd(do: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: 
 
 
 @_path_attn_bwd.register_fake
-def _(do, dlse, q, k, v, w, beta, g, o, lse, cu_seqlens, scale, params_json, gate_placement):
+def _(do, dlse, q, k, v, w, beta, g, o, lse, cu_seqlens, kept, scale, params_json, gate_placement):
     # contiguous like the real op's results (empty_like would copy the strides of a permuted
     # input, and inductor asserts the real strides against these)
     def like(x):
@@ -90,16 +111,18 @@ def _(do, dlse, q, k, v, w, beta, g, o, lse, cu_seqlens, scale, params_json, gat
 
 def _setup_context(ctx, inputs, output):
     q, k, v, w, beta, g, cu_seqlens, scale, params_json, gate_placement = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, w, beta, g, o, lse, cu_seqlens)
+    o, lse, kept = output
+    ctx.save_for_backward(q, k, v, w, beta, g, o, lse, cu_seqlens, *kept)
+    ctx.mark_non_differentiable(*kept)
+    ctx.set_materialize_grads(False)      # no zero gradients of the kept state
     ctx.scale, ctx.params_json, ctx.gate_placement = scale, params_json, gate_placement
 
 
-def _backward(ctx, do, dlse):
-    q, k, v, w, beta, g, o, lse, cu_seqlens = ctx.saved_tensors
+def _backward(ctx, do, dlse, _dkept):
+    q, k, v, w, beta, g, o, lse, cu_seqlens, *kept = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
-    dq, dk, dv, dw, dbeta, dg = _path_attn_bwd(do, dlse, q, k, v, w, beta, g, o, lse, cu_seqlens, ctx.scale,
+    dq, dk, dv, dw, dbeta, dg = _path_attn_bwd(do, dlse, q, k, v, w, beta, g, o, lse, cu_seqlens, kept, ctx.scale,
                                                ctx.params_json, ctx.gate_placement)
     return dq, dk, dv, dw, dbeta, (dg if g is not None else None), None, None, None, None
 
@@ -136,4 +159,5 @@ def path_attention_triton(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tens
         scale = q.shape[-1] ** -0.5
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
-    return _path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, float(scale), params_json, gate_placement)
+    o, lse, _ = _path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, float(scale), params_json, gate_placement)
+    return o, lse

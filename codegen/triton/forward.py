@@ -58,6 +58,50 @@ class ForwardState:
             self.pending = None
 
 
+# bwd_forward_state keep: the state tensors the forward hands to autograd for the backward, in this
+# order; an absent one (gc without a gate, wd when the scan is float32) is an empty placeholder.
+KEPT_STATE_FIELDS = ("u", "kt", "m", "kj", "what", "gc", "wd")
+
+
+def superchunk_rows(batch: int, seq_len: int, n_seqs: int | None, S: int) -> int:
+    """Rows of the super-chunk transitions ``what`` from sizes alone (what a fake implementation knows):
+    a dense batch's super-chunk count, or for a packed stream of ``n_seqs`` sequences in ``seq_len``
+    tokens the most it can have (each sequence adds at most one partial super-chunk)."""
+    if n_seqs is None:
+        return max(batch * -(-seq_len // S), 1)
+    return max(seq_len // S + n_seqs, 1)
+
+
+def kept_state_like(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor | None, n_seqs: int | None,
+                    params: TritonParams) -> list[torch.Tensor]:
+    """Uninitialised tensors of the kept state's shapes and dtypes (``KEPT_STATE_FIELDS``) for a forward
+    of these inputs: the custom op's fake implementation."""
+    B, T, HQ, D = q.shape
+    H, N, BD, C = k.shape[2], B * T, padded_dim(D), params.chunk_size
+    store, f32 = params.scan_torch_dtype, torch.float32
+    absent = q.new_empty(0, dtype=f32)
+    return [q.new_empty(N, H, D, dtype=store), q.new_empty(N, H, D, dtype=store), q.new_empty(N, H, C, dtype=f32),
+            q.new_empty(N, H, D, dtype=store),
+            q.new_empty(superchunk_rows(B, T, n_seqs, params.superchunk_size), H, BD, BD, dtype=f32),
+            q.new_empty(HQ, N, dtype=f32) if g is not None else absent,
+            q.new_empty(N, H, D, dtype=store) if store != f32 else absent]
+
+
+def kept_state_tensors(state: "ForwardState") -> list[torch.Tensor]:
+    """The forward's state as the list ``KEPT_STATE_FIELDS`` names (placeholders for absent ones)."""
+    absent = state.u.new_empty(0, dtype=torch.float32)
+    return [getattr(state, name) if getattr(state, name) is not None else absent for name in KEPT_STATE_FIELDS]
+
+
+def state_from_kept(tensors: list[torch.Tensor], tables: SequenceTables) -> "ForwardState":
+    """``kept_state_tensors``' list back as a ForwardState over ``tables``."""
+    values = dict(zip(KEPT_STATE_FIELDS, tensors))
+    for name in ("gc", "wd"):
+        if values[name].numel() == 0:
+            values[name] = None
+    return ForwardState(tables=tables, **values)
+
+
 def _tokens(x: torch.Tensor) -> torch.Tensor:
     """[B, T, ...] -> contiguous [B*T, ...] (a view when already contiguous)."""
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
@@ -226,7 +270,7 @@ def intra_walk_operands(ktil: torch.Tensor, w: torch.Tensor, u: torch.Tensor, vt
 def prepare_state(
     q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None,
     *, cu_seqlens: torch.Tensor | None, params: TritonParams, compact: bool = False,
-    side_stream: bool = False,
+    side_stream: bool = False, what_rows: int | None = None,
 ) -> ForwardState:
     """Stages ut_inverse and super-chunk transport (O(T) work and memory).
 
@@ -234,10 +278,12 @@ def prepare_state(
     operands the forward scan and the transport read; else float32, what the backward's per-chunk
     kernels read (``backward.backward_state`` picks).  side_stream: the transport is queued on a
     second stream (``_side_stream``); the caller joins it before reading kj / what
-    (``ForwardState.join``).
+    (``ForwardState.join``).  what_rows: rows of ``what`` when at least the super-chunk count (a
+    kept state's size from sizes alone, ``superchunk_rows``); default the count.
 
-    The backward recomputes this instead of keeping it alive between forward and backward,
-    so only o and lse are saved for autograd.
+    With bwd_forward_state recompute (the default) the backward recomputes this instead of keeping
+    it alive between forward and backward, so only o and lse are saved for autograd; with keep the
+    forward hands it to autograd (``kept_state_tensors``).
     """
     B, T, HQ, D = q.shape
     H = k.shape[2]
@@ -260,7 +306,7 @@ def prepare_state(
 
     kj = torch.empty(N, H, D, device=dev, dtype=store_dtype)
     # zeros: the last super-chunk of each sequence has no transition (nothing after it reads one)
-    what = torch.zeros(max(tables.n_sc, 1), H, BD, BD, device=dev, dtype=torch.float32)
+    what = torch.zeros(max(tables.n_sc, 1, what_rows or 0), H, BD, BD, device=dev, dtype=torch.float32)
     if tables.max_seq_len > S:
         rows = transport_rows(BD)
         side = _side_stream(dev) if side_stream else None
@@ -288,7 +334,8 @@ def path_attention_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor, ForwardState]:
     """PaTH(-FoX) forward.  q [B,T,HQ,D], k/w [B,T,H,D], v [B,T,H,DV], beta [B,T,H], g [B,T,HQ].
 
-    Returns o [B,T,HQ,DV] (q's dtype), lse [B,T,HQ] float32 (natural log) and the state.
+    Returns o [B,T,HQ,DV] (q's dtype), lse [B,T,HQ] float32 (natural log) and the state (with
+    bwd_forward_state keep, ``what`` has ``superchunk_rows`` rows: its size follows from the sizes).
     """
     B, T, HQ, D = q.shape
     H, DV = v.shape[2], v.shape[3]
@@ -297,8 +344,10 @@ def path_attention_fwd(
     dev = q.device
     dt = params.scan_dtype
     if state is None:
+        n_seqs = None if cu_seqlens is None else cu_seqlens.numel() - 1
+        rows = superchunk_rows(B, T, n_seqs, S) if params.bwd_forward_state == "keep" else None
         state = prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params, compact=True,
-                              side_stream=True)
+                              side_stream=True, what_rows=rows)
     tables, u, ktil, m, kj, what, gc = state.tables, state.u, state.kt, state.m, state.kj, state.what, state.gc
     qt, kt_in, vt = _tokens(q), _tokens(k), _tokens(v)
     wt = state.wd if state.wd is not None else _tokens(w)

@@ -46,6 +46,7 @@ class TritonParams:
     bwd_num_warps: int = spec_default("bwd_num_warps")
     bwd_inter_num_warps: int = spec_default("bwd_inter_num_warps")
     bwd_num_stages: int = spec_default("bwd_num_stages")
+    bwd_forward_state: str = spec_default("bwd_forward_state")
     decode_block_n: int = spec_default("decode_block_n")
     decode_num_warps: int = spec_default("decode_num_warps")
     decode_splits: int = spec_default("decode_splits")

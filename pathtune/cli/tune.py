@@ -86,6 +86,10 @@ COMPILE_WORKERS = typer.Option(None, "--compile-workers", min=0,
                                help="Child processes that compile a batch of candidates at once before they are "
                                     "measured one by one (default: CPU cores - 2 on a CUDA host, at most 16; 0 "
                                     "compiles in the measuring process).", show_default=False)
+MEMORY_KNOBS = typer.Option(False, "--memory-knobs",
+                            help="Also search the spec's memory knobs (bwd_forward_state keep: the backward reads "
+                                 "the forward's state instead of recomputing it, 8 D + 4 C bytes per token and key "
+                                 "head held from forward to backward). Off: they stay at the spec's default.")
 STARTUP = typer.Option(8, "--startup-trials", help="Random TPE startup trials per study (after the default).")
 NEIGHBOURS = typer.Option(12, "--seed-neighbours", min=0,
                           help="Each study also gets (once, before its random start-up trials; a resumed study "
@@ -135,7 +139,7 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
              measure_with: Optional[str], check_len: int, tol: Optional[List[str]], heartbeat: Optional[int],
              startup_trials: int, results_out: Optional[Path] = None, env_info: Optional[dict] = None,
              spec: Optional[Path] = None, compile_workers: Optional[int] = 0, seed_neighbours: int = 0,
-             seed_retired: int = 0, seed_config: Optional[List[str]] = None) -> Any:
+             seed_retired: int = 0, seed_config: Optional[List[str]] = None, memory_knobs: bool = False) -> Any:
     from pathtune.perf_db import resolve_url
     from pathtune.specs import SpecError, load_spec
     from pathtune.tuning.measure import load_measure_fn
@@ -168,7 +172,8 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
                        heartbeat=heartbeat, startup_trials=startup_trials, command=_command(),
                        results_out=results_out, env_info=env_info, spec_path=spec,
                        compile_workers=compile_workers or 0, seed_neighbours=seed_neighbours,
-                       seed_retired=seed_retired, seed_configs=_seed_configs(seed_config, loaded))
+                       seed_retired=seed_retired, seed_configs=_seed_configs(seed_config, loaded),
+                       memory_knobs=memory_knobs)
 
 
 def _filter_keys(keys: list, *, local: bool) -> list:
@@ -238,7 +243,7 @@ def tune(
     measure_with: Optional[str] = MEASURE_WITH, heartbeat: int = HEARTBEAT, startup_trials: int = STARTUP,
     spec: Optional[Path] = SPEC, compile_workers: Optional[int] = COMPILE_WORKERS,
     seed_neighbours: int = NEIGHBOURS, seed_retired: int = RETIRED, seed_config: Optional[List[str]] = SEED_CONFIG,
-    both_gates: bool = BOTH_GATES,
+    both_gates: bool = BOTH_GATES, memory_knobs: bool = MEMORY_KNOBS,
 ) -> None:
     """Tune every (pass, backend, head dim, dtype, length bucket) key on this GPU host (an Optuna study per key).
 
@@ -269,7 +274,8 @@ def tune(
                   "(tiny shapes only: for tests)")
     opts = _options(storage, db, budget, seed, worker, resume, measure_with, check_len, tol, heartbeat,
                     startup_trials, results_out, spec=spec, compile_workers=compile_workers,
-                    seed_neighbours=seed_neighbours, seed_retired=seed_retired, seed_config=seed_config)
+                    seed_neighbours=seed_neighbours, seed_retired=seed_retired, seed_config=seed_config,
+                    memory_knobs=memory_knobs)
     tuner = Tuner(keys, opts)
     console.print(f"pathtune tune: {len(keys)} keys, budget {opts.budget}, storage {tuner.db.display_url}, "
                   f"gpu {tuner.env_info.get('gpu_name') or 'none (CPU: Triton interpreter)'}, "
@@ -315,7 +321,7 @@ def build(
     tokens: int = TOKENS, storage: Optional[str] = STORAGE, db: Optional[str] = DB, seed: int = SEED,
     check_len: int = CHECK_LEN, tol: Optional[List[str]] = TOL, startup_trials: int = STARTUP,
     spec: Optional[Path] = SPEC, seed_neighbours: int = NEIGHBOURS, seed_retired: int = RETIRED,
-    seed_config: Optional[List[str]] = SEED_CONFIG,
+    seed_config: Optional[List[str]] = SEED_CONFIG, memory_knobs: bool = MEMORY_KNOBS,
 ) -> None:
     """Propose (Optuna ask) and compile a batch of candidates per key into a self-contained bundle for a GPU host."""
     from pathtune.tuning.bundle import build_bundle
@@ -330,7 +336,8 @@ def build(
         _fail(f"--gpu-env {gpu_env} is not `pathtune env --json` output")
     keys = _filter_keys(_keys(head_dim, dtype, pass_, backend, buckets, gate, heads, heads_kv, tokens), local=False)
     opts = _options(storage, db, "1", seed, 0, True, None, check_len, tol, None, startup_trials, env_info=env_info,
-                    spec=spec, seed_neighbours=seed_neighbours, seed_retired=seed_retired, seed_config=seed_config)
+                    spec=spec, seed_neighbours=seed_neighbours, seed_retired=seed_retired, seed_config=seed_config,
+                    memory_knobs=memory_knobs)
     tuner = Tuner(keys, opts)
     tuner.on_note = _note
     try:
