@@ -493,9 +493,13 @@ def test_decode_bench_sweep_knobs_restrict_and_are_checked():
     assert len(cfgs) == 2 * 3 * 3          # decode_num_warps: its whole domain (3 values)
     assert {(c["decode_block_n"], c["decode_splits"], c["decode_num_stages"]) for c in cfgs} == {
         (b, s, 1) for b in (128, 256) for s in (2, 4, 8)}
+    # a precision knob is swept where named (each config passes the sweep's accuracy check), else at its default
+    windows = sweep_configs(64, 64, {**only, "decode_num_warps": [4], "decode_pending_window": [16, 32]})
+    assert sorted(c["decode_pending_window"] for c in windows) == [16] * 6 + [32] * 6
+    assert {c["decode_pending_window"] for c in cfgs} == {16}
     for bad, msg in [({"decode_splits": [3]}, r"decode_splits values \[3\] are not in its domain"),
-                     ({"decode_pending_window": [0]}, "'decode_pending_window' is not a decode schedule knob"),
-                     ({"block_n": [64]}, "'block_n' is not a decode schedule knob"),
+                     ({"decode_pending_window": [7]}, r"decode_pending_window values \[7\] are not in its domain"),
+                     ({"block_n": [64]}, "'block_n' is not a decode knob the sweep can take"),
                      ({"decode_splits": []}, "decode_splits values"),
                      ([4, 8], "must be a JSON object")]:
         with pytest.raises(ValueError, match=msg) as err:

@@ -222,7 +222,8 @@ def fla_decode_callable(cache, step) -> tuple[Optional[Callable[[], object]], st
 
 def sweep_configs(D: int, DV: int, only: Optional[dict] = None) -> list[dict]:
     """Every valid config of the spec's decode schedule knobs; the knobs of other roles (precision:
-    beta_clip_eps, decode_pending_window) stay at their defaults (the tuner's accuracy gate decides those).
+    beta_clip_eps, decode_pending_window) stay at their defaults unless ``only`` names them (every swept
+    config passes the sweep's accuracy check before it is timed).
 
     ``only`` ({knob: [values]}, ``check_sweep_knobs``) keeps the configs whose knobs take those values."""
     from pathtune.specs import load_spec
@@ -231,27 +232,28 @@ def sweep_configs(D: int, DV: int, only: Optional[dict] = None) -> list[dict]:
     spec = load_spec()
     space = KnobSpace(spec, "decode")
     default = space.default().to_dict()
-    fixed = {name: default.get(name) for name in default if spec.knobs[name].role != "schedule"}
     only = check_sweep_knobs(only or {})
+    fixed = {name: default.get(name) for name in default if spec.knobs[name].role != "schedule" and name not in only}
     return [c.to_dict() for c in space.enumerate({"D": D, "DV": DV})
             if all(c.get(name) == value for name, value in fixed.items())
             and all(c.get(name) in values for name, values in only.items())]
 
 
 def check_sweep_knobs(only: dict) -> dict:
-    """{knob: [values]} restricting a decode sweep, checked against the spec: each knob a decode schedule
-    knob, each value in its domain (ValueError, one line, otherwise)."""
+    """{knob: [values]} restricting a decode sweep, checked against the spec: each knob a decode knob of
+    role schedule or precision (a precision knob is swept only where named: its configs pass the sweep's
+    accuracy check like every other), each value in its domain (ValueError, one line, otherwise)."""
     from pathtune.specs import load_spec
     from pathtune.specs.knobs import KnobSpace
 
     spec = load_spec()
-    names = [n for n in KnobSpace(spec, "decode").knobs if spec.knobs[n].role == "schedule"]
+    names = [n for n in KnobSpace(spec, "decode").knobs if spec.knobs[n].role in ("schedule", "precision")]
     if not isinstance(only, dict):
         raise ValueError(f"the sweep's knobs must be a JSON object {{knob: [values]}}, got {only!r}")
     out = {}
     for name, values in only.items():
         if name not in names:
-            raise ValueError(f"{name!r} is not a decode schedule knob; sweepable: {', '.join(names)}")
+            raise ValueError(f"{name!r} is not a decode knob the sweep can take; sweepable: {', '.join(names)}")
         values = values if isinstance(values, list) else [values]
         bad = [v for v in values if v not in spec.knobs[name].domain]
         if bad or not values:
