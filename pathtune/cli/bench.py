@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
         sweep: bool = typer.Option(False, "--sweep", help="--pass decode: also time every decode knob config "
                                    "(spec domains) and report the fastest (all recorded with --record)."),
         sweep_knobs: Optional[str] = typer.Option(
-            None, "--sweep-knobs", help="--pass decode: sweep only these knob values, JSON {knob: [values]} (each "
+            None, "--sweep-knobs", help="--pass decode: sweep only these knob values, JSON {knob: \\[values]} (each "
                                         "in its spec domain), e.g. '{\"decode_splits\": [4, 8]}'; implies --sweep. "
                                         "Precision knobs (decode_pending_window) are swept only when named."),
         backends: str = typer.Option("triton", "--backends", help="pathtune backends to time: triton, tvm "
