@@ -215,7 +215,6 @@ def repeat_rounds(row: dict, reset_step, flush_step, sdpa_run) -> None:
 
 def time_steps(out: dict, budget) -> None:
     import pathtune
-    from pathtune.codegen.triton.params import TritonParams
 
     rows, sdpa_cache = [], {}
     for D, H in SHAPES:
@@ -254,7 +253,7 @@ def time_steps(out: dict, budget) -> None:
                                 sync()
                                 row["tc_layout_net_ms"] = do_bench(reset_step) - row["reset_ms"]
                             row["tc_layout_x_rowwise"] = row["tc_layout_net_ms"] / row["pathtune_net_ms"]
-                        W = TritonParams.heuristic(D).decode_pending_window   # the step's (no decode record)
+                        W = step_window(xs, cache, D)
                         if W > 0 and cache._pw is not None:   # the lazy step: time the flush step too
 
                             def reset_flush(cache=cache, T=T, W=W):
@@ -324,6 +323,18 @@ def time_steps(out: dict, budget) -> None:
                 if "amortized_ms" in r and "amortized_ms" in base:
                     r["fox_x_path_amortized"] = r["amortized_ms"] / base["amortized_ms"]
     out["steps"] = rows
+
+
+def step_window(xs, cache, D: int) -> int:
+    """The pending window of the config the public step runs for these inputs (its decode plan: a swept
+    record's ``decode_pending_window``, else the heuristic's): the flush step and the cycle follow it."""
+    from pathtune.codegen.triton.params import TritonParams
+    from pathtune.runtime.decode_dispatch import decode_plan
+
+    plan = decode_plan(xs[0], xs[1], xs[2], xs[5], cache)
+    if plan.backend == "triton" and plan.triton_params is not None:
+        return plan.triton_params.decode_pending_window
+    return TritonParams.heuristic(D).decode_pending_window
 
 
 def profile_steps(out: dict, budget) -> None:

@@ -236,8 +236,9 @@ def decode_section(path: Path, doc: dict) -> list[str]:
     swept = any(r.get("sweep") for r in doc["rows"])
     out = ["## Decoding one token (B = 8)", ""]
     if swept:
-        out += ["pathtune: the fastest config of the sweep (block_n / splits / warps), which `backend=\"auto\"` "
-                "serves from the shipped records; heuristic: the untuned config, timed first in the same row.", "",
+        out += ["pathtune: the fastest config of the sweep (block_n / splits / warps, and / the pending window where "
+                "the sweep varied it), which `backend=\"auto\"` serves from the shipped records; heuristic: the "
+                "untuned config, timed first in the same row.", "",
                 "| D | H | cache | | SDPA flash | fla step | pathtune | pathtune / flash | config | heuristic | "
                 "heuristic / flash | o err |",
                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -252,6 +253,10 @@ def decode_section(path: Path, doc: dict) -> list[str]:
         if swept:
             p, hd = r.get("params", {}), t.get("pathtune_default")
             cfg = "/".join(str(p.get(k, "?")) for k in ("decode_block_n", "decode_splits", "decode_num_warps"))
+            windows = {e["config"].get("decode_pending_window") for e in r["sweep"]}
+            if len(windows) > 1:      # the window the fastest entry ran
+                best = next((e["config"] for e in r["sweep"] if e.get("ms") == pt), {})
+                cfg += f"/W{best.get('decode_pending_window', '?')}"
             line += f"{cfg} | {_f(hd, 4)} | {_f(hd / fl if hd and fl else None, 2)}× | "
         out.append(line + f"{r['errors'].get('o', float('nan')):.1e} |")
     return out + [""] + _source(path, doc)

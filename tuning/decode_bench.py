@@ -67,7 +67,8 @@ class DecodeRow:
 
 def knob_values(params) -> dict:
     """The decode pass's knob values of a TritonParams, as the spec spells them (beta_clip_eps 'off')."""
-    out = {k: getattr(params, k) for k in ("decode_block_n", "decode_num_warps", "decode_splits", "decode_num_stages")}
+    out = {k: getattr(params, k) for k in ("decode_block_n", "decode_num_warps", "decode_splits", "decode_num_stages",
+                                           "decode_pending_window")}
     out["beta_clip_eps"] = "off" if params.beta_clip_eps is None else params.beta_clip_eps
     return out
 
