@@ -98,13 +98,15 @@ class KnobSpace:
     def is_valid(self, config: Mapping[str, Any], dims: Any) -> bool:
         return not self.validate(config, dims)
 
+    def _left_at_default(self, name: str) -> bool:
+        """A memory-role knob of a space made without ``memory_knobs``: the search does not vary it."""
+        return self.knobs[name].role == "memory" and not self.memory_knobs
+
     def searched_domain(self, name: str) -> tuple:
         """The values a search tries for knob ``name``: its domain, or only its default for a memory-role
         knob unless this space was made with ``memory_knobs=True`` (the user allows the memory)."""
         knob = self.knobs[name]
-        if knob.role == "memory" and not self.memory_knobs:
-            return (knob.default,)
-        return tuple(knob.domain)
+        return (knob.default,) if self._left_at_default(name) else tuple(knob.domain)
 
     def enumerate(self, dims: Any) -> Iterator[Config]:
         """Every valid config the search may try (``searched_domain``), in domain order (first knob slowest)."""
@@ -124,9 +126,8 @@ class KnobSpace:
         """
         import optuna  # heavy; only the tuner needs it
 
-        searched = {name: self.searched_domain(name) for name in self.knobs}
-        config = Config({name: trial.suggest_categorical(name, list(values)) if len(values) > 1 or
-                         self.knobs[name].role != "memory" else values[0] for name, values in searched.items()})
+        config = Config({name: knob.default if self._left_at_default(name)
+                         else trial.suggest_categorical(name, list(knob.domain)) for name, knob in self.knobs.items()})
         problems = self.validate(config, dims)
         if problems:
             raise optuna.TrialPruned("invalid config: " + "; ".join(problems))
