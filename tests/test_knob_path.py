@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,7 +121,7 @@ def test_superchunk_size_from_the_plan_to_the_launch(monkeypatch, fake_h200_env)
     assert carried["superchunk_size"] == SPEC.backend_defaults("triton", 64, 64)["superchunk_size"]
 
     seen = {}
-    real_resolve, real_tables = autograd.resolve_json, forward.build_tables
+    real_resolve, real_tables = forward.resolve_json, forward.build_tables
 
     def spy_resolve(backend, pass_, text, D, DV):
         seen.setdefault("configs", []).append(json.loads(text))
@@ -129,7 +131,7 @@ def test_superchunk_size_from_the_plan_to_the_launch(monkeypatch, fake_h200_env)
         seen.setdefault("S", []).append(S)
         return real_tables(B, T, cu, C, S, *a, **kw)
 
-    monkeypatch.setattr(autograd, "resolve_json", spy_resolve)
+    monkeypatch.setattr(forward, "resolve_json", spy_resolve)
     monkeypatch.setattr(forward, "build_tables", spy_tables)
     gen = torch.Generator().manual_seed(0)
     B, T, H, D = 1, 40, 1, 32
@@ -220,10 +222,100 @@ def test_the_plan_text_is_config_json_and_resolves_like_the_ops(fake_h200_env):
         assert plan.params_json == config_json("triton", "fwd", {**plan.fwd.config, **plan.bwd.config}, (D, D))
         op_text = _resolve_params_json(None, D, D)        # what path_attention_triton(config=None) carries
         assert resolve_json("triton", "fwd", op_text, D, D) == resolve_json("triton", "fwd", plan.params_json, D, D)
-    cfg = {"superchunk_size": 32, "chunk_size": 16, "block_n": 16, "bwd_block_n": 16}    # block_m clamps to 32
+    # block_m 64 > 32: the launch takes the whole super-chunk
+    cfg = {"superchunk_size": 32, "chunk_size": 16, "block_n": 16, "bwd_block_n": 16}
     text = config_json("triton", None, cfg, (64, 64))
     assert json.loads(text)["superchunk_size"] == 32
     assert resolve_json("triton", "fwd", text, 64, 64) == resolve_json("triton", "fwd",
                                                                        _resolve_params_json(cfg, 64, 64), 64, 64)
     with pytest.raises(ValueError, match="multiple of the forward key tile"):
         config_json("triton", "fwd", {"superchunk_size": 1024, "block_n": 96}, (64, 64))
+
+
+# -- the modules a knob crosses, traced -------------------------------------------------------------------
+
+KNOB = "superchunk_size"
+# the representation types and generic helpers a value lives in on its way (not steps of the path):
+# the Config mapping, its canonical JSON, the kernel params record, the constraint expression evaluator
+REPRESENTATION_MODULES = {"pathtune.specs.config", "pathtune.specs.canonical", "pathtune.codegen.triton.params",
+                          "pathtune.specs.expr"}
+
+
+def _carries(name, value) -> bool:
+    """Does an argument hold the knob: by name (``superchunk_size``, the launchers' ``S``), as a mapping key
+    (a Config, the spec's knob table), in a config's JSON text, or as a field (kernel params, a plan)?"""
+    if name in (KNOB, "S"):
+        return True
+    if isinstance(value, str):
+        return f'"{KNOB}"' in value
+    if isinstance(value, dict) or hasattr(value, "keys") and hasattr(value, "__getitem__"):
+        try:
+            return KNOB in value or any(isinstance(v, dict) and KNOB in v for v in value.values())
+        except TypeError:
+            return False
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(f.name == KNOB or _carries(f.name, getattr(value, f.name, None))
+                   for f in dataclasses.fields(value) if isinstance(getattr(value, f.name, None), (str, dict)))
+    return False
+
+
+def _trace_modules(run) -> tuple[dict[str, set[str]], str]:
+    """Run ``run()`` under a profiler: {pathtune module: functions called with the knob in an argument}, up
+    to the first Triton kernel launch, and the module that launched it."""
+    seen: dict[str, set[str]] = {}
+    launch = []
+
+    def profile(frame, event, _arg):
+        if event != "call" or launch:
+            return
+        module = frame.f_globals.get("__name__") or ""
+        if module.startswith("triton.runtime.interpreter") and frame.f_code.co_name == "__call__":
+            caller = frame.f_back
+            while caller is not None and not (caller.f_globals.get("__name__") or "").startswith("pathtune."):
+                caller = caller.f_back
+            launch.append(caller.f_globals["__name__"])
+            return
+        if not module.startswith("pathtune.") or module in REPRESENTATION_MODULES:
+            return
+        code = frame.f_code
+        for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+            if name in frame.f_locals and _carries(name, frame.f_locals[name]):
+                seen.setdefault(module, set()).add(code.co_name)
+                break
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return seen, (launch[0] if launch else "")
+
+
+def test_superchunk_size_crosses_five_modules_from_the_yaml_to_the_launch(monkeypatch, tmp_path):
+    """Traced, not listed: parse the spec's YAML, then a public call (the dispatcher's plan, the custom op,
+    the launch).  Modules that read or convert the value: specs/schema (the YAML's knob), runtime/dispatch
+    (picks the Config), codegen/_knobs (Config -> kernel params, once), codegen/triton/forward (the launch)
+    and its table builder _layout; runtime/api hands the plan's text to the op unread.  The custom op module
+    (autograd) is not crossed: the op's body is the launcher's entry point."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import pathtune
+    from pathtune.specs.loader import load_spec as load
+
+    yaml_copy = tmp_path / "path_attention.yaml"
+    yaml_copy.write_text((ROOT / "specs" / "path_attention.yaml").read_text())
+    spec_side, _ = _trace_modules(lambda: load(yaml_copy))
+    gen = torch.Generator().manual_seed(0)
+    B, T, H, D = 1, 40, 1, 32
+    q, k, v = (torch.randn(B, T, H, D, generator=gen) for _ in range(3))
+    w = F.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
+    beta = 1.5 + 0.5 * torch.rand(B, T, H, generator=gen)
+    call_side, launcher = _trace_modules(lambda: pathtune.path_attention(q, k, v, w, beta, backend="triton"))
+    crossed = set(spec_side) | set(call_side)
+    readers = crossed - {"pathtune.runtime.api"}
+    assert launcher == "pathtune.codegen.triton.forward"
+    assert "pathtune.codegen.triton.autograd" not in crossed
+    assert call_side["pathtune.runtime.api"] == {"_run_kernel"}           # hands the plan's text over
+    assert readers == {"pathtune.specs.schema", "pathtune.runtime.dispatch", "pathtune.codegen._knobs",
+                       "pathtune.codegen.triton.forward", "pathtune.codegen.triton._layout"}, sorted(crossed)
+    # one representation change: only _knobs turns the Config / its text into kernel params
+    assert {"resolve", "resolve_json", "_construct"} <= call_side["pathtune.codegen._knobs"]

@@ -172,4 +172,4 @@ def test_readme_stays_short():
     """The README is for users (what, install, journeys, API, CLI, environment): at most 20 KB; details
     belong in the package docs, BENCHMARKS.md and docs/."""
     size = len(README.read_bytes())
-    assert size <= 20 * 1024, f"README.md is {size} bytes, over 20 KB: move detail out of it"
+    assert size <= 20_000, f"README.md is {size} bytes, over 20 KB: move detail out of it"

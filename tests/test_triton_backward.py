@@ -371,13 +371,13 @@ def test_backward_runs_through_custom_op(monkeypatch):
     """The gradients above really come from the Triton backward: the custom op's backward calls
     path_attention_bwd once per backward pass."""
     calls = []
-    real = tri_autograd.path_attention_bwd
+    real = tri_backward.path_attention_bwd
 
     def counting(*a, **k):
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(tri_autograd, "path_attention_bwd", counting)
+    monkeypatch.setattr(tri_backward, "path_attention_bwd", counting)
     inputs, do = make_inputs(400, T=40, gate=True)
     got = kernel_grads(inputs, do, params())
     assert len(calls) == 1
@@ -498,8 +498,8 @@ def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, dtype, r
     else:
         monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
     calls = []
-    real_state = tri_autograd.backward_state
-    monkeypatch.setattr(tri_autograd, "backward_state", lambda *a, **k: calls.append(1) or real_state(*a, **k))
+    real_state = tri_backward.backward_state
+    monkeypatch.setattr(tri_backward, "backward_state", lambda *a, **k: calls.append(1) or real_state(*a, **k))
     recomputed = kernel_grads(inputs, do, params(dtype), **kw)
     assert calls == [1]
     kept = kernel_grads(inputs, do, params(dtype, bwd_forward_state="keep"), **kw)

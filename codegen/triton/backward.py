@@ -29,11 +29,14 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+from typing import Optional
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
-from ._layout import SequenceTables, build_tables
+from .._knobs import resolve_json
+from ._layout import SequenceTables
 from ._ops import interpreting, next_pow2, padded_dim
 from .bwd_chain import (
     bwd_chain_dwhat_kernel,
@@ -52,7 +55,10 @@ from .forward import (
     UT_COLUMN_BLOCK,
     ForwardState,
     _tokens,
+    config_error,
     prepare_state,
+    state_from_kept,
+    state_tables,
     transition_column_block,
     transport_rows,
     ut_chunk_state,
@@ -282,7 +288,7 @@ def backward_state(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torc
     the backward's kj and What are the forward's own.  One range reads u, K~ and m in its kernels:
     float32."""
     B, T, HQ, D = q.shape
-    tb = build_tables(B, T, cu_seqlens, params.chunk_size, params.superchunk_size, q.device, block_m=params.block_m)
+    tb = state_tables(B, T, cu_seqlens, params, q.device)
     ranged = _range_count(tb, B * T, k.shape[2], HQ, D, params) > 1
     return prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params, compact=ranged)
 
@@ -465,7 +471,7 @@ def path_attention_bwd(
             y, state.kj, vt, gc, dot_, lset, delta, dkj, dv, dom, dc, om, kz,
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             qk_scale, gate_scale, scale, gate_nat, N,
-            BLOCK_N=BN, BLOCK_M=params.bwd_block_m, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
+            BLOCK_N=BN, BLOCK_M=min(params.bwd_block_m, S), DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
             num_warps=params.bwd_inter_num_warps, num_stages=params.bwd_num_stages, **common,
         )
         del kz
@@ -560,3 +566,42 @@ def path_attention_bwd(
     dg = _gate_grad(dc, tb, (B, T, HQ)).to(g.dtype).contiguous() if use_gate else None
     return (dq.view(B, T, HQ, D), dk.view(B, T, H, D), dv.view(B, T, H, DV),
             dw.view(B, T, H, D), dbeta.view(B, T, H), dg)
+
+
+def kept_state(kept: list[torch.Tensor], q: torch.Tensor, cu_seqlens: torch.Tensor | None,
+               params: TritonParams) -> ForwardState:
+    """The forward's kept state (bwd_forward_state keep: ``forward.KEPT_STATE_FIELDS``) as the backward's
+    ForwardState, over the same tables ``backward_state`` would build."""
+    B, T = q.shape[:2]
+    return state_from_kept(list(kept), state_tables(B, T, cu_seqlens, params, q.device))
+
+
+
+def backward_op(do: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                w: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor], o: torch.Tensor, lse: torch.Tensor,
+                cu_seqlens: Optional[torch.Tensor], kept: list[torch.Tensor], scale: float, config_json: str,
+                gate_placement: str) -> list[torch.Tensor]:
+    """The custom op ``pathtune::path_attn_bwd`` (autograd.py registers it): the gradients at the config
+    ``config_json``, from the kept forward state when the forward op returned one (else the state is
+    recomputed); dg is an empty tensor without a gate."""
+    params = resolve_json("triton", "bwd", config_json, int(q.shape[-1]), int(v.shape[-1]))
+    try:
+        if kept and kept[0].numel():
+            state = kept_state(kept, q, cu_seqlens, params)
+        else:
+            state = backward_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params)
+        grads = path_attention_bwd(do.contiguous(), q, k, v, w, beta, g, o, lse, state, scale=scale, params=params,
+                                   gate_placement=gate_placement, dlse=dlse)
+    except OutOfResources as exc:
+        raise config_error(exc, q, v, config_json, "backward") from exc
+    dg = grads[5] if grads[5] is not None else beta.new_empty(0)
+    return [*grads[:5], dg]
+
+
+def backward_op_like(do, dlse, q, k, v, w, beta, g, o, lse, cu_seqlens, kept, scale, config_json, gate_placement):
+    """``backward_op``'s results as uninitialised tensors (its fake implementation): contiguous like the real
+    op's (empty_like would copy the strides of a permuted input, and inductor asserts the real strides)."""
+    def like(x):
+        return x.new_empty(x.shape)
+    dg = like(g) if g is not None else beta.new_empty(0)
+    return [like(q), like(k), like(v), like(w), like(beta), dg]

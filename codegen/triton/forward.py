@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
+from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .._knobs import resolve_json
 from ._layout import SequenceTables, build_tables, gate_cumsum
 from ._ops import interpreting, padded_dim
 from .params import TritonParams
@@ -72,6 +75,16 @@ def superchunk_rows(batch: int, seq_len: int, n_seqs: int | None, S: int) -> int
     return max(seq_len // S + n_seqs, 1)
 
 
+def _absent(like: torch.Tensor) -> torch.Tensor:
+    """The placeholder of a state tensor that is not there (custom ops return tensors, not None)."""
+    return like.new_empty(0, dtype=torch.float32)
+
+
+def absent_state(like: torch.Tensor) -> list[torch.Tensor]:
+    """What the forward op returns for the kept state under bwd_forward_state recompute: placeholders."""
+    return [_absent(like) for _ in KEPT_STATE_FIELDS]
+
+
 def kept_state_like(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor | None, n_seqs: int | None,
                     params: TritonParams) -> list[torch.Tensor]:
     """Uninitialised tensors of the kept state's shapes and dtypes (``KEPT_STATE_FIELDS``) for a forward
@@ -79,18 +92,17 @@ def kept_state_like(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor | None, n_
     B, T, HQ, D = q.shape
     H, N, BD, C = k.shape[2], B * T, padded_dim(D), params.chunk_size
     store, f32 = params.scan_torch_dtype, torch.float32
-    absent = q.new_empty(0, dtype=f32)
     return [q.new_empty(N, H, D, dtype=store), q.new_empty(N, H, D, dtype=store), q.new_empty(N, H, C, dtype=f32),
             q.new_empty(N, H, D, dtype=store),
             q.new_empty(superchunk_rows(B, T, n_seqs, params.superchunk_size), H, BD, BD, dtype=f32),
-            q.new_empty(HQ, N, dtype=f32) if g is not None else absent,
-            q.new_empty(N, H, D, dtype=store) if store != f32 else absent]
+            q.new_empty(HQ, N, dtype=f32) if g is not None else _absent(q),
+            q.new_empty(N, H, D, dtype=store) if store != f32 else _absent(q)]
 
 
 def kept_state_tensors(state: "ForwardState") -> list[torch.Tensor]:
     """The forward's state as the list ``KEPT_STATE_FIELDS`` names (placeholders for absent ones)."""
-    absent = state.u.new_empty(0, dtype=torch.float32)
-    return [getattr(state, name) if getattr(state, name) is not None else absent for name in KEPT_STATE_FIELDS]
+    return [getattr(state, name) if getattr(state, name) is not None else _absent(state.u)
+            for name in KEPT_STATE_FIELDS]
 
 
 def state_from_kept(tensors: list[torch.Tensor], tables: SequenceTables) -> "ForwardState":
@@ -100,6 +112,19 @@ def state_from_kept(tensors: list[torch.Tensor], tables: SequenceTables) -> "For
         if values[name].numel() == 0:
             values[name] = None
     return ForwardState(tables=tables, **values)
+
+
+def query_block(params: TritonParams) -> int:
+    """Query rows per program of the inter-super-chunk scan: block_m, or the whole super-chunk when that is
+    shorter (a schedule choice; small tiles in tests and probes)."""
+    return min(params.block_m, params.superchunk_size)
+
+
+def state_tables(batch: int, seq_len: int, cu_seqlens: torch.Tensor | None, params: TritonParams,
+                 device: torch.device) -> SequenceTables:
+    """The chunk / super-chunk / query-block tables of a forward (and of the backward's state) at ``params``."""
+    return build_tables(batch, seq_len, cu_seqlens, params.chunk_size, params.superchunk_size, device,
+                        block_m=query_block(params))
 
 
 def _tokens(x: torch.Tensor) -> torch.Tensor:
@@ -293,7 +318,7 @@ def prepare_state(
     dt = params.scan_dtype
     store_dtype = params.scan_torch_dtype
 
-    tables = build_tables(B, T, cu_seqlens, C, S, dev, block_m=params.block_m)
+    tables = state_tables(B, T, cu_seqlens, params, dev)
     kt_in, wt, bt = _tokens(k), _tokens(w), _tokens(beta)
     N = kt_in.shape[0]
 
@@ -382,9 +407,59 @@ def path_attention_fwd(
             o, lse,
             tables.blk_tok0, tables.blk_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base,
             tables.n_blocks, scale * _LOG2E, gate_scale, N,
-            HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, BLOCK_M=params.block_m, S=S, BLOCK_N=params.block_n,
+            HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, BLOCK_M=query_block(params), S=S, BLOCK_N=params.block_n,
             DB=transition_column_block(BD), DT=dt, TP=params.transition_precision, USE_GATE=g is not None,
             INTERP=interp, TMA=tma,
             num_warps=params.inter_num_warps, num_stages=params.num_stages,
         )
     return o.view(B, T, HQ, DV), lse.view(B, T, HQ), state
+
+
+
+class KernelConfigError(RuntimeError):
+    """A Triton config that does not compile or does not fit this GPU (shared memory, registers)."""
+
+
+def config_error(exc: Exception, q: torch.Tensor, v: torch.Tensor, config_json: str, what: str) -> KernelConfigError:
+    """The error a user sees when the kernels at ``config_json`` do not fit: what to change, and how to check."""
+    D, DV = q.shape[-1], v.shape[-1]
+    wide = (" (above head dim 128, TritonParams.heuristic(D, DV)'s tiles are the ones checked to fit an "
+            "sm_90 GPU: chunk_size 32, block_m and bwd_block_m 64, block_n and bwd_block_n 32, one stage)"
+            if max(D, DV) > 128 else "")
+    return KernelConfigError(
+        f"the Triton PaTH {what} kernels with config {config_json} do not fit this GPU for head dims "
+        f"D={D}, DV={DV} ({type(exc).__name__}: {exc}). Pass a smaller config (chunk_size, num_stages, "
+        f"block_m, block_n, bwd_block_m, bwd_block_n){wide}, tune one for this GPU, or use "
+        f"backend='reference'. `python -m pathtune.codegen.triton.compile_check --head-dim {D} --pass fwd "
+        f"--config JSON` reports a config's shared memory per kernel without a GPU.")
+
+
+def forward_params(config_json: str, q: torch.Tensor, v: torch.Tensor) -> TritonParams:
+    """The custom op's config (a complete spec Config as JSON) -> kernel params: the one representation
+    change (``_knobs.resolve_json``, cached per config text and head dims)."""
+    return resolve_json("triton", "fwd", config_json, int(q.shape[-1]), int(v.shape[-1]))
+
+
+def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+               g: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], scale: float, config_json: str,
+               gate_placement: str) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The custom op ``pathtune::path_attn_fwd`` (autograd.py registers it): the forward at the config
+    ``config_json``; (o, lse, the kept state under bwd_forward_state keep, else placeholders)."""
+    params = forward_params(config_json, q, v)
+    try:
+        o, lse, state = path_attention_fwd(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, params=params,
+                                           gate_placement=gate_placement)
+    except OutOfResources as exc:
+        raise config_error(exc, q, v, config_json, "forward") from exc
+    return o, lse, (kept_state_tensors(state) if params.bwd_forward_state == "keep" else absent_state(q))
+
+
+def forward_op_like(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+                    g: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], scale: float, config_json: str,
+                    gate_placement: str):
+    """``forward_op``'s results as uninitialised tensors from the sizes alone (its fake implementation)."""
+    B, T, HQ, _ = q.shape
+    params = forward_params(config_json, q, v)
+    n_seqs = None if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    kept = kept_state_like(q, k, g, n_seqs, params) if params.bwd_forward_state == "keep" else absent_state(q)
+    return q.new_empty(B, T, HQ, v.shape[-1]), q.new_empty(B, T, HQ, dtype=torch.float32), kept

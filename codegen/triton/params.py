@@ -54,12 +54,6 @@ class TritonParams:
     decode_pending_window: int = spec_default("decode_pending_window")
 
     def __post_init__(self):
-        # a schedule knob only: a super-chunk shorter than the default query tile takes the whole
-        # super-chunk as its tile (configs written before block_m / bwd_block_m existed keep working)
-        if self.block_m > self.superchunk_size:
-            object.__setattr__(self, "block_m", self.superchunk_size)
-        if self.bwd_block_m > self.superchunk_size:
-            object.__setattr__(self, "bwd_block_m", self.superchunk_size)
         check_params(self, "triton")
 
     @classmethod

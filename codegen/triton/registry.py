@@ -24,8 +24,8 @@ REGISTRY.implement("ut_inverse", "split", FWD + BWD, _T + "forward:ut_forward", 
                    _T + "ut:ut_chunk_kernel", _T + "ut:ut_apply_kernel")
 REGISTRY.implement("ut_inverse", "state_stored", BWD, _T + "forward:prepare_state", _T + "forward:ForwardState")
 REGISTRY.implement("ut_inverse", "state_recomputed", BWD, _T + "backward:_ranges", _T + "backward:PHASE2_RANGE_BYTES")
-REGISTRY.implement("ut_inverse", "state_kept", BWD, _T + "forward:kept_state_tensors", _T + "forward:state_from_kept",
-                   _T + "autograd:_path_attn_fwd")
+REGISTRY.implement("ut_inverse", "state_kept", BWD, _T + "forward:forward_op", _T + "forward:kept_state_tensors",
+                   _T + "backward:kept_state")
 
 REGISTRY.implement("blockwise_scan", "intra_inter_kernels", FWD, _T + "scan_fwd:scan_intra_kernel",
                    _T + "scan_fwd:scan_inter_kernel")
