@@ -6,8 +6,9 @@ backward will follow) -- with a ``Plan``. The answer comes, in this order, from
 
 1. the loaded **pack**, exact workload key                           (source ``pack``)
 2. **perf_db** (``PerfDB.best``), exact workload key                  (source ``perf_db``)
-3. the nearest length bucket, pack first, then perf_db; then the same
-   shape at the nearest other batch bucket (tuners fix a token budget) (source ``bucket``)
+3. the nearest length bucket, pack first, then perf_db (decode: at most ``DECODE_LENGTH_REACH``
+   powers of two away); then the same shape at the nearest other batch bucket (tuners fix a
+   token budget)                                                     (source ``bucket``)
 4. a result of the same shape with the FoX gate the other way: its schedule knobs (tiles, warps,
    stages), precision and beta-clip knobs from the heuristic         (source ``gate``)
 5. the pack's per-pass default config                               (source ``default``)
@@ -65,6 +66,19 @@ _log = logging.getLogger("pathtune.dispatch")
 
 SOURCES = ("pack", "perf_db", "bucket", "gate", "default", "heuristic")
 _MAX_BATCH_LOG2 = 10   # batch buckets 1 .. 1024 are searched when the caller's own has no result
+# Decode records serve other length buckets at most this many powers of two away: a decode step's tiles,
+# warps and splits follow the cache length.  On the H200 (perf_db/shipped/H200-20261203T202551Z-decode-sweep.json,
+# every schedule timed per key) the 4K pick run at 32K, or the reverse, was slower than the untuned config
+# in 4 of 8 keys (by 21-41 %), faster in 2 (by 2-9 %).
+DECODE_LENGTH_REACH = 1
+
+
+def within_reach(pass_: str, served_bucket: int, wanted_bucket: int) -> bool:
+    """May a record of length bucket ``served_bucket`` serve a call of ``wanted_bucket``?  Always for the
+    forward and backward; within ``DECODE_LENGTH_REACH`` powers of two for decode."""
+    if pass_ != "decode":
+        return True
+    return abs(int(served_bucket).bit_length() - int(wanted_bucket).bit_length()) <= DECODE_LENGTH_REACH
 _UNSET: Any = object()
 
 
@@ -462,11 +476,12 @@ class Dispatcher:
                     if db_row["match"] == "exact":
                         return Choice(pass_, db_row["backend"], config, "perf_db",
                                       f"measurement #{db_row['measurement_id']}, {db_row['median_ms']:.4g} ms")
-        if pack_hit is not None and pack_hit.match == "nearest":
+        if pack_hit is not None and pack_hit.match == "nearest" and within_reach(pass_, pack_hit.seq_bucket,
+                                                                               wl.seq_bucket):
             return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack", pack_hit.backend),
                           "bucket",
                           f"pack {Path(pack.source).name}, length bucket {pack_hit.seq_bucket} for {wl.seq_bucket}")
-        if db_row is not None:  # nearest
+        if db_row is not None and within_reach(pass_, db_row["seq_bucket"], wl.seq_bucket):  # nearest
             return Choice(pass_, db_row["backend"],
                           self._valid(pass_, db_row["config"], wl, "perf_db", db_row["backend"]), "bucket",
                           f"perf_db measurement #{db_row['measurement_id']}, length bucket {db_row['seq_bucket']} "
@@ -493,7 +508,7 @@ class Dispatcher:
                 hit = pack.lookup(alt, env_info=env, backends=backends, current_keys=current_keys)
             except Exception:  # noqa: BLE001 - handled (and warned) by the caller's own lookup
                 hit = None
-            if hit is not None and hit.match != "default":
+            if hit is not None and hit.match != "default" and within_reach(pass_, hit.seq_bucket, alt.seq_bucket):
                 yield hit.backend, hit.config, f"pack {Path(pack.source).name}", hit.seq_bucket
         db = self._db if self._db is not _UNSET else None
         if db is not None:
@@ -503,7 +518,8 @@ class Dispatcher:
             except Exception as e:  # noqa: BLE001
                 self._drop_db(e)
                 return
-            if row is not None and row["backend"] in backends:
+            if (row is not None and row["backend"] in backends
+                    and within_reach(pass_, row["seq_bucket"], alt.seq_bucket)):
                 yield row["backend"], row["config"], f"perf_db measurement #{row['measurement_id']}", row["seq_bucket"]
 
     def _other_batch_bucket(self, pass_: str, wl: Workload, env: Mapping[str, Any],

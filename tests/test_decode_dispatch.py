@@ -458,3 +458,20 @@ def test_a_borrowed_or_untuned_decode_config_gets_splits_that_fill_the_gpu(env, 
     use(env, db_url)
     lent = _triton_plan(1, heads=8, D=128)
     assert lent.choice.source == "bucket" and lent.triton_params.decode_splits == 16, lent.describe()
+
+
+def test_decode_records_serve_only_nearby_length_buckets(env, db_url):
+    """A decode record lends its config to the next length bucket, not to one 8x longer: the steps' tiles,
+    warps and splits follow the cache length (dispatch.DECODE_LENGTH_REACH)."""
+    measured = triton_cfg(decode_block_n=256, decode_num_warps=8, decode_splits=2)
+    record(db_url, env, [(wl(seq=4096), "triton", measured, 0.08)])
+    use(env, db_url)
+    exact, next_bucket, far = plan(keys=4000), plan(keys=8000), plan(keys=32000)
+    assert exact.choice.source == "perf_db" and exact.triton_params.decode_num_warps == 8
+    assert next_bucket.choice.source == "bucket" and next_bucket.triton_params.decode_num_warps == 8
+    assert "length bucket 4096 for 8192" in next_bucket.choice.detail
+    assert far.choice.source == "heuristic", far.describe()
+    assert far.triton_params.decode_num_warps != 8
+    # the forward keeps serving far buckets (its tiles do not follow the length as the decode split does)
+    assert dispatch.within_reach("fwd", 4096, 32768) and not dispatch.within_reach("decode", 4096, 32768)
+    assert dispatch.within_reach("decode", 16384, 32768) and dispatch.within_reach("decode", 65536, 32768)

@@ -29,7 +29,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
 ]
 
-import pathtune.codegen.triton.autograd as tri_autograd  # noqa: E402
 import pathtune.codegen.triton.backward as tri_backward  # noqa: E402
 import pathtune.codegen.triton.forward as tri_forward  # noqa: E402
 from pathtune.codegen.triton import TritonParams, path_attention_triton  # noqa: E402
