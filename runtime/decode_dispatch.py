@@ -42,6 +42,12 @@ __all__ = ["DecodePlan", "decode_plan", "plan_for", "tuned_triton_params"]
 _log = logging.getLogger("pathtune.dispatch")
 _MEASURED = ("pack", "perf_db", "bucket")    # sources that name a config measured for this shape
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Decode records time one-token steps, and the workload key has no token count.  On the H200 the D 128
+# one-token picks (2 splits, or 8 warps) ran calls of 4 / 16 tokens 1.3-1.5x slower than the untuned config
+# (benchmarks/results/H200-20261203T173100Z-decode-swept-probe.json and -202000Z-decode-partial-probe.json
+# against -171000Z-decode-probe.json), while at D 64 they were within -7 % / +2 % of it.  Until records per
+# token count exist, a call of several tokens runs the untuned config.
+SEVERAL_TOKENS = "several tokens per call: decode records time one-token steps"
 
 
 @dataclass(frozen=True)
@@ -128,23 +134,33 @@ def _tvm_step_or_reason(d: "dispatch.Dispatcher", choice, device: torch.device, 
 
 def plan_for(device: torch.device, head_dim: int, head_dim_v: int, heads_q: int, heads_kv: int,
              q_dtype: torch.dtype, cache_dtype: torch.dtype, gated: bool, keys: int, batch: int,
-             triton_params=None) -> DecodePlan:
+             triton_params=None, tokens: int = 1) -> DecodePlan:
     """The plan of a decode step (cached per key on the process-wide dispatcher).
 
-    ``keys``: cache length + new tokens; ``triton_params``: a callable giving the TritonParams of the
-    Triton step (asked only when Triton runs; default: the decode pass's choice merged with the heuristic).
+    ``keys``: cache length + new tokens; ``tokens``: new tokens per call; ``triton_params``: a callable
+    giving the TritonParams of the Triton step (asked only when Triton runs and the dispatcher's choice
+    applies; default: the decode pass's choice merged with the heuristic).  A call of several tokens runs
+    the untuned Triton config (``SEVERAL_TOKENS``).
     """
     from pathtune.specs import Workload
     from pathtune.specs.workload import batch_bucket, seq_bucket
 
     d = dispatch.get_dispatcher()
+    several = tokens > 1
     key = (device.type, device.index, head_dim, head_dim_v, heads_q, heads_kv, q_dtype, cache_dtype, gated,
-           seq_bucket(keys), batch_bucket(batch))
+           seq_bucket(keys), batch_bucket(batch), several)
     plan = d.decode_plans.get(key)
     if plan is not None:
         return plan
     wl = Workload(head_dim=head_dim, head_dim_v=head_dim_v, heads_q=heads_q, heads_kv=heads_kv,
                   dtype=_dtype_name(q_dtype), use_gate=gated, pass_="decode", seq_bucket=key[9], batch_bucket=key[10])
+    if several:
+        choice = dispatch.untuned_choice("decode", wl, "triton", SEVERAL_TOKENS)
+        params, adjusted = _fill_gpu(_triton_params(choice, head_dim, head_dim_v), choice,
+                                     d.env_for(device).get("sm_count"), batch * heads_kv, keys)
+        plan = d.decode_plans[key] = DecodePlan("triton", choice, triton_params=params, adjusted=adjusted)
+        _report(key, plan)
+        return plan
     best = d.choose("decode", wl, device, ("triton", "tvm"))
     fallback = ""
     if best.backend == "tvm":
@@ -177,7 +193,7 @@ def decode_plan(q, k, v, g, cache) -> DecodePlan:
         return tuned_triton_params("decode", q, k, v, g, keys, "triton")
 
     return plan_for(q.device, D, v.shape[-1], HQ, k.shape[2], q.dtype, cache.k_buffer.dtype, g is not None,
-                    keys, B, triton_params)
+                    keys, B, triton_params, tokens=T)
 
 
 def tuned_triton_params(pass_: str, q, k, v, g, keys: int, backend: str):
@@ -238,10 +254,10 @@ def _triton_params(choice, D: int, DV: int):
 
 
 def _key_text(key: tuple) -> str:
-    (dev_type, dev_index, D, DV, HQ, H, qdt, cdt, gated, sb, bb) = key
+    (dev_type, dev_index, D, DV, HQ, H, qdt, cdt, gated, sb, bb, several) = key
     dev = dev_type if dev_index is None else f"{dev_type}:{dev_index}"
     return (f"{dev} D={D} DV={DV} HQ={HQ} H={H} {_dtype_name(qdt)} cache {_dtype_name(cdt)} gate={int(gated)} "
-            f"keys<={sb} seqs<={bb}")
+            f"keys<={sb} seqs<={bb} tokens{'>1' if several else '=1'}")
 
 
 _told: set[str] = set()

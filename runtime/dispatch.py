@@ -179,6 +179,11 @@ def pass_config(pass_: str, params: Any) -> Config:
     return Config({n: values[n] for n in _space(pass_).knobs})
 
 
+def untuned_choice(pass_: str, wl: Workload, backend: str, detail: str) -> Choice:
+    """The backend's untuned config of the pass for ``wl`` (source ``heuristic``), ``detail`` saying why."""
+    return _heuristic(pass_, wl, backend, detail)
+
+
 def _heuristic(pass_: str, wl: Workload, backend: str, detail: str) -> Choice:
     """The backend's untuned config of the pass (the spec's head-dim defaults over its defaults)."""
     space = _space(pass_)

@@ -475,3 +475,25 @@ def test_decode_records_serve_only_nearby_length_buckets(env, db_url):
     # the forward keeps serving far buckets (its tiles do not follow the length as the decode split does)
     assert dispatch.within_reach("fwd", 4096, 32768) and not dispatch.within_reach("decode", 4096, 32768)
     assert dispatch.within_reach("decode", 16384, 32768) and dispatch.within_reach("decode", 65536, 32768)
+
+
+def test_several_token_calls_run_the_untuned_config(env, db_url, tmp_path, monkeypatch, loaded):
+    """Records time one-token steps: a call of several tokens runs the untuned Triton config (its own plan,
+    source heuristic, saying why), never a one-token pick nor the TVM step (one launch per token)."""
+    record(db_url, env, [(wl(), "triton", triton_cfg(decode_block_n=256, decode_splits=2), 0.30),
+                         (wl(), "tvm", record_config(LAYOUT), 0.20)])
+    monkeypatch.setenv("PATHTUNE_TVM_MODULES", str(fake_store(tmp_path / "store")))
+    use(env, db_url)
+    one = plan()
+    s = SHAPE
+    several = decode_dispatch.plan_for(CUDA0, s["head_dim"], s["head_dim_v"], s["heads_q"], s["heads_kv"],
+                                       torch.bfloat16, torch.bfloat16, s["use_gate"], 32768, 8, tokens=4)
+    assert one.backend == "tvm" and one.choice.source == "perf_db"
+    assert several.backend == "triton" and several.choice.source == "heuristic", several.describe()
+    assert decode_dispatch.SEVERAL_TOKENS in several.describe()
+    untuned = several.triton_params
+    assert (untuned.decode_block_n, untuned.decode_splits) != (256, 2)
+    assert untuned.decode_block_n == load_spec().backend_defaults("triton", 128, 128)["decode_block_n"]
+    assert len(loaded) == 1                        # only the one-token plan loaded TVM modules
+    assert decode_dispatch.plan_for(CUDA0, s["head_dim"], s["head_dim_v"], s["heads_q"], s["heads_kv"],
+                                    torch.bfloat16, torch.bfloat16, s["use_gate"], 32768, 8, tokens=16) is several
