@@ -309,7 +309,14 @@ def test_superchunk_size_crosses_five_modules_from_the_yaml_to_the_launch(monkey
     q, k, v = (torch.randn(B, T, H, D, generator=gen) for _ in range(3))
     w = F.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
     beta = 1.5 + 0.5 * torch.rand(B, T, H, generator=gen)
-    call_side, launcher = _trace_modules(lambda: pathtune.path_attention(q, k, v, w, beta, backend="triton"))
+    from pathtune.runtime import dispatch
+
+    _knobs.resolve_json.cache_clear()           # caches of earlier tests would skip the steps traced here
+    old = dispatch.set_dispatcher(None)
+    try:
+        call_side, launcher = _trace_modules(lambda: pathtune.path_attention(q, k, v, w, beta, backend="triton"))
+    finally:
+        dispatch.set_dispatcher(old)
     crossed = set(spec_side) | set(call_side)
     readers = crossed - {"pathtune.runtime.api"}
     assert launcher == "pathtune.codegen.triton.forward"
