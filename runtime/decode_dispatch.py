@@ -154,28 +154,27 @@ def plan_for(device: torch.device, head_dim: int, head_dim_v: int, heads_q: int,
         return plan
     wl = Workload(head_dim=head_dim, head_dim_v=head_dim_v, heads_q=heads_q, heads_kv=heads_kv,
                   dtype=_dtype_name(q_dtype), use_gate=gated, pass_="decode", seq_bucket=key[9], batch_bucket=key[10])
+    plan, fallback = None, ""
     if several:
         choice = dispatch.untuned_choice("decode", wl, "triton", SEVERAL_TOKENS)
-        params, adjusted = _fill_gpu(_triton_params(choice, head_dim, head_dim_v), choice,
-                                     d.env_for(device).get("sm_count"), batch * heads_kv, keys)
-        plan = d.decode_plans[key] = DecodePlan("triton", choice, triton_params=params, adjusted=adjusted)
-        _report(key, plan)
-        return plan
-    best = d.choose("decode", wl, device, ("triton", "tvm"))
-    fallback = ""
-    if best.backend == "tvm":
-        from pathtune.codegen.tvm.params import KernelDims
+        params = _triton_params(choice, head_dim, head_dim_v)
+    else:
+        best = d.choose("decode", wl, device, ("triton", "tvm"))
+        if best.backend == "tvm":
+            from pathtune.codegen.tvm.params import KernelDims
 
-        dims = KernelDims(H=heads_kv, HQ=heads_q, D=head_dim, DV=head_dim_v, dtype=_dtype_name(q_dtype), gated=gated)
-        step, why = _tvm_step_or_reason(d, best, device, dims, cache_dtype, q_dtype)
-        if step is not None:
-            plan = DecodePlan("tvm", best, tvm_step=step)
-        else:
-            fallback = f"TVM decode ({best.detail or best.source}) not run: {why}"
-            _tell(f"pathtune: decode {_key_text(key)}: {fallback}; running the Triton step")
+            dims = KernelDims(H=heads_kv, HQ=heads_q, D=head_dim, DV=head_dim_v, dtype=_dtype_name(q_dtype),
+                              gated=gated)
+            step, why = _tvm_step_or_reason(d, best, device, dims, cache_dtype, q_dtype)
+            if step is not None:
+                plan = DecodePlan("tvm", best, tvm_step=step)
+            else:
+                fallback = f"TVM decode ({best.detail or best.source}) not run: {why}"
+                _tell(f"pathtune: decode {_key_text(key)}: {fallback}; running the Triton step")
+        if plan is None:
+            choice = d.choose("decode", wl, device, ("triton",))
+            params = triton_params() if triton_params is not None else _triton_params(choice, head_dim, head_dim_v)
     if plan is None:
-        choice = d.choose("decode", wl, device, ("triton",))
-        params = triton_params() if triton_params is not None else _triton_params(choice, head_dim, head_dim_v)
         params, adjusted = _fill_gpu(params, choice, d.env_for(device).get("sm_count"), batch * heads_kv, keys)
         plan = DecodePlan("triton", choice, triton_params=params, fallback=fallback, adjusted=adjusted)
     d.decode_plans[key] = plan

@@ -66,6 +66,7 @@ _log = logging.getLogger("pathtune.dispatch")
 
 SOURCES = ("pack", "perf_db", "bucket", "gate", "default", "heuristic")
 _MAX_BATCH_LOG2 = 10   # batch buckets 1 .. 1024 are searched when the caller's own has no result
+_UNSET: Any = object()
 # Decode records serve other length buckets at most this many powers of two away: a decode step's tiles,
 # warps and splits follow the cache length.  On the H200 (perf_db/shipped/H200-20261203T202551Z-decode-sweep.json,
 # every schedule timed per key) the 4K pick run at 32K, or the reverse, was slower than the untuned config
@@ -79,7 +80,6 @@ def within_reach(pass_: str, served_bucket: int, wanted_bucket: int) -> bool:
     if pass_ != "decode":
         return True
     return abs(int(served_bucket).bit_length() - int(wanted_bucket).bit_length()) <= DECODE_LENGTH_REACH
-_UNSET: Any = object()
 
 
 class DispatchWarning(RuntimeWarning):
@@ -180,12 +180,8 @@ def pass_config(pass_: str, params: Any) -> Config:
 
 
 def untuned_choice(pass_: str, wl: Workload, backend: str, detail: str) -> Choice:
-    """The backend's untuned config of the pass for ``wl`` (source ``heuristic``), ``detail`` saying why."""
-    return _heuristic(pass_, wl, backend, detail)
-
-
-def _heuristic(pass_: str, wl: Workload, backend: str, detail: str) -> Choice:
-    """The backend's untuned config of the pass (the spec's head-dim defaults over its defaults)."""
+    """The backend's untuned config of the pass for ``wl`` (the spec's head-dim defaults over its defaults;
+    source ``heuristic``), ``detail`` saying why."""
     space = _space(pass_)
     untuned = load_spec().backend_defaults(backend, wl.head_dim, wl.head_dim_v)
     return Choice(pass_, backend, Config({n: untuned[n] for n in space.knobs}), "heuristic", detail)
@@ -433,7 +429,7 @@ class Dispatcher:
     def _choose(self, pass_: str, wl: Workload, device: torch.device, backends: tuple[str, ...]) -> Choice:
         fallback = backends[0]
         if device.type != "cuda" and self.gpu_only:
-            return _heuristic(pass_, wl, fallback, f"{device.type} device: tuned configs are per GPU")
+            return untuned_choice(pass_, wl, fallback, f"{device.type} device: tuned configs are per GPU")
         env = self.env_for(device)
         from pathtune.perf_db import PackMismatch
 
@@ -501,7 +497,7 @@ class Dispatcher:
             return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack", pack_hit.backend),
                           "default",
                           f"pack {Path(pack.source).name} default for {pass_}")
-        return _heuristic(pass_, wl, fallback, "no tuned config for this key")
+        return untuned_choice(pass_, wl, fallback, "no tuned config for this key")
 
     def _results_for(self, pass_: str, alt: Workload, env: Mapping[str, Any], backends: tuple[str, ...]):
         """Results for workload ``alt``, in order: the pack's (exact or nearest length bucket, not its
@@ -561,7 +557,7 @@ class Dispatcher:
         space = _space(pass_)
         other = "PaTH-FoX" if alt.use_gate else "PaTH"
         for backend, config, where, _ in self._results_for(pass_, alt, env, backends):
-            base = _heuristic(pass_, wl, backend, "").config
+            base = untuned_choice(pass_, wl, backend, "").config
             mixed = {name: (config[name] if knob.role == "schedule" and name in config else base[name])
                      for name, knob in space.knobs.items()}
             valid = self._valid(pass_, mixed, wl, f"{where} (gate transfer)")

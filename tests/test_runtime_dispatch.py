@@ -144,7 +144,7 @@ def test_other_gate_lends_its_schedule_only(env, db_url):
     cfg = p.fwd.config
     assert p.source == "gate" and "schedule knobs of the PaTH-FoX result" in p.fwd.detail
     assert (cfg["block_n"], cfg["num_stages"], cfg["superchunk_size"]) == (128, 3, 256)
-    heuristic = dispatch._heuristic("fwd", wl(use_gate=False), "triton", "").config
+    heuristic = dispatch.untuned_choice("fwd", wl(use_gate=False), "triton", "").config
     for name in ("ut_precision", "beta_clip_eps", "scan_precision", "transition_precision"):
         assert cfg[name] == heuristic[name], name
     assert json.loads(p.params_json)["beta_clip_eps"] == "off"
