@@ -43,10 +43,11 @@ _log = logging.getLogger("pathtune.dispatch")
 _MEASURED = ("pack", "perf_db", "bucket")    # sources that name a config measured for this shape
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Decode records time one-token steps, and the workload key has no token count.  On the H200 the D 128
-# one-token picks (2 splits, or 8 warps) ran calls of 4 / 16 tokens 1.3-1.5x slower than the untuned config
-# (benchmarks/results/H200-20261203T173100Z-decode-swept-probe.json and -202000Z-decode-partial-probe.json
-# against -171000Z-decode-probe.json), while at D 64 they were within -7 % / +2 % of it.  Until records per
-# token count exist, a call of several tokens runs the untuned config.
+# one-token picks (2 splits, 256-row tiles) ran calls of 4 / 16 tokens 1.14-1.43x slower than the untuned
+# config; at D 64 (cache 4K) the picks ran them 10-20 % faster (benchmarks/results/
+# H200-20261203T173100Z-decode-swept-probe.json against -171000Z-decode-probe.json).  Until records per token
+# count exist, a call of several tokens runs the untuned config: never slower than untuned, which gives up
+# that D 64 gain.
 SEVERAL_TOKENS = "several tokens per call: decode records time one-token steps"
 
 
