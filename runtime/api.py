@@ -154,7 +154,7 @@ def path_attention(
         plan = select_plan(q.device, info.D, info.DV, info.HQ, info.H, dtype_name(q.dtype), g is not None,
                            info.max_seqlen, info.num_seqs, info.varlen,
                            backends=_candidates(backend, chosen), grad=_needs_grad(q, k, v, w, beta, g))
-        o, lse = _run_kernel(plan, q, k, v, w, beta, g, scale, cu_seqlens, placement)
+        o, lse = plan.run(q, k, v, w, beta, g, scale, cu_seqlens, placement)
     if not return_lse:
         return o
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -225,49 +225,6 @@ def _reference(q, k, v, w, beta, g, scale, cu_seqlens, placement):
     return blockwise_path_attention(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
                                     chunk_size=_REFERENCE_CHUNK, superchunk_size=_REFERENCE_SUPERCHUNK,
                                     gate_placement=placement)
-
-
-def _run_kernel(plan, q, k, v, w, beta, g, scale, cu_seqlens, placement):
-    from pathtune.codegen.triton import autograd  # noqa: F401  (registers torch.ops.pathtune.*)
-
-    if plan.backend == "tvm":
-        if plan.bwd_params_json is None:
-            from pathtune.codegen.tvm import path_attention_tvm
-
-            return path_attention_tvm(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
-                                      config=plan.fwd.config)
-        cu = None if cu_seqlens is None else cu_seqlens.to(device=q.device, dtype=torch.int64)
-        return _TVMForwardTritonBackward.apply(q, k, v, w, beta, g, cu, float(scale), plan.fwd.config,
-                                               plan.bwd_params_json, placement)
-    if cu_seqlens is not None:
-        cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
-    o, lse, _ = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, float(scale), plan.params_json,
-                                                 placement)
-    return o, lse
-
-
-class _TVMForwardTritonBackward(torch.autograd.Function):
-    """TVM forward kernel (no autograd of its own), Triton backward from the saved o and lse."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, w, beta, g, cu_seqlens, scale, tvm_config, bwd_params_json, placement):
-        from pathtune.codegen.tvm import path_attention_tvm
-
-        args = [None if t is None else t.detach() for t in (q, k, v, w, beta, g)]
-        o, lse = path_attention_tvm(*args, scale=scale, cu_seqlens=cu_seqlens, config=tvm_config)
-        lse = lse.float()
-        ctx.save_for_backward(q, k, v, w, beta, g, o, lse, cu_seqlens)
-        ctx.scale, ctx.params_json, ctx.placement = scale, bwd_params_json, placement
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, w, beta, g, o, lse, cu_seqlens = ctx.saved_tensors
-        if do is None:
-            do = torch.zeros_like(o)
-        dq, dk, dv, dw, dbeta, dg = torch.ops.pathtune.path_attn_bwd(
-            do, dlse, q, k, v, w, beta, g, o, lse, cu_seqlens, [], ctx.scale, ctx.params_json, ctx.placement)
-        return dq, dk, dv, dw, dbeta, (dg if g is not None else None), None, None, None, None, None
 
 
 # -- torch.compile ---------------------------------------------------------------------------------

@@ -132,6 +132,28 @@ class Plan:
             out += "; " + self.bwd.describe()
         return out
 
+    def run(self, q, k, v, w, beta, g, scale: float, cu_seqlens: Optional[torch.Tensor], placement: str):
+        """Run the plan's kernels on validated inputs -> (o, lse float32): the Triton custom op at
+        ``params_json``, or the TVM forward (with the Triton backward at ``bwd_params_json`` when one follows)."""
+        if cu_seqlens is not None:
+            cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
+        if self.backend == "tvm":
+            if self.bwd_params_json is None:
+                from pathtune.codegen.tvm import path_attention_tvm
+
+                return path_attention_tvm(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
+                                          config=self.fwd.config)
+            from pathtune.codegen.tvm.training import path_attention_tvm_trainable
+
+            return path_attention_tvm_trainable(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
+                                                config=self.fwd.config, bwd_config_json=self.bwd_params_json,
+                                                gate_placement=placement)
+        from pathtune.codegen.triton import autograd  # noqa: F401  (registers torch.ops.pathtune.*)
+
+        o, lse, _ = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, float(scale), self.params_json,
+                                                     placement)
+        return o, lse
+
 
 # -- helpers ---------------------------------------------------------------------------------------
 

@@ -294,9 +294,10 @@ def _trace_modules(run) -> tuple[dict[str, set[str]], str]:
 def test_superchunk_size_crosses_five_modules_from_the_yaml_to_the_launch(monkeypatch, tmp_path):
     """Traced, not listed: parse the spec's YAML, then a public call (the dispatcher's plan, the custom op,
     the launch).  Modules that read or convert the value: specs/schema (the YAML's knob), runtime/dispatch
-    (picks the Config), codegen/_knobs (Config -> kernel params, once), codegen/triton/forward (the launch)
-    and its table builder _layout; runtime/api hands the plan's text to the op unread.  The custom op module
-    (autograd) is not crossed: the op's body is the launcher's entry point."""
+    (picks the Config; its plan runs the op), codegen/_knobs (Config -> kernel params, once),
+    codegen/triton/forward (the launch) and its table builder _layout: five.  runtime/api only validates and
+    asks for the plan; the custom op module (autograd) is not crossed: the op's body is the launcher's entry
+    point."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     import pathtune
     from pathtune.specs.loader import load_spec as load
@@ -318,11 +319,10 @@ def test_superchunk_size_crosses_five_modules_from_the_yaml_to_the_launch(monkey
     finally:
         dispatch.set_dispatcher(old)
     crossed = set(spec_side) | set(call_side)
-    readers = crossed - {"pathtune.runtime.api"}
     assert launcher == "pathtune.codegen.triton.forward"
     assert "pathtune.codegen.triton.autograd" not in crossed
-    assert call_side["pathtune.runtime.api"] == {"_run_kernel"}           # hands the plan's text over
-    assert readers == {"pathtune.specs.schema", "pathtune.runtime.dispatch", "pathtune.codegen._knobs",
+    assert crossed == {"pathtune.specs.schema", "pathtune.runtime.dispatch", "pathtune.codegen._knobs",
                        "pathtune.codegen.triton.forward", "pathtune.codegen.triton._layout"}, sorted(crossed)
+    assert "run" in call_side["pathtune.runtime.dispatch"]        # the plan runs itself: api never holds it
     # one representation change: only _knobs turns the Config / its text into kernel params
     assert {"resolve", "resolve_json", "_construct"} <= call_side["pathtune.codegen._knobs"]

@@ -240,7 +240,7 @@ def test_tvm_forward_triton_backward_gradients(monkeypatch):
     import torch.nn.functional as F
 
     from pathtune.codegen.tvm import runtime as tvm_runtime
-    from pathtune.runtime import api
+    from pathtune.codegen.tvm.training import path_attention_tvm_trainable
     from pathtune.runtime.reference import blockwise_path_attention, naive_path_attention
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -261,7 +261,8 @@ def test_tvm_forward_triton_backward_gradients(monkeypatch):
     xs = [t.requires_grad_() for t in (q, k, v, w, beta, g)]
     params = json.dumps({**config_of("triton", None, (32, 32)), "chunk_size": 16,
                          "superchunk_size": 32, "block_n": 16, "bwd_block_n": 16, "scan_precision": "tf32"})
-    o, lse = api._TVMForwardTritonBackward.apply(*xs, None, D ** -0.5, fwd_cfg(), params, "inside_scale")
+    o, lse = path_attention_tvm_trainable(*xs, scale=D ** -0.5, cu_seqlens=None, config=fwd_cfg(),
+                                          bwd_config_json=params, gate_placement="inside_scale")
     assert calls == [fwd_cfg()]
     (o.square().sum() + lse.sum()).backward()
     got = [t.grad.clone() for t in xs]
