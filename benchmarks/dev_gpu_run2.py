@@ -145,49 +145,78 @@ def bench(quick, only_d=None, cases=None):
                 return
 
 
-def range_budgets(budgets=("128", "256", "unbounded"), shapes=((64, 16, 4096), (64, 16, 16384),
-                                                           (128, 8, 4096), (128, 8, 16384)), tokens=32768):
-    """fwd+bwd time and extra peak per backward range budget (PATHTUNE_BWD_RANGE_MIB, read at every
-    backward call), all budgets on the same inputs in one process: gated, bf16, B*T = tokens, heuristic
-    config.  The budgets take turns twice per shape, so drift hits them alike."""
+def _shipped_bwd_config(D: int, gate: bool, T: int = 4096):
+    """The fastest config of the newest shipped bwd tune for (D, gate) at seq bucket T (None: none)."""
+    import glob
+
+    from pathtune.perf_db._shipped import shipped_dir
+
+    files = sorted(glob.glob(str(shipped_dir() / "*-bwd-tune.json")))
+    if not files:
+        return None
+    best = None
+    for r in json.load(open(files[-1]))["records"]:
+        w, m = r["workload"], r["measurement"]
+        if (w["head_dim"], w["use_gate"], w["seq_bucket"]) != (D, gate, T) or m.get("status") != "ok":
+            continue
+        if best is None or m["median_ms"] < best[0]:
+            best = (m["median_ms"], r["config"])
+    return None if best is None else best[1]
+
+
+def range_budgets(budgets=None, shapes=((64, 16, 4096), (128, 8, 4096), (64, 16, 16384), (128, 8, 16384)),
+                  tokens=32768):
+    """fwd+bwd time and extra peak per backward range budget (PATHTUNE_BWD_RANGE_MIB: MiB or 'unbounded',
+    RANGES_BUDGETS overrides the list), all on the same inputs in one process: gated, bf16, B*T = tokens, at
+    the shipped bwd tune's config of the key (T 4K bucket; the heuristic one when RANGES_CONFIG=heuristic).
+    Budgets take turns twice per shape, so drift hits them alike; each budget's gradients are compared with
+    the first budget's (max relative difference over the six)."""
     import pathtune.codegen.triton.backward as tb
 
+    budgets = budgets or os.environ.get("RANGES_BUDGETS", "256,128,512,unbounded").split(",")
     saved = os.environ.get("PATHTUNE_BWD_RANGE_MIB")
+    heuristic = os.environ.get("RANGES_CONFIG") == "heuristic"
     try:
         for D, H, T in shapes:
             B = tokens // T
             q, k, v, w, beta, g = inputs(B, T, H, H, D, D, True)
             xs = [x.detach().requires_grad_() for x in (q, k, v, w, beta, g)]
             do = torch.randn_like(q)
-            p = TritonParams.heuristic(D, D)
-            S = p.superchunk_size
-            per_token = tb._phase2_bytes_per_token(H, D, p.chunk_size, S, T > S)
+            cfg = None if heuristic else _shipped_bwd_config(D, True)
+            p = TritonParams.heuristic(D, D) if cfg is None else TritonParams.from_config(cfg)
 
             def run():
-                o, _ = path_attention_triton(*xs)
-                torch.autograd.grad(o, xs, do)
-            row = dict(kind="ranges", D=D, T=T, B=B, H=H, gate=True)
+                o, _ = path_attention_triton(*xs, config=p)
+                return torch.autograd.grad(o, xs, do)
+            row = dict(kind="ranges", D=D, T=T, B=B, H=H, gate=True, config=p.to_json())
+            ref = None
             for rep in range(2):
-                for mib in budgets:
-                    os.environ["PATHTUNE_BWD_RANGE_MIB"] = mib
-                    budget = tb._range_budget()
-                    n = 1 if budget is None else min(-(-B * T * per_token // budget), B * -(-T // S))
+                for spec_ in budgets:
+                    os.environ["PATHTUNE_BWD_RANGE_MIB"] = spec_
                     try:
-                        run()
+                        grads = run()
                         torch.cuda.synchronize()
-                        ms = triton.testing.do_bench(run, warmup=50, rep=500, return_mode="median")  # ~10 calls
-                        row.setdefault(f"fb_ms_{mib}", []).append(ms)
+                        if ref is None:
+                            ref = grads
+                        elif rep == 0:
+                            row[f"grad_diff_{spec_}"] = max(
+                                ((a.float() - b.float()).norm() / b.float().norm()).item()
+                                for a, b in zip(grads, ref))
+                        grads = None
+                        ms = triton.testing.do_bench(run, warmup=50, rep=500, return_mode="median")
+                        row.setdefault(f"fb_ms_{spec_}", []).append(ms)
                         if rep == 0:
                             torch.cuda.reset_peak_memory_stats()
                             base = torch.cuda.memory_allocated()
                             run()
                             torch.cuda.synchronize()
-                            row[f"extra_peak_GiB_{mib}"] = (torch.cuda.max_memory_allocated() - base) / 2**30
-                            row[f"ranges_{mib}"] = n
+                            row[f"extra_peak_GiB_{spec_}"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+                            tabs = tb.state_tables(B, T, None, p, q.device)
+                            row[f"ranges_{spec_}"] = tb._range_count(tabs, B * T, H, H, D, p)
                     except Exception as exc:
-                        row[f"fb_ms_{mib}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                        row[f"fb_ms_{spec_}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             emit(row)
-            xs = q = k = v = w = beta = g = do = None     # free this case's tensors before the next one's
+            xs = q = k = v = w = beta = g = do = ref = None   # free this case's tensors before the next one's
             torch.cuda.empty_cache()
     finally:
         if saved is None:

@@ -49,7 +49,8 @@
 #   split [150]     the split flow's GPU half: bash $BUNDLE/run.sh (BUNDLE: a bundle folder from `pathtune tune
 #                   build`, carried; default build/split/bundle) -> s/split_results.json for `pathtune tune ingest`
 #   ranges [150]    benchmarks/dev_gpu_run2.py ranges: fwd+bwd time and peak per backward range budget
-#                   (PATHTUNE_BWD_RANGE_MIB 128 / 256 / unbounded), D 64/128 x T 4K/16K, one process
+#                   (RANGES_BUDGETS, default 256 / 128 / 512 / unbounded MiB), D 64/128 x T 4K/16K, one process,
+#                   at the shipped bwd tune's config (RANGES_CONFIG=heuristic: the untuned one)
 #   memcheck [180]  compute-sanitizer memcheck over one small fwd+bwd (catches out-of-bounds accesses)
 #
 # Two GPUs (the nvidia-h200-x2 kind: same device time, twice the GPUs and cores), one lane per GPU:
