@@ -88,7 +88,7 @@ def _shape(w: WorkloadRow) -> tuple:
     """What a same-run SDPA baseline shares with the kernel it is compared with (the gate is ignored,
     SDPA has none), as ``PerfDB.overhead`` pairs them."""
     return (w.pass_, w.head_dim, w.head_dim_v, w.heads_q, w.heads_kv, w.dtype, w.seq_bucket, w.batch_bucket,
-            w.varlen)
+            w.varlen, w.query_bucket)
 
 
 def dump_document(db: "PerfDB", *, backend: Many = None, pass_: Many = None, head_dim: Many = None,

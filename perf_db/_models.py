@@ -25,6 +25,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -148,6 +149,7 @@ class WorkloadRow(Base):
     seq_bucket: Mapped[int] = mapped_column(Integer, index=True)
     batch_bucket: Mapped[int] = mapped_column(Integer)
     varlen: Mapped[bool] = mapped_column(Boolean)
+    query_bucket: Mapped[int] = mapped_column(Integer, server_default=text("1"))   # decode: new tokens per call
 
 
 class RunRow(Base):
@@ -224,7 +226,8 @@ best_view = Table(
     Column("key_schema", Integer), Column("head_dim", Integer), Column("head_dim_v", Integer),
     Column("heads_q", Integer), Column("heads_kv", Integer),
     Column("dtype", String), Column("use_gate", Boolean), Column("seq_bucket", Integer),
-    Column("batch_bucket", Integer), Column("varlen", Boolean), Column("config_json", Text),
+    Column("batch_bucket", Integer), Column("varlen", Boolean), Column("query_bucket", Integer),
+    Column("config_json", Text),
     Column("config_hash", String), Column("median_ms", Float), Column("p20_ms", Float), Column("p80_ms", Float),
     Column("baseline_ms", Float), Column("baseline_name", String), Column("run_id", String),
     Column("created_at", UTCDateTime),

@@ -11,6 +11,8 @@ Layout (``format: pathtune-pack``, ``version: 1``)::
 
 Lookup: the exact workload key, else the same key at the nearest length bucket (log2 distance, ties
 to the larger), else the pass's default (when it satisfies the spec's constraints for the workload).
+Decode keys differ by their token-count bucket (``Workload.query_bucket``) too: the decode default comes
+from one-token keys and serves one-token calls only.
 Hard keys (GPU name, cc, Triton major.minor, spec hash) must match or ``PackMismatch`` is raised;
 other differences (CUDA, ptxas, torch, driver, Triton patch, pathtune) only warn. The pack's spec hash
 is the full spec hash (``Spec.hash``) of the records it was exported from, which carry their pass's hash
@@ -93,7 +95,7 @@ class PackHit:
 
 def _shape_key(wl: Workload) -> tuple:
     return (wl.pass_, wl.head_dim, wl.head_dim_v, wl.heads_q, wl.heads_kv, wl.dtype, wl.use_gate, wl.varlen,
-            wl.batch_bucket)
+            wl.batch_bucket, wl.query_bucket)
 
 
 def _bad(path: str, message: str) -> PerfDBError:
@@ -269,7 +271,8 @@ class Pack:
                 match = "nearest"
             top = candidates[chosen][0]
             return PackHit(top.backend, top.config, match, top.median_ms, chosen, top)
-        default = self.defaults.get(wl.pass_)
+        # the pass default comes from one-token decode steps: a call of several tokens gets none
+        default = self.defaults.get(wl.pass_) if wl.query_bucket == 1 else None
         if default is not None and default[0] in allowed and self._valid(default[1], wl, spec_hash):
             return PackHit(default[0], default[1], "default", None, None)
         return None
@@ -390,15 +393,18 @@ def export_pack(db: "PerfDB", gpu: str, path: Union[str, Path, None] = None, *, 
         by_workload.setdefault(r["workload_hash"], []).append(r)
     entries = sorted(best.values(), key=lambda r: (r["pass"], r["head_dim"], r["head_dim_v"], r["dtype"],
                                                    r["use_gate"], r["heads_q"], r["heads_kv"], r["seq_bucket"],
-                                                   r["batch_bucket"], r["varlen"], r["backend"]))
+                                                   r["batch_bucket"], r["varlen"], r["query_bucket"],
+                                                   r["backend"]))
 
     # Defaults come from Triton results only: a default serves shapes nothing was measured for, and a TVM
     # config runs only where modules were built for the exact shape (tvm entries stay per workload).
     defaults: dict[str, dict[str, Any]] = {}
     for pass_ in sorted({r["pass"] for r in rows if r["backend"] == "triton"}):
         workloads = {h: [r for r in rs if r["backend"] == "triton"] for h, rs in by_workload.items()
-                     if rs[0]["pass"] == pass_}
+                     if rs[0]["pass"] == pass_ and rs[0]["query_bucket"] == 1}
         workloads = {h: rs for h, rs in workloads.items() if rs}
+        if not workloads:
+            continue
         fastest = {h: min(r["median_ms"] for r in rs) for h, rs in workloads.items()}
         stats: dict[tuple[str, str], dict[str, Any]] = {}
         for h, rs in workloads.items():

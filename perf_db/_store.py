@@ -128,7 +128,7 @@ def _row_dict(m: MeasurementRow, e: EnvRow, k: KernelRow, w: WorkloadRow) -> dic
         "workload": json.loads(w.key_json), "workload_hash": w.key_hash, "head_dim": w.head_dim,
         "head_dim_v": w.head_dim_v, "heads_q": w.heads_q, "heads_kv": w.heads_kv, "gqa_group": w.gqa_group,
         "dtype": w.dtype, "use_gate": w.use_gate, "seq_bucket": w.seq_bucket, "batch_bucket": w.batch_bucket,
-        "varlen": w.varlen,
+        "varlen": w.varlen, "query_bucket": w.query_bucket,
         "config": json.loads(m.config_json), "config_hash": m.config_hash, "status": m.status,
         "median_ms": m.median_ms, "p20_ms": m.p20_ms, "p80_ms": m.p80_ms, "n_reps": m.n_reps,
         "bench_method": m.bench_method,
@@ -297,7 +297,7 @@ class PerfDB:
             "key_json": wl.key(), "key_schema": KEY_SCHEMA, "head_dim": wl.head_dim, "head_dim_v": wl.head_dim_v,
             "heads_q": wl.heads_q, "heads_kv": wl.heads_kv, "gqa_group": wl.heads_q // wl.heads_kv,
             "dtype": wl.dtype, "use_gate": wl.use_gate, "pass_": wl.pass_, "seq_bucket": wl.seq_bucket,
-            "batch_bucket": wl.batch_bucket, "varlen": wl.varlen})
+            "batch_bucket": wl.batch_bucket, "varlen": wl.varlen, "query_bucket": wl.query_bucket})
         if row.key_json != wl.key():
             raise PerfDBError(f"workload key hash collision: {wl.key_hash} is stored for {row.key_json}, "
                               f"not {wl.key()}")
@@ -468,7 +468,7 @@ class PerfDB:
             self._env_clause(v, env, backends), v["pass"] == pass_, v.backend.in_(backends),
             v.key_schema == KEY_SCHEMA, v.head_dim == wl.head_dim, v.head_dim_v == wl.head_dim_v,
             v.heads_q == wl.heads_q, v.heads_kv == wl.heads_kv, v.dtype == wl.dtype, v.use_gate == wl.use_gate,
-            v.varlen == wl.varlen, v.batch_bucket == wl.batch_bucket)
+            v.varlen == wl.varlen, v.batch_bucket == wl.batch_bucket, v.query_bucket == wl.query_bucket)
         with self.session() as s:
             rows = [dict(r._mapping) for r in s.execute(stmt)]
         current: dict[tuple[str, str, str], Any] = {}
@@ -576,7 +576,8 @@ class PerfDB:
         if order == "workload":
             stmt = stmt.order_by(EnvRow.gpu_name, KernelRow.pass_, WorkloadRow.head_dim, WorkloadRow.head_dim_v,
                                  WorkloadRow.dtype, WorkloadRow.use_gate, WorkloadRow.heads_q, WorkloadRow.heads_kv,
-                                 WorkloadRow.seq_bucket, WorkloadRow.batch_bucket, KernelRow.backend,
+                                 WorkloadRow.seq_bucket, WorkloadRow.batch_bucket, WorkloadRow.query_bucket,
+                                 KernelRow.backend,
                                  MeasurementRow.median_ms.is_(None), MeasurementRow.median_ms, MeasurementRow.id)
         elif order == "newest":
             stmt = stmt.order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc())
@@ -622,7 +623,7 @@ class PerfDB:
 
         def shape(r: dict[str, Any]) -> tuple:
             return (r["run_id"], r["env_hash"], r["pass"], r["head_dim"], r["head_dim_v"], r["heads_q"],
-                    r["heads_kv"], r["dtype"], r["seq_bucket"], r["batch_bucket"], r["varlen"])
+                    r["heads_kv"], r["dtype"], r["seq_bucket"], r["batch_bucket"], r["varlen"], r["query_bucket"])
 
         sdpa: dict[tuple, float] = {}
         for r in rows:
@@ -643,7 +644,8 @@ class PerfDB:
                 "gpu": r["gpu"], "cc": r["cc"], "head_dim": r["head_dim"], "head_dim_v": r["head_dim_v"],
                 "heads_q": r["heads_q"], "heads_kv": r["heads_kv"], "gqa_group": r["gqa_group"], "dtype": r["dtype"],
                 "use_gate": r["use_gate"], "pass": r["pass"], "seq_len": r["seq_bucket"], "batch": r["batch_bucket"],
-                "varlen": r["varlen"], "backend": r["backend"], "pathtune_ms": r["median_ms"], "sdpa_ms": base,
+                "varlen": r["varlen"], "tokens": r["query_bucket"], "backend": r["backend"],
+                "pathtune_ms": r["median_ms"], "sdpa_ms": base,
                 "ratio": r["median_ms"] / base, "baseline_name": name, "config": r["config"],
                 "config_hash": r["config_hash"], "run_id": r["run_id"], "env_hash": r["env_hash"],
                 "measurement_id": r["id"], "created_at": r["created_at"],
@@ -655,7 +657,7 @@ class PerfDB:
                 groups[gkey] = out
 
         order = ("gpu", "pass", by, "dtype", "use_gate", "heads_q", "heads_kv", "head_dim", "head_dim_v", "seq_len",
-                 "batch", "varlen", "backend")
+                 "batch", "varlen", "tokens", "backend")
         return sorted(groups.values(), key=lambda r: tuple(str(r[k]) if k in ("gpu", "pass", "dtype", "backend")
                                                            else r[k] for k in order))
 

@@ -7,7 +7,7 @@ from typing import Any, Optional
 from .canonical import canonical_json, dtype_name, sha256_hex
 from .schema import DTYPE_NAMES, PASS_NAMES
 
-__all__ = ["Workload", "seq_bucket", "batch_bucket", "KEY_SCHEMA"]
+__all__ = ["Workload", "seq_bucket", "batch_bucket", "query_bucket", "KEY_SCHEMA"]
 
 # Bump when the meaning of a field or a bucketing rule changes: old perf_db rows then stop matching.
 KEY_SCHEMA = 1
@@ -34,6 +34,13 @@ def batch_bucket(num_seqs: int) -> int:
     return _next_pow2(num_seqs)
 
 
+def query_bucket(tokens: int) -> int:
+    """Power-of-two bucket of a decode call's new tokens per sequence: the next power of two >= it."""
+    if tokens < 1:
+        raise ValueError(f"new tokens per decode call must be >= 1, got {tokens}")
+    return _next_pow2(tokens)
+
+
 @dataclass(frozen=True)
 class Workload:
     """Frozen key of a PaTH attention call.
@@ -44,6 +51,8 @@ class Workload:
     use_gate: FoX gate g given. pass_: ``"fwd"``, ``"bwd"`` or ``"decode"``.
     seq_bucket: next power of two >= the longest sequence (key length for decode), at least 16.
     varlen: packed with cu_seqlens. batch_bucket: next power of two >= number of sequences.
+    query_bucket: decode only, next power of two >= the new tokens per call (1: one token; always 1 for
+    fwd / bwd).  The key's JSON names it only when it is not 1, so one-token keys are as they always were.
     """
 
     head_dim: int
@@ -56,9 +65,10 @@ class Workload:
     seq_bucket: int
     varlen: bool = False
     batch_bucket: int = 1
+    query_bucket: int = 1
 
     def __post_init__(self) -> None:
-        for f in ("head_dim", "head_dim_v", "heads_q", "heads_kv", "seq_bucket", "batch_bucket"):
+        for f in ("head_dim", "head_dim_v", "heads_q", "heads_kv", "seq_bucket", "batch_bucket", "query_bucket"):
             value = getattr(self, f)
             if type(value) is not int or value < 1:
                 raise ValueError(f"Workload.{f} must be a positive int, got {value!r}")
@@ -71,10 +81,13 @@ class Workload:
             raise ValueError(f"Workload.dtype {self.dtype!r} is not a dtype name; allowed: {', '.join(DTYPE_NAMES)}")
         if self.pass_ not in PASS_NAMES:
             raise ValueError(f"Workload.pass_ {self.pass_!r} is not a pass; allowed: {', '.join(PASS_NAMES)}")
-        for f in ("seq_bucket", "batch_bucket"):
+        for f in ("seq_bucket", "batch_bucket", "query_bucket"):
             value = getattr(self, f)
             if value & (value - 1):
                 raise ValueError(f"Workload.{f} must be a power of two, got {value}")
+        if self.query_bucket != 1 and self.pass_ != "decode":
+            raise ValueError(f"Workload.query_bucket is the decode pass's new tokens per call; a {self.pass_} "
+                             f"workload has 1, got {self.query_bucket}")
         if self.seq_bucket < MIN_SEQ_BUCKET:
             raise ValueError(f"Workload.seq_bucket must be >= {MIN_SEQ_BUCKET}, got {self.seq_bucket}")
 
@@ -90,7 +103,7 @@ class Workload:
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
             raise ValueError("q, k, v must be 4-D [B, T, heads, head_dim]; "
                              f"got q{tuple(q.shape)}, k{tuple(k.shape)}, v{tuple(v.shape)}")
-        B, Tk = int(k.shape[0]), int(k.shape[1])
+        B, Tk, Tq = int(k.shape[0]), int(k.shape[1]), int(q.shape[1])
         if cu_seqlens is None:
             num_seqs, longest = B, Tk
         else:
@@ -111,12 +124,15 @@ class Workload:
             seq_bucket=seq_bucket(longest),
             varlen=cu_seqlens is not None,
             batch_bucket=batch_bucket(num_seqs),
+            query_bucket=query_bucket(Tq) if pass_ == "decode" else 1,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """Fields with ``pass`` (not ``pass_``) and the key schema version."""
+        """Fields with ``pass`` (not ``pass_``) and the key schema version; ``query_bucket`` only when not 1."""
         d = asdict(self)
         d["pass"] = d.pop("pass_")
+        if d["query_bucket"] == 1:
+            del d["query_bucket"]
         d["key_schema"] = KEY_SCHEMA
         return d
 

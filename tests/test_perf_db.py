@@ -40,6 +40,7 @@ def make_env(gpu=GPU, cc="9.0", triton="3.2.0", tvm=None, cuda="12.4", ptxas="12
 
 
 ENV = make_env()
+HEAD = "0002_query_bucket"
 
 
 def current_keys(op, pass_, backend):
@@ -470,6 +471,25 @@ def test_pack_lookup_exact_nearest_default(packed):
     assert pack.lookup(wl(), "fwd", ENV, current_keys=lambda *a: {"source_hash": "newer"}).match == "default"
 
 
+def test_pack_decode_entries_per_query_bucket(db, tmp_path):
+    """A pack's decode entries serve their own token-count bucket only; the decode default, which comes
+    from one-token records, serves no call of several tokens (one-token picks can be slower there)."""
+    dcfg = KnobSpace(SPEC, "decode").default()
+
+    def dwl(tokens, seq=4096):
+        return Workload(64, 64, 8, 8, "bfloat16", True, "decode", seq, batch_bucket=8, query_bucket=tokens)
+    db.record(ENV, kernel(pass_="decode"), dwl(1), dcfg.replace(decode_splits=2), ok(0.30))
+    db.record(ENV, kernel(pass_="decode"), dwl(16), dcfg.replace(decode_splits=8), ok(0.50))
+    doc = export_pack(db, GPU, tmp_path / "pack.json")
+    assert sorted(e["workload"].get("query_bucket", 1) for e in doc["entries"]) == [1, 16]
+    assert doc["default"]["decode"]["workloads"] == 1           # from the one-token key only
+    pack = load_pack(tmp_path / "pack.json")
+    assert pack.lookup(dwl(16), "decode", ENV).config["decode_splits"] == 8
+    assert pack.lookup(dwl(16, seq=8192), "decode", ENV).match == "nearest"
+    assert pack.lookup(dwl(1, seq=8192), "decode", ENV).config["decode_splits"] == 2
+    assert pack.lookup(dwl(4), "decode", ENV) is None          # no 4-token entry, and no default for it
+
+
 def test_pack_mismatch_hard_and_soft(packed):
     pack = load_pack(packed[0])
     for change, name, ours in ((dict(gpu="NVIDIA H100"), "GPU name", "NVIDIA H100"),
@@ -504,15 +524,15 @@ def test_export_errors(db, tmp_path):
 
 def test_upgrade_is_idempotent_with_own_version_table(url, tmp_path):
     db = PerfDB(url)
-    assert db.revision() == "0001_initial"
-    assert db.upgrade() == "0001_initial" and PerfDB(url).revision() == "0001_initial"
+    assert db.revision() == HEAD
+    assert db.upgrade() == HEAD and PerfDB(url).revision() == HEAD
     names = set(inspect(db.engine).get_table_names())
     assert {"perf_env", "perf_kernel", "perf_workload", "perf_measurement", "perf_run", "perf_ingest",
             "perf_alembic_version"} <= names
     assert "alembic_version" not in names  # Optuna's name stays free
     assert "perf_best" in inspect(db.engine).get_view_names()
     with db.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM perf_alembic_version")).scalar() == "0001_initial"
+        assert conn.execute(text("SELECT version_num FROM perf_alembic_version")).scalar() == HEAD
 
 
 def test_models_match_migrations(db):
@@ -538,7 +558,43 @@ def test_downgrade_and_upgrade_again(url):
     with db.engine.begin() as conn:
         command.downgrade(_alembic_config(conn), "base")
     assert db.revision() is None and "perf_measurement" not in inspect(db.engine).get_table_names()
-    assert db.upgrade() == "0001_initial"
+    assert db.upgrade() == HEAD
+
+
+def test_query_bucket_migration_keeps_the_one_token_rows(url):
+    """A database of revision 0001 (no query_bucket) upgraded to the head: its rows read query_bucket 1, keep
+    their key (a one-token key's JSON never names the field) and are still served; a 16-token decode record
+    lands on its own key, and each bucket is served only its own records."""
+    from alembic import command
+
+    from pathtune.perf_db._engine import _alembic_config
+
+    dcfg = KnobSpace(SPEC, "decode").default()
+    one = Workload(64, 64, 8, 8, "bfloat16", True, "decode", 4096, batch_bucket=8)
+    sixteen = Workload(64, 64, 8, 8, "bfloat16", True, "decode", 4096, batch_bucket=8, query_bucket=16)
+    assert one.key() == sixteen.key().replace(',"query_bucket":16', "") and '"query_bucket"' not in one.key()
+    db = PerfDB(url, auto_upgrade=False)
+    with db.engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0001_initial")
+    with db.engine.begin() as conn:   # a row written by the 0001 code: no query_bucket column
+        conn.execute(text("INSERT INTO perf_workload (key_hash, key_json, key_schema, head_dim, head_dim_v, heads_q, "
+                          "heads_kv, gqa_group, dtype, use_gate, pass, seq_bucket, batch_bucket, varlen) VALUES "
+                          "(:h, :j, 1, 64, 64, 8, 8, 1, 'bfloat16', 1, 'decode', 4096, 8, 0)"),
+                     {"h": one.key_hash, "j": one.key()})
+    assert db.revision() == "0001_initial"
+    db = PerfDB(url, current_keys=current_keys)
+    assert db.revision() == HEAD
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT query_bucket FROM perf_workload")).scalar() == 1
+    db.record(ENV, kernel(pass_="decode"), one, dcfg.replace(decode_splits=2), ok(0.30))
+    db.record(ENV, kernel(pass_="decode"), sixteen, dcfg.replace(decode_splits=8), ok(0.50))
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM perf_workload")).scalar() == 2   # the old row was reused
+    assert db.best(ENV, "decode", one)["config"]["decode_splits"] == 2
+    assert db.best(ENV, "decode", sixteen)["config"]["decode_splits"] == 8
+    four = Workload(64, 64, 8, 8, "bfloat16", True, "decode", 4096, batch_bucket=8, query_bucket=4)
+    assert db.best(ENV, "decode", four) is None          # no 4-token records: neither bucket's pick is served
+    assert {r["query_bucket"] for r in db.query(pass_="decode")} == {1, 16}
 
 
 def test_unknown_newer_revision_is_refused(url):
@@ -582,7 +638,7 @@ def test_optuna_storage_coexists_on_one_sqlite_file(url, tmp_path):
     # the other order: Optuna first, then perf_db
     url2 = f"sqlite:///{tmp_path / 'optuna-first.sqlite3'}"
     optuna.create_study(storage=url2, study_name="first").optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
-    assert PerfDB(url2).revision() == "0001_initial"
+    assert PerfDB(url2).revision() == HEAD
     assert len(optuna.load_study(study_name="first", storage=url2).trials) == 1
 
 

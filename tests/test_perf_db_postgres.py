@@ -60,8 +60,8 @@ def _no_shipped(monkeypatch, tmp_path):
 
 def test_upgrade_idempotent_own_version_table(pg_url):
     db = PerfDB(pg_url)
-    assert db.revision() == "0001_initial" and db.upgrade() == "0001_initial"
-    assert PerfDB(pg_url).revision() == "0001_initial"
+    assert db.revision() == "0002_query_bucket" and db.upgrade() == "0002_query_bucket"
+    assert PerfDB(pg_url).revision() == "0002_query_bucket"
     names = set(inspect(db.engine).get_table_names())
     assert {"perf_measurement", "perf_alembic_version"} <= names and "alembic_version" not in names
     assert "perf_best" in inspect(db.engine).get_view_names()

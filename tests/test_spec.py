@@ -360,6 +360,23 @@ def test_workload_from_tensors():
     assert gated.use_gate and gated.pass_ == "bwd" and gated.key_hash != wl.key_hash
 
 
+def test_workload_query_bucket_of_a_decode_call():
+    """A decode call's new tokens per sequence are a power-of-two bucket in its key; one-token and fwd / bwd keys
+    never name the field (their JSON, hence their hash, is unchanged); other passes refuse a bucket."""
+    q = torch.empty(8, 5, 4, 64, dtype=torch.bfloat16)
+    k = torch.empty(8, 4100, 4, 64, dtype=torch.bfloat16)
+    dec = Workload.from_tensors(q, k, k, pass_="decode")
+    assert (dec.query_bucket, dec.seq_bucket) == (8, 8192) and '"query_bucket":8' in dec.key()
+    one = Workload.from_tensors(q[:, :1], k, k, pass_="decode")
+    assert one.query_bucket == 1 and "query_bucket" not in one.key()
+    assert Workload.from_dict(dec.to_dict()) == dec and Workload.from_dict(one.to_dict()) == one
+    assert Workload.from_tensors(q, q, q).query_bucket == 1           # fwd: T queries are the sequence
+    with pytest.raises(ValueError, match="power of two"):
+        Workload(64, 64, 4, 4, "bfloat16", False, "decode", 4096, query_bucket=3)
+    with pytest.raises(ValueError, match="decode pass"):
+        Workload(64, 64, 4, 4, "bfloat16", False, "fwd", 4096, query_bucket=4)
+
+
 def test_workload_varlen_buckets_the_longest_sequence():
     q = torch.empty(1, 100, 4, 32)
     cu = torch.tensor([0, 10, 90, 100], dtype=torch.int32)
