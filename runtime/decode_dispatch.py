@@ -42,13 +42,11 @@ __all__ = ["DecodePlan", "decode_plan", "plan_for", "tuned_triton_params"]
 _log = logging.getLogger("pathtune.dispatch")
 _MEASURED = ("pack", "perf_db", "bucket")    # sources that name a config measured for this shape
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# Decode records time one-token steps, and the workload key has no token count.  On the H200 the D 128
-# one-token picks (2 splits, 256-row tiles) ran calls of 4 / 16 tokens 1.14-1.43x slower than the untuned
-# config; at D 64 (cache 4K) the picks ran them 10-20 % faster (benchmarks/results/
-# H200-20261203T173100Z-decode-swept-probe.json against -171000Z-decode-probe.json).  Until records per token
-# count exist, a call of several tokens runs the untuned config: never slower than untuned, which gives up
-# that D 64 gain.
-SEVERAL_TOKENS = "several tokens per call: decode records time one-token steps"
+# A decode key has the call's token-count bucket (Workload.query_bucket): a call of several tokens is served
+# the records of its own bucket (timed with that many tokens per step), never a one-token pick.  On the H200
+# the D 128 one-token picks (2 splits, 256-row tiles) ran calls of 4 / 16 tokens 1.14-1.43x slower than the
+# untuned config (benchmarks/results/H200-20261203T173100Z-decode-swept-probe.json against
+# -171000Z-decode-probe.json): without records of its bucket a several-token call runs the untuned config.
 
 
 @dataclass(frozen=True)
@@ -140,24 +138,25 @@ def plan_for(device: torch.device, head_dim: int, head_dim_v: int, heads_q: int,
 
     ``keys``: cache length + new tokens; ``tokens``: new tokens per call; ``triton_params``: a callable
     giving the TritonParams of the Triton step (asked only when Triton runs and the dispatcher's choice
-    applies; default: the decode pass's choice merged with the heuristic).  A call of several tokens runs
-    the untuned Triton config (``SEVERAL_TOKENS``).
+    applies; default: the decode pass's choice merged with the heuristic).  A call of several tokens is
+    served the records of its token-count bucket (Triton only: the TVM step decodes one token), else the
+    untuned config.
     """
     from pathtune.specs import Workload
-    from pathtune.specs.workload import batch_bucket, seq_bucket
+    from pathtune.specs.workload import batch_bucket, query_bucket, seq_bucket
 
     d = dispatch.get_dispatcher()
-    several = tokens > 1
     key = (device.type, device.index, head_dim, head_dim_v, heads_q, heads_kv, q_dtype, cache_dtype, gated,
-           seq_bucket(keys), batch_bucket(batch), several)
+           seq_bucket(keys), batch_bucket(batch), query_bucket(tokens))
     plan = d.decode_plans.get(key)
     if plan is not None:
         return plan
     wl = Workload(head_dim=head_dim, head_dim_v=head_dim_v, heads_q=heads_q, heads_kv=heads_kv,
-                  dtype=_dtype_name(q_dtype), use_gate=gated, pass_="decode", seq_bucket=key[9], batch_bucket=key[10])
+                  dtype=_dtype_name(q_dtype), use_gate=gated, pass_="decode", seq_bucket=key[9], batch_bucket=key[10],
+                  query_bucket=key[11])
     plan, fallback = None, ""
-    if several:
-        choice = dispatch.untuned_choice("decode", wl, "triton", SEVERAL_TOKENS)
+    if wl.query_bucket > 1:
+        choice = d.choose("decode", wl, device, ("triton",))
         params = _triton_params(choice, head_dim, head_dim_v)
     else:
         best = d.choose("decode", wl, device, ("triton", "tvm"))
@@ -254,10 +253,10 @@ def _triton_params(choice, D: int, DV: int):
 
 
 def _key_text(key: tuple) -> str:
-    (dev_type, dev_index, D, DV, HQ, H, qdt, cdt, gated, sb, bb, several) = key
+    (dev_type, dev_index, D, DV, HQ, H, qdt, cdt, gated, sb, bb, qb) = key
     dev = dev_type if dev_index is None else f"{dev_type}:{dev_index}"
     return (f"{dev} D={D} DV={DV} HQ={HQ} H={H} {_dtype_name(qdt)} cache {_dtype_name(cdt)} gate={int(gated)} "
-            f"keys<={sb} seqs<={bb} tokens{'>1' if several else '=1'}")
+            f"keys<={sb} seqs<={bb} tokens{'=1' if qb == 1 else f'<={qb}'}")
 
 
 _told: set[str] = set()

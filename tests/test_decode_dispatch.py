@@ -477,23 +477,31 @@ def test_decode_records_serve_only_nearby_length_buckets(env, db_url):
     assert dispatch.within_reach("decode", 16384, 32768) and dispatch.within_reach("decode", 65536, 32768)
 
 
-def test_several_token_calls_run_the_untuned_config(env, db_url, tmp_path, monkeypatch, loaded):
-    """Records time one-token steps: a call of several tokens runs the untuned Triton config (its own plan,
-    source heuristic, saying why), never a one-token pick nor the TVM step (one launch per token)."""
+def test_several_token_calls_are_served_their_token_count_records(env, db_url, tmp_path, monkeypatch, loaded):
+    """A decode key has the call's token-count bucket: a call of 4 tokens runs the 4-token record (Triton: the
+    TVM step decodes one token), one of 3 tokens shares that bucket, and one of 16 tokens (no record of its
+    bucket) runs the untuned config, never the one-token pick; each bucket has its own cached plan."""
     record(db_url, env, [(wl(), "triton", triton_cfg(decode_block_n=256, decode_splits=2), 0.30),
-                         (wl(), "tvm", record_config(LAYOUT), 0.20)])
+                         (wl(), "tvm", record_config(LAYOUT), 0.20),
+                         (wl(query_bucket=4), "triton", triton_cfg(decode_block_n=128, decode_splits=8), 0.40)])
     monkeypatch.setenv("PATHTUNE_TVM_MODULES", str(fake_store(tmp_path / "store")))
     use(env, db_url)
     one = plan()
     s = SHAPE
-    several = decode_dispatch.plan_for(CUDA0, s["head_dim"], s["head_dim_v"], s["heads_q"], s["heads_kv"],
-                                       torch.bfloat16, torch.bfloat16, s["use_gate"], 32768, 8, tokens=4)
+
+    def tokens(n):
+        return decode_dispatch.plan_for(CUDA0, s["head_dim"], s["head_dim_v"], s["heads_q"], s["heads_kv"],
+                                        torch.bfloat16, torch.bfloat16, s["use_gate"], 32768, 8, tokens=n)
+    four = tokens(4)
     assert one.backend == "tvm" and one.choice.source == "perf_db"
-    assert several.backend == "triton" and several.choice.source == "heuristic", several.describe()
-    assert decode_dispatch.SEVERAL_TOKENS in several.describe()
-    untuned = several.triton_params
-    assert (untuned.decode_block_n, untuned.decode_splits) != (256, 2)
+    assert four.backend == "triton" and four.choice.source == "perf_db", four.describe()
+    assert (four.triton_params.decode_block_n, four.triton_params.decode_splits) == (128, 8)
+    assert tokens(3) is four and "tokens<=4" in decode_dispatch._key_text(next(
+        k for k, v in dispatch.get_dispatcher().decode_plans.items() if v is four))
+    sixteen = tokens(16)
+    assert sixteen.backend == "triton" and sixteen.choice.source not in ("perf_db", "pack"), sixteen.describe()
+    untuned = sixteen.triton_params
+    assert (untuned.decode_block_n, untuned.decode_splits) not in ((256, 2), (128, 8))
     assert untuned.decode_block_n == load_spec().backend_defaults("triton", 128, 128)["decode_block_n"]
     assert len(loaded) == 1                        # only the one-token plan loaded TVM modules
-    assert decode_dispatch.plan_for(CUDA0, s["head_dim"], s["head_dim_v"], s["heads_q"], s["heads_kv"],
-                                    torch.bfloat16, torch.bfloat16, s["use_gate"], 32768, 8, tokens=16) is several
+    assert tokens(9) is sixteen

@@ -532,6 +532,33 @@ def test_decode_bench_runs_end_to_end_with_a_stub_timer(monkeypatch):
         assert row.times["fla"] is None and "fla" in row.failures
 
 
+def test_decode_bench_times_and_records_each_token_count(monkeypatch, tmp_path):
+    """--new-tokens 1,4: one row per count, each call decoding that many tokens (accuracy-checked), SDPA over
+    the same queries, fla for one token only; recorded under each count's query bucket, which the dispatcher's
+    lookup serves to calls of that bucket only."""
+    from pathtune.perf_db import PerfDB
+    from pathtune.runtime.environment import collect_env
+    from pathtune.specs import Workload
+    from pathtune.tuning import decode_bench as db
+
+    monkeypatch.setattr(db, "_median_ms", lambda fn: (fn(), 1.0)[1])
+    seen = []
+    real = db.pathtune_callable
+    monkeypatch.setattr(db, "pathtune_callable", lambda cache, step, config: seen.append(step[0].shape[1])
+                        or real(cache, step, config))
+    rows = db.run_decode_bench(((2, 32),), (20,), (True,), batch=1, config=dict(decode_block_n=16),
+                               tokens=(1, 4), baselines=("fla",), device=DEV, log=lambda s: None)
+    assert [(r.tokens, bool(r.failures.get("pathtune"))) for r in rows] == [(1, False), (4, False)], rows[1].failures
+    assert seen == [1, 4] and rows[1].errors["o"] < 1.2e-2
+    assert "fla" not in rows[1].times and "fla" in rows[0].times     # fla's step decodes one token
+    url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
+    assert db.record_decode_rows(rows, url, "pathtune bench --pass decode --new-tokens 1,4 (test)") == 2
+    with PerfDB(url) as pdb:
+        assert sorted(r["query_bucket"] for r in pdb.query(pass_="decode")) == [1, 4]
+        four = Workload(32, 32, 2, 2, "bfloat16", True, "decode", 32, batch_bucket=1, query_bucket=4)
+        assert pdb.best(collect_env(), "decode", four, backend="triton")["config"]["decode_block_n"] == 16
+
+
 @pytest.mark.parametrize("G", [1, 2])
 def test_outside_scale_gate_and_lse(G):
     """The FoX-kernel gate placement (scale * S + c_i - c_j) and the returned log-sum-exp."""
@@ -563,7 +590,10 @@ def test_bench_cli_decode_pass_options():
     for args, msg in [(["--pass", "fwd", "--sweep-knobs", '{"decode_splits": [4]}'],
                        "--sweep-knobs is for --pass decode"),
                       (["--pass", "decode", "--sweep-knobs", "{splits: 4}"], "--sweep-knobs: Expecting property name"),
-                      (["--pass", "decode", "--sweep-knobs", '{"decode_splits": [3]}'], "are not in its domain")]:
+                      (["--pass", "decode", "--sweep-knobs", '{"decode_splits": [3]}'], "are not in its domain"),
+                      (["--pass", "fwd", "--new-tokens", "4"], "--new-tokens is for --pass decode"),
+                      (["--pass", "decode", "--new-tokens", "1,0"], "--new-tokens must be integers >= 1"),
+                      (["--pass", "decode", "--new-tokens", "4", "--backends", "tvm"], "one token per call")]:
         res = runner.invoke(app, ["bench", *args], env={"COLUMNS": "300"})
         assert res.exit_code != 0 and msg in res.output, res.output
     if not torch.cuda.is_available():

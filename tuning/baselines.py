@@ -56,14 +56,20 @@ def sdpa_backend(backend: str) -> Iterator[None]:
 
 def sdpa_decode_callable(q, k, v) -> Optional[Callable[[], object]]:
     """SDPA of the new queries q [B, HQ, TN, D] over cached keys / values k, v [B, H, T, D] (GQA expanded to
-    full heads): a plain call, timed inside ``sdpa_backend`` (which picks the backend); one trial call
-    here, None when the active backend cannot run these inputs."""
+    full heads; TN > 1: causal among the new queries, aligned to the last key, ``causal_lower_right``): a plain
+    call, timed inside ``sdpa_backend`` (which picks the backend); one trial call here, None when the active
+    backend cannot run these inputs."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    mask = None
+    if q.shape[2] > 1:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(q.shape[2], k.shape[2])
 
     def run():
-        return F.scaled_dot_product_attention(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     try:
         run()

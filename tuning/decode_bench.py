@@ -1,26 +1,29 @@
 """`pathtune bench --pass decode`: one decoding step of pathtune's fused Triton kernel (and, with
 ``--backends triton,tvm``, its TVM step from prebuilt modules: tuning/decode_tvm.py) vs SDPA and fla.
 
-For each (heads, head dim, cache length, gate): a bf16 cache of ``cache_len`` keys per sequence
-(batch B), one new token.  Timed with ``triton.testing.do_bench`` medians, all in one process:
+For each (heads, head dim, cache length, gate, new tokens per call): a bf16 cache of ``cache_len`` keys per
+sequence (batch B) and ``tokens`` new tokens per call (1 by default; each count is its own decode key).
+Timed with ``triton.testing.do_bench`` medians, all in one process:
 
 * ``pathtune``: the public ``pathtune.path_attention_decode(..., backend="triton", config=...)`` (host work
-  included) of one new token over a cache of ``cache_len`` keys kept in the frame of a base position with
+  included) of the new tokens over a cache of ``cache_len`` keys kept in the frame of a base position with
   the last tokens pending (lazy rotation, ``decode_pending_window`` W).  A step whose pending rows
   would exceed W flushes (rotates every cached key), so one timed call runs a whole flush cycle --
-  the cache set to ``cache_len`` rows of which 0, 1, .., W are pending before each step
+  the cache set to ``cache_len`` rows of which 0, TN, 2 TN, .. are pending before each step
   (``flush_cycle``) -- and the reported time is the amortized step.
-* ``sdpa_flash``: torch SDPA (flash backend) of one query over the same ``cache_len + 1`` keys
-  (plain attention: no key update, no gate) -- the speed of light of a decode step that reads K and V
-  once; a plain call, the backend chosen once around the timing loop (``baselines.sdpa_backend``).
-* ``fla``: flash-linear-attention's PaTH decode step as its ``PaTHAttention`` layer runs it: the
-  rank-one update of the whole cache (a ``torch.compile``d elementwise kernel, fp32 math, written back
-  in the cache dtype), then ``attn_decoding_one_step`` over the packed cache (FoX gate when gated).
-  The layer's ``torch.cat`` of the cache with the new token is not timed (it would add a full copy).
+* ``sdpa_flash``: torch SDPA (flash backend) of the new queries over the same ``cache_len + tokens`` keys
+  (plain attention, causal among the new queries: no key update, no gate) -- the speed of light of a
+  decode step that reads K and V once; a plain call, the backend chosen once around the timing loop
+  (``baselines.sdpa_backend``).
+* ``fla`` (one token per call): flash-linear-attention's PaTH decode step as its ``PaTHAttention`` layer
+  runs it: the rank-one update of the whole cache (a ``torch.compile``d elementwise kernel, fp32 math,
+  written back in the cache dtype), then ``attn_decoding_one_step`` over the packed cache (FoX gate when
+  gated).  The layer's ``torch.cat`` of the cache with the new token is not timed (it would add a full copy).
 
 Before timing, one step on a copy of batch 0 (first 2048 keys) is checked against the float64
 reference; a failed check or a crash is recorded instead of a time.  Rows go to a table, JSON and,
-with ``--record``, perf_db (pass ``decode``, baseline = SDPA flash of the same run).
+with ``--record``, perf_db (pass ``decode``, the key's ``query_bucket`` from the token count, baseline =
+SDPA flash of the same run).
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ class DecodeRow:
     cache_len: int
     batch: int
     gate: bool
+    tokens: int = 1      # new tokens per call
     times: dict[str, Optional[float]] = field(default_factory=dict)
     errors: dict[str, float] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
@@ -109,14 +113,15 @@ def make_cache(B: int, T: int, H: int, D: int, gate: bool, *, device: str, gen: 
     return cache
 
 
-def make_step(B: int, H: int, D: int, gate: bool, *, device: str, gen: torch.Generator, dtype=torch.bfloat16):
-    """One new token: q/k/v in dtype, unit fp32 w, beta in [1.5, 2), log gate."""
-    q = torch.randn(B, 1, H, D, device=device, generator=gen).to(dtype)
-    k = torch.randn(B, 1, H, D, device=device, generator=gen).to(dtype)
-    v = torch.randn(B, 1, H, D, device=device, generator=gen).to(dtype)
-    w = F.normalize(torch.randn(B, 1, H, D, device=device, generator=gen), dim=-1)
-    beta = torch.rand(B, 1, H, device=device, generator=gen) * 0.5 + 1.5
-    g = torch.log(torch.rand(B, 1, H, device=device, generator=gen) * 0.05 + 0.95) if gate else None
+def make_step(B: int, H: int, D: int, gate: bool, *, device: str, gen: torch.Generator, dtype=torch.bfloat16,
+              tokens: int = 1):
+    """``tokens`` new tokens: q/k/v in dtype, unit fp32 w, beta in [1.5, 2), log gate."""
+    q = torch.randn(B, tokens, H, D, device=device, generator=gen).to(dtype)
+    k = torch.randn(B, tokens, H, D, device=device, generator=gen).to(dtype)
+    v = torch.randn(B, tokens, H, D, device=device, generator=gen).to(dtype)
+    w = F.normalize(torch.randn(B, tokens, H, D, device=device, generator=gen), dim=-1)
+    beta = torch.rand(B, tokens, H, device=device, generator=gen) * 0.5 + 1.5
+    g = torch.log(torch.rand(B, tokens, H, device=device, generator=gen) * 0.05 + 0.95) if gate else None
     return q, k, v, w, beta, g
 
 
@@ -128,9 +133,9 @@ def accuracy(cache, step, config, prefix: int = 2048, decode: Optional[Callable]
     from pathtune.codegen.triton import path_decode_triton
     from pathtune.runtime.reference.recurrent import path_attention_decode
 
-    n = min(prefix, cache.length)
-    sub = PaTHKVCache(cache.k[:1, :n + 1].clone(), cache.v[:1, :n + 1].clone(),
-                      None if cache.c is None else cache.c[:1, :n + 1].clone(), n, cache.num_q_heads)
+    n, tn = min(prefix, cache.length), step[0].shape[1]
+    sub = PaTHKVCache(cache.k[:1, :n + tn].clone(), cache.v[:1, :n + tn].clone(),
+                      None if cache.c is None else cache.c[:1, :n + tn].clone(), n, cache.num_q_heads)
     ref_cache = copy.deepcopy(sub)
     if ref_cache.c is not None:
         ref_cache.c = ref_cache.c.double()
@@ -140,7 +145,7 @@ def accuracy(cache, step, config, prefix: int = 2048, decode: Optional[Callable]
 
     def rel(a, b):
         return float((a.double() - b.double()).norm() / b.double().norm())
-    return {"o": rel(o, ref), "k": rel(sub.k[:, :n + 1], ref_cache.k[:, :n + 1])}
+    return {"o": rel(o, ref), "k": rel(sub.k[:, :n + tn], ref_cache.k[:, :n + tn])}
 
 
 def pathtune_callable(cache, step, config):
@@ -169,12 +174,12 @@ def pathtune_callable(cache, step, config):
 
 
 def sdpa_decode_callable(cache, step) -> Optional[Callable[[], object]]:
-    """SDPA of the one new query over the cache's T + 1 keys (no update, no gate), [B,H,1,D] layout
+    """SDPA of the new queries over the cache's T + tokens keys (no update, no gate), [B,H,TN,D] layout
     from transposed views of the [B,T,H,D] cache (the layout flash attention reads natively); time it
     inside ``baselines.sdpa_backend``, which picks the backend once for the whole timing loop."""
     from .baselines import sdpa_decode_callable as plain_sdpa
 
-    n = cache.length + 1
+    n = cache.length + step[0].shape[1]
     return plain_sdpa(step[0].transpose(1, 2), cache.k[:, :n].transpose(1, 2), cache.v[:, :n].transpose(1, 2))
 
 
@@ -291,11 +296,11 @@ def _sweep(row: DecodeRow, cache, step, D: int, log, keys0, only: Optional[dict]
 
 
 def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), *, batch: int = BATCH, config=None,
-                     baselines=("sdpa", "fla"), device: str = "cuda", seed: int = 0, sweep: bool = False,
+                     tokens=(1,), baselines=("sdpa", "fla"), device: str = "cuda", seed: int = 0, sweep: bool = False,
                      sweep_knobs: Optional[dict] = None, backends=("triton",), tvm_sets=None, tvm_loader=None,
                      log: Callable[[str], None] = print,
                      on_row: Optional[Callable[[DecodeRow], None]] = None) -> list[DecodeRow]:
-    """Measure every (heads, D, cache length, gate) point; see the module docstring.
+    """Measure every (heads, D, cache length, gate, new tokens per call) point; see the module docstring.
 
     ``sweep``: also time every config of the decode knobs (spec domains; ``sweep_knobs``, {knob: [values]},
     restricts them) and report the fastest.
@@ -311,58 +316,62 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
         raise RuntimeError("pathtune bench --pass decode needs a CUDA GPU (torch.cuda.is_available() is False)")
     if sweep:
         check_sweep_knobs(sweep_knobs or {})
+    tokens = tuple(tokens)
+    if not tokens or min(tokens) < 1:
+        raise ValueError(f"tokens per call must be >= 1, got {tokens}")
+    if "tvm" in backends and max(tokens) > 1:
+        raise ValueError("the TVM decode step takes one token per call: time --tokens 1 with --backends tvm")
     rows = []
     for H, D in shapes:
         params = decode_params(config, D, D)
-        for T in cache_lens:
-            for gate in gates:
-                row = DecodeRow(D, H, T, batch, gate, params=knob_values(params) if "triton" in backends else {})
-                gen = torch.Generator(device=device).manual_seed(seed)
-                cache = make_cache(batch, T, H, D, gate, device=device, gen=gen)
-                keys0 = cache.k.clone()
-                step = make_step(batch, H, D, gate, device=device, gen=gen)
-                if "tvm" in backends:
-                    from .decode_tvm import load_step, time_tvm
+        for T, gate, TN in ((T, gate, TN) for T in cache_lens for gate in gates for TN in tokens):
+            row = DecodeRow(D, H, T, batch, gate, TN, params=knob_values(params) if "triton" in backends else {})
+            gen = torch.Generator(device=device).manual_seed(seed)
+            cache = make_cache(batch, T, H, D, gate, device=device, gen=gen, extra=TN)
+            keys0 = cache.k.clone()
+            step = make_step(batch, H, D, gate, device=device, gen=gen, tokens=TN)
+            if "tvm" in backends:
+                from .decode_tvm import load_step, time_tvm
 
-                    time_tvm(row, cache, step, tvm_sets, keys0, median_ms=_median_ms, log=log,
-                             accuracy=accuracy, limit=ACCURACY_LIMIT, loader=tvm_loader or load_step)
-                if "triton" in backends:
-                    try:
-                        row.errors = accuracy(cache, step, params)
-                        if not row.errors["o"] < ACCURACY_LIMIT:
-                            raise RuntimeError(f"accuracy check failed: o error {row.errors['o']:.3g} >= "
-                                               f"{ACCURACY_LIMIT}")
-                        row.times["pathtune"] = _median_ms(pathtune_callable(cache, step, params))
-                    except Exception as exc:  # a failing config is a recorded status, not a crash
-                        row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                time_tvm(row, cache, step, tvm_sets, keys0, median_ms=_median_ms, log=log,
+                         accuracy=accuracy, limit=ACCURACY_LIMIT, loader=tvm_loader or load_step)
+            if "triton" in backends:
+                try:
+                    row.errors = accuracy(cache, step, params)
+                    if not row.errors["o"] < ACCURACY_LIMIT:
+                        raise RuntimeError(f"accuracy check failed: o error {row.errors['o']:.3g} >= "
+                                           f"{ACCURACY_LIMIT}")
+                    row.times["pathtune"] = _median_ms(pathtune_callable(cache, step, params))
+                except Exception as exc:  # a failing config is a recorded status, not a crash
+                    row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            cache.length = T
+            if sweep and "triton" in backends:
+                row.times["pathtune_default"] = row.times.get("pathtune")
+                _sweep(row, cache, step, D, log, keys0, sweep_knobs)
+                if row.times.get("pathtune") is not None:
+                    row.failures.pop("pathtune", None)
+            cache.length = T
+            cache.k.copy_(keys0)
+            del keys0
+            if "sdpa" in baselines:
                 cache.length = T
-                if sweep and "triton" in backends:
-                    row.times["pathtune_default"] = row.times.get("pathtune")
-                    _sweep(row, cache, step, D, log, keys0, sweep_knobs)
-                    if row.times.get("pathtune") is not None:
-                        row.failures.pop("pathtune", None)
+                with sdpa_backend("flash"):
+                    fn = sdpa_decode_callable(cache, step)
+                    row.times["sdpa_flash"] = _median_ms(fn) if fn else None
+            if "fla" in baselines and TN == 1:
                 cache.length = T
-                cache.k.copy_(keys0)
-                del keys0
-                if "sdpa" in baselines:
-                    cache.length = T
-                    with sdpa_backend("flash"):
-                        fn = sdpa_decode_callable(cache, step)
-                        row.times["sdpa_flash"] = _median_ms(fn) if fn else None
-                if "fla" in baselines:
-                    cache.length = T
-                    with keep_triton_toolchain():
-                        fn, why = fla_decode_callable(cache, step)
-                        row.times["fla"] = _median_ms(fn) if fn else None
-                    if fn is None:
-                        row.failures["fla"] = why
-                del cache
-                if device == "cuda":
-                    torch.cuda.empty_cache()
-                rows.append(row)
-                log(json.dumps(asdict(row)))
-                if on_row is not None:
-                    on_row(row)
+                with keep_triton_toolchain():
+                    fn, why = fla_decode_callable(cache, step)
+                    row.times["fla"] = _median_ms(fn) if fn else None
+                if fn is None:
+                    row.failures["fla"] = why
+            del cache
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            rows.append(row)
+            log(json.dumps(asdict(row)))
+            if on_row is not None:
+                on_row(row)
     return rows
 
 
@@ -374,6 +383,7 @@ def record_decode_rows(rows: list[DecodeRow], db_url: Optional[str], command: st
     from pathtune.perf_db import KernelKey, Measurement, PerfDB
     from pathtune.runtime.environment import collect_env
     from pathtune.specs import Config, Workload, load_spec
+    from pathtune.specs.workload import batch_bucket, query_bucket, seq_bucket
 
     spec = load_spec()
     env = collect_env()
@@ -390,8 +400,8 @@ def record_decode_rows(rows: list[DecodeRow], db_url: Optional[str], command: st
                                    source_hash=tvm_source_hash())
         for row in rows:
             wl = Workload(head_dim=row.head_dim, head_dim_v=row.head_dim, heads_q=row.heads, heads_kv=row.heads,
-                          dtype="bfloat16", use_gate=row.gate, pass_="decode", seq_bucket=row.cache_len,
-                          batch_bucket=row.batch)
+                          dtype="bfloat16", use_gate=row.gate, pass_="decode", seq_bucket=seq_bucket(row.cache_len),
+                          batch_bucket=batch_bucket(row.batch), query_bucket=query_bucket(row.tokens))
             # one measurement per config: the swept ones, or the single timed config
             entries = ([(kernel, e["config"], e["ms"], e["error"], row.errors) for e in row.sweep] if row.sweep else
                        [(kernel, row.params, row.times.get("pathtune"), row.failures.get("pathtune"), row.errors)])
@@ -412,9 +422,9 @@ def record_decode_rows(rows: list[DecodeRow], db_url: Optional[str], command: st
 def format_decode_table(rows: list[DecodeRow]):
     from rich.table import Table
 
-    table = Table(title="PaTH decode step (1 token, amortized over the flush cycle), ms (do_bench median); "
-                        "/flash: pathtune over SDPA flash of one query")
-    for col in ("BxH", "D", "cache", "gate", "sdpa flash", "fla", "pathtune", "/flash", "fla/ours", "GB/s",
+    table = Table(title="PaTH decode step (tokens per call, amortized over the flush cycle), ms (do_bench median); "
+                        "/flash: pathtune over SDPA flash of the same queries")
+    for col in ("BxH", "D", "cache", "gate", "tokens", "sdpa flash", "fla", "pathtune", "/flash", "fla/ours", "GB/s",
                 "o err", "k err", "block_n/warps/splits/stages"):
         table.add_column(col, justify="right")
 
@@ -427,7 +437,7 @@ def format_decode_table(rows: list[DecodeRow]):
         return "-" if x is None else fmt.format(x)
     for r in rows:
         t = r.times.get("pathtune")
-        cells = [f"{r.batch}x{r.heads}", str(r.head_dim), str(r.cache_len), "FoX" if r.gate else "-",
+        cells = [f"{r.batch}x{r.heads}", str(r.head_dim), str(r.cache_len), "FoX" if r.gate else "-", str(r.tokens),
                  f(r.times.get("sdpa_flash")), f(r.times.get("fla")), f(t) if t else ("FAIL" if r.params else "-"),
                  f(r.ratio("pathtune", "sdpa_flash"), "{:.2f}"), f(r.ratio("fla", "pathtune"), "{:.2f}"),
                  f(r.bytes_moved / (t * 1e6) if t else None, "{:.0f}"),

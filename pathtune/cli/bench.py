@@ -38,6 +38,8 @@ def register(app: typer.Typer) -> None:
         pass_: str = typer.Option("fwd", "--pass", help="fwd (forward and forward+backward) or decode "
                                   "(one decoding step over a KV cache; tuning/decode_bench.py)."),
         batch: int = typer.Option(8, help="--pass decode: batch size."),
+        new_tokens: str = typer.Option("1", "--new-tokens", help="--pass decode: new tokens per call, comma-separated "
+                                       "(each count is its own decode key, e.g. 1,4,16)."),
         sweep: bool = typer.Option(False, "--sweep", help="--pass decode: also time every decode knob config "
                                    "(spec domains) and report the fastest (all recorded with --record)."),
         sweep_knobs: Optional[str] = typer.Option(
@@ -78,12 +80,19 @@ def register(app: typer.Typer) -> None:
             except (json.JSONDecodeError, ValueError) as e:
                 raise typer.BadParameter(f"--sweep-knobs: {e}") from None
             sweep = True
+        token_counts = _ints(new_tokens, "--new-tokens")
+        if token_counts != (1,) and pass_ != "decode":
+            raise typer.BadParameter("--new-tokens is for --pass decode")
+        if not token_counts or min(token_counts) < 1:
+            raise typer.BadParameter(f"--new-tokens must be integers >= 1, got {new_tokens!r}")
+        if "tvm" in backends and max(token_counts) > 1:
+            raise typer.BadParameter("--backends tvm times one token per call: use --new-tokens 1")
         if record:
             _check_record_db(db)
         if pass_ == "decode":
             _decode(console, _ints(head_dim, "--head-dim"), _ints(seq_len or "4096,32768", "--seq-len"), gates,
                     batch, cfg, tuple(b.strip() for b in baselines.split(",")), out, record, db, sweep,
-                    _parse_backends(backends, tvm_modules, "decode"), tvm_modules, only)
+                    _parse_backends(backends, tvm_modules, "decode"), tvm_modules, only, token_counts)
             return
         seq_len = seq_len or "4096,16384"
         fwd_backends = _parse_backends(backends, tvm_modules, "fwd")
@@ -99,7 +108,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, record, db, sweep,
-            backends=("triton",), tvm_modules=None, sweep_knobs=None) -> None:
+            backends=("triton",), tvm_modules=None, sweep_knobs=None, new_tokens=(1,)) -> None:
     """`pathtune bench --pass decode` (logic in tuning/decode_bench.py; the TVM step: tuning/decode_tvm.py)."""
 
     from pathtune.tuning.bench import HEADS_FOR_DIM, command_line
@@ -121,7 +130,8 @@ def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, r
     shapes = tuple((HEADS_FOR_DIM.get(d, max(1, 1024 // d)), d) for d in head_dims)
     _run_and_report(
         console,
-        lambda on_row: run_decode_bench(shapes, cache_lens, gates, batch=batch, config=cfg, baselines=baselines,
+        lambda on_row: run_decode_bench(shapes, cache_lens, gates, batch=batch, config=cfg, tokens=new_tokens,
+                                        baselines=baselines,
                                         sweep=sweep, sweep_knobs=sweep_knobs, backends=backends, tvm_sets=tvm_sets,
                                         log=lambda s: console.print(s, style="dim"), on_row=on_row),
         format_decode_table, out,
