@@ -143,7 +143,7 @@ def test_optuna_rdb_storage_on_the_same_database(pg_url):
     db = PerfDB(pg_url)
     study = optuna.create_study(storage=pg_url, study_name="pg-test")
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
-    assert PerfDB(pg_url).revision() == "0001_initial"
+    assert PerfDB(pg_url).revision() == "0002_query_bucket"
     assert len(optuna.load_study(study_name="pg-test", storage=pg_url).trials) == 2
     names = set(inspect(db.engine).get_table_names())
     assert {"alembic_version", "perf_alembic_version", "studies"} <= names

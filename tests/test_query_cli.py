@@ -140,12 +140,12 @@ def test_failures_exit_nonzero_with_a_message(url, args, message):
 def test_db_upgrade_path_gc(url, tmp_path, monkeypatch):
     fresh = f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
     first = run("db", "upgrade", "--db", fresh)
-    assert first.exit_code == 0 and "upgraded from empty to revision 0001_initial" in first.stdout
+    assert first.exit_code == 0 and "upgraded from empty to revision 0002_query_bucket" in first.stdout
     assert "perf_alembic_version" in first.stdout
-    assert "already at revision 0001_initial" in run("db", "upgrade", "--db", fresh).stdout
+    assert "already at revision 0002_query_bucket" in run("db", "upgrade", "--db", fresh).stdout
 
     info = json.loads(run("db", "path", "--db", url, "-f", "json").stdout)
-    assert info["file"].endswith("perf.sqlite3") and info["revision"] == "0001_initial"
+    assert info["file"].endswith("perf.sqlite3") and info["revision"] == "0002_query_bucket"
     assert info["counts"]["perf_measurement"] == 10
     missing = json.loads(run("db", "path", "--db", f"sqlite:///{tmp_path / 'nope.sqlite3'}", "-f", "json").stdout)
     assert missing["exists"] is False and not (tmp_path / "nope.sqlite3").exists()
