@@ -10,7 +10,8 @@ from ._errors import PerfDBError
 __all__ = ["plot_overhead", "plot_history", "PLOT_SUFFIXES"]
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-_DIMS = ("dtype", "use_gate", "heads_q", "heads_kv", "head_dim", "head_dim_v", "seq_len", "batch", "varlen", "backend")
+_DIMS = ("dtype", "use_gate", "heads_q", "heads_kv", "head_dim", "head_dim_v", "seq_len", "batch", "varlen", "tokens",
+         "backend")
 
 
 def _pyplot() -> Any:
@@ -36,7 +37,7 @@ def _check_out(out: Path) -> Path:
 
 def _label(row: dict[str, Any], dims: Sequence[str]) -> str:
     names = {"use_gate": "gate", "heads_q": "HQ", "heads_kv": "H", "head_dim": "D", "head_dim_v": "DV",
-             "seq_len": "T<=", "batch": "B<=", "varlen": "varlen"}
+             "seq_len": "T<=", "batch": "B<=", "varlen": "varlen", "tokens": "tokens<="}
     return " ".join(f"{names.get(d, '')}{row[d]}" if d not in ("dtype", "backend") else str(row[d]) for d in dims)
 
 

@@ -287,3 +287,23 @@ def test_tables_fit_80_columns_and_wide_shows_every_column(url):
     wide = run("query", "--wide", "--limit", "2", "--db", url).stdout
     assert "config" in wide and "run" in wide and "p20-p80" in wide
     assert "sdpa ms" in run("query", "overhead", "--wide", "--db", url).stdout
+
+
+def test_decode_rows_show_their_token_count(tmp_path):
+    """A decode record of several tokens per call reads '<length>+<tokens>' in the narrow tables and has its
+    own tokens<= column in the wide ones (one-token rows show the length alone), in query and overhead."""
+    url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
+    db = PerfDB(url)
+    cfg = KnobSpace(SPEC, "decode").default()
+    for tokens, ms in ((1, 0.30), (16, 0.46)):
+        w = Workload(64, 64, 8, 8, "bfloat16", False, "decode", 32768, batch_bucket=8, query_bucket=tokens)
+        db.record(ENV, kernel(pass_="decode"), w, cfg, ok(ms, baseline_ms=0.29), run_id="run-d")
+    db.close()
+    narrow = run("query", "--pass", "decode", "--db", url).stdout
+    assert "32768+16" in narrow and "32768 " in narrow
+    over = run("query", "overhead", "--pass", "decode", "--db", url).stdout
+    assert "32768+16" in over and "1.59x" in over
+    wide = run("query", "--pass", "decode", "--wide", "--db", url).stdout
+    assert "tokens<=" in wide
+    rows = json.loads(run("query", "overhead", "--pass", "decode", "-f", "json", "--db", url).stdout)
+    assert sorted(r["tokens"] for r in rows) == [1, 16]

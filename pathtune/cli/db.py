@@ -176,6 +176,12 @@ def _ms(v: Optional[float]) -> Optional[str]:
     return None if v is None else f"{v:.4f}"
 
 
+def _length(seq: int, tokens: Optional[int]) -> Any:
+    """The length bucket, and for a decode key of several tokens per call their bucket after a '+'
+    ("32768+16": a cache of up to 32768 keys, up to 16 new tokens per call)."""
+    return seq if not tokens or tokens == 1 else f"{seq}+{tokens}"
+
+
 QUERY_COLUMNS: list[tuple[str, Callable[[dict], Any]]] = [
     ("id", lambda r: r["id"]),
     ("gpu", lambda r: r["gpu"]),
@@ -187,6 +193,7 @@ QUERY_COLUMNS: list[tuple[str, Callable[[dict], Any]]] = [
     ("gate", lambda r: r["use_gate"]),
     ("T<=", lambda r: r["seq_bucket"]),
     ("B<=", lambda r: r["batch_bucket"]),
+    ("tokens<=", lambda r: r.get("query_bucket", 1)),
     ("status", lambda r: r["status"] + (" (stale)" if r.get("stale") else "")),
     ("median ms", lambda r: _ms(r["median_ms"])),
     ("p20-p80", lambda r: None if r["p20_ms"] is None else f"{r['p20_ms']:.4f}-{r['p80_ms']:.4f}"
@@ -214,7 +221,7 @@ QUERY_NARROW: list[tuple[str, Callable[[dict], Any]]] = [
     ("backend", lambda r: r["backend"]),
     ("D", _dims),
     ("gate", lambda r: r["use_gate"]),
-    ("T<=", lambda r: r["seq_bucket"]),
+    ("T<=", lambda r: _length(r["seq_bucket"], r.get("query_bucket"))),
     ("status", lambda r: r["status"] + (" (stale)" if r.get("stale") else "")),
     ("median ms", lambda r: _ms(r["median_ms"])),
     ("ratio", lambda r: None if r["ratio"] is None else f"{r['ratio']:.3f}"),
@@ -229,6 +236,7 @@ OVERHEAD_COLUMNS: list[tuple[str, Callable[[dict], Any]]] = [
     ("gate", lambda r: r["use_gate"]),
     ("seq_len<=", lambda r: r["seq_len"]),
     ("batch<=", lambda r: r["batch"]),
+    ("tokens<=", lambda r: r.get("tokens", 1)),
     ("backend", lambda r: r["backend"]),
     ("pathtune ms", lambda r: _ms(r["pathtune_ms"])),
     ("sdpa ms", lambda r: _ms(r["sdpa_ms"])),
@@ -240,7 +248,7 @@ OVERHEAD_NARROW: list[tuple[str, Callable[[dict], Any]]] = [
     ("D", _dims),
     ("HQ/H", lambda r: f"{r['heads_q']}/{r['heads_kv']}"),
     ("gate", lambda r: r["use_gate"]),
-    ("T<=", lambda r: r["seq_len"]),
+    ("T<=", lambda r: _length(r["seq_len"], r.get("tokens"))),
     ("B<=", lambda r: r["batch"]),
     ("backend", lambda r: r["backend"]),
     ("pathtune ms", lambda r: _ms(r["pathtune_ms"])),
