@@ -109,17 +109,9 @@ def _sync():
 
 
 def _inputs(B, T, HQ, H, D, DV, gated, dtype, seed=0):
-    import torch
-    import torch.nn.functional as F
+    from pathtune.tuning.inputs import make_inputs
 
-    gen = torch.Generator(device=DEV).manual_seed(seed)
-    q = torch.randn(B, T, HQ, D, device=DEV, generator=gen).to(dtype)
-    k = torch.randn(B, T, H, D, device=DEV, generator=gen).to(dtype)
-    v = torch.randn(B, T, H, DV, device=DEV, generator=gen).to(dtype)
-    w = F.normalize(torch.randn(B, T, H, D, device=DEV, generator=gen), dim=-1)
-    beta = torch.rand(B, T, H, device=DEV, generator=gen) * 0.5 + 1.5
-    g = torch.log(torch.rand(B, T, HQ, device=DEV, generator=gen) * 0.05 + 0.95) if gated else None
-    return q, k, v, w, beta, g
+    return make_inputs(B, T, HQ, H, D, DV, gated, device=DEV, seed=seed, dtype=dtype)
 
 
 def _rel(a, b):

@@ -14,7 +14,7 @@ from pathtune.specs import load_spec
 
 from pathtune.specs.canonical import dtype_name
 
-from .dispatch import select_plan
+from .dispatch import run_triton, select_plan
 from .validation import InputInfo, check_head_dims, check_scale, validate_inputs, value_checks_enabled
 
 __all__ = ["path_attention", "BACKENDS", "resolve_backend"]
@@ -301,11 +301,7 @@ def _path_attention_traced(q, k, v, w, beta, g, scale, cu_seqlens, backend, retu
     if chosen == "reference":
         o, lse = _reference(q, k, v, w, beta, g, scale, cu_seqlens, placement)
     else:
-        from pathtune.codegen.triton import autograd  # noqa: F401
-
-        if cu_seqlens is not None:
-            cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
-        o, lse, _ = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, params_json, placement)
+        o, lse = run_triton(params_json, q, k, v, w, beta, g, scale, cu_seqlens, placement)
     if not return_lse:
         return o
     return o, lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)

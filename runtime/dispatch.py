@@ -134,10 +134,11 @@ class Plan:
 
     def run(self, q, k, v, w, beta, g, scale: float, cu_seqlens: Optional[torch.Tensor], placement: str):
         """Run the plan's kernels on validated inputs -> (o, lse float32): the Triton custom op at
-        ``params_json``, or the TVM forward (with the Triton backward at ``bwd_params_json`` when one follows)."""
-        if cu_seqlens is not None:
-            cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
+        ``params_json`` (``run_triton``), or the TVM forward (with the Triton backward at ``bwd_params_json``
+        when one follows)."""
         if self.backend == "tvm":
+            if cu_seqlens is not None:
+                cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
             if self.bwd_params_json is None:
                 from pathtune.codegen.tvm import path_attention_tvm
 
@@ -148,11 +149,21 @@ class Plan:
             return path_attention_tvm_trainable(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
                                                 config=self.fwd.config, bwd_config_json=self.bwd_params_json,
                                                 gate_placement=placement)
-        from pathtune.codegen.triton import autograd  # noqa: F401  (registers torch.ops.pathtune.*)
+        return run_triton(self.params_json, q, k, v, w, beta, g, scale, cu_seqlens, placement)
 
-        o, lse, _ = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, float(scale), self.params_json,
-                                                     placement)
-        return o, lse
+
+def run_triton(params_json: str, q, k, v, w, beta, g, scale: float, cu_seqlens: Optional[torch.Tensor],
+               placement: str):
+    """The Triton custom op ``pathtune::path_attn_fwd`` at the config ``params_json`` -> (o, lse float32):
+    what an eager plan runs (``Plan.run``) and what a ``torch.compile``d call traces (its plan's text is a
+    graph constant there).  cu_seqlens: any integer dtype, on any device."""
+    from pathtune.codegen.triton import autograd  # noqa: F401  (registers torch.ops.pathtune.*)
+
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int64)
+    o, lse, _ = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, float(scale), params_json,
+                                                 placement)
+    return o, lse
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -532,6 +532,20 @@ def test_decode_bench_runs_end_to_end_with_a_stub_timer(monkeypatch):
         assert row.times["fla"] is None and "fla" in row.failures
 
 
+def test_decode_bench_step_is_the_shared_input_maker():
+    """The bench's new tokens are tuning.inputs.make_inputs drawn from the generator that filled the cache
+    (HQ = H, DV = D, T = tokens); make_inputs takes a seed or a generator, exactly one."""
+    from pathtune.tuning.decode_bench import make_step
+    from pathtune.tuning.inputs import make_inputs
+
+    step = make_step(2, 3, 16, True, device=DEV, gen=torch.Generator(device=DEV).manual_seed(5), tokens=4)
+    same = make_inputs(2, 4, 3, 3, 16, 16, True, device=DEV, seed=5)
+    assert all(torch.equal(a, b) for a, b in zip(step, same)) and step[0].shape == (2, 4, 3, 16)
+    for kw in ({}, {"seed": 1, "generator": torch.Generator(device=DEV)}):
+        with pytest.raises(ValueError, match="a seed or a generator"):
+            make_inputs(1, 2, 1, 1, 16, 16, False, device=DEV, **kw)
+
+
 def test_decode_bench_times_and_records_each_token_count(monkeypatch, tmp_path):
     """--new-tokens 1,4: one row per count, each call decoding that many tokens (accuracy-checked), SDPA over
     the same queries, fla for one token only; recorded under each count's query bucket, which the dispatcher's

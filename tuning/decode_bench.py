@@ -28,12 +28,12 @@ SDPA flash of the same run).
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
 from .baselines import keep_triton_toolchain, sdpa_backend
 
@@ -115,14 +115,11 @@ def make_cache(B: int, T: int, H: int, D: int, gate: bool, *, device: str, gen: 
 
 def make_step(B: int, H: int, D: int, gate: bool, *, device: str, gen: torch.Generator, dtype=torch.bfloat16,
               tokens: int = 1):
-    """``tokens`` new tokens: q/k/v in dtype, unit fp32 w, beta in [1.5, 2), log gate."""
-    q = torch.randn(B, tokens, H, D, device=device, generator=gen).to(dtype)
-    k = torch.randn(B, tokens, H, D, device=device, generator=gen).to(dtype)
-    v = torch.randn(B, tokens, H, D, device=device, generator=gen).to(dtype)
-    w = F.normalize(torch.randn(B, tokens, H, D, device=device, generator=gen), dim=-1)
-    beta = torch.rand(B, tokens, H, device=device, generator=gen) * 0.5 + 1.5
-    g = torch.log(torch.rand(B, tokens, H, device=device, generator=gen) * 0.05 + 0.95) if gate else None
-    return q, k, v, w, beta, g
+    """``tokens`` new tokens (``inputs.make_inputs`` drawn from ``gen``): q/k/v in dtype, unit fp32 w, beta in
+    [1.5, 2), log gate."""
+    from .inputs import make_inputs
+
+    return make_inputs(B, tokens, H, H, D, D, gate, device=device, dtype=dtype, generator=gen)
 
 
 def accuracy(cache, step, config, prefix: int = 2048, decode: Optional[Callable] = None) -> dict[str, float]:
@@ -320,11 +317,11 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
     if not tokens or min(tokens) < 1:
         raise ValueError(f"tokens per call must be >= 1, got {tokens}")
     if "tvm" in backends and max(tokens) > 1:
-        raise ValueError("the TVM decode step takes one token per call: time --tokens 1 with --backends tvm")
+        raise ValueError(f"the TVM decode step takes one token per call; tokens {tokens} include more")
     rows = []
     for H, D in shapes:
         params = decode_params(config, D, D)
-        for T, gate, TN in ((T, gate, TN) for T in cache_lens for gate in gates for TN in tokens):
+        for T, gate, TN in itertools.product(cache_lens, gates, tokens):
             row = DecodeRow(D, H, T, batch, gate, TN, params=knob_values(params) if "triton" in backends else {})
             gen = torch.Generator(device=device).manual_seed(seed)
             cache = make_cache(batch, T, H, D, gate, device=device, gen=gen, extra=TN)
