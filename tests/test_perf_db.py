@@ -597,6 +597,31 @@ def test_query_bucket_migration_keeps_the_one_token_rows(url):
     assert {r["query_bucket"] for r in db.query(pass_="decode")} == {1, 16}
 
 
+def test_query_bucket_migration_with_measurements_both_ways(url):
+    """A real database: measurements reference its workloads (foreign keys on).  Down to 0001 and up to the head
+    again, every row stays, keeps its id and is still served (a batch rebuild of perf_workload failed here)."""
+    from alembic import command
+
+    from pathtune.perf_db._engine import _alembic_config
+
+    dcfg = KnobSpace(SPEC, "decode").default()
+    one = Workload(64, 64, 8, 8, "bfloat16", True, "decode", 4096, batch_bucket=8)
+    db = PerfDB(url, current_keys=current_keys)
+    db.record(ENV, kernel(pass_="decode"), one, dcfg.replace(decode_splits=2), ok(0.30))
+    db.record(ENV, kernel(pass_="decode"), one, dcfg.replace(decode_splits=4), ok(0.40))
+    before = sorted((r["id"], r["median_ms"]) for r in db.query(pass_="decode"))
+    with db.engine.begin() as conn:
+        command.downgrade(_alembic_config(conn), "0001_initial")
+    assert db.revision() == "0001_initial"
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM perf_measurement")).scalar() == 2
+        assert conn.execute(text("PRAGMA foreign_key_check")).fetchall() == []
+    db = PerfDB(url, current_keys=current_keys)
+    assert db.revision() == HEAD
+    assert sorted((r["id"], r["median_ms"]) for r in db.query(pass_="decode")) == before
+    assert db.best(ENV, "decode", one)["config"]["decode_splits"] == 2
+
+
 def test_unknown_newer_revision_is_refused(url):
     db = PerfDB(url)
     with db.engine.begin() as conn:

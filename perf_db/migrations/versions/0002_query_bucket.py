@@ -45,15 +45,16 @@ WHERE rank_in_group = 1
 """
 
 
+# A plain ALTER TABLE ADD / DROP COLUMN on every dialect (SQLite >= 3.35 drops columns in place), not a batch
+# operation: SQLite's batch mode rebuilds perf_workload, and dropping the old table with foreign keys on fails
+# once measurements reference its rows (every real database).
 def upgrade() -> None:
     op.execute("DROP VIEW IF EXISTS perf_best")
-    with op.batch_alter_table("perf_workload") as batch:
-        batch.add_column(sa.Column("query_bucket", sa.Integer(), nullable=False, server_default=sa.text("1")))
+    op.add_column("perf_workload", sa.Column("query_bucket", sa.Integer(), nullable=False, server_default=sa.text("1")))
     op.execute(_VIEW.format(query=" query_bucket,", w_query=" w.query_bucket,"))
 
 
 def downgrade() -> None:
     op.execute("DROP VIEW IF EXISTS perf_best")
-    with op.batch_alter_table("perf_workload") as batch:
-        batch.drop_column("query_bucket")
+    op.drop_column("perf_workload", "query_bucket")
     op.execute(_VIEW.format(query="", w_query=""))
