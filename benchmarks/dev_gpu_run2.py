@@ -247,18 +247,22 @@ SWEEP = [
 ]
 
 
-def sweep(D=64, H=16, T=16384, gate=True, changes=None):
-    """Per-kernel profile of fwd+bwd for one-knob changes from the heuristic default."""
+def sweep(D=64, H=16, T=16384, gate=True, changes=None, shipped=False):
+    """Per-kernel profile of fwd+bwd for one-knob changes from the heuristic default (``shipped``: from the
+    newest shipped bwd tune's config of the key at T 4K)."""
+    import dataclasses
+
     from pathtune.codegen.triton import TritonParams
     B = 32768 // T
     q, k, v, w, beta, g = inputs(B, T, H, H, D, D, gate)
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
     do = torch.randn_like(q)
+    base = _shipped_bwd_config(D, gate) if shipped else None
+    base = TritonParams.heuristic(D, D) if base is None else TritonParams.from_config(base)
     for change in (SWEEP if changes is None else changes):
-        cfg = None
+        cfg = base if shipped else None
         if change is not None:
-            import dataclasses
-            cfg = dataclasses.replace(TritonParams.heuristic(D, D), **change)
+            cfg = dataclasses.replace(base, **change)
         try:
             def fwd():
                 return path_attention_triton(*xs[:5], xs[5] if gate else None, config=cfg)[0]
@@ -272,7 +276,7 @@ def sweep(D=64, H=16, T=16384, gate=True, changes=None):
             tfb = triton.testing.do_bench(fb, warmup=5, rep=30, return_mode="median")
             rows = _kernel_times(fb)
             emit(dict(kind="sweep", D=D, T=T, B=B, H=H, gate=gate, change=change, f=tf, fb=tfb,
-                      secs=round(time.time() - t0, 1), kernels=rows[:12]))
+                      secs=round(time.time() - t0, 1), kernels=rows[:24]))
         except Exception as exc:
             emit(dict(kind="sweep", D=D, T=T, change=change, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 
@@ -322,7 +326,14 @@ if __name__ == "__main__":
              "bench_rest": lambda: bench(False, cases=[(64, 16, 16384, True), (128, 8, 4096, False),
                                                       (128, 8, 4096, True), (128, 8, 16384, False),
                                                       (128, 8, 16384, True)]),
-             "check128": lambda: check(128), "bench128": lambda: bench(False, 128)}[step]()
+             "check128": lambda: check(128), "bench128": lambda: bench(False, 128),
+             # super-chunk size at the shipped bwd configs: fwd and fwd+bwd per kernel, to tell the backward's
+             # share (a backward with its own super-chunk size runs the forward's kernels at 1024)
+             "bwdsc": lambda: [sweep(D=D, H=H, T=T, gate=gt, shipped=True, changes=ch) for D, H, T, gt, ch in (
+                 (128, 8, 4096, True, [None, dict(superchunk_size=512), dict(superchunk_size=256)]),
+                 (128, 8, 4096, False, [None, dict(superchunk_size=512)]),
+                 (64, 16, 4096, True, [None, dict(superchunk_size=512), dict(superchunk_size=256)]),
+                 (128, 8, 16384, True, [None, dict(superchunk_size=512)]))]}[step]()
         except Exception:
             traceback.print_exc()
         print(f"== {step} done at {time.time()-t0:.0f}s", flush=True)

@@ -53,9 +53,6 @@ def emit(row):
         json.dump(ROWS, fh, indent=1)
 
 
-_TORCH_SCAN = {"fp16": torch.float16, "bf16": torch.bfloat16}   # str(tl dtype) -> the torch 16-bit type
-
-
 def time_launch(kernel, grid, args, kw):
     fn = lambda: kernel[grid](*args, **kw)  # noqa: E731
     fn()
@@ -136,16 +133,6 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
             except Exception as exc:
                 ms = f"{type(exc).__name__}: {str(exc)[:200]}"
             emit(dict(base, kernel="bwd_intra_walk", variant=what, ms=ms))
-        # the same kernels reading 16-bit copies of the range's float32 u, K~ and of w (they cast each tile to
-        # the scan type anyway): what halving those loads is worth, before the launcher makes such copies
-        half = _TORCH_SCAN.get(str(k_["DT"]))
-        for cap, name in ((ia, "bwd_intra_walk"), (ib, "bwd_intra_diag")) if half is not None else ():
-            g2, a2, k2 = cap.calls[0]
-            a16 = list(a2)
-            for arg in ("u_ptr", "kt_ptr", "w_ptr"):
-                i = cap.real.arg_names.index(arg)
-                a16[i] = a2[i].to(half)
-            emit(dict(base, kernel=name, variant=f"u, K~, w as {half} copies", ms=time_launch(cap.real, g2, a16, k2)))
     if "intra" in only and old_intra_src:
         old = load_variant(old_intra_src, "bwd_intra_kernel", f"intra_old_{D}_{int(gate)}")
         if "xs_ptr" in old.arg_names:

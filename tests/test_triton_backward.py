@@ -456,7 +456,7 @@ def test_range_split_gives_identical_gradients(monkeypatch, case):
 
 @pytest.mark.parametrize("gate", [True, False])
 def test_ranged_backward_starts_from_the_forwards_compact_state(monkeypatch, gate):
-    """When stages 5-7 run in token ranges (which recompute u, K~ and m in float32), the backward's own
+    """When stages 5-7 run in token ranges (which recompute u, K~ in the scan dtype and m), the backward's own
     recompute of the forward state is the forward's compact one (16-bit u, K~, w: bwd_prep and the
     transport read it); one range reads it in its kernels and gets float32.  The ranged gradients are
     bitwise those of one range started from the same compact state, and match the oracle."""
@@ -533,21 +533,21 @@ def test_range_budget(monkeypatch):
 
 
 def test_range_budget_counts_the_ut_backward_tiles_where_larger():
-    """The UT backward's C x C tiles (CC_TILES x C float32 per kv head and token) are allocated after u, K~
-    and bwd_intra's chain states are freed (m lives on for the UT backward): the range size counts whichever
-    of the two is larger."""
+    """The UT backward's C x C tiles (CC_TILES x C float32 per kv head and token) are allocated after u, K~,
+    w's copy (scan dtype) and bwd_intra's chain states are freed (m lives on for the UT backward): the range
+    size counts whichever of the two is larger."""
     from pathtune.codegen.triton.ut_bwd import CC_TILES
 
     H, C = 4, 64
     shared = lambda D: 4 * H * (C + 4 * D + C)           # noqa: E731  A, accumulators, dM (no transport)
     # narrow heads, short super-chunks: the tiles outweigh u, K~, m and the chain states
     D, S = 16, 128
-    intra = 4 * H * (2 * D + C) + H * (S // (2 * C)) * 64 * 2
+    intra = H * (3 * D * 2 + 4 * C) + H * (S // (2 * C)) * 64 * 2
     assert 4 * H * (CC_TILES + 1) * C > intra
     assert tri_backward._phase2_bytes_per_token(H, D, C, S, False) == shared(D) + 4 * H * (CC_TILES + 1) * C
     # the tuned shapes: the intra stage is the larger
     D, S = 64, 1024
-    intra = 4 * H * (2 * D + C) + H * (S // (2 * C)) * 64 * 2
+    intra = H * (3 * D * 2 + 4 * C) + H * (S // (2 * C)) * 64 * 2
     assert intra > 4 * H * (CC_TILES + 1) * C
     assert tri_backward._phase2_bytes_per_token(H, D, C, S, False) == shared(D) + intra
 

@@ -242,6 +242,10 @@ def transport_launch(BD: int) -> tuple[int, int, int]:
     return (8 if BD <= 64 else 4), (3 if BD <= 128 else 1), (4 if BD <= 64 else 8)
 
 
+def dkv_query_step(params: TritonParams) -> int:
+    """Query rows per step of ``bwd_inter_dkv_kernel``'s walk over a later super-chunk: bwd_block_m, or the
+    whole super-chunk when that is shorter."""
+    return min(params.bwd_block_m, params.superchunk_size)
 
 
 def _range_budget():
@@ -256,15 +260,16 @@ def _range_budget():
 
 def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool, HQ: int | None = None,
                             scan_bytes: int = 2) -> int:
-    """Bytes per token of one range: float32 u, K~, m, A (C wide, kept for the UT backward), the
-    accumulators dK~, dW, dU, dK (D wide) and dM (C wide) and the transport's states and their gradients
-    per kv head; per query head (HQ, default H) bwd_intra's chain states (S // (2C) slots of its
-    64-or-wider tiles, scan dtype).  The UT backward's C x C tiles (CC_TILES x C float32 per kv head)
-    live with m after u, K~ and the chain states are freed: they count where they are larger."""
+    """Bytes per token of one range: float32 m, A (C wide, kept for the UT backward), the accumulators
+    dK~, dW, dU, dK (D wide) and the transport's states and their gradients per kv head; u, K~ and w's copy
+    in the scan dtype and dM (C wide, float32) per kv head, and per query head (HQ, default H) bwd_intra's
+    chain states (S // (2C) slots of its 64-or-wider tiles, scan dtype).  The UT backward's C x C tiles
+    (CC_TILES x C float32 per kv head) live with m after u, K~, w's copy and the chain states are freed:
+    they count where they are larger."""
     BD = padded_dim(D)
     per_head = C + 4 * D + C + (2 * BD * BD // C if multi else 0)
     states = (HQ or H) * (S // (2 * C)) * max(BD, 64) * scan_bytes
-    return 4 * H * per_head + max(4 * H * (2 * D + C) + states, 4 * H * (CC_TILES + 1) * C)
+    return 4 * H * per_head + max(H * (3 * D * scan_bytes + 4 * C) + states, 4 * H * (CC_TILES + 1) * C)
 
 
 def _range_count(tb: SequenceTables, N: int, H: int, HQ: int, D: int, params: TritonParams) -> int:
@@ -282,9 +287,9 @@ def backward_state(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torc
                    *, cu_seqlens: torch.Tensor | None, params: TritonParams) -> ForwardState:
     """Stages ut_inverse and transport again for the backward (only o and lse are saved by the forward).
 
-    When the per-range stages run in more than one token range they recompute u, K~ and m per range in
-    float32, and this state only feeds bwd_prep (u) and the transport (kj, What): then it is the
-    forward's compact state (16-bit u, K~ and w, one launch of the UT stage on 16-bit tensor cores), so
+    When the per-range stages run in more than one token range they recompute u, K~ (in the scan dtype,
+    with w's copy) and m, A per range, and this state only feeds bwd_prep (u) and the transport (kj, What):
+    then it is the forward's compact state (16-bit u, K~ and w, one launch of the UT stage on 16-bit tensor cores), so
     the backward's kj and What are the forward's own.  One range reads u, K~ and m in its kernels:
     float32."""
     B, T, HQ, D = q.shape
@@ -403,7 +408,9 @@ def path_attention_bwd(
     Memory: the inter-super-chunk stages (1-4) run over the whole stream; transport, intra and
     UT backward (5-7) only touch rows of one super-chunk, so above ``PHASE2_RANGE_BYTES`` (or
     ``PATHTUNE_BWD_RANGE_MIB``) they run per token range of whole super-chunks, with u, K~, m
-    recomputed for the range (one extra ut_chunk pass) and range-sized accumulators.  Every
+    recomputed for the range (one extra ut_chunk pass) and range-sized accumulators.  The recomputed
+    u and K~ are stored in the scan dtype with a copy of w (the 16-bit operands bwd_intra multiplies,
+    rounded once instead of per load; the transport backward widens them to float32).  Every
     program computes exactly what it did in one launch over the stream, and a row's atomic adds
     come from the same programs in the same kernel order, so the gradients are unchanged.
     """
@@ -471,7 +478,7 @@ def path_attention_bwd(
             y, state.kj, vt, gc, dot_, lset, delta, dkj, dv, dom, dc, om, kz,
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             qk_scale, gate_scale, scale, gate_nat, N,
-            BLOCK_N=BN, BLOCK_M=min(params.bwd_block_m, S), DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
+            BLOCK_N=BN, BLOCK_M=dkv_query_step(params), DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
             num_warps=params.bwd_inter_num_warps, num_stages=params.bwd_num_stages, **common,
         )
         del kz
@@ -501,9 +508,10 @@ def path_attention_bwd(
         r = slice(a, b)
         nr = b - a
         if recompute:   # A stays for the UT backward, which reads A and M instead of inverting again
-            u, ktil, m, amat, _ = ut_forward(kt_in[r], wt[r], bt[r], tr, H, D, C, params, keep_a=True)
+            u, ktil, m, amat, wd = ut_forward(kt_in[r], wt[r], bt[r], tr, H, D, C, params, out_dtype=scan_store,
+                                              write_w=True, keep_a=True)
         else:
-            u, ktil, m, amat = state.u, state.kt, state.m, None
+            u, ktil, m, amat, wd = state.u, state.kt, state.m, None, wt[r]
         # the range's accumulators, zeroed at once: the transport backward stores dK~, dW, dU of the
         # rows it owns (not a sequence's last super-chunk), bwd_intra adds into all five
         dkt, dw_acc, du, dk_acc, dm = _zeros([(nr, H, D)] * 4 + [(nr, H, C)], torch.float32, dev)
@@ -526,7 +534,7 @@ def path_attention_bwd(
         # bwd_intra's chain-state slots (see the kernel): S // (2C) per chunk and query head
         xs = torch.empty(max(1, HQ * tr.n_chunks * (S // (2 * C)) * C * max(BD, 64)), device=dev, dtype=scan_store)
         # the range's columns of gc and dc: views with the full head stride N
-        intra_args = (qt[r], kt_in[r], vt[r], wt[r], u, m, ktil, gc[:, r] if use_gate else gc, dot_[r], lset[r],
+        intra_args = (qt[r], kt_in[r], vt[r], wd, u, m, ktil, gc[:, r] if use_gate else gc, dot_[r], lset[r],
                       delta[r], dy[r], dq[r], dk_acc, dv[r], dw_acc, du, dm, dkt, dc[:, r], xs,
                       tr.chunk_tok0, tr.chunk_seq, tr.seq_start, tr.seq_end,
                       tr.n_chunks, qk_scale, gate_scale, scale, gate_nat, N)
@@ -538,7 +546,7 @@ def path_attention_bwd(
         bwd_intra_walk_kernel[(tr.n_chunks, HQ)](*intra_args, **intra_kw)
         bwd_intra_diag_kernel[(tr.n_chunks, HQ)](*intra_args, **intra_kw)
         # the tuple holds u, K~ and the chain-state slots: drop it with them, before the UT backward
-        del intra_args, u, ktil, xs
+        del intra_args, u, ktil, xs, wd
         if not recompute:   # A and M of the UT backward, in the same operations as the recompute's
             state.u = state.kt = state.m = None
             amat, m = ut_chunk_state(kt_in, wt, bt, tb, H, D, C, params)
@@ -574,7 +582,6 @@ def kept_state(kept: list[torch.Tensor], q: torch.Tensor, cu_seqlens: torch.Tens
     ForwardState, over the same tables ``backward_state`` would build."""
     B, T = q.shape[:2]
     return state_from_kept(list(kept), state_tables(B, T, cu_seqlens, params, q.device))
-
 
 
 def backward_op(do: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -191,7 +191,9 @@ def bwd_transport_chain_kernel(
     """The serial half of the transport backward, per (super-chunk, kv head, ROWS rows of Suf): replays
     the right-to-left walk and stores every state Suf_m, then walks left to right with the gradient G
     of Suf and stores every G_m (G_{m+1} = G_m P_m^T + dKJ_m^T K~_m).  Rows of Suf and G evolve
-    independently, so no program needs another's rows and nothing is added to shared outputs."""
+    independently, so no program needs another's rows and nothing is added to shared outputs.
+    u and K~ come in the scan's 16-bit type (a range's recompute) or float32 (a one-range state): the
+    products widen them to float32, as they do w."""
     j = tl.program_id(0)
     h = tl.program_id(1)
     rb = tl.program_id(2)
@@ -212,7 +214,7 @@ def bwd_transport_chain_kernel(
             off = (rows[:, None] * H + h) * D + d[None, :]
             tl.store(suf_ptr + blk + step * ROWS * BD + so, Suf)
             W = tl.load(w_ptr + off, mask=dmask, other=0.0).to(tl.float32)
-            U = tl.load(u_ptr + off, mask=dmask, other=0.0)
+            U = tl.load(u_ptr + off, mask=dmask, other=0.0).to(tl.float32)
             Suf = Suf - tl.dot(tl.dot(Suf, tl.trans(W), input_precision=TP), U, input_precision=TP)
         G = tl.load(dwhat_ptr + ((j * H + h) * BD + e[:, None]) * BD + d[None, :])
         for back in range(0, NCH):
@@ -220,8 +222,8 @@ def bwd_transport_chain_kernel(
             off = (rows[:, None] * H + h) * D + d[None, :]
             tl.store(gs_ptr + blk + back * ROWS * BD + so, G)
             W = tl.load(w_ptr + off, mask=dmask, other=0.0).to(tl.float32)
-            U = tl.load(u_ptr + off, mask=dmask, other=0.0)
-            Kt = tl.load(kt_ptr + off, mask=dmask, other=0.0)
+            U = tl.load(u_ptr + off, mask=dmask, other=0.0).to(tl.float32)
+            Kt = tl.load(kt_ptr + off, mask=dmask, other=0.0).to(tl.float32)
             dKJ = tl.load(dkj_ptr + (rows[:, None] * H + h) * D + e[None, :], mask=emask, other=0.0)
             dYl = -tl.dot(G, tl.trans(U), input_precision=TP)          # ROWS x C
             G = G + tl.dot(dYl, W, input_precision=TP) + tl.dot(tl.trans(dKJ), Kt, input_precision=TP)
@@ -253,7 +255,7 @@ def bwd_transport_grads_kernel(
         rows = (tok0 + m * C + r).to(tl.int64)
         off = (rows[:, None] * H + h) * D + d[None, :]
         W = tl.load(w_ptr + off, mask=dmask, other=0.0).to(tl.float32)
-        U = tl.load(u_ptr + off, mask=dmask, other=0.0)
+        U = tl.load(u_ptr + off, mask=dmask, other=0.0).to(tl.float32)
         so = tl.arange(0, ROWS)[:, None] * BD + d[None, :]
         dU = tl.zeros((C, BD), dtype=tl.float32)
         dW = tl.zeros((C, BD), dtype=tl.float32)

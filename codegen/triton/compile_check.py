@@ -80,7 +80,7 @@ SMEM_LIMIT_SM90 = 232448  # bytes of dynamic shared memory a block may opt in to
 def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
                     heads: int = 16, group: int = 1):
     """(fn, signature, constexprs, num_warps, num_stages) of every forward and backward launch."""
-    from .backward import CHAIN_KERNEL_MAX_BD, GATE_GRAD_SPAN, chain_blocks, transport_launch
+    from .backward import CHAIN_KERNEL_MAX_BD, GATE_GRAD_SPAN, chain_blocks, dkv_query_step, transport_launch
     from .bwd_chain import (
         bwd_chain_dwhat_kernel,
         bwd_chain_rows_kernel,
@@ -138,6 +138,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     ut_sig = dict(sig, k_ptr=io, dk_ptr=io)
     # a forward's compact state: U, K~ and w's copy in the scan's type (forward.prepare_state)
     fwd_sig = dict(sig, u_ptr=scan, kt_ptr=scan, w_ptr=scan)
+    range_sig = fwd_sig     # the backward's per-range recompute: the same three in the scan's type
     flags = dict(USE_GATE=gate, INTERP=False, TP=tp)
     btp = params.bwd_transition_precision
     bflags = dict(flags, TP=btp)
@@ -182,7 +183,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (bwd_prep_kernel, sig, dict(common, INTERP=False, HAS_DLSE=True, USE_GATE=gate), params.bwd_num_warps, 1),
         (bwd_inter_dq_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags),
          params.bwd_inter_num_warps, params.bwd_num_stages),
-        (bwd_inter_dkv_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, BLOCK_M=min(params.bwd_block_m, S),
+        (bwd_inter_dkv_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, BLOCK_M=dkv_query_step(params),
                                                DB=DB, **bflags),
          params.bwd_inter_num_warps, params.bwd_num_stages),
         # every pair's transition in the scan type, read by the two kernels above (padded head dims <= 128)
@@ -199,12 +200,13 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
             chain_warps, 1)] if DB < BD else []),
         (gate_grad_kernel, dict(dc_ptr=_PTR_F32, dg_ptr=_PTR_F32, seq_start=i64, seq_end=i64, dc_hs="i32"),
          dict(HQ=HQ, BH=gate_bh, BT=min(max(16, 1024 // gate_bh), GATE_GRAD_SPAN), SPAN=GATE_GRAD_SPAN), 4, 1),
-        (bwd_transport_chain_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
+        # the per-range stages read the range's recomputed u, K~ (and bwd_intra w's copy) in the scan's type
+        (bwd_transport_chain_kernel, dict(range_sig, w_ptr=_PTR_F32, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_chain_warps, transport_chain_stages),
-        (bwd_transport_grads_kernel, dict(sig, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
+        (bwd_transport_grads_kernel, dict(range_sig, w_ptr=_PTR_F32, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_grads_warps, 1),
-        (bwd_intra_walk_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
-        (bwd_intra_diag_kernel, sig, dict(common, **bflags), params.bwd_num_warps, 1),
+        (bwd_intra_walk_kernel, range_sig, dict(common, **bflags), params.bwd_num_warps, 1),
+        (bwd_intra_diag_kernel, range_sig, dict(common, **bflags), params.bwd_num_warps, 1),
         (ut_bwd_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                            UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_CHUNK_WARPS, 1),
         (ut_bwd_apply_kernel, ut_sig, dict(H=H, D=D, DB=min(BD, UT_COLUMN_BLOCK), C=C, GP=params.ut_grad_precision),
