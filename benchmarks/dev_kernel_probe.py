@@ -35,7 +35,7 @@ import os
 
 import torch
 import triton
-from kernel_variants import Capture, load_variant  # noqa: E402  (benchmarks/ is the script's folder)
+from kernel_variants import Capture, load_variant, repo_path  # noqa: E402  (benchmarks/ is the script's folder)
 
 import pathtune.codegen.triton.backward as bwd_mod
 import pathtune.codegen.triton.forward as fwd_mod
@@ -143,7 +143,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
                       ms=time_launch(old, grid, args[:i] + args[i + 1:], kw)))
     # candidate files defining bwd_intra_walk_kernel and / or bwd_intra_diag_kernel with this tree's signature
     for path in intra_v2 if "intra" in only else ():
-        src = open(path).read()
+        src = repo_path(path).read_text()   # relative to the repo root when not found from here
         for cap, name in ((ia, "bwd_intra_walk_kernel"), (ib, "bwd_intra_diag_kernel")):
             if f"def {name}(" not in src:
                 continue

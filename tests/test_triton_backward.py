@@ -654,3 +654,29 @@ def test_gate_grad_kernel_matches_torch(monkeypatch, HQ):
     ref = tri_backward._gate_grad_torch(dc, tb, (1, sum(lens), HQ))
     assert got.dtype == F32 and got.shape == (1, sum(lens), HQ)
     assert rel(got, ref) < 1e-7
+
+
+# ----------------------------------------------------------------------------- candidate kernels (benchmarks/variants)
+
+@pytest.mark.parametrize("dtype,ranged,gate", [(F32, False, True), (F16, True, True), (F16, False, False)],
+                         ids=["fp32-one-range-gate", "fp16-ranged-gate", "fp16-one-range"])
+def test_walk_candidate_with_merged_products(monkeypatch, dtype, ranged, gate):
+    """benchmarks/variants/bwd_walk_merged.py (W and K~ as one operand: [Y_l | S] = X WK^T, dX = G + [dY_l | dS] WK)
+    in the launcher's place: the gradients of the shipped walk up to summation order, and the oracle's.  Ranged:
+    the per-range recompute's 16-bit u, K~ and w copy; one range: the float32 state; GQA, 4 chunks a super-chunk."""
+    from repo_scripts import load_script
+
+    cand = load_script("benchmarks/variants/bwd_walk_merged.py").bwd_intra_walk_kernel
+    inputs, do = make_inputs(454, B=2, T=100, HQ=4, H=2, dtype=dtype, gate=gate)
+    p = params(dtype, superchunk_size=64)
+    if ranged:
+        monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
+    else:
+        monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
+    shipped = kernel_grads(inputs, do, p)
+    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", cand)
+    merged = kernel_grads(inputs, do, p)
+    for name, a, b in zip(NAMES, merged, shipped):
+        if b is not None:
+            assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), name
+    check(merged, oracle_grads(inputs, do), TOL[dtype])
