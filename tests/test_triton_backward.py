@@ -680,3 +680,41 @@ def test_walk_candidate_with_merged_products(monkeypatch, dtype, ranged, gate):
         if b is not None:
             assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), name
     check(merged, oracle_grads(inputs, do), TOL[dtype])
+
+
+@pytest.mark.parametrize("out_dtype", [F32, F16])
+def test_ut_recompute_candidate_matches_the_three_launches(out_dtype):
+    """benchmarks/variants/ut_recompute_fused.py (the forward's one-launch UT stage, also storing A) gives
+    ut_forward's u, K~, m, A and w's copy: float32 w and k, beta in [1.5, 2), two sequences with a partial chunk."""
+    from pathtune.codegen.triton._layout import build_tables
+    from repo_scripts import load_script
+
+    cand = load_script("benchmarks/variants/ut_recompute_fused.py")
+    gen = torch.Generator().manual_seed(455)
+    N, H, D, C = 80, 2, 64, 16
+    w = F.normalize(torch.randn(N, H, D, generator=gen), dim=-1)
+    k = torch.randn(N, H, D, generator=gen)
+    beta = 1.5 + 0.5 * torch.rand(N, H, generator=gen)
+    p = params(F32, chunk_size=C)
+    tables = build_tables(1, N, torch.tensor([0, 37, 80]), C, p.superchunk_size, torch.device("cpu"))
+    want = tri_forward.ut_forward(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=True, keep_a=True)
+    got = cand.recompute(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype)
+    for name, a, b in zip(("u", "K~", "m", "A", "w"), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert rel(a, b) < (2e-6 if a.dtype == F32 else 1e-3), (name, rel(a, b))
+
+
+@pytest.mark.parametrize("gate", [True, False])
+def test_backward_with_the_ut_recompute_candidate(monkeypatch, gate):
+    """The candidate in the launcher's place (token ranges: the per-range recompute) gives the oracle's
+    gradients at head dim 64 (the fused stage's smallest), fp16, GQA."""
+    from repo_scripts import load_script
+
+    cand = load_script("benchmarks/variants/ut_recompute_fused.py")
+    inputs, do = make_inputs(456, B=2, T=100, HQ=4, H=2, D=64, DV=64, dtype=F16, gate=gate)
+    monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
+    calls = []
+    monkeypatch.setattr(tri_backward, "ut_forward", lambda *a, **k: calls.append(1) or cand.recompute(*a, **k))
+    got = kernel_grads(inputs, do, params(F16))
+    assert len(calls) == 8                                   # one per range: 2 sequences x 4 super-chunks
+    check(got, oracle_grads(inputs, do), TOL[F16])
