@@ -17,8 +17,8 @@ beside this tree's walk + diagonal kernels.  ``--old-ut-bwd FILE``: a ut_bwd.py 
 ``ut_bwd_chunk_kernel`` recomputes the inverse from the diagonal blocks' scratch tiles
 (``git show 4664bfe:codegen/triton/ut_bwd.py``), timed beside this tree's (which reads A and M) on the
 same range, with the scratch tiles of that range's ``ut_diag_inverse_kernel`` launch (``utbwd``: chunk +
-apply kernels, their warps, and the chunk kernel at tf32).  ``--intra-v2 FILE[,FILE]``: candidate files defining
-``bwd_intra_walk_kernel`` and / or ``bwd_intra_diag_kernel`` with this tree's signature, each timed on its
+apply kernels, their warps, and the chunk kernel at tf32).  ``--intra-v2 FILE[,FILE]``: candidate modules with a
+``bwd_intra_walk_kernel`` and / or ``bwd_intra_diag_kernel`` of this tree's signature, each timed on its
 kernel's captured arguments at the launch's warps and the other count (4 / 8) (``--old-intra``: a one-kernel
 file; one that still has ``xs_ptr`` gets it).
 ``e2e``: one fwd+bwd through autograd.  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8
@@ -38,7 +38,7 @@ import os
 
 import torch
 import triton
-from kernel_variants import Capture, load_variant, repo_path  # noqa: E402  (benchmarks/ is the script's folder)
+from kernel_variants import Capture, load_candidate, load_variant  # noqa: E402  (benchmarks/ is the script's folder)
 
 import pathtune.codegen.triton.backward as bwd_mod
 import pathtune.codegen.triton.forward as fwd_mod
@@ -144,15 +144,14 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
             i = ia.real.arg_names.index("xs_ptr")        # the old kernel has no chain-state scratch
             emit(dict(base, kernel="bwd_intra", variant="old (recomputes the chain)",
                       ms=time_launch(old, grid, args[:i] + args[i + 1:], kw)))
-    # candidate files defining bwd_intra_walk_kernel and / or bwd_intra_diag_kernel with this tree's signature
+    # candidate modules with a bwd_intra_walk_kernel and / or bwd_intra_diag_kernel of this tree's signature
     for path in intra_v2 if "intra" in only else ():
-        src = repo_path(path).read_text()   # relative to the repo root when not found from here
         for cap, name in ((ia, "bwd_intra_walk_kernel"), (ib, "bwd_intra_diag_kernel")):
-            if f"def {name}(" not in src:
-                continue
             grid, args, kw = cap.calls[0]
-            try:
-                cand = load_variant(src, name, f"intra_cand_{os.path.basename(path)[:-3]}_{name}_{D}_{int(gate)}")
+            try:   # the module's kernel of that name (a def, or one built from this tree's source)
+                cand = load_candidate(f"{path}:{name}", name)
+            except AttributeError:
+                continue
             except Exception as exc:   # a candidate that fails to build is a result too
                 emit(dict(base, kernel=name[:-7], variant=f"candidate {os.path.basename(path)}",
                           ms=f"{type(exc).__name__}: {str(exc)[:200]}"))
@@ -204,8 +203,6 @@ def ut_recompute(base, xs, do, gate):
     """The backward's per-range UT recompute on its first token range (the call one fwd+bwd makes, heuristic
     config): forward.ut_forward's three launches vs the one-launch candidate of
     benchmarks/variants/ut_recompute_fused.py, and one fwd+bwd with each."""
-    from kernel_variants import load_candidate
-
     cand = load_candidate("benchmarks/variants/ut_recompute_fused.py:recompute", "recompute")
     calls = []
     real = bwd_mod.ut_forward
