@@ -173,10 +173,22 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
         emit(dict(base, kernel="bwd_prep", variant=f"warps {other}",
                   ms=time_launch(prep.real, grid, args, dict(kw, num_warps=other))))
 
-    # bwd_inter_dkv: the gate's column sums once per program instead of once per query step
+    # bwd_inter_dkv as is, and on other key tiles / query steps / warps (its grid has S / BLOCK_N programs per
+    # super-chunk: the knobs bwd_block_n, bwd_block_m and bwd_inter_num_warps, one launch each)
     if "dkv" in only:
         grid, args, kw = dkv.calls[0]
-        emit(dict(base, kernel="bwd_inter_dkv", variant="as is", ms=time_launch(dkv.real, grid, args, kw)))
+        emit(dict(base, kernel="bwd_inter_dkv", variant=f"as is (BLOCK_N {kw['BLOCK_N']}, BLOCK_M {kw['BLOCK_M']}, "
+                                                        f"warps {kw['num_warps']})",
+                  ms=time_launch(dkv.real, grid, args, kw)))
+        for bn, bm, nw in ((128, 64, 8), (128, 64, 4), (64, 128, 4), (64, 64, 8)):
+            if (bn, bm, nw) == (kw["BLOCK_N"], kw["BLOCK_M"], kw["num_warps"]) or bm > kw["S"]:
+                continue
+            g2 = (grid[0] * kw["BLOCK_N"] // bn, *grid[1:])
+            try:
+                ms = time_launch(dkv.real, g2, args, dict(kw, BLOCK_N=bn, BLOCK_M=bm, num_warps=nw))
+            except Exception as exc:   # e.g. out of shared memory
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel="bwd_inter_dkv", variant=f"BLOCK_N {bn}, BLOCK_M {bm}, warps {nw}", ms=ms))
     if "dkv" in only and gate:
         emit(dict(base, kernel="bwd_inter_dkv", variant="gate off (same args)",
                   ms=time_launch(dkv.real, grid, args, dict(kw, USE_GATE=False))))
