@@ -167,6 +167,11 @@ def test_new_study_measures_retired_winners_first_in_the_first_batch(tmp_path, s
     # the neighbours wait behind them; "speedup over default" still compares with the seeded default
     waiting = study.get_trials(states=(TrialState.WAITING,))
     assert waiting and all(t.user_attrs.get("seeded_neighbour") for t in waiting)
+    # ... one schedule knob away from the fastest retired config (the previous kernels' winner), not the default
+    best = want[0].to_dict()
+    for t in waiting:
+        fixed = t.system_attrs["fixed_params"]
+        assert sum(fixed[k] != v for k, v in best.items() if k in fixed) == 1, fixed
     assert result.default_ms == pytest.approx(tune_fake.cost_ms(default, 1024))
     assert result.best_ms == pytest.approx(min(tune_fake.cost_ms(c, 1024) for c in first))
 

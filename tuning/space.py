@@ -163,28 +163,30 @@ def unique(items: Iterable[Any]) -> list[Any]:
     return list(dict.fromkeys(items))
 
 
-def neighbour_configs(spec: Spec, key: TuneKey, default: Any, limit: int) -> list:
-    """Valid configs one schedule knob away from ``default`` (tiles, warps, stages, chunk sizes), at most
+def neighbour_configs(spec: Spec, key: TuneKey, centre: Any, limit: int) -> list:
+    """Valid configs one schedule knob away from ``centre`` (tiles, warps, stages, chunk sizes), at most
     ``limit``: each knob's adjacent domain values first (in spec order), then the farther ones.
 
-    The tuner seeds them right after the default: much of the space does not fit (on the H200 the
-    random start-up trials of the D = 128 backward were 9 of 10 out of shared memory or failed the
-    gate), while a one-knob change of the default is likely valid and often the win (D = 128
-    backward: 8 warps instead of 4, 50.1 -> 43.7 ms). Precision and semantics knobs are left to the
-    search: they move the numerics, and the accuracy gate rejects most of their moves in the backward.
+    The tuner seeds them around the key's default, or around the warm start's fastest config (the winner of
+    the previous kernels) when it has one: much of the space does not fit (on the H200 the random start-up
+    trials of the D = 128 backward were 9 of 10 out of shared memory or failed the gate), while a one-knob
+    change of a good config is likely valid and often the win (D = 128 backward: 8 warps instead of 4, 50.1
+    -> 43.7 ms; after a later kernel edit, 4 warps instead of the retired winner's 8, 14.59 -> 13.73 ms).
+    Precision and semantics knobs are left to the search: they move the numerics, and the accuracy gate
+    rejects most of their moves in the backward.
     """
     space = KnobSpace(spec, key.pass_)
     moves = []   # (steps along the knob's domain, spec order, name, value): every knob's next values first
     for order, (name, knob) in enumerate(space.knobs.items()):
-        if knob.role != "schedule" or default[name] not in knob.domain:
+        if knob.role != "schedule" or centre[name] not in knob.domain:
             continue
-        at = knob.domain.index(default[name])
+        at = knob.domain.index(centre[name])
         moves += [(abs(i - at), order, name, value) for i, value in enumerate(knob.domain) if i != at]
     out = []
     for _, _, name, value in sorted(moves, key=lambda m: m[:2]):
         if len(out) >= limit:
             break
-        candidate = default.replace(**{name: value})
+        candidate = centre.replace(**{name: value})
         if not space.validate(candidate, key.workload):
             out.append(candidate)
     return out
