@@ -10,9 +10,9 @@
   configs (``seed_configs``: knob values applied on the key's default, ``space.seed_configs``), then
   (warm start, a new study only) with up to ``seed_retired`` configs that won under retired kernel
   sources of the same key (``tuning/warm.py``; from perf_db and the shipped results files), then with
-  up to ``seed_neighbours`` configs one schedule knob away from the fastest of those warm-start configs
-  (the previous kernels' winner: a re-tune after a kernel edit searches around it), or from the default
-  when there is none (``space.neighbour_configs``).
+  up to ``seed_neighbours`` configs one schedule knob away from the first of those warm-start configs
+  (the newest retired source's fastest: a re-tune after a kernel edit searches around the previous
+  winner), or from the default when there is none (``space.neighbour_configs``).
   The default, the user's seeds and the warm-start configs are measured first, whatever the budget: the
   batched loop puts them all in the key's first batch, the unbatched one runs them before its timed trials.
 * Ctrl-C once: the running trial finishes, is recorded and told, then the run stops. Ctrl-C twice:
@@ -178,7 +178,7 @@ class TuneOptions:
     heartbeat: Optional[int] = 30
     startup_trials: int = 8
     seed_neighbours: int = 0           # a new study also gets up to this many one-knob neighbours (of the default,
-    #                                    or of the warm start's fastest config)
+    #                                    or of the warm start's first config)
     seed_retired: int = 3              # ... and first (after the default) up to this many winners of retired sources
     seed_configs: list = field(default_factory=list)   # user seeds {knob: value} applied on each key's default
     command: Optional[str] = None
@@ -360,7 +360,7 @@ class Tuner:
             for config in configs:
                 study.enqueue_trial(config.to_dict(), user_attrs={"seeded_user": True}, skip_if_exists=True)
         # warm start: a new study only (a resumed one has its seeds, or predates them), once (the flag)
-        centre = default    # the neighbours' centre: the warm start's fastest config (best first) when there is one
+        centre = default    # the neighbours' centre: the warm start's first config (the previous winner) if any
         if new and self.opts.seed_retired > 0 and "retired_seeded" not in study.user_attrs:
             warm = self.warm_start(key, default)
             for config, row in warm.configs:

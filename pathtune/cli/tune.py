@@ -94,7 +94,8 @@ STARTUP = typer.Option(8, "--startup-trials", help="Random TPE startup trials pe
 NEIGHBOURS = typer.Option(12, "--seed-neighbours", min=0,
                           help="Each study also gets (once, before its random start-up trials; a resumed study "
                                "too) up to this many configs one schedule knob (tile, warps, stages, chunk size) "
-                               "away from the warm start's fastest config (--seed-retired), else from the default.")
+                               "away from the previous kernels' winner (the warm start's first config, "
+                               "--seed-retired), else from the default.")
 RETIRED = typer.Option(3, "--seed-retired", min=0, metavar="K",
                        help="Warm start: a new study also measures, right after the default (in its first batch), "
                             "the K fastest distinct configs that perf_db and the shipped results hold for the same "
