@@ -38,7 +38,7 @@ import os
 
 import torch
 import triton
-from kernel_variants import Capture, load_candidate, load_variant  # noqa: E402  (benchmarks/ is the script's folder)
+from kernel_variants import Capture, load_candidate, load_variant, swapped  # noqa: E402  (benchmarks/ is the script's folder)
 
 import pathtune.codegen.triton.backward as bwd_mod
 import pathtune.codegen.triton.forward as fwd_mod
@@ -227,11 +227,8 @@ def ut_recompute(base, xs, do, gate):
         o = path_attention_triton(*xs[:5], xs[5] if gate else None)[0]
         return torch.autograd.grad(o, xs, do)
 
-    bwd_mod.ut_forward = first_call
-    try:
+    with swapped(bwd_mod, "ut_forward", first_call):
         fb()
-    finally:
-        bwd_mod.ut_forward = real
     if not calls:
         emit(dict(base, kernel="ut recompute", variant="one token range: no per-range recompute", ms=None))
         return
@@ -240,13 +237,10 @@ def ut_recompute(base, xs, do, gate):
         emit(dict(base, kernel="ut recompute", variant=f"{name}, one of {len(calls)} ranges",
                   ms=round(triton.testing.do_bench(lambda: fn(*a, **k), warmup=5, rep=40, return_mode="median"), 4)))
     for name, fn in (("as shipped", real), ("with the candidate", cand)):
-        bwd_mod.ut_forward = fn
-        try:
+        with swapped(bwd_mod, "ut_forward", fn):
             fb()
             emit(dict(base, kernel="fwd+bwd", variant=f"per-range UT recompute {name}",
                       ms=round(triton.testing.do_bench(fb, warmup=3, rep=30, return_mode="median"), 3)))
-        finally:
-            bwd_mod.ut_forward = real
 
 
 def kept_state_e2e(base, xs, do, gate):
