@@ -242,6 +242,14 @@ def transport_launch(BD: int) -> tuple[int, int, int]:
     return (8 if BD <= 64 else 4), (3 if BD <= 128 else 1), (4 if BD <= 64 else 8)
 
 
+def intra_walk_stages(BD: int) -> int:
+    """Software-pipelining stages of ``bwd_intra_walk_kernel`` for padded head dim BD: its per-step loads
+    (X, K~, W, U, V of the next key chunk) over two stages took 0.86-0.89x the time of one stage on the
+    H200 (T = 4K, one range, D 64 and 128, PaTH and PaTH-FoX); three do not fit shared memory at D 128
+    and gained nothing at D 64.  Above 128 one stage (the tiles fill shared memory)."""
+    return 2 if BD <= 128 else 1
+
+
 def dkv_query_step(params: TritonParams) -> int:
     """Query rows per step of ``bwd_inter_dkv_kernel``'s walk over a later super-chunk: bwd_block_m, or the
     whole super-chunk when that is shorter."""
@@ -411,8 +419,9 @@ def path_attention_bwd(
     recomputed for the range (one extra ut_chunk pass) and range-sized accumulators.  The recomputed
     u and K~ are stored in the scan dtype with a copy of w (the 16-bit operands bwd_intra multiplies,
     rounded once instead of per load; the transport backward widens them to float32).  Every
-    program computes exactly what it did in one launch over the stream, and a row's atomic adds
-    come from the same programs in the same kernel order, so the gradients are unchanged.
+    program computes what it did in one launch over the stream, and a row's atomic adds come from
+    the same programs in the same kernel order; with a 16-bit scan the gradients differ from one
+    range's only by the rounding of u and K~ (a single range reads the forward's float32 state).
     """
     B, T, HQ, D = q.shape
     H, DV = v.shape[2], v.shape[3]
@@ -543,7 +552,7 @@ def path_attention_bwd(
         intra_kw = dict(common, BD=max(BD, 64), BDV=max(BDV, 64), TP=tp, USE_GATE=use_gate, INTERP=interp,
                         num_warps=params.bwd_num_warps, num_stages=1)
         # the walk leaves its carried query gradient in dy[r] for the diagonal tile's kernel
-        bwd_intra_walk_kernel[(tr.n_chunks, HQ)](*intra_args, **intra_kw)
+        bwd_intra_walk_kernel[(tr.n_chunks, HQ)](*intra_args, **dict(intra_kw, num_stages=intra_walk_stages(BD)))
         bwd_intra_diag_kernel[(tr.n_chunks, HQ)](*intra_args, **intra_kw)
         # the tuple holds u, K~ and the chain-state slots: drop it with them, before the UT backward
         del intra_args, u, ktil, xs, wd

@@ -13,7 +13,10 @@ Given lse and delta, p and dS of every tile are independent, so:
   of J: atomics).  Its step works on transposed tiles, s^T = KZ Y^T with KZ = KJ Om^T, so that
   dV += p^T dO and dKZ += dS^T Y take p^T and dS^T as they are (register A operands, no layout
   change per step) and the gate's key-side sum is a row sum per step.
-Both add the FoX gate's contribution to dc (gradient of the gate cumsum).
+Both add the FoX gate's contribution to dc (gradient of the gate cumsum).  The gate's logit bias
+(c_q - c_k) * gate_scale is folded into a per-query and a per-key offset: the query's part shifts its
+lse (lse2 - c_q * gate_scale, once per row), the key's part is one vector per key tile, so a gated
+logit costs one subtraction more than an ungated one instead of three operations.
 
 Neither kernel carries a transition.  Every pair's Om_{I,J} is formed once per backward, laid out
 like dOm ([n_pairs, H, BD, BD], entry pair_base + I * n_sc + J):
@@ -80,8 +83,8 @@ def bwd_inter_dq_kernel(
         dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :], mask=rmask[:, None] & dvmask, other=0.0)
         lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-        if USE_GATE:
-            c_q = tl.load(gc_h + rows, mask=rmask, other=0.0)
+        if USE_GATE:    # the gate's query offset folded into the row's lse (module docstring)
+            lse2 -= tl.load(gc_h + rows, mask=rmask, other=0.0) * gate_scale
         if DB == BD:
             pair_base = tl.load(seq_pair_base + sid)
             n_sc_seq = (send - s0 + S - 1) // S
@@ -99,8 +102,7 @@ def bwd_inter_dq_kernel(
                     Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
                     s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
                     if USE_GATE:
-                        c_k = tl.load(gc_h + krows)
-                        s += (c_q[:, None] - c_k[None, :]) * gate_scale
+                        s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
                     p = tl.exp2(s - lse2[:, None])
                     dp = mm(dO, tl.trans(Vt), INTERP)
                     ds = p * (dp - delta[:, None])
@@ -130,8 +132,7 @@ def bwd_inter_dq_kernel(
                     Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
                     s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
                     if USE_GATE:
-                        c_k = tl.load(gc_h + krows)
-                        s += (c_q[:, None] - c_k[None, :]) * gate_scale
+                        s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
                     p = tl.exp2(s - lse2[:, None])
                     dp = mm(dO, tl.trans(Vt), INTERP)
                     ds = p * (dp - delta[:, None])
@@ -147,12 +148,12 @@ def bwd_inter_dq_kernel(
 
 
 @triton.jit
-def _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h, row0, send, hq, qk_scale,
+def _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h, row0, send, hq, qk_scale,
                     gate_scale, HQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
                     BDV: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                     DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr):
-    """One key tile (KZ = its keys carried into the later super-chunk's frame, Vt its values, c_k its gate
-    cumsums) against the S query rows of that super-chunk from row0, BLOCK_M rows a step, keys as rows:
+    """One key tile (KZ = its keys carried into the later super-chunk's frame, Vt its values, ck_s its gate
+    cumsums times gate_scale) against the S query rows of that super-chunk from row0, BLOCK_M rows a step, keys as rows:
     s^T = KZ Y^T, then dV += p^T dO and dKZ += dS^T Y with p^T and dS^T as they are; the gate's
     key-side sums -sum_i dS_ij as row sums of dS^T.  gc_h: head hq's row of the head-major gate cumsum.
     Returns (dV, dKZ of this super-chunk, dck)."""
@@ -171,9 +172,9 @@ def _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_
         lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
         sT = mm(KZ, tl.trans(Yd), INTERP) * qk_scale
-        if USE_GATE:
-            c_q = tl.load(gc_h + rows, mask=rmask, other=0.0)
-            sT += (c_q[None, :] - c_k[:, None]) * gate_scale
+        if USE_GATE:    # the gate's query offset in the rows' lse, its key offset per key row
+            lse2 -= tl.load(gc_h + rows, mask=rmask, other=0.0) * gate_scale
+            sT -= ck_s[:, None]
         pT = tl.where(rmask[None, :], tl.exp2(sT - lse2[None, :]), 0.0)
         dpT = mm(Vt, tl.trans(dO), INTERP)
         dsT = pT * (dpT - delta[None, :])
@@ -231,9 +232,9 @@ def bwd_inter_dkv_kernel(
             KJ = tl.load(kj_ptr + koff, mask=dmask, other=0.0)
             Vt = tl.load(v_ptr + voff, mask=dvmask, other=0.0)
             if USE_GATE:
-                c_k = tl.load(gc_h + krows)
+                ck_s = tl.load(gc_h + krows) * gate_scale
             else:
-                c_k = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                ck_s = tl.zeros((BLOCK_N,), dtype=tl.float32)
             dV = tl.zeros((BLOCK_N, BDV), dtype=tl.float32)
             dck = tl.zeros((BLOCK_N,), dtype=tl.float32)   # the gate's key-side sums -sum_i dS_ij
             if DB == BD:
@@ -241,7 +242,7 @@ def bwd_inter_dkv_kernel(
                 for il in range(jl + 1, n_sc_seq):
                     om_base = om_ptr + ((pair_base + il * n_sc_seq + jl) * H + h) * BD * BD
                     KZ = mm(KJd, tl.trans(tl.load(om_base + dpair).to(DT)), INTERP).to(DT)
-                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
+                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
                                                    s0 + il * S, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV,
                                                    S, BLOCK_N, BLOCK_M, DT, USE_GATE, INTERP)
                     # dKJ read-modify-written per super-chunk (rows owned by this program; same layout
@@ -268,7 +269,7 @@ def bwd_inter_dkv_kernel(
                                      mask=(e < D)[None, :])
                     tl.debug_barrier()
                     KZ = tl.load(kz_ptr + koff, mask=dmask, other=0.0)
-                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, c_k, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
+                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
                                                    s0 + il * S, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV,
                                                    S, BLOCK_N, BLOCK_M, DT, USE_GATE, INTERP)
                     for cb in tl.static_range(BD // DB):

@@ -56,19 +56,22 @@ def _program_tile(n_chunks, chunk_tok0, chunk_seq, seq_start, seq_end,
 
 
 @triton.jit
-def _row_stats(do_ptr, lse_ptr, delta_ptr, gc_h, rows, rmask, dvmask, hq,
+def _row_stats(do_ptr, lse_ptr, delta_ptr, gc_h, rows, rmask, dvmask, hq, gate_scale,
                HQ: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, USE_GATE: tl.constexpr):
-    """dO, lse (base 2), delta and the gate cumsum (zeros without the gate) of the program's query rows
-    (gc_h: head hq's row of the head-major gate cumsum)."""
+    """dO, lse (base 2), delta and the gate cumsum times gate_scale (zeros without the gate) of the
+    program's query rows (gc_h: head hq's row of the head-major gate cumsum).  With the gate the lse
+    comes shifted by the row's gate offset, lse2 - c_q * gate_scale: a logit's bias (c_q - c_k) *
+    gate_scale is then one subtraction of the key's offset, exp2(s * qk_scale - c_k * gate_scale - lse2)."""
     dv = tl.arange(0, BDV)
     dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :], mask=rmask[:, None] & dvmask, other=0.0)
     lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
     delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
     if USE_GATE:
-        c_q = tl.load(gc_h + rows, mask=rmask, other=0.0)
+        cq_s = tl.load(gc_h + rows, mask=rmask, other=0.0) * gate_scale
+        lse2 -= cq_s
     else:
-        c_q = tl.zeros_like(delta)
-    return dO, lse2, delta, c_q
+        cq_s = tl.zeros_like(delta)
+    return dO, lse2, delta, cq_s
 
 
 @triton.jit
@@ -89,8 +92,8 @@ def bwd_intra_walk_kernel(
     causal = r[:, None] >= r[None, :]
     gc_h = gc_ptr + hq.to(tl.int64) * gc_hs     # gc, dc [HQ, gc_hs] head-major: this head's rows
     dc_h = dc_ptr + hq.to(tl.int64) * gc_hs
-    dO, lse2, delta, c_q = _row_stats(do_ptr, lse_ptr, delta_ptr, gc_h, rows, rmask, dvmask, hq,
-                                      HQ, DV, BDV, USE_GATE)
+    dO, lse2, delta, cq_s = _row_stats(do_ptr, lse_ptr, delta_ptr, gc_h, rows, rmask, dvmask, hq, gate_scale,
+                                       HQ, DV, BDV, USE_GATE)
     Q = tl.load(q_ptr + qoff, mask=m2, other=0.0).to(DT)
     Wc = tl.load(w_ptr + koff, mask=m2, other=0.0).to(DT)
     Uc = tl.load(u_ptr + koff, mask=m2, other=0.0).to(DT)
@@ -133,9 +136,8 @@ def bwd_intra_walk_kernel(
         dX = G + mm(dYl, Wm, INTERP)
         # logits of key chunk m
         s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
-        if USE_GATE:
-            c_k = tl.load(gc_h + krows)
-            s += (c_q[:, None] - c_k[None, :]) * gate_scale
+        if USE_GATE:    # the key's gate offset (the query's is in lse2: _row_stats)
+            s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
         p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
         _acc(dv_ptr + kvof, mm(tl.trans(p).to(Vm.dtype), dO, INTERP), dvmask)
         dp = mm(dO, tl.trans(Vm), INTERP)
@@ -166,8 +168,8 @@ def bwd_intra_diag_kernel(
     causal = r[:, None] >= r[None, :]
     gc_h = gc_ptr + hq.to(tl.int64) * gc_hs     # gc, dc [HQ, gc_hs] head-major: this head's rows
     dc_h = dc_ptr + hq.to(tl.int64) * gc_hs
-    dO, lse2, delta, c_q = _row_stats(do_ptr, lse_ptr, delta_ptr, gc_h, rows, rmask, dvmask, hq,
-                                      HQ, DV, BDV, USE_GATE)
+    dO, lse2, delta, cq_s = _row_stats(do_ptr, lse_ptr, delta_ptr, gc_h, rows, rmask, dvmask, hq, gate_scale,
+                                       HQ, DV, BDV, USE_GATE)
     G = tl.load(dy_ptr + qoff, mask=m2, other=0.0)     # the walk's carried query gradient
     # the diagonal tile and the boundary adjustment of the queries; as in the walk, each gradient's
     # atomic add (or store) follows its product and each operand is loaded where it is first needed
@@ -178,8 +180,8 @@ def bwd_intra_diag_kernel(
     K = tl.load(k_ptr + koff, mask=m2, other=0.0).to(DT)
     s = mm(Q, tl.trans(K), INTERP) - tl.dot(QW, M, input_precision=TP)
     s = s * qk_scale
-    if USE_GATE:
-        s += (c_q[:, None] - c_q[None, :]) * gate_scale
+    if USE_GATE:    # the keys' gate offsets (the queries' are in lse2: _row_stats)
+        s -= cq_s[None, :]
     p = tl.where(causal & rmask[:, None] & rmask[None, :], tl.exp2(s - lse2[:, None]), 0.0)
     _acc(dv_ptr + voff, mm(tl.trans(p).to(dO.dtype), dO, INTERP), rmask[:, None] & dvmask)
     Vc = tl.load(v_ptr + voff, mask=rmask[:, None] & dvmask, other=0.0)

@@ -80,7 +80,14 @@ SMEM_LIMIT_SM90 = 232448  # bytes of dynamic shared memory a block may opt in to
 def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
                     heads: int = 16, group: int = 1):
     """(fn, signature, constexprs, num_warps, num_stages) of every forward and backward launch."""
-    from .backward import CHAIN_KERNEL_MAX_BD, GATE_GRAD_SPAN, chain_blocks, dkv_query_step, transport_launch
+    from .backward import (
+        CHAIN_KERNEL_MAX_BD,
+        GATE_GRAD_SPAN,
+        chain_blocks,
+        dkv_query_step,
+        intra_walk_stages,
+        transport_launch,
+    )
     from .bwd_chain import (
         bwd_chain_dwhat_kernel,
         bwd_chain_rows_kernel,
@@ -205,7 +212,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_chain_warps, transport_chain_stages),
         (bwd_transport_grads_kernel, dict(range_sig, w_ptr=_PTR_F32, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_grads_warps, 1),
-        (bwd_intra_walk_kernel, range_sig, dict(common, **bflags), params.bwd_num_warps, 1),
+        (bwd_intra_walk_kernel, range_sig, dict(common, **bflags), params.bwd_num_warps, intra_walk_stages(BD)),
         (bwd_intra_diag_kernel, range_sig, dict(common, **bflags), params.bwd_num_warps, 1),
         (ut_bwd_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                            UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_CHUNK_WARPS, 1),
