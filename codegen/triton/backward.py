@@ -242,12 +242,14 @@ def transport_launch(BD: int) -> tuple[int, int, int]:
     return (8 if BD <= 64 else 4), (3 if BD <= 128 else 1), (4 if BD <= 64 else 8)
 
 
-def intra_walk_stages(BD: int) -> int:
-    """Software-pipelining stages of ``bwd_intra_walk_kernel`` for padded head dim BD: its per-step loads
-    (X, K~, W, U, V of the next key chunk) over two stages took 0.86-0.89x the time of one stage on the
-    H200 (T = 4K, one range, D 64 and 128, PaTH and PaTH-FoX); three do not fit shared memory at D 128
-    and gained nothing at D 64.  Above 128 one stage (the tiles fill shared memory)."""
-    return 2 if BD <= 128 else 1
+def intra_walk_stages(BD: int, operand_bytes: int) -> int:
+    """Software-pipelining stages of ``bwd_intra_walk_kernel`` at padded head dim BD (the kernel runs at
+    least 64 wide) with K~ / W / U elements of ``operand_bytes``: two while a row of those operands is at
+    most 256 bytes, else one.  Two stages of its per-step loads (X, K~, W, U, V of the next key chunk)
+    took 0.86-0.89x the time of one on the H200 (T = 4K, one range, D 64 and 128, PaTH and PaTH-FoX; three
+    gained nothing at D 64); at D 128 with the float32 state of a single range (a tf32 scan or a
+    tf32x3 UT stage) two stages need 262 KB of shared memory, over sm_90's 227 KB."""
+    return 2 if max(BD, 64) * operand_bytes <= 256 else 1
 
 
 def dkv_query_step(params: TritonParams) -> int:
@@ -552,7 +554,8 @@ def path_attention_bwd(
         intra_kw = dict(common, BD=max(BD, 64), BDV=max(BDV, 64), TP=tp, USE_GATE=use_gate, INTERP=interp,
                         num_warps=params.bwd_num_warps, num_stages=1)
         # the walk leaves its carried query gradient in dy[r] for the diagonal tile's kernel
-        bwd_intra_walk_kernel[(tr.n_chunks, HQ)](*intra_args, **dict(intra_kw, num_stages=intra_walk_stages(BD)))
+        bwd_intra_walk_kernel[(tr.n_chunks, HQ)](*intra_args, **dict(intra_kw, num_stages=intra_walk_stages(
+            BD, max(u.element_size(), ktil.element_size(), wd.element_size()))))
         bwd_intra_diag_kernel[(tr.n_chunks, HQ)](*intra_args, **intra_kw)
         # the tuple holds u, K~ and the chain-state slots: drop it with them, before the UT backward
         del intra_args, u, ktil, xs, wd

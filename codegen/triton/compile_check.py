@@ -212,7 +212,11 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_chain_warps, transport_chain_stages),
         (bwd_transport_grads_kernel, dict(range_sig, w_ptr=_PTR_F32, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_grads_warps, 1),
-        (bwd_intra_walk_kernel, range_sig, dict(common, **bflags), params.bwd_num_warps, intra_walk_stages(BD)),
+        (bwd_intra_walk_kernel, range_sig, dict(common, **bflags), params.bwd_num_warps,
+         intra_walk_stages(BD, params.scan_dtype.primitive_bitwidth // 8)),
+        # a single range with the forward's float32 state (backward.path_attention_bwd: no recompute)
+        (bwd_intra_walk_kernel, dict(range_sig, u_ptr=_PTR_F32, kt_ptr=_PTR_F32, w_ptr=_PTR_F32),
+         dict(common, **bflags), params.bwd_num_warps, intra_walk_stages(BD, 4)),
         (bwd_intra_diag_kernel, range_sig, dict(common, **bflags), params.bwd_num_warps, 1),
         (ut_bwd_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                            UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_CHUNK_WARPS, 1),
