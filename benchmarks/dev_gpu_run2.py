@@ -315,7 +315,8 @@ if __name__ == "__main__":
     steps = sys.argv[1:] or ["check", "profile", "bench", "nan"]
     for step in steps:
         try:
-            {"check": check, "profile": profile, "profile4k": lambda: profile(4096), "bench": lambda: bench(False),
+            {"check": check, "profile": profile, "profile4k": lambda: profile(4096),
+             "profile2k": lambda: profile(2048), "bench": lambda: bench(False),
              "quick": lambda: bench(True),
              "nan": nan_long, "sweep": sweep, "ranges": range_budgets, "sweep4k": lambda: sweep(T=4096, changes=[None]),
              "sweep128": lambda: sweep(D=128, H=8),

@@ -44,7 +44,7 @@
 #   kprobe [150]    benchmarks/dev_kernel_probe.py $KPROBE_ARGS: single launches of one fwd+bwd timed next to
 #                   variants of their kernels (warps, precision, an older bwd_intra file)
 #   profile [120]   per-kernel device time of one fwd+bwd (heuristic config), D 64/128, T 16K and 4K
-#                   (PROFILE_STEPS=profile4k: 4K only; PROFILE_GATES=both: PaTH next to PaTH-FoX)
+#                   (PROFILE_STEPS=profile4k: 4K only, profile2k: 2K only; PROFILE_GATES=both: PaTH next to PaTH-FoX)
 #   sweep [240]     benchmarks/dev_gpu_run2.py $SWEEP (default sweep): fwd / fwd+bwd and per-kernel times per knob change
 #   probe [60]      benchmarks/memory_probe.py next to the bench's measured peak
 #   split [150]     the split flow's GPU half: bash $BUNDLE/run.sh (BUNDLE: a bundle folder from `pathtune tune
