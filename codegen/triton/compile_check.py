@@ -167,6 +167,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     chain_rows, chain_cb, chain_dcb, chain_warps = chain_blocks(BD)
     transport_chain_warps, transport_chain_stages, transport_grads_warps = transport_launch(BD)
     gate_bh = min(next_pow2(HQ), 16)     # as backward._gate_grad launches it
+    # bwd_intra's kernels run at least 64 wide (backward.path_attention_bwd: head dims under 64 on masked tiles)
+    intra = dict(common, BD=max(BD, 64), BDV=max(BDV, 64), **bflags)
     return [
         # the forward's UT stage: one launch (the backward's per-range recompute keeps the three below)
         (ut_fused_kernel, dict(sig, k_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),
@@ -212,12 +214,12 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_chain_warps, transport_chain_stages),
         (bwd_transport_grads_kernel, dict(range_sig, w_ptr=_PTR_F32, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_grads_warps, 1),
-        (bwd_intra_walk_kernel, range_sig, dict(common, **bflags), params.bwd_num_warps,
+        (bwd_intra_walk_kernel, range_sig, intra, params.bwd_num_warps,
          intra_walk_stages(BD, params.scan_dtype.primitive_bitwidth // 8)),
         # a single range with the forward's float32 state (backward.path_attention_bwd: no recompute)
         (bwd_intra_walk_kernel, dict(range_sig, u_ptr=_PTR_F32, kt_ptr=_PTR_F32, w_ptr=_PTR_F32),
-         dict(common, **bflags), params.bwd_num_warps, intra_walk_stages(BD, 4)),
-        (bwd_intra_diag_kernel, range_sig, dict(common, **bflags), params.bwd_num_warps, 1),
+         intra, params.bwd_num_warps, intra_walk_stages(BD, 4)),
+        (bwd_intra_diag_kernel, range_sig, intra, params.bwd_num_warps, 1),
         (ut_bwd_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                            UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_CHUNK_WARPS, 1),
         (ut_bwd_apply_kernel, ut_sig, dict(H=H, D=D, DB=min(BD, UT_COLUMN_BLOCK), C=C, GP=params.ut_grad_precision),
