@@ -7,8 +7,7 @@ a temporary module, since ``triton.jit`` reads its source from a file).  Timing 
 launches add into buffers that already hold results, so nothing here checks values.
 
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096[,16384]] [--gates 1,0]
-                          [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e,prepwarps,gatecumsum,keepstate,
-                                  utrecompute]
+                          [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e,prepwarps,gatecumsum,keepstate]
                           [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
@@ -24,9 +23,7 @@ file; one that still has ``xs_ptr`` gets it).
 ``e2e``: one fwd+bwd through autograd.  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8
 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per
 program; ``keepstate``, fwd+bwd at bwd_forward_state recompute and keep (the backward reuses the forward's
-state), with time, extra peak memory and gradient differences; ``utrecompute``, the backward's per-range UT
-recompute against the one-launch candidate of benchmarks/variants/ut_recompute_fused.py (one range's call and
-one fwd+bwd with each).
+state), with time, extra peak memory and gradient differences.
 JSON rows on stdout and in $OUT.
 """
 from __future__ import annotations
@@ -38,7 +35,7 @@ import os
 
 import torch
 import triton
-from kernel_variants import Capture, load_candidate, load_variant, swapped  # noqa: E402  (benchmarks/ is the script's folder)
+from kernel_variants import Capture, load_candidate, load_variant  # noqa: E402  (benchmarks/ is the script's folder)
 
 import pathtune.codegen.triton.backward as bwd_mod
 import pathtune.codegen.triton.forward as fwd_mod
@@ -207,40 +204,6 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
         gate_cumsum_spans(base, xs[5].detach())
     if "keepstate" in only:
         kept_state_e2e(base, xs, do, gate)
-    if "utrecompute" in only:
-        ut_recompute(base, xs, do, gate)
-
-
-def ut_recompute(base, xs, do, gate):
-    """The backward's per-range UT recompute on its first token range (the call one fwd+bwd makes, heuristic
-    config): forward.ut_forward's three launches vs the one-launch candidate of
-    benchmarks/variants/ut_recompute_fused.py, and one fwd+bwd with each."""
-    cand = load_candidate("benchmarks/variants/ut_recompute_fused.py:recompute", "recompute")
-    calls = []
-    real = bwd_mod.ut_forward
-
-    def first_call(*a, **k):
-        calls.append((a, k))
-        return real(*a, **k)
-
-    def fb():
-        o = path_attention_triton(*xs[:5], xs[5] if gate else None)[0]
-        return torch.autograd.grad(o, xs, do)
-
-    with swapped(bwd_mod, "ut_forward", first_call):
-        fb()
-    if not calls:
-        emit(dict(base, kernel="ut recompute", variant="one token range: no per-range recompute", ms=None))
-        return
-    a, k = calls[0]
-    for name, fn in (("ut_forward (3 launches)", real), ("candidate (ut_fused + A)", cand)):
-        emit(dict(base, kernel="ut recompute", variant=f"{name}, one of {len(calls)} ranges",
-                  ms=round(triton.testing.do_bench(lambda: fn(*a, **k), warmup=5, rep=40, return_mode="median"), 4)))
-    for name, fn in (("as shipped", real), ("with the candidate", cand)):
-        with swapped(bwd_mod, "ut_forward", fn):
-            fb()
-            emit(dict(base, kernel="fwd+bwd", variant=f"per-range UT recompute {name}",
-                      ms=round(triton.testing.do_bench(fb, warmup=3, rep=30, return_mode="median"), 3)))
 
 
 def kept_state_e2e(base, xs, do, gate):
