@@ -8,7 +8,7 @@ launches add into buffers that already hold results, so nothing here checks valu
 
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096[,16384]] [--gates 1,0]
                           [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e,prepwarps,gatecumsum,keepstate]
-                          [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]]
+                          [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]] [--dkv-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
 timed on the walk kernel's arguments (without its newer trailing ones)
@@ -20,6 +20,9 @@ apply kernels, their warps, and the chunk kernel at tf32).  ``--intra-v2 FILE[,F
 ``bwd_intra_walk_kernel`` and / or ``bwd_intra_diag_kernel`` of this tree's signature, each timed on its
 kernel's captured arguments at the launch's warps and the other count (4 / 8) (``--old-intra``: a one-kernel
 file; one that still has ``xs_ptr`` gets it).
+``dkv`` with the gate: bwd_inter_dkv_kernel without the gate, and with one half of the gate's work dropped
+(its key-side row sums, its logit bias; timing only).  ``--dkv-v2 FILE[,FILE]``: candidate modules with a
+``bwd_inter_dkv_kernel`` of this tree's signature, timed on the captured launch.
 ``e2e``: one fwd+bwd through autograd.  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8
 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per
 program; ``keepstate``, fwd+bwd at bwd_forward_state recompute and keep (the backward reuses the forward's
@@ -35,9 +38,10 @@ import os
 
 import torch
 import triton
-from kernel_variants import Capture, load_candidate, load_variant  # noqa: E402  (benchmarks/ is the script's folder)
+from kernel_variants import Capture, load_candidate, load_variant, module_source  # noqa: E402  (benchmarks/ is the script's folder)
 
 import pathtune.codegen.triton.backward as bwd_mod
+import pathtune.codegen.triton.bwd_inter as inter_mod
 import pathtune.codegen.triton.forward as fwd_mod
 from pathtune.codegen.triton import path_attention_triton
 from pathtune.tuning.bench import make_inputs
@@ -60,7 +64,18 @@ def time_launch(kernel, grid, args, kw):
     return round(triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median"), 4)
 
 
-def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
+# bwd_inter_dkv with one half of the FoX gate's work dropped (timing only: wrong gradients): the key-side
+# row sums of dS^T, or the logit bias (the rows' lse shift and the keys' offset)
+DKV_GATE_PARTS = (
+    ("nosum", "gate without its row sums (timing only)",
+     [("        if USE_GATE:\n            dck += tl.sum(dsT, axis=1)\n", "")]),
+    ("nobias", "gate without its logit bias (timing only)",
+     [("            lse2 -= tl.load(gc_h + rows, mask=rmask, other=0.0) * gate_scale\n"
+       "            sT -= ck_s[:, None]\n", "            lse2 += 0.0\n")]),
+)
+
+
+def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), dkv_v2=()):
     B = 32768 // T
     q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0, dtype=torch.bfloat16)
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
@@ -189,6 +204,24 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=()):
     if "dkv" in only and gate:
         emit(dict(base, kernel="bwd_inter_dkv", variant="gate off (same args)",
                   ms=time_launch(dkv.real, grid, args, dict(kw, USE_GATE=False))))
+        # where the gate's cost goes (timing only: each drops one half of the gate's work)
+        src = module_source(inter_mod)
+        for tag, label, reps in DKV_GATE_PARTS:
+            try:
+                part = load_variant(src, "bwd_inter_dkv_kernel", f"dkv_{tag}_{D}", reps)
+                ms = time_launch(part, grid, args, kw)
+            except Exception as exc:
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel="bwd_inter_dkv", variant=label, ms=ms))
+    # candidate modules with a bwd_inter_dkv_kernel of this tree's signature, on the captured launch
+    for path in dkv_v2 if "dkv" in only else ():
+        grid, args, kw = dkv.calls[0]
+        try:
+            cand = load_candidate(f"{path}:bwd_inter_dkv_kernel", "bwd_inter_dkv_kernel")
+            ms = time_launch(cand, grid, args, kw)
+        except Exception as exc:   # a candidate that fails to build or launch is a result too
+            ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+        emit(dict(base, kernel="bwd_inter_dkv", variant=f"candidate {os.path.basename(path)}", ms=ms))
     if "utbwd" in only:
         ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src, utd.calls[0])
     if "variants" in only:
@@ -359,6 +392,7 @@ def main():
     ap.add_argument("--only", default="ut,transport,intra,prep,dkv,utbwd,variants,e2e")
     ap.add_argument("--old-ut-bwd", default=None)
     ap.add_argument("--intra-v2", default="", help="candidate bwd_intra files (comma-separated), shipped signature")
+    ap.add_argument("--dkv-v2", default="", help="candidate bwd_inter_dkv files (comma-separated), shipped signature")
     a = ap.parse_args()
     old_src = open(a.old_intra).read() if a.old_intra else None
     old_ut_src = open(a.old_ut_bwd).read() if a.old_ut_bwd else None
@@ -370,7 +404,7 @@ def main():
             for gate in (bool(int(x)) for x in a.gates.split(",")):
                 try:
                     run_case(D, H, T, gate, old_src, only, old_ut_src,
-                             tuple(x for x in a.intra_v2.split(",") if x))
+                             tuple(x for x in a.intra_v2.split(",") if x), tuple(x for x in a.dkv_v2.split(",") if x))
                 except Exception as exc:
                     emit(dict(D=D, T=T, gate=gate, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 

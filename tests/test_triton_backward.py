@@ -654,3 +654,36 @@ def test_gate_grad_kernel_matches_torch(monkeypatch, HQ):
     ref = tri_backward._gate_grad_torch(dc, tb, (1, sum(lens), HQ))
     assert got.dtype == F32 and got.shape == (1, sum(lens), HQ)
     assert rel(got, ref) < 1e-7
+
+
+# ----------------------------------------------------------------------------- candidate kernels (benchmarks/variants)
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+def test_dkv_candidate_with_gate_sums_by_a_product(monkeypatch, dtype):
+    """benchmarks/variants/dkv_gate_mma.py (the gate's key-side sums as dS^T times a ones column) in the
+    launcher's place: the shipped kernel's gradients (dg up to the 16-bit rounding of dS^T's terms) and
+    the oracle's; GQA, three super-chunks in the longer sequence so that dkv walks two later ones."""
+    from repo_scripts import load_script
+
+    cand = load_script("benchmarks/variants/dkv_gate_mma.py").bwd_inter_dkv_kernel
+    inputs, do = make_inputs(457, B=2, T=100, HQ=4, H=2, dtype=dtype, gate=True)
+    p = params(dtype)
+    shipped = kernel_grads(inputs, do, p)
+    monkeypatch.setattr(tri_backward, "bwd_inter_dkv_kernel", cand)
+    got = kernel_grads(inputs, do, p)
+    for name, a, b in zip(NAMES, got, shipped):
+        assert rel(a, b) < (1e-6 if dtype == F32 or name != "dg" else 2e-3), (name, rel(a, b))
+    check(got, oracle_grads(inputs, do), TOL[dtype])
+
+
+def test_kernel_probe_gate_parts_still_apply(monkeypatch):
+    """benchmarks/dev_kernel_probe.py's timing-only dkv variants (the gate without its row sums / its logit
+    bias) are text replacements of this tree's bwd_inter.py: each must still find its text and build."""
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    probe = load_script("benchmarks/dev_kernel_probe.py")
+    src = probe.module_source(probe.inter_mod)
+    for tag, _label, reps in probe.DKV_GATE_PARTS:
+        kernel = probe.load_variant(src, "bwd_inter_dkv_kernel", f"test_dkv_{tag}", reps)
+        assert kernel.arg_names == tri_backward.bwd_inter_dkv_kernel.arg_names, tag
