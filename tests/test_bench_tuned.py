@@ -80,3 +80,53 @@ def test_bench_accuracy_check_runs_the_kernel_against_the_oracle():
     # a wrong kernel shows: beta clipped where beta > 2 - 2^-4 changes dbeta (the tuner's gate rejects it)
     errors = bench._accuracy(q, k, v, w, beta, g, {**cfg, "beta_clip_eps": 0.0625}, check_len=24, backward=True)
     assert errors["dbeta"] > 1e-2, errors
+
+
+def test_bench_rounds_interleave_and_keep_the_median(tmp_path, monkeypatch):
+    """rounds=3: every callable of a row is timed once per round, the rounds interleaved (pathtune, SDPA,
+    fla, then again); the row keeps each key's median over rounds (a slow first sample of pathtune, as a
+    transient slowdown gives, moves nothing) and each round's time; the perf_db record names the method;
+    a baseline that raises is a failure of its own key, the others keep their times."""
+    from pathtune.tuning import baselines, bench
+
+    names = {}
+
+    def callable_named(name):
+        def fn():
+            return None
+        names[fn] = name
+        return fn
+
+    monkeypatch.setattr(bench, "_accuracy", lambda *a, **kw: {"o": 1e-3})
+    monkeypatch.setattr(bench, "_pathtune_callable", lambda *a: callable_named("pathtune"))
+    monkeypatch.setattr(baselines, "sdpa_callable", lambda q, k, v, kind, backward: callable_named(f"sdpa_{kind}"))
+    monkeypatch.setattr(baselines, "fla_path_callable", lambda *a, backward: callable_named("fla"))
+    order, samples = [], {"pathtune": [9.0, 2.0, 2.2], "sdpa_flash": [1.0, 1.1, 0.9], "sdpa_cudnn": [0.5] * 3}
+
+    def timer(fn):
+        name = names[fn]
+        order.append(name)
+        if name == "fla":
+            raise RuntimeError("fla broke")
+        return samples[name][sum(1 for n in order if n == name) - 1]
+
+    monkeypatch.setattr(bench, "_median_ms", timer)
+    (row,) = bench.run_bench((32,), (64,), (False,), tokens=64, config={"chunk_size": 16}, backward=False,
+                             device="cpu", rounds=3, log=lambda s: None)
+    assert order == ["pathtune", "sdpa_flash", "sdpa_cudnn", "fla"] + ["pathtune", "sdpa_flash", "sdpa_cudnn"] * 2
+    assert row.times["pathtune_f"] == 2.2 and row.rounds["pathtune_f"] == [9.0, 2.0, 2.2]
+    assert row.times["sdpa_flash_f"] == 1.0 and row.times["sdpa_cudnn_f"] == 0.5
+    assert "fla_f" not in row.times and row.failures == {"fla_f": "RuntimeError: fla broke"}
+    url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
+    assert bench.record_rows([row], url, {"chunk_size": 16}, "pathtune bench --rounds 3") == 1
+    with PerfDB(url, current_keys=None) as db:
+        (rec,) = db.query()
+    assert rec["median_ms"] == 2.2
+    assert bench.bench_method(3) == "median of 3 interleaved rounds of triton.testing.do_bench medians"
+    for bad in (0, -1, 1.5, True):
+        try:
+            bench.run_bench((32,), (64,), (False,), device="cpu", rounds=bad)
+        except ValueError as e:
+            assert "rounds must be an integer >= 1" in str(e)
+        else:
+            raise AssertionError(f"rounds={bad!r} accepted")

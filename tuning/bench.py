@@ -4,7 +4,10 @@ For each (head dim, sequence length, gate) it builds fresh random inputs (bf16 q
 unit-norm w, beta ~ U(1.5, 2), FoX gate log U(0.95, 1)), checks the output against the float64
 oracle on a short prefix (so a wrong config never gets a time), then takes
 ``triton.testing.do_bench`` medians of the forward and of forward+backward for pathtune and every
-available baseline, all in the same process.  Rows go to a table, a JSON file and, optionally,
+available baseline, all in the same process.  With ``rounds`` > 1 every callable of a row is timed once
+per round, the rounds interleaved (pathtune, SDPA, fla, then again), and the row keeps the median over
+rounds (``BenchRow.rounds`` has each round's): a transient slowdown of the GPU during one callable's
+timing moves one sample of it, not the row's ratios.  Rows go to a table, a JSON file and, optionally,
 perf_db (pass ``fwd`` = forward time, pass ``bwd`` = forward+backward time; baseline = SDPA flash
 of the same pass and shapes).
 
@@ -15,8 +18,10 @@ forwards' per-kernel device times from the profiler (``tvm_profile``, ``triton_s
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
+import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
@@ -46,6 +51,7 @@ class BenchRow:
     tvm_profile: dict[str, Any] = field(default_factory=dict)    # TVM forward kernel -> device ms (profiler)
     triton_stages: dict[str, Any] = field(default_factory=dict)  # Triton forward kernel -> device ms (profiler)
     ratios: dict[str, float] = field(default_factory=dict)      # "tvm_f/pathtune_f", "tvm_f/sdpa_flash_f"
+    rounds: dict[str, list[float]] = field(default_factory=dict)  # times key -> each round's do_bench median
 
     def ratio(self, num: str, den: str) -> Optional[float]:
         a, b = self.times.get(num), self.times.get(den)
@@ -56,6 +62,36 @@ def _median_ms(fn: Callable[[], Any]) -> float:
     import triton
 
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def bench_method(rounds: int) -> str:
+    """How a bench time was taken (perf_db's ``bench_method``)."""
+    one = "triton.testing.do_bench median"
+    return one if rounds == 1 else f"median of {rounds} interleaved rounds of {one}s"
+
+
+def _time_rounds(row: "BenchRow", timed: dict[str, tuple[Callable[[], Any], Callable[[], Any], str]],
+                 rounds: int) -> None:
+    """Time each callable of ``timed`` (times key -> (fn, context factory, failure key)) once per round, in
+    order, for ``rounds`` rounds; ``row.times[key]`` = the median over rounds, ``row.rounds[key]`` = each
+    round's.  A callable that raises is recorded in ``row.failures`` under its failure key (the first
+    error of that key) and not timed again; it gets no time, the other callables keep theirs."""
+    samples: dict[str, list[float]] = {key: [] for key in timed}
+    broken: set[str] = set()
+    for _ in range(rounds):
+        for key, (fn, context, failure_key) in timed.items():
+            if key in broken:
+                continue
+            try:
+                with context():
+                    samples[key].append(_median_ms(fn))
+            except Exception as exc:
+                broken.add(key)
+                row.failures.setdefault(failure_key, f"{type(exc).__name__}: {str(exc)[:300]}")
+    for key, got in samples.items():
+        if got and key not in broken:
+            row.times[key] = statistics.median(got)
+            row.rounds[key] = got
 
 
 def _pathtune_callable(q, k, v, w, beta, g, config, backward: bool):
@@ -107,15 +143,18 @@ BACKENDS = ("triton", "tvm")
 
 def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), *, tokens: int = TOKENS,
               config=None, baselines=("sdpa", "fla"), backward: bool = True, device: str = "cuda",
-              seed: int = 0, backends=("triton",), tvm_modules=None,
+              seed: int = 0, backends=("triton",), tvm_modules=None, rounds: int = 1,
               log: Callable[[str], None] = print,
               on_row: Optional[Callable[[BenchRow], None]] = None) -> list[BenchRow]:
     """Measure every (D, T, gate) point; see the module docstring. ``tvm_modules``: the folder of
     TVM module sets (or an opened ``tvm_bench.TVMBenchModules``), needed when ``backends`` has tvm.
+    ``rounds``: interleaved timing rounds per row (the median kept; the TVM column is timed once).
     ``on_row``: called with each row as soon as it is measured (so an interrupted bench keeps what it
     measured); not with the TVM backend, whose column is timed after every row."""
     from .baselines import fla_path_callable, keep_triton_toolchain, sdpa_callable
 
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise ValueError(f"unknown backends {unknown}: choose from {', '.join(BACKENDS)}")
@@ -132,18 +171,24 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
                 row = BenchRow(D, T, B, H, gate)
                 q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device=device, seed=seed)
                 passes = [("f", False)] + ([("fb", True)] if backward else [])
-                if "triton" in backends:
-                    _triton_row(row, (q, k, v, w, beta, g), config, passes)
+                timed = _triton_row(row, (q, k, v, w, beta, g), config, passes) if "triton" in backends else {}
                 for tag, bw in passes:
                     # SDPA has no gate: once per shape, on the ungated row unless only gated rows run
                     if "sdpa" in baselines and (not gate or False not in gates):
                         for kind in ("flash", "cudnn"):
                             fn = sdpa_callable(q, k, v, kind, backward=bw)
-                            row.times[f"sdpa_{kind}_{tag}"] = _median_ms(fn) if fn else None
+                            if fn is None:
+                                row.times[f"sdpa_{kind}_{tag}"] = None
+                            else:
+                                timed[f"sdpa_{kind}_{tag}"] = (fn, contextlib.nullcontext, f"sdpa_{kind}_{tag}")
                     if "fla" in baselines:
                         with keep_triton_toolchain():
                             fn = fla_path_callable(q, k, v, w, beta, g, backward=bw)
-                            row.times[f"fla_{tag}"] = _median_ms(fn) if fn else None
+                        if fn is None:
+                            row.times[f"fla_{tag}"] = None
+                        else:
+                            timed[f"fla_{tag}"] = (fn, keep_triton_toolchain, f"fla_{tag}")
+                _time_rounds(row, timed, rounds)
                 # SDPA has no gate: a gated row compares against the ungated SDPA of the same shape (measured first)
                 if gate:
                     twin = next((r for r in rows if not r.gate and (r.head_dim, r.seq_len) == (D, T)), None)
@@ -159,8 +204,9 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
     return rows
 
 
-def _triton_row(row: BenchRow, xs: tuple, config, passes: list) -> None:
-    """pathtune-Triton's accuracy and times of one row (a failing config is a recorded status, not a crash)."""
+def _triton_row(row: BenchRow, xs: tuple, config, passes: list) -> dict:
+    """pathtune-Triton's accuracy of one row and its callables to time ({times key: (fn, context, failure
+    key)}); a failing config is a recorded status (``row.failures["pathtune"]``), not a crash."""
     try:
         cfgs = {tag: config for tag, _ in passes}
         if config == "tuned":
@@ -169,10 +215,11 @@ def _triton_row(row: BenchRow, xs: tuple, config, passes: list) -> None:
         if "fb" in cfgs:   # the gradients of what fwd+bwd runs (its own config when tuned)
             row.errors.update({name: err for name, err in _accuracy(*xs, cfgs["fb"], backward=True).items()
                                if name != "o"})
-        for tag, bw in passes:
-            row.times[f"pathtune_{tag}"] = _median_ms(_pathtune_callable(*xs, cfgs[tag], bw))
+        return {f"pathtune_{tag}": (_pathtune_callable(*xs, cfgs[tag], bw), contextlib.nullcontext, "pathtune")
+                for tag, bw in passes}
     except Exception as exc:
         row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        return {}
 
 
 def _open_tvm(tvm_modules, head_dims, gates, device):
@@ -263,7 +310,8 @@ def record_rows(rows: list[BenchRow], db_url: Optional[str], config, command: st
                 if t is not None and over:
                     meas = Measurement(status="wrong", errors=own, message="; ".join(over), command=command)
                 elif t is not None:
-                    meas = Measurement(status="ok", median_ms=t, bench_method="triton.testing.do_bench median",
+                    meas = Measurement(status="ok", median_ms=t,
+                                       bench_method=bench_method(len(row.rounds.get(f"pathtune_{tag}", ())) or 1),
                                        errors=own, baseline_ms=row.times.get(f"sdpa_flash_{tag}"),
                                        baseline_name="sdpa_flash", command=command)
                 else:

@@ -32,6 +32,10 @@ def register(app: typer.Typer) -> None:
                                              "(default: built-in heuristic)."),
         baselines: str = typer.Option("sdpa,fla", help="Baselines measured in the same run: sdpa, fla."),
         forward_only: bool = typer.Option(False, "--forward-only", help="Skip forward+backward timings."),
+        rounds: Optional[int] = typer.Option(
+            None, "--rounds", help="Timing rounds per point (default 3): every callable of a point once per "
+                                   "round, the rounds interleaved, the median kept (a transient slowdown moves one "
+                                   "sample, not the ratios). --pass fwd only."),
         out: Optional[Path] = typer.Option(None, "--json", help="Write the rows as JSON here."),
         record: bool = typer.Option(False, "--record", help="Store the measurements in perf_db."),
         db: Optional[str] = typer.Option(None, "--db", envvar="PATHTUNE_DB_URL", help="perf_db URL."),
@@ -85,6 +89,10 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("--new-tokens is for --pass decode")
         if not token_counts or min(token_counts) < 1:
             raise typer.BadParameter(f"--new-tokens must be integers >= 1, got {new_tokens!r}")
+        if rounds is not None and pass_ != "fwd":
+            raise typer.BadParameter("--rounds is for --pass fwd (the decode bench times each step once)")
+        if rounds is not None and rounds < 1:
+            raise typer.BadParameter(f"--rounds must be an integer >= 1, got {rounds}")
         if "tvm" in backends and max(token_counts) > 1:
             raise typer.BadParameter("--backends tvm times one token per call: use --new-tokens 1")
         if record:
@@ -102,6 +110,7 @@ def register(app: typer.Typer) -> None:
                                      tokens=tokens, config=cfg,
                                      baselines=tuple(b.strip() for b in baselines.split(",")),
                                      backward=not forward_only, backends=fwd_backends, tvm_modules=tvm_modules,
+                                     rounds=3 if rounds is None else rounds,
                                      log=lambda s: console.print(s, style="dim"), on_row=on_row),
             format_table, out,
             record and (lambda rows, run_id: record_rows(rows, db, cfg, command_line(), run_id=run_id)))
