@@ -687,3 +687,23 @@ def test_kernel_probe_gate_parts_still_apply(monkeypatch):
     for tag, _label, reps in probe.DKV_GATE_PARTS:
         kernel = probe.load_variant(src, "bwd_inter_dkv_kernel", f"test_dkv_{tag}", reps)
         assert kernel.arg_names == tri_backward.bwd_inter_dkv_kernel.arg_names, tag
+
+
+@pytest.mark.parametrize("dtype,gate", [(F32, True), (F16, True), (F16, False)], ids=["fp32-gate", "fp16-gate", "fp16"])
+def test_diag_candidate_with_late_loads(monkeypatch, dtype, gate):
+    """benchmarks/variants/bwd_diag_late_loads.py (G loaded where dQ needs it, M read again for dQW) in the
+    launcher's place: the shipped kernel's gradients (the same operations on the same values) and the
+    oracle's; token ranges of one super-chunk, GQA."""
+    from repo_scripts import load_script
+
+    cand = load_script("benchmarks/variants/bwd_diag_late_loads.py").bwd_intra_diag_kernel
+    inputs, do = make_inputs(458, B=2, T=100, HQ=4, H=2, dtype=dtype, gate=gate)
+    p = params(dtype)
+    monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
+    shipped = kernel_grads(inputs, do, p)
+    monkeypatch.setattr(tri_backward, "bwd_intra_diag_kernel", cand)
+    got = kernel_grads(inputs, do, p)
+    for name, a, b in zip(NAMES, got, shipped):
+        if b is not None:
+            assert rel(a, b) < 1e-6, (name, rel(a, b))
+    check(got, oracle_grads(inputs, do), TOL[dtype])
