@@ -64,6 +64,10 @@ def _median_ms(fn: Callable[[], Any]) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
+# timing rounds per point of `pathtune bench` (run_bench's own default stays one)
+CLI_ROUNDS = 3
+
+
 def bench_method(rounds: int) -> str:
     """How a bench time was taken (perf_db's ``bench_method``)."""
     one = "triton.testing.do_bench median"

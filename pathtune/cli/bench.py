@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Time pathtune against SDPA (flash, cuDNN) and fla's PaTH kernel in the same run (needs a GPU)."""
 
-        from pathtune.tuning.bench import command_line, format_table, record_rows, run_bench
+        from pathtune.tuning.bench import CLI_ROUNDS, command_line, format_table, record_rows, run_bench
 
         console = table_console(Console(), 240)    # the bench tables have up to 17 columns
         gates = {"off": (False,), "on": (True,), "both": (False, True)}.get(gate)
@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
                                      tokens=tokens, config=cfg,
                                      baselines=tuple(b.strip() for b in baselines.split(",")),
                                      backward=not forward_only, backends=fwd_backends, tvm_modules=tvm_modules,
-                                     rounds=3 if rounds is None else rounds,
+                                     rounds=CLI_ROUNDS if rounds is None else rounds,
                                      log=lambda s: console.print(s, style="dim"), on_row=on_row),
             format_table, out,
             record and (lambda rows, run_id: record_rows(rows, db, cfg, command_line(), run_id=run_id)))
