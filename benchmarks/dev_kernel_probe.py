@@ -20,8 +20,9 @@ apply kernels, their warps, and the chunk kernel at tf32).  ``--intra-v2 FILE[,F
 ``bwd_intra_walk_kernel`` and / or ``bwd_intra_diag_kernel`` of this tree's signature, each timed on its
 kernel's captured arguments at the launch's warps and the other count (4 / 8) (``--old-intra``: a one-kernel
 file; one that still has ``xs_ptr`` gets it).
-``dkv`` with the gate: bwd_inter_dkv_kernel without the gate, and with one half of the gate's work dropped
-(its key-side row sums, its logit bias; timing only).  ``--dkv-v2 FILE[,FILE]``: candidate modules with a
+``dkv`` with the gate: bwd_inter_dkv_kernel without the gate, with its key-side sums taken the other way
+(``backward.gate_sums_by_mma``), and with one half of the gate's work dropped (its key-side row sums, its
+logit bias; timing only).  ``--dkv-v2 FILE[,FILE]``: candidate modules with a
 ``bwd_inter_dkv_kernel`` of this tree's signature, timed on the captured launch.
 ``e2e``: one fwd+bwd through autograd.  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8
 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per
@@ -68,7 +69,8 @@ def time_launch(kernel, grid, args, kw):
 # row sums of dS^T, or the logit bias (the rows' lse shift and the keys' offset)
 DKV_GATE_PARTS = (
     ("nosum", "gate without its row sums (timing only)",
-     [("        if USE_GATE:\n            dck += tl.sum(dsT, axis=1)\n", "")]),
+     [("        if USE_GATE:\n            if GATE_SUM_MMA:\n                dck += mm(dsTd, ones, INTERP)\n"
+       "            else:\n                dck += tl.sum(dsT, axis=1)\n", "")]),
     ("nobias", "gate without its logit bias (timing only)",
      [("            lse2 -= tl.load(gc_h + rows, mask=rmask, other=0.0) * gate_scale\n"
        "            sT -= ck_s[:, None]\n", "            lse2 += 0.0\n")]),
@@ -204,6 +206,9 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
     if "dkv" in only and gate:
         emit(dict(base, kernel="bwd_inter_dkv", variant="gate off (same args)",
                   ms=time_launch(dkv.real, grid, args, dict(kw, USE_GATE=False))))
+        flip = not kw["GATE_SUM_MMA"]
+        emit(dict(base, kernel="bwd_inter_dkv", variant=f"gate sums by {'an MMA' if flip else 'row reductions'}",
+                  ms=time_launch(dkv.real, grid, args, dict(kw, GATE_SUM_MMA=flip))))
         # where the gate's cost goes (timing only: each drops one half of the gate's work)
         src = module_source(inter_mod)
         for tag, label, reps in DKV_GATE_PARTS:

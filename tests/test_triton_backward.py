@@ -656,24 +656,25 @@ def test_gate_grad_kernel_matches_torch(monkeypatch, HQ):
     assert rel(got, ref) < 1e-7
 
 
-# ----------------------------------------------------------------------------- candidate kernels (benchmarks/variants)
+# ----------------------------------------------------------------------------- the dkv kernel's gate sums
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
-def test_dkv_candidate_with_gate_sums_by_a_product(monkeypatch, dtype):
-    """benchmarks/variants/dkv_gate_mma.py (the gate's key-side sums as dS^T times a ones column) in the
-    launcher's place: the shipped kernel's gradients (dg up to the 16-bit rounding of dS^T's terms) and
-    the oracle's; GQA, three super-chunks in the longer sequence so that dkv walks two later ones."""
-    from repo_scripts import load_script
-
-    cand = load_script("benchmarks/variants/dkv_gate_mma.py").bwd_inter_dkv_kernel
+def test_dkv_gate_sums_by_product_and_by_reduction(monkeypatch, dtype):
+    """bwd_inter_dkv_kernel's two ways to the FoX gate's key-side sums (``backward.gate_sums_by_mma``: dS^T
+    times a ones column, or row reductions) give the same gradients (dg up to the 16-bit rounding of dS^T's
+    terms in the product) and the oracle's; GQA, three super-chunks in the longer sequence so that dkv
+    walks two later ones."""
     inputs, do = make_inputs(457, B=2, T=100, HQ=4, H=2, dtype=dtype, gate=True)
     p = params(dtype)
-    shipped = kernel_grads(inputs, do, p)
-    monkeypatch.setattr(tri_backward, "bwd_inter_dkv_kernel", cand)
-    got = kernel_grads(inputs, do, p)
-    for name, a, b in zip(NAMES, got, shipped):
+    grads = {}
+    for by_mma in (True, False):
+        monkeypatch.setattr(tri_backward, "gate_sums_by_mma", lambda BD, by_mma=by_mma: by_mma)
+        grads[by_mma] = kernel_grads(inputs, do, p)
+    for name, a, b in zip(NAMES, grads[True], grads[False]):
         assert rel(a, b) < (1e-6 if dtype == F32 or name != "dg" else 2e-3), (name, rel(a, b))
-    check(got, oracle_grads(inputs, do), TOL[dtype])
+    ref = oracle_grads(inputs, do)
+    for got in grads.values():
+        check(got, ref, TOL[dtype])
 
 
 def test_kernel_probe_gate_parts_still_apply(monkeypatch):
@@ -687,23 +688,3 @@ def test_kernel_probe_gate_parts_still_apply(monkeypatch):
     for tag, _label, reps in probe.DKV_GATE_PARTS:
         kernel = probe.load_variant(src, "bwd_inter_dkv_kernel", f"test_dkv_{tag}", reps)
         assert kernel.arg_names == tri_backward.bwd_inter_dkv_kernel.arg_names, tag
-
-
-@pytest.mark.parametrize("dtype,gate", [(F32, True), (F16, True), (F16, False)], ids=["fp32-gate", "fp16-gate", "fp16"])
-def test_diag_candidate_with_late_loads(monkeypatch, dtype, gate):
-    """benchmarks/variants/bwd_diag_late_loads.py (G loaded where dQ needs it, M read again for dQW) in the
-    launcher's place: the shipped kernel's gradients (the same operations on the same values) and the
-    oracle's; token ranges of one super-chunk, GQA."""
-    from repo_scripts import load_script
-
-    cand = load_script("benchmarks/variants/bwd_diag_late_loads.py").bwd_intra_diag_kernel
-    inputs, do = make_inputs(458, B=2, T=100, HQ=4, H=2, dtype=dtype, gate=gate)
-    p = params(dtype)
-    monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
-    shipped = kernel_grads(inputs, do, p)
-    monkeypatch.setattr(tri_backward, "bwd_intra_diag_kernel", cand)
-    got = kernel_grads(inputs, do, p)
-    for name, a, b in zip(NAMES, got, shipped):
-        if b is not None:
-            assert rel(a, b) < 1e-6, (name, rel(a, b))
-    check(got, oracle_grads(inputs, do), TOL[dtype])

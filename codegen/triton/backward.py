@@ -246,10 +246,19 @@ def intra_walk_stages(BD: int, operand_bytes: int) -> int:
     """Software-pipelining stages of ``bwd_intra_walk_kernel`` at padded head dim BD (the kernel runs at
     least 64 wide) with K~ / W / U elements of ``operand_bytes``: two while a row of those operands is at
     most 256 bytes, else one.  Two stages of its per-step loads (X, K~, W, U, V of the next key chunk)
-    took 0.86-0.89x the time of one on the H200 (T = 4K, one range, D 64 and 128, PaTH and PaTH-FoX; three
+    took 0.86-0.96x the time of one on the H200 (T = 4K, one range, D 64 and 128, PaTH and PaTH-FoX; three
     gained nothing at D 64); at D 128 with the float32 state of a single range (a tf32 scan or a
     tf32x3 UT stage) two stages need 262 KB of shared memory, over sm_90's 227 KB."""
     return 2 if max(BD, 64) * operand_bytes <= 256 else 1
+
+
+def gate_sums_by_mma(BD: int) -> bool:
+    """Whether ``bwd_inter_dkv_kernel`` takes the FoX gate's key-side sums (row sums of dS^T, every step of
+    its walk) from a tensor-core product with a ones column (True) or a row reduction (False), at padded
+    head dim BD.  On the H200 (T = 4K, heuristic config) the product took 0.91x the kernel's time at D 64
+    (1.81 vs 1.99 ms; without any row sums 1.79) and 1.07x at D 128 (2.46 vs 2.31 ms: its float32
+    BLOCK_N x 16 accumulator adds to the dV / dKZ tiles' spills there)."""
+    return BD <= 64
 
 
 def dkv_query_step(params: TritonParams) -> int:
@@ -489,7 +498,8 @@ def path_attention_bwd(
             y, state.kj, vt, gc, dot_, lset, delta, dkj, dv, dom, dc, om, kz,
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             qk_scale, gate_scale, scale, gate_nat, N,
-            BLOCK_N=BN, BLOCK_M=dkv_query_step(params), DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
+            BLOCK_N=BN, BLOCK_M=dkv_query_step(params), DB=DB, TP=tp, USE_GATE=use_gate,
+            GATE_SUM_MMA=gate_sums_by_mma(BD), INTERP=interp,
             num_warps=params.bwd_inter_num_warps, num_stages=params.bwd_num_stages, **common,
         )
         del kz

@@ -151,11 +151,14 @@ def bwd_inter_dq_kernel(
 def _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h, row0, send, hq, qk_scale,
                     gate_scale, HQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
                     BDV: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                    DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr):
+                    DT: tl.constexpr, USE_GATE: tl.constexpr, GATE_SUM_MMA: tl.constexpr,
+                    INTERP: tl.constexpr):
     """One key tile (KZ = its keys carried into the later super-chunk's frame, Vt its values, ck_s its gate
     cumsums times gate_scale) against the S query rows of that super-chunk from row0, BLOCK_M rows a step, keys as rows:
     s^T = KZ Y^T, then dV += p^T dO and dKZ += dS^T Y with p^T and dS^T as they are; the gate's
-    key-side sums -sum_i dS_ij as row sums of dS^T.  gc_h: head hq's row of the head-major gate cumsum.
+    key-side sums -sum_i dS_ij as row sums of dS^T: a row reduction per step into dck (BLOCK_N,), or with
+    GATE_SUM_MMA the product dS^T E into dck (BLOCK_N, 16), E a ones column padded to the MMA's 16 columns
+    (``backward.gate_sums_by_mma``).  gc_h: head hq's row of the head-major gate cumsum.
     Returns (dV, dKZ of this super-chunk, dck)."""
     r = tl.arange(0, BLOCK_M)
     d = tl.arange(0, BD)
@@ -163,6 +166,7 @@ def _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc
     dmask = (d < D)[None, :]
     dvmask = (dv < DV)[None, :]
     dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
+    ones = ((r[:, None] >= 0) & (tl.arange(0, 16)[None, :] == 0)).to(DT)
     for m0 in range(0, S, BLOCK_M):
         rows = (row0 + m0 + r).to(tl.int64)
         rmask = rows < send
@@ -179,9 +183,13 @@ def _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc
         dpT = mm(Vt, tl.trans(dO), INTERP)
         dsT = pT * (dpT - delta[None, :])
         dV += mm(pT.to(Vt.dtype), dO, INTERP)
-        dKZ += mm(dsT.to(DT), Yd, INTERP)
+        dsTd = dsT.to(DT)
+        dKZ += mm(dsTd, Yd, INTERP)
         if USE_GATE:
-            dck += tl.sum(dsT, axis=1)
+            if GATE_SUM_MMA:
+                dck += mm(dsTd, ones, INTERP)
+            else:
+                dck += tl.sum(dsT, axis=1)
     return dV, dKZ, dck
 
 
@@ -194,7 +202,8 @@ def bwd_inter_dkv_kernel(
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+    DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, GATE_SUM_MMA: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     # om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J} (scan dtype when DB == BD, else float32).
     # DB < BD: kz_ptr [N, H, D] (scan dtype) is the scratch of KZ = KJ Om^T for this program's key
@@ -236,7 +245,10 @@ def bwd_inter_dkv_kernel(
             else:
                 ck_s = tl.zeros((BLOCK_N,), dtype=tl.float32)
             dV = tl.zeros((BLOCK_N, BDV), dtype=tl.float32)
-            dck = tl.zeros((BLOCK_N,), dtype=tl.float32)   # the gate's key-side sums -sum_i dS_ij
+            if GATE_SUM_MMA:    # the gate's key-side sums -sum_i dS_ij (column 0; _dkv_superchunk)
+                dck = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+            else:
+                dck = tl.zeros((BLOCK_N,), dtype=tl.float32)
             if DB == BD:
                 KJd = KJ.to(DT)
                 for il in range(jl + 1, n_sc_seq):
@@ -244,7 +256,7 @@ def bwd_inter_dkv_kernel(
                     KZ = mm(KJd, tl.trans(tl.load(om_base + dpair).to(DT)), INTERP).to(DT)
                     dV, dKZ, dck = _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
                                                    s0 + il * S, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV,
-                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, INTERP)
+                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, GATE_SUM_MMA, INTERP)
                     # dKJ read-modify-written per super-chunk (rows owned by this program; same layout
                     # for load and store) rather than a BLOCK_N x BD float32 tile live across the walk:
                     # on the H200 4.35 -> 3.76 ms at D=64 (4 warps, spilling), unchanged at D=128
@@ -271,7 +283,7 @@ def bwd_inter_dkv_kernel(
                     KZ = tl.load(kz_ptr + koff, mask=dmask, other=0.0)
                     dV, dKZ, dck = _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
                                                    s0 + il * S, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV,
-                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, INTERP)
+                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, GATE_SUM_MMA, INTERP)
                     for cb in tl.static_range(BD // DB):
                         if cb * DB < D:
                             e = cb * DB + tl.arange(0, DB)
@@ -288,7 +300,10 @@ def bwd_inter_dkv_kernel(
             tl.store(dv_ptr + voff, tl.load(dv_ptr + voff, mask=dvmask, other=0.0) + dV, mask=dvmask)
             if USE_GATE:
                 cptr = dc_ptr + hq.to(tl.int64) * gc_hs + krows
-                tl.store(cptr, tl.load(cptr) - dck * gate_nat)
+                if GATE_SUM_MMA:
+                    tl.store(cptr, tl.load(cptr) - tl.sum(dck, axis=1) * gate_nat)
+                else:
+                    tl.store(cptr, tl.load(cptr) - dck * gate_nat)
             tl.debug_barrier()
 
 

@@ -85,6 +85,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         GATE_GRAD_SPAN,
         chain_blocks,
         dkv_query_step,
+        gate_sums_by_mma,
         intra_walk_stages,
         transport_launch,
     )
@@ -193,7 +194,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (bwd_inter_dq_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags),
          params.bwd_inter_num_warps, params.bwd_num_stages),
         (bwd_inter_dkv_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, BLOCK_M=dkv_query_step(params),
-                                               DB=DB, **bflags),
+                                               DB=DB, GATE_SUM_MMA=gate_sums_by_mma(BD), **bflags),
          params.bwd_inter_num_warps, params.bwd_num_stages),
         # every pair's transition in the scan type, read by the two kernels above (padded head dims <= 128)
         *([(bwd_pair_transitions_kernel, inter_sig, dict(H=H, BD=BD, S=S, ROWS=min(BD, 64), TP=btp),
