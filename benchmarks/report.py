@@ -145,9 +145,10 @@ HEADER = """# Benchmarks
 PaTH / PaTH-FoX attention on one NVIDIA H200 (sm_90): bf16 q/k/v, float32 w/β/g, causal, B·T = 32768 tokens,
 H = 16 heads at D = 64 and 8 at D = 128.  Inputs: β ~ U(1.5, 2), unit-norm w, FoX gate g = log U(0.95, 1).
 Times are `triton.testing.do_bench` medians in ms of what users call (`pathtune.path_attention`, host
-included).  Every row's baselines (torch SDPA with the flash and cuDNN backends, flash-linear-attention's
-`parallel_path_attn`) were measured in the same process on the same inputs; errors are relative Frobenius
-norms against the float64 naive reference on the same (rounded) inputs.
+included); the forward and training tables keep the median of 3 rounds that time every callable of a point
+in turn (`pathtune bench --rounds`).  Every row's baselines (torch SDPA with the flash and cuDNN backends,
+flash-linear-attention's `parallel_path_attn`) were measured in the same process on the same inputs; errors
+are relative Frobenius norms against the float64 naive reference on the same (rounded) inputs.
 
 """
 
