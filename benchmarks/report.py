@@ -90,6 +90,24 @@ def training_section(path: Path, doc: dict) -> list[str]:
     return out + [""] + _source(path, doc)
 
 
+def memory_section(path: Path, doc: dict) -> list[str]:
+    """Extra peak memory of one forward + backward call (``pathtune bench --memory``), beside SDPA's and fla's."""
+    out = ["## Extra memory of one forward + backward (GiB)", "",
+           "Peak allocated during one call minus what was allocated before it (inputs and the upstream gradient):",
+           "the outputs, what autograd saves, the backward's buffers and the returned gradients.", "",
+           "| D | T | B×H | | SDPA flash | fla | pathtune | pathtune / flash | fla / pathtune |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        m = r.get("memory_gib") or {}
+        if "pathtune_fb" not in m:
+            continue
+        ours, flash, fla = m["pathtune_fb"], m.get("sdpa_flash_fb"), m.get("fla_fb")
+        out.append(f"| {r['head_dim']} | {r['seq_len']} | {r['batch']}×{r['heads']} | {_gate(r)} | {_f(flash, 2)} | "
+                   f"{_f(fla, 2)} | **{ours:.2f}** | " + (f"{ours / flash:.1f}× | " if flash else "- | ")
+                   + (f"{fla / ours:.1f}× |" if fla and ours else "- |"))
+    return out + [""] + _source(path, doc)
+
+
 def _kernel_cells(rows, name: str, kernels_of, flops: dict, launches: bool = True) -> list[str]:
     """One table row's cells: kernel ``name``'s device ms in each profile row (``kernels_of(row)``: its
     [name, ms, launches] entries), with the launch count and the achieved TFLOP/s where counted; "-"
@@ -321,6 +339,9 @@ def render() -> str:
     fb = _newest(bench, lambda r: "pathtune_fb" in r["times"])
     if fb:
         parts.append("\n".join(training_section(*fb)) + "\n")
+    mem = _newest(bench, lambda r: "pathtune_fb" in (r.get("memory_gib") or {}))
+    if mem:
+        parts.append("\n".join(memory_section(*mem)) + "\n")
     if probe:
         parts.append("\n".join(profile_section(*probe[-1])) + "\n")
     profiles = _load("*-fwdbwd-profile.json")

@@ -130,3 +130,100 @@ def test_bench_rounds_interleave_and_keep_the_median(tmp_path, monkeypatch):
             assert "rounds must be an integer >= 1" in str(e)
         else:
             raise AssertionError(f"rounds={bad!r} accepted")
+
+
+class _FakeCudaMemory:
+    """torch.cuda's memory counters for CPU tests: callables allocate through ``alloc`` / ``free``."""
+
+    def __init__(self, allocated: int = 0) -> None:
+        self.allocated = self.peak = allocated
+        self.synced = 0
+
+    def alloc(self, nbytes: int) -> None:
+        self.allocated += nbytes
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, nbytes: int) -> None:
+        self.allocated -= nbytes
+
+    def synchronize(self) -> None:
+        self.synced += 1
+
+    def reset_peak_memory_stats(self) -> None:
+        self.peak = self.allocated
+
+    def memory_allocated(self) -> int:
+        return self.allocated
+
+    def max_memory_allocated(self) -> int:
+        return self.peak
+
+
+def test_bench_memory_is_the_peak_above_what_was_allocated_before(monkeypatch):
+    """extra_peak_gib: a call that holds 3 GiB of temporaries and keeps 1 GiB, on top of 5 GiB of inputs and
+    of an earlier call's higher peak, allocates 3 GiB at its peak (its own, from a reset peak); with
+    ``memory`` the bench measures each timed forward+backward callable once (the gated row takes SDPA's from
+    its ungated twin, as its times), a callable that raises there is its own failure, and the table shows
+    the column; without the backward there is nothing to measure."""
+    from pathtune.tuning import baselines, bench
+
+    gib = 2 ** 30
+    mem = _FakeCudaMemory(allocated=5 * gib)
+    mem.peak = 40 * gib     # an earlier call's peak: reset before the measured call
+
+    def call():
+        mem.alloc(3 * gib)
+        mem.free(2 * gib)
+        return "o"
+
+    assert bench.extra_peak_gib(call, mem=mem) == 3.0 and mem.synced == 2
+
+    costs = {"pathtune": 1.5, "sdpa_flash": 0.25, "sdpa_cudnn": 0.5, "fla": 4.0}
+    names = {}
+
+    def callable_named(name):
+        def fn():
+            if name == "sdpa_cudnn":
+                raise RuntimeError("cudnn broke")
+            mem.alloc(int(costs[name] * gib))
+            mem.free(int(costs[name] * gib))
+        names[fn] = name
+        return fn
+
+    monkeypatch.setattr(bench, "_accuracy", lambda *a, **kw: {"o": 1e-3})
+    monkeypatch.setattr(bench, "_pathtune_callable", lambda *a: callable_named("pathtune"))
+    monkeypatch.setattr(baselines, "sdpa_callable", lambda q, k, v, kind, backward: callable_named(f"sdpa_{kind}"))
+    monkeypatch.setattr(baselines, "fla_path_callable", lambda *a, backward: callable_named("fla"))
+    monkeypatch.setattr(bench, "_median_ms", lambda fn: 1.0)
+    real_measure = bench._measure_memory
+    monkeypatch.setattr(bench, "_measure_memory", lambda row, timed: real_measure(row, timed, mem))
+    plain, gated = bench.run_bench((32,), (64,), (False, True), tokens=64, config={"chunk_size": 16}, device="cpu",
+                                   memory=True, log=lambda s: None)
+    assert plain.memory_gib == {"pathtune_fb": 1.5, "sdpa_flash_fb": 0.25, "fla_fb": 4.0}
+    assert plain.failures == {"sdpa_cudnn_fb": "RuntimeError: cudnn broke"}   # raised while measured (timer faked)
+    assert gated.memory_gib == {"pathtune_fb": 1.5, "fla_fb": 4.0, "sdpa_flash_fb": 0.25}
+    from rich.console import Console
+
+    console = Console(width=400, record=True)
+    console.print(bench.format_table([plain, gated]))
+    text = console.export_text()
+    assert "extra GiB ours" in text and "4.00" in text and "0.25" in text
+    try:
+        bench.run_bench((32,), (64,), (False,), device="cpu", backward=False, memory=True)
+    except ValueError as e:
+        assert "backward=True" in str(e)
+    else:
+        raise AssertionError("memory without the backward accepted")
+
+
+def test_cli_memory_needs_the_forward_backward_bench():
+    """`pathtune bench --memory` measures forward+backward calls: with --forward-only or --pass decode it
+    stops before any GPU work and says what to drop."""
+    from typer.testing import CliRunner
+
+    from pathtune.cli import app
+
+    for args in (["--forward-only"], ["--pass", "decode"]):
+        res = CliRunner().invoke(app, ["bench", "--memory", *args], env={"COLUMNS": "250"})
+        out = " ".join(res.output.split())
+        assert res.exit_code == 2 and "--memory measures forward+backward calls" in out, res.output

@@ -53,3 +53,25 @@ def test_decode_steps_table_quotes_the_median_of_repeated_rounds():
     assert lines[4].endswith("| 1.30× (1.20-1.40) |"), lines[4]
     plain = report.decode_steps_section(Path("H200-x-decode-probe.json"), dict(doc, steps=[row]))
     assert "median" not in plain[2] and plain[4].endswith("| 1.10× |"), plain[4]
+
+
+def test_memory_table_comes_from_the_newest_bench_that_measured_memory(tmp_path, monkeypatch):
+    """A bench run with --memory gives the extra-memory table (pathtune beside SDPA flash and fla, the gated
+    row with its own numbers); a newer bench without memory keeps that table's source; without any, no table."""
+    import json
+
+    report = _report()
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    row = dict(head_dim=64, seq_len=16384, batch=2, heads=16, gate=False,
+               times={"pathtune_f": 4.0, "sdpa_flash_f": 3.0, "pathtune_fb": 22.0, "sdpa_flash_fb": 13.0},
+               errors={"o": 2e-3, "dq": 4e-3})
+    doc = dict(command="pathtune bench --memory --json b.json", gpu="NVIDIA H200", software="torch", notes="synthetic")
+    assert "Extra memory" not in report.render()
+    mem = dict(pathtune_fb=0.91, sdpa_flash_fb=0.25, fla_fb=3.6)
+    (tmp_path / "H200-20260101T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(
+        doc, rows=[dict(row, memory_gib=mem), dict(row, gate=True, memory_gib=dict(mem, pathtune_fb=0.94))])))
+    (tmp_path / "H200-20260102T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(doc, rows=[row])))
+    text = report.render()
+    assert "| 64 | 16384 | 2×16 | PaTH | 0.25 | 3.60 | **0.91** | 3.6× | 4.0× |" in text
+    assert "| 64 | 16384 | 2×16 | FoX | 0.25 | 3.60 | **0.94** | 3.8× | 3.8× |" in text
+    assert "Source: `benchmarks/results/H200-20260101T000000Z-bench-fwd-bwd.json`" in text

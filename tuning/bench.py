@@ -7,8 +7,11 @@ oracle on a short prefix (so a wrong config never gets a time), then takes
 available baseline, all in the same process.  With ``rounds`` > 1 every callable of a row is timed once
 per round, the rounds interleaved (pathtune, SDPA, fla, then again), and the row keeps the median over
 rounds (``BenchRow.rounds`` has each round's): a transient slowdown of the GPU during one callable's
-timing moves one sample of it, not the row's ratios.  Rows go to a table, a JSON file and, optionally,
-perf_db (pass ``fwd`` = forward time, pass ``bwd`` = forward+backward time; baseline = SDPA flash
+timing moves one sample of it, not the row's ratios.  With ``memory`` each forward+backward callable then
+runs once more alone for its extra peak memory (``BenchRow.memory_gib``: ``torch.cuda.max_memory_allocated``
+during the call minus ``memory_allocated`` before it, inputs and upstream gradient already allocated: the
+outputs, what autograd saves, the backward's buffers and the returned gradients).  Rows go to a table, a JSON
+file and, optionally, perf_db (pass ``fwd`` = forward time, pass ``bwd`` = forward+backward time; baseline = SDPA flash
 of the same pass and shapes).
 
 ``backends`` adds the TVM forward (``tvm``, from prebuilt module sets: tuning/tvm_bench.py), timed
@@ -52,6 +55,7 @@ class BenchRow:
     triton_stages: dict[str, Any] = field(default_factory=dict)  # Triton forward kernel -> device ms (profiler)
     ratios: dict[str, float] = field(default_factory=dict)      # "tvm_f/pathtune_f", "tvm_f/sdpa_flash_f"
     rounds: dict[str, list[float]] = field(default_factory=dict)  # times key -> each round's do_bench median
+    memory_gib: dict[str, float] = field(default_factory=dict)  # "<callable>_fb" -> extra peak GiB of one call
 
     def ratio(self, num: str, den: str) -> Optional[float]:
         a, b = self.times.get(num), self.times.get(den)
@@ -96,6 +100,33 @@ def _time_rounds(row: "BenchRow", timed: dict[str, tuple[Callable[[], Any], Call
         if got and key not in broken:
             row.times[key] = statistics.median(got)
             row.rounds[key] = got
+
+
+def extra_peak_gib(fn: Callable[[], Any], context=contextlib.nullcontext, mem=None) -> float:
+    """GiB one call of ``fn`` (under ``context()``) allocates above what was allocated before it, at its
+    peak (``mem``: the torch.cuda memory API, replaceable in tests).  The call runs after a synchronize, with
+    the peak statistics reset; its outputs are dropped before the next measurement."""
+    mem = torch.cuda if mem is None else mem
+    mem.synchronize()
+    mem.reset_peak_memory_stats()
+    base = mem.memory_allocated()
+    with context():
+        out = fn()
+    mem.synchronize()
+    peak = mem.max_memory_allocated()
+    del out
+    return (peak - base) / 2 ** 30
+
+
+def _measure_memory(row: "BenchRow", timed: dict, mem=None) -> None:
+    """``row.memory_gib`` for every forward+backward callable of ``timed`` that was timed (one call each)."""
+    for key, (fn, context, failure_key) in timed.items():
+        if not key.endswith("_fb") or key not in row.times:
+            continue
+        try:
+            row.memory_gib[key] = extra_peak_gib(fn, context, mem)
+        except Exception as exc:
+            row.failures.setdefault(failure_key, f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 def _pathtune_callable(q, k, v, w, beta, g, config, backward: bool):
@@ -147,18 +178,21 @@ BACKENDS = ("triton", "tvm")
 
 def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), *, tokens: int = TOKENS,
               config=None, baselines=("sdpa", "fla"), backward: bool = True, device: str = "cuda",
-              seed: int = 0, backends=("triton",), tvm_modules=None, rounds: int = 1,
+              seed: int = 0, backends=("triton",), tvm_modules=None, rounds: int = 1, memory: bool = False,
               log: Callable[[str], None] = print,
               on_row: Optional[Callable[[BenchRow], None]] = None) -> list[BenchRow]:
     """Measure every (D, T, gate) point; see the module docstring. ``tvm_modules``: the folder of
     TVM module sets (or an opened ``tvm_bench.TVMBenchModules``), needed when ``backends`` has tvm.
     ``rounds``: interleaved timing rounds per row (the median kept; the TVM column is timed once).
+    ``memory``: the extra peak memory of each forward+backward callable (needs ``backward``).
     ``on_row``: called with each row as soon as it is measured (so an interrupted bench keeps what it
     measured); not with the TVM backend, whose column is timed after every row."""
     from .baselines import fla_path_callable, keep_triton_toolchain, sdpa_callable
 
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    if memory and not backward:
+        raise ValueError("memory measures forward+backward calls: run with backward=True")
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise ValueError(f"unknown backends {unknown}: choose from {', '.join(BACKENDS)}")
@@ -193,12 +227,17 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
                         else:
                             timed[f"fla_{tag}"] = (fn, keep_triton_toolchain, f"fla_{tag}")
                 _time_rounds(row, timed, rounds)
+                if memory:
+                    _measure_memory(row, timed)
                 # SDPA has no gate: a gated row compares against the ungated SDPA of the same shape (measured first)
                 if gate:
                     twin = next((r for r in rows if not r.gate and (r.head_dim, r.seq_len) == (D, T)), None)
                     for key, val in (twin.times.items() if twin else ()):
                         if key.startswith("sdpa_"):
                             row.times.setdefault(key, val)
+                    for key, val in (twin.memory_gib.items() if twin else ()):
+                        if key.startswith("sdpa_"):
+                            row.memory_gib.setdefault(key, val)
                 rows.append(row)
                 log(json.dumps(asdict(row)))
                 if on_row is not None and tvm is None:
@@ -355,17 +394,20 @@ def format_table(rows: list[BenchRow]):
 
     table = Table(title="PaTH attention, ms (do_bench median); ratios vs SDPA flash and fla of this run")
     tvm = any("tvm" in r.statuses for r in rows)
+    mem = any(r.memory_gib for r in rows)
     cols = ["D", "T", "BxH", "gate", "sdpa flash f", "fla f", "pathtune f", "/flash", "fla/ours",
             "sdpa flash f+b", "fla f+b", "pathtune f+b", "/flash", "fla/ours", "o err", "max grad err"]
-    for col in cols + (["tvm f", "tvm/ours", "tvm o err"] if tvm else []):
+    mem_keys = ("pathtune_fb", "sdpa_flash_fb", "fla_fb")
+    for col in cols + (["extra GiB ours", "flash", "fla"] if mem else []) + (["tvm f", "tvm/ours", "tvm o err"]
+                                                                              if tvm else []):
         table.add_column(col, justify="right")
 
     def f(x):
         return "-" if x is None else f"{x:.2f}"
     for r in rows:
-        extra = []
+        extra = [("-" if key not in r.memory_gib else f"{r.memory_gib[key]:.2f}") for key in mem_keys] if mem else []
         if tvm:   # a failed TVM row says so (the reason is in the JSON's failures)
-            extra = [f(r.times.get("tvm_f")) if "tvm" not in r.failures else r.statuses.get("tvm", "failed"),
+            extra += [f(r.times.get("tvm_f")) if "tvm" not in r.failures else r.statuses.get("tvm", "failed"),
                      f(r.ratio("tvm_f", "pathtune_f")),
                      "-" if "tvm_o" not in r.errors else f"{r.errors['tvm_o']:.1e}"]
         table.add_row(str(r.head_dim), str(r.seq_len), f"{r.batch}x{r.heads}", "FoX" if r.gate else "-",

@@ -36,6 +36,9 @@ def register(app: typer.Typer) -> None:
             None, "--rounds", help="Timing rounds per point (default 3): every callable of a point once per "
                                    "round, the rounds interleaved, the median kept (a transient slowdown moves one "
                                    "sample, not the ratios). --pass fwd only."),
+        memory: bool = typer.Option(False, "--memory", help="Also measure each forward+backward call's extra peak "
+                                    "memory (pathtune, SDPA, fla; GiB above what was allocated before it). --pass "
+                                    "fwd only."),
         out: Optional[Path] = typer.Option(None, "--json", help="Write the rows as JSON here."),
         record: bool = typer.Option(False, "--record", help="Store the measurements in perf_db."),
         db: Optional[str] = typer.Option(None, "--db", envvar="PATHTUNE_DB_URL", help="perf_db URL."),
@@ -93,6 +96,9 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("--rounds is for --pass fwd (the decode bench times each step once)")
         if rounds is not None and rounds < 1:
             raise typer.BadParameter(f"--rounds must be an integer >= 1, got {rounds}")
+        if memory and (pass_ != "fwd" or forward_only):
+            raise typer.BadParameter("--memory measures forward+backward calls: use it with --pass fwd and without "
+                                     "--forward-only")
         if "tvm" in backends and max(token_counts) > 1:
             raise typer.BadParameter("--backends tvm times one token per call: use --new-tokens 1")
         if record:
@@ -111,6 +117,7 @@ def register(app: typer.Typer) -> None:
                                      baselines=tuple(b.strip() for b in baselines.split(",")),
                                      backward=not forward_only, backends=fwd_backends, tvm_modules=tvm_modules,
                                      rounds=CLI_ROUNDS if rounds is None else rounds,
+                                     memory=memory,
                                      log=lambda s: console.print(s, style="dim"), on_row=on_row),
             format_table, out,
             record and (lambda rows, run_id: record_rows(rows, db, cfg, command_line(), run_id=run_id)))
