@@ -339,7 +339,10 @@ def render() -> str:
     fb = _newest(bench, lambda r: "pathtune_fb" in r["times"])
     if fb:
         parts.append("\n".join(training_section(*fb)) + "\n")
-    mem = _newest(bench, lambda r: "pathtune_fb" in (r.get("memory_gib") or {}))
+    # a memory run may time only some points: its own file name (``*-memory-*.json``) keeps it out of the
+    # timing tables, whose source is the newest full bench
+    mem = _newest(sorted(bench + _load("*-memory-*.json"), key=lambda f: f[0].name),
+                  lambda r: "pathtune_fb" in (r.get("memory_gib") or {}))
     if mem:
         parts.append("\n".join(memory_section(*mem)) + "\n")
     if probe:

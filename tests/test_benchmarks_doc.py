@@ -57,7 +57,9 @@ def test_decode_steps_table_quotes_the_median_of_repeated_rounds():
 
 def test_memory_table_comes_from_the_newest_bench_that_measured_memory(tmp_path, monkeypatch):
     """A bench run with --memory gives the extra-memory table (pathtune beside SDPA flash and fla, the gated
-    row with its own numbers); a newer bench without memory keeps that table's source; without any, no table."""
+    row with its own numbers); a newer bench without memory keeps that table's source; a newer memory-only run
+    (``*-memory-*.json``) takes the memory table and leaves the timing tables to the newest bench; without
+    any, no table."""
     import json
 
     report = _report()
@@ -75,3 +77,9 @@ def test_memory_table_comes_from_the_newest_bench_that_measured_memory(tmp_path,
     assert "| 64 | 16384 | 2×16 | PaTH | 0.25 | 3.60 | **0.91** | 3.6× | 4.0× |" in text
     assert "| 64 | 16384 | 2×16 | FoX | 0.25 | 3.60 | **0.94** | 3.8× | 3.8× |" in text
     assert "Source: `benchmarks/results/H200-20260101T000000Z-bench-fwd-bwd.json`" in text
+    # a memory run of its own (some points only) gives the memory table, not the timing tables
+    (tmp_path / "H200-20260103T000000Z-memory-fwd-bwd.json").write_text(json.dumps(dict(
+        doc, rows=[dict(row, memory_gib=dict(mem, pathtune_fb=0.5))])))
+    text = report.render()
+    assert "| 64 | 16384 | 2×16 | PaTH | 0.25 | 3.60 | **0.50** | 2.0× | 7.2× |" in text
+    assert text.count("Source: `benchmarks/results/H200-20260102T000000Z-bench-fwd-bwd.json`") == 2   # fwd, fwd+bwd
