@@ -82,12 +82,23 @@ def test_bench_accuracy_check_runs_the_kernel_against_the_oracle():
     assert errors["dbeta"] > 1e-2, errors
 
 
+def _fake_callables(monkeypatch, callable_named):
+    """The bench's pathtune, SDPA and fla callables replaced by ``callable_named(name)`` (names pathtune,
+    sdpa_flash, sdpa_cudnn, fla), its accuracy check by a passing one."""
+    from pathtune.tuning import baselines, bench
+
+    monkeypatch.setattr(bench, "_accuracy", lambda *a, **kw: {"o": 1e-3})
+    monkeypatch.setattr(bench, "_pathtune_callable", lambda *a: callable_named("pathtune"))
+    monkeypatch.setattr(baselines, "sdpa_callable", lambda q, k, v, kind, backward: callable_named(f"sdpa_{kind}"))
+    monkeypatch.setattr(baselines, "fla_path_callable", lambda *a, backward: callable_named("fla"))
+
+
 def test_bench_rounds_interleave_and_keep_the_median(tmp_path, monkeypatch):
     """rounds=3: every callable of a row is timed once per round, the rounds interleaved (pathtune, SDPA,
     fla, then again); the row keeps each key's median over rounds (a slow first sample of pathtune, as a
     transient slowdown gives, moves nothing) and each round's time; the perf_db record names the method;
     a baseline that raises is a failure of its own key, the others keep their times."""
-    from pathtune.tuning import baselines, bench
+    from pathtune.tuning import bench
 
     names = {}
 
@@ -97,10 +108,7 @@ def test_bench_rounds_interleave_and_keep_the_median(tmp_path, monkeypatch):
         names[fn] = name
         return fn
 
-    monkeypatch.setattr(bench, "_accuracy", lambda *a, **kw: {"o": 1e-3})
-    monkeypatch.setattr(bench, "_pathtune_callable", lambda *a: callable_named("pathtune"))
-    monkeypatch.setattr(baselines, "sdpa_callable", lambda q, k, v, kind, backward: callable_named(f"sdpa_{kind}"))
-    monkeypatch.setattr(baselines, "fla_path_callable", lambda *a, backward: callable_named("fla"))
+    _fake_callables(monkeypatch, callable_named)
     order, samples = [], {"pathtune": [9.0, 2.0, 2.2], "sdpa_flash": [1.0, 1.1, 0.9], "sdpa_cudnn": [0.5] * 3}
 
     def timer(fn):
@@ -165,7 +173,7 @@ def test_bench_memory_is_the_peak_above_what_was_allocated_before(monkeypatch):
     ``memory`` the bench measures each timed forward+backward callable once (the gated row takes SDPA's from
     its ungated twin, as its times), a callable that raises there is its own failure, and the table shows
     the column; without the backward there is nothing to measure."""
-    from pathtune.tuning import baselines, bench
+    from pathtune.tuning import bench
 
     gib = 2 ** 30
     mem = _FakeCudaMemory(allocated=5 * gib)
@@ -190,10 +198,7 @@ def test_bench_memory_is_the_peak_above_what_was_allocated_before(monkeypatch):
         names[fn] = name
         return fn
 
-    monkeypatch.setattr(bench, "_accuracy", lambda *a, **kw: {"o": 1e-3})
-    monkeypatch.setattr(bench, "_pathtune_callable", lambda *a: callable_named("pathtune"))
-    monkeypatch.setattr(baselines, "sdpa_callable", lambda q, k, v, kind, backward: callable_named(f"sdpa_{kind}"))
-    monkeypatch.setattr(baselines, "fla_path_callable", lambda *a, backward: callable_named("fla"))
+    _fake_callables(monkeypatch, callable_named)
     monkeypatch.setattr(bench, "_median_ms", lambda fn: 1.0)
     real_measure = bench._measure_memory
     monkeypatch.setattr(bench, "_measure_memory", lambda row, timed: real_measure(row, timed, mem))
