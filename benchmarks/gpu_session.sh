@@ -39,7 +39,7 @@
 #                   build/tvm_decode_bench (5.3 MiB; built here by `python -m pathtune.codegen.tvm.build_decode_bench`)
 #   utprobe [120]   benchmarks/ut_probe.py $UTPROBE_ARGS: the forward's UT stage, one launch vs three vs the candidates of
 #                   benchmarks/variants/, per precision / warps, with errors (UTPROBE_PATHS: --paths)
-#   scanprobe [150] benchmarks/scan_probe.py: scan_intra / scan_inter alone vs the candidates in benchmarks/variants/
+#   scanprobe [150] benchmarks/scan_probe.py $SCANPROBE_ARGS: scan_intra / scan_inter alone vs candidates (--candidates)
 #   fwdprobe [300]  benchmarks/fwd_probe.py $FWDPROBE_ARGS: the forward vs SDPA / fla, per-kernel profile, knob variants
 #   kprobe [150]    benchmarks/dev_kernel_probe.py $KPROBE_ARGS: single launches of one fwd+bwd timed next to
 #                   variants of their kernels (warps, precision, an older bwd_intra file)
@@ -225,7 +225,8 @@ run_steps() {  # the steps of one lane, in order, with S set
             profile) run_step profile "${secs:-120}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ${PROFILE_STEPS:-profile profile4k} ;;
             utprobe) run_step utprobe "${secs:-120}" python3 "$REPO/benchmarks/ut_probe.py" ${UTPROBE_PATHS:+--paths "$UTPROBE_PATHS"} ${UTPROBE_ARGS:-} \
                          --out "$S/ut_probe.json" ;;
-            scanprobe) run_step scanprobe "${secs:-150}" python3 "$REPO/benchmarks/scan_probe.py" --out "$S/scan_probe.json" ;;
+            scanprobe) run_step scanprobe "${secs:-150}" python3 "$REPO/benchmarks/scan_probe.py" ${SCANPROBE_ARGS:-} \
+                           --out "$S/scan_probe.json" ;;
             fwdprobe) run_step fwdprobe "${secs:-300}" env OUT="$S" python3 "$REPO/benchmarks/fwd_probe.py" ${FWDPROBE_ARGS:-} ;;
             kprobe) run_step kprobe "${secs:-150}" env OUT="$S" python3 "$REPO/benchmarks/dev_kernel_probe.py" ${KPROBE_ARGS:-} ;;
             sweep) run_step sweep "${secs:-240}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ${SWEEP:-sweep} ;;

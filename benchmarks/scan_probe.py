@@ -4,6 +4,7 @@ forward makes, with its outputs compared to the shipped kernel's (the inter kern
 carried queries and the partial lse, are restored before every run).
 
     python benchmarks/scan_probe.py [--head-dims 64,128] [--seq-len 4096] [--out scan_probe.json]
+                                    [--candidates benchmarks/variants/FILE.py[,...]]
     TRITON_INTERPRET=1 python benchmarks/scan_probe.py --head-dims 32 --seq-len 192 --tokens 192 \
         --config '{"chunk_size": 32, "superchunk_size": 64, "block_m": 32, "block_n": 16}'    # CPU smoke run
 
@@ -21,7 +22,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_variants import Capture  # noqa: E402
+from kernel_variants import Capture, load_candidate  # noqa: E402
 
 import pathtune.codegen.triton.forward as fwd  # noqa: E402
 from pathtune.codegen.triton.params import TritonParams  # noqa: E402
@@ -34,11 +35,12 @@ KERNELS = {
 }
 
 
-def candidates(name: str, shipped, kw: dict) -> list[tuple[str, object, dict]]:
+def candidates(name: str, shipped, kw: dict, files=()) -> list[tuple[str, object, dict]]:
     """(label, kernel, launch keyword overrides) timed next to the shipped launch of kernel ``name``: the
     shipped kernel at the other warp count, the intra kernel's walk at the other number of pipelining stages,
-    the inter kernel at 2 and 3 stages, and any candidate of benchmarks/variants/ that takes the launch
-    arguments of the kernel it would replace."""
+    the inter kernel at 2 and 3 stages, and the kernel ``name`` of each candidate module in ``files``
+    (benchmarks/variants/, with the launch arguments of the kernel it would replace; a module without
+    that kernel is skipped)."""
     rows = [("shipped", shipped, dict(num_warps=8 if kw["num_warps"] == 4 else 4))]
     if name == "scan_intra_kernel":
         other = 1 if kw.get("WALK_STAGES", 1) == 2 else 2
@@ -46,6 +48,12 @@ def candidates(name: str, shipped, kw: dict) -> list[tuple[str, object, dict]]:
     if name == "scan_inter_kernel":
         other = 3 if kw["num_stages"] != 3 else 2
         rows.append((f"shipped, {other} stages", shipped, dict(num_stages=other)))
+    for file in files:
+        try:
+            kernel = load_candidate(f"{file}:{name}", name)
+        except AttributeError:
+            continue
+        rows.append((f"candidate {os.path.basename(file)}", kernel, {}))
     return rows
 
 
@@ -54,7 +62,8 @@ def rel(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def probe(D: int, T: int, gate: bool, dev, tokens: int = TOKENS, config: dict | None = None) -> list[dict]:
+def probe(D: int, T: int, gate: bool, dev, tokens: int = TOKENS, config: dict | None = None,
+          files=()) -> list[dict]:
     H = HEADS_FOR_DIM[D]
     B = max(1, tokens // T)
     q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device=dev, seed=0)
@@ -77,7 +86,7 @@ def probe(D: int, T: int, gate: bool, dev, tokens: int = TOKENS, config: dict | 
         cap.real[grid](*args, **kw)
         ref = {n: args[i].clone() for n, i in spec["outputs"].items()}
         base = dict(D=D, T=T, B=B, H=H, gate=gate, kernel=cap.name, grid=list(grid))
-        for label, kernel, over in [("shipped", cap.real, {})] + candidates(cap.name, cap.real, kw):
+        for label, kernel, over in [("shipped", cap.real, {})] + candidates(cap.name, cap.real, kw, files):
             kw2 = dict(kw, **over)
             row = dict(base, candidate=label, num_warps=kw2["num_warps"], num_stages=kw2["num_stages"])
             if "WALK_STAGES" in kw2:
@@ -105,13 +114,16 @@ def main(argv=None) -> None:
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--tokens", type=int, default=TOKENS, help="B * T")
     ap.add_argument("--config", default="{}", help="knob overrides of the heuristic config (JSON)")
+    ap.add_argument("--candidates", default="", help="FILE[,FILE]: benchmarks/variants/ modules with a "
+                    "scan_intra_kernel and / or scan_inter_kernel of this tree's launch arguments")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "scan_probe.json"))
     args = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")   # cpu: TRITON_INTERPRET=1, tiny shapes
     rows = []
     for D in map(int, args.head_dims.split(",")):
         for gate in (False, True):
-            rows += probe(D, args.seq_len, gate, dev, args.tokens, json.loads(args.config))
+            rows += probe(D, args.seq_len, gate, dev, args.tokens, json.loads(args.config),
+                          [f for f in args.candidates.split(",") if f])
             with open(args.out, "w") as fh:
                 json.dump(rows, fh, indent=1)
 
