@@ -14,6 +14,7 @@ B * T = 32768, the heuristic config.  Times are ``do_bench`` medians (ms) of the
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -49,12 +50,19 @@ def candidates(name: str, shipped, kw: dict, files=()) -> list[tuple[str, object
         other = 3 if kw["num_stages"] != 3 else 2
         rows.append((f"shipped, {other} stages", shipped, dict(num_stages=other)))
     for file in files:
-        try:
-            kernel = load_candidate(f"{file}:{name}", name)
-        except AttributeError:
-            continue
-        rows.append((f"candidate {os.path.basename(file)}", kernel, {}))
+        kernel = _candidate_kernel(file, name)
+        if kernel is not None:
+            rows.append((f"candidate {os.path.basename(file)}", kernel, {}))
     return rows
+
+
+@functools.lru_cache(maxsize=None)
+def _candidate_kernel(file: str, name: str):
+    """Kernel ``name`` of candidate module ``file`` (None where it has none), loaded once per run."""
+    try:
+        return load_candidate(f"{file}:{name}", name)
+    except AttributeError:
+        return None
 
 
 def rel(a, b) -> float:

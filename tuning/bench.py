@@ -78,6 +78,11 @@ def bench_method(rounds: int) -> str:
     return one if rounds == 1 else f"median of {rounds} interleaved rounds of {one}s"
 
 
+def _failure(exc: Exception) -> str:
+    """How a row records a callable that raised: its exception type and the start of its message."""
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
 def _time_rounds(row: "BenchRow", timed: dict[str, tuple[Callable[[], Any], Callable[[], Any], str]],
                  rounds: int) -> None:
     """Time each callable of ``timed`` (times key -> (fn, context factory, failure key)) once per round, in
@@ -95,7 +100,7 @@ def _time_rounds(row: "BenchRow", timed: dict[str, tuple[Callable[[], Any], Call
                     samples[key].append(_median_ms(fn))
             except Exception as exc:
                 broken.add(key)
-                row.failures.setdefault(failure_key, f"{type(exc).__name__}: {str(exc)[:300]}")
+                row.failures.setdefault(failure_key, _failure(exc))
     for key, got in samples.items():
         if got and key not in broken:
             row.times[key] = statistics.median(got)
@@ -105,17 +110,15 @@ def _time_rounds(row: "BenchRow", timed: dict[str, tuple[Callable[[], Any], Call
 def extra_peak_gib(fn: Callable[[], Any], context=contextlib.nullcontext, mem=None) -> float:
     """GiB one call of ``fn`` (under ``context()``) allocates above what was allocated before it, at its
     peak (``mem``: the torch.cuda memory API, replaceable in tests).  The call runs after a synchronize, with
-    the peak statistics reset; its outputs are dropped before the next measurement."""
+    the peak statistics reset; its outputs are not kept."""
     mem = torch.cuda if mem is None else mem
     mem.synchronize()
     mem.reset_peak_memory_stats()
     base = mem.memory_allocated()
     with context():
-        out = fn()
+        fn()
     mem.synchronize()
-    peak = mem.max_memory_allocated()
-    del out
-    return (peak - base) / 2 ** 30
+    return (mem.max_memory_allocated() - base) / 2 ** 30
 
 
 def _measure_memory(row: "BenchRow", timed: dict, mem=None) -> None:
@@ -126,7 +129,7 @@ def _measure_memory(row: "BenchRow", timed: dict, mem=None) -> None:
         try:
             row.memory_gib[key] = extra_peak_gib(fn, context, mem)
         except Exception as exc:
-            row.failures.setdefault(failure_key, f"{type(exc).__name__}: {str(exc)[:300]}")
+            row.failures.setdefault(failure_key, _failure(exc))
 
 
 def _pathtune_callable(q, k, v, w, beta, g, config, backward: bool):
@@ -232,12 +235,10 @@ def run_bench(head_dims=(64, 128), seq_lens=(4096, 16384), gates=(False, True), 
                 # SDPA has no gate: a gated row compares against the ungated SDPA of the same shape (measured first)
                 if gate:
                     twin = next((r for r in rows if not r.gate and (r.head_dim, r.seq_len) == (D, T)), None)
-                    for key, val in (twin.times.items() if twin else ()):
-                        if key.startswith("sdpa_"):
-                            row.times.setdefault(key, val)
-                    for key, val in (twin.memory_gib.items() if twin else ()):
-                        if key.startswith("sdpa_"):
-                            row.memory_gib.setdefault(key, val)
+                    for mine, theirs in ((row.times, twin.times), (row.memory_gib, twin.memory_gib)) if twin else ():
+                        for key, val in theirs.items():
+                            if key.startswith("sdpa_"):
+                                mine.setdefault(key, val)
                 rows.append(row)
                 log(json.dumps(asdict(row)))
                 if on_row is not None and tvm is None:
@@ -261,7 +262,7 @@ def _triton_row(row: BenchRow, xs: tuple, config, passes: list) -> dict:
         return {f"pathtune_{tag}": (_pathtune_callable(*xs, cfgs[tag], bw), contextlib.nullcontext, "pathtune")
                 for tag, bw in passes}
     except Exception as exc:
-        row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        row.failures["pathtune"] = _failure(exc)
         return {}
 
 
