@@ -605,34 +605,3 @@ def test_intra_walk_loads_tma_or_pointers(spy_launches, D, DV, offset, stages, t
     o, lse = run((q, k, v, w, beta, g), params(superchunk_size=64, intra_num_stages=stages))
     check(o, lse, *oracle(q, k, v, w, beta, g), TOL[F32])
     assert seen == [(tma, stages)], seen
-
-
-# ----------------------------------------------------------------------------- candidate kernels (benchmarks/variants)
-
-@pytest.mark.parametrize("placement,HQ,H", [("inside_scale", 2, 1), ("outside_scale", 4, 2)],
-                         ids=["inside-mha", "outside-gqa"])
-def test_scan_intra_candidate_with_the_query_gate_folded_into_lse(monkeypatch, placement, HQ, H):
-    """benchmarks/variants/scan_intra_gate_fold.py (the query's gate offset out of the softmax, back in the
-    stored lse) in the launcher's place: the shipped kernel's o and lse and the oracle's, both gate placements,
-    GQA; the same kernel without the lse correction (as it would be with the fold's last step forgotten) is
-    caught on lse."""
-    import pathtune.codegen.triton.forward as tri_forward
-    from repo_scripts import ROOT, load_script
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    cand = load_script("benchmarks/variants/scan_intra_gate_fold.py")
-    x = make_inputs(120 + HQ, B=2, T=150, HQ=HQ, H=H, gate=True)
-    p = params()
-    o_ship, lse_ship = run(x, p, gate_placement=placement)
-    monkeypatch.setattr(tri_forward, "scan_intra_kernel", cand.scan_intra_kernel)
-    o, lse = run(x, p, gate_placement=placement)
-    assert rel(o, o_ship) < 1e-6 and rel(lse, lse_ship) < 1e-6, (rel(o, o_ship), rel(lse, lse_ship))
-    check(o, lse, *oracle(*x, gate_placement=placement), TOL[F32])
-    from kernel_variants import load_variant, module_source
-
-    import pathtune.codegen.triton.scan_fwd as scan_mod
-
-    broken = load_variant(module_source(scan_mod), "scan_intra_kernel", "scan_intra_gate_fold_no_lse", cand._FOLD[:2])
-    monkeypatch.setattr(tri_forward, "scan_intra_kernel", broken)
-    _, lse_bad = run(x, p, gate_placement=placement)
-    assert rel(lse_bad, lse_ship) > CAUGHT
