@@ -514,7 +514,7 @@ def smoke_config() -> None:
 
 
 def main(argv=None) -> int:
-    global SHAPES, CACHE_LENS, REPEATS
+    global SHAPES, CACHE_LENS, REPEATS, TOKENS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSON result file")
     ap.add_argument("--budget-s", type=float, default=225.0, help="stop starting new sections after this long")
@@ -523,6 +523,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1 (tests)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds of (step, flush step, SDPA) timed one after the "
                     "other per row: the median amortized / SDPA ratio (x_sdpa_amortized_median) for short steps")
+    ap.add_argument("--tokens", default=None, help="comma list of new-token counts the steps section times "
+                    f"(default {','.join(map(str, TOKENS))})")
     ap.add_argument("--old-decode", default=None, help="an older codegen/triton/decode.py: its decode kernel's "
                     "plain and flush steps timed beside this tree's in the steps section (old_* fields)")
     ap.add_argument("--candidate-decode", default=None, help="FILE[:NAME][,FILE[:NAME]...]: benchmarks/variants/ "
@@ -532,6 +534,13 @@ def main(argv=None) -> int:
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     REPEATS = args.repeats
+    if args.tokens:
+        try:
+            TOKENS = tuple(int(t) for t in args.tokens.split(","))
+        except ValueError:
+            ap.error(f"--tokens takes a comma list of positive integers, got {args.tokens!r}")
+        if not TOKENS or min(TOKENS) < 1:
+            ap.error(f"--tokens takes a comma list of positive integers, got {args.tokens!r}")
     if args.old_decode:
         ALT_DECODES.append(("old", load_old_decode(args.old_decode)))
     for i, path in enumerate(p for p in (args.candidate_decode or "").split(",") if p):

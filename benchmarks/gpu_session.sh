@@ -164,7 +164,7 @@ run_steps() {  # the steps of one lane, in order, with S set
                         --json "$S/decode.json" ;;
             dsweep) run_step dsweep "${secs:-240}" python3 -m pathtune.cli bench --pass decode --sweep --record \
                         ${DSWEEP_KNOBS:+--sweep-knobs "$DSWEEP_KNOBS"} ${DSWEEP_TOKENS:+--new-tokens "$DSWEEP_TOKENS"} \
-                        --json "$S/decode_sweep.json" ;;
+                        --json "$S/${DSWEEP_JSON:-decode_sweep.json}" ;;
             benchtuned)  # dispatch from this call's tune database if a tune step ran, else the shipped records
                          if [ -f "$S/tune/tune.sqlite3" ]; then dispatch_db="sqlite:///$S/tune/tune.sqlite3"; else dispatch_db=""; fi
                          run_step benchtuned "${secs:-240}" env PATHTUNE_DB_URL="$dispatch_db" python3 -m pathtune.cli bench \

@@ -43,7 +43,9 @@ def test_bench_tuned_uses_and_records_dispatch_choices(tmp_path, monkeypatch):
     (row,) = rows
     assert not row.failures, row.failures
     assert row.errors == {"o": 1e-3, "dq": 2e-3}
-    (_, f_cfg), (_, fb_cfg) = seen
+    # the timed callables are the public API's (they dispatch themselves); the row keeps what they dispatch
+    assert seen == [(False, "tuned"), (True, "tuned")]
+    f_cfg, fb_cfg = row.configs["f"], row.configs["fb"]
     for name, value in tuned["fwd"].items():
         assert f_cfg[name] == value
     # fwd+bwd: forward-only knobs from the fwd row, the shared ones (superchunk_size) from the bwd row
@@ -51,7 +53,6 @@ def test_bench_tuned_uses_and_records_dispatch_choices(tmp_path, monkeypatch):
     assert (fb_cfg["block_n"], fb_cfg["inter_num_warps"], fb_cfg["superchunk_size"]) == (128, 4, 1024)
     for name, value in tuned["bwd"].items():
         assert fb_cfg[name] == value
-    assert row.configs == {"f": f_cfg, "fb": fb_cfg}
     assert "perf_db" in row.dispatch["f"] and "perf_db" in row.dispatch["fb"]
 
     dispatch.set_dispatcher(old)
@@ -232,3 +233,35 @@ def test_cli_memory_needs_the_forward_backward_bench():
         res = CliRunner().invoke(app, ["bench", "--memory", *args], env={"COLUMNS": "250"})
         out = " ".join(res.output.split())
         assert res.exit_code == 2 and "--memory measures forward+backward calls" in out, res.output
+
+
+def test_bench_times_the_public_api_when_tuned(monkeypatch):
+    """With ``config="tuned"`` the timed callable is ``pathtune.path_attention(backend="auto")`` (host work and
+    dispatch included, as users call it), forward and forward+backward; a given config times
+    ``path_attention_triton`` at that config."""
+    import pathtune.codegen.triton as tri
+    from pathtune.runtime import api
+    from pathtune.tuning import bench
+
+    calls = []
+
+    def out(q, k, v, w, beta, g):      # an output that uses every input (the backward's gradients flow)
+        s = (q * k * w).sum(-1) * beta + g
+        return v * s[..., None]
+
+    def fake_public(q, k, v, w, beta, g=None, **kw):
+        calls.append(("public", kw))
+        return out(q, k, v, w, beta, g)
+
+    def fake_triton(q, k, v, w, beta, g=None, **kw):
+        calls.append(("triton", kw))
+        return out(q, k, v, w, beta, g), None
+
+    monkeypatch.setattr(api, "path_attention", fake_public)
+    monkeypatch.setattr(tri, "path_attention_triton", fake_triton)
+    xs = bench.make_inputs(1, 8, 2, 2, 4, 4, True, device="cpu", seed=0, dtype=torch.float32)
+    bench._pathtune_callable(*xs, "tuned", False)()
+    bench._pathtune_callable(*xs, "tuned", True)()
+    bench._pathtune_callable(*xs, {"block_n": 32}, False)()
+    assert calls[0] == ("public", {"backend": "auto"}) and calls[1] == ("public", {"backend": "auto"}), calls
+    assert calls[2] == ("triton", {"config": {"block_n": 32}}), calls

@@ -103,6 +103,7 @@ def assert_keys(tri, ref_cache, n, tol):
 CASES = [
     # HQ, H, D, DV, T_new, gate, cache dtype, splits, block_n
     (2, 2, 16, 16, 1, True, torch.float32, 1, 16),      # MHA single token: row-reduction path, one split
+    (2, 2, 32, 32, 1, True, torch.bfloat16, 2, 16),     # the same gated, bf16, split-K
     (2, 2, 32, 16, 1, False, torch.bfloat16, 4, 16),    # D != DV, ungated, bf16, ragged split-K
     (4, 2, 16, 32, 1, True, torch.bfloat16, 2, 16),     # GQA (tensor-core path), D != DV
     (4, 1, 16, 16, 3, True, torch.float32, 3, 16),      # multi-token step, GQA 4
@@ -613,4 +614,5 @@ def test_bench_cli_decode_pass_options():
     if not torch.cuda.is_available():
         res = runner.invoke(app, ["bench", "--pass", "decode", "--gate", "off"], env={"COLUMNS": "200"})
         assert res.exit_code == 1 and "needs a CUDA GPU" in res.output
+
 

@@ -133,14 +133,23 @@ def _measure_memory(row: "BenchRow", timed: dict, mem=None) -> None:
 
 
 def _pathtune_callable(q, k, v, w, beta, g, config, backward: bool):
+    """One pathtune call (with ``backward``, forward + ``autograd.grad``).  ``config="tuned"``: the public
+    ``pathtune.path_attention(backend="auto")``, host work and dispatch included, as a user calls it; any other
+    config: ``path_attention_triton`` at that config (a study of the kernels at given knobs)."""
     from pathtune.codegen.triton import path_attention_triton
+    from pathtune.runtime.api import path_attention
 
     xs = [x.detach().requires_grad_(backward) for x in (q, k, v, w, beta)]
     gg = None if g is None else g.detach().requires_grad_(backward)
     do = torch.randn_like(q[..., : v.shape[-1]])
 
+    def call():
+        if config == "tuned":
+            return path_attention(*xs, gg, backend="auto")
+        return path_attention_triton(*xs, gg, config=config)[0]
+
     def run():
-        o, _ = path_attention_triton(*xs, gg, config=config)
+        o = call()
         if backward:
             torch.autograd.grad(o, xs + ([gg] if gg is not None else []), do)
         return o
@@ -259,7 +268,7 @@ def _triton_row(row: BenchRow, xs: tuple, config, passes: list) -> dict:
         if "fb" in cfgs:   # the gradients of what fwd+bwd runs (its own config when tuned)
             row.errors.update({name: err for name, err in _accuracy(*xs, cfgs["fb"], backward=True).items()
                                if name != "o"})
-        return {f"pathtune_{tag}": (_pathtune_callable(*xs, cfgs[tag], bw), contextlib.nullcontext, "pathtune")
+        return {f"pathtune_{tag}": (_pathtune_callable(*xs, config, bw), contextlib.nullcontext, "pathtune")
                 for tag, bw in passes}
     except Exception as exc:
         row.failures["pathtune"] = _failure(exc)
