@@ -108,6 +108,7 @@ CASES = [
     (4, 2, 16, 32, 1, True, torch.bfloat16, 2, 16),     # GQA (tensor-core path), D != DV
     (4, 1, 16, 16, 3, True, torch.float32, 3, 16),      # multi-token step, GQA 4
     (2, 2, 16, 16, 4, False, torch.bfloat16, 4, 16),    # multi-token, MHA, bf16
+    (2, 2, 16, 16, 4, True, torch.bfloat16, 2, 16),     # multi-token, MHA, gated, bf16
     (6, 2, 32, 16, 2, True, torch.float16, 2, 64),      # G = 3 (not a power of two), fp16, one tile
 ]
 

@@ -430,8 +430,13 @@ def decode_kernel(
         V = tl.load(v_base + nr[:, None] * (H * DV) + dv[None, :], mask=nmask[:, None] & dvmask[None, :],
                     other=0.0)
         if USE_GATE and not ROWWISE:
-            c_j = tl.load(c_base + nr[None, :] * HQ + hq_r[:, None], mask=rvalid[:, None] & nmask[None, :], other=0.0)
-            s += (c_i[:, None] - c_j) * gate_scale
+            if G == 1:   # one query head per kv head: every row of the tile reads the same keys' offsets
+                c_v = tl.load(c_base + nr * HQ + h, mask=nmask, other=0.0)
+                s += (c_i[:, None] - c_v[None, :]) * gate_scale
+            else:
+                c_j = tl.load(c_base + nr[None, :] * HQ + hq_r[:, None], mask=rvalid[:, None] & nmask[None, :],
+                              other=0.0)
+                s += (c_i[:, None] - c_j) * gate_scale
         s = tl.where(rvalid[:, None] & nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
