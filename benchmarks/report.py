@@ -352,7 +352,8 @@ def render() -> str:
         parts.append("\n".join(training_profile_section(*profiles[-1])) + "\n")
     if changes:
         parts.append("\n".join(kernel_change_section(*changes[-1])) + "\n")
-    decode = _newest(bench, lambda r: "cache_len" in r)
+    # one-token steps only: a sweep of several-token calls (--new-tokens) is read through the decode probe's table
+    decode = _newest(bench, lambda r: "cache_len" in r and r.get("tokens", 1) == 1)
     if decode:
         parts.append("\n".join(decode_section(*decode)) + "\n")
     # a decode probe may time only some sections (--skip): each table comes from the newest file that has it
