@@ -389,6 +389,93 @@ def profile_steps(out: dict, budget) -> None:
     out["profiles"] = prof_rows
 
 
+HOST_STEPS, HOST_CACHE = 300, 4096    # eager steps per profiled row, their cache length
+
+
+def host_profile(out: dict, budget) -> None:
+    """Where an eager one-token step's host time goes (cache HOST_CACHE, B = 8): the public call in a loop without
+    syncs (``wall_us_per_step``: host-bound when above the kernel's time), the same step under cProfile
+    (the 25 functions of most own time, us per step), the step's Triton launch alone through the JIT
+    (``jit_launch_us``: ``decode_kernel[grid](...)`` with the captured arguments) and through the compiled
+    kernel's launcher (``direct_launch_us``: ``CompiledKernel.run`` with the arguments bound once)."""
+    import cProfile
+    import pstats
+
+    import pathtune
+    import pathtune.codegen.triton.decode as decode_mod
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from kernel_variants import Capture
+
+    rows = []
+    T = HOST_CACHE
+    for D, H in SHAPES:
+        for gate in (False, True):
+            if budget.out():
+                out["skipped"].append(f"hostprofile D{D} gate={gate}")
+                continue
+            gen = torch.Generator(device=DEV).manual_seed(D + gate + 11)
+            n = HOST_STEPS
+            cache = random_cache(BATCH, T, H, D, gate, T + 3 * n + 16, gen=gen)
+            xs = inputs(BATCH, 1, H, H, D, gate, gen=gen)
+            with Capture(decode_mod, "decode_kernel") as cap:
+                pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+            host = (time.perf_counter() - t0) / n
+            sync()
+            wall = (time.perf_counter() - t0) / n
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(n):
+                pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+            prof.disable()
+            sync()
+            st = pstats.Stats(prof)
+            top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:25]
+            row = dict(D=D, H=H, B=BATCH, cache_len=T, gate=gate, steps=n, host_us_per_step=host * 1e6,
+                       wall_us_per_step=wall * 1e6,
+                       top_own_us_per_step=[dict(fn=f"{Path(f).name}:{line}({name})", calls_per_step=cc / n,
+                                                 own_us=tt / n * 1e6, cum_us=ct / n * 1e6)
+                                            for (f, line, name), (cc, _nc, tt, ct, _callers) in top])
+            grid, args, kw = cap.calls[0]
+            kern = decode_mod.decode_kernel
+            launch = kern[grid]
+            launch(*args, **kw)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                launch(*args, **kw)
+            row["jit_launch_us"] = (time.perf_counter() - t0) / n * 1e6
+            sync()
+            try:   # Triton 3.6's launch path, by hand: the compiled kernel and the arguments bound once
+                from triton.runtime.driver import driver
+
+                dev = driver.active.get_current_device()
+                stream = driver.active.get_current_stream(dev)
+                kernel_cache, _kk, _t, _b, binder = kern.device_caches[dev]
+                bound, _spec, _opts = binder(*args, **kw)
+                ck = next(iter(kernel_cache.values()))
+                vals = tuple(bound.values())
+                g = tuple(grid) + (1,) * (3 - len(grid))
+                ck.run(*g, stream, ck.function, ck.packed_metadata, None, None, None, *vals)
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    ck.run(*g, stream, ck.function, ck.packed_metadata, None, None, None, *vals)
+                row["direct_launch_us"] = (time.perf_counter() - t0) / n * 1e6
+                row["compiled_variants"] = len(kernel_cache)
+            except Exception as exc:  # noqa: BLE001 - another Triton's internals: keep the rest
+                row["direct_launch_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            sync()
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "top_own_us_per_step"}), flush=True)
+            del cache
+    out["host_profile"] = rows
+
+
 def correctness(out: dict, budget) -> None:
     import pathtune
     from pathtune.runtime.reference import naive_path_attention
@@ -508,7 +595,9 @@ def smoke_config() -> None:
     """Tiny shapes on the CPU with the Triton kernels in the interpreter (TRITON_INTERPRET=1), no CUDA graphs:
     exercises every section's code for a CPU test; the numbers mean nothing."""
     global SHAPES, CACHE_LENS, TOKENS, BATCH, CHECK_PROMPT, CHECK_BATCH, DEV, BACKEND, GRAPHS, LOOP_N, PROFILE_N
+    global HOST_STEPS, HOST_CACHE
     SHAPES, CACHE_LENS, TOKENS, BATCH, LOOP_N, PROFILE_N = ((32, 2),), (40,), (1, 4), 2, 2, 2
+    HOST_STEPS, HOST_CACHE = 2, 40
     CHECK_PROMPT, CHECK_BATCH = 20, 1
     DEV, BACKEND, GRAPHS = "cpu", "triton", False
 
@@ -519,7 +608,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="JSON result file")
     ap.add_argument("--budget-s", type=float, default=225.0, help="stop starting new sections after this long")
     ap.add_argument("--quick", action="store_true", help="cache 4096 only, D 64 only, generation at 4K only")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: steps,profiles,checks,generate")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: steps,profiles,hostprofile,checks,"
+                    "generate")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run under TRITON_INTERPRET=1 (tests)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds of (step, flush step, SDPA) timed one after the "
                     "other per row: the median amortized / SDPA ratio (x_sdpa_amortized_median) for short steps")
@@ -562,7 +652,7 @@ def main(argv=None) -> int:
            "torch": torch.__version__, "triton": triton.__version__,
            "python": sys.version.split()[0], "pathtune": pathtune.__version__, "batch": BATCH, "skipped": []}
     sections = [("checks", lambda: correctness(out, budget)), ("steps", lambda: time_steps(out, budget)),
-                ("profiles", lambda: profile_steps(out, budget)),
+                ("profiles", lambda: profile_steps(out, budget)), ("hostprofile", lambda: host_profile(out, budget)),
                 ("generate", lambda: generation(out, budget, args.quick))]
     for name, fn in sections:
         if name in skip:

@@ -306,6 +306,9 @@ def test_decode_probe_cpu_smoke(tmp_path):
         rounds = r["x_sdpa_amortized_rounds"]
         assert len(rounds) == 2 and rounds[0] == r["x_sdpa_amortized"] and all(x > 0 for x in rounds), r
         assert r["x_sdpa_amortized_median"] == sum(rounds) / 2
+    hp = d["host_profile"]    # the host-time section: loop, cProfile rows, the Triton launch alone
+    assert len(hp) == 2 and all(r["wall_us_per_step"] > 0 and r["jit_launch_us"] > 0 and r["top_own_us_per_step"]
+                                for r in hp), hp
     one = [r for r in d["steps"] if r["tokens"] == 1]      # the tensor-core layout candidate: same outputs
     assert one and all(r["tc_layout_o_vs_rowwise"] < 1e-2 and r["tc_layout_net_ms"] > 0 for r in one), one
     assert len(d["profiles"]) == 2 and len(d["generate"]) == 6   # 3 attentions x 2 batches, eager

@@ -27,9 +27,10 @@ def register(app: typer.Typer) -> None:
                        "4096,32768)."),
         tokens: int = typer.Option(32768, help="B*T per point (batch = tokens // seq_len)."),
         gate: str = typer.Option("both", help="FoX gate: off, on or both."),
-        config: Optional[str] = typer.Option(None, help="Knob values as JSON, or 'tuned': per shape what the "
-                                             "runtime's dispatch picks (perf_db, shipped records, pack) "
-                                             "(default: built-in heuristic)."),
+        config: Optional[str] = typer.Option(None, help="Knob values as JSON, or 'tuned': the public "
+                                             "pathtune.path_attention(backend='auto') per shape, host work "
+                                             "included, with what its dispatch picks (perf_db, shipped "
+                                             "records, pack) (default: built-in heuristic)."),
         baselines: str = typer.Option("sdpa,fla", help="Baselines measured in the same run: sdpa, fla."),
         forward_only: bool = typer.Option(False, "--forward-only", help="Skip forward+backward timings."),
         rounds: Optional[int] = typer.Option(
