@@ -688,3 +688,25 @@ def test_kernel_probe_gate_parts_still_apply(monkeypatch):
     for tag, _label, reps in probe.DKV_GATE_PARTS:
         kernel = probe.load_variant(src, "bwd_inter_dkv_kernel", f"test_dkv_{tag}", reps)
         assert kernel.arg_names == tri_backward.bwd_inter_dkv_kernel.arg_names, tag
+
+
+@pytest.mark.parametrize("rows", [16])
+def test_transport_backward_at_fewer_rows_per_program(monkeypatch, spy_launches, rows):
+    """The transport backward's two kernels take any power-of-two ROWS >= 16 (rows of the suffix product per
+    program, the chain kernel's third grid axis; the stored states' layout follows it; the grads kernel's
+    products have ROWS as their inner dimension, which sm_90 needs >= 16): at D = 32 with 16 rows instead of the
+    launcher's 32 the gradients equal the shipped launch's and the oracle's (5 super-chunks, FoX gate, GQA).
+    The dev kernel probe times these launches at D 64 / 128 (``--only transport``): twice the programs on a
+    serial per-program chain."""
+    import pathtune.codegen.triton.backward as bwd_mod
+
+    inputs, do = make_inputs(900 + rows, T=150, HQ=2, H=1, D=32, DV=16, gate=True)
+    p = params()
+    ship = kernel_grads(inputs, do, p)
+    seen = spy_launches(bwd_mod, "bwd_transport_chain_kernel", lambda grid, kw: (grid[2], kw["ROWS"]))
+    monkeypatch.setattr(bwd_mod, "transport_rows", lambda BD: rows)
+    got = kernel_grads(inputs, do, p)
+    assert seen and all(s == (32 // rows, rows) for s in seen), seen
+    for name, a, b in zip(NAMES, got, ship):
+        assert rel(a, b) < 1e-5, (name, rel(a, b))
+    check(got, oracle_grads(inputs, do), TOL[F32])
