@@ -337,55 +337,62 @@ def step_window(xs, cache, D: int) -> int:
     return TritonParams.heuristic(D).decode_pending_window
 
 
+def _cases(out: dict, budget, section: str, seed, lens=(None,)):
+    """(D, H, T, gate, generator) of every shape, cache length of ``lens`` (None: a section without one) and gate a
+    section runs, the generator seeded with ``seed(D, T, gate)``; a case not reached within the time budget is
+    listed in ``out["skipped"]`` instead."""
+    for D, H in SHAPES:
+        for T in lens:
+            for gate in (False, True):
+                if budget.out():
+                    out["skipped"].append(f"{section} D{D}" + ("" if T is None else f" T{T}") + f" gate={gate}")
+                    continue
+                yield D, H, T, gate, torch.Generator(device=DEV).manual_seed(seed(D, T, gate))
+
+
 def profile_steps(out: dict, budget) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     import pathtune
 
     prof_rows = []
-    for D, H in SHAPES:
-        for T in CACHE_LENS:
-            for gate in (False, True):
-                if budget.out():
-                    out["skipped"].append(f"profile D{D} T{T} gate={gate}")
-                    continue
-                gen = torch.Generator(device=DEV).manual_seed(D + T + gate)
-                n = PROFILE_N
-                cache = random_cache(BATCH, T, H, D, gate, T + n + 8, gen=gen)
-                xs = inputs(BATCH, 1, H, H, D, gate, gen=gen)
+    for D, H, T, gate, gen in _cases(out, budget, "profile", lambda D, T, gate: D + T + gate, CACHE_LENS):
+        n = PROFILE_N
+        cache = random_cache(BATCH, T, H, D, gate, T + n + 8, gen=gen)
+        xs = inputs(BATCH, 1, H, H, D, gate, gen=gen)
+        pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+        cache.length = T
+        sync()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])
+        with profile(activities=acts) as prof:
+            t0 = time.perf_counter()
+            for _ in range(n):
                 pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
-                cache.length = T
-                sync()
-                acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])
-                with profile(activities=acts) as prof:
-                    t0 = time.perf_counter()
-                    for _ in range(n):
-                        pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
-                    sync()
-                    wall = (time.perf_counter() - t0) / n
-                kernels: dict[str, list] = {}
-                gpu_us = 0.0
-                for e in prof.events():
-                    if str(getattr(e, "device_type", "")).endswith("CUDA") and getattr(e, "device_time_total", 0) > 0:
-                        k = kernels.setdefault(e.name, [0, 0.0])
-                        k[0] += 1
-                        k[1] += e.device_time_total
-                        gpu_us += e.device_time_total
-                launches = sum(c for c, _ in kernels.values())
-                row = dict(D=D, H=H, B=BATCH, cache_len=T, gate=gate, steps=n,
-                           launches_per_step=launches / n, gpu_us_per_step=gpu_us / n,
-                           wall_us_per_step_profiled=wall * 1e6,
-                           kernels={name: dict(count=c, us_per_step=t / n) for name, (c, t) in kernels.items()})
-                cache.length = T
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
-                sync()
-                row["wall_us_per_step"] = (time.perf_counter() - t0) / n * 1e6
-                prof_rows.append(row)
-                print(json.dumps(row), flush=True)
-                del cache
+            sync()
+            wall = (time.perf_counter() - t0) / n
+        kernels: dict[str, list] = {}
+        gpu_us = 0.0
+        for e in prof.events():
+            if str(getattr(e, "device_type", "")).endswith("CUDA") and getattr(e, "device_time_total", 0) > 0:
+                k = kernels.setdefault(e.name, [0, 0.0])
+                k[0] += 1
+                k[1] += e.device_time_total
+                gpu_us += e.device_time_total
+        launches = sum(c for c, _ in kernels.values())
+        row = dict(D=D, H=H, B=BATCH, cache_len=T, gate=gate, steps=n,
+                   launches_per_step=launches / n, gpu_us_per_step=gpu_us / n,
+                   wall_us_per_step_profiled=wall * 1e6,
+                   kernels={name: dict(count=c, us_per_step=t / n) for name, (c, t) in kernels.items()})
+        cache.length = T
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+        sync()
+        row["wall_us_per_step"] = (time.perf_counter() - t0) / n * 1e6
+        prof_rows.append(row)
+        print(json.dumps(row), flush=True)
+        del cache
     out["profiles"] = prof_rows
 
 
@@ -408,71 +415,65 @@ def host_profile(out: dict, budget) -> None:
     from kernel_variants import Capture
 
     rows = []
-    T = HOST_CACHE
-    for D, H in SHAPES:
-        for gate in (False, True):
-            if budget.out():
-                out["skipped"].append(f"hostprofile D{D} gate={gate}")
-                continue
-            gen = torch.Generator(device=DEV).manual_seed(D + gate + 11)
-            n = HOST_STEPS
-            cache = random_cache(BATCH, T, H, D, gate, T + 3 * n + 16, gen=gen)
-            xs = inputs(BATCH, 1, H, H, D, gate, gen=gen)
-            with Capture(decode_mod, "decode_kernel") as cap:
-                pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
-            host = (time.perf_counter() - t0) / n
-            sync()
-            wall = (time.perf_counter() - t0) / n
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(n):
-                pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
-            prof.disable()
-            sync()
-            st = pstats.Stats(prof)
-            top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:25]
-            row = dict(D=D, H=H, B=BATCH, cache_len=T, gate=gate, steps=n, host_us_per_step=host * 1e6,
-                       wall_us_per_step=wall * 1e6,
-                       top_own_us_per_step=[dict(fn=f"{Path(f).name}:{line}({name})", calls_per_step=cc / n,
-                                                 own_us=tt / n * 1e6, cum_us=ct / n * 1e6)
-                                            for (f, line, name), (cc, _nc, tt, ct, _callers) in top])
-            grid, args, kw = cap.calls[0]
-            kern = decode_mod.decode_kernel
-            launch = kern[grid]
+    for D, H, T, gate, gen in _cases(out, budget, "hostprofile", lambda D, T, gate: D + gate + 11, (HOST_CACHE,)):
+        n = HOST_STEPS
+        cache = random_cache(BATCH, T, H, D, gate, T + 3 * n + 16, gen=gen)
+        xs = inputs(BATCH, 1, H, H, D, gate, gen=gen)
+        with Capture(decode_mod, "decode_kernel") as cap:
+            pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+        host = (time.perf_counter() - t0) / n
+        sync()
+        wall = (time.perf_counter() - t0) / n
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(n):
+            pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+        prof.disable()
+        sync()
+        st = pstats.Stats(prof)
+        top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:25]
+        row = dict(D=D, H=H, B=BATCH, cache_len=T, gate=gate, steps=n, host_us_per_step=host * 1e6,
+                   wall_us_per_step=wall * 1e6,
+                   top_own_us_per_step=[dict(fn=f"{Path(f).name}:{line}({name})", calls_per_step=cc / n,
+                                             own_us=tt / n * 1e6, cum_us=ct / n * 1e6)
+                                        for (f, line, name), (cc, _nc, tt, ct, _callers) in top])
+        grid, args, kw = cap.calls[0]
+        kern = decode_mod.decode_kernel
+        launch = kern[grid]
+        launch(*args, **kw)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
             launch(*args, **kw)
+        row["jit_launch_us"] = (time.perf_counter() - t0) / n * 1e6
+        sync()
+        try:   # Triton 3.6's launch path, by hand: the compiled kernel and the arguments bound once
+            from triton.runtime.driver import driver
+
+            dev = driver.active.get_current_device()
+            stream = driver.active.get_current_stream(dev)
+            kernel_cache, _kk, _t, _b, binder = kern.device_caches[dev]
+            bound, _spec, _opts = binder(*args, **kw)
+            ck = next(iter(kernel_cache.values()))
+            vals = tuple(bound.values())
+            g = tuple(grid) + (1,) * (3 - len(grid))
+            ck.run(*g, stream, ck.function, ck.packed_metadata, None, None, None, *vals)
             sync()
             t0 = time.perf_counter()
             for _ in range(n):
-                launch(*args, **kw)
-            row["jit_launch_us"] = (time.perf_counter() - t0) / n * 1e6
-            sync()
-            try:   # Triton 3.6's launch path, by hand: the compiled kernel and the arguments bound once
-                from triton.runtime.driver import driver
-
-                dev = driver.active.get_current_device()
-                stream = driver.active.get_current_stream(dev)
-                kernel_cache, _kk, _t, _b, binder = kern.device_caches[dev]
-                bound, _spec, _opts = binder(*args, **kw)
-                ck = next(iter(kernel_cache.values()))
-                vals = tuple(bound.values())
-                g = tuple(grid) + (1,) * (3 - len(grid))
                 ck.run(*g, stream, ck.function, ck.packed_metadata, None, None, None, *vals)
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    ck.run(*g, stream, ck.function, ck.packed_metadata, None, None, None, *vals)
-                row["direct_launch_us"] = (time.perf_counter() - t0) / n * 1e6
-                row["compiled_variants"] = len(kernel_cache)
-            except Exception as exc:  # noqa: BLE001 - another Triton's internals: keep the rest
-                row["direct_launch_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            sync()
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "top_own_us_per_step"}), flush=True)
-            del cache
+            row["direct_launch_us"] = (time.perf_counter() - t0) / n * 1e6
+            row["compiled_variants"] = len(kernel_cache)
+        except Exception as exc:  # noqa: BLE001 - another Triton's internals: keep the rest
+            row["direct_launch_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        sync()
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "top_own_us_per_step"}), flush=True)
+        del cache
     out["host_profile"] = rows
 
 
@@ -483,74 +484,69 @@ def correctness(out: dict, budget) -> None:
 
     checks = {"decode_vs_recompute": [], "captured_vs_eager": []}
     P = CHECK_PROMPT
-    for D, H in SHAPES:
-        for gate in (False, True):
-            if budget.out():
-                out["skipped"].append(f"checks D{D} gate={gate}")
-                continue
-            gen = torch.Generator(device=DEV).manual_seed(100 + D + gate)
-            B = CHECK_BATCH
-            total = P + sum(TOKENS)
-            full = inputs(B, total, H, H, D, gate, gen=gen)
-            f64 = [None if x is None else x.double() for x in full]
-            try:
-                ref_o = naive_path_attention(*f64)
-                _, ref_cache = path_attention_prefill(*[None if x is None else x[:, :P] for x in f64],
-                                                      max_len=total + 8, cache_dtype=torch.bfloat16)
-                from pathtune import PaTHKVCache
+    for D, H, _T, gate, gen in _cases(out, budget, "checks", lambda D, T, gate: 100 + D + gate):
+        B = CHECK_BATCH
+        total = P + sum(TOKENS)
+        full = inputs(B, total, H, H, D, gate, gen=gen)
+        f64 = [None if x is None else x.double() for x in full]
+        try:
+            ref_o = naive_path_attention(*f64)
+            _, ref_cache = path_attention_prefill(*[None if x is None else x[:, :P] for x in f64],
+                                                  max_len=total + 8, cache_dtype=torch.bfloat16)
+            from pathtune import PaTHKVCache
 
-                caches = {"reference": PaTHKVCache(ref_cache.k.clone(), ref_cache.v.clone(),
-                                                   None if ref_cache.c is None else ref_cache.c.float(), P, H,
-                                                   static=True)}
-                if D == SHAPES[0][0]:   # also the public prefill (its kernels are the generation section's)
-                    caches["api"] = pathtune.path_attention_prefill(
-                        *[None if x is None else x[:, :P] for x in full], max_len=total + 8, static=True,
-                        backend=BACKEND)[1]
-                for prefill, cache in caches.items():
-                    t = P
-                    for TN in TOKENS:
-                        xs = [None if x is None else x[:, t:t + TN] for x in full]
-                        o = pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
-                        t += TN
-                        kr = current_frame_keys(f64[1][:, :t], f64[3][:, :t], f64[4][:, :t])
-                        checks["decode_vs_recompute"].append(dict(
-                            D=D, H=H, gate=gate, prefill=prefill, prompt=P, tokens=TN, o=rel(o, ref_o[:, t - TN:t]),
-                            k=rel(cache.k[:, :t], kr)))
-            except Exception as exc:  # noqa: BLE001
-                checks["decode_vs_recompute"].append(dict(D=D, H=H, gate=gate, error=f"{type(exc).__name__}: {exc}"))
-                traceback.print_exc()
-            # captured == eager
-            try:
-                for TN in ((1, 4) if GRAPHS else ()):
-                    c0 = random_cache(4, CAPTURE_LEN, H, D, gate, CAPTURE_LEN + 100, gen=gen)
-                    twin = copy.deepcopy(c0)
-                    static = inputs(4, TN, H, H, D, gate, gen=gen)
-                    warm = copy.deepcopy(c0)
-                    pathtune.path_attention_decode(*static, warm, backend=BACKEND)
-                    del warm
-                    graph, gout = capture(
-                        lambda c=c0, xs=static: pathtune.path_attention_decode(*xs, c, backend=BACKEND))
-                    worst, equal = 0.0, True
-                    for _ in range(5):
-                        xs = inputs(4, TN, H, H, D, gate, gen=gen)
-                        for dst, src in zip(static, xs):
-                            if dst is not None:
-                                dst.copy_(src)
-                        graph.replay()
-                        eo = pathtune.path_attention_decode(*xs, twin, backend=BACKEND)
-                        equal &= bool(torch.equal(gout, eo))
-                        worst = max(worst, float((gout.float() - eo.float()).abs().max()))
-                    n = twin.length
-                    checks["captured_vs_eager"].append(dict(
-                        D=D, H=H, gate=gate, tokens=TN, steps=5, o_equal=equal, o_max_abs_diff=worst,
-                        length_device=c0.length, length_eager=n,
-                        k_equal=bool(torch.equal(c0.k[:, :n], twin.k[:, :n]))))
-                    del graph, c0, twin
-            except Exception as exc:  # noqa: BLE001
-                checks["captured_vs_eager"].append(dict(D=D, H=H, gate=gate, error=f"{type(exc).__name__}: {exc}"))
-                traceback.print_exc()
-            if DEV == "cuda":
-                torch.cuda.empty_cache()
+            caches = {"reference": PaTHKVCache(ref_cache.k.clone(), ref_cache.v.clone(),
+                                               None if ref_cache.c is None else ref_cache.c.float(), P, H,
+                                               static=True)}
+            if D == SHAPES[0][0]:   # also the public prefill (its kernels are the generation section's)
+                caches["api"] = pathtune.path_attention_prefill(
+                    *[None if x is None else x[:, :P] for x in full], max_len=total + 8, static=True,
+                    backend=BACKEND)[1]
+            for prefill, cache in caches.items():
+                t = P
+                for TN in TOKENS:
+                    xs = [None if x is None else x[:, t:t + TN] for x in full]
+                    o = pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+                    t += TN
+                    kr = current_frame_keys(f64[1][:, :t], f64[3][:, :t], f64[4][:, :t])
+                    checks["decode_vs_recompute"].append(dict(
+                        D=D, H=H, gate=gate, prefill=prefill, prompt=P, tokens=TN, o=rel(o, ref_o[:, t - TN:t]),
+                        k=rel(cache.k[:, :t], kr)))
+        except Exception as exc:  # noqa: BLE001
+            checks["decode_vs_recompute"].append(dict(D=D, H=H, gate=gate, error=f"{type(exc).__name__}: {exc}"))
+            traceback.print_exc()
+        # captured == eager
+        try:
+            for TN in ((1, 4) if GRAPHS else ()):
+                c0 = random_cache(4, CAPTURE_LEN, H, D, gate, CAPTURE_LEN + 100, gen=gen)
+                twin = copy.deepcopy(c0)
+                static = inputs(4, TN, H, H, D, gate, gen=gen)
+                warm = copy.deepcopy(c0)
+                pathtune.path_attention_decode(*static, warm, backend=BACKEND)
+                del warm
+                graph, gout = capture(
+                    lambda c=c0, xs=static: pathtune.path_attention_decode(*xs, c, backend=BACKEND))
+                worst, equal = 0.0, True
+                for _ in range(5):
+                    xs = inputs(4, TN, H, H, D, gate, gen=gen)
+                    for dst, src in zip(static, xs):
+                        if dst is not None:
+                            dst.copy_(src)
+                    graph.replay()
+                    eo = pathtune.path_attention_decode(*xs, twin, backend=BACKEND)
+                    equal &= bool(torch.equal(gout, eo))
+                    worst = max(worst, float((gout.float() - eo.float()).abs().max()))
+                n = twin.length
+                checks["captured_vs_eager"].append(dict(
+                    D=D, H=H, gate=gate, tokens=TN, steps=5, o_equal=equal, o_max_abs_diff=worst,
+                    length_device=c0.length, length_eager=n,
+                    k_equal=bool(torch.equal(c0.k[:, :n], twin.k[:, :n]))))
+                del graph, c0, twin
+        except Exception as exc:  # noqa: BLE001
+            checks["captured_vs_eager"].append(dict(D=D, H=H, gate=gate, error=f"{type(exc).__name__}: {exc}"))
+            traceback.print_exc()
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
     out["checks"] = checks
     print(json.dumps(checks), flush=True)
 
