@@ -710,3 +710,41 @@ def test_transport_backward_at_fewer_rows_per_program(monkeypatch, spy_launches,
     for name, a, b in zip(NAMES, got, ship):
         assert rel(a, b) < 1e-5, (name, rel(a, b))
     check(got, oracle_grads(inputs, do), TOL[F32])
+
+
+# ----------------------------------------------------------------------------- candidate kernels (benchmarks/variants)
+
+@pytest.mark.parametrize("dtype,ranged,gate", [(F32, False, True), (F16, True, True), (F16, False, False)],
+                         ids=["fp32-one-range-gate", "fp16-ranged-gate", "fp16-one-range"])
+def test_walk_candidate_with_direct_transpose(monkeypatch, dtype, ranged, gate):
+    """benchmarks/variants/bwd_walk_direct_transpose.py (Y_l^T = W X^T formed directly for dU) in the launcher's
+    place: the shipped walk's gradients up to rounding and the oracle's.  Ranged: the per-range recompute's 16-bit
+    u, K~ and w copy; one range: the float32 state; GQA, 4 chunks a super-chunk.  The same edit with Y_l left
+    untransposed (what a wrong operand order gives) is caught."""
+    import sys
+
+    import pathtune.codegen.triton.bwd_intra as intra_mod
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    cand = load_script("benchmarks/variants/bwd_walk_direct_transpose.py")
+    inputs, do = make_inputs(457, B=2, T=100, HQ=4, H=2, dtype=dtype, gate=gate)
+    p = params(dtype, superchunk_size=64)
+    if ranged:
+        monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
+    else:
+        monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
+    shipped = kernel_grads(inputs, do, p)
+    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", cand.bwd_intra_walk_kernel)
+    got = kernel_grads(inputs, do, p)
+    for name, a, b in zip(NAMES, got, shipped):
+        if b is not None:
+            assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
+    check(got, oracle_grads(inputs, do), TOL[dtype])
+    kv = sys.modules["kernel_variants"]
+    wrong = [(cand._STEP[0][0], "        YlT = mm(Xd, tl.trans(Wm), INTERP)\n"), cand._STEP[1]]
+    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel",
+                        kv.load_variant(kv.module_source(intra_mod), "bwd_intra_walk_kernel", "walk_untransposed",
+                                        wrong))
+    bad = kernel_grads(inputs, do, p)
+    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
