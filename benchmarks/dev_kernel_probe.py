@@ -121,14 +121,13 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         # fewer rows of the suffix product per program (the chain kernel's grid grows along its third axis; the
         # stored states' layout follows ROWS, so both kernels change together; the grads kernel's products need
         # ROWS >= 16): more programs on a serial chain
-        for rows in (16,):
-            for nw in (4, 8) if rows < kw["ROWS"] else ():
-                g = (grid[0], grid[1], kw["BD"] // rows) if name == "bwd_transport_chain" else grid
-                try:
-                    ms = time_launch(cap.real, g, args, dict(kw, ROWS=rows, num_warps=nw))
-                except Exception as exc:     # e.g. out of resources
-                    ms = f"{type(exc).__name__}: {str(exc)[:200]}"
-                emit(dict(base, kernel=name, variant=f"ROWS {rows}, warps {nw}", ms=ms))
+        for nw in (4, 8) if kw["ROWS"] > 16 else ():
+            g = (grid[0], grid[1], kw["BD"] // 16) if name == "bwd_transport_chain" else grid
+            try:
+                ms = time_launch(cap.real, g, args, dict(kw, ROWS=16, num_warps=nw))
+            except Exception as exc:     # e.g. out of resources
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel=name, variant=f"ROWS 16, warps {nw}", ms=ms))
 
     # bwd_intra: this tree's two kernels (the walk, then the diagonal tile) vs an older file's one kernel
     if "intra" in only:
