@@ -69,6 +69,9 @@ class Capture:
         self.module, self.name, self.real = module, name, getattr(module, name)
         self.calls = []
 
+    def __getattr__(self, attr):   # the kernel's attributes (its Python function, hooks) as the real one
+        return getattr(self.real, attr)
+
     def __getitem__(self, grid):
         def launch(*args, **kw):
             if not self.calls:

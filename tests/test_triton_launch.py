@@ -1,0 +1,194 @@
+"""Repeat launches that skip the JIT's argument binding (``KernelLauncher``, codegen/triton/decode.py).
+
+CPU: the launcher's bookkeeping against a stand-in JIT function whose ``[grid]`` returns a compiled-kernel
+object (the first call of a key goes through the JIT, later ones to the kept launcher with the constexprs in
+the kernel's parameter order; no key, an unaligned pointer, a JIT pre-run hook or a stand-in kernel put in
+the module sends a call to the JIT), and the real decode kernel's parameter split.  GPU (``-m gpu``): decode
+steps through the repeat path equal steps through the JIT bit for bit (flush steps included), and an
+unaligned input is launched through the JIT.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import triton.language as tl
+from triton.compiler import CompiledKernel
+
+from pathtune.codegen.triton.decode import KernelLauncher, tensor_key
+
+
+def _kernel(a_ptr, b_ptr, n, X: tl.constexpr, Y: tl.constexpr, Z: tl.constexpr = 7):
+    pass
+
+
+class _Compiled(CompiledKernel):
+    """A compiled kernel as the JIT returns it: ``[grid]`` gives its launcher, which records what it ran."""
+
+    def __init__(self, log):   # noqa: D107 - no module to load
+        self.log = log
+
+    def __getitem__(self, grid):
+        def run(*args):
+            self.log.append(("direct", grid, args))
+        return run
+
+
+class _Jit:
+    """Stands in for a ``triton.jit`` function: ``fn`` the Python function, ``[grid](...)`` the JIT launch."""
+
+    def __init__(self, returns_compiled=True):
+        self.fn, self.pre_run_hooks, self.log = _kernel, [], []
+        self.returns_compiled = returns_compiled
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.log.append(("jit", grid, args, kw))
+            return _Compiled(self.log) if self.returns_compiled else None
+        return launch
+
+
+class _Module:
+    """A launcher module holding one kernel, ``kernel``."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+
+def _launcher(jit):
+    return KernelLauncher(_Module(jit), "kernel")
+
+
+def test_first_launch_of_a_key_goes_through_the_jit_then_to_the_compiled_launcher():
+    jit = _Jit()
+    launch = _launcher(jit)
+    args = ("a", "b", 5)
+    assert not launch.repeat("k1", args)                      # nothing kept yet
+    launch((4, 2), args, dict(X=1, Y=2), dict(num_warps=4), "k1")
+    assert jit.log == [("jit", (4, 2), args, dict(X=1, Y=2, num_warps=4))]
+    assert launch.repeat("k1", ("c", "d", 6))
+    assert jit.log[-1] == ("direct", (4, 2, 1), ("c", "d", 6, 1, 2, 7))   # constexprs in order, Z's default
+    assert launch.hits == 1
+    assert not launch.repeat("k2", args) and not launch.repeat(None, args)
+    assert len(jit.log) == 2
+
+
+def test_no_key_no_compiled_kernel_or_a_pre_run_hook_means_the_jit():
+    jit = _Jit()
+    launch = _launcher(jit)
+    launch((1,), (1, 2, 3), dict(X=0, Y=0), {}, None)         # no key: nothing kept
+    assert not launch.repeat(None, (1, 2, 3))
+    interp = _Jit(returns_compiled=False)                     # the interpreter returns no compiled kernel
+    launch_i = _launcher(interp)
+    launch_i((1,), (1, 2, 3), dict(X=0, Y=0), {}, "k")
+    assert not launch_i.repeat("k", (1, 2, 3))
+    launch((1,), (1, 2, 3), dict(X=0, Y=0), {}, "k")
+    jit.pre_run_hooks.append(lambda *a, **k: None)            # a hook the JIT must run
+    assert not launch.repeat("k", (1, 2, 3))
+    jit.pre_run_hooks.clear()
+    assert launch.repeat("k", (1, 2, 3))
+    launch.module.kernel = _Jit()                             # a stand-in put in the module: it sees the launch
+    assert not launch.repeat("k", (1, 2, 3))
+
+
+def test_wrong_argument_count_and_constexpr_before_a_runtime_parameter_are_refused():
+    launch = _launcher(_Jit())
+    with pytest.raises(TypeError, match="takes 3 runtime arguments, got 2"):
+        launch((1,), (1, 2), dict(X=0, Y=0), {}, "k")
+    with pytest.raises(TypeError, match="constexpr Y"):
+        launch.constexpr_values(dict(X=0))
+
+    def mixed(a_ptr, X: tl.constexpr, n):
+        pass
+
+    jit = _Jit()
+    jit.fn = mixed
+    with pytest.raises(ValueError, match="must follow every runtime parameter"):
+        _launcher(jit)
+
+
+def test_tensor_key_is_the_dtypes_only_when_every_pointer_is_16_byte_aligned():
+    a = torch.zeros(64, dtype=torch.float32)
+    b = torch.zeros(8, dtype=torch.bfloat16)
+    assert tensor_key([a, b]) == (torch.float32, torch.bfloat16)
+    assert tensor_key([a[4:], b]) == (torch.float32, torch.bfloat16)    # 16 bytes in
+    assert tensor_key([a[1:], b]) is None                                 # 4 bytes in: the JIT's call
+
+
+def test_decode_kernel_runtime_parameters_precede_its_constexprs():
+    from pathtune.codegen.triton import decode
+
+    launch = KernelLauncher(decode, "decode_kernel")
+    names = [n for n, _ in launch._const_names]
+    assert launch._n_runtime == 22 and names[0] == "H" and names[-1] == "STAGES"
+
+
+# ---- GPU ------------------------------------------------------------------------------------------------------
+
+def _inputs(B, T, HQ, H, D, gate, gen):
+    import torch.nn.functional as F
+
+    def r(*s):
+        return torch.randn(*s, device="cuda", generator=gen)
+    q, k, v = (r(B, T, HQ, D).bfloat16(), r(B, T, H, D).bfloat16(), r(B, T, H, D).bfloat16())
+    w = F.normalize(r(B, T, H, D), dim=-1)
+    beta = torch.rand(B, T, H, device="cuda", generator=gen) * 0.5 + 1.5
+    g = F.logsigmoid(r(B, T, HQ) + 3.0) if gate else None
+    return q, k, v, w, beta, g
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate, HQ, H, TN", [(False, 8, 8, 1), (True, 8, 2, 4)])
+def test_gpu_repeat_launches_equal_jit_launches(monkeypatch, gate, HQ, H, TN):
+    """12 steps with a 16-row pending window (flushes included) on twin caches: through the repeat path and with
+    it switched off (every launch through the JIT) the outputs and caches are equal bit for bit."""
+    from pathtune.codegen.triton import decode as dec
+    from pathtune.runtime.reference.recurrent import path_attention_prefill as ref_prefill
+
+    gen = torch.Generator(device="cuda").manual_seed(7 + TN)
+    B, T0, D = 2, 700, 64
+    xs0 = [None if x is None else x.double() for x in _inputs(B, T0, HQ, H, D, gate, gen)]
+    ref = ref_prefill(*xs0, cache_dtype=torch.bfloat16, max_len=900)[1]
+    from pathtune.codegen.kv_cache import PaTHKVCache
+
+    fast = PaTHKVCache(ref.k.clone(), ref.v.clone(), None if ref.c is None else ref.c.float(), T0, HQ)
+    slow = copy.deepcopy(fast)
+    steps = [_inputs(B, TN, HQ, H, D, gate, gen) for _ in range(12)]
+    cfg = dict(decode_pending_window=16)
+    outs = [dec.path_decode_triton(*xs, fast, config=cfg) for xs in steps]
+    step = dec.prepare(*steps[0], fast, config=cfg)
+    assert step._launch.hits >= 10
+    monkeypatch.setattr(KernelLauncher, "repeat", lambda self, key, args: False)
+    for xs, o in zip(steps, outs):
+        assert torch.equal(dec.path_decode_triton(*xs, slow, config=cfg), o)
+    n = T0 + 12 * TN
+    assert fast.length == slow.length == n
+    assert torch.equal(fast.k[:, :n], slow.k[:, :n]) and torch.equal(fast.v[:, :n], slow.v[:, :n])
+
+
+@pytest.mark.gpu
+def test_gpu_unaligned_input_goes_through_the_jit_and_is_right():
+    """q as a view 2 bytes into its storage (not 16-byte aligned): the step is launched through the JIT and
+    equals the same step with an aligned copy of q."""
+    from pathtune.codegen.kv_cache import PaTHKVCache
+    from pathtune.codegen.triton import decode as dec
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    B, HQ, H, D, T0 = 2, 4, 4, 64, 300
+    k0 = torch.randn(B, 400, H, D, device="cuda", generator=gen).bfloat16()
+    v0 = torch.randn(B, 400, H, D, device="cuda", generator=gen).bfloat16()
+    a = PaTHKVCache(k0.clone(), v0.clone(), None, T0, HQ)
+    b = PaTHKVCache(k0.clone(), v0.clone(), None, T0, HQ)
+    xs = _inputs(B, 1, HQ, H, D, False, gen)
+    dec.path_decode_triton(*xs, a)                    # the aligned key is kept
+    dec.path_decode_triton(*xs, b)
+    flat = torch.empty(xs[0].numel() + 1, device="cuda", dtype=torch.bfloat16)
+    q_odd = flat[1:].view_as(xs[0])
+    q_odd.copy_(xs[0])
+    assert tensor_key([q_odd]) is None
+    step = dec.prepare(*xs, a)
+    hits = step._launch.hits
+    o_odd = dec.path_decode_triton(q_odd, *xs[1:], a)
+    assert step._launch.hits == hits                  # not the kept launcher
+    assert torch.equal(o_odd, dec.path_decode_triton(*xs, b))
