@@ -19,7 +19,8 @@
 #   decode [120]    pathtune bench --pass decode --record
 #   dsweep [240]    pathtune bench --pass decode --sweep --record (every decode knob config, or those of
 #                   DSWEEP_KNOBS, --sweep-knobs JSON: the full space takes ~200 s per row; DSWEEP_TOKENS,
-#                   --new-tokens: tokens per call, e.g. 4,16, each its own decode key)
+#                   --new-tokens: tokens per call, e.g. 4,16, each its own decode key; DSWEEP_ARGS: more
+#                   options, e.g. --head-dim 128 --seq-len 32768 --gate on)
 #   benchtuned [240] pathtune bench --config tuned (the runtime's dispatch: shipped records / perf_db) $BENCH_ARGS --record
 #   tune [600]      benchmarks/h200_tune.sh (BUDGET: the step's seconds minus 150 s of slack)
 #   ffcompare [240] flip-flop tokens/s comparison only (--resume on a copy of examples/flipflop/results.json)
@@ -164,7 +165,7 @@ run_steps() {  # the steps of one lane, in order, with S set
             decode) run_step decode "${secs:-120}" python3 -m pathtune.cli bench --pass decode --record \
                         --json "$S/decode.json" ;;
             dsweep) run_step dsweep "${secs:-240}" python3 -m pathtune.cli bench --pass decode --sweep --record \
-                        ${DSWEEP_KNOBS:+--sweep-knobs "$DSWEEP_KNOBS"} ${DSWEEP_TOKENS:+--new-tokens "$DSWEEP_TOKENS"} \
+                        ${DSWEEP_KNOBS:+--sweep-knobs "$DSWEEP_KNOBS"} ${DSWEEP_TOKENS:+--new-tokens "$DSWEEP_TOKENS"} ${DSWEEP_ARGS:-} \
                         --json "$S/${DSWEEP_JSON:-decode_sweep.json}" ;;
             benchtuned)  # dispatch from this call's tune database if a tune step ran, else the shipped records
                          if [ -f "$S/tune/tune.sqlite3" ]; then dispatch_db="sqlite:///$S/tune/tune.sqlite3"; else dispatch_db=""; fi
