@@ -38,7 +38,9 @@ and the flush step with that file's decode kernel in the same process (``old_pat
 ``old_flush_net_ms``, ``old_amortized_ms``); it is launched as this tree's ``decode_kernel`` (same arguments:
 a file whose step merges its splits in the same launch).  ``--candidate-decode FILE`` (a benchmarks/variants/
 module that defines ``decode_kernel`` with this tree's launch arguments; ``FILE:NAME`` another kernel of it,
-several comma-separated): the same, as ``candidate_*`` (``candidate2_*``, ...) fields.
+several comma-separated): the same, as ``candidate_*`` (``candidate2_*``, ...) fields.  ``--config JSON``: every
+steps row runs these decode knobs (the rest heuristic) instead of the dispatcher's pick, e.g. PaTH and PaTH-FoX
+at one config (``config`` in the output).
 """
 from __future__ import annotations
 
@@ -65,6 +67,7 @@ CHECK_PROMPT, CHECK_BATCH, CAPTURE_LEN = 1000, 2, 3000
 LOOP_N, PROFILE_N = 200, 20
 REPEATS = 1      # --repeats: rounds of (step, flush step, SDPA) per row, the median ratio quoted
 DEV, BACKEND, GRAPHS = "cuda", "auto", True
+STEP_CONFIG = None     # --config: the decode knobs every step of the steps section runs (None: the dispatcher's)
 
 
 def rel(a, b) -> float:
@@ -232,7 +235,7 @@ def time_steps(out: dict, budget) -> None:
                         xs = inputs(BATCH, TN, H, H, D, gate, gen=gen)
 
                         def step(xs=xs, cache=cache):
-                            return pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+                            return pathtune.path_attention_decode(*xs, cache, backend=BACKEND, config=STEP_CONFIG)
 
                         def reset(cache=cache, T=T):
                             cache.length = T
@@ -326,11 +329,14 @@ def time_steps(out: dict, budget) -> None:
 
 
 def step_window(xs, cache, D: int) -> int:
-    """The pending window of the config the public step runs for these inputs (its decode plan: a swept
-    record's ``decode_pending_window``, else the heuristic's): the flush step and the cycle follow it."""
+    """The pending window of the config the public step runs for these inputs (``--config``'s, else its decode plan:
+    a swept record's ``decode_pending_window``, else the heuristic's): the flush step and the cycle follow it."""
+    from pathtune.codegen.triton.decode import decode_params
     from pathtune.codegen.triton.params import TritonParams
     from pathtune.runtime.decode_dispatch import decode_plan
 
+    if STEP_CONFIG is not None:
+        return decode_params(STEP_CONFIG, D, D).decode_pending_window
     plan = decode_plan(xs[0], xs[1], xs[2], xs[5], cache)
     if plan.backend == "triton" and plan.triton_params is not None:
         return plan.triton_params.decode_pending_window
@@ -598,7 +604,7 @@ def smoke_config() -> None:
 
 
 def main(argv=None) -> int:
-    global SHAPES, CACHE_LENS, REPEATS, TOKENS
+    global SHAPES, CACHE_LENS, REPEATS, TOKENS, STEP_CONFIG
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSON result file")
     ap.add_argument("--budget-s", type=float, default=225.0, help="stop starting new sections after this long")
@@ -615,7 +621,17 @@ def main(argv=None) -> int:
     ap.add_argument("--candidate-decode", default=None, help="FILE[:NAME][,FILE[:NAME]...]: benchmarks/variants/ "
                     "modules defining a kernel NAME (default decode_kernel) with this tree's launch arguments: its "
                     "steps timed beside this tree's (candidate_* fields; candidate2_*, ... for the next ones)")
+    ap.add_argument("--config", default=None, help="JSON decode knobs the steps section runs every row at (e.g. "
+                    "'{\"decode_splits\": 2}'; the rest heuristic) instead of the dispatcher's pick: kernels compared "
+                    "at one config")
     args = ap.parse_args(argv)
+    if args.config:
+        try:
+            STEP_CONFIG = json.loads(args.config)
+        except json.JSONDecodeError as exc:
+            ap.error(f"--config takes a JSON object of decode knobs: {exc}")
+        if not isinstance(STEP_CONFIG, dict):
+            ap.error(f"--config takes a JSON object of decode knobs, got {args.config!r}")
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     REPEATS = args.repeats
@@ -646,6 +662,8 @@ def main(argv=None) -> int:
     out = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (smoke run)",
            "torch": torch.__version__, "triton": triton.__version__,
            "python": sys.version.split()[0], "pathtune": pathtune.__version__, "batch": BATCH, "skipped": []}
+    if STEP_CONFIG is not None:
+        out["config"] = STEP_CONFIG
     sections = [("checks", lambda: correctness(out, budget)), ("steps", lambda: time_steps(out, budget)),
                 ("profiles", lambda: profile_steps(out, budget)), ("hostprofile", lambda: host_profile(out, budget)),
                 ("generate", lambda: generation(out, budget, args.quick))]

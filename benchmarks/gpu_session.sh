@@ -13,6 +13,7 @@
 #   decodetests [120] pytest -m gpu over the decode tests (static cache, graph capture, Triton step, lazy rotation,
 #                   repeat launches)
 #   decodeprobe [240] benchmarks/decode_probe.py $DECODEPROBE_ARGS: the public decode step vs SDPA, its profile, graph step, generation
+#                   (JSON in s/$DECODEPROBE_JSON, default decode_probe.json)
 #   tvmtests [120]  pytest -m gpu tests/test_tvm_gpu.py: the TVM forward vs the float64 oracle (carry build/tvm_bench)
 #   bench [240]     pathtune bench (fwd, fwd+bwd vs SDPA flash/cuDNN and fla, same run) $BENCH_ARGS --record
 #                   (JSON in s/$BENCH_JSON, default bench.json: a second bench step of a lane names its own)
@@ -157,7 +158,7 @@ run_steps() {  # the steps of one lane, in order, with S set
                              "$REPO/tests/test_decode_static.py" "$REPO/tests/test_triton_decode.py" \
                              "$REPO/tests/test_decode_lazy.py" "$REPO/tests/test_triton_launch.py" -rA ;;
             decodeprobe) run_step decodeprobe "${secs:-240}" python3 "$REPO/benchmarks/decode_probe.py" \
-                             --budget-s "$(( ${secs:-240} - 15 ))" ${DECODEPROBE_ARGS:-} --out "$S/decode_probe.json" ;;
+                             --budget-s "$(( ${secs:-240} - 15 ))" ${DECODEPROBE_ARGS:-} --out "$S/${DECODEPROBE_JSON:-decode_probe.json}" ;;
             tvmtests) run_step tvmtests "${secs:-120}" env PATHTUNE_TVM_BENCH_MODULES="$REPO/build/tvm_bench" \
                           python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests/test_tvm_gpu.py" -rA ;;
             bench) run_step bench "${secs:-240}" python3 -m pathtune.cli bench --head-dim "${HEAD_DIMS:-64,128}" ${BENCH_ARGS:-} \

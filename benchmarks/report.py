@@ -250,10 +250,18 @@ def training_profile_section(path: Path, doc: dict) -> list[str]:
     return out + [""] + _source(path, doc)
 
 
-def decode_section(path: Path, doc: dict) -> list[str]:
-    """The decode step (``pathtune bench --pass decode``) beside SDPA flash over the same cache and fla's step."""
-    swept = any(r.get("sweep") for r in doc["rows"])
-    out = ["## Decoding one token (B = 8)", ""]
+def decode_section(path: Path, doc: dict, timing: str = "eager") -> list[str]:
+    """The decode step (``pathtune bench --pass decode``) beside SDPA flash over the same cache and fla's step;
+    ``timing``: the rows timed as eager calls, or (``graph``, ``--graph``) as CUDA-graph replays."""
+    rows = [r for r in doc["rows"] if r.get("timing", "eager") == timing]
+    swept = any(r.get("sweep") for r in rows)
+    if timing == "graph":
+        out = ["## Decoding one token, CUDA-graph replays (B = 8)", "",
+               "pathtune and SDPA flash timed as CUDA-graph replays of the same calls (`--graph`: their GPU time "
+               "without host work; fla's step eager).  A short cache's eager call is about as long on the host as "
+               "on the GPU, so these times pick its config.", ""]
+    else:
+        out = ["## Decoding one token (B = 8)", ""]
     if swept:
         out += ["pathtune: the fastest config of the sweep (block_n / splits / warps, and / the pending window where "
                 "the sweep varied it), which `backend=\"auto\"` serves from the shipped records; heuristic: the "
@@ -264,7 +272,7 @@ def decode_section(path: Path, doc: dict) -> list[str]:
     else:
         out += ["| D | H | cache | | SDPA flash | fla step | pathtune | pathtune / flash | o err |",
                 "|---|---|---|---|---|---|---|---|---|"]
-    for r in doc["rows"]:
+    for r in rows:
         t = r["times"]
         pt, fl = t.get("pathtune"), t.get("sdpa_flash")
         line = (f"| {r['head_dim']} | {r['heads']} | {r['cache_len']} | {_gate(r)} | {_f(fl, 4)} | "
@@ -281,21 +289,29 @@ def decode_section(path: Path, doc: dict) -> list[str]:
     return out + [""] + _source(path, doc)
 
 
-def decode_steps_section(path: Path, doc: dict) -> list[str]:
+def decode_steps_section(files: list) -> list[str]:
     """The public decode step for 1, 4 and 16 new tokens (decode_probe.py): a step without a flush, the
-    flush step, the amortized step over a flush cycle, beside SDPA flash over the same query count."""
+    flush step, the amortized step over a flush cycle, beside SDPA flash over the same query count.  ``files``:
+    the probes' (path, doc), oldest first; each token count's rows come from the newest file that timed it (a
+    probe run with --tokens times only some)."""
+    newest: dict = {}
+    for path, doc in files:
+        for n in {r["tokens"] for r in doc.get("steps", []) if "pathtune_net_ms" in r}:
+            newest[n] = (path, doc)
+    used = sorted({id(d): (p, d) for p, d in newest.values()}.values(), key=lambda f: f[0].name)
+    steps = sorted((r for n, (_p, d) in newest.items() for r in d["steps"]
+                    if r["tokens"] == n and "pathtune_net_ms" in r),
+                   key=lambda r: (r["D"], r["cache_len"], r["gate"], r["tokens"]))
     # --old-decode runs also time an older decode kernel on the same steps: its flush step and amortized step
-    before = any("old_amortized_ms" in r for r in doc.get("steps", []))
+    before = any("old_amortized_ms" in r for r in steps)
     # --repeats runs time each row several times: the median of the rounds' ratios, with their range
-    rounds = any("x_sdpa_amortized_median" in r for r in doc.get("steps", []))
+    rounds = any("x_sdpa_amortized_median" in r for r in steps)
     out = ["## Decoding several tokens per call (public API, B = 8, H = 16 at D = 64, 8 at D = 128)", "",
            "| D | cache | | tokens | step | flush step | amortized | SDPA flash | amortized / SDPA | "
            "graph / SDPA graph |" + (" median of rounds (range) |" if rounds else "")
            + (" flush step before | amortized before |" if before else ""),
            "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if rounds else "") + ("---|---|" if before else "")]
-    for r in doc.get("steps", []):
-        if "pathtune_net_ms" not in r:
-            continue
+    for r in steps:
         line = (f"| {r['D']} | {r['cache_len']} | {_gate(r)} | {r['tokens']} | {_f(r['pathtune_net_ms'], 4)} | "
                 f"{_f(r.get('flush_net_ms'), 4)} | **{_f(r.get('amortized_ms'), 4)}** | {_f(r['sdpa_ms'], 4)} | "
                 f"{_f(r.get('x_sdpa_amortized'), 2)}× | {_f(r.get('graph_x_sdpa_graph'), 2)}× |")
@@ -306,7 +322,11 @@ def decode_steps_section(path: Path, doc: dict) -> list[str]:
         if before:
             line += f" {_f(r.get('old_flush_net_ms'), 4)} | {_f(r.get('old_amortized_ms'), 4)} |"
         out.append(line)
-    return out + [""] + _source(path, doc)
+    for path, doc in used:
+        counts = ", ".join(str(n) for n in sorted(n for n, (_p, d) in newest.items() if d is doc))
+        src = _source(path, doc)
+        out += ["", f"{'Rows of' if len(used) > 1 else 'All rows,'} {counts} token(s) a call. {src[0]}"] + src[1:]
+    return out
 
 
 def generation_section(path: Path, doc: dict) -> list[str]:
@@ -353,15 +373,17 @@ def render() -> str:
     if changes:
         parts.append("\n".join(kernel_change_section(*changes[-1])) + "\n")
     # one-token steps only: a sweep of several-token calls (--new-tokens) is read through the decode probe's table
-    decode = _newest(bench, lambda r: "cache_len" in r and r.get("tokens", 1) == 1)
-    if decode:
-        parts.append("\n".join(decode_section(*decode)) + "\n")
+    for timing in ("eager", "graph"):
+        decode = _newest(bench, lambda r, timing=timing: ("cache_len" in r and r.get("tokens", 1) == 1
+                                                          and r.get("timing", "eager") == timing))
+        if decode:
+            parts.append("\n".join(decode_section(*decode, timing=timing)) + "\n")
     # a decode probe may time only some sections (--skip): each table comes from the newest file that has it
     probes = _load("*-decode-probe.json")
     steps = [p for p in probes if p[1].get("steps")]
     generation = [p for p in probes if p[1].get("rows")]
     if steps:
-        parts.append("\n".join(decode_steps_section(*steps[-1])) + "\n")
+        parts.append("\n".join(decode_steps_section(steps)) + "\n")
     if generation:
         parts.append("\n".join(generation_section(*generation[-1])) + "\n")
     parts.append("\n".join(current_section()) + "\n")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from repo_scripts import ROOT, load_script
 
@@ -40,7 +41,6 @@ def test_check_fails_on_a_hand_edit(tmp_path, monkeypatch):
 def test_decode_steps_table_quotes_the_median_of_repeated_rounds():
     """A decode probe run with --repeats: the several-tokens table adds the median of the rounds'
     amortized / SDPA ratios with their range; a run without rounds keeps the plain table."""
-    from pathlib import Path
 
     report = _report()
     row = dict(D=64, cache_len=4096, gate=False, tokens=1, pathtune_net_ms=0.06, flush_net_ms=0.18,
@@ -48,11 +48,47 @@ def test_decode_steps_table_quotes_the_median_of_repeated_rounds():
     doc = dict(command="python benchmarks/decode_probe.py --repeats 3 --out p.json", gpu="NVIDIA H200",
                software="torch", notes="synthetic", steps=[dict(row, x_sdpa_amortized_rounds=[1.4, 1.2, 1.3],
                                                                  x_sdpa_amortized_median=1.3)])
-    lines = report.decode_steps_section(Path("H200-x-decode-probe.json"), doc)
+    lines = report.decode_steps_section([(Path("H200-x-decode-probe.json"), doc)])
     assert "median of rounds (range)" in lines[2]
     assert lines[4].endswith("| 1.30× (1.20-1.40) |"), lines[4]
-    plain = report.decode_steps_section(Path("H200-x-decode-probe.json"), dict(doc, steps=[row]))
+    plain = report.decode_steps_section([(Path("H200-x-decode-probe.json"), dict(doc, steps=[row]))])
     assert "median" not in plain[2] and plain[4].endswith("| 1.10× |"), plain[4]
+
+
+def test_decode_steps_rows_come_from_the_newest_probe_of_each_token_count():
+    """A probe run with --tokens 1 replaces the one-token rows of an older full probe and keeps its 4-token rows;
+    the table names both sources, each with the token counts it gave."""
+    report = _report()
+    row = dict(D=64, cache_len=4096, gate=False, pathtune_net_ms=0.06, flush_net_ms=0.18, amortized_ms=0.07,
+               sdpa_ms=0.05, x_sdpa_amortized=1.4, graph_x_sdpa_graph=1.1)
+    base = dict(gpu="NVIDIA H200", software="torch", notes="synthetic")
+    full = dict(base, command="python benchmarks/decode_probe.py --out a.json",
+                steps=[dict(row, tokens=1), dict(row, tokens=4, x_sdpa_amortized=1.2)])
+    one = dict(base, command="python benchmarks/decode_probe.py --tokens 1 --out b.json",
+               steps=[dict(row, tokens=1, x_sdpa_amortized=1.05)])
+    lines = report.decode_steps_section([(Path("H200-1-decode-probe.json"), full),
+                                         (Path("H200-2-decode-probe.json"), one)])
+    table = [ln for ln in lines if ln.startswith("| 64 ")]
+    assert [ln.split(" | ")[3] for ln in table] == ["1", "4"]
+    assert "| 1.05× |" in table[0] and "| 1.20× |" in table[1]
+    text = "\n".join(lines)
+    assert "Rows of 4 token(s) a call. Source: `benchmarks/results/H200-1-decode-probe.json`" in text
+    assert "Rows of 1 token(s) a call. Source: `benchmarks/results/H200-2-decode-probe.json`" in text
+
+
+def test_graph_timed_decode_rows_get_their_own_table():
+    """A --graph decode bench (rows timing "graph") is its own table; the eager one-token table keeps the newest
+    eager bench as its source."""
+    report = _report()
+    r = dict(head_dim=64, heads=16, cache_len=4096, gate=False, tokens=1, errors={"o": 2e-3},
+             times={"pathtune": 0.05, "sdpa_flash": 0.05})
+    doc = dict(command="pathtune bench --pass decode --graph", gpu="NVIDIA H200", software="torch", notes="synthetic",
+               rows=[dict(r, timing="graph")])
+    graph = report.decode_section(Path("H200-x-bench-decode-graph.json"), doc, timing="graph")
+    assert graph[0] == "## Decoding one token, CUDA-graph replays (B = 8)"
+    assert any(ln.startswith("| 64 | 16 | 4096 | PaTH |") for ln in graph)
+    eager = report.decode_section(Path("H200-x-bench-decode-graph.json"), doc)
+    assert not any(ln.startswith("| 64 |") for ln in eager)
 
 
 def test_memory_table_comes_from_the_newest_bench_that_measured_memory(tmp_path, monkeypatch):

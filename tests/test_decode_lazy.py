@@ -270,6 +270,44 @@ def test_decode_bench_callable_runs_the_cycle(monkeypatch):
     assert (cache.length, cache.frame) == (P + 1, P + 1)     # the cycle's last step flushed
 
 
+def test_decode_bench_graph_timing_is_refused_off_cuda_and_for_tvm():
+    """run_decode_bench(graph=True) captures CUDA graphs: on another device, or with the TVM step (launched per
+    token from the host), it is a one-line error that says why."""
+    from pathtune.tuning.decode_bench import run_decode_bench
+
+    with pytest.raises(ValueError, match="needs device 'cuda'"):
+        run_decode_bench(((2, 16),), (64,), (False,), batch=1, baselines=(), device="cpu", graph=True)
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="is for the Triton step"):
+            run_decode_bench(((2, 16),), (64,), (False,), batch=1, baselines=(), graph=True,
+                             backends=("tvm",), tvm_sets=[object()])
+
+
+@pytest.mark.gpu
+def test_gpu_decode_bench_graph_callable_replays_the_eager_cycle():
+    """pathtune_callable(graph=True): the flush cycle of public calls captured once; a replay leaves the cache's
+    device state and keys exactly as the eager cycle leaves a twin cache (its last step flushed)."""
+    import copy
+
+    from pathtune.tuning.decode_bench import make_cache, make_step, pathtune_callable
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    cache = make_cache(2, 600, 4, 64, True, device="cuda", gen=gen, extra=1)
+    step = make_step(2, 4, 64, True, device="cuda", gen=gen, tokens=1)
+    cfg = dict(decode_pending_window=8, decode_splits=2, decode_block_n=128)
+    twin = copy.deepcopy(cache)
+    eager = pathtune_callable(twin, step, cfg)
+    graphed = pathtune_callable(cache, step, cfg, graph=True)
+    assert graphed.steps == eager.steps == 9
+    k0 = twin.k_buffer.clone()
+    cache.k_buffer.copy_(k0)
+    eager()
+    graphed()
+    torch.cuda.synchronize()
+    assert cache.state_tensor.tolist() == twin.state_tensor.tolist()
+    assert torch.equal(cache.k_buffer, twin.k_buffer)
+
+
 # ---- multi-token flushes: the frame rows rotated in compact WY form ------------------------------------------
 
 @pytest.mark.parametrize("HQ,H,D,cdt,steps,window,cfg", [

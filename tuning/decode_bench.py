@@ -20,6 +20,11 @@ Timed with ``triton.testing.do_bench`` medians, all in one process:
   written back in the cache dtype), then ``attn_decoding_one_step`` over the packed cache (FoX gate when
   gated).  The layer's ``torch.cat`` of the cache with the new token is not timed (it would add a full copy).
 
+``graph=True`` (``--graph``): pathtune's flush cycle and SDPA's call are each captured in one CUDA graph and the
+graph's replay is timed: the GPU time of the same public calls without their host work (at a 4K cache an eager
+call is about as long on the host as on the GPU, so eager times compare configs through host jitter; the graph
+times pick the config for graph-captured decoding and for short caches).  fla's step stays eager.
+
 Before timing, one step on a copy of batch 0 (first 2048 keys) is checked against the float64
 reference; a failed check or a crash is recorded instead of a time.  Rows go to a table, JSON and,
 with ``--record``, perf_db (pass ``decode``, the key's ``query_bucket`` from the token count, baseline =
@@ -51,6 +56,7 @@ class DecodeRow:
     batch: int
     gate: bool
     tokens: int = 1      # new tokens per call
+    timing: str = "eager"   # "eager": the calls as a loop runs them; "graph": their CUDA-graph replay (no host work)
     times: dict[str, Optional[float]] = field(default_factory=dict)
     errors: dict[str, float] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
@@ -83,6 +89,22 @@ def _median_ms(fn: Callable[[], object]) -> float:
     import triton
 
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) / getattr(fn, "steps", 1)
+
+
+def graphed(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` (already run once: compiled, its buffers allocated) captured in a CUDA graph: the returned callable
+    replays it (the same ``steps``)."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+
+    def replay():
+        graph.replay()
+
+    replay.steps = getattr(fn, "steps", 1)
+    replay.graph = graph   # kept alive with the callable
+    return replay
 
 
 def flush_cycle(window: int, tokens: int) -> list[int]:
@@ -145,11 +167,12 @@ def accuracy(cache, step, config, prefix: int = 2048, decode: Optional[Callable]
     return {"o": rel(o, ref), "k": rel(sub.k[:, :n + tn], ref_cache.k[:, :n + tn])}
 
 
-def pathtune_callable(cache, step, config):
+def pathtune_callable(cache, step, config, graph: bool = False):
     """One call runs a whole flush cycle of the lazily rotated cache (``flush_cycle``) at a fixed key
     length T: before each step the cache is set to T rows of which the cycle's count are pending, so
     the cycle's one flush step is timed with the rest and ``_median_ms`` reports the amortized step.
-    The pending rows' window entries are the earlier calls' (their values do not change the time)."""
+    The pending rows' window entries are the earlier calls' (their values do not change the time).
+    ``graph``: the cycle captured in a CUDA graph (``graphed``), whose replay is the call."""
     from pathtune.codegen.triton.decode import decode_params
     from pathtune.runtime.decode import path_attention_decode
 
@@ -167,6 +190,9 @@ def pathtune_callable(cache, step, config):
         return out
 
     run.steps = len(cycle)
+    if graph:
+        run()
+        return graphed(run)
     return run
 
 
@@ -265,7 +291,8 @@ def check_sweep_knobs(only: dict) -> dict:
     return out
 
 
-def _sweep(row: DecodeRow, cache, step, D: int, log, keys0, only: Optional[dict] = None) -> None:
+def _sweep(row: DecodeRow, cache, step, D: int, log, keys0, only: Optional[dict] = None,
+           graph: bool = False) -> None:
     """Time every decode config (of ``only``'s values, ``sweep_configs``); the fastest accurate one becomes
     the row's pathtune time and params."""
     from pathtune.codegen.triton.decode import decode_params
@@ -280,9 +307,10 @@ def _sweep(row: DecodeRow, cache, step, D: int, log, keys0, only: Optional[dict]
             err = accuracy(cache, step, params)["o"]
             if not err < ACCURACY_LIMIT:
                 raise RuntimeError(f"o error {err:.3g}")
-            entry["ms"] = _median_ms(pathtune_callable(cache, step, params))
+            entry["ms"] = _median_ms(pathtune_callable(cache, step, params, graph))
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            cache.sync_length()   # a failed capture leaves the host mirrors unknown
         row.sweep.append(entry)
         log(f"  sweep {cfg}: {entry['ms'] if entry['ms'] is not None else entry['error']}")
         if entry["ms"] is not None and (best is None or entry["ms"] < best["ms"]):
@@ -295,7 +323,7 @@ def _sweep(row: DecodeRow, cache, step, D: int, log, keys0, only: Optional[dict]
 def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), *, batch: int = BATCH, config=None,
                      tokens=(1,), baselines=("sdpa", "fla"), device: str = "cuda", seed: int = 0, sweep: bool = False,
                      sweep_knobs: Optional[dict] = None, backends=("triton",), tvm_sets=None, tvm_loader=None,
-                     log: Callable[[str], None] = print,
+                     graph: bool = False, log: Callable[[str], None] = print,
                      on_row: Optional[Callable[[DecodeRow], None]] = None) -> list[DecodeRow]:
     """Measure every (heads, D, cache length, gate, new tokens per call) point; see the module docstring.
 
@@ -303,6 +331,7 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
     restricts them) and report the fastest.
     ``backends``: which pathtune steps to time ("triton", "tvm"); "tvm" times every set of ``tvm_sets``
     (decode_tvm.load_sets) built for the row's shape, each loaded by ``tvm_loader`` (default: its modules).
+    ``graph``: time pathtune's (Triton) flush cycle and SDPA from CUDA-graph replays (see the module docstring).
     ``on_row``: called with each row as soon as it is measured (an interrupted bench keeps what it measured).
     """
     from pathtune.codegen.triton.decode import decode_params
@@ -311,6 +340,10 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
         raise ValueError("backend tvm needs prebuilt module sets (tvm_sets, from decode_tvm.load_sets)")
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("pathtune bench --pass decode needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if graph and device != "cuda":
+        raise ValueError("graph timing (--graph) captures CUDA graphs: it needs device 'cuda'")
+    if graph and "tvm" in backends:
+        raise ValueError("graph timing (--graph) is for the Triton step (the TVM step runs from the host per token)")
     if sweep:
         check_sweep_knobs(sweep_knobs or {})
     tokens = tuple(tokens)
@@ -322,7 +355,8 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
     for H, D in shapes:
         params = decode_params(config, D, D)
         for T, gate, TN in itertools.product(cache_lens, gates, tokens):
-            row = DecodeRow(D, H, T, batch, gate, TN, params=knob_values(params) if "triton" in backends else {})
+            row = DecodeRow(D, H, T, batch, gate, TN, timing="graph" if graph else "eager",
+                            params=knob_values(params) if "triton" in backends else {})
             gen = torch.Generator(device=device).manual_seed(seed)
             cache = make_cache(batch, T, H, D, gate, device=device, gen=gen, extra=TN)
             keys0 = cache.k.clone()
@@ -338,13 +372,14 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                     if not row.errors["o"] < ACCURACY_LIMIT:
                         raise RuntimeError(f"accuracy check failed: o error {row.errors['o']:.3g} >= "
                                            f"{ACCURACY_LIMIT}")
-                    row.times["pathtune"] = _median_ms(pathtune_callable(cache, step, params))
+                    row.times["pathtune"] = _median_ms(pathtune_callable(cache, step, params, graph))
                 except Exception as exc:  # a failing config is a recorded status, not a crash
                     row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    cache.sync_length()
             cache.length = T
             if sweep and "triton" in backends:
                 row.times["pathtune_default"] = row.times.get("pathtune")
-                _sweep(row, cache, step, D, log, keys0, sweep_knobs)
+                _sweep(row, cache, step, D, log, keys0, sweep_knobs, graph)
                 if row.times.get("pathtune") is not None:
                     row.failures.pop("pathtune", None)
             cache.length = T
@@ -354,6 +389,9 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                 cache.length = T
                 with sdpa_backend("flash"):
                     fn = sdpa_decode_callable(cache, step)
+                    if fn is not None and graph:
+                        fn()
+                        fn = graphed(fn)
                     row.times["sdpa_flash"] = _median_ms(fn) if fn else None
             if "fla" in baselines and TN == 1:
                 cache.length = T
@@ -407,7 +445,9 @@ def record_decode_rows(rows: list[DecodeRow], db_url: Optional[str], command: st
                 if t is None and not failed:
                     continue
                 cfg = Config(knobs)
-                meas = (Measurement(status="ok", median_ms=t, bench_method="triton.testing.do_bench median",
+                method = ("triton.testing.do_bench median of a CUDA-graph replay" if row.timing == "graph"
+                          else "triton.testing.do_bench median")
+                meas = (Measurement(status="ok", median_ms=t, bench_method=method,
                                     errors=dict(errors), baseline_ms=row.times.get("sdpa_flash"),
                                     baseline_name="sdpa_flash", command=command)
                         if t is not None else Measurement(status="crash", message=failed, command=command))
@@ -419,8 +459,10 @@ def record_decode_rows(rows: list[DecodeRow], db_url: Optional[str], command: st
 def format_decode_table(rows: list[DecodeRow]):
     from rich.table import Table
 
-    table = Table(title="PaTH decode step (tokens per call, amortized over the flush cycle), ms (do_bench median); "
-                        "/flash: pathtune over SDPA flash of the same queries")
+    graph = any(r.timing == "graph" for r in rows)
+    table = Table(title="PaTH decode step (tokens per call, amortized over the flush cycle), ms (do_bench median"
+                        + ("; pathtune and SDPA as CUDA-graph replays, fla eager" if graph else "")
+                        + "); /flash: pathtune over SDPA flash of the same queries")
     for col in ("BxH", "D", "cache", "gate", "tokens", "sdpa flash", "fla", "pathtune", "/flash", "fla/ours", "GB/s",
                 "o err", "k err", "block_n/warps/splits/stages"):
         table.add_column(col, justify="right")

@@ -57,6 +57,9 @@ def register(app: typer.Typer) -> None:
         backends: str = typer.Option("triton", "--backends", help="pathtune backends to time: triton, tvm "
                                      "(comma-separated; tvm runs the forward from prebuilt modules, see "
                                      "--tvm-modules)."),
+        graph: bool = typer.Option(False, "--graph", help="--pass decode: time pathtune's calls and SDPA as CUDA-graph "
+                                   "replays (their GPU time without host work: the pick for graph-captured decoding "
+                                   "and for short caches, where an eager call is host-bound); fla stays eager."),
         tvm_modules: Optional[Path] = typer.Option(None, "--tvm-modules", help="Folder of TVM modules built for the "
                                                    "bench shapes (pathtune bench-build-tvm), for GPU hosts without the "
                                                    "TVM compiler."),
@@ -102,12 +105,16 @@ def register(app: typer.Typer) -> None:
                                      "--forward-only")
         if "tvm" in backends and max(token_counts) > 1:
             raise typer.BadParameter("--backends tvm times one token per call: use --new-tokens 1")
+        if graph and pass_ != "decode":
+            raise typer.BadParameter("--graph is for --pass decode (the fwd bench times eager calls in rounds)")
+        if graph and "tvm" in backends:
+            raise typer.BadParameter("--graph times the Triton decode step: use --backends triton")
         if record:
             _check_record_db(db)
         if pass_ == "decode":
             _decode(console, _ints(head_dim, "--head-dim"), _ints(seq_len or "4096,32768", "--seq-len"), gates,
                     batch, cfg, tuple(b.strip() for b in baselines.split(",")), out, record, db, sweep,
-                    _parse_backends(backends, tvm_modules, "decode"), tvm_modules, only, token_counts)
+                    _parse_backends(backends, tvm_modules, "decode"), tvm_modules, only, token_counts, graph)
             return
         seq_len = seq_len or "4096,16384"
         fwd_backends = _parse_backends(backends, tvm_modules, "fwd")
@@ -125,7 +132,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, record, db, sweep,
-            backends=("triton",), tvm_modules=None, sweep_knobs=None, new_tokens=(1,)) -> None:
+            backends=("triton",), tvm_modules=None, sweep_knobs=None, new_tokens=(1,), graph=False) -> None:
     """`pathtune bench --pass decode` (logic in tuning/decode_bench.py; the TVM step: tuning/decode_tvm.py)."""
 
     from pathtune.tuning.bench import HEADS_FOR_DIM, command_line
@@ -150,7 +157,7 @@ def _decode(console, head_dims, cache_lens, gates, batch, cfg, baselines, out, r
         lambda on_row: run_decode_bench(shapes, cache_lens, gates, batch=batch, config=cfg, tokens=new_tokens,
                                         baselines=baselines,
                                         sweep=sweep, sweep_knobs=sweep_knobs, backends=backends, tvm_sets=tvm_sets,
-                                        log=lambda s: console.print(s, style="dim"), on_row=on_row),
+                                        graph=graph, log=lambda s: console.print(s, style="dim"), on_row=on_row),
         format_decode_table, out,
         record and (lambda rows, run_id: record_decode_rows(rows, db, command_line(), run_id=run_id)))
 
