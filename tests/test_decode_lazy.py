@@ -308,6 +308,21 @@ def test_gpu_decode_bench_graph_callable_replays_the_eager_cycle():
     assert torch.equal(cache.k_buffer, twin.k_buffer)
 
 
+@pytest.mark.gpu
+def test_gpu_tuner_decode_measurement_times_the_flush_cycle_as_a_graph():
+    """``pathtune tune``'s decode measurement on the GPU: gate passed, the config's flush cycle captured in one CUDA
+    graph and timed per step (the method says so), the time a plain positive number."""
+    from pathtune.tuning import measure as M
+
+    wl = dict(head_dim=64, head_dim_v=64, heads_q=8, heads_kv=8, dtype="bfloat16", use_gate=True)
+    task = M.MeasureTask(pass_="decode", backend="triton", workload=wl, batch=4, seq_len=2048, check_len=256,
+                         config=dict(decode_pending_window=8, decode_splits=2, decode_block_n=128))
+    out = M.measure(task)
+    assert out["status"] == "ok", out
+    assert "CUDA-graph replay of a 9-step flush cycle, per step" in out["bench_method"], out["bench_method"]
+    assert 0 < out["p20_ms"] <= out["median_ms"] <= out["p80_ms"]
+
+
 # ---- multi-token flushes: the frame rows rotated in compact WY form ------------------------------------------
 
 @pytest.mark.parametrize("HQ,H,D,cdt,steps,window,cfg", [

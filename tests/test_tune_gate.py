@@ -97,3 +97,37 @@ def test_gate_checks_the_last_head_and_the_gradients():
     assert M._check_fwd_bwd(_task("fwd", check_heads=0), _reference_run(corrupt_head=3))["o"] > 1e-2
     errs = M._check_fwd_bwd(_task("bwd"), _reference_run(corrupt_grad=True))
     assert errs["o"] < 1e-5 and errs["dw"] > 0.1
+
+
+def test_decode_timing_runs_the_configs_flush_cycle_and_reports_per_step(monkeypatch):
+    """The tuner's decode timing (interpreter, tiny cache): one call of the timed callable runs the config's flush
+    cycle (W plain steps with 0 .. W-1 rows pending, then the one that rotates the cache: the frame moves to the
+    end), and ``_time_decode`` divides the call's times by its steps; ``cycle=False`` is one plain step."""
+    from pathtune.codegen.triton.decode import decode_params
+
+    wl = dict(head_dim=16, head_dim_v=16, heads_q=2, heads_kv=2, dtype="float32", use_gate=True)
+    task = M.MeasureTask(pass_="decode", backend="triton", workload=wl, config={}, batch=1, seq_len=24)
+    params = decode_params(dict(decode_pending_window=3, decode_block_n=16), 16, 16)
+    fn, q_t, ck, cv = M._decode_timed_callable(task, params)
+    assert fn.steps == 4 and q_t.shape == (1, 2, 16) and ck.shape[1] == cv.shape[1] == 24
+    fn()
+    assert (fn.cache.length, fn.cache.frame) == (25, 25)        # the last step of the cycle flushed
+    plain, *_ = M._decode_timed_callable(task, params, cycle=False)
+    assert plain.steps == 1
+
+    monkeypatch.setattr(M, "_time", lambda f, t: dict(median_ms=8.0, p20_ms=4.0, p80_ms=12.0, bench_method="x"))
+    out = M._time_decode(fn, task)
+    assert (out["median_ms"], out["p20_ms"], out["p80_ms"]) == (2.0, 1.0, 3.0)
+    assert out["bench_method"] == "x, eager of a 4-step flush cycle, per step"
+
+
+def test_decode_measurement_gates_then_times_one_step_on_the_cpu():
+    """measure() of a decode candidate in the interpreter: the gate against the float64 reference step passes and
+    the timing is one plain step (the flush cycle and its CUDA graph are the GPU's: the GPU test of
+    tests/test_decode_lazy.py)."""
+    wl = dict(head_dim=16, head_dim_v=16, heads_q=2, heads_kv=2, dtype="float32", use_gate=True)
+    task = M.MeasureTask(pass_="decode", backend="triton", workload=wl, batch=1, seq_len=24, check_len=32,
+                         config=dict(decode_pending_window=3, decode_block_n=16))
+    out = M.measure(task)
+    assert out["status"] == "ok" and out["errors"]["o"] < 1e-4, out
+    assert out["bench_method"].endswith(", eager, one step") and out["median_ms"] > 0

@@ -21,8 +21,10 @@ kernels are checked too. The float64 naive oracle runs on ``check_heads`` kv hea
 default; heads are independent) and each error is taken over those heads. ``fwd`` checks o; ``bwd``
 checks o and all six gradients. Timing runs at the key's shape (B*T = 32768 tokens by default):
 ``fwd`` = the forward; ``bwd`` = forward + backward (what a training step pays, as ``pathtune
-bench`` records it); ``decode`` = one decoding step over a key cache of T tokens per sequence (gate: see
-``_measure_decode``).
+bench`` records it); ``decode`` = the amortized one-token step over a key cache of T tokens per sequence: the
+config's whole flush cycle (``decode_bench.flush_cycle``: W plain steps with 0 .. W-1 rows pending, then the
+step that rotates the cache) timed as one CUDA-graph replay and divided by its steps, as ``pathtune bench
+--pass decode --graph`` times it (gate: see ``_measure_decode``).
 
 Tests inject a cost model instead: ``pathtune tune --measure-with module:function`` (or
 ``path/to/file.py:function``), any callable taking a ``MeasureTask`` and returning such a dict.
@@ -463,13 +465,17 @@ def _decode_gate_setup(task: MeasureTask) -> tuple:
     return (q, k, v, w, beta, g), step, cache
 
 
-def _decode_timed_callable(task: MeasureTask, params: Any) -> tuple:
-    """(fn, q [B,HQ,D], cached k, cached v): one decoding step per sequence over a cache of seq_len tokens
-    (fn resets the cache length before each call)."""
+def _decode_timed_callable(task: MeasureTask, params: Any, *, cycle: bool = True) -> tuple:
+    """(fn, q [B,HQ,D], cached k, cached v): one call of fn runs ``fn.steps`` one-token decoding steps per
+    sequence over a cache of seq_len tokens: the config's flush cycle (before each step the cache is set to
+    seq_len rows, of which the cycle's count are pending; the last step flushes), or with ``cycle`` False one
+    step with nothing pending."""
     import torch
 
     from pathtune.codegen.triton.decode import path_decode_triton
     from pathtune.runtime.reference.recurrent import PaTHKVCache
+
+    from .decode_bench import flush_cycle
 
     wl = task.workload
     dtype = getattr(torch, wl["dtype"])
@@ -483,20 +489,51 @@ def _decode_timed_callable(task: MeasureTask, params: Any) -> tuple:
     if g is not None:
         cc = torch.cumsum(torch.log(torch.rand(B, T + 1, HQ, device=q.device, generator=gen) * 0.05 + 0.95), dim=1)
     cache = PaTHKVCache(ck, cv, cc, T, HQ)
+    pending = flush_cycle(params.decode_pending_window, 1) if cycle else [0]
+    path_decode_triton(q, k, v, w, beta, g, cache, config=params)   # allocates the window the cycle's states use
 
     def fn():
-        cache.length = T
-        return path_decode_triton(q, k, v, w, beta, g, cache, config=params)
+        out = None
+        for p in pending:
+            cache.set_state(T, T - p)
+            out = path_decode_triton(q, k, v, w, beta, g, cache, config=params)
+        return out
 
+    fn.steps, fn.cache = len(pending), cache
     return fn, q[:, 0], ck[:, :T], cv[:, :T]
+
+
+def _time_decode(fn: Callable[[], Any], task: MeasureTask) -> dict:
+    """``_time`` of the flush cycle ``fn`` (``_decode_timed_callable``), per step: on CUDA the cycle captured in one
+    CUDA graph (its GPU time; a short cache's eager step is host-bound), eager when the capture fails (said in
+    ``bench_method``)."""
+    import torch
+
+    steps = fn.steps
+    how = "eager"
+    if torch.cuda.is_available():
+        from .decode_bench import graphed
+
+        fn()
+        try:
+            fn = graphed(fn)
+            how = "CUDA-graph replay"
+        except RuntimeError as exc:   # keep the eager timing; the method says so
+            how = f"eager (graph capture failed: {str(exc).splitlines()[0][:120]})"
+            torch.cuda.synchronize()
+    out = _time(fn, task)
+    for key in ("median_ms", "p20_ms", "p80_ms"):
+        out[key] /= steps
+    out["bench_method"] += f", {how} of a {steps}-step flush cycle, per step" if steps > 1 else f", {how}, one step"
+    return out
 
 
 def _measure_decode(task: MeasureTask) -> dict:
     """Gate: a prompt of check_len tokens in a cache (keys transported in float64, stored in the
     workload dtype), one decoding step by the kernel; its output vs the float64 reference step on the
     same cache (``o``, gated) and vs the float64 naive attention over prompt + token (``o_vs_naive``,
-    reported: it adds the cache's storage rounding, which no config changes). Timing: one step per sequence over a
-    cache of seq_len tokens, batch sequences (the cache length is reset before each call)."""
+    reported: it adds the cache's storage rounding, which no config changes). Timing: the amortized step of the
+    config's flush cycle over a cache of seq_len tokens, batch sequences (``_time_decode``)."""
     if task.backend != "triton":
         raise NotImplementedError(f"decode tuning runs the Triton decode kernel; backend {task.backend!r} "
                                   "is not supported for the decode pass")
@@ -531,9 +568,10 @@ def _measure_decode(task: MeasureTask) -> dict:
     if bad:
         return {"status": "wrong", "errors": errors,
                 "message": "accuracy gate (decode step vs the float64 reference): " + ", ".join(bad)}
-    fn, q_t, ck, cv = _decode_timed_callable(task, params)
+    # the whole flush cycle on CUDA; one plain step in the CPU interpreter (its times only order configs)
+    fn, q_t, ck, cv = _decode_timed_callable(task, params, cycle=torch.cuda.is_available())
     with torch.no_grad():
-        timing = _time(fn, task)
+        timing = _time_decode(fn, task)
     out = {"status": "ok", "errors": errors, **timing}
     base, name = _baseline(task, q_t, ck, cv)
     if base is not None:
