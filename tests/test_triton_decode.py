@@ -560,8 +560,8 @@ def test_decode_bench_times_and_records_each_token_count(monkeypatch, tmp_path):
     monkeypatch.setattr(db, "_median_ms", lambda fn: (fn(), 1.0)[1])
     seen = []
     real = db.pathtune_callable
-    monkeypatch.setattr(db, "pathtune_callable", lambda cache, step, config: seen.append(step[0].shape[1])
-                        or real(cache, step, config))
+    monkeypatch.setattr(db, "pathtune_callable", lambda cache, step, config, **kw: seen.append(step[0].shape[1])
+                        or real(cache, step, config, **kw))
     rows = db.run_decode_bench(((2, 32),), (20,), (True,), batch=1, config=dict(decode_block_n=16),
                                tokens=(1, 4), baselines=("fla",), device=DEV, log=lambda s: None)
     assert [(r.tokens, bool(r.failures.get("pathtune"))) for r in rows] == [(1, False), (4, False)], rows[1].failures

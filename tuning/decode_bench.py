@@ -307,7 +307,7 @@ def _sweep(row: DecodeRow, cache, step, D: int, log, keys0, only: Optional[dict]
             err = accuracy(cache, step, params)["o"]
             if not err < ACCURACY_LIMIT:
                 raise RuntimeError(f"o error {err:.3g}")
-            entry["ms"] = _median_ms(pathtune_callable(cache, step, params, graph))
+            entry["ms"] = _median_ms(pathtune_callable(cache, step, params, graph=graph))
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             cache.sync_length()   # a failed capture leaves the host mirrors unknown
@@ -372,7 +372,7 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                     if not row.errors["o"] < ACCURACY_LIMIT:
                         raise RuntimeError(f"accuracy check failed: o error {row.errors['o']:.3g} >= "
                                            f"{ACCURACY_LIMIT}")
-                    row.times["pathtune"] = _median_ms(pathtune_callable(cache, step, params, graph))
+                    row.times["pathtune"] = _median_ms(pathtune_callable(cache, step, params, graph=graph))
                 except Exception as exc:  # a failing config is a recorded status, not a crash
                     row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                     cache.sync_length()
