@@ -657,3 +657,39 @@ def test_gate_offset_timing_proxies_change_only_the_gated_tile_loop(monkeypatch)
                 assert not torch.allclose(outs[name], outs["shipped"]), name
             else:
                 assert torch.equal(outs[name], outs["shipped"]), name
+
+
+@pytest.mark.parametrize("TN", [1, 4])
+def test_flush_pass_candidates_equal_the_shipped_kernel(monkeypatch, TN):
+    """benchmarks/variants/decode_flush_pipelined.py (the flush pass with the next block's keys loaded before the
+    current block's products) in the launcher's place:
+    a flushing step (two 64-row rotation blocks per split) gives the shipped kernel's output and rotated keys
+    exactly; the prefetch with the next block's rows one block off (a wrong offset) is caught."""
+    import pathtune.codegen.triton.decode as dec
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    cand = load_script("benchmarks/variants/decode_flush_pipelined.py")
+    from kernel_variants import load_variant, module_source
+
+    wrong = load_variant(module_source(dec), "decode_kernel", "decode_flush_prefetch_wrong",
+                         [(cand.SHIPPED_LOOP, cand.PREFETCH_LOOP.replace("kr_n = kr + ROT_ROWS", "kr_n = kr"))])
+    B, HQ, H, D, T0 = 1, 4, 2, 128, 200
+    gen = torch.Generator().manual_seed(21 + TN)
+    prompt = [torch.randn(B, T0, HQ if i == 0 else H, D, generator=gen) for i in range(3)]
+    w = F.normalize(torch.randn(B, T0, H, D, generator=gen), dim=-1)
+    beta = torch.rand(B, T0, H, generator=gen) * 0.5 + 1.5
+    g = F.logsigmoid(torch.randn(B, T0, HQ, generator=gen) + 3.0)
+    ref = path_attention_prefill(*[x.double() for x in (*prompt, w, beta, g)], max_len=T0 + 2 * TN)[1]
+    steps = [[x[:, :TN].clone() for x in (*prompt, w, beta, g)] for _ in range(2)]
+    cfg = dict(decode_splits=2, decode_block_n=32)   # 100 rows a split: two 64-row rotation blocks at D 128
+    outs = {}
+    for name, kernel in (("shipped", dec.decode_kernel), ("prefetch", cand.decode_kernel_flush_prefetch),
+                         ("wrong", wrong)):
+        cache = PaTHKVCache(ref.k.float(), ref.v.float(), ref.c.float(), T0, HQ)
+        with monkeypatch.context() as m:
+            m.setattr(dec, "decode_kernel", kernel)
+            o = [path_decode_triton(*xs, cache, config=cfg, window=TN) for xs in steps]   # the 2nd step flushes
+        outs[name] = (torch.cat(o, dim=1), cache.k_buffer.clone())
+    assert torch.equal(outs["prefetch"][0], outs["shipped"][0]) and torch.equal(outs["prefetch"][1], outs["shipped"][1])
+    assert not torch.equal(outs["wrong"][1], outs["shipped"][1])
