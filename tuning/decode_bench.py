@@ -92,8 +92,9 @@ def _median_ms(fn: Callable[[], object]) -> float:
 
 
 def graphed(fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` (already run once: compiled, its buffers allocated) captured in a CUDA graph: the returned callable
-    replays it (the same ``steps``)."""
+    """``fn`` run once (compiling its kernels, allocating its buffers), then captured in a CUDA graph: the returned
+    callable replays it (the same ``steps``)."""
+    fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -190,10 +191,7 @@ def pathtune_callable(cache, step, config, graph: bool = False):
         return out
 
     run.steps = len(cycle)
-    if graph:
-        run()
-        return graphed(run)
-    return run
+    return graphed(run) if graph else run
 
 
 def sdpa_decode_callable(cache, step) -> Optional[Callable[[], object]]:
@@ -390,7 +388,6 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                 with sdpa_backend("flash"):
                     fn = sdpa_decode_callable(cache, step)
                     if fn is not None and graph:
-                        fn()
                         fn = graphed(fn)
                     row.times["sdpa_flash"] = _median_ms(fn) if fn else None
             if "fla" in baselines and TN == 1:

@@ -514,7 +514,6 @@ def _time_decode(fn: Callable[[], Any], task: MeasureTask) -> dict:
     if torch.cuda.is_available():
         from .decode_bench import graphed
 
-        fn()
         try:
             fn = graphed(fn)
             how = "CUDA-graph replay"
