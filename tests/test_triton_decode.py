@@ -661,10 +661,11 @@ def test_gate_offset_timing_proxies_change_only_the_gated_tile_loop(monkeypatch)
 
 @pytest.mark.parametrize("TN", [1, 4])
 def test_flush_pass_candidates_equal_the_shipped_kernel(monkeypatch, TN):
-    """benchmarks/variants/decode_flush_pipelined.py (the flush pass with the next block's keys loaded before the
-    current block's products) in the launcher's place:
+    """benchmarks/variants/decode_flush_pipelined.py in the launcher's place (the flush pass with the next block's
+    keys loaded before the current block's products; the rotation inside the attention loop, no second pass):
     a flushing step (two 64-row rotation blocks per split) gives the shipped kernel's output and rotated keys
-    exactly; the prefetch with the next block's rows one block off (a wrong offset) is caught."""
+    exactly; the prefetch with the next block's rows one block off, and the in-loop rotation one transition
+    short, are caught."""
     import pathtune.codegen.triton.decode as dec
     from repo_scripts import ROOT, load_script
 
@@ -674,6 +675,11 @@ def test_flush_pass_candidates_equal_the_shipped_kernel(monkeypatch, TN):
 
     wrong = load_variant(module_source(dec), "decode_kernel", "decode_flush_prefetch_wrong",
                          [(cand.SHIPPED_LOOP, cand.PREFETCH_LOOP.replace("kr_n = kr + ROT_ROWS", "kr_n = kr"))])
+    src = module_source(dec)
+    short_head = cand.INLOOP_HEAD.replace("Wm, M = _wy(F, NP,", "Wm, M = _wy(F, NP - 1,")
+    short = load_variant(src, "decode_kernel", "decode_flush_inloop_short",
+                         [(cand.SHIPPED_LOOP_HEAD, short_head),
+                          (cand.SHIPPED_LOOP_TAIL, cand._inloop_tail(src)), (cand._second_pass(src), "")])
     B, HQ, H, D, T0 = 1, 4, 2, 128, 200
     gen = torch.Generator().manual_seed(21 + TN)
     prompt = [torch.randn(B, T0, HQ if i == 0 else H, D, generator=gen) for i in range(3)]
@@ -685,11 +691,13 @@ def test_flush_pass_candidates_equal_the_shipped_kernel(monkeypatch, TN):
     cfg = dict(decode_splits=2, decode_block_n=32)   # 100 rows a split: two 64-row rotation blocks at D 128
     outs = {}
     for name, kernel in (("shipped", dec.decode_kernel), ("prefetch", cand.decode_kernel_flush_prefetch),
-                         ("wrong", wrong)):
+                         ("wrong", wrong), ("inloop", cand.decode_kernel_flush_inloop), ("short", short)):
         cache = PaTHKVCache(ref.k.float(), ref.v.float(), ref.c.float(), T0, HQ)
         with monkeypatch.context() as m:
             m.setattr(dec, "decode_kernel", kernel)
             o = [path_decode_triton(*xs, cache, config=cfg, window=TN) for xs in steps]   # the 2nd step flushes
         outs[name] = (torch.cat(o, dim=1), cache.k_buffer.clone())
     assert torch.equal(outs["prefetch"][0], outs["shipped"][0]) and torch.equal(outs["prefetch"][1], outs["shipped"][1])
-    assert not torch.equal(outs["wrong"][1], outs["shipped"][1])
+    assert torch.equal(outs["inloop"][0], outs["shipped"][0]) and torch.equal(outs["inloop"][1], outs["shipped"][1])
+    for name in ("wrong", "short"):
+        assert not torch.equal(outs[name][1], outs["shipped"][1]), name
