@@ -701,3 +701,44 @@ def test_flush_pass_candidates_equal_the_shipped_kernel(monkeypatch, TN):
     assert torch.equal(outs["inloop"][0], outs["shipped"][0]) and torch.equal(outs["inloop"][1], outs["shipped"][1])
     for name in ("wrong", "short"):
         assert not torch.equal(outs[name][1], outs["shipped"][1]), name
+
+
+@pytest.mark.parametrize("TN,steps,cdt", [(4, 3, torch.bfloat16), (1, 9, torch.bfloat16), (4, 3, torch.float32)])
+def test_flush_wy_candidates_match_the_reference(monkeypatch, TN, steps, cdt):
+    """benchmarks/variants/decode_flush_wy.py in the launcher's place (the WY factors by recursive doubling; a bf16
+    cache's rotation rounds as split-bf16 products, pipelined): steps whose last one flushes NP = 8 + TN pending
+    transitions (every doubling level active) match the float64 reference (output and rotated keys); the doubling
+    one level short and the split rounds without their hi x hi product are caught."""
+    import pathtune.codegen.triton.decode as dec
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    cand = load_script("benchmarks/variants/decode_flush_wy.py")
+    from kernel_variants import load_variant, module_source
+
+    src = module_source(dec)
+    short_wy = cand.DOUBLING_WY.replace("tl.static_range(1, 7)", "tl.static_range(1, 3)")
+    short = load_variant(src, "decode_kernel", "decode_wy_short", [(cand.SHIPPED_WY, short_wy)])
+    no_hihi = load_variant(src, "decode_kernel", "decode_rot_no_hihi",
+                           [(cand.SHIPPED_ROUNDS, cand.SPLIT_ROUNDS.replace("(mm(KWh, Mh, INTERP) + (", "(("))])
+    B, HQ, H, D, T0 = 1, 4, 2, 64, 150
+    cfg = dict(decode_splits=2, decode_block_n=32)   # 75 frame rows a split: a 64-row round and a ragged one
+    kernels = [("wy_doubling", cand.decode_kernel_wy_doubling, True), ("rot_split", cand.decode_kernel_rot_split, True),
+               ("wy_rot", cand.decode_kernel_wy_rot, True), ("short", short, False)]
+    if cdt == torch.bfloat16:
+        kernels.append(("no_hihi", no_hihi, False))
+    torch.manual_seed(40 + TN)
+    for name, kernel, good in kernels:
+        tri, ref_cache = prefilled(B, T0, HQ, H, D, D, True, cdt)
+        ok = True
+        with monkeypatch.context() as m:
+            m.setattr(dec, "decode_kernel", kernel)
+            for _ in range(steps):       # window 8: the last step flushes 8 + TN pending rows
+                inputs = make(B, TN, HQ, H, D, D, True, dtype=torch.float32 if cdt == torch.float32 else cdt)
+                o, ref = step_both(tri, ref_cache, inputs, config=cfg, window=8)
+                ok &= rel(o, ref) < TOL_O[cdt]
+        n = tri.length
+        exact = _EXACT[id(ref_cache)][1].k[:, :n]
+        err, ref_err = rel(tri.k[:, :n], exact), rel(ref_cache.k[:, :n], exact)
+        ok &= err < max(TOL_K[cdt], 1.1 * ref_err)
+        assert ok == good, (name, err, ref_err)

@@ -605,3 +605,44 @@ def test_intra_walk_loads_tma_or_pointers(spy_launches, D, DV, offset, stages, t
     o, lse = run((q, k, v, w, beta, g), params(superchunk_size=64, intra_num_stages=stages))
     check(o, lse, *oracle(q, k, v, w, beta, g), TOL[F32])
     assert seen == [(tma, stages)], seen
+
+
+@pytest.mark.parametrize("diag_block,parallel,lens", [(16, True, (150,)), (64, False, (70, 1, 57)), (64, True, (150,)),
+                                                       (8, False, (150,))])
+def test_ut_doubling_candidates_against_float64(monkeypatch, diag_block, parallel, lens):
+    """benchmarks/variants/ut_doubling_inverse.py in the launcher's place (the diagonal-block inverses by recursive
+    doubling, at UP or at tf32x3; SB = C: the whole inverse, no merge): U, K~ and M within the substitution's
+    float64 bounds for a float32 state, varlen chunks ending mid-block, w nearly parallel at beta = 2; the
+    doubling one level short is caught."""
+    from pathtune.codegen.triton import forward as fwd
+    from pathtune.codegen.triton import ut as ut_mod
+    from pathtune.codegen.triton._layout import build_tables
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    cand = load_script("benchmarks/variants/ut_doubling_inverse.py")
+    from kernel_variants import load_variant, module_source
+
+    short = load_variant(module_source(ut_mod), "ut_fused_kernel", "ut_doubling_short",
+                         [(cand.SHIPPED_INVERSE, cand.DOUBLING_INVERSE.replace("DOUBLING_PRECISION", "UP"))],
+                         append=cand.HELPER.replace("tl.static_range(1, 7)", "tl.static_range(1, 2)"))
+    H, C, D = 2, 64, 64
+    N = sum(lens)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    g = torch.Generator().manual_seed(diag_block + len(lens) + parallel)
+    w = torch.randn(N, H, D, generator=g)
+    if parallel:
+        w = w[:1] + 0.02 * torch.randn(N, H, D, generator=g)
+    w = F.normalize(w, dim=-1)
+    k = torch.randn(N, H, D, generator=g).to(torch.bfloat16)
+    beta = torch.full((N, H), 2.0) if parallel else 1.5 + 0.5 * torch.rand(N, H, generator=g)
+    p = TritonParams(ut_precision="tf32x3", ut_diag_block=diag_block)
+    tables = build_tables(1, N, cu if len(lens) > 1 else None, C, p.superchunk_size, torch.device("cpu"),
+                          block_m=p.block_m)
+    refs = _ut_stage_reference(w, k, beta, cu, C, torch.float32)
+    for name, kernel, good in (("doubling", cand.ut_fused_kernel_doubling, True),
+                               ("doubling_x3", cand.ut_fused_kernel_doubling_x3, True), ("short", short, False)):
+        monkeypatch.setattr(fwd, "ut_fused_kernel", kernel)
+        got = fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=torch.float32, write_w=True)
+        errs = [rel(mine, ref) for mine, ref in zip(got[:3], refs)]
+        assert all(e < _SUBSTITUTION_BOUNDS[parallel][torch.float32] for e in errs) == good, (name, errs)
