@@ -362,11 +362,11 @@ _CHILD = textwrap.dedent("""
 @pytest.mark.slow
 def test_decode_kernels_compile_for_sm90():
     """The decode kernel compiles for sm_90 at the heuristic knobs for D = 64 and 128 (one token MHA; 4 and 16
-    tokens GQA 4; every flush rotates in a second pass in compact WY form), also with
+    tokens GQA 4; a flush rotates the frame rows in decode_rotate_kernel), also with
     its tile loop pipelined 3 deep (decode_num_stages=3; not the 16-token GQA kernel, whose 64 query rows of
     staged tiles exceed a block's shared memory at 3 stages); the hot single-token MHA
-    launch of the heuristic config spills less than 768 B (108 B at D = 64, 624 B at D = 128 at 4 warps,
-    in the flush's WY pass over 8192 / BD-row blocks; its key-tile loop spills nothing); shared
+    launch of the heuristic config spills less than 768 B (24 B at D = 64, 596 B at D = 128 at 4 warps,
+    in the flush's WY factors and pending-row rotation; its key-tile loop spills nothing); shared
     memory fits an H200 block.
     Pipelining shows in the one-row path's shared memory (its loads are staged there; unpipelined it
     holds the WY pass's operands and reduction scratch)."""
@@ -410,7 +410,7 @@ def test_gpu_long_cache_bf16(D, H, HQ, TN):
 @pytest.mark.parametrize("D,H,HQ,TN", [(128, 8, 8, 1), (64, 2, 8, 4)])
 def test_gpu_pipelined_tile_loop(D, H, HQ, TN, stages):
     """decode_num_stages > 1 on the GPU (the interpreter ignores tl.range's num_stages): cp.async loads of
-    later tiles in flight while a tile is processed, then the flush's second pass rotates the same rows in
+    later tiles in flight while a tile is processed, then the flush's rotation kernel rotates the same rows in
     place; several tiles per split."""
     B, T0 = 2, 4096
     tri, ref_cache = prefilled(B, T0, HQ, H, D, D, True, torch.bfloat16)
@@ -657,88 +657,3 @@ def test_gate_offset_timing_proxies_change_only_the_gated_tile_loop(monkeypatch)
                 assert not torch.allclose(outs[name], outs["shipped"]), name
             else:
                 assert torch.equal(outs[name], outs["shipped"]), name
-
-
-@pytest.mark.parametrize("TN", [1, 4])
-def test_flush_pass_candidates_equal_the_shipped_kernel(monkeypatch, TN):
-    """benchmarks/variants/decode_flush_pipelined.py in the launcher's place (the flush pass with the next block's
-    keys loaded before the current block's products; the rotation inside the attention loop, no second pass):
-    a flushing step (two 64-row rotation blocks per split) gives the shipped kernel's output and rotated keys
-    exactly; the prefetch with the next block's rows one block off, and the in-loop rotation one transition
-    short, are caught."""
-    import pathtune.codegen.triton.decode as dec
-    from repo_scripts import ROOT, load_script
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    cand = load_script("benchmarks/variants/decode_flush_pipelined.py")
-    from kernel_variants import load_variant, module_source
-
-    wrong = load_variant(module_source(dec), "decode_kernel", "decode_flush_prefetch_wrong",
-                         [(cand.SHIPPED_LOOP, cand.PREFETCH_LOOP.replace("kr_n = kr + ROT_ROWS", "kr_n = kr"))])
-    src = module_source(dec)
-    short_head = cand.INLOOP_HEAD.replace("Wm, M = _wy(F, NP,", "Wm, M = _wy(F, NP - 1,")
-    short = load_variant(src, "decode_kernel", "decode_flush_inloop_short",
-                         [(cand.SHIPPED_LOOP_HEAD, short_head),
-                          (cand.SHIPPED_LOOP_TAIL, cand._inloop_tail(src)), (cand._second_pass(src), "")])
-    B, HQ, H, D, T0 = 1, 4, 2, 128, 200
-    gen = torch.Generator().manual_seed(21 + TN)
-    prompt = [torch.randn(B, T0, HQ if i == 0 else H, D, generator=gen) for i in range(3)]
-    w = F.normalize(torch.randn(B, T0, H, D, generator=gen), dim=-1)
-    beta = torch.rand(B, T0, H, generator=gen) * 0.5 + 1.5
-    g = F.logsigmoid(torch.randn(B, T0, HQ, generator=gen) + 3.0)
-    ref = path_attention_prefill(*[x.double() for x in (*prompt, w, beta, g)], max_len=T0 + 2 * TN)[1]
-    steps = [[x[:, :TN].clone() for x in (*prompt, w, beta, g)] for _ in range(2)]
-    cfg = dict(decode_splits=2, decode_block_n=32)   # 100 rows a split: two 64-row rotation blocks at D 128
-    outs = {}
-    for name, kernel in (("shipped", dec.decode_kernel), ("prefetch", cand.decode_kernel_flush_prefetch),
-                         ("wrong", wrong), ("inloop", cand.decode_kernel_flush_inloop), ("short", short)):
-        cache = PaTHKVCache(ref.k.float(), ref.v.float(), ref.c.float(), T0, HQ)
-        with monkeypatch.context() as m:
-            m.setattr(dec, "decode_kernel", kernel)
-            o = [path_decode_triton(*xs, cache, config=cfg, window=TN) for xs in steps]   # the 2nd step flushes
-        outs[name] = (torch.cat(o, dim=1), cache.k_buffer.clone())
-    assert torch.equal(outs["prefetch"][0], outs["shipped"][0]) and torch.equal(outs["prefetch"][1], outs["shipped"][1])
-    assert torch.equal(outs["inloop"][0], outs["shipped"][0]) and torch.equal(outs["inloop"][1], outs["shipped"][1])
-    for name in ("wrong", "short"):
-        assert not torch.equal(outs[name][1], outs["shipped"][1]), name
-
-
-@pytest.mark.parametrize("TN,steps,cdt", [(4, 3, torch.bfloat16), (1, 9, torch.bfloat16), (4, 3, torch.float32)])
-def test_flush_wy_candidates_match_the_reference(monkeypatch, TN, steps, cdt):
-    """benchmarks/variants/decode_flush_wy.py in the launcher's place (the WY factors by recursive doubling; a bf16
-    cache's rotation rounds as split-bf16 products, pipelined): steps whose last one flushes NP = 8 + TN pending
-    transitions (every doubling level active) match the float64 reference (output and rotated keys); the doubling
-    one level short and the split rounds without their hi x hi product are caught."""
-    import pathtune.codegen.triton.decode as dec
-    from repo_scripts import ROOT, load_script
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    cand = load_script("benchmarks/variants/decode_flush_wy.py")
-    from kernel_variants import load_variant, module_source
-
-    src = module_source(dec)
-    short_wy = cand.DOUBLING_WY.replace("tl.static_range(1, 7)", "tl.static_range(1, 3)")
-    short = load_variant(src, "decode_kernel", "decode_wy_short", [(cand.SHIPPED_WY, short_wy)])
-    no_hihi = load_variant(src, "decode_kernel", "decode_rot_no_hihi",
-                           [(cand.SHIPPED_ROUNDS, cand.SPLIT_ROUNDS.replace("(mm(KWh, Mh, INTERP) + (", "(("))])
-    B, HQ, H, D, T0 = 1, 4, 2, 64, 150
-    cfg = dict(decode_splits=2, decode_block_n=32)   # 75 frame rows a split: a 64-row round and a ragged one
-    kernels = [("wy_doubling", cand.decode_kernel_wy_doubling, True), ("rot_split", cand.decode_kernel_rot_split, True),
-               ("wy_rot", cand.decode_kernel_wy_rot, True), ("short", short, False)]
-    if cdt == torch.bfloat16:
-        kernels.append(("no_hihi", no_hihi, False))
-    torch.manual_seed(40 + TN)
-    for name, kernel, good in kernels:
-        tri, ref_cache = prefilled(B, T0, HQ, H, D, D, True, cdt)
-        ok = True
-        with monkeypatch.context() as m:
-            m.setattr(dec, "decode_kernel", kernel)
-            for _ in range(steps):       # window 8: the last step flushes 8 + TN pending rows
-                inputs = make(B, TN, HQ, H, D, D, True, dtype=torch.float32 if cdt == torch.float32 else cdt)
-                o, ref = step_both(tri, ref_cache, inputs, config=cfg, window=8)
-                ok &= rel(o, ref) < TOL_O[cdt]
-        n = tri.length
-        exact = _EXACT[id(ref_cache)][1].k[:, :n]
-        err, ref_err = rel(tri.k[:, :n], exact), rel(ref_cache.k[:, :n], exact)
-        ok &= err < max(TOL_K[cdt], 1.1 * ref_err)
-        assert ok == good, (name, err, ref_err)
