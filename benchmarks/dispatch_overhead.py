@@ -112,7 +112,7 @@ def main() -> None:
 
 
 class _NoLaunch:
-    """Stands in for a decode kernel: ``decode_kernel[grid](*args, **kwargs)`` takes the arguments, launches nothing
+    """Stands in for ``decode_kernel``: ``decode_kernel[grid](*args, **kwargs)`` takes the arguments, launches nothing
     and returns a compiled kernel whose launcher launches nothing either, so that the step's later calls take its
     repeat path (the kept compiled kernel's launcher) as they do on a GPU; the real kernel's attributes (its Python
     function) show through."""
@@ -155,9 +155,8 @@ def decode_host(n: int, repeats: int = 7) -> dict:
     from pathtune.runtime import dispatch
 
     B, L0, dev, dt = 8, 4096, torch.device("meta"), torch.bfloat16
-    real_kernels = {name: getattr(tdecode, name) for name in ("decode_kernel", "decode_rotate_kernel")}
-    for name, real in real_kernels.items():
-        setattr(tdecode, name, _NoLaunch(real))
+    real_kernel = tdecode.decode_kernel
+    tdecode.decode_kernel = _NoLaunch(real_kernel)
     out = {}
     try:
         for D, H in ((64, 16), (128, 8)):
@@ -199,8 +198,7 @@ def decode_host(n: int, repeats: int = 7) -> dict:
                 print(f"decode {tag:22s}: call key + step lookup {row['key_lookup']:6.2f} us/call; whole cached "
                       f"call, launch stubbed {row['call']:6.2f} us/call")
     finally:
-        for name, real in real_kernels.items():
-            setattr(tdecode, name, real)
+        tdecode.decode_kernel = real_kernel
     return out
 
 

@@ -232,17 +232,6 @@ class PaTHKVCache:
             self._frame = min(L + n, self.max_len)
         self._len += n
 
-    def flush_rows(self, n: int, window: Optional[int]) -> Optional[int]:
-        """The frame rows [0, F) a decode step of ``n`` tokens with pending window ``window`` rotates into the new
-        frame: F when more than ``window`` rows would be pending after it (the kernels' flush rule), 0 when it
-        flushes nothing; None when the host mirrors are unknown (after a CUDA-graph capture) or a capture is under
-        way (a captured step must be replayable whatever the state is then)."""
-        if self._len is None or self._frame is None or _capturing(self._k):
-            return None
-        L = min(self._len, self.max_len)
-        F = min(self._frame, L)
-        return F if window is None or L - F + n > window else 0
-
     def pending_window(self, slots: int) -> tuple[Tensor, Tensor]:
         """The pending window (w [B, S, H, D], beta [B, S, H], float32) with S >= max(slots, 1) slots, allocated on
         first use and grown (contents kept) when a step needs more; a static cache keeps it once allocated.
@@ -352,14 +341,6 @@ class PaTHKVCache:
             buf = torch.empty(n, dtype=torch.float32, device=self._k.device)
             parts = self._work[key] = tuple(buf[a:a + size] for a, size in zip(starts, sizes))
         return parts
-
-    def int_workspace(self, key: tuple, n: int) -> Tensor:
-        """An int32 scratch tensor of ``n`` elements on the cache's device, made on first use (uninitialised: its
-        kernels write it before they read it) and kept for later steps."""
-        t = self._work.get(key)
-        if t is None:
-            t = self._work[key] = torch.empty(n, dtype=torch.int32, device=self._k.device)
-        return t
 
     # pickled state: the public names of k's companions (v, c, num_q_heads), never the layout key
     _PICKLED = ("_k", "v", "c", "num_q_heads", "static", "_state", "_len", "_frame", "_hint", "_work", "_pw", "_pb",

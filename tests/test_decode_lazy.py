@@ -1,7 +1,6 @@
 """Lazy key rotation of the Triton decode step (codegen/triton/decode.py): a pending window of W tokens, the
 cache rotated into the newest frame only when more than W tokens would be pending (decided on the device);
-a flush step rotates the pending rows in the decode kernel and the frame rows in decode_rotate_kernel, both
-through the compact WY form of the pending transitions.
+one-token steps rotate the frame rows in the attention pass, multi-token steps in a second pass in compact WY form.
 
 CPU: the kernels run in Triton's interpreter (tests/conftest.py) at tiny shapes, with small windows so a few
 steps cross several flushes. Every output is checked against the float64 recompute (naive attention over the
@@ -21,7 +20,7 @@ import triton.language as tl
 import pathtune
 from pathtune.codegen.kv_cache import PaTHKVCache
 from pathtune.codegen.triton import TritonParams, path_decode_triton
-from pathtune.codegen.triton.decode import _fdot, _wy
+from pathtune.codegen.triton.decode import _fdot, _rotate, _wy
 from pathtune.runtime.reference import naive_path_attention
 from pathtune.runtime.reference.recurrent import current_frame_keys, path_attention_prefill
 
@@ -106,47 +105,6 @@ def test_many_steps_cross_flushes_vs_float64_recompute(HQ, H, gate, cdt, steps, 
     assert cache.frame == t                   # reading k materialized the pending rows
     if gate:
         assert rel(cache.c[:, :t], torch.cumsum(full[5].double(), 1)[:, :t]) < 1e-6
-
-
-
-
-@pytest.mark.parametrize("TN,cdt", [(1, torch.bfloat16), (4, torch.float32)])
-def test_rotation_kernel_runs_on_flush_steps_or_when_the_host_cannot_tell(spy_launches, TN, cdt):
-    """decode_rotate_kernel (a flush step's frame rows) is launched after exactly the steps that flush while the
-    host mirrors are known, and after every step once they are unknown (a static cache after a CUDA-graph capture:
-    the kernel then reads on the device whether the step flushed and returns at once when not); both runs give the
-    same outputs, keys and device state bitwise.  Without the rotation (the launches dropped) the keys are off."""
-    import pathtune.codegen.triton.decode as dec
-
-    B, HQ, H, D, P, n = 1, 4, 2, 64, 150, 6
-    full = sequence(B, P + n * TN, HQ, H, D, True, cdt, seed=7 + TN)
-    launches = spy_launches(dec, "decode_rotate_kernel")
-    cfg = dict(decode_splits=2, decode_block_n=32)
-    known = prefill(full, P, cdt, static_cap=P + n * TN)
-    unknown = copy.deepcopy(known)
-    unknown._len = unknown._frame = None              # what a capture leaves: only the device knows the state
-    outs = {}
-    for name, cache in (("known", known), ("unknown", unknown)):
-        del launches[:]
-        outs[name] = torch.cat([path_decode_triton(*cut(full, P + i * TN, P + (i + 1) * TN), cache, config=cfg,
-                                                   window=2 * TN) for i in range(n)], dim=1)
-        # window 2 TN: steps 3 and 6 flush (3 TN rows would be pending)
-        assert len(launches) == (2 if name == "known" else n), (name, launches)
-    assert torch.equal(outs["known"], outs["unknown"])
-    assert torch.equal(known.k_buffer, unknown.k_buffer)
-    assert known.state_tensor.tolist() == unknown.state_tensor.tolist() == [P + n * TN, P + n * TN]
-    kr = current_frame_keys(*f64((full[1], full[3], full[4])))
-    assert rel(known.k, kr) < TOL_K[cdt]
-    skipped = prefill(full, P, cdt, static_cap=P + n * TN)
-    real = dec.decode_rotate_kernel
-    dec.decode_rotate_kernel = type("NoLaunch", (), {"__getitem__": lambda self, grid: lambda *a, **k: None,
-                                                     "__getattr__": lambda self, attr: getattr(real, attr)})()
-    try:
-        for i in range(n):
-            path_decode_triton(*cut(full, P + i * TN, P + (i + 1) * TN), skipped, config=cfg, window=2 * TN)
-    finally:
-        dec.decode_rotate_kernel = real
-    assert rel(skipped.k, kr) > 10 * TOL_K[cdt]
 
 
 @pytest.mark.parametrize("HQ,H,tn", [(2, 2, 1), (4, 2, 3)])
@@ -418,28 +376,26 @@ def test_multi_token_flush_equals_the_one_token_steps():
 
 
 @triton.jit
-def _wy_kernel(k_ptr, frame_ptr, pend_ptr, pw_ptr, pb_ptr, w_ptr, b_ptr, P, NP, H: tl.constexpr, D: tl.constexpr,
-               BD: tl.constexpr, PB: tl.constexpr, ROWS: tl.constexpr, BETA_MAX: tl.constexpr):
+def _wy_vs_serial_kernel(k_ptr, ser_ptr, wy_ptr, pw_ptr, pb_ptr, w_ptr, b_ptr, P, NP, H: tl.constexpr, D: tl.constexpr,
+                 BD: tl.constexpr, PB: tl.constexpr, ROWS: tl.constexpr, BETA_MAX: tl.constexpr):
     d = tl.arange(0, BD)
     dmask = d < D
     r = tl.arange(0, ROWS)
     off = r[:, None] * D + d[None, :]
     K = tl.load(k_ptr + off, mask=dmask[None, :], other=0.0)
-    frame = ROWS   # the pointers' frame base (the window's slots follow it)
+    frame = ROWS   # every row is a frame row: all NP transitions apply
+    Ks = _rotate(K, r, frame, NP, pw_ptr, pb_ptr, w_ptr, b_ptr, P, H, D, d, dmask, BETA_MAX)
     Wm, M = _wy(frame, NP, pw_ptr, pb_ptr, w_ptr, b_ptr, P, H, D, d, dmask, PB, BETA_MAX, True)
-    KW = _fdot(K, tl.trans(Wm), True)
-    # a frame row takes every transition; pending row r (window slot r) those after it, as decode_kernel's owner
-    tl.store(frame_ptr + off, K - _fdot(KW, M, True), mask=dmask[None, :])
-    s = tl.arange(0, PB)
-    tl.store(pend_ptr + off, K - _fdot(tl.where(s[None, :] > r[:, None], KW, 0.0), M, True), mask=dmask[None, :])
+    Kw = K - _fdot(_fdot(K, tl.trans(Wm), True), M, True)
+    tl.store(ser_ptr + off, Ks, mask=dmask[None, :])
+    tl.store(wy_ptr + off, Kw, mask=dmask[None, :])
 
 
 def test_compact_wy_form_equals_the_serial_rotation():
     """decode.py's ``_wy`` (W, M = T W from the window slots and this step's tokens) applied as k - (k W^T) M
-    equals the float64 serial product (H_F first), and with k W^T restricted to the slots after a pending row's
-    own (the trailing part of the form, as the decode kernel rotates the pending rows) that row's suffix product,
-    in the interpreter, for pending counts with and without padding (NP < PB) and beta in [1.5, 2) (one beta 0:
-    an identity transition); the reversed order (H_{N-1} first) is far off, so the check can fail."""
+    equals ``_rotate``'s serial updates (H_F first) and the float64 serial product, in the interpreter, for
+    pending counts with and without padding (NP < PB) and beta in [1.5, 2) (one beta 0: an identity
+    transition); the reversed order (H_{N-1} first) is far off, so the check can fail."""
     gen = torch.Generator().manual_seed(0)
     H, D, ROWS = 2, 24, 16   # D padded to BD = 32; the pointers address kv head 1 of 2
     for P, TN, PB in ((3, 4, 16), (16, 16, 32), (0, 16, 16), (5, 11, 16)):
@@ -452,21 +408,18 @@ def test_compact_wy_form_equals_the_serial_rotation():
         pb = torch.zeros(max(P, 1), H)
         pw[:P], pb[:P] = ws[:P].float(), bs[:P].float()
         wn, bn = ws[P:].float().contiguous(), bs[P:].float().contiguous()
-        wy, pend = torch.zeros(ROWS, D), torch.zeros(ROWS, D)
-        _wy_kernel[(1,)](k.float(), wy, pend, pw[:, 1], pb[:, 1], wn[:, 1], bn[:, 1], P, NP,
-                         H=H, D=D, BD=32, PB=PB, ROWS=ROWS, BETA_MAX=2.0)
+        ser, wy = torch.zeros(ROWS, D), torch.zeros(ROWS, D)
+        _wy_vs_serial_kernel[(1,)](k.float(), ser, wy, pw[:, 1], pb[:, 1], wn[:, 1], bn[:, 1], P, NP,
+                                   H=H, D=D, BD=32, PB=PB, ROWS=ROWS, BETA_MAX=2.0)
         exact = k.clone()
-        suffix = k.clone()
-        for s in range(NP):                       # k^T H_F H_{F+1} ... H_{N-1}; row r: from slot r + 1 on
+        for s in range(NP):                       # k^T H_F H_{F+1} ... H_{N-1}
             w, b = ws[s, 1], bs[s, 1]
             exact = exact - b * (exact @ w)[:, None] * w[None, :]
-            after = (torch.arange(ROWS) < s).double()[:, None]
-            suffix = suffix - after * b * (suffix @ w)[:, None] * w[None, :]
         reverse = k.clone()
         for s in reversed(range(NP)):
             w, b = ws[s, 1], bs[s, 1]
             reverse = reverse - b * (reverse @ w)[:, None] * w[None, :]
+        assert rel(ser, exact) < 1e-5, (P, TN, rel(ser, exact))
         assert rel(wy, exact) < 1e-5, (P, TN, rel(wy, exact))
-        assert rel(pend, suffix) < 1e-5, (P, TN, rel(pend, suffix))
-        assert rel(suffix, exact) > 0.1
+        assert rel(wy, ser) < 1e-5
         assert rel(reverse, exact) > 0.1

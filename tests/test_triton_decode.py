@@ -362,11 +362,11 @@ _CHILD = textwrap.dedent("""
 @pytest.mark.slow
 def test_decode_kernels_compile_for_sm90():
     """The decode kernel compiles for sm_90 at the heuristic knobs for D = 64 and 128 (one token MHA; 4 and 16
-    tokens GQA 4; a flush rotates the frame rows in decode_rotate_kernel), also with
+    tokens GQA 4; every flush rotates in a second pass in compact WY form), also with
     its tile loop pipelined 3 deep (decode_num_stages=3; not the 16-token GQA kernel, whose 64 query rows of
     staged tiles exceed a block's shared memory at 3 stages); the hot single-token MHA
-    launch of the heuristic config spills less than 768 B (24 B at D = 64, 596 B at D = 128 at 4 warps,
-    in the flush's WY factors and pending-row rotation; its key-tile loop spills nothing); shared
+    launch of the heuristic config spills less than 768 B (108 B at D = 64, 624 B at D = 128 at 4 warps,
+    in the flush's WY pass over 8192 / BD-row blocks; its key-tile loop spills nothing); shared
     memory fits an H200 block.
     Pipelining shows in the one-row path's shared memory (its loads are staged there; unpipelined it
     holds the WY pass's operands and reduction scratch)."""
@@ -410,7 +410,7 @@ def test_gpu_long_cache_bf16(D, H, HQ, TN):
 @pytest.mark.parametrize("D,H,HQ,TN", [(128, 8, 8, 1), (64, 2, 8, 4)])
 def test_gpu_pipelined_tile_loop(D, H, HQ, TN, stages):
     """decode_num_stages > 1 on the GPU (the interpreter ignores tl.range's num_stages): cp.async loads of
-    later tiles in flight while a tile is processed, then the flush's rotation kernel rotates the same rows in
+    later tiles in flight while a tile is processed, then the flush's second pass rotates the same rows in
     place; several tiles per split."""
     B, T0 = 2, 4096
     tri, ref_cache = prefilled(B, T0, HQ, H, D, D, True, torch.bfloat16)

@@ -257,8 +257,8 @@ def main(argv=None):
     if args.pass_ in ("all", "fwd"):
         launches += forward_kernels(params, args.head_dim, args.head_dim)
     if args.pass_ in ("all", "decode"):
-        # one token, MHA (row-reduction path) and 4- and 16-token GQA steps (tensor-core path), and the flush's
-        # frame-row rotation (decode_rotate_kernel)
+        # one token, MHA (row-reduction path) and 4- and 16-token GQA steps (tensor-core path); every
+        # flush rotates the keys in a second pass in compact WY form
         launches += decode_kernels(params, args.head_dim, args.head_dim)
         for tokens in (4, 16):
             launches += decode_kernels(params, args.head_dim, args.head_dim, group=4, tokens=tokens)[:1]

@@ -17,45 +17,43 @@ Flush rule (decided on the device, from L and F, by every program alike): when L
 step also rotates every row into the frame of the last new token N-1 (N = L + T_new): each frame row
 j < F gets H_F, H_{F+1}, .., H_{N-1} in that order (NP = N - F transitions, fp32, rounded to the cache
 dtype once) after its logits were taken from k~_j . q^_i; the pending rows F .. N-1 get H_{j+1} ..
-H_{N-1}; the state update at the end of the step sets F = N.  All NP transitions act at once in compact WY
-form, H_F H_{F+1} .. H_{N-1} = I - W^T T W (W [PB, D]: row s = w_{F+s}; T upper triangular with
-T^-1 = diag(1/beta) + the strictly upper part of W W^T, found once per (batch, kv head) by recursive
-doubling, ``_wy``): a frame row k <- k - (k W^T) M with M = T W (fp32-accurate); a pending row takes the
-trailing part of the form (its own slot onwards: k W^T restricted to the later slots).  Products: ieee where
-the kernel computes in fp32, one tf32 pass for a bf16 cache (its keys are exact in tf32, and tf32's rounding
-of w and M is below the key's own rounding at the store), tf32x3 for fp16 (``_rot_dot``).
-
-Who does what: the decode kernel's owner program of each (batch, kv head) forms W and M after its attention
-pass, rotates the pending rows and stores W, M; ``decode_rotate_kernel``, launched after it, rotates the frame
-rows [0, F) with its own grid (many programs of a few 16 KB rounds each, four per SM).  The frame rows' rounds
-ran inside the decode kernel before (255 registers, two programs per SM, one per split, each walking its
-split's rows round after round): on the H200 (B = 8) a flush step took 0.13-0.15 ms at a 4K cache and
-0.67-0.86 ms at 32K against 0.05 / 0.26 ms for a plain step; rewriting K is ~0.03 / ~0.2 ms of HBM traffic.
-The rotation kernel runs after the steps that flush when the host knows it (the cache's host mirrors,
-``PaTHKVCache.flush_rows``) and after every step when it cannot (after a CUDA-graph capture, or inside one:
-the kernel reads the rows to rotate, 0 on a non-flush step, that the decode kernel recorded on the device).
+H_{N-1} (serial rank-one updates, which give every row its partial product); the state update at the
+end of the step sets F = N.  The frame rows are rotated after the attention pass, for any T_new (NP up to
+W + T_new): each program makes a second pass over its split's frame rows and applies all NP transitions
+at once in compact WY form, H_F H_{F+1} .. H_{N-1} = I - W^T T W (W [PB, D]: row s = w_{F+s}; T upper
+triangular with T^-1 = diag(1/beta) + the strictly upper part of W W^T, found once per program by back
+substitution): a key row k <- k - ((k W^T) T) W = k - (k W^T) M with M = T W formed once (fp32-accurate),
+two products per block of ROT_ROWS = 8192 / BD rows (128 at BD = 64, 64 at BD = 128; 16 at BD = 256)
+instead of NP dependent row reductions per key: ieee where the kernel computes in fp32, one tf32 pass for
+a bf16 cache (its keys are exact in tf32, and tf32's rounding of w and M is below the key's own rounding at
+the store: on an H200 a 32K-cache flush step takes 0.68-1.03 ms against 0.96-1.53 at tf32x3), tf32x3 for
+fp16 (whose rounding is tf32's).  Large blocks give each program a few large products instead of many small dependent
+load -> product -> store rounds.  The second read of the split's keys costs less than it saves: on an H200
+(B = 8, 32K cache) a one-token flush step takes 0.98-1.08 ms with it, 1.35-1.65 ms when the attention loop
+rotates each key tile it reads by NP serial rank-one updates.
 
 So the cache rounds a key once per flush instead of once per token, the key writes happen once every
-~W / T_new steps, and one launch (two on a flush, or one captured CUDA graph) serves flush and non-flush
-steps.  W = 0 flushes on every step: the eager-rotation scheme (read K, rotate, write K, read V every step) on
-the same code path.
+~W / T_new steps, and one launch (or one captured CUDA graph) serves flush and non-flush steps.  W = 0
+flushes on every step: the eager-rotation scheme (read K, rotate, write K, read V every step) on the same
+code path.
 
 Kernels.  ``decode_kernel``: grid (B*H, splits).  A program owns a contiguous share of the key tiles
 of rows [0, F) of one (batch, kv head); the last split also owns the pending block, rows [F, N) (at
 most W + T_new rows, one padded block of PB rows): it writes the new rows (raw k, v, gate cumsums)
 and, on a non-flush step, their window slots, then folds the pending logits into its softmax, and on a
-flush rotates the block in place (after its frame tiles).  Every program walks the pending positions itself
-(O((W + T_new) D) per query row, reading only w / beta; the owner also reads the pending keys), so no program waits
+flush rotates the block in place.  Every program walks the pending positions itself (O((W + T_new) D)
+per query row, reading only w / beta; the owner also reads the pending keys), so no program waits
 for another.  The partial online softmax (m, l, acc) covers every query head of the kv-head group
 (GQA: K and V are read once per group); one token with one query head per kv head (MHA) uses row
-reductions instead of tensor-core products.  Each program then stores its partials and
+reductions instead of tensor-core products.  On a flush a program rotates the frame rows its tile loop
+has read in its second pass over the same rows, as the flush rule says (a barrier orders the loop's reads
+before the pass's writes; rows in blocks of ROT_ROWS).  Each program then stores its partials and
 counts its arrival on an int32 counter of its (batch, kv head) (``tl.atomic_add``, acq_rel); the last split
 to arrive merges the partials of every split into o (and lse), resets that counter to 0 and counts the
 merged (batch, kv head) on one more counter; the last of those (every program of the grid has read the
-state by then) resets it and advances L by T_new and, on a flush, sets F = N and records F's old value as
-the rows for ``decode_rotate_kernel`` (0 on a non-flush step).  The counters
-(``PaTHKVCache.arrival_counters``) are zero between steps with no fill per step.  The grids depend only on
-the cache's capacity: a step is one or two launches and no host sync (capturable in a CUDA graph).  Rows past the
+state by then) resets it and advances L by T_new and, on a flush, sets F = N.  The counters
+(``PaTHKVCache.arrival_counters``) are zero between steps with no fill per step.  The grid depends only on
+the cache's capacity: a step is one launch and no host sync (capturable in a CUDA graph).  Rows past the
 capacity are never written (a replayed graph that overflows drops them; the length then exceeds the
 capacity, which the cache reports).
 
@@ -82,13 +80,13 @@ from pathtune.codegen.kv_cache import PaTHKVCache
 from ._ops import interpreting, mm, next_pow2, padded_dim
 from .params import TritonParams
 
-__all__ = ["decode_kernel", "decode_rotate_kernel", "path_decode_triton", "path_prefill_triton",
+__all__ = ["decode_kernel", "path_decode_triton", "path_prefill_triton",
            "current_frame_keys_triton", "decode_params", "decode_loop_stages", "TritonDecodeStep"]
 
 # W, the pending window (the spec's decode_pending_window): a step flushes (rotates the whole cache into
 # the newest frame) when more than W tokens would be pending after it; 0 = rotate on every step.  16
-# amortizes the flush (decode_rotate_kernel's pass over K applying the up to W + T_new transitions in compact
-# WY form) over 16 one-token steps.
+# amortizes the flush (a second pass over K applying the up to W + T_new transitions in compact WY form)
+# over 16 one-token steps.
 
 _LOG2E = 1.4426950408889634
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" of the running max (keeps exp2(m_old - m_new) NaN-free)
@@ -178,6 +176,18 @@ def _transition(pw_base, pb_base, wb, bb, s, P, H: tl.constexpr, D: tl.constexpr
 
 
 @triton.jit
+def _rotate(K, pos, F, n_rot, pw_base, pb_base, wb, bb, P, H: tl.constexpr, D: tl.constexpr, d, dmask,
+            BETA_MAX: tl.constexpr):
+    """K [rows, BD] fp32 holding the keys of positions ``pos``: apply H_F, H_{F+1}, .., H_{F+n_rot-1} in order,
+    each to the rows before its position (frame rows: all of them; a pending row j: H_{j+1} onwards)."""
+    for s in range(0, n_rot):
+        w, beta = _transition(pw_base, pb_base, wb, bb, s, P, H, D, d, dmask, BETA_MAX)
+        a = tl.where(pos < F + s, beta * tl.sum(K * w[None, :], axis=1), 0.0)
+        K = K - a[:, None] * w[None, :]
+    return K
+
+
+@triton.jit
 def _fdot(a, b, IEEE: tl.constexpr):
     """fp32 x fp32 -> fp32 at fp32 accuracy: full-precision products (IEEE) or three tf32 tensor-core passes."""
     if IEEE:
@@ -186,28 +196,13 @@ def _fdot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _rot_dot(a, b, cdt: tl.constexpr, F32: tl.constexpr):
-    """A product of the flush's rotation (float32 operands): one tf32 tensor-core pass for a bf16 cache (its keys
-    are exact in tf32, and tf32's rounding of w and M, 2^-11 relative, stays below the key's own bf16 rounding at
-    the store, 2^-9), else at fp32 accuracy (``_fdot``)."""
-    if cdt == tl.bfloat16:
-        return tl.dot(a, b, input_precision="tf32")
-    return _fdot(a, b, F32)
-
-
-@triton.jit
 def _wy(F, NP, pw_base, pb_base, wb, bb, P, H: tl.constexpr, D: tl.constexpr, d, dmask, PB: tl.constexpr,
         BETA_MAX: tl.constexpr, IEEE: tl.constexpr):
     """Compact WY form of the NP pending transitions: H_F H_{F+1} .. H_{F+NP-1} = I - W^T T W with W [PB, BD]
     (row s = w_{F+s}, zero rows for s >= NP) and T [PB, PB] upper triangular, T^-1 = diag(1/beta) + the strictly
-    upper part of W W^T, i.e. T = (I + N)^-1 diag(beta) with N = diag(beta) strictUpper(W W^T).  (I + N)^-1 by
-    recursive doubling: the inverse of each 2s-block from those of its two s-blocks, X <- X - X E_s X (E_s: N's
-    block above the diagonal inside each 2s-block; block triangular inversion, the function back substitution
-    computes), log2(PB) - 1 levels of two PB x PB products at fp32 accuracy, the levels at or past NP skipped,
-    instead of NP dependent back-substitution steps (17 for one token at W = 16, up to 48 for 16 tokens), each
-    two reductions across the program's warps.  Divides by nothing (beta = 0 gives a zero row and column) and
-    leaves the padding rows / columns s >= NP zero.  Returns (W, M = T W) [PB, BD] fp32: a key row k maps to
-    k - (k W^T) M."""
+    upper part of W W^T.  Back substitution from the last row, T[i] = beta_i (e_i - U[i] T) with U the strictly
+    upper part of W W^T, divides by nothing (beta = 0 gives a zero row) and leaves the padding rows / columns
+    s >= NP zero.  Returns (W, M = T W) [PB, BD] fp32: a key row k maps to k - (k W^T) M."""
     s = tl.arange(0, PB)
     old = s < P
     new = (s >= P) & (s < NP)
@@ -218,16 +213,15 @@ def _wy(F, NP, pw_base, pb_base, wb, bb, P, H: tl.constexpr, D: tl.constexpr, d,
     b_new = tl.minimum(tl.load(bb + (s - P) * H, mask=new, other=0.0).to(tl.float32), BETA_MAX)
     bw = tl.where(old, b_old, b_new)
     U = _fdot(Wm, tl.trans(Wm), IEEE)
-    N = tl.where(s[None, :] > s[:, None], bw[:, None] * U, 0.0)
-    X = tl.where(s[:, None] == s[None, :], 1.0, 0.0) - tl.where((s // 2)[:, None] == (s // 2)[None, :], N, 0.0)
-    for lv in tl.static_range(1, 7):
-        SBLK = 1 << lv
-        if SBLK < PB:
-            if SBLK < NP:
-                E = tl.where(((s // (2 * SBLK))[:, None] == (s // (2 * SBLK))[None, :])
-                             & ((s // SBLK) % 2 == 0)[:, None] & ((s // SBLK) % 2 == 1)[None, :], N, 0.0)
-                X = X - _fdot(_fdot(X, E, IEEE), X, IEEE)
-    return Wm, _fdot(X * bw[None, :], Wm, IEEE)
+    U = tl.where(s[None, :] > s[:, None], U, 0.0)
+    T = tl.zeros([PB, PB], tl.float32)
+    for i2 in range(0, NP):
+        i = NP - 1 - i2
+        u_i = tl.sum(tl.where((s == i)[:, None], U, 0.0), axis=0)
+        b_i = tl.sum(tl.where(s == i, bw, 0.0), axis=0)
+        t_i = b_i * (tl.where(s == i, 1.0, 0.0) - tl.sum(u_i[:, None] * T, axis=0))
+        T = tl.where((s == i)[:, None], t_i[None, :], T)
+    return Wm, _fdot(T, Wm, IEEE)
 
 
 @triton.jit
@@ -308,7 +302,7 @@ def _merge_splits(m_part, l_part, acc_part, o_ptr, lse_ptr, pid, b, h, n_splits,
 @triton.jit(do_not_specialize=["max_len", "n_splits"])
 def decode_kernel(
     q_ptr, knew_ptr, vnew_ptr, w_ptr, beta_ptr, g_ptr, k_ptr, v_ptr, c_ptr, st_ptr, pw_ptr, pb_ptr,
-    m_part, l_part, acc_part, o_ptr, lse_ptr, cnt_ptr, wy_ptr, rot_ptr,
+    m_part, l_part, acc_part, o_ptr, lse_ptr, cnt_ptr,
     max_len, n_splits,
     qk_scale, gate_scale,
     H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
@@ -318,8 +312,8 @@ def decode_kernel(
     PB: tl.constexpr, STORE_LSE: tl.constexpr, STAGES: tl.constexpr = None,
 ):
     """One split of one (batch, kv head): partial softmax over its frame tiles (+ the pending block on the last
-    split); on a flush step the last split also rotates the pending rows and stores the compact WY factors that
-    ``decode_rotate_kernel`` rotates the frame rows with.
+    split); on a flush step, a second pass over the split's frame rows rotates them (compact WY form) and writes
+    them back.
 
     New tokens: q [B, TN, H*G, D], k [B, TN, H, D], v [B, TN, H, DV], w [B, TN, H, D], beta [B, TN, H],
     g [B, TN, H*G] (contiguous; w / beta / g in any float dtype, converted to fp32 here).  Cache:
@@ -329,9 +323,7 @@ def decode_kernel(
     the pending block.  Partials: m/l [B*H, n_splits, R], acc [B*H, n_splits, R, BDV] (fp32, base-2 logits).
     Outputs: o [B, TN, H*G, DV], lse [B, TN, H*G] (natural log, with STORE_LSE), written by the last split of the
     (batch, kv head) to arrive (``_merge_splits``).  cnt: int32 [B*H + 1], zero before and after the launch:
-    the arrival counters of each (batch, kv head), then the count of merged (batch, kv head)s.  wy: fp32
-    [B*H, 2, PB, BD], W and M = T W of a flush step; rot: int32 [1], the frame rows a flush rotates (set to F, or
-    0 on a non-flush step, by the last program).
+    the arrival counters of each (batch, kv head), then the count of merged (batch, kv head)s.
     STAGES: software-pipelining stages of the key-tile loop (None: the loop as written).
     """
     pid = tl.program_id(0)
@@ -407,6 +399,13 @@ def decode_kernel(
     l_i = tl.sum(pp, axis=1)
     Vp = tl.load(v_base + pr[:, None] * (H * DV) + dv[None, :], mask=pmask[:, None] & dvmask[None, :], other=0.0)
     acc = _pv(pp, Vp, ROWWISE, F32, INTERP)
+    if flush & own:
+        tl.debug_barrier()  # the walk has read the raw pending keys
+        kpoff = pr[:, None] * (H * D) + d[None, :]
+        Kp = tl.load(k_base + kpoff, mask=pmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        Kp = _rotate(Kp, prow, F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, BETA_MAX)
+        tl.store(k_base + kpoff, _to_cache(Kp, cdt, INTERP), mask=pmask[:, None] & dmask[None, :])
+
     # the frame tiles: rows [0, F) of this split
     # the frame queries as the logit product takes them: fp32 for row reductions and fp32 products, else
     # rounded to the cache dtype (tensor-core operands)
@@ -450,23 +449,30 @@ def decode_kernel(
     tl.store(m_part + part * R + r, m_i)
     tl.store(l_part + part * R + r, l_i)
     tl.store(acc_part + (part * R + r)[:, None] * BDV + dv[None, :], acc)
-    if flush & own:
-        # the NP transitions in compact WY form (after the tile loop: its live tiles are dead here): the factors
-        # for decode_rotate_kernel (the frame rows), and the pending rows here: row F + j takes the transitions
-        # after its own position, the trailing part of the form (T is upper triangular),
-        # k <- k - ((k W^T) on slots > j) M
+    if flush:
+        # the split's frame rows, rotated by all NP transitions at once (compact WY form) in a second pass,
+        # after the loop above has read them; blocks of ROT_ROWS rows (128 at BD = 64, 64 at BD = 128): a few
+        # large products per program rather than many small dependent load -> product -> store rounds
         Wm, M = _wy(F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, PB, BETA_MAX, F32)
-        wyo = (pid * (2 * PB) + col)[:, None] * BD + d[None, :]
-        tl.store(wy_ptr + wyo, Wm)
-        tl.store(wy_ptr + PB * BD + wyo, M)
-        tl.debug_barrier()  # every thread's walk has read the raw pending keys; the factors are stored
-        kpoff = pr[:, None] * (H * D) + d[None, :]
-        Kp = tl.load(k_base + kpoff, mask=pmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        # W and M read back (L2) rather than kept live through the products: 488 instead of 780 B of spills per
-        # thread at D128 (offline sm_90)
-        KW = tl.where(col[None, :] > col[:, None], _rot_dot(Kp, tl.trans(tl.load(wy_ptr + wyo)), cdt, F32), 0.0)
-        Kp = Kp - _rot_dot(KW, tl.load(wy_ptr + PB * BD + wyo), cdt, F32)
-        tl.store(k_base + kpoff, _to_cache(Kp, cdt, INTERP), mask=pmask[:, None] & dmask[None, :])
+        ROT_ROWS: tl.constexpr = 8192 // BD if BD <= 128 else 16
+        rr = tl.arange(0, ROT_ROWS)
+        row_hi = tl.minimum(t_hi * BLOCK_N, F)
+        tl.debug_barrier()  # every thread of this program is past its last read of these rows
+        for r0 in range(t_lo * BLOCK_N, row_hi, ROT_ROWS):
+            kr = r0 + rr
+            kmask = (kr < row_hi)[:, None] & dmask[None, :]
+            kro = kr.to(tl.int64) if OFF64 else kr
+            kroff = kro[:, None] * (H * D) + d[None, :]
+            Kf = tl.load(k_base + kroff, mask=kmask, other=0.0).to(tl.float32)
+            if cdt == tl.bfloat16:
+                # one tensor-core pass per product: a bf16 key is exact in tf32, and w and M rounded to tf32
+                # (2^-11 relative) stay below the key's own bf16 rounding at the store (2^-9)
+                KW = tl.dot(Kf, tl.trans(Wm), input_precision="tf32")
+                Kf = Kf - tl.dot(KW, M, input_precision="tf32")
+            else:
+                Kf = Kf - _fdot(_fdot(Kf, tl.trans(Wm), F32), M, F32)
+            tl.store(k_base + kroff, _to_cache(Kf, cdt, INTERP), mask=kmask)
+
     # arrival: the last split of this (batch, kv head) to finish merges the partials of all its splits.  The
     # barrier puts every thread's partial stores before the counter's (acq_rel, gpu-scope) increment, whose
     # release publishes them; the merging program's acquire (its result reaches every thread through a
@@ -489,73 +495,8 @@ def decode_kernel(
             F_raw = tl.load(st_ptr + 1)
             L_st = tl.minimum(L_raw, max_len)
             F_st = tl.minimum(F_raw, L_st)
-            flushed = _flushes(L_st, F_st, TN, W)
-            tl.store(st_ptr + 1, tl.where(flushed, tl.minimum(L_st + TN, max_len), F_raw))
+            tl.store(st_ptr + 1, tl.where(_flushes(L_st, F_st, TN, W), tl.minimum(L_st + TN, max_len), F_raw))
             tl.store(st_ptr, L_raw + TN)
-            tl.store(rot_ptr, tl.where(flushed, F_st, 0))   # the frame rows decode_rotate_kernel rotates
-
-
-@triton.jit(do_not_specialize=["max_len"])
-def decode_rotate_kernel(
-    k_ptr, wy_ptr, rot_ptr, max_len,
-    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, PB: tl.constexpr, ROT_ROWS: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, F32: tl.constexpr, OFF64: tl.constexpr, INTERP: tl.constexpr,
-):
-    """The frame rows of a flush step, rotated into the step's last frame: grid (B*H, cdiv(max_len, BLOCK_ROWS)), one
-    program per BLOCK_ROWS rows of one (batch, kv head), launched after ``decode_kernel`` (which read the rows).
-
-    rot: int32 [1], the rows [0, F) to rotate (0 when the step did not flush: every program returns at once);
-    wy: fp32 [B*H, 2, PB, BD], the step's compact WY factors W and M = T W of its (batch, kv head), written by
-    ``decode_kernel``; a key row k <- k - (k W^T) M, in rounds of ROT_ROWS rows (``_rot_dot``).  Its own grid,
-    registers and occupancy: inside the decode kernel (255 registers, 2 programs per SM, one program per split) the
-    rounds ran one after another per program and a flush step took 0.13-0.15 ms at a 4K cache, 0.67-0.86 at 32K,
-    against 0.05 / 0.26 for a plain step (H200, B = 8)."""
-    pid = tl.program_id(0)
-    lo = tl.program_id(1) * BLOCK_ROWS
-    n_rot = tl.load(rot_ptr)
-    if lo < n_rot:
-        b = (pid // H).to(tl.int64)
-        h = pid % H
-        k_base = k_ptr + b * max_len * (H * D) + h * D
-        cdt = k_ptr.dtype.element_ty
-        s = tl.arange(0, PB)
-        d = tl.arange(0, BD)
-        dmask = d < D
-        wyo = (pid * (2 * PB) + s)[:, None] * BD + d[None, :]
-        Wm = tl.load(wy_ptr + wyo)
-        M = tl.load(wy_ptr + PB * BD + wyo)
-        rr = tl.arange(0, ROT_ROWS)
-        hi = tl.minimum(lo + BLOCK_ROWS, n_rot)
-        for r0 in range(lo, hi, ROT_ROWS):
-            kr = r0 + rr
-            kmask = (kr < hi)[:, None] & dmask[None, :]
-            kro = kr.to(tl.int64) if OFF64 else kr
-            kroff = kro[:, None] * (H * D) + d[None, :]
-            Kf = tl.load(k_base + kroff, mask=kmask, other=0.0).to(tl.float32)
-            Kf = Kf - _rot_dot(_rot_dot(Kf, tl.trans(Wm), cdt, F32), M, cdt, F32)
-            tl.store(k_base + kroff, _to_cache(Kf, cdt, INTERP), mask=kmask)
-
-
-def rotation_rows(BD: int) -> int:
-    """Rows per round of ``decode_rotate_kernel`` at padded head dim BD: 4096 / BD (a float32 tile of 16 KB), at least
-    16.  Offline sm_90 builds at 4 warps: 122 registers at BD = 64, 124 at 128 (four programs per SM); the 32 KB
-    tiles of the decode kernel's old flush pass took 195-218 (two)."""
-    return max(16, 4096 // BD)
-
-
-@functools.lru_cache(maxsize=16)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def rotation_block(B: int, H: int, max_len: int, BD: int, device: torch.device) -> int:
-    """Rows per program of ``decode_rotate_kernel``: rounds of ``rotation_rows(BD)`` rows, as few as give a full cache
-    ~8 programs per SM (at most 16 rounds; a CPU device counts as one SM)."""
-    rows = rotation_rows(BD)
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 1
-    rounds = max(1, min(16, B * H * max_len // (rows * 8 * sms)))
-    return rows * (1 << (rounds.bit_length() - 1))
 
 
 @functools.lru_cache(maxsize=256)
@@ -697,14 +638,6 @@ class TritonDecodeStep:
         self._geo: dict = {}   # capacity -> _geometry(capacity)
         self._options = dict(num_warps=self.num_warps, num_stages=2)
         self._launch = KernelLauncher(sys.modules[__name__], "decode_kernel")   # repeats skip the JIT's binding
-        # a flush step's frame rows: decode_rotate_kernel, launched after the step when it flushes (the host mirrors
-        # say so) or may flush (mirrors unknown, or a CUDA-graph capture: the kernel reads on the device whether)
-        BD, PB = self.const["BD"], self.const["PB"]
-        self._wy_key = (("triton_decode_wy", B * H, PB, BD), (B * H * 2 * PB * BD,))
-        self._rot_const = dict(H=H, D=D, BD=BD, PB=PB, ROT_ROWS=rotation_rows(BD), F32=f32, INTERP=interpreting())
-        self._rot_geo: dict = {}   # (capacity, device) -> (grid, constexprs)
-        self._rot_options = dict(num_warps=4, num_stages=1)
-        self._rotate = KernelLauncher(sys.modules[__name__], "decode_rotate_kernel")
 
     def launch_splits(self, max_len: int) -> int:
         """Splits per (batch, kv head): the knob, capped by the key tiles of the cache's capacity (the grid
@@ -723,24 +656,12 @@ class TritonDecodeStep:
                                         (nrow, nrow, nrow * self.BDV), const)
         return geo
 
-    def _rotation(self, max_len: int, device: torch.device, off64: bool) -> tuple:
-        """(grid, constexprs) of decode_rotate_kernel on a cache of capacity ``max_len`` on ``device``."""
-        geo = self._rot_geo.get((max_len, device))
-        if geo is None:
-            block = rotation_block(self.B, self.H, max_len, self._rot_const["BD"], device)
-            geo = self._rot_geo[(max_len, device)] = ((self.B * self.H, triton.cdiv(max(max_len, 1), block)),
-                                                      dict(self._rot_const, BLOCK_ROWS=block, OFF64=off64))
-        return geo
-
     def __call__(self, q, k, v, w, beta, g, cache: PaTHKVCache, *, return_lse: bool = False):
         TN = self.TN
         cache.reserve(TN)
         max_len = cache.max_len
         grid, splits, parts, sizes, const = self._geometry(max_len)
         m_part, l_part, acc_part = cache.workspace_parts(parts, sizes)   # 16-byte aligned views, kept by the cache
-        wy = cache.workspace_parts(*self._wy_key)[0]
-        rot = cache.int_workspace(("triton_decode_rot",), 1)
-        flush_rows = cache.flush_rows(TN, self.window)   # before the step: None when the host cannot tell
         if not q.is_contiguous():
             q = q.contiguous()
         if not k.is_contiguous():
@@ -757,24 +678,14 @@ class TritonDecodeStep:
         o = torch.empty(self._o_shape, device=q.device, dtype=self.q_dtype)
         lse = torch.empty(self._o_shape[:3], device=q.device, dtype=torch.float32) if return_lse else m_part
         tensors = (q, k, v, w, beta, gg, cache.k_buffer, cache.v, m_part if c is None else c, cache.state_tensor,
-                   pw, pb, m_part, l_part, acc_part, o, lse, cache.arrival_counters, wy, rot)
+                   pw, pb, m_part, l_part, acc_part, o, lse, cache.arrival_counters)
         WS = pw.shape[1]
         key = tensor_key(tensors)
-        dev_index = torch.cuda.current_device() if q.is_cuda else -1
         if key is not None:   # what the compiled kernel depends on besides the geometry's constants
-            key = (key, max_len, WS, return_lse, dev_index)
+            key = (key, max_len, WS, return_lse, torch.cuda.current_device() if q.is_cuda else -1)
         args = (*tensors, max_len, splits, self.qk_scale, self.gate_scale)
         if not self._launch.repeat(key, args):
             self._launch(grid, args, dict(const, WS=WS, STORE_LSE=return_lse), self._options, key)
-        if flush_rows is None or flush_rows > 0:
-            rgrid, rconst = self._rotation(max_len, q.device, const["OFF64"])
-            rtensors = (cache.k_buffer, wy, rot)
-            rkey = tensor_key(rtensors)
-            if rkey is not None:
-                rkey = (rkey, max_len, dev_index)
-            rargs = (*rtensors, max_len)
-            if not self._rotate.repeat(rkey, rargs):
-                self._rotate(rgrid, rargs, rconst, self._rot_options, rkey)
         cache.advanced(TN, window=self.window)
         return (o, lse) if return_lse else o
 
@@ -916,7 +827,7 @@ def path_decode_triton(q, k, v, w, beta, g, cache, *, scale: Optional[float] = N
 
 def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
                          heads: int = 8, group: int = 1, tokens: int = 1, window: Optional[int] = None):
-    """[(fn, signature, constexprs, num_warps, num_stages)] of the decode step's two kernels for
+    """[(fn, signature, constexprs, num_warps, num_stages)] of the decode step's one launch for
     ``compile_check.compile_kernel`` (sm_90 compilation without a GPU), as ``TritonDecodeStep`` launches it."""
     window = params.decode_pending_window if window is None else int(window)
     rowwise, R = decode_layout(tokens, group)
@@ -925,8 +836,7 @@ def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = 
     sig = {n: io for n in ("q_ptr", "knew_ptr", "vnew_ptr", "k_ptr", "v_ptr", "o_ptr")}
     for n in ("w_ptr", "beta_ptr", "g_ptr", "c_ptr", "pw_ptr", "pb_ptr", "m_part", "l_part", "acc_part", "lse_ptr"):
         sig[n] = f32p
-    sig["wy_ptr"] = f32p
-    sig["st_ptr"] = sig["cnt_ptr"] = sig["rot_ptr"] = "*i32"
+    sig["st_ptr"] = sig["cnt_ptr"] = "*i32"
     sig["max_len"] = sig["n_splits"] = "i32"
     sig["qk_scale"] = sig["gate_scale"] = "fp32"
     BD, BDV = padded_dim(D), padded_dim(DV)
@@ -935,10 +845,7 @@ def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = 
                  ROWWISE=rowwise, F32=dtype == "fp32", USE_GATE=gate, BETA_MAX=params.beta_max, OFF64=False,
                  INTERP=False, STAGES=decode_loop_stages(params), W=window, WS=max(window, 1),
                  PB=padded_dim(window + tokens), STORE_LSE=False)
-    rot_sig = dict(k_ptr=io, wy_ptr=f32p, rot_ptr="*i32", max_len="i32")
-    rot_const = dict(H=heads, D=D, BD=BD, PB=const["PB"], ROT_ROWS=rotation_rows(BD), BLOCK_ROWS=16 * rotation_rows(BD),
-                     F32=dtype == "fp32", OFF64=False, INTERP=False)
-    return [(decode_kernel, sig, const, params.decode_num_warps, 2), (decode_rotate_kernel, rot_sig, rot_const, 4, 1)]
+    return [(decode_kernel, sig, const, params.decode_num_warps, 2)]
 
 
 def current_frame_keys_triton(k, w, beta, *, params: TritonParams):
