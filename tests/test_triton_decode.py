@@ -657,3 +657,43 @@ def test_gate_offset_timing_proxies_change_only_the_gated_tile_loop(monkeypatch)
                 assert not torch.allclose(outs[name], outs["shipped"]), name
             else:
                 assert torch.equal(outs[name], outs["shipped"]), name
+
+
+def test_flush_part_timing_proxies_leave_out_one_part_each(monkeypatch):
+    """benchmarks/variants/decode_flush_parts.py (timing-only proxies of a flush step without its pending-row
+    rotation, without the WY back substitution, without the frame rows' rounds) in the launcher's place: a step that
+    does not flush equals the shipped kernel's; the flushing step's keys differ from the shipped kernel's in the rows
+    the left-out part rotates (pending rows; every rotated row; the frame rows but not the pending ones)."""
+    import pathtune.codegen.triton.decode as dec
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    cand = load_script("benchmarks/variants/decode_flush_parts.py")
+    B, HQ, H, D, T0, TN = 1, 4, 2, 32, 100, 2
+    gen = torch.Generator().manual_seed(5)
+    prompt = [torch.randn(B, T0, HQ if i == 0 else H, D, generator=gen) for i in range(3)]
+    w = F.normalize(torch.randn(B, T0, H, D, generator=gen), dim=-1)
+    beta = torch.rand(B, T0, H, generator=gen) * 0.5 + 1.5
+    g = F.logsigmoid(torch.randn(B, T0, HQ, generator=gen) + 3.0)
+    ref = path_attention_prefill(*[x.double() for x in (prompt[0], prompt[1], prompt[2], w, beta, g)],
+                                 max_len=T0 + 2 * TN)[1]
+    steps = [[x[:, :TN].clone() for x in (*prompt, w, beta, g)] for _ in range(2)]
+    cfg = dict(decode_splits=2, decode_block_n=16)
+    outs = {}
+    for name, kernel in (("shipped", dec.decode_kernel), ("no_pending", cand.decode_kernel_flush_no_pending),
+                         ("no_wy", cand.decode_kernel_flush_no_wy), ("no_rounds", cand.decode_kernel_flush_no_rounds)):
+        cache = PaTHKVCache(ref.k.float(), ref.v.float(), ref.c.float(), T0, HQ)
+        with monkeypatch.context() as m:
+            m.setattr(dec, "decode_kernel", kernel)
+            first = path_decode_triton(*steps[0], cache, config=cfg, window=TN)      # no flush
+            path_decode_triton(*steps[1], cache, config=cfg, window=TN)              # flushes
+        outs[name] = (first, cache.k_buffer[:, :T0 + 2 * TN].clone())
+    frame, pending = slice(0, T0), slice(T0, T0 + 2 * TN)
+    base = outs["shipped"][1]
+    for name in ("no_pending", "no_wy", "no_rounds"):
+        assert torch.equal(outs[name][0], outs["shipped"][0]), name
+    assert torch.equal(outs["no_pending"][1][:, frame], base[:, frame])
+    assert not torch.equal(outs["no_pending"][1][:, pending], base[:, pending])
+    assert not torch.equal(outs["no_wy"][1][:, frame], base[:, frame])
+    assert not torch.equal(outs["no_rounds"][1][:, frame], base[:, frame])
+    assert torch.equal(outs["no_rounds"][1][:, pending], base[:, pending])
