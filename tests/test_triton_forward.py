@@ -605,3 +605,32 @@ def test_intra_walk_loads_tma_or_pointers(spy_launches, D, DV, offset, stages, t
     o, lse = run((q, k, v, w, beta, g), params(superchunk_size=64, intra_num_stages=stages))
     check(o, lse, *oracle(q, k, v, w, beta, g), TOL[F32])
     assert seen == [(tma, stages)], seen
+
+
+def test_ut_stage_part_timing_proxies_leave_out_one_part_each(monkeypatch):
+    """benchmarks/variants/ut_stage_parts.py (timing-only proxies of the one-launch UT stage without its inverse,
+    without W K^T, without U / K~) in the launcher's place: each changes exactly what its left-out part makes
+    (no inverse: U, K~, M; no W K^T: M and K~ but not U; no apply: U and K~ left as allocated, M as shipped)."""
+    from pathtune.codegen.triton import forward as fwd
+    from pathtune.codegen.triton._layout import build_tables
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    cand = load_script("benchmarks/variants/ut_stage_parts.py")
+    H, C, D, N = 2, 64, 64, 100
+    g = torch.Generator().manual_seed(3)
+    w = F.normalize(torch.randn(N, H, D, generator=g), dim=-1)
+    k = torch.randn(N, H, D, generator=g).to(torch.bfloat16)
+    beta = 1.5 + 0.5 * torch.rand(N, H, generator=g)
+    p = TritonParams(ut_precision="tf32", ut_diag_block=16)
+    tables = build_tables(1, N, None, C, p.superchunk_size, torch.device("cpu"), block_m=p.block_m)
+
+    def run(kernel):
+        monkeypatch.setattr(fwd, "ut_fused_kernel", kernel)
+        return fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=torch.float32, write_w=True)[:3]
+
+    u, kt, m = run(fwd.ut_fused_kernel)
+    ni, nw = run(cand.ut_fused_kernel_no_inverse), run(cand.ut_fused_kernel_no_wk)
+    assert not torch.equal(ni[0], u) and not torch.equal(ni[1], kt) and not torch.equal(ni[2], m)
+    assert torch.equal(nw[0], u) and not torch.equal(nw[1], kt) and bool((nw[2] == 0).all())
+    assert torch.equal(run(cand.ut_fused_kernel_no_apply)[2], m)
