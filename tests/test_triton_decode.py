@@ -675,8 +675,7 @@ def test_flush_part_timing_proxies_leave_out_one_part_each(monkeypatch):
     w = F.normalize(torch.randn(B, T0, H, D, generator=gen), dim=-1)
     beta = torch.rand(B, T0, H, generator=gen) * 0.5 + 1.5
     g = F.logsigmoid(torch.randn(B, T0, HQ, generator=gen) + 3.0)
-    ref = path_attention_prefill(*[x.double() for x in (prompt[0], prompt[1], prompt[2], w, beta, g)],
-                                 max_len=T0 + 2 * TN)[1]
+    ref = path_attention_prefill(*[x.double() for x in (*prompt, w, beta, g)], max_len=T0 + 2 * TN)[1]
     steps = [[x[:, :TN].clone() for x in (*prompt, w, beta, g)] for _ in range(2)]
     cfg = dict(decode_splits=2, decode_block_n=16)
     outs = {}
