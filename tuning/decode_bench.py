@@ -298,7 +298,7 @@ def _sweep(row: DecodeRow, cache, step, D: int, log, keys0, only: Optional[dict]
     best = None
     for cfg in sweep_configs(D, D, only):
         cache.k.copy_(keys0)  # every config starts from the same keys (timed calls shrink them along w_t)
-        cache.length = row.cache_len
+        cache.length = row.cache_len   # (and known host mirrors, after a config whose graph capture failed)
         entry = {"config": cfg, "ms": None, "error": ""}
         try:
             params = decode_params(cfg, D, D)
@@ -308,7 +308,6 @@ def _sweep(row: DecodeRow, cache, step, D: int, log, keys0, only: Optional[dict]
             entry["ms"] = _median_ms(pathtune_callable(cache, step, params, graph=graph))
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            cache.sync_length()   # a failed capture leaves the host mirrors unknown
         row.sweep.append(entry)
         log(f"  sweep {cfg}: {entry['ms'] if entry['ms'] is not None else entry['error']}")
         if entry["ms"] is not None and (best is None or entry["ms"] < best["ms"]):
@@ -373,8 +372,7 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
                     row.times["pathtune"] = _median_ms(pathtune_callable(cache, step, params, graph=graph))
                 except Exception as exc:  # a failing config is a recorded status, not a crash
                     row.failures["pathtune"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-                    cache.sync_length()
-            cache.length = T
+            cache.length = T   # also re-arms the host mirrors a failed graph capture leaves unknown
             if sweep and "triton" in backends:
                 row.times["pathtune_default"] = row.times.get("pathtune")
                 _sweep(row, cache, step, D, log, keys0, sweep_knobs, graph)
