@@ -115,11 +115,20 @@ def check_params(obj: Any, backend: str) -> None:
                 raise ValueError(f"{rule.message} [{rule.expr} is false for {values}]")
 
 
-def params_class(backend: str) -> type:
-    """The params class of ``backend`` (``codegen/<backend>/params.py``)."""
+# A pass whose kernels read knobs no other pass reads may declare them in a subclass of its backend's params
+# class, in its own (source-hashed) module, so that such a knob touches only that pass's sources and records.
+_PASS_PARAMS = {("triton", "decode"): ("pathtune.codegen.triton.decode", "TritonDecodeParams")}
+
+
+def params_class(backend: str, pass_: Optional[str] = None) -> type:
+    """The params class of ``backend`` (``codegen/<backend>/params.py``), or of one of its passes where that pass
+    declares its own knobs (``_PASS_PARAMS``: a subclass with the pass's extra fields)."""
     names = {"triton": "TritonParams", "tvm": "TVMParams"}
     if backend not in names:
         raise ValueError(f"unknown backend {backend!r}; backends with kernel params: {', '.join(names)}")
+    sub = _PASS_PARAMS.get((backend, pass_))
+    if sub is not None:
+        return getattr(importlib.import_module(sub[0]), sub[1])
     return getattr(importlib.import_module(f"pathtune.codegen.{backend}.params"), names[backend])
 
 
@@ -165,16 +174,20 @@ def config_of(backend: str, config: Any, dims: Any = None) -> dict[str, Any]:
 
 
 def resolve(backend: str, pass_: Optional[str], config: Any, dims: Any = None) -> Any:
-    """Kernel params of ``backend`` for ``pass_`` (``fwd``, ``bwd``, ``decode``; None: any) from a spec
+    """Kernel params of ``backend`` for ``pass_`` (``fwd``, ``bwd``, ``decode``; None: any; the class of
+    ``params_class(backend, pass_)``) from a spec
     Config / mapping of knob values / params object; knobs it leaves out take the backend's untuned
     config for ``dims`` (the spec's ``head_dim_defaults`` over its defaults; no dims: the defaults).
     Knobs the backend does not read are ignored; a value the spec does not allow raises ValueError."""
-    cls = params_class(backend)
-    if isinstance(config, cls):
-        return config
     spec = _spec()
     if pass_ is not None and pass_ not in spec.passes:
         raise ValueError(f"unknown pass {pass_!r}; passes: {', '.join(spec.passes)}")
+    cls = params_class(backend, pass_)
+    if isinstance(config, cls):
+        return config
+    if dataclasses.is_dataclass(config) and isinstance(config, params_class(backend)):
+        # params of the backend (or of another pass) for this pass's class: its knob values, the rest defaults
+        return _construct(cls, config_of(backend, _as_mapping(config)), backend)
     return _construct(cls, config_of(backend, config, dims), backend)
 
 

@@ -10,9 +10,9 @@ Layout (contiguous; rows >= length are unused capacity):
   reading ``k`` materializes pending rows first (below); ``k_buffer`` is the storage as the kernels hold it;
 * ``v`` [B, max_len, H, DV];
 * ``c`` [B, max_len, HQ]: inclusive FoX gate cumsum (float32; float64 for float64 gates), None ungated;
-* ``state_tensor`` [2] int32 on the cache's device: (length, frame base F), read and advanced by the
-  kernels on the device, so a captured CUDA graph of a decode step can be replayed as the cache grows;
-  ``length_tensor`` and ``frame_tensor`` are its two one-element views;
+* ``state_tensor`` [4] int32 on the cache's device: (length, frame base F, old rows F1, old frame FP), read and
+  advanced by the kernels on the device, so a captured CUDA graph of a decode step can be replayed as the cache
+  grows; ``length_tensor`` and ``frame_tensor`` are one-element views of the first two;
 * ``arrival_counters`` [B*H + 1] int32 on the cache's device: zero between steps (the decode kernel's split
   arrival counters, which it resets itself), filled once at creation;
 * ``layout_key()``: an int naming the buffers' layout (sizes but the capacity, dtypes, devices, contiguity,
@@ -24,6 +24,14 @@ the pending window (``pending_window``: w [B, slots, H, D], beta [B, slots, H], 
 rotates every row into the current frame (fp32 math, one rounding to the cache dtype) and sets F = length;
 the ``k`` getter calls it, so the reference and TVM steps and every other reader see current-frame keys.
 Setting ``length`` declares rows < length current-frame keys (F = length).
+
+Two frame levels (a Triton step with ``decode_frame_bound`` > 0): rows j < F1 ("old", F1 a multiple of the
+kernel's alignment) hold keys in the frame of position FP-1 (F1 <= FP <= F), and ``frame_map()`` [B*H, D, D]
+float32 holds Phi = H_FP .. H_{F-1} per (batch, kv head), so that an old row's logit is k~_j . (Phi q^_i).  A flush
+then rotates only the rows F1 .. N-1 and folds its transitions into Phi; one that would leave more than the bound
+past F1 rotates every row (old ones by Phi first) and sets FP = F = N, F1 = N rounded down to the alignment.
+Phi is read only while F1 > 0 and FP < F (else it is the identity, whatever the buffer holds); ``materialize()``
+applies it too, and setting ``length`` sets F1 = 0, FP = length.
 
 The host keeps mirrors of the length and F so eager steps need no device read. A CUDA-graph capture of a
 step leaves the mirrors unknown (replays advance only the device values): ``length`` then reads the
@@ -62,8 +70,8 @@ class PaTHKVCache:
     v [B,max_len,H,DV], c [B,max_len,HQ] or None; ``length`` valid rows; ``num_q_heads`` HQ).
     """
 
-    __slots__ = ("_k", "_v", "_c", "_hq", "static", "_state", "_len", "_frame", "_hint", "_work",
-                 "_pw", "_pb", "_count", "_layout")
+    __slots__ = ("_k", "_v", "_c", "_hq", "static", "_state", "_len", "_frame", "_old", "_old_frame", "_hint",
+                 "_work", "_pw", "_pb", "_phi", "_count", "_layout")
 
     def __init__(self, k: Tensor, v: Tensor, c: Optional[Tensor], length: int, num_q_heads: int, *,
                  static: bool = False) -> None:
@@ -74,11 +82,14 @@ class PaTHKVCache:
         n = int(length)
         self._len: Optional[int] = n      # host mirror of the device length; None: unknown (after a graph capture)
         self._frame: Optional[int] = n    # host mirror of the device frame base F; None: unknown
+        self._old = 0                     # host mirror of F1 (rows < F1 are old); meaningful while _frame is known
+        self._old_frame = n               # host mirror of FP (old rows are in the frame of position FP-1)
         self._hint = n                    # last known length (dispatch buckets), never None
-        self._state = torch.full((2,), n, dtype=torch.int32, device=k.device)   # (length, F)
+        self._state = _state_tensor(n, k.device)   # (length, F, F1, FP)
         self._work: dict = {}             # kernel scratch buffers, allocated once per launch shape
         self._pw: Optional[Tensor] = None  # pending window: w [B, slots, H, D] fp32
         self._pb: Optional[Tensor] = None  # pending window: beta [B, slots, H] fp32 (clipped)
+        self._phi: Optional[Tensor] = None  # frame map of the old rows: [B*H, D, D] fp32 (two frame levels)
         self._count = _arrival_counters(k)
 
     # -- keys and device state -----------------------------------------------------------------------
@@ -86,9 +97,13 @@ class PaTHKVCache:
     def k(self) -> Tensor:
         """Keys in the current frame [B, max_len, H, D] (pending rows are materialized first; inside a CUDA-graph
         capture the storage is returned as it is)."""
-        if self._frame is None or self._len is None or self._frame < min(self._len, self.max_len):
+        if self._frame is None or self._len is None or self._frame < min(self._len, self.max_len) or self._mapped():
             self.materialize()
         return self._k
+
+    def _mapped(self) -> bool:
+        """Old rows sit in an older frame than the rest (two frame levels, the frame map not the identity)."""
+        return self._old > 0 and self._frame is not None and self._old_frame < self._frame
 
     @k.setter
     def k(self, t: Tensor) -> None:
@@ -144,8 +159,16 @@ class PaTHKVCache:
 
     @property
     def state_tensor(self) -> Tensor:
-        """(length, F) int32 [2] on the cache's device."""
+        """(length, F, F1, FP) int32 [4] on the cache's device."""
         return self._state
+
+    @property
+    def old_rows(self) -> tuple[int, int]:
+        """(F1, FP) of two frame levels: rows < F1 hold keys in the frame of position FP-1 (F1 = 0: no old rows);
+        reads the device when unknown."""
+        if self._frame is None or self._len is None:
+            self.sync_length()
+        return self._old, self._old_frame
 
     @property
     def length_tensor(self) -> Tensor:
@@ -174,21 +197,24 @@ class PaTHKVCache:
         """Valid rows. Exact on the host unless a CUDA graph of a step was captured; then read from the device."""
         if self._len is not None:
             return self._len
-        n, f = (int(x) for x in self._state.tolist())
+        n, f, f1, fp = (int(x) for x in self._state.tolist())
         if n > self.max_len:
             raise CacheFullError(f"PaTHKVCache overflowed during CUDA-graph replay: {n} tokens were appended to a "
                                  f"cache of capacity max_len={self.max_len} (the rows past it were dropped); "
                                  f"create the cache with max_len >= the prompt plus every generated token")
         self._hint = n
         self._frame = f
+        self._old, self._old_frame = f1, fp
         return n
 
     @length.setter
     def length(self, n: int) -> None:
-        """Set the length; rows < n are declared current-frame keys (F = n, nothing pending)."""
+        """Set the length; rows < n are declared current-frame keys (F = FP = n, nothing pending, no old rows)."""
         n = int(n)
-        self._len = self._hint = self._frame = n
+        self._len = self._hint = self._frame = self._old_frame = n
+        self._old = 0
         self._state.fill_(n)
+        self._state[2].fill_(0)
 
     @property
     def frame(self) -> int:
@@ -197,18 +223,26 @@ class PaTHKVCache:
             self.sync_length()
         return self._frame
 
-    def set_state(self, length: int, frame: int) -> None:
+    def set_state(self, length: int, frame: int, old: int = 0, old_frame: Optional[int] = None) -> None:
         """Set the length and the frame base F <= length (rows F .. length-1 then count as pending: their w and
-        beta must be in the pending window). For benchmarks that replay a flush step."""
-        n, f = int(length), int(frame)
+        beta must be in the pending window) and, for two frame levels, the old rows F1 = ``old`` and their frame
+        FP = ``old_frame`` (default F; F1 <= FP <= F; FP < F needs the frame map, whose contents then stand for
+        H_FP .. H_{F-1}).  For benchmarks that replay a flush step."""
+        n, f, f1 = int(length), int(frame), int(old)
+        fp = f if old_frame is None else int(old_frame)
         if not 0 <= f <= n:
             raise ValueError(f"need 0 <= frame <= length, got frame={f}, length={n}")
+        if not 0 <= f1 <= fp <= f:
+            raise ValueError(f"need 0 <= old <= old_frame <= frame, got old={f1}, old_frame={fp}, frame={f}")
         if f < n and (self._pw is None or self._pw.shape[1] < n - f):
             raise ValueError(f"{n - f} pending rows need a pending window of as many slots (pending_window())")
+        if f1 > 0 and fp < f and self._phi is None:
+            raise ValueError("old rows in an older frame need the frame map (frame_map()) first")
         self._len = self._hint = n
         self._frame = f
-        self._state[0].fill_(n)   # device fills: no host-to-device copy, capturable
-        self._state[1].fill_(f)
+        self._old, self._old_frame = f1, fp
+        for i, x in enumerate((n, f, f1, fp)):
+            self._state[i].fill_(x)   # device fills: no host-to-device copy, capturable
 
     def sync_length(self) -> int:
         """Read the device length and frame into the host mirrors (after replaying captured decode steps)."""
@@ -217,10 +251,12 @@ class PaTHKVCache:
         self._len = n
         return n
 
-    def advanced(self, n: int, window: Optional[int] = None) -> None:
+    def advanced(self, n: int, window: Optional[int] = None, frame_bound: int = 0, frame_align: int = 1) -> None:
         """Record on the host what a decode step did on the device: the length advanced by ``n`` and, with a
-        pending window ``window``, F moved to the new length when more than ``window`` rows would be pending
-        (the kernels' flush rule); ``window=None``: the step left every key in the current frame.
+        pending window ``window``, F moved to the new length N when more than ``window`` rows would be pending
+        (the kernels' flush rule); ``window=None``: the step left every key in the current frame.  With two frame
+        levels (``frame_bound`` > 0) a flush that leaves more than ``frame_bound`` rows past F1 rotates every row:
+        F1 = N rounded down to ``frame_align``, FP = N.
         Inside a CUDA-graph capture the device is not advanced now but at every replay: the mirrors become unknown."""
         self._hint += n
         if self._len is None or self._frame is None or _capturing(self._k):
@@ -229,7 +265,10 @@ class PaTHKVCache:
         L = min(self._len, self.max_len)
         F = min(self._frame, L)
         if window is None or L - F + n > window:
-            self._frame = min(L + n, self.max_len)
+            N = min(L + n, self.max_len)
+            self._frame = N
+            if frame_bound > 0 and N - min(self._old, F) > frame_bound:
+                self._old, self._old_frame = N // frame_align * frame_align, N
         self._len += n
 
     def pending_window(self, slots: int) -> tuple[Tensor, Tensor]:
@@ -259,9 +298,21 @@ class PaTHKVCache:
             self._pw, self._pb = pw, pb
         return self._pw, self._pb
 
+    def frame_map(self) -> Tensor:
+        """The old rows' frame map Phi [B*H, D, D] float32 (two frame levels), allocated on first use (the identity;
+        inside a CUDA-graph capture uninitialised: the kernels write it before they read it)."""
+        if self._phi is None:
+            B, _, H, D = self._k.shape
+            if _capturing(self._k):
+                self._phi = torch.empty(B * H, D, D, dtype=torch.float32, device=self._k.device)
+            else:
+                self._phi = torch.eye(D, dtype=torch.float32, device=self._k.device).repeat(B * H, 1, 1)
+        return self._phi
+
     def materialize(self) -> None:
-        """Rotate the pending rows into the current frame: rows j < length get H_p for every pending position
-        p > j, in order (fp32 math, float64 for a float64 cache; one rounding to the cache dtype); then F = length.
+        """Rotate every row into the current frame: the old rows by the frame map (two frame levels), then rows
+        j < length by H_p for every pending position p > j, in order (fp32 math, float64 for a float64 cache; one
+        rounding to the cache dtype); then F = FP = length, F1 = 0.
         Reads the device state when the host mirrors are unknown; does nothing inside a CUDA-graph capture."""
         if _capturing(self._k):
             return
@@ -269,22 +320,33 @@ class PaTHKVCache:
             self.sync_length()
         L = min(self._len, self.max_len)
         F = min(self._frame, L)
-        if F >= L:
+        F1 = min(self._old, F)
+        mapped = F1 > 0 and min(self._old_frame, F) < F
+        if F >= L and not mapped:
             return
         P = L - F
         if self._pw is None or self._pw.shape[1] < P:
             raise RuntimeError(f"PaTHKVCache has {P} pending rows but no pending window to rotate them with")
+        if mapped and self._phi is None:
+            raise RuntimeError("PaTHKVCache has old rows in an older frame but no frame map to rotate them with")
         cdt = torch.float64 if self._k.dtype == torch.float64 else torch.float32
         with torch.no_grad():
             kk = self._k[:, :L].to(cdt)                                   # [B, L, H, D]
+            if mapped:   # row form: k~ <- k~ Phi, per (batch, kv head)
+                B, _, H, D = kk.shape
+                phi = self._phi.view(B, H, D, D).to(cdt)
+                kk[:, :F1] = torch.einsum("bjhe,bhed->bjhd", kk[:, :F1], phi)
             for s in range(P):
                 p = F + s
                 w = self._pw[:, s].to(cdt)                                # [B, H, D]
                 a = (kk[:, :p] * w[:, None]).sum(-1) * self._pb[:, s].to(cdt)[:, None]   # [B, p, H]
                 kk[:, :p] -= a[..., None] * w[:, None]
             self._k[:, :L] = kk.to(self._k.dtype)
-        self._frame = L
-        self._state[1:].fill_(L)
+        self._frame = self._old_frame = L
+        self._old = 0
+        self._state[1].fill_(L)
+        self._state[2].fill_(0)
+        self._state[3].fill_(L)
 
     # -- construction / capacity ---------------------------------------------------------------------
     @classmethod
@@ -343,8 +405,8 @@ class PaTHKVCache:
         return parts
 
     # pickled state: the public names of k's companions (v, c, num_q_heads), never the layout key
-    _PICKLED = ("_k", "v", "c", "num_q_heads", "static", "_state", "_len", "_frame", "_hint", "_work", "_pw", "_pb",
-                "_count")
+    _PICKLED = ("_k", "v", "c", "num_q_heads", "static", "_state", "_len", "_frame", "_old", "_old_frame", "_hint",
+                "_work", "_pw", "_pb", "_phi", "_count")
 
     def __getstate__(self):
         return {s: getattr(self, s) for s in self._PICKLED}
@@ -355,11 +417,17 @@ class PaTHKVCache:
         self._layout = None
         if "_count" not in state:   # pickled by a version without arrival counters
             self._count = _arrival_counters(self._k)
+        if "_old" not in state:     # pickled by a version with one frame level: (length, F) on the device
+            st = self._state
+            self._state = torch.cat([st, torch.zeros_like(st[:1]), st[1:2]])
+            self._old, self._old_frame, self._phi = 0, self._frame, None
 
     def __repr__(self) -> str:
         n = self._len if self._len is not None else f"~{self._hint} (on the device)"
         B, _, H, D = self._k.shape
         pend = "" if self._len is None or self._frame is None else f", pending={self._len - self._frame}"
+        if self._len is not None and self._mapped():
+            pend += f", old={self._old} (frame {self._old_frame - 1})"
         return (f"PaTHKVCache(B={B}, H={H}, HQ={self.num_q_heads}, D={D}, DV={self.v.shape[-1]}, length={n}{pend}, "
                 f"max_len={self.max_len}, gated={self.gated}, static={self.static}, dtype={self._k.dtype}, "
                 f"device={self._k.device})")
@@ -375,6 +443,13 @@ def _buffer_layout(t: Optional[Tensor]):
         return None
     shape = t.shape
     return (shape[:1], shape[2:], t.dtype, t.device, t.is_contiguous())
+
+
+def _state_tensor(n: int, device) -> Tensor:
+    """The device state (length, F, F1, FP) of a cache whose n rows are current-frame keys."""
+    st = torch.full((4,), n, dtype=torch.int32, device=device)   # device fills: no host-to-device copy
+    st[2].fill_(0)
+    return st
 
 
 def _arrival_counters(k: Tensor) -> Tensor:

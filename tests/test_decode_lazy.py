@@ -93,7 +93,7 @@ def test_many_steps_cross_flushes_vs_float64_recompute(HQ, H, gate, cdt, steps, 
         t += tn
         assert rel(o, ref_o[:, t - tn:t]) < TOL_O[cdt], (t, rel(o, ref_o[:, t - tn:t]))
         host = (cache.length, cache.frame)
-        assert cache.state_tensor.tolist() == list(host)
+        assert cache.state_tensor.tolist() == [*host, *cache.old_rows]
         frames.append(host[1])
         assert host[0] - host[1] <= window
         kr = current_frame_keys(*f64((full[1][:, :t], full[3][:, :t], full[4][:, :t])))
@@ -159,7 +159,7 @@ def test_static_cache_window_and_state():
     assert cache.pending_window(W)[0] is pw and cache.max_len == P + 4
     assert (cache.length, cache.frame) == (P + 4, P)
     cache.length = P
-    assert cache.state_tensor.tolist() == [P, P] and cache.frame == P
+    assert cache.state_tensor.tolist() == [P, P, 0, P] and cache.frame == P
 
 
 def test_skipping_the_pending_walk_is_detected():

@@ -69,19 +69,23 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from dataclasses import asdict, dataclass
 from typing import Any, Hashable, Optional, Sequence
 
 import torch
 import triton
 import triton.language as tl
 
+from pathtune.codegen._knobs import resolve, spec_default
 from pathtune.codegen.kv_cache import PaTHKVCache
+from pathtune.specs import load_spec
 
 from ._ops import interpreting, mm, next_pow2, padded_dim
 from .params import TritonParams
 
 __all__ = ["decode_kernel", "path_decode_triton", "path_prefill_triton",
-           "current_frame_keys_triton", "decode_params", "decode_loop_stages", "TritonDecodeStep"]
+           "current_frame_keys_triton", "decode_params", "decode_loop_stages", "TritonDecodeStep",
+           "TritonDecodeParams"]
 
 # W, the pending window (the spec's decode_pending_window): a step flushes (rotates the whole cache into
 # the newest frame) when more than W tokens would be pending after it; 0 = rotate on every step.  16
@@ -247,6 +251,78 @@ def _walk(Z, ipos, rvalid, k_base, F, NP, own, pw_base, pb_base, wb, bb, P, H: t
 
 
 @triton.jit
+def _load_frame_map(phi_base, e0, EB: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, d, dmask):
+    """Rows e0 .. e0+EB-1 of the frame map Phi [D, D] (fp32, row-major at phi_base) as an [EB, BD] tile."""
+    e = e0 + tl.arange(0, EB)
+    return tl.load(phi_base + e[:, None] * D + d[None, :], mask=(e < D)[:, None] & dmask[None, :], other=0.0)
+
+
+@triton.jit
+def _old_frame_queries(Z, phi_base, R: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, d, dmask,
+                       ROWWISE: tl.constexpr, F32: tl.constexpr):
+    """The queries of the old rows' frame, Z Phi^T ([R, BD] fp32): row r is Phi z_r, with Phi = H_FP .. H_{F-1}
+    carrying the frame-(F-1) queries z to the frame the old rows were last rotated into (fp32 accurate).  One query
+    row reads Phi 32 rows at a time (whole it is 128 registers per thread at D = 128, 4 warps), each block's columns
+    of the result placed by a product with a 0 / 1 selection tile (exact)."""
+    if ROWWISE:   # one query row, padded to the 16 rows of a tensor-core product
+        EB: tl.constexpr = 32 if BD >= 32 else BD
+        Zp = tl.where((tl.arange(0, 16) == 0)[:, None], Z, 0.0)
+        Zo = tl.zeros([16, BD], tl.float32)
+        for e0 in tl.static_range(0, BD, EB):
+            part = _fdot(Zp, tl.trans(_load_frame_map(phi_base, e0, EB, D, BD, d, dmask)), F32)     # [16, EB]
+            sel = tl.where((e0 + tl.arange(0, EB))[:, None] == d[None, :], 1.0, 0.0)               # [EB, BD]
+            Zo += _fdot(part, sel, F32)
+        out = tl.sum(Zo, axis=0)[None, :]
+    else:         # many query rows hold more registers than Phi's transient load: one product
+        out = _fdot(Z, tl.trans(_load_frame_map(phi_base, 0, BD, D, BD, d, dmask)), F32)
+    return out
+
+
+@triton.jit
+def _rotate_old_rows(k_base, phi_base, row_lo, row_hi, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, d, dmask,
+                     ROT_ROWS: tl.constexpr, F32: tl.constexpr, OFF64: tl.constexpr, INTERP: tl.constexpr):
+    """Key rows [row_lo, row_hi) <- k Phi (row form: from the old rows' frame into frame F-1), in blocks of ROT_ROWS
+    rows; the product runs over 32-column slices of the keys and 32-row slices of Phi, so Phi is never held whole.
+    One tf32 pass for a bf16 cache (its keys are exact in tf32), fp32 accurate otherwise."""
+    cdt = k_base.dtype.element_ty
+    CB: tl.constexpr = 32 if BD >= 32 else BD
+    rr = tl.arange(0, ROT_ROWS)
+    c = tl.arange(0, CB)
+    for r0 in range(row_lo, row_hi, ROT_ROWS):
+        kr = r0 + rr
+        rmask = kr < row_hi
+        kro = kr.to(tl.int64) if OFF64 else kr
+        Ko = tl.zeros([ROT_ROWS, BD], tl.float32)
+        for c0 in tl.static_range(0, BD, CB):
+            cmask = c0 + c < D
+            Kc = tl.load(k_base + kro[:, None] * (H * D) + c0 + c[None, :], mask=rmask[:, None] & cmask[None, :],
+                         other=0.0).to(tl.float32)
+            Pc = tl.load(phi_base + (c0 + c)[:, None] * D + d[None, :], mask=cmask[:, None] & dmask[None, :],
+                         other=0.0)
+            if cdt == tl.bfloat16:
+                Ko += tl.dot(Kc, Pc, input_precision="tf32")
+            else:
+                Ko += _fdot(Kc, Pc, F32)
+        tl.debug_barrier()   # every slice of these rows is read before they are overwritten
+        tl.store(k_base + kro[:, None] * (H * D) + d[None, :], _to_cache(Ko, cdt, INTERP),
+                 mask=rmask[:, None] & dmask[None, :])
+
+
+@triton.jit
+def _update_frame_map(phi_base, Wm, M, phi_set, D: tl.constexpr, BD: tl.constexpr, d, dmask, F32: tl.constexpr):
+    """Phi <- Phi (I - W^T M) = Phi H_F .. H_{N-1}: the flushed transitions folded into the old rows' frame map, in
+    blocks of 32 rows (fp32 accurate).  ``phi_set`` False: the map is the identity (no flush since the old rows'
+    last rotation), whatever the buffer holds."""
+    EB: tl.constexpr = 32 if BD >= 32 else BD
+    for e0 in tl.static_range(0, BD, EB):
+        e = e0 + tl.arange(0, EB)
+        eye = tl.where(e[:, None] == d[None, :], 1.0, 0.0)
+        P = tl.where(phi_set, _load_frame_map(phi_base, e0, EB, D, BD, d, dmask), eye)
+        P = P - _fdot(_fdot(P, tl.trans(Wm), F32), M, F32)
+        tl.store(phi_base + e[:, None] * D + d[None, :], P, mask=(e < D)[:, None] & dmask[None, :])
+
+
+@triton.jit
 def _qk(Zq, K, ROWWISE: tl.constexpr, F32: tl.constexpr, INTERP: tl.constexpr):
     """Logits [R, rows] of the frame queries Zq [R, BD] against a key tile K [rows, BD] (unscaled)."""
     if ROWWISE:
@@ -301,7 +377,7 @@ def _merge_splits(m_part, l_part, acc_part, o_ptr, lse_ptr, pid, b, h, n_splits,
 # the capacity changes when a growable cache grows: no per-value specialisation (a recompile per size class)
 @triton.jit(do_not_specialize=["max_len", "n_splits"])
 def decode_kernel(
-    q_ptr, knew_ptr, vnew_ptr, w_ptr, beta_ptr, g_ptr, k_ptr, v_ptr, c_ptr, st_ptr, pw_ptr, pb_ptr,
+    q_ptr, knew_ptr, vnew_ptr, w_ptr, beta_ptr, g_ptr, k_ptr, v_ptr, c_ptr, st_ptr, pw_ptr, pb_ptr, phi_ptr,
     m_part, l_part, acc_part, o_ptr, lse_ptr, cnt_ptr,
     max_len, n_splits,
     qk_scale, gate_scale,
@@ -309,7 +385,8 @@ def decode_kernel(
     BDV: tl.constexpr, TN: tl.constexpr, TNP: tl.constexpr, GP: tl.constexpr, R: tl.constexpr,
     BLOCK_N: tl.constexpr, ROWWISE: tl.constexpr, F32: tl.constexpr, USE_GATE: tl.constexpr,
     BETA_MAX: tl.constexpr, OFF64: tl.constexpr, INTERP: tl.constexpr, W: tl.constexpr, WS: tl.constexpr,
-    PB: tl.constexpr, STORE_LSE: tl.constexpr, STAGES: tl.constexpr = None,
+    PB: tl.constexpr, STORE_LSE: tl.constexpr, FB: tl.constexpr = 0, FA: tl.constexpr = 512,
+    STAGES: tl.constexpr = None,
 ):
     """One split of one (batch, kv head): partial softmax over its frame tiles (+ the pending block on the last
     split); on a flush step, a second pass over the split's frame rows rotates them (compact WY form) and writes
@@ -318,7 +395,10 @@ def decode_kernel(
     New tokens: q [B, TN, H*G, D], k [B, TN, H, D], v [B, TN, H, DV], w [B, TN, H, D], beta [B, TN, H],
     g [B, TN, H*G] (contiguous; w / beta / g in any float dtype, converted to fp32 here).  Cache:
     k [B, max_len, H, D], v [B, max_len, H, DV], c [B, max_len, H*G] fp32 (contiguous: constexpr row strides);
-    st = (L, F) int32 on the device; window w [B, WS, H, D] fp32, beta [B, WS, H] fp32 (clipped).
+    st = (L, F, F1, FP) int32 on the device; window w [B, WS, H, D] fp32, beta [B, WS, H] fp32 (clipped).
+    FB > 0 (the frame bound): two frame levels, with rows < F1 (a multiple of FA, itself a multiple of BLOCK_N) in
+    the frame of position FP-1 and phi [B*H, D, D] fp32 = H_FP .. H_{F-1}, read when
+    F1 > 0 and FP < F; FB = 0: one level (F1, FP and phi unread).
     Query row r = t * G + g (token t, head h*G + g); rows >= TN*G are padding.  PB >= W + TN (power of two):
     the pending block.  Partials: m/l [B*H, n_splits, R], acc [B*H, n_splits, R, BDV] (fp32, base-2 logits).
     Outputs: o [B, TN, H*G, DV], lse [B, TN, H*G] (natural log, with STORE_LSE), written by the last split of the
@@ -334,6 +414,14 @@ def decode_kernel(
     P = L - F            # pending rows of earlier steps
     NP = N - F           # pending rows including this step's
     flush = _flushes(L, F, TN, W)
+    if FB > 0:
+        # two frame levels: rows < F1 ("old") in the frame of position FP-1, mapped to frame F-1 by phi;
+        # a flush that would leave more than FB rows past F1 rotates every row ("big")
+        F1 = tl.minimum(tl.load(st_ptr + 2), F)
+        FP = tl.minimum(tl.load(st_ptr + 3), F)
+        big = flush & (N - F1 > FB)
+        phi_on = (FP < F) & (F1 > 0)
+        phi_base = phi_ptr + pid.to(tl.int64) * (D * D)
     own = split == n_splits - 1
     b = (pid // H).to(tl.int64)
     h = pid % H
@@ -415,8 +503,22 @@ def decode_kernel(
         Zq = Z
     else:
         Zq = _to_cache(Z, cdt, INTERP)
+    if FB > 0:
+        Zo = Zq     # the old rows' queries: Zq while the frame map is the identity
+        if phi_on & (t_lo * BLOCK_N < F1):
+            Zo_f = _old_frame_queries(Z, phi_base, R, D, BD, d, dmask, ROWWISE, F32)
+            if ROWWISE:
+                Zo = Zo_f
+            elif F32:
+                Zo = Zo_f
+            else:
+                Zo = _to_cache(Zo_f, cdt, INTERP)
     for tile in tl.range(t_lo, t_hi, num_stages=STAGES):
         n = tile * BLOCK_N + rn
+        if FB > 0:
+            Zt = tl.where(tile * BLOCK_N < F1, Zo, Zq)   # F1 is a multiple of BLOCK_N: a tile is old or recent
+        else:
+            Zt = Zq
         nmask = n < F
         nr = n.to(tl.int64) if OFF64 else n
         koff = nr[:, None] * (H * D) + d[None, :]
@@ -426,9 +528,9 @@ def decode_kernel(
             # reduction before it becomes the [1, BLOCK_N] logits (a [1, BLOCK_N] gather of them cost the
             # gated step 7-23 % over the ungated one on the H200; this way 0-12 %)
             c_v = tl.load(c_base + nr * HQ + h * G, mask=nmask, other=0.0)
-            s = (tl.sum(K.to(tl.float32) * Zq, axis=1) * qk_scale + (tl.sum(c_i, axis=0) - c_v) * gate_scale)[None, :]
+            s = (tl.sum(K.to(tl.float32) * Zt, axis=1) * qk_scale + (tl.sum(c_i, axis=0) - c_v) * gate_scale)[None, :]
         else:
-            s = _qk(Zq, K, ROWWISE, F32, INTERP) * qk_scale
+            s = _qk(Zt, K, ROWWISE, F32, INTERP) * qk_scale
         V = tl.load(v_base + nr[:, None] * (H * DV) + dv[None, :], mask=nmask[:, None] & dvmask[None, :],
                     other=0.0)
         if USE_GATE and not ROWWISE:
@@ -453,12 +555,23 @@ def decode_kernel(
         # the split's frame rows, rotated by all NP transitions at once (compact WY form) in a second pass,
         # after the loop above has read them; blocks of ROT_ROWS rows (128 at BD = 64, 64 at BD = 128): a few
         # large products per program rather than many small dependent load -> product -> store rounds
-        Wm, M = _wy(F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, PB, BETA_MAX, F32)
         ROT_ROWS: tl.constexpr = 8192 // BD if BD <= 128 else 16
         rr = tl.arange(0, ROT_ROWS)
         row_hi = tl.minimum(t_hi * BLOCK_N, F)
+        row_lo = t_lo * BLOCK_N
         tl.debug_barrier()  # every thread of this program is past its last read of these rows
-        for r0 in range(t_lo * BLOCK_N, row_hi, ROT_ROWS):
+        if FB > 0:
+            if big & phi_on:
+                # a big flush carries the old rows into frame F-1 first (k <- k Phi), in a pass of their own so that
+                # the map and the WY factors are never live together
+                _rotate_old_rows(k_base, phi_base, row_lo, tl.minimum(row_hi, F1), H, D, BD, d, dmask, ROT_ROWS,
+                                 F32, OFF64, INTERP)
+                tl.debug_barrier()
+            # a flush that is not big rotates the recent rows only (the old ones keep their frame: phi takes the
+            # transitions)
+            row_lo = tl.where(big, row_lo, tl.maximum(row_lo, F1))
+        Wm, M = _wy(F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, PB, BETA_MAX, F32)
+        for r0 in range(row_lo, row_hi, ROT_ROWS):
             kr = r0 + rr
             kmask = (kr < row_hi)[:, None] & dmask[None, :]
             kro = kr.to(tl.int64) if OFF64 else kr
@@ -483,6 +596,12 @@ def decode_kernel(
         tl.debug_barrier()
         _merge_splits(m_part, l_part, acc_part, o_ptr, lse_ptr, pid, b, h, n_splits, H, G, DV, BDV, TN, R,
                       STORE_LSE, INTERP)
+        if FB > 0:
+            # every split of this (batch, kv head) has read phi by now: a flush that keeps old rows folds its
+            # transitions into it (a big one leaves FP = F, which makes the map the identity)
+            if flush & (F1 > 0) & (N - F1 <= FB):
+                Wu, Mu = _wy(F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, PB, BETA_MAX, F32)
+                _update_frame_map(phi_base, Wu, Mu, phi_on, D, BD, d, dmask, F32)
         tl.store(cnt_ptr + pid, 0)  # every split has arrived: the counter is free for the next step
         # the device state, advanced by the last (batch, kv head) to merge: by then every program of the grid
         # has read it (each read it before its arrival, which precedes its merge, which precedes this count)
@@ -495,30 +614,52 @@ def decode_kernel(
             F_raw = tl.load(st_ptr + 1)
             L_st = tl.minimum(L_raw, max_len)
             F_st = tl.minimum(F_raw, L_st)
-            tl.store(st_ptr + 1, tl.where(_flushes(L_st, F_st, TN, W), tl.minimum(L_st + TN, max_len), F_raw))
+            N_st = tl.minimum(L_st + TN, max_len)
+            flush_st = _flushes(L_st, F_st, TN, W)
+            tl.store(st_ptr + 1, tl.where(flush_st, N_st, F_raw))
+            if FB > 0:
+                # a big flush: every row is in frame N-1; the old rows end at the last multiple of FA
+                F1_st = tl.minimum(tl.load(st_ptr + 2), F_st)
+                big_st = flush_st & (N_st - F1_st > FB)
+                tl.store(st_ptr + 2, tl.where(big_st, (N_st // FA) * FA, F1_st))
+                tl.store(st_ptr + 3, tl.where(big_st, N_st, tl.load(st_ptr + 3)))
             tl.store(st_ptr, L_raw + TN)
 
 
+@dataclass(frozen=True)
+class TritonDecodeParams(TritonParams):
+    """``TritonParams`` plus the knobs only the decode step reads (declared here, so that they key the decode
+    pass's source hash alone); ``resolve("triton", "decode", ...)`` builds it (``codegen/_knobs.py``)."""
+
+    decode_frame_bound: int = spec_default("decode_frame_bound")
+
+
+_FRAME_ALIGN = max(v for v in load_spec().knobs["decode_block_n"].domain)   # F1's alignment: every key tile divides it
+
+
 @functools.lru_cache(maxsize=256)
-def _params_cached(key) -> TritonParams:
+def _params_cached(key) -> TritonDecodeParams:
     if key[0] == "heuristic":
-        return TritonParams.heuristic(key[1], key[2])
-    return TritonParams.from_config(dict(key[1]))
+        return resolve("triton", "decode", None, (key[1], key[2]))
+    return TritonDecodeParams.from_config(dict(key[1]))
 
 
-def decode_params(config, head_dim: int, head_dim_v: int) -> TritonParams:
-    """TritonParams for a decode launch: ``config`` (spec Config / mapping / TritonParams) or the heuristic.
+def decode_params(config, head_dim: int, head_dim_v: int) -> TritonDecodeParams:
+    """TritonDecodeParams for a decode launch: ``config`` (spec Config / mapping / TritonParams, whose decode-only
+    knobs then take the spec's defaults) or the heuristic.
 
     Memoised (a decode step is short; building the dataclass costs ~20 us of host time per call)."""
     if config is None:
         return _params_cached(("heuristic", head_dim, head_dim_v))
-    if isinstance(config, TritonParams):
+    if isinstance(config, TritonDecodeParams):
         return config
+    if isinstance(config, TritonParams):
+        config = asdict(config)
     try:
         items = tuple(sorted(dict(config).items()))
         hash(items)
     except TypeError:  # unhashable knob values: no memo
-        return TritonParams.from_config(config)
+        return TritonDecodeParams.from_config(config)
     return _params_cached(("config", items))
 
 
@@ -628,11 +769,15 @@ class TritonDecodeStep:
         self.window = params.decode_pending_window if window is None else int(window)
         if self.window < 0:
             raise ValueError(f"the pending window must be >= 0, got {self.window}")
+        self.frame_bound = int(getattr(params, "decode_frame_bound", 0))
+        if self.frame_bound and max(D, DV) > 128:
+            raise ValueError(f"decode_frame_bound={self.frame_bound} needs head dims up to 128 (the D x D frame map is "
+                             f"read whole), got D={D}, DV={DV}: use decode_frame_bound 0")
         self.const = dict(H=H, G=G, D=D, DV=DV, BD=padded_dim(D), BDV=self.BDV, TN=TN, TNP=next_pow2(TN),
                           GP=next_pow2(G), R=self.R, BLOCK_N=self.block_n, ROWWISE=self.rowwise,
                           F32=f32, USE_GATE=gated, BETA_MAX=params.beta_max, INTERP=interpreting(),
                           STAGES=decode_loop_stages(params), W=self.window,
-                          PB=padded_dim(self.window + TN))
+                          PB=padded_dim(self.window + TN), FB=self.frame_bound, FA=_FRAME_ALIGN)
         self._wide = max(D, DV, G)
         self._o_shape = (B, TN, HQ, DV)
         self._geo: dict = {}   # capacity -> _geometry(capacity)
@@ -675,10 +820,11 @@ class TritonDecodeStep:
         gg = m_part if g is None else (g if g.is_contiguous() else g.contiguous())
         c = cache.c
         pw, pb = cache.pending_window(self.window)
+        phi = cache.frame_map() if self.frame_bound else m_part
         o = torch.empty(self._o_shape, device=q.device, dtype=self.q_dtype)
         lse = torch.empty(self._o_shape[:3], device=q.device, dtype=torch.float32) if return_lse else m_part
         tensors = (q, k, v, w, beta, gg, cache.k_buffer, cache.v, m_part if c is None else c, cache.state_tensor,
-                   pw, pb, m_part, l_part, acc_part, o, lse, cache.arrival_counters)
+                   pw, pb, phi, m_part, l_part, acc_part, o, lse, cache.arrival_counters)
         WS = pw.shape[1]
         key = tensor_key(tensors)
         if key is not None:   # what the compiled kernel depends on besides the geometry's constants
@@ -686,7 +832,7 @@ class TritonDecodeStep:
         args = (*tensors, max_len, splits, self.qk_scale, self.gate_scale)
         if not self._launch.repeat(key, args):
             self._launch(grid, args, dict(const, WS=WS, STORE_LSE=return_lse), self._options, key)
-        cache.advanced(TN, window=self.window)
+        cache.advanced(TN, window=self.window, frame_bound=self.frame_bound, frame_align=_FRAME_ALIGN)
         return (o, lse) if return_lse else o
 
 
@@ -834,7 +980,8 @@ def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = 
     io = f"*{dtype}"
     f32p = "*fp32"
     sig = {n: io for n in ("q_ptr", "knew_ptr", "vnew_ptr", "k_ptr", "v_ptr", "o_ptr")}
-    for n in ("w_ptr", "beta_ptr", "g_ptr", "c_ptr", "pw_ptr", "pb_ptr", "m_part", "l_part", "acc_part", "lse_ptr"):
+    for n in ("w_ptr", "beta_ptr", "g_ptr", "c_ptr", "pw_ptr", "pb_ptr", "phi_ptr", "m_part", "l_part", "acc_part",
+              "lse_ptr"):
         sig[n] = f32p
     sig["st_ptr"] = sig["cnt_ptr"] = "*i32"
     sig["max_len"] = sig["n_splits"] = "i32"
@@ -844,7 +991,8 @@ def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = 
                  GP=next_pow2(group), R=R, BLOCK_N=params.decode_block_n,
                  ROWWISE=rowwise, F32=dtype == "fp32", USE_GATE=gate, BETA_MAX=params.beta_max, OFF64=False,
                  INTERP=False, STAGES=decode_loop_stages(params), W=window, WS=max(window, 1),
-                 PB=padded_dim(window + tokens), STORE_LSE=False)
+                 PB=padded_dim(window + tokens), STORE_LSE=False,
+                 FB=int(getattr(params, "decode_frame_bound", 0)), FA=_FRAME_ALIGN)
     return [(decode_kernel, sig, const, params.decode_num_warps, 2)]
 
 

@@ -1,0 +1,190 @@
+"""Two frame levels of the Triton decode cache (``decode_frame_bound``, codegen/triton/decode.py, codegen/kv_cache.py):
+old rows stay in an older frame mapped by a D x D frame map; a flush rotates only the recent rows and folds its
+transitions into the map; a flush that would leave more than the bound past the old rows rotates every row.
+
+CPU: the kernel runs in Triton's interpreter at tiny shapes, with a bound of a few tens of rows and the old rows
+aligned to 16 (the key tile; on a GPU the alignment is the largest key tile of the spec), so that a few dozen steps
+cross several flushes of both kinds.  Outputs against the float64 naive attention of the whole sequence, keys
+(``cache.k`` materializes the old and pending rows) against the float64 current-frame keys; beta in [1.5, 2), real
+gate decay.
+"""
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+
+import pathtune
+from pathtune.codegen._knobs import resolve
+from pathtune.codegen.kv_cache import PaTHKVCache
+from pathtune.codegen.triton import TritonParams, path_decode_triton
+from pathtune.codegen.triton import decode as decode_mod
+from pathtune.runtime.reference import naive_path_attention
+from pathtune.runtime.reference.recurrent import current_frame_keys
+from test_decode_lazy import TOL_K, TOL_O, cut, f64, prefill, rel, sequence
+
+ALIGN = 16
+CFG = dict(decode_splits=2, decode_block_n=16, decode_frame_bound=32)
+
+
+@pytest.fixture(autouse=True)
+def small_alignment(monkeypatch):
+    """Old rows aligned to the tests' key tile (16), so that tiny caches have old rows; prepared steps rebuilt."""
+    monkeypatch.setattr(decode_mod, "_FRAME_ALIGN", ALIGN)
+    decode_mod._step_cached.cache_clear()
+    yield
+    decode_mod._step_cached.cache_clear()
+
+
+def _state(cache):
+    return (cache.length, cache.frame, *cache.old_rows)
+
+
+def run_steps(full, cache, P, steps, cfg, window, ref_o=None, tol=None):
+    """Decode ``steps`` (token counts) after a prompt of P; returns the states after each step and the outputs."""
+    t, states, outs = P, [], []
+    for tn in steps:
+        o = path_decode_triton(*cut(full, t, t + tn), cache, config=cfg, window=window)
+        t += tn
+        if ref_o is not None:
+            assert rel(o, ref_o[:, t - tn:t]) < tol, (t, rel(o, ref_o[:, t - tn:t]))
+        assert cache.state_tensor.tolist() == list(_state(cache))   # the host mirrors follow the device
+        states.append(_state(cache))
+        outs.append(o)
+    return states, outs
+
+
+def until_mapped(full, cache, t, limit, pending=False):
+    """One-token steps from position t until old rows sit in an older frame (and, with ``pending``, rows are
+    pending); returns the position reached."""
+    def mapped():
+        f1, fp = cache.old_rows
+        return f1 > 0 and fp < cache.frame and (cache.length > cache.frame or not pending)
+    while not mapped():
+        assert t < limit, "no state with old rows in an older frame was reached"
+        path_decode_triton(*cut(full, t, t + 1), cache, config=CFG, window=4)
+        t += 1
+    return t
+
+
+def kinds_of(states):
+    """(big flushes, flushes that kept old rows in an older frame) over consecutive states."""
+    big = sum(1 for a, b in zip(states, states[1:]) if b[2] != a[2] or (b[1] != a[1] and b[3] == b[1]))
+    kept = sum(1 for a, b in zip(states, states[1:]) if b[1] != a[1] and b[2] > 0 and b[3] < b[1])
+    return big, kept
+
+
+@pytest.mark.parametrize("HQ,H,gate,cdt,steps,window", [
+    (2, 2, True, torch.float32, (1,) * 40, 4),            # MHA one token (the row path), fp32: tight bounds
+    (2, 2, True, torch.bfloat16, (1,) * 40, 4),           # the same in bf16
+    (4, 2, False, torch.bfloat16, (3, 4, 1, 4, 4, 2, 4, 4, 3, 4, 4, 1, 4), 6),   # GQA, multi-token steps
+    (4, 2, True, torch.float16, (4, 4, 2, 4, 4, 1, 4, 4, 4, 3, 4, 4), 4),        # fp16, a flush every step or two
+])
+def test_two_level_steps_vs_float64_recompute(HQ, H, gate, cdt, steps, window):
+    """Steps crossing flushes that keep old rows (the frame map in use) and big flushes: every output against the
+    float64 recompute, the device state equal to the host mirrors, and the materialized keys (on a copy after the
+    steps) against the float64 current-frame keys."""
+    B, D, P = 2, 16, 40
+    dt = torch.float32 if cdt == torch.float32 else cdt
+    full = sequence(B, P + sum(steps), HQ, H, D, gate, dt, seed=3 * HQ + len(steps))
+    ref_o = naive_path_attention(*f64(full))
+    cache = prefill(full, P, cdt)
+    states, _ = run_steps(full, cache, P, steps, CFG, window, ref_o, TOL_O[cdt])
+    big, kept = kinds_of([_state(prefill(full, P, cdt))] + states)
+    assert big >= 2 and kept >= 2, (big, kept, states)
+    t = P + sum(steps)
+    kr = current_frame_keys(*f64((full[1][:, :t], full[3][:, :t], full[4][:, :t])))
+    twin = copy.deepcopy(cache)
+    assert rel(twin.k[:, :t], kr) < TOL_K[cdt]
+    f1, fp = twin.old_rows
+    assert twin.frame == t and (f1 == 0 or fp == t)         # reading k put every row in the current frame
+
+
+def test_two_levels_equal_one_level():
+    """Twin fp32 caches, one frame level and two: step by step the outputs agree to the float64 tolerance, and so do
+    the materialized keys at the end."""
+    B, HQ, H, D, P = 2, 2, 2, 16, 40
+    steps = (1, 2, 1, 3, 1, 1, 2, 4, 1, 1, 3, 2, 1, 1, 4, 1, 2, 1, 3, 1)
+    full = sequence(B, P + sum(steps), HQ, H, D, True, torch.float32, seed=5)
+    one, two = prefill(full, P, torch.float32), prefill(full, P, torch.float32)
+    t = P
+    for tn in steps:
+        xs = cut(full, t, t + tn)
+        o1 = path_decode_triton(*xs, one, config=dict(CFG, decode_frame_bound=0), window=3)
+        o2 = path_decode_triton(*xs, two, config=CFG, window=3)
+        t += tn
+        assert rel(o2, o1) < TOL_O[torch.float32], (t, rel(o2, o1))
+    assert one.old_rows[0] == 0 and two.old_rows[0] > 0
+    assert rel(two.k[:, :t], one.k[:, :t]) < 1e-6
+
+
+def test_a_wrong_frame_map_is_detected():
+    """Can-fail control: once old rows sit in an older frame, replacing the frame map by the identity moves the next
+    output far beyond the tolerance (the map is what carries the queries to the old rows)."""
+    B, HQ, H, D, P = 1, 2, 2, 16, 40
+    full = sequence(B, P + 40, HQ, H, D, True, torch.float32, seed=9)
+    ref_o = naive_path_attention(*f64(full))
+    cache = prefill(full, P, torch.float32)
+    t = until_mapped(full, cache, P, P + 39)
+    good = copy.deepcopy(cache)
+    cache.frame_map().copy_(torch.eye(D).expand_as(cache.frame_map()))
+    o_bad = path_decode_triton(*cut(full, t, t + 1), cache, config=CFG, window=4)
+    o_good = path_decode_triton(*cut(full, t, t + 1), good, config=CFG, window=4)
+    ref = ref_o[:, t:t + 1]
+    assert rel(o_good, ref) < TOL_O[torch.float32]
+    assert rel(o_bad, ref) > 100 * TOL_O[torch.float32]
+
+
+def test_reference_backend_continues_a_two_level_cache():
+    """A cache the Triton step left with old rows in an older frame and pending rows, continued by the reference
+    backend through the public API: it reads current-frame keys (materialize applies the map) and matches."""
+    B, HQ, H, D, P = 1, 2, 2, 16, 40
+    full = sequence(B, P + 30, HQ, H, D, True, torch.float32, seed=13)
+    ref_o = naive_path_attention(*f64(full))
+    cache = prefill(full, P, torch.float32)
+    t = until_mapped(full, cache, P, P + 27, pending=True)
+    o = pathtune.path_attention_decode(*cut(full, t, t + 3), cache, backend="reference")
+    assert rel(o, ref_o[:, t:t + 3]) < 1e-6
+    assert cache.old_rows == (0, t + 3)     # the reference step declared every row current
+
+
+def test_state_pickle_and_set_state():
+    """The two-level state survives pickling; set_state checks its order and needs the frame map for a mapped
+    frame; a cache pickled with the one-level state (length, F) loads with no old rows."""
+    B, HQ, H, D, P = 1, 2, 2, 16, 40
+    full = sequence(B, P + 30, HQ, H, D, False, torch.float32, seed=17)
+    cache = prefill(full, P, torch.float32)
+    run_steps(full, cache, P, (1,) * 27, CFG, 4)
+    back = pickle.loads(pickle.dumps(cache))
+    assert back.state_tensor.tolist() == cache.state_tensor.tolist() and back.old_rows == cache.old_rows
+    assert torch.equal(back.k[:, :P + 27], cache.k[:, :P + 27])
+    fresh = prefill(full, P, torch.float32)
+    with pytest.raises(ValueError, match="old <= old_frame <= frame"):
+        fresh.set_state(P, P, old=32, old_frame=16)
+    with pytest.raises(ValueError, match="frame map"):
+        fresh.set_state(P, P, old=16, old_frame=32)
+    fresh.frame_map()
+    fresh.set_state(P, P, old=16, old_frame=32)
+    assert fresh.state_tensor.tolist() == [P, P, 16, 32] and "old=16" in repr(fresh)
+    state = fresh.__getstate__()
+    state.pop("_old"), state.pop("_old_frame"), state.pop("_phi")
+    state["_state"] = torch.tensor([P, P], dtype=torch.int32)
+    old = PaTHKVCache.__new__(PaTHKVCache)
+    old.__setstate__(state)
+    assert old.state_tensor.tolist() == [P, P, 0, P] and old.old_rows == (0, P)
+
+
+def test_frame_bound_params_and_errors():
+    """The knob reaches the decode step through the decode pass's params (the spec's default 0: one level); the
+    step refuses it above head dim 128 with a message that says what to use."""
+    params = resolve("triton", "decode", {"decode_frame_bound": 2048}, (64, 64))
+    assert isinstance(params, decode_mod.TritonDecodeParams) and params.decode_frame_bound == 2048
+    assert decode_mod.decode_params(TritonParams(), 64, 64).decode_frame_bound == 0
+    assert not hasattr(resolve("triton", "fwd", None, (64, 64)), "decode_frame_bound")
+    B, HQ, H, D = 1, 2, 2, 192
+    full = sequence(B, 9, HQ, H, D, False, torch.float32, seed=1)
+    cache = prefill(full, 8, torch.float32)
+    with pytest.raises(ValueError, match="decode_frame_bound 0"):
+        path_decode_triton(*cut(full, 8, 9), cache, config=CFG)
