@@ -21,7 +21,10 @@ g = logsigmoid of random values, so real gate decay):
   ``pathtune_ms`` times a step that does not flush; ``flush_net_ms`` times the step that flushes (the
   reset leaves ``window`` tokens pending, ``flush_reset_ms`` subtracted); ``every`` = steps per flush cycle
   (floor(window / tokens) + 1) and ``amortized_ms`` = ((every - 1) * pathtune_net_ms + flush_net_ms) / every,
-  ``x_sdpa_amortized`` = amortized_ms / sdpa_ms.
+  ``x_sdpa_amortized`` = amortized_ms / sdpa_ms.  With two frame levels (the step's ``decode_frame_bound``,
+  ``frame_bound``) the plain step runs with old rows in an older frame and both kinds of flush are timed
+  (``flush_parts``: state, weight and time of the small and the big flush, ``tuning.decode_bench.frame_plan``);
+  ``flush_net_ms`` is the first (small) one and ``amortized_ms`` their weighted mean over the cycles.
 * ``profiles``: one single-token step under torch.profiler (20 steps): kernel launches per step, GPU time per
   step, wall time per step, and the kernels by name.
 * ``checks``: (a) decode vs a full recompute: a prompt of 1000 tokens prefilled by the float64 reference
@@ -188,20 +191,29 @@ def load_candidate_decode(path: str):
     return load_candidate(path, "decode_kernel")
 
 
-def time_alternative(row: dict, prefix: str, context, reset_step, flush_step, every: int) -> None:
+def amortized(step_ms: float, flush_ms: list, weights: list, every: int) -> float:
+    """The amortized step of flush cycles of ``every`` steps whose last step takes ``flush_ms[i]`` in a share
+    ``weights[i]`` of the cycles (one frame level: one kind of flush)."""
+    return sum(wt * ((every - 1) * step_ms + ms) / every for wt, ms in zip(weights, flush_ms))
+
+
+def time_alternative(row: dict, prefix: str, context, reset_step, flushes: list, every: int) -> None:
     """The row's plain and flush steps again inside ``context`` (another decode kernel in place):
-    ``<prefix>_pathtune_net_ms``, ``<prefix>_flush_net_ms`` and ``<prefix>_amortized_ms``."""
+    ``<prefix>_pathtune_net_ms``, ``<prefix>_flush_net_ms`` (the first kind of flush) and ``<prefix>_amortized_ms``.
+    ``flushes``: [(flush step, its reset's ms, weight)]."""
     with context:
-        flush_step()
+        for flush_step, _, _ in flushes:
+            flush_step()
         reset_step()
         sync()
         row[f"{prefix}_pathtune_net_ms"] = do_bench(reset_step) - row["reset_ms"]
-        row[f"{prefix}_flush_net_ms"] = do_bench(flush_step) - row["flush_reset_ms"]
-    row[f"{prefix}_amortized_ms"] = ((every - 1) * row[f"{prefix}_pathtune_net_ms"]
-                                     + row[f"{prefix}_flush_net_ms"]) / every
+        flush_ms = [do_bench(flush_step) - reset_ms for flush_step, reset_ms, _ in flushes]
+    row[f"{prefix}_flush_net_ms"] = flush_ms[0]
+    row[f"{prefix}_amortized_ms"] = amortized(row[f"{prefix}_pathtune_net_ms"], flush_ms,
+                                              [wt for _, _, wt in flushes], every)
 
 
-def repeat_rounds(row: dict, reset_step, flush_step, sdpa_run) -> None:
+def repeat_rounds(row: dict, reset_step, flushes: list, sdpa_run) -> None:
     """REPEATS - 1 more rounds of the row's plain step, flush step and SDPA, timed one after the other so that
     each round's ratio compares times taken moments apart; the row keeps every round's amortized / SDPA
     ratio (its own first) and their median, which a verdict on a short step (host jitter moves a 50 us step
@@ -209,15 +221,17 @@ def repeat_rounds(row: dict, reset_step, flush_step, sdpa_run) -> None:
     ratios = [row["x_sdpa_amortized"]]
     for _ in range(REPEATS - 1):
         step = do_bench(reset_step) - row["reset_ms"]
-        flush = do_bench(flush_step) - row["flush_reset_ms"]
+        flush_ms = [do_bench(flush_step) - reset_ms for flush_step, reset_ms, _ in flushes]
         sdpa = do_bench(sdpa_run)
-        ratios.append(((row["every"] - 1) * step + flush) / row["every"] / sdpa)
+        ratios.append(amortized(step, flush_ms, [wt for _, _, wt in flushes], row["every"]) / sdpa)
     row["x_sdpa_amortized_rounds"] = ratios
     row["x_sdpa_amortized_median"] = statistics.median(ratios)
 
 
 def time_steps(out: dict, budget) -> None:
     import pathtune
+    from pathtune.codegen.triton.decode import FRAME_ALIGN
+    from pathtune.tuning.decode_bench import frame_plan
 
     rows, sdpa_cache = [], {}
     for D, H in SHAPES:
@@ -237,8 +251,18 @@ def time_steps(out: dict, budget) -> None:
                         def step(xs=xs, cache=cache):
                             return pathtune.path_attention_decode(*xs, cache, backend=BACKEND, config=STEP_CONFIG)
 
-                        def reset(cache=cache, T=T):
-                            cache.length = T
+                        W, FB = step_frames(xs, cache, D)
+                        # two frame levels: the plain step in the state of a small flush's cycle (old rows in an
+                        # older frame: the frame map in use), the flushes of both kinds (tuning.decode_bench.frame_plan)
+                        plan = frame_plan(T, TN, W, FB, FRAME_ALIGN) if FB > 0 else None
+                        if plan is not None:
+                            cache.frame_map()
+
+                        def reset(cache=cache, T=T, plan=plan):
+                            if plan is None:
+                                cache.length = T
+                            else:
+                                cache.set_state(*plan[0][1][0])
 
                         def reset_step():
                             reset()
@@ -256,30 +280,40 @@ def time_steps(out: dict, budget) -> None:
                                 sync()
                                 row["tc_layout_net_ms"] = do_bench(reset_step) - row["reset_ms"]
                             row["tc_layout_x_rowwise"] = row["tc_layout_net_ms"] / row["pathtune_net_ms"]
-                        W = step_window(xs, cache, D)
                         if W > 0 and cache._pw is not None:   # the lazy step: time the flush step too
+                            parts = ([(1.0, [(T, T - W, 0, T - W)])] if plan is None else plan)
+                            flushes, flush_ms = [], []
+                            for weight, states in parts:
 
-                            def reset_flush(cache=cache, T=T, W=W):
-                                cache.set_state(T, T - W)
+                                def reset_flush(cache=cache, st=states[-1]):
+                                    cache.set_state(*st)
 
-                            def flush_step():
-                                reset_flush()
-                                return step()
-                            flush_step()
-                            sync()
+                                def flush_step(reset_flush=reset_flush):
+                                    reset_flush()
+                                    return step()
+                                flush_step()
+                                sync()
+                                reset_ms = do_bench(reset_flush)
+                                flush_ms.append(do_bench(flush_step) - reset_ms)
+                                flushes.append((flush_step, reset_ms, weight))
                             row["window"] = W
-                            row["flush_reset_ms"] = do_bench(reset_flush)
-                            row["flush_net_ms"] = do_bench(flush_step) - row["flush_reset_ms"]
+                            row["flush_reset_ms"] = flushes[0][1]
+                            row["flush_net_ms"] = flush_ms[0]
                             every = W // TN + 1
                             row["every"] = every
-                            row["amortized_ms"] = ((every - 1) * row["pathtune_net_ms"] + row["flush_net_ms"]) / every
+                            if plan is not None:
+                                row["frame_bound"] = FB
+                                row["flush_parts"] = [dict(state=list(states[-1]), weight=wt, net_ms=ms)
+                                                      for (wt, states), ms in zip(plan, flush_ms)]
+                            row["amortized_ms"] = amortized(row["pathtune_net_ms"], flush_ms,
+                                                            [wt for _, _, wt in flushes], every)
                             for prefix, kernel in ALT_DECODES:   # the same steps with another decode kernel
                                 from kernel_variants import swapped  # on sys.path: the loaders put it there
 
                                 import pathtune.codegen.triton.decode as decode_mod
 
                                 time_alternative(row, prefix, swapped(decode_mod, "decode_kernel", kernel),
-                                                 reset_step, flush_step, every)
+                                                 reset_step, flushes, every)
                         reset()
                         sync()
                         t0 = time.perf_counter()
@@ -306,7 +340,7 @@ def time_steps(out: dict, budget) -> None:
                             row["x_sdpa_amortized"] = row["amortized_ms"] / row["sdpa_ms"]
                             row["flush_x_sdpa"] = row["flush_net_ms"] / row["sdpa_ms"]
                             if REPEATS > 1:
-                                repeat_rounds(row, reset_step, flush_step, sdpa_fn(cache, T, xs[0]))
+                                repeat_rounds(row, reset_step, flushes, sdpa_fn(cache, T, xs[0]))
                         if GRAPHS:
                             row["graph_x_sdpa_graph"] = row["graph_ms"] / row["sdpa_graph_ms"]
                     except Exception as exc:  # noqa: BLE001 - record and go on
@@ -328,19 +362,19 @@ def time_steps(out: dict, budget) -> None:
     out["steps"] = rows
 
 
-def step_window(xs, cache, D: int) -> int:
-    """The pending window of the config the public step runs for these inputs (``--config``'s, else its decode plan:
-    a swept record's ``decode_pending_window``, else the heuristic's): the flush step and the cycle follow it."""
+def step_frames(xs, cache, D: int) -> tuple[int, int]:
+    """(pending window, frame bound) of the config the public step runs for these inputs (``--config``'s, else its
+    decode plan: a swept record's, else the heuristic's): the flush steps and the cycle follow them."""
     from pathtune.codegen.triton.decode import decode_params
-    from pathtune.codegen.triton.params import TritonParams
     from pathtune.runtime.decode_dispatch import decode_plan
 
     if STEP_CONFIG is not None:
-        return decode_params(STEP_CONFIG, D, D).decode_pending_window
-    plan = decode_plan(xs[0], xs[1], xs[2], xs[5], cache)
-    if plan.backend == "triton" and plan.triton_params is not None:
-        return plan.triton_params.decode_pending_window
-    return TritonParams.heuristic(D).decode_pending_window
+        params = decode_params(STEP_CONFIG, D, D)
+    else:
+        plan = decode_plan(xs[0], xs[1], xs[2], xs[5], cache)
+        ok = plan.backend == "triton" and plan.triton_params is not None
+        params = decode_params(plan.triton_params if ok else None, D, D)
+    return params.decode_pending_window, params.decode_frame_bound
 
 
 def _cases(out: dict, budget, section: str, seed, lens=(None,)):

@@ -12,6 +12,7 @@ import importlib.util
 import inspect
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -36,6 +37,7 @@ def load_variant_module(src: str, tag: str, replacements=(), append: str = ""):
         fh.write(src + append)
     spec = importlib.util.spec_from_file_location(f"variant_{tag}", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod      # dataclasses (with string annotations) look their module up there
     spec.loader.exec_module(mod)
     return mod
 

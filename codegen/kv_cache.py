@@ -176,7 +176,7 @@ class PaTHKVCache:
 
     @property
     def frame_tensor(self) -> Tensor:
-        return self._state[1:]
+        return self._state[1:2]
 
     @property
     def batch_size(self) -> int:

@@ -32,7 +32,7 @@ CFG = dict(decode_splits=2, decode_block_n=16, decode_frame_bound=32)
 @pytest.fixture(autouse=True)
 def small_alignment(monkeypatch):
     """Old rows aligned to the tests' key tile (16), so that tiny caches have old rows; prepared steps rebuilt."""
-    monkeypatch.setattr(decode_mod, "_FRAME_ALIGN", ALIGN)
+    monkeypatch.setattr(decode_mod, "FRAME_ALIGN", ALIGN)
     decode_mod._step_cached.cache_clear()
     yield
     decode_mod._step_cached.cache_clear()
@@ -188,3 +188,79 @@ def test_frame_bound_params_and_errors():
     cache = prefill(full, 8, torch.float32)
     with pytest.raises(ValueError, match="decode_frame_bound 0"):
         path_decode_triton(*cut(full, 8, 9), cache, config=CFG)
+
+
+@pytest.mark.parametrize("T,tokens,window,bound", [(32768, 1, 16, 4096), (32768, 16, 32, 2048), (8192, 4, 16, 1024)])
+def test_frame_plan_weights_follow_the_flush_rule(T, tokens, window, bound):
+    """The bench's two-level plan (``frame_plan``) against the flush rule itself, run on a cache's host mirrors
+    (``advanced``, no kernel) over many flush cycles from a fresh cache: the share of big flushes is the plan's big
+    weight, and the mean count of recent rows at a small flush is the one the plan's small state leaves (within the
+    spread of where a big flush leaves the old rows, one alignment)."""
+    from pathtune.tuning.decode_bench import flush_cycle, frame_plan
+
+    align = 512
+    plan = frame_plan(T, tokens, window, bound, align)
+    assert len(plan) == 2 and abs(sum(w for w, _ in plan) - 1) < 1e-12
+    (w_small, small), (w_big, big) = plan
+    for states in (small, big):       # every state is one set_state accepts, the last one flushes
+        for length, frame, old, old_frame in states:
+            assert 0 <= old <= old_frame <= frame <= length == T and old % align == 0
+        assert states[-1][0] - states[-1][1] + tokens > window
+    assert T + tokens - big[-1][2] > bound >= T + tokens - small[-1][2]
+    c = len(flush_cycle(window, tokens)) * tokens
+    cycles = 40 * bound // c
+    cap = T + cycles * c + 1
+    meta = torch.empty(1, cap, 1, 16, device="meta")
+    cache = PaTHKVCache(meta, meta, None, T, 1)
+    smalls, bigs = [], 0
+    for _ in range(cycles):
+        f1_before = cache.old_rows[0]
+        for _ in flush_cycle(window, tokens):
+            cache.advanced(tokens, window=window, frame_bound=bound, frame_align=align)
+        if cache.old_rows[0] != f1_before or cache.old_rows[1] == cache.frame:
+            bigs += 1
+        else:
+            smalls.append(cache.frame - cache.old_rows[0])
+    assert cache.length == T + cycles * c
+    assert abs(bigs / (bigs + len(smalls)) - w_big) < 0.15 * w_big, (bigs, len(smalls), w_big)
+    assert abs(sum(smalls) / len(smalls) - (T + tokens - small[-1][2])) <= align + c
+
+
+def test_frame_plan_one_level_and_short_caches():
+    """One frame level, or a cache too short for old rows: one part, every flush rotating every row."""
+    from pathtune.tuning.decode_bench import flush_cycle, frame_plan
+
+    for bound, T in ((0, 32768), (4096, 2048)):
+        plan = frame_plan(T, 1, 16, bound, 512)
+        assert len(plan) == 1 and plan[0][0] == 1.0
+        assert [st[1] for st in plan[0][1]] == [T - p for p in flush_cycle(16, 1)]
+        assert all(st[2] == 0 for st in plan[0][1])
+
+
+def test_decode_bench_callable_weights_the_two_flushes(monkeypatch):
+    """pathtune_callable with two frame levels: a small and a big flush cycle as weighted parts, each run from its
+    states (old rows in an older frame), the big one leaving every row in the current frame."""
+    from pathtune.tuning.decode_bench import _median_ms, frame_plan, pathtune_callable, weighted_parts
+
+    B, HQ, H, D, P = 1, 2, 2, 32, 200
+    full = sequence(B, P + 1, HQ, H, D, False, torch.float32, seed=21)
+    cache = prefill(full, P, torch.float32, static_cap=P + 1)
+    cfg = dict(CFG, decode_pending_window=4, decode_frame_bound=64)
+    run = pathtune_callable(cache, cut(full, P, P + 1), cfg)
+    plan = frame_plan(P, 1, 4, 64, ALIGN)
+    assert len(run.parts) == 2 and [w for _, w in run.parts] == [w for w, _ in plan]
+    assert [part.steps for part, _ in run.parts] == [5, 5]
+    run.parts[0][0]()
+    assert cache.old_rows[0] == plan[0][1][-1][2] and cache.frame == P + 1      # a small flush kept the old rows
+    run.parts[1][0]()
+    assert cache.old_rows == (P + 1 - (P + 1) % ALIGN, P + 1)                    # a big one rotated every row
+    import triton.testing
+
+    def leaf(ms, steps):
+        def fn():
+            return None
+        fn.ms, fn.steps = ms, steps
+        return fn
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: fn.ms)
+    both = weighted_parts([(leaf(4.0, 2), 0.25), (leaf(3.0, 1), 0.75)])
+    assert both.steps == 3 and _median_ms(both) == 0.25 * 4.0 / 2 + 0.75 * 3.0

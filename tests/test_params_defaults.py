@@ -76,8 +76,19 @@ def test_params_fields_are_spec_knobs_or_declared_backend_local(backend):
 
 
 def test_triton_params_hold_every_spec_knob():
-    missing = set(SPEC.knobs) - set(_field_defaults(TritonParams))
-    assert not missing, f"spec knobs TritonParams does not hold: {sorted(missing)}"
+    """Every spec knob is a field of TritonParams or of the params class of a pass that reads it
+    (``params_class("triton", pass_)``: a pass's own knobs live in its subclass)."""
+    from pathtune.codegen._knobs import params_class
+
+    held = set(_field_defaults(TritonParams))
+    for pass_ in SPEC.passes:
+        cls = params_class("triton", pass_)
+        assert issubclass(cls, TritonParams)
+        own = set(_field_defaults(cls)) - held
+        assert own <= set(SPEC.passes[pass_].knobs), f"{cls.__name__} declares knobs its pass does not read: {own}"
+        held |= own
+    missing = set(SPEC.knobs) - held
+    assert not missing, f"spec knobs no Triton params class holds: {sorted(missing)}"
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))

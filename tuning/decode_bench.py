@@ -85,15 +85,23 @@ def knob_values(params) -> dict:
 
 def _median_ms(fn: Callable[[], object]) -> float:
     """Median ms of one call; a callable with a ``steps`` attribute runs that many decode steps per call
-    (a whole flush cycle), and the result is per step: the amortized step time."""
+    (a whole flush cycle), and the result is per step: the amortized step time.  A callable with ``parts``
+    ([(callable, weight)], ``timed_plan``) is timed part by part and reports the weighted mean of their per-step
+    times (two frame levels: the cycles of a small and of a big flush, weighted by how often each occurs)."""
     import triton
 
+    parts = getattr(fn, "parts", None)
+    if parts is not None:
+        return sum(weight * _median_ms(part) for part, weight in parts)
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) / getattr(fn, "steps", 1)
 
 
 def graphed(fn: Callable[[], object]) -> Callable[[], object]:
     """``fn`` run once (compiling its kernels, allocating its buffers), then captured in a CUDA graph: the returned
-    callable replays it (the same ``steps``)."""
+    callable replays it (the same ``steps``; a callable with ``parts``: each part captured on its own)."""
+    parts = getattr(fn, "parts", None)
+    if parts is not None:
+        return weighted_parts([(graphed(part), weight) for part, weight in parts])
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -119,6 +127,59 @@ def flush_cycle(window: int, tokens: int) -> list[int]:
         if p + tokens > window:
             return counts
         p += tokens
+
+
+def frame_plan(length: int, tokens: int, window: int, frame_bound: int = 0,
+               align: int = 512) -> list[tuple[float, list[tuple[int, int, int, int]]]]:
+    """The cache states a decode timing at a fixed key length runs through, as ``[(weight, states)]``: each part is a
+    flush cycle (``flush_cycle``), ``states`` the ``set_state(length, frame, old, old_frame)`` arguments before each
+    of its steps, and the amortized step is the weighted mean of the parts' per-step times.
+
+    One frame level (``frame_bound`` 0): one part, every flush rotates every row.  Two levels: a flush cycle adds
+    c = len(cycle) * tokens rows; after a big flush the old rows end at the length rounded down to ``align``, leaving
+    r0 recent rows (1 .. c when the bound is a multiple of align: the big flush came at the first cycle end past the
+    last F1 + bound; else taken as align / 2), and the k-th flush after it is big when r0 + k c > frame_bound, so of
+    n = (frame_bound - r0) // c + 1 flush cycles one is big (weight 1 / n; its state leaves just over the bound
+    past the old rows) and the others rotate the recent rows only (weight (n - 1) / n; their state leaves the mean
+    recent count at the flush, r0 + n c / 2, to the nearest multiple of align within the bound, the cost being
+    linear in it).  Old rows sit in an older frame in
+    both (the frame map in use).  Where the length leaves no old rows, every flush rotates every row: one part."""
+    cycle = flush_cycle(window, tokens)
+
+    def states(old: int) -> list[tuple[int, int, int, int]]:
+        return [(length, length - p, min(old, length - p), min(old, length - p)) for p in cycle]
+
+    if frame_bound <= 0:
+        return [(1.0, states(0))]
+    c = len(cycle) * tokens
+    end = length + tokens                     # the key count after the flush step
+    # recent rows left by a big flush: for a bound that is a multiple of align (the spec's domain) the next big flush
+    # comes at the first cycle end past F1 + bound, which leaves 1 .. c rows past the next multiple of align
+    r0 = (c + 1) // 2 if frame_bound % align == 0 else align // 2
+    n = max(1, (frame_bound - r0) // c + 1)
+    recent = r0 + n * c // 2                  # mean recent rows at a small flush
+    old_small = min(max((end - recent + align // 2) // align * align,   # the nearest multiple of align,
+                        -(-(end - frame_bound) // align) * align),      # leaving at most the bound (not big)
+                    (length - cycle[-1]) // align * align)              # and at most the frame base
+    old_big = max(0, (end - frame_bound - 1) // align * align)
+    if end <= frame_bound or old_small <= 0:
+        return [(1.0, states(0 if end <= frame_bound else old_big))]
+    if n == 1:
+        return [(1.0, states(old_big))]
+    return [((n - 1) / n, states(old_small)), (1 / n, states(old_big))]
+
+
+def weighted_parts(parts: list[tuple[Callable[[], object], float]]) -> Callable[[], object]:
+    """One callable that runs every part (for a check or a warm-up) and carries ``parts`` for ``_median_ms``."""
+    def run():
+        out = None
+        for part, _ in parts:
+            out = part()
+        return out
+
+    run.parts = parts
+    run.steps = sum(getattr(part, "steps", 1) for part, _ in parts)
+    return run
 
 
 def make_cache(B: int, T: int, H: int, D: int, gate: bool, *, device: str, gen: torch.Generator,
@@ -172,25 +233,35 @@ def pathtune_callable(cache, step, config, graph: bool = False):
     """One call runs a whole flush cycle of the lazily rotated cache (``flush_cycle``) at a fixed key
     length T: before each step the cache is set to T rows of which the cycle's count are pending, so
     the cycle's one flush step is timed with the rest and ``_median_ms`` reports the amortized step.
-    The pending rows' window entries are the earlier calls' (their values do not change the time).
-    ``graph``: the cycle captured in a CUDA graph (``graphed``), whose replay is the call."""
-    from pathtune.codegen.triton.decode import decode_params
+    With two frame levels (``decode_frame_bound``) the call runs the cycles of ``frame_plan`` (a small and a big
+    flush), which ``_median_ms`` weights.  The pending rows' window entries are the earlier calls', the frame map's
+    entries whatever the buffer holds (their values do not change the time).
+    ``graph``: each cycle captured in a CUDA graph (``graphed``), whose replay is the call."""
+    from pathtune.codegen.triton.decode import FRAME_ALIGN, decode_params
     from pathtune.runtime.decode import path_attention_decode
 
     T = cache.length
     D, DV = cache.k_buffer.shape[-1], cache.v.shape[-1]
-    window = decode_params(config, D, DV).decode_pending_window
-    cycle = flush_cycle(window, step[0].shape[1])
+    params = decode_params(config, D, DV)
+    plan = frame_plan(T, step[0].shape[1], params.decode_pending_window, params.decode_frame_bound, FRAME_ALIGN)
     path_attention_decode(*step, cache, backend="triton", config=config)   # allocates the window the cycle reuses
+    if params.decode_frame_bound:
+        cache.frame_map()
 
-    def run():
-        out = None
-        for pending in cycle:
-            cache.set_state(T, T - pending)
-            out = path_attention_decode(*step, cache, backend="triton", config=config)
-        return out
+    def cycle_of(states):
+        def run():
+            out = None
+            for st in states:
+                cache.set_state(*st)
+                out = path_attention_decode(*step, cache, backend="triton", config=config)
+            return out
+        run.steps = len(states)
+        return run
 
-    run.steps = len(cycle)
+    if len(plan) == 1:
+        run = cycle_of(plan[0][1])
+    else:
+        run = weighted_parts([(cycle_of(states), weight) for weight, states in plan])
     return graphed(run) if graph else run
 
 

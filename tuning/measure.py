@@ -117,12 +117,13 @@ def decode_available() -> bool:
     return True
 
 
-def triton_params(config: dict, head_dim: int, head_dim_v: int) -> Any:
-    """TritonParams (``resolve``): the untuned config for the head dims, overridden by the pass's knobs
-    (so a bwd candidate's forward runs the untuned forward knobs, and vice versa)."""
+def triton_params(config: dict, head_dim: int, head_dim_v: int, pass_: Optional[str] = None) -> Any:
+    """TritonParams (``resolve``; the pass's params class, ``TritonDecodeParams`` for "decode"): the untuned config
+    for the head dims, overridden by the pass's knobs (so a bwd candidate's forward runs the untuned forward knobs,
+    and vice versa)."""
     from pathtune.codegen._knobs import resolve
 
-    return resolve("triton", None, config, (head_dim, head_dim_v))
+    return resolve("triton", pass_, config, (head_dim, head_dim_v))
 
 
 def classify_exception(exc: BaseException) -> tuple[str, str]:
@@ -472,10 +473,10 @@ def _decode_timed_callable(task: MeasureTask, params: Any, *, cycle: bool = True
     step with nothing pending."""
     import torch
 
-    from pathtune.codegen.triton.decode import path_decode_triton
+    from pathtune.codegen.triton.decode import FRAME_ALIGN, decode_params, path_decode_triton
     from pathtune.runtime.reference.recurrent import PaTHKVCache
 
-    from .decode_bench import flush_cycle
+    from .decode_bench import frame_plan, weighted_parts
 
     wl = task.workload
     dtype = getattr(torch, wl["dtype"])
@@ -489,17 +490,25 @@ def _decode_timed_callable(task: MeasureTask, params: Any, *, cycle: bool = True
     if g is not None:
         cc = torch.cumsum(torch.log(torch.rand(B, T + 1, HQ, device=q.device, generator=gen) * 0.05 + 0.95), dim=1)
     cache = PaTHKVCache(ck, cv, cc, T, HQ)
-    pending = flush_cycle(params.decode_pending_window, 1) if cycle else [0]
+    dparams = decode_params(params, wl["head_dim"], wl["head_dim_v"])
+    plan = (frame_plan(T, 1, dparams.decode_pending_window, dparams.decode_frame_bound, FRAME_ALIGN) if cycle
+            else [(1.0, [(T, T, 0, T)])])
     path_decode_triton(q, k, v, w, beta, g, cache, config=params)   # allocates the window the cycle's states use
+    if dparams.decode_frame_bound:
+        cache.frame_map()
 
-    def fn():
-        out = None
-        for p in pending:
-            cache.set_state(T, T - p)
-            out = path_decode_triton(q, k, v, w, beta, g, cache, config=params)
-        return out
+    def cycle_of(states):
+        def run():
+            out = None
+            for st in states:
+                cache.set_state(*st)
+                out = path_decode_triton(q, k, v, w, beta, g, cache, config=params)
+            return out
+        run.steps = len(states)
+        return run
 
-    fn.steps, fn.cache = len(pending), cache
+    fn = cycle_of(plan[0][1]) if len(plan) == 1 else weighted_parts([(cycle_of(st), wt) for wt, st in plan])
+    fn.cache = cache
     return fn, q[:, 0], ck[:, :T], cv[:, :T]
 
 
@@ -520,10 +529,17 @@ def _time_decode(fn: Callable[[], Any], task: MeasureTask) -> dict:
         except RuntimeError as exc:   # keep the eager timing; the method says so
             how = f"eager (graph capture failed: {str(exc).splitlines()[0][:120]})"
             torch.cuda.synchronize()
-    out = _time(fn, task)
+    parts = getattr(fn, "parts", None) or [(fn, 1.0)]
+    timed = [(_time(part, task), part.steps, weight) for part, weight in parts]
+    out = dict(timed[0][0])
     for key in ("median_ms", "p20_ms", "p80_ms"):
-        out[key] /= steps
-    out["bench_method"] += f", {how} of a {steps}-step flush cycle, per step" if steps > 1 else f", {how}, one step"
+        out[key] = sum(weight * t[key] / n for t, n, weight in timed)
+    if len(parts) > 1:
+        cycles = " and ".join(f"{n}-step (weight {weight:.3g})" for _, n, weight in timed)
+        out["bench_method"] += f", {how} of the {cycles} flush cycles of two frame levels, per step"
+    else:
+        out["bench_method"] += (f", {how} of a {steps}-step flush cycle, per step" if steps > 1
+                                else f", {how}, one step")
     return out
 
 
@@ -546,7 +562,7 @@ def _measure_decode(task: MeasureTask) -> dict:
     from pathtune.runtime.reference import naive_path_attention
 
     wl = task.workload
-    params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"])
+    params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"], "decode")
     (q, k, v, w, beta, g), step, cache = _decode_gate_setup(task)
     T = task.check_len
     import copy
@@ -639,7 +655,7 @@ def prepare(task: MeasureTask) -> dict:
             from pathtune.codegen.triton.decode import path_decode_triton
 
             wl = task.workload
-            params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"])
+            params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"], "decode")
             _, step, cache = _decode_gate_setup(task)
             t = lap("setup", t0)
             with torch.no_grad():

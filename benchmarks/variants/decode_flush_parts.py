@@ -30,7 +30,7 @@ PENDING = "        Kp = _rotate(Kp, prow, F, NP, pw_base, pb_base, wb, bb, P, H,
 SUBSTITUTION = """    for i2 in range(0, NP):
         i = NP - 1 - i2
 """
-ROUNDS = "        for r0 in range(t_lo * BLOCK_N, row_hi, ROT_ROWS):\n"
+ROUNDS = "        for r0 in range(row_lo, row_hi, ROT_ROWS):\n"
 
 _SRC = module_source(decode_mod)
 decode_kernel_flush_no_pending = load_variant(_SRC, "decode_kernel", "decode_flush_no_pending", [(PENDING, "")])
@@ -40,4 +40,4 @@ decode_kernel_flush_no_wy = load_variant(
                     "        i = NP - 1 - i2\n")])
 decode_kernel_flush_no_rounds = load_variant(
     _SRC, "decode_kernel", "decode_flush_no_rounds",
-    [(ROUNDS, "        for r0 in range(t_lo * BLOCK_N, tl.minimum(row_hi, t_lo * BLOCK_N), ROT_ROWS):\n")])
+    [(ROUNDS, "        for r0 in range(row_lo, tl.minimum(row_hi, row_lo), ROT_ROWS):\n")])

@@ -634,7 +634,7 @@ class TritonDecodeParams(TritonParams):
     decode_frame_bound: int = spec_default("decode_frame_bound")
 
 
-_FRAME_ALIGN = max(v for v in load_spec().knobs["decode_block_n"].domain)   # F1's alignment: every key tile divides it
+FRAME_ALIGN = max(v for v in load_spec().knobs["decode_block_n"].domain)   # F1's alignment: every key tile divides it
 
 
 @functools.lru_cache(maxsize=256)
@@ -777,7 +777,7 @@ class TritonDecodeStep:
                           GP=next_pow2(G), R=self.R, BLOCK_N=self.block_n, ROWWISE=self.rowwise,
                           F32=f32, USE_GATE=gated, BETA_MAX=params.beta_max, INTERP=interpreting(),
                           STAGES=decode_loop_stages(params), W=self.window,
-                          PB=padded_dim(self.window + TN), FB=self.frame_bound, FA=_FRAME_ALIGN)
+                          PB=padded_dim(self.window + TN), FB=self.frame_bound, FA=FRAME_ALIGN)
         self._wide = max(D, DV, G)
         self._o_shape = (B, TN, HQ, DV)
         self._geo: dict = {}   # capacity -> _geometry(capacity)
@@ -832,7 +832,7 @@ class TritonDecodeStep:
         args = (*tensors, max_len, splits, self.qk_scale, self.gate_scale)
         if not self._launch.repeat(key, args):
             self._launch(grid, args, dict(const, WS=WS, STORE_LSE=return_lse), self._options, key)
-        cache.advanced(TN, window=self.window, frame_bound=self.frame_bound, frame_align=_FRAME_ALIGN)
+        cache.advanced(TN, window=self.window, frame_bound=self.frame_bound, frame_align=FRAME_ALIGN)
         return (o, lse) if return_lse else o
 
 
@@ -992,7 +992,7 @@ def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = 
                  ROWWISE=rowwise, F32=dtype == "fp32", USE_GATE=gate, BETA_MAX=params.beta_max, OFF64=False,
                  INTERP=False, STAGES=decode_loop_stages(params), W=window, WS=max(window, 1),
                  PB=padded_dim(window + tokens), STORE_LSE=False,
-                 FB=int(getattr(params, "decode_frame_bound", 0)), FA=_FRAME_ALIGN)
+                 FB=int(getattr(params, "decode_frame_bound", 0)), FA=FRAME_ALIGN)
     return [(decode_kernel, sig, const, params.decode_num_warps, 2)]
 
 
