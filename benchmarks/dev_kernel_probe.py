@@ -9,6 +9,7 @@ launches add into buffers that already hold results, so nothing here checks valu
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096[,16384]] [--gates 1,0]
                           [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e,prepwarps,gatecumsum,keepstate]
                           [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]] [--dkv-v2 FILE[,FILE]]
+                          [--transport-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
 timed on the walk kernel's arguments (without its newer trailing ones)
@@ -23,7 +24,9 @@ file; one that still has ``xs_ptr`` gets it).
 ``dkv`` with the gate: bwd_inter_dkv_kernel without the gate, with its key-side sums taken the other way
 (``backward.gate_sums_by_mma``), and with one half of the gate's work dropped (its key-side row sums, its
 logit bias; timing only).  ``--dkv-v2 FILE[,FILE]``: candidate modules with a
-``bwd_inter_dkv_kernel`` of this tree's signature, timed on the captured launch.
+``bwd_inter_dkv_kernel`` of this tree's signature, timed on the captured launch.  ``--transport-v2 FILE[,FILE]``:
+candidate modules with a ``bwd_transport_chain_kernel`` taking the shipped arguments and the launcher's grid (a
+wrapper may launch it on its own grid), timed on the captured launch.
 ``e2e``: one fwd+bwd through autograd.  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8
 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per
 program; ``keepstate``, fwd+bwd at bwd_forward_state recompute and keep (the backward reuses the forward's
@@ -77,7 +80,7 @@ DKV_GATE_PARTS = (
 )
 
 
-def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), dkv_v2=()):
+def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), dkv_v2=(), transport_v2=()):
     B = 32768 // T
     q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0, dtype=torch.bfloat16)
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
@@ -128,6 +131,14 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
             except Exception as exc:     # e.g. out of resources
                 ms = f"{type(exc).__name__}: {str(exc)[:200]}"
             emit(dict(base, kernel=name, variant=f"ROWS 16, warps {nw}", ms=ms))
+        # candidate chain kernels (their own grid from the shipped launcher's, as the launcher would launch them)
+        for path in transport_v2 if name == "bwd_transport_chain" else ():
+            cand = load_candidate(path, "bwd_transport_chain_kernel")
+            try:
+                ms = time_launch(cand, grid, args, kw)
+            except Exception as exc:     # e.g. out of resources
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel=name, variant=f"candidate {path}", ms=ms))
 
     # bwd_intra: this tree's two kernels (the walk, then the diagonal tile) vs an older file's one kernel
     if "intra" in only:
@@ -408,6 +419,8 @@ def main():
     ap.add_argument("--old-ut-bwd", default=None)
     ap.add_argument("--intra-v2", default="", help="candidate bwd_intra files (comma-separated), shipped signature")
     ap.add_argument("--dkv-v2", default="", help="candidate bwd_inter_dkv files (comma-separated), shipped signature")
+    ap.add_argument("--transport-v2", default="",
+                    help="candidate bwd_transport_chain files (comma-separated): shipped arguments, launcher's grid")
     a = ap.parse_args()
     old_src = open(a.old_intra).read() if a.old_intra else None
     old_ut_src = open(a.old_ut_bwd).read() if a.old_ut_bwd else None
@@ -419,7 +432,8 @@ def main():
             for gate in (bool(int(x)) for x in a.gates.split(",")):
                 try:
                     run_case(D, H, T, gate, old_src, only, old_ut_src,
-                             tuple(x for x in a.intra_v2.split(",") if x), tuple(x for x in a.dkv_v2.split(",") if x))
+                             tuple(x for x in a.intra_v2.split(",") if x), tuple(x for x in a.dkv_v2.split(",") if x),
+                             tuple(x for x in a.transport_v2.split(",") if x))
                 except Exception as exc:
                     emit(dict(D=D, T=T, gate=gate, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 

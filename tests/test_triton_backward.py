@@ -748,3 +748,47 @@ def test_walk_candidate_with_direct_transpose(monkeypatch, dtype, ranged, gate):
                                         wrong))
     bad = kernel_grads(inputs, do, p)
     assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+
+
+@pytest.mark.parametrize("dtype,ranged", [(F32, False), (F16, True)], ids=["fp32-one-range", "fp16-ranged"])
+def test_transport_candidate_split_chain(monkeypatch, dtype, ranged):
+    """benchmarks/variants/bwd_transport_split_chain.py (the Suf replay and the G walk of the transport backward in
+    programs of their own, the grid's third axis doubled) in the launcher's place: the shipped gradients up to
+    rounding and the oracle's, over sequences of several super-chunks (4 chunks each).  The same split with the
+    G walk's dKJ term negated is caught."""
+    import sys
+
+    import pathtune.codegen.triton.bwd_chain as chain_mod
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    cand = load_script("benchmarks/variants/bwd_transport_split_chain.py")
+    inputs, do = make_inputs(611, B=2, T=200, HQ=2, H=1, dtype=dtype, gate=True)
+    p = params(dtype, superchunk_size=64)
+    if ranged:
+        monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
+    else:
+        monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
+    shipped = kernel_grads(inputs, do, p)
+    grids = []
+    real = cand.bwd_transport_chain_kernel.kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+    monkeypatch.setattr(cand.bwd_transport_chain_kernel, "kernel", Spy())
+    monkeypatch.setattr(tri_backward, "bwd_transport_chain_kernel", cand.bwd_transport_chain_kernel)
+    got = kernel_grads(inputs, do, p)
+    assert grids and all(g[2] == 2 for g in grids), grids      # BD 16: one row block of 16, doubled
+    for name, a, b in zip(NAMES, got, shipped):
+        if b is not None:
+            assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
+    check(got, oracle_grads(inputs, do), TOL[dtype])
+    kv = sys.modules["kernel_variants"]
+    term = "G = G + tl.dot(dYl, W, input_precision=TP) + tl.dot(tl.trans(dKJ), Kt, input_precision=TP)"
+    wrong = cand._SPLIT + [(term, term.replace("+ tl.dot(tl.trans(dKJ)", "- tl.dot(tl.trans(dKJ)"))]
+    monkeypatch.setattr(tri_backward, "bwd_transport_chain_kernel", type(cand.bwd_transport_chain_kernel)(
+        kv.load_variant(kv.module_source(chain_mod), "bwd_transport_chain_kernel", "split_chain_wrong", wrong)))
+    bad = kernel_grads(inputs, do, p)
+    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
