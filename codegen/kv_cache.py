@@ -10,6 +10,11 @@ Layout (contiguous; rows >= length are unused capacity):
   reading ``k`` materializes pending rows first (below); ``k_buffer`` is the storage as the kernels hold it;
 * ``v`` [B, max_len, H, DV];
 * ``c`` [B, max_len, HQ]: inclusive FoX gate cumsum (float32; float64 for float64 gates), None ungated;
+  ``gate_heads()`` is its head-major copy [B, HQ, max_len] for the Triton step (a key tile's offsets contiguous),
+  which that step extends with its own rows and completes from ``c`` where other writers appended rows (rows of
+  ``c`` below the length are never rewritten in place: to replace them, assign a new ``c``); built when a cache is
+  made from tensors holding rows, else by the first Triton step (or prefill), which must precede a CUDA-graph
+  capture on the cache;
 * ``state_tensor`` [4] int32 on the cache's device: (length, frame base F, old rows F1, old frame FP), read and
   advanced by the kernels on the device, so a captured CUDA graph of a decode step can be replayed as the cache
   grows; ``length_tensor`` and ``frame_tensor`` are one-element views of the first two;
@@ -71,11 +76,13 @@ class PaTHKVCache:
     """
 
     __slots__ = ("_k", "_v", "_c", "_hq", "static", "_state", "_len", "_frame", "_old", "_old_frame", "_hint",
-                 "_work", "_pw", "_pb", "_phi", "_count", "_layout")
+                 "_work", "_pw", "_pb", "_phi", "_ch", "_ch_rows", "_count", "_layout")
 
     def __init__(self, k: Tensor, v: Tensor, c: Optional[Tensor], length: int, num_q_heads: int, *,
                  static: bool = False) -> None:
         self._layout: Optional[int] = None   # layout_key(), computed on first use, dropped when a buffer is replaced
+        self._ch: Optional[Tensor] = None     # head-major copy of c [B, HQ, max_len] (gate_heads)
+        self._ch_rows: Optional[int] = 0      # its rows that equal c's; None: every row < length (after a capture)
         self._k, self.v, self.c = k, v, c
         self.num_q_heads = int(num_q_heads)
         self.static = bool(static)
@@ -91,6 +98,8 @@ class PaTHKVCache:
         self._pb: Optional[Tensor] = None  # pending window: beta [B, slots, H] fp32 (clipped)
         self._phi: Optional[Tensor] = None  # frame map of the old rows: [B*H, D, D] fp32 (two frame levels)
         self._count = _arrival_counters(k)
+        if c is not None and n > 0 and not _capturing(k):
+            self.gate_heads()     # built now, so that a step captured on this cache finds it current
 
     # -- keys and device state -----------------------------------------------------------------------
     @property
@@ -128,7 +137,36 @@ class PaTHKVCache:
     @c.setter
     def c(self, t: Optional[Tensor]) -> None:
         self._c = t
+        self._ch, self._ch_rows = None, 0
         self._layout = None
+
+    def gate_heads(self) -> Optional[Tensor]:
+        """The head-major copy of ``c``, [B, HQ, max_len] (None for an ungated cache), whose rows < length equal
+        c's: allocated on first use and brought up to date from c where rows were written by anything but the
+        Triton step (which writes both).  Inside a CUDA-graph capture it must be current already (run one eager
+        Triton step first)."""
+        c = self._c
+        if c is None:
+            return None
+        B, cap, HQ = c.shape
+        if self._ch is None or self._ch.shape[-1] != cap:
+            if _capturing(self._k):
+                raise RuntimeError("the gated cache's head-major gate copy is not allocated for this capacity; run "
+                                   "one eager Triton decode step with the same cache before capturing the CUDA graph")
+            ch = torch.empty(B, HQ, cap, dtype=c.dtype, device=c.device)
+            keep = 0 if self._ch is None else min(self._ch_rows or 0, self._ch.shape[-1])
+            if keep:
+                ch[:, :, :keep] = self._ch[:, :, :keep]
+            self._ch, self._ch_rows = ch, keep
+        n = self._len
+        if n is not None and self._ch_rows is not None and self._ch_rows < min(n, cap):
+            if _capturing(self._k):
+                raise RuntimeError("the gated cache's head-major gate copy is behind its gate cumsum; run one eager "
+                                   "Triton decode step with the same cache before capturing the CUDA graph")
+            a, b = self._ch_rows, min(n, cap)
+            self._ch[:, :, a:b] = c[:, a:b].transpose(1, 2)
+            self._ch_rows = b
+        return self._ch
 
     @property
     def num_q_heads(self) -> int:
@@ -211,6 +249,15 @@ class PaTHKVCache:
     def length(self, n: int) -> None:
         """Set the length; rows < n are declared current-frame keys (F = FP = n, nothing pending, no old rows)."""
         n = int(n)
+        prev = self._len
+        # rows of c below the previous length are never rewritten (a step appends; prefill fills an empty cache):
+        # the head-major copy keeps those, the rest is copied from c when the Triton step next reads it
+        if prev is None:
+            self._ch_rows = 0
+        elif self._ch_rows is not None:
+            self._ch_rows = min(self._ch_rows, prev)
+        else:
+            self._ch_rows = prev
         self._len = self._hint = self._frame = self._old_frame = n
         self._old = 0
         self._state.fill_(n)
@@ -241,6 +288,8 @@ class PaTHKVCache:
         self._len = self._hint = n
         self._frame = f
         self._old, self._old_frame = f1, fp
+        if self._ch_rows is not None:
+            self._ch_rows = min(self._ch_rows, n)   # rows below the length are unchanged
         for i, x in enumerate((n, f, f1, fp)):
             self._state[i].fill_(x)   # device fills: no host-to-device copy, capturable
 
@@ -261,8 +310,11 @@ class PaTHKVCache:
         self._hint += n
         if self._len is None or self._frame is None or _capturing(self._k):
             self._len = self._frame = None
+            self._ch_rows = None        # the replays write both copies of the gate: trusted up to the length
             return
         L = min(self._len, self.max_len)
+        if self._ch_rows is not None and self._ch_rows >= L:
+            self._ch_rows = min(L + n, self.max_len)   # the step wrote its rows into the head-major copy too
         F = min(self._frame, L)
         if window is None or L - F + n > window:
             N = min(L + n, self.max_len)
@@ -406,7 +458,7 @@ class PaTHKVCache:
 
     # pickled state: the public names of k's companions (v, c, num_q_heads), never the layout key
     _PICKLED = ("_k", "v", "c", "num_q_heads", "static", "_state", "_len", "_frame", "_old", "_old_frame", "_hint",
-                "_work", "_pw", "_pb", "_phi", "_count")
+                "_work", "_pw", "_pb", "_phi", "_ch", "_ch_rows", "_count")
 
     def __getstate__(self):
         return {s: getattr(self, s) for s in self._PICKLED}
@@ -417,6 +469,8 @@ class PaTHKVCache:
         self._layout = None
         if "_count" not in state:   # pickled by a version without arrival counters
             self._count = _arrival_counters(self._k)
+        if "_ch" not in state:      # pickled by a version without the head-major gate copy
+            self._ch, self._ch_rows = None, 0
         if "_old" not in state:     # pickled by a version with one frame level: (length, F) on the device
             st = self._state
             self._state = torch.cat([st, torch.zeros_like(st[:1]), st[1:2]])

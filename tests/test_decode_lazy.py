@@ -423,3 +423,35 @@ def test_compact_wy_form_equals_the_serial_rotation():
         assert rel(wy, exact) < 1e-5, (P, TN, rel(wy, exact))
         assert rel(wy, ser) < 1e-5
         assert rel(reverse, exact) > 0.1
+
+
+@pytest.mark.parametrize("HQ,H,cdt", [(2, 2, torch.float32), (4, 2, torch.bfloat16)])
+def test_gate_heads_copy_follows_the_gate_cumsum(HQ, H, cdt):
+    """The head-major copy of the gate cumsum the Triton step reads (``gate_heads``): equal to ``c`` below the length
+    after Triton steps (which write both), after a reference step (which appends to ``c`` only: the next Triton step
+    completes the copy) and after the cache grows; outputs against the float64 recompute throughout.  Can-fail: a
+    copy whose rows are wrong while marked current moves the next gated output."""
+    B, D, P = 2, 16, 21
+    steps = (1, 4, 1, "ref", 3, 1, 4, 1)
+    n_tok = sum(1 if s == "ref" else s for s in steps)
+    full = sequence(B, P + n_tok, HQ, H, D, True, torch.float32 if cdt == torch.float32 else cdt, seed=31)
+    ref_o = naive_path_attention(*f64(full))
+    cache = prefill(full, P, cdt)
+    t = P
+    for s in steps:
+        tn = 1 if s == "ref" else s
+        xs = cut(full, t, t + tn)
+        if s == "ref":
+            o = pathtune.path_attention_decode(*xs, cache, backend="reference")
+        else:
+            o = path_decode_triton(*xs, cache, config=CFG, window=4)
+        t += tn
+        assert rel(o, ref_o[:, t - tn:t]) < TOL_O[cdt], (s, t)
+        if s != "ref":
+            assert torch.equal(cache.gate_heads()[:, :, :t], cache.c[:, :t].transpose(1, 2)), t
+    assert cache.max_len > P                      # the cache grew on the way
+    twin = copy.deepcopy(cache)
+    xs = cut(full, t - 1, t)                      # any gated token: only the two outputs are compared
+    cache.gate_heads()[:, :, :t // 2] += 5.0      # wrong offsets for the older half of the keys
+    assert not torch.allclose(path_decode_triton(*xs, cache, config=CFG, window=4),
+                              path_decode_triton(*xs, twin, config=CFG, window=4), atol=1e-3)

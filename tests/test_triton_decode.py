@@ -626,43 +626,6 @@ def test_bench_cli_decode_pass_options():
 
 # ----------------------------------------------------------------------------- candidate kernels (benchmarks/variants)
 
-def test_gate_offset_timing_proxies_change_only_the_gated_tile_loop(monkeypatch):
-    """benchmarks/variants/decode_gate_headmajor.py (timing-only proxies of the one-token tile loop's gate offsets:
-    read at head-major addresses, or not read) in the launcher's place: an ungated one-token step equals the shipped
-    kernel's, a gated one differs from it (the edit reaches the loop) and stays finite (its reads are in bounds)."""
-    import pathtune.codegen.triton.decode as dec
-    from repo_scripts import ROOT, load_script
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    cand = load_script("benchmarks/variants/decode_gate_headmajor.py")
-    B, H, D, T0 = 2, 2, 16, 40
-
-    def inputs(T, gate, seed):
-        gen = torch.Generator().manual_seed(seed)
-        q, k, v = (torch.randn(B, T, H, D, generator=gen) for _ in range(3))
-        w = F.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
-        beta = torch.rand(B, T, H, generator=gen) * 0.5 + 1.5
-        g = F.logsigmoid(torch.randn(B, T, H, generator=gen) + 3.0) if gate else None
-        return q, k, v, w, beta, g
-
-    for gate in (False, True):
-        prompt, new = inputs(T0, gate, 3), inputs(1, gate, 4)
-        outs = {}
-        for name, kernel in (("shipped", dec.decode_kernel), ("headmajor", cand.decode_kernel_headmajor),
-                             ("noload", cand.decode_kernel_noload)):
-            ref = path_attention_prefill(*[None if x is None else x.double() for x in prompt], max_len=64)[1]
-            cache = PaTHKVCache(ref.k.float(), ref.v.float(), None if ref.c is None else ref.c.float(), T0, H)
-            with monkeypatch.context() as m:
-                m.setattr(dec, "decode_kernel", kernel)
-                outs[name] = path_decode_triton(*new, cache)
-        for name in ("headmajor", "noload"):
-            assert torch.isfinite(outs[name]).all(), name
-            if gate:
-                assert not torch.allclose(outs[name], outs["shipped"]), name
-            else:
-                assert torch.equal(outs[name], outs["shipped"]), name
-
-
 def test_flush_part_timing_proxies_leave_out_one_part_each(monkeypatch):
     """benchmarks/variants/decode_flush_parts.py (timing-only proxies of a flush step without its pending-row
     rotation, without the WY back substitution, without the frame rows' rounds) in the launcher's place: a step that

@@ -122,13 +122,21 @@ def _to_cache(x, cdt: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, N, row_lo, row_hi,
+def _heads_at(ch_base, hq, rows, max_len, OFF64: tl.constexpr):
+    """Addresses of the gate cumsums of query heads ``hq`` at cache rows ``rows`` (broadcast) in the cache's
+    head-major copy [HQ, max_len] of one sequence: a key tile's offsets are contiguous there."""
+    hq_ = hq.to(tl.int64) if OFF64 else hq
+    return ch_base + hq_ * max_len + rows
+
+
+@triton.jit
+def _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, ch_base, max_len, b, h, L, N, row_lo, row_hi,
                  H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
                  BDV: tl.constexpr, TN: tl.constexpr, TNP: tl.constexpr, GP: tl.constexpr,
                  USE_GATE: tl.constexpr, OFF64: tl.constexpr, INTERP: tl.constexpr):
-    """Write the new tokens' raw keys/values (and gate cumsums) into cache rows L .. L+TN-1 that lie
-    in this program's rows [row_lo, row_hi) and below N (the capacity-clamped end); the caller's tile loop
-    reads them after a barrier."""
+    """Write the new tokens' raw keys/values (and gate cumsums, into the token-major cache and its head-major
+    copy) into cache rows L .. L+TN-1 that lie in this program's rows [row_lo, row_hi) and below N (the
+    capacity-clamped end); the caller's tile loop reads them after a barrier."""
     HQ: tl.constexpr = H * G
     cdt = k_base.dtype.element_ty
     t = tl.arange(0, TNP)
@@ -156,6 +164,7 @@ def _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, N, 
             run = run + tl.load(g_ptr + (b * TN + s) * HQ + hq, mask=gmask, other=0.0).to(tl.float32)
             cn = tl.where((t == s)[:, None], run[None, :], cn)
         tl.store(c_base + nr[:, None] * HQ + hq[None, :], cn, mask=own[:, None] & gmask[None, :])
+        tl.store(_heads_at(ch_base, hq[None, :], nr[:, None], max_len, OFF64), cn, mask=own[:, None] & gmask[None, :])
 
 
 @triton.jit
@@ -377,7 +386,7 @@ def _merge_splits(m_part, l_part, acc_part, o_ptr, lse_ptr, pid, b, h, n_splits,
 # the capacity changes when a growable cache grows: no per-value specialisation (a recompile per size class)
 @triton.jit(do_not_specialize=["max_len", "n_splits"])
 def decode_kernel(
-    q_ptr, knew_ptr, vnew_ptr, w_ptr, beta_ptr, g_ptr, k_ptr, v_ptr, c_ptr, st_ptr, pw_ptr, pb_ptr, phi_ptr,
+    q_ptr, knew_ptr, vnew_ptr, w_ptr, beta_ptr, g_ptr, k_ptr, v_ptr, c_ptr, ch_ptr, st_ptr, pw_ptr, pb_ptr, phi_ptr,
     m_part, l_part, acc_part, o_ptr, lse_ptr, cnt_ptr,
     max_len, n_splits,
     qk_scale, gate_scale,
@@ -394,7 +403,8 @@ def decode_kernel(
 
     New tokens: q [B, TN, H*G, D], k [B, TN, H, D], v [B, TN, H, DV], w [B, TN, H, D], beta [B, TN, H],
     g [B, TN, H*G] (contiguous; w / beta / g in any float dtype, converted to fp32 here).  Cache:
-    k [B, max_len, H, D], v [B, max_len, H, DV], c [B, max_len, H*G] fp32 (contiguous: constexpr row strides);
+    k [B, max_len, H, D], v [B, max_len, H, DV], c [B, max_len, H*G] fp32 (contiguous: constexpr row strides) and
+    its head-major copy ch [B, H*G, max_len] (rows < L valid; the tile loops read the keys' offsets there);
     st = (L, F, F1, FP) int32 on the device; window w [B, WS, H, D] fp32, beta [B, WS, H] fp32 (clipped).
     FB > 0 (the frame bound): two frame levels, with rows < F1 (a multiple of FA, itself a multiple of BLOCK_N) in
     the frame of position FP-1 and phi [B*H, D, D] fp32 = H_FP .. H_{F-1}, read when
@@ -434,6 +444,7 @@ def decode_kernel(
     k_base = k_ptr + b * max_len * (H * D) + h * D
     v_base = v_ptr + b * max_len * (H * DV) + h * DV
     c_base = c_ptr + b * max_len * HQ
+    ch_base = ch_ptr + b * max_len * HQ
     wb = w_ptr + (b * TN * H + h) * D
     bb = beta_ptr + b * TN * H + h
     pw_base = pw_ptr + (b * WS * H + h) * D
@@ -446,7 +457,8 @@ def decode_kernel(
     part = pid * n_splits + split
 
     # the pending owner appends the new rows (raw) and, unless this step flushes, their window slots
-    _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, b, h, L, N, tl.where(own, L, N), N,
+    _append_rows(knew_ptr, vnew_ptr, g_ptr, k_base, v_base, c_base, ch_base, max_len, b, h, L, N,
+                 tl.where(own, L, N), N,
                  H, G, D, DV, BD, BDV, TN, TNP, GP, USE_GATE, OFF64, INTERP)
     tn = tl.arange(0, TNP)
     wm = own & (P + TN <= W) & (tn < TN) & (L + tn < N)
@@ -479,7 +491,8 @@ def decode_kernel(
     pr = prow.to(tl.int64) if OFF64 else prow
     S = S * qk_scale
     if USE_GATE:
-        cp_j = tl.load(c_base + pr[None, :] * HQ + hq_r[:, None], mask=rvalid[:, None] & pmask[None, :], other=0.0)
+        cp_j = tl.load(_heads_at(ch_base, hq_r[:, None], pr[None, :], max_len, OFF64),
+                       mask=rvalid[:, None] & pmask[None, :], other=0.0)
         S += (c_i[:, None] - cp_j) * gate_scale
     S = tl.where(rvalid[:, None] & pmask[None, :] & (prow[None, :] <= ipos[:, None]), S, float("-inf"))
     m_i = tl.maximum(tl.full([R], _NEG, tl.float32), tl.max(S, axis=1))
@@ -527,7 +540,7 @@ def decode_kernel(
             # one query row (head h): the keys' gate offsets as one vector along the tile, added to the row
             # reduction before it becomes the [1, BLOCK_N] logits (a [1, BLOCK_N] gather of them cost the
             # gated step 7-23 % over the ungated one on the H200; this way 0-12 %)
-            c_v = tl.load(c_base + nr * HQ + h * G, mask=nmask, other=0.0)
+            c_v = tl.load(_heads_at(ch_base, h * G, nr, max_len, OFF64), mask=nmask, other=0.0)
             s = (tl.sum(K.to(tl.float32) * Zt, axis=1) * qk_scale + (tl.sum(c_i, axis=0) - c_v) * gate_scale)[None, :]
         else:
             s = _qk(Zt, K, ROWWISE, F32, INTERP) * qk_scale
@@ -535,10 +548,11 @@ def decode_kernel(
                     other=0.0)
         if USE_GATE and not ROWWISE:
             if G == 1:   # one query head per kv head: every row of the tile reads the same keys' offsets
-                c_v = tl.load(c_base + nr * HQ + h, mask=nmask, other=0.0)
+                c_v = tl.load(_heads_at(ch_base, h, nr, max_len, OFF64), mask=nmask, other=0.0)
                 s += (c_i[:, None] - c_v[None, :]) * gate_scale
             else:
-                c_j = tl.load(c_base + nr[None, :] * HQ + hq_r[:, None], mask=rvalid[:, None] & nmask[None, :],
+                c_j = tl.load(_heads_at(ch_base, hq_r[:, None], nr[None, :], max_len, OFF64),
+                              mask=rvalid[:, None] & nmask[None, :],
                               other=0.0)
                 s += (c_i[:, None] - c_j) * gate_scale
         s = tl.where(rvalid[:, None] & nmask[None, :], s, float("-inf"))
@@ -819,11 +833,12 @@ class TritonDecodeStep:
             beta = beta.contiguous()
         gg = m_part if g is None else (g if g.is_contiguous() else g.contiguous())
         c = cache.c
+        ch = cache.gate_heads() if c is not None else m_part
         pw, pb = cache.pending_window(self.window)
         phi = cache.frame_map() if self.frame_bound else m_part
         o = torch.empty(self._o_shape, device=q.device, dtype=self.q_dtype)
         lse = torch.empty(self._o_shape[:3], device=q.device, dtype=torch.float32) if return_lse else m_part
-        tensors = (q, k, v, w, beta, gg, cache.k_buffer, cache.v, m_part if c is None else c, cache.state_tensor,
+        tensors = (q, k, v, w, beta, gg, cache.k_buffer, cache.v, m_part if c is None else c, ch, cache.state_tensor,
                    pw, pb, phi, m_part, l_part, acc_part, o, lse, cache.arrival_counters)
         WS = pw.shape[1]
         key = tensor_key(tensors)
@@ -980,8 +995,8 @@ def decode_compile_specs(params: TritonParams, D: int, DV: int, *, dtype: str = 
     io = f"*{dtype}"
     f32p = "*fp32"
     sig = {n: io for n in ("q_ptr", "knew_ptr", "vnew_ptr", "k_ptr", "v_ptr", "o_ptr")}
-    for n in ("w_ptr", "beta_ptr", "g_ptr", "c_ptr", "pw_ptr", "pb_ptr", "phi_ptr", "m_part", "l_part", "acc_part",
-              "lse_ptr"):
+    for n in ("w_ptr", "beta_ptr", "g_ptr", "c_ptr", "ch_ptr", "pw_ptr", "pb_ptr", "phi_ptr", "m_part", "l_part",
+              "acc_part", "lse_ptr"):
         sig[n] = f32p
     sig["st_ptr"] = sig["cnt_ptr"] = "*i32"
     sig["max_len"] = sig["n_splits"] = "i32"
@@ -1057,4 +1072,5 @@ def path_prefill_triton(q, k, v, w, beta, g=None, *, scale: Optional[float] = No
         if g is not None:
             cache.c[:, :T] = torch.cumsum(g.float(), dim=1)
     cache.length = T
+    cache.gate_heads()    # the Triton step's head-major gate copy, built before any step (or capture) reads it
     return o, cache
