@@ -20,7 +20,7 @@ import triton.language as tl
 import pathtune
 from pathtune.codegen.kv_cache import PaTHKVCache
 from pathtune.codegen.triton import TritonParams, path_decode_triton
-from pathtune.codegen.triton.decode import _fdot, _rotate, _wy
+from pathtune.codegen.triton.decode import _fdot, _rotate_pending, _transition, _wy
 from pathtune.runtime.reference import naive_path_attention
 from pathtune.runtime.reference.recurrent import current_frame_keys, path_attention_prefill
 
@@ -376,24 +376,46 @@ def test_multi_token_flush_equals_the_one_token_steps():
 
 
 @triton.jit
-def _wy_vs_serial_kernel(k_ptr, ser_ptr, wy_ptr, pw_ptr, pb_ptr, w_ptr, b_ptr, P, NP, H: tl.constexpr, D: tl.constexpr,
-                 BD: tl.constexpr, PB: tl.constexpr, ROWS: tl.constexpr, BETA_MAX: tl.constexpr):
+def _rotate_serial(K, pos, F, n_rot, pw_base, pb_base, wb, bb, P, H: tl.constexpr, D: tl.constexpr, d, dmask,
+                   BETA_MAX: tl.constexpr):
+    """K [rows, BD] fp32 holding the keys of positions ``pos``: H_F, H_{F+1}, .., H_{F+n_rot-1} applied in order by
+    rank-one updates, each to the rows before its position (frame rows: all of them; a pending row j: H_{j+1} on)."""
+    for s in range(0, n_rot):
+        w, beta = _transition(pw_base, pb_base, wb, bb, s, P, H, D, d, dmask, BETA_MAX)
+        a = tl.where(pos < F + s, beta * tl.sum(K * w[None, :], axis=1), 0.0)
+        K = K - a[:, None] * w[None, :]
+    return K
+
+
+@triton.jit
+def _wy_vs_serial_kernel(k_ptr, ser_ptr, wy_ptr, pser_ptr, pwy_ptr, pw_ptr, pb_ptr, w_ptr, b_ptr, P, NP,
+                         H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, PB: tl.constexpr, ROWS: tl.constexpr,
+                         BETA_MAX: tl.constexpr):
     d = tl.arange(0, BD)
     dmask = d < D
     r = tl.arange(0, ROWS)
     off = r[:, None] * D + d[None, :]
     K = tl.load(k_ptr + off, mask=dmask[None, :], other=0.0)
     frame = ROWS   # every row is a frame row: all NP transitions apply
-    Ks = _rotate(K, r, frame, NP, pw_ptr, pb_ptr, w_ptr, b_ptr, P, H, D, d, dmask, BETA_MAX)
+    Ks = _rotate_serial(K, r, frame, NP, pw_ptr, pb_ptr, w_ptr, b_ptr, P, H, D, d, dmask, BETA_MAX)
     Wm, M = _wy(frame, NP, pw_ptr, pb_ptr, w_ptr, b_ptr, P, H, D, d, dmask, PB, BETA_MAX, True)
     Kw = K - _fdot(_fdot(K, tl.trans(Wm), True), M, True)
     tl.store(ser_ptr + off, Ks, mask=dmask[None, :])
     tl.store(wy_ptr + off, Kw, mask=dmask[None, :])
+    # the pending block: row s at position F + s (here F = 0) gets the transitions after its own
+    s = tl.arange(0, PB)
+    poff = s[:, None] * D + d[None, :]
+    Kp = tl.load(k_ptr + poff, mask=(s < NP)[:, None] & dmask[None, :], other=0.0)
+    Wp, Mp = _wy(0, NP, pw_ptr, pb_ptr, w_ptr, b_ptr, P, H, D, d, dmask, PB, BETA_MAX, True)
+    tl.store(pser_ptr + poff, _rotate_serial(Kp, s, 0, NP, pw_ptr, pb_ptr, w_ptr, b_ptr, P, H, D, d, dmask,
+                                             BETA_MAX), mask=(s < NP)[:, None] & dmask[None, :])
+    tl.store(pwy_ptr + poff, _rotate_pending(Kp, Wp, Mp, PB, False, True), mask=(s < NP)[:, None] & dmask[None, :])
 
 
 def test_compact_wy_form_equals_the_serial_rotation():
     """decode.py's ``_wy`` (W, M = T W from the window slots and this step's tokens) applied as k - (k W^T) M
-    equals ``_rotate``'s serial updates (H_F first) and the float64 serial product, in the interpreter, for
+    equals serial rank-one updates (H_F first) and the float64 serial product, in the interpreter, and so does
+    ``_rotate_pending`` (each pending row by the transitions after its own position) for
     pending counts with and without padding (NP < PB) and beta in [1.5, 2) (one beta 0: an identity
     transition); the reversed order (H_{N-1} first) is far off, so the check can fail."""
     gen = torch.Generator().manual_seed(0)
@@ -409,8 +431,20 @@ def test_compact_wy_form_equals_the_serial_rotation():
         pw[:P], pb[:P] = ws[:P].float(), bs[:P].float()
         wn, bn = ws[P:].float().contiguous(), bs[P:].float().contiguous()
         ser, wy = torch.zeros(ROWS, D), torch.zeros(ROWS, D)
-        _wy_vs_serial_kernel[(1,)](k.float(), ser, wy, pw[:, 1], pb[:, 1], wn[:, 1], bn[:, 1], P, NP,
+        kp = torch.randn(PB, D, generator=gen, dtype=torch.float64)
+        pser, pwy = torch.zeros(PB, D), torch.zeros(PB, D)
+        _wy_vs_serial_kernel[(1,)](torch.cat([k, kp]).float()[:max(ROWS, PB)].contiguous(), ser, wy, pser, pwy,
+                                   pw[:, 1], pb[:, 1], wn[:, 1], bn[:, 1], P, NP,
                                    H=H, D=D, BD=32, PB=PB, ROWS=ROWS, BETA_MAX=2.0)
+        kin = torch.cat([k, kp])[:max(ROWS, PB)]
+        pexact = kin[:PB].clone()                 # row s: k_s^T H_{s+1} ... H_{N-1} (positions 0 .. NP-1)
+        for s in range(NP):
+            w, b = ws[s, 1], bs[s, 1]
+            upd = b * (pexact @ w)[:, None] * w[None, :]
+            pexact = pexact - torch.where((torch.arange(PB) < s)[:, None], upd, torch.zeros_like(upd))
+        assert rel(pser[:NP], pexact[:NP]) < 1e-5, (P, TN, rel(pser[:NP], pexact[:NP]))
+        assert rel(pwy[:NP], pexact[:NP]) < 1e-5, (P, TN, rel(pwy[:NP], pexact[:NP]))
+        assert rel(pwy[:NP], kin[:NP]) > 0.1     # the rows did move
         exact = k.clone()
         for s in range(NP):                       # k^T H_F H_{F+1} ... H_{N-1}
             w, b = ws[s, 1], bs[s, 1]

@@ -366,7 +366,7 @@ def test_decode_kernels_compile_for_sm90():
     tokens GQA 4; every flush rotates in a second pass in compact WY form), also with
     its tile loop pipelined 3 deep (decode_num_stages=3; not the 16-token GQA kernel, whose 64 query rows of
     staged tiles exceed a block's shared memory at 3 stages); the hot single-token MHA
-    launch of the heuristic config spills less than 768 B (108 B at D = 64, 624 B at D = 128 at 4 warps,
+    launch of the heuristic config spills less than 768 B (0 B at D = 64, 676 B at D = 128 at 4 warps,
     in the flush's WY pass over 8192 / BD-row blocks; its key-tile loop spills nothing); shared
     memory fits an H200 block.
     Pipelining shows in the one-row path's shared memory (its loads are staged there; unpipelined it

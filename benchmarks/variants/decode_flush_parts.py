@@ -2,9 +2,9 @@
 by text replacement, ``kernel_variants``; same signature and launch arguments): where a flush step's extra time
 goes (0.07-0.10 ms at a 4K cache, 0.4-0.6 ms at 32K, B = 8, on top of a plain step).
 
-A flush step does, besides a plain step's work: the owner program rotates the pending rows one transition after
-another (``_rotate``: NP dependent steps over the [PB, BD] block); every program forms the compact WY factors
-(``_wy``: NP dependent back-substitution steps) and rotates its split's frame rows in rounds of ROT_ROWS rows.
+A flush step does, besides a plain step's work: every program forms the compact WY factors (``_wy``: NP dependent
+back-substitution steps) and rotates its split's frame rows in rounds of ROT_ROWS rows; the owner program also
+rotates the pending rows by the factors' trailing parts (``_rotate_pending``: two [PB, BD] x [BD, PB] products).
 
 * ``decode_kernel_flush_no_pending``: the owner skips the pending rows' rotation.
 * ``decode_kernel_flush_no_wy``: the factors without the back substitution (T = diag(beta)).
@@ -26,7 +26,7 @@ import pathtune.codegen.triton.decode as decode_mod
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # benchmarks/: kernel_variants
 from kernel_variants import load_variant, module_source  # noqa: E402
 
-PENDING = "        Kp = _rotate(Kp, prow, F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, BETA_MAX)\n"
+PENDING = "            Kp = _rotate_pending(Kp, Wm, M, PB, cdt == tl.bfloat16, F32)\n"
 SUBSTITUTION = """    for i2 in range(0, NP):
         i = NP - 1 - i2
 """

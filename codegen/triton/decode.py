@@ -17,7 +17,7 @@ Flush rule (decided on the device, from L and F, by every program alike): when L
 step also rotates every row into the frame of the last new token N-1 (N = L + T_new): each frame row
 j < F gets H_F, H_{F+1}, .., H_{N-1} in that order (NP = N - F transitions, fp32, rounded to the cache
 dtype once) after its logits were taken from k~_j . q^_i; the pending rows F .. N-1 get H_{j+1} ..
-H_{N-1} (serial rank-one updates, which give every row its partial product); the state update at the
+H_{N-1} (the trailing parts of the same compact WY form, ``_rotate_pending``); the state update at the
 end of the step sets F = N.  The frame rows are rotated after the attention pass, for any T_new (NP up to
 W + T_new): each program makes a second pass over its split's frame rows and applies all NP transitions
 at once in compact WY form, H_F H_{F+1} .. H_{N-1} = I - W^T T W (W [PB, D]: row s = w_{F+s}; T upper
@@ -189,18 +189,6 @@ def _transition(pw_base, pb_base, wb, bb, s, P, H: tl.constexpr, D: tl.constexpr
 
 
 @triton.jit
-def _rotate(K, pos, F, n_rot, pw_base, pb_base, wb, bb, P, H: tl.constexpr, D: tl.constexpr, d, dmask,
-            BETA_MAX: tl.constexpr):
-    """K [rows, BD] fp32 holding the keys of positions ``pos``: apply H_F, H_{F+1}, .., H_{F+n_rot-1} in order,
-    each to the rows before its position (frame rows: all of them; a pending row j: H_{j+1} onwards)."""
-    for s in range(0, n_rot):
-        w, beta = _transition(pw_base, pb_base, wb, bb, s, P, H, D, d, dmask, BETA_MAX)
-        a = tl.where(pos < F + s, beta * tl.sum(K * w[None, :], axis=1), 0.0)
-        K = K - a[:, None] * w[None, :]
-    return K
-
-
-@triton.jit
 def _fdot(a, b, IEEE: tl.constexpr):
     """fp32 x fp32 -> fp32 at fp32 accuracy: full-precision products (IEEE) or three tf32 tensor-core passes."""
     if IEEE:
@@ -235,6 +223,26 @@ def _wy(F, NP, pw_base, pb_base, wb, bb, P, H: tl.constexpr, D: tl.constexpr, d,
         t_i = b_i * (tl.where(s == i, 1.0, 0.0) - tl.sum(u_i[:, None] * T, axis=0))
         T = tl.where((s == i)[:, None], t_i[None, :], T)
     return Wm, _fdot(T, Wm, IEEE)
+
+
+@triton.jit
+def _rotate_pending(Kp, Wm, M, PB: tl.constexpr, TF32: tl.constexpr, F32: tl.constexpr):
+    """The pending block's keys Kp [PB, BD] fp32 (row s: position F + s) into the new frame: row s gets
+    H_{F+s+1} .. H_{N-1}, the trailing part of the compact WY form I - W^T T W whose factors W, M = T W ``_wy`` made
+    (its back substitution builds T from the last row up, so T's trailing block is the suffix product's):
+    k_s <- k_s - (k_s W^T restricted to columns > s) M -- two products instead of NP dependent rank-one updates.
+    TF32: one tf32 pass per product (a 16-bit key is exact in tf32), else fp32 accurate (``_fdot``)."""
+    s = tl.arange(0, PB)
+    if TF32:
+        X = tl.dot(Kp, tl.trans(Wm), input_precision="tf32")
+    else:
+        X = _fdot(Kp, tl.trans(Wm), F32)
+    X = tl.where(s[None, :] > s[:, None], X, 0.0)
+    if TF32:
+        Kp = Kp - tl.dot(X, M, input_precision="tf32")
+    else:
+        Kp = Kp - _fdot(X, M, F32)
+    return Kp
 
 
 @triton.jit
@@ -500,12 +508,6 @@ def decode_kernel(
     l_i = tl.sum(pp, axis=1)
     Vp = tl.load(v_base + pr[:, None] * (H * DV) + dv[None, :], mask=pmask[:, None] & dvmask[None, :], other=0.0)
     acc = _pv(pp, Vp, ROWWISE, F32, INTERP)
-    if flush & own:
-        tl.debug_barrier()  # the walk has read the raw pending keys
-        kpoff = pr[:, None] * (H * D) + d[None, :]
-        Kp = tl.load(k_base + kpoff, mask=pmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        Kp = _rotate(Kp, prow, F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, BETA_MAX)
-        tl.store(k_base + kpoff, _to_cache(Kp, cdt, INTERP), mask=pmask[:, None] & dmask[None, :])
 
     # the frame tiles: rows [0, F) of this split
     # the frame queries as the logit product takes them: fp32 for row reductions and fp32 products, else
@@ -585,6 +587,11 @@ def decode_kernel(
             # transitions)
             row_lo = tl.where(big, row_lo, tl.maximum(row_lo, F1))
         Wm, M = _wy(F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, PB, BETA_MAX, F32)
+        if own:   # the pending rows (read by the walk and the pending block above, before the barrier)
+            kpoff = pr[:, None] * (H * D) + d[None, :]
+            Kp = tl.load(k_base + kpoff, mask=pmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+            Kp = _rotate_pending(Kp, Wm, M, PB, cdt == tl.bfloat16, F32)
+            tl.store(k_base + kpoff, _to_cache(Kp, cdt, INTERP), mask=pmask[:, None] & dmask[None, :])
         for r0 in range(row_lo, row_hi, ROT_ROWS):
             kr = r0 + rr
             kmask = (kr < row_hi)[:, None] & dmask[None, :]
