@@ -121,7 +121,7 @@ def test_decode_kernel_runtime_parameters_precede_its_constexprs():
 
     launch = KernelLauncher(decode, "decode_kernel")
     names = [n for n, _ in launch._const_names]
-    assert launch._n_runtime == 22 and names[0] == "H" and names[-1] == "STAGES"
+    assert launch._n_runtime == 24 and names[0] == "H" and names[-1] == "STAGES"
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------------
