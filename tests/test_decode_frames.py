@@ -30,9 +30,12 @@ CFG = dict(decode_splits=2, decode_block_n=16, decode_frame_bound=32)
 
 
 @pytest.fixture(autouse=True)
-def small_alignment(monkeypatch):
-    """Old rows aligned to the tests' key tile (16), so that tiny caches have old rows; prepared steps rebuilt."""
-    monkeypatch.setattr(decode_mod, "FRAME_ALIGN", ALIGN)
+def small_alignment(monkeypatch, request):
+    """Old rows aligned to the tests' key tile (16), so that tiny caches have old rows; prepared steps rebuilt.
+    GPU tests keep the real alignment (their key tiles are larger)."""
+    gpu = request.node.get_closest_marker("gpu") is not None
+    if not gpu:
+        monkeypatch.setattr(decode_mod, "FRAME_ALIGN", ALIGN)
     decode_mod._step_cached.cache_clear()
     yield
     decode_mod._step_cached.cache_clear()
@@ -264,3 +267,72 @@ def test_decode_bench_callable_weights_the_two_flushes(monkeypatch):
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: fn.ms)
     both = weighted_parts([(leaf(4.0, 2), 0.25), (leaf(3.0, 1), 0.75)])
     assert both.steps == 3 and _median_ms(both) == 0.25 * 4.0 / 2 + 0.75 * 3.0
+
+
+# ---- GPU ---------------------------------------------------------------------------------------------------
+
+GPU_CFG = dict(decode_block_n=128, decode_splits=4, decode_num_warps=4, decode_frame_bound=1024)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,H,HQ,TN", [(64, 4, 4, 16), (128, 2, 8, 16), (128, 4, 4, 1)])
+def test_gpu_two_levels_vs_float64(D, H, HQ, TN):
+    """bf16 cache of 2000 prompt keys, two frame levels with the bound 1024 (the real alignment, 512): steps that
+    cross big and small flushes, every output against the float64 reference step, the keys at the end against the
+    exact current-frame keys, the device state equal to the host mirrors."""
+    from test_triton_decode import assert_keys, make, prefilled, step_both
+
+    B, T0 = 2, 2000
+    steps = 80 if TN == 16 else 140
+    tri, ref_cache = prefilled(B, T0, HQ, H, D, D, True, torch.bfloat16)
+    states = [_state(tri)]
+    for _ in range(steps):
+        o, ref = step_both(tri, ref_cache, make(B, TN, HQ, H, D, D, True, dtype=torch.bfloat16), config=GPU_CFG)
+        assert rel(o, ref) < 1e-2
+        assert tri.state_tensor.tolist() == list(_state(tri))
+        states.append(_state(tri))
+    big, kept = kinds_of(states)
+    assert big >= 1 and kept >= 2, (big, kept)
+    assert_keys(tri, ref_cache, tri.length, 3e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,H,HQ,TN", [(64, 4, 4, 16), (128, 2, 8, 1)])
+def test_gpu_two_levels_captured_steps_bitwise(D, H, HQ, TN):
+    """One step with two frame levels captured and replayed across small and big flushes (decided on the device)
+    equals the eager steps on a twin cache bitwise: outputs, keys, device state."""
+    gen = torch.Generator(device="cuda").manual_seed(D + TN)
+    B, P = 2, 2000
+    n = 80 if TN == 16 else 1200      # two big flushes and the small ones between them
+    full = sequence(B, P + 1, HQ, H, D, True, torch.bfloat16, seed=D)
+    cache = prefill(full, P, torch.bfloat16, static_cap=P + (n + 1) * TN)
+    twin = copy.deepcopy(cache)
+
+    def fresh():
+        return [torch.randn(B, TN, HQ, D, device="cuda", generator=gen).bfloat16(),
+                torch.randn(B, TN, H, D, device="cuda", generator=gen).bfloat16(),
+                torch.randn(B, TN, H, D, device="cuda", generator=gen).bfloat16(),
+                torch.nn.functional.normalize(torch.randn(B, TN, H, D, device="cuda", generator=gen), dim=-1),
+                torch.rand(B, TN, H, device="cuda", generator=gen) * 0.5 + 1.5,
+                torch.nn.functional.logsigmoid(torch.randn(B, TN, HQ, device="cuda", generator=gen) + 3)]
+    static = fresh()
+    warm = copy.deepcopy(cache)
+    pathtune.path_attention_decode(*static, warm, backend="triton", config=GPU_CFG)
+    cache.frame_map()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = pathtune.path_attention_decode(*static, cache, backend="triton", config=GPU_CFG)
+    states = [_state(twin)]
+    for _ in range(n):
+        xs = fresh()
+        for dst, src in zip(static, xs):
+            dst.copy_(src)
+        graph.replay()
+        eager = pathtune.path_attention_decode(*xs, twin, backend="triton", config=GPU_CFG)
+        states.append(_state(twin))
+        assert torch.equal(out, eager)
+    big, kept = kinds_of(states)
+    assert big >= 2 and kept >= 2, (big, kept)
+    assert cache.state_tensor.tolist() == twin.state_tensor.tolist()
+    m = twin.length
+    assert cache.length == m and torch.equal(cache.k[:, :m], twin.k[:, :m])
