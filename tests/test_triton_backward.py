@@ -714,6 +714,30 @@ def test_transport_backward_at_fewer_rows_per_program(monkeypatch, spy_launches,
 
 # ----------------------------------------------------------------------------- candidate kernels (benchmarks/variants)
 
+def _candidate(monkeypatch, path):
+    """The candidate module at ``path`` (benchmarks/ on sys.path for its kernel_variants import)."""
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return load_script(path)
+
+
+def _ranges(monkeypatch, ranged):
+    """Ranged: one super-chunk per range (the per-range recompute's 16-bit state); else one range."""
+    if ranged:
+        monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)
+    else:
+        monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
+
+
+def _same_grads(got, shipped, dtype, inputs, do):
+    """A candidate's gradients: the shipped kernel's up to rounding, and the oracle's within tolerance."""
+    for name, a, b in zip(NAMES, got, shipped):
+        if b is not None:
+            assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
+    check(got, oracle_grads(inputs, do), TOL[dtype])
+
+
 @pytest.mark.parametrize("dtype,ranged,gate", [(F32, False, True), (F16, True, True), (F16, False, False)],
                          ids=["fp32-one-range-gate", "fp16-ranged-gate", "fp16-one-range"])
 def test_walk_candidate_with_direct_transpose(monkeypatch, dtype, ranged, gate):
@@ -724,23 +748,14 @@ def test_walk_candidate_with_direct_transpose(monkeypatch, dtype, ranged, gate):
     import sys
 
     import pathtune.codegen.triton.bwd_intra as intra_mod
-    from repo_scripts import ROOT, load_script
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    cand = load_script("benchmarks/variants/bwd_walk_direct_transpose.py")
+    cand = _candidate(monkeypatch, "benchmarks/variants/bwd_walk_direct_transpose.py")
     inputs, do = make_inputs(457, B=2, T=100, HQ=4, H=2, dtype=dtype, gate=gate)
     p = params(dtype, superchunk_size=64)
-    if ranged:
-        monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
-    else:
-        monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
+    _ranges(monkeypatch, ranged)
     shipped = kernel_grads(inputs, do, p)
     monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", cand.bwd_intra_walk_kernel)
-    got = kernel_grads(inputs, do, p)
-    for name, a, b in zip(NAMES, got, shipped):
-        if b is not None:
-            assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
-    check(got, oracle_grads(inputs, do), TOL[dtype])
+    _same_grads(kernel_grads(inputs, do, p), shipped, dtype, inputs, do)
     kv = sys.modules["kernel_variants"]
     wrong = [(cand._STEP[0][0], "        YlT = mm(Xd, tl.trans(Wm), INTERP)\n"), cand._STEP[1]]
     monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel",
@@ -759,16 +774,11 @@ def test_transport_candidate_split_chain(monkeypatch, dtype, ranged):
     import sys
 
     import pathtune.codegen.triton.bwd_chain as chain_mod
-    from repo_scripts import ROOT, load_script
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    cand = load_script("benchmarks/variants/bwd_transport_split_chain.py")
+    cand = _candidate(monkeypatch, "benchmarks/variants/bwd_transport_split_chain.py")
     inputs, do = make_inputs(611, B=2, T=200, HQ=2, H=1, dtype=dtype, gate=True)
     p = params(dtype, superchunk_size=64)
-    if ranged:
-        monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
-    else:
-        monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
+    _ranges(monkeypatch, ranged)
     shipped = kernel_grads(inputs, do, p)
     grids = []
     real = cand.bwd_transport_chain_kernel.kernel
@@ -781,10 +791,7 @@ def test_transport_candidate_split_chain(monkeypatch, dtype, ranged):
     monkeypatch.setattr(tri_backward, "bwd_transport_chain_kernel", cand.bwd_transport_chain_kernel)
     got = kernel_grads(inputs, do, p)
     assert grids and all(g[2] == 2 for g in grids), grids      # BD 16: one row block of 16, doubled
-    for name, a, b in zip(NAMES, got, shipped):
-        if b is not None:
-            assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
-    check(got, oracle_grads(inputs, do), TOL[dtype])
+    _same_grads(got, shipped, dtype, inputs, do)
     kv = sys.modules["kernel_variants"]
     term = "G = G + tl.dot(dYl, W, input_precision=TP) + tl.dot(tl.trans(dKJ), Kt, input_precision=TP)"
     wrong = cand._SPLIT + [(term, term.replace("+ tl.dot(tl.trans(dKJ)", "- tl.dot(tl.trans(dKJ)"))]

@@ -169,6 +169,27 @@ def frame_plan(length: int, tokens: int, window: int, frame_bound: int = 0,
     return [((n - 1) / n, states(old_small)), (1 / n, states(old_big))]
 
 
+def plan_callable(cache, plan: list, step: Callable[[], object]) -> Callable[[], object]:
+    """The timed callable of a ``frame_plan``: per part, the cache set to each of its states and ``step()`` run
+    (``steps`` of them); several parts as ``weighted_parts``.  Allocates the frame map a plan's states name."""
+    if any(old > 0 and old_frame < frame for _, states in plan for _, frame, old, old_frame in states):
+        cache.frame_map()
+
+    def cycle_of(states):
+        def run():
+            out = None
+            for st in states:
+                cache.set_state(*st)
+                out = step()
+            return out
+        run.steps = len(states)
+        return run
+
+    if len(plan) == 1:
+        return cycle_of(plan[0][1])
+    return weighted_parts([(cycle_of(states), weight) for weight, states in plan])
+
+
 def weighted_parts(parts: list[tuple[Callable[[], object], float]]) -> Callable[[], object]:
     """One callable that runs every part (for a check or a warm-up) and carries ``parts`` for ``_median_ms``."""
     def run():
@@ -245,23 +266,7 @@ def pathtune_callable(cache, step, config, graph: bool = False):
     params = decode_params(config, D, DV)
     plan = frame_plan(T, step[0].shape[1], params.decode_pending_window, params.decode_frame_bound, FRAME_ALIGN)
     path_attention_decode(*step, cache, backend="triton", config=config)   # allocates the window the cycle reuses
-    if params.decode_frame_bound:
-        cache.frame_map()
-
-    def cycle_of(states):
-        def run():
-            out = None
-            for st in states:
-                cache.set_state(*st)
-                out = path_attention_decode(*step, cache, backend="triton", config=config)
-            return out
-        run.steps = len(states)
-        return run
-
-    if len(plan) == 1:
-        run = cycle_of(plan[0][1])
-    else:
-        run = weighted_parts([(cycle_of(states), weight) for weight, states in plan])
+    run = plan_callable(cache, plan, lambda: path_attention_decode(*step, cache, backend="triton", config=config))
     return graphed(run) if graph else run
 
 

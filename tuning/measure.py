@@ -476,7 +476,7 @@ def _decode_timed_callable(task: MeasureTask, params: Any, *, cycle: bool = True
     from pathtune.codegen.triton.decode import FRAME_ALIGN, decode_params, path_decode_triton
     from pathtune.runtime.reference.recurrent import PaTHKVCache
 
-    from .decode_bench import frame_plan, weighted_parts
+    from .decode_bench import frame_plan, plan_callable
 
     wl = task.workload
     dtype = getattr(torch, wl["dtype"])
@@ -494,20 +494,7 @@ def _decode_timed_callable(task: MeasureTask, params: Any, *, cycle: bool = True
     plan = (frame_plan(T, 1, dparams.decode_pending_window, dparams.decode_frame_bound, FRAME_ALIGN) if cycle
             else [(1.0, [(T, T, 0, T)])])
     path_decode_triton(q, k, v, w, beta, g, cache, config=params)   # allocates the window the cycle's states use
-    if dparams.decode_frame_bound:
-        cache.frame_map()
-
-    def cycle_of(states):
-        def run():
-            out = None
-            for st in states:
-                cache.set_state(*st)
-                out = path_decode_triton(q, k, v, w, beta, g, cache, config=params)
-            return out
-        run.steps = len(states)
-        return run
-
-    fn = cycle_of(plan[0][1]) if len(plan) == 1 else weighted_parts([(cycle_of(st), wt) for wt, st in plan])
+    fn = plan_callable(cache, plan, lambda: path_decode_triton(q, k, v, w, beta, g, cache, config=params))
     fn.cache = cache
     return fn, q[:, 0], ck[:, :T], cv[:, :T]
 

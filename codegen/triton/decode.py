@@ -340,6 +340,19 @@ def _update_frame_map(phi_base, Wm, M, phi_set, D: tl.constexpr, BD: tl.constexp
 
 
 @triton.jit
+def _query_operand(Z, cdt: tl.constexpr, ROWWISE: tl.constexpr, F32: tl.constexpr, INTERP: tl.constexpr):
+    """Frame queries Z (fp32) as the logit product takes them: fp32 for row reductions and fp32 products, else
+    rounded to the cache dtype (tensor-core operands)."""
+    if ROWWISE:
+        out = Z
+    elif F32:
+        out = Z
+    else:
+        out = _to_cache(Z, cdt, INTERP)
+    return out
+
+
+@triton.jit
 def _qk(Zq, K, ROWWISE: tl.constexpr, F32: tl.constexpr, INTERP: tl.constexpr):
     """Logits [R, rows] of the frame queries Zq [R, BD] against a key tile K [rows, BD] (unscaled)."""
     if ROWWISE:
@@ -510,24 +523,12 @@ def decode_kernel(
     acc = _pv(pp, Vp, ROWWISE, F32, INTERP)
 
     # the frame tiles: rows [0, F) of this split
-    # the frame queries as the logit product takes them: fp32 for row reductions and fp32 products, else
-    # rounded to the cache dtype (tensor-core operands)
-    if ROWWISE:
-        Zq = Z
-    elif F32:
-        Zq = Z
-    else:
-        Zq = _to_cache(Z, cdt, INTERP)
+    Zq = _query_operand(Z, cdt, ROWWISE, F32, INTERP)
     if FB > 0:
         Zo = Zq     # the old rows' queries: Zq while the frame map is the identity
         if phi_on & (t_lo * BLOCK_N < F1):
-            Zo_f = _old_frame_queries(Z, phi_base, R, D, BD, d, dmask, ROWWISE, F32)
-            if ROWWISE:
-                Zo = Zo_f
-            elif F32:
-                Zo = Zo_f
-            else:
-                Zo = _to_cache(Zo_f, cdt, INTERP)
+            Zo = _query_operand(_old_frame_queries(Z, phi_base, R, D, BD, d, dmask, ROWWISE, F32), cdt, ROWWISE,
+                                F32, INTERP)
     for tile in tl.range(t_lo, t_hi, num_stages=STAGES):
         n = tile * BLOCK_N + rn
         if FB > 0:
