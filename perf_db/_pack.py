@@ -3,8 +3,8 @@
 Layout (``format: pathtune-pack``, ``version: 1``)::
 
     {"format": "pathtune-pack", "version": 1,
-     "_metadata": {"gpu_name", "cc", "pathtune", "spec_hash", "triton", "tvm", "torch", "cuda", "ptxas",
-                   "driver", "env_hash", "key_schema", "created_at"},
+     "_metadata": {"gpu_name", "cc", "pathtune", "spec_hash", "spec_hashes"?, "triton", "tvm", "torch", "cuda",
+                   "ptxas", "driver", "env_hash", "key_schema", "created_at"},
      "entries": [{"workload": {...Workload.to_dict()}, "pass", "backend", "config", "median_ms",
                   "source_hash", "codegen_version", "run_id", "baseline_ms"?}, ...],
      "default": {"fwd": {"backend", "config", "wins", "workloads", "geomean_slowdown"}, ...}}
@@ -16,7 +16,11 @@ from one-token keys and serves one-token calls only.
 Hard keys (GPU name, cc, Triton major.minor, spec hash) must match or ``PackMismatch`` is raised;
 other differences (CUDA, ptxas, torch, driver, Triton patch, pathtune) only warn. The pack's spec hash
 is the full spec hash (``Spec.hash``) of the records it was exported from, which carry their pass's hash
-(``Spec.pass_hash``) or, older ones, the full hash.
+(``Spec.pass_hash``) or, older ones, the full hash.  A pack exported from records of the packaged spec also
+stores each pass's hash (``spec_hashes``): its entries and default of a pass are then served while that
+pass's part of the spec is unchanged (a later knob of another pass does not retire them; a changed pass's
+entries are not served, said once), and the full hash is not a hard key; an older pack without them needs
+the full hash to match.
 """
 from __future__ import annotations
 
@@ -136,8 +140,9 @@ class Pack:
                 raise _bad(source, f"entries[{i}]: the field {exc.args[0]!r} is missing") from None
             except (TypeError, ValueError) as exc:
                 raise _bad(source, f"entries[{i}]: {exc}") from None
+            pass_hash = (meta.get("spec_hashes") or {}).get(wl.pass_, meta.get("spec_hash"))
             problem = time_problem(entry.median_ms) or next(iter(config_problems(
-                entry.backend, wl.pass_, meta.get("spec_hash"), entry.config.to_dict(), wl)), None)
+                entry.backend, wl.pass_, pass_hash, entry.config.to_dict(), wl)), None)
             if problem:
                 raise _bad(source, f"entries[{i}] ({entry.backend} {wl.pass_} D={wl.head_dim} T<={wl.seq_bucket}): "
                                    f"{problem}; export the pack again from valid records")
@@ -152,7 +157,8 @@ class Pack:
             except (TypeError, ValueError) as exc:
                 raise _bad(source, f"default[{pass_!r}]: {exc}") from None
             # a default serves every head dim of its pass: its knobs and domains (constraints need dims)
-            problems = config_problems(d["backend"], pass_, meta.get("spec_hash"), d["config"])
+            problems = config_problems(d["backend"], pass_, (meta.get("spec_hashes") or {}).get(
+                pass_, meta.get("spec_hash")), d["config"])
             if problems:
                 raise _bad(source, f"default[{pass_!r}]: {problems[0]}; export the pack again from valid records")
         self.defaults: Mapping[str, tuple[str, Config]] = MappingProxyType(defaults)
@@ -164,6 +170,7 @@ class Pack:
                 bucket.sort(key=lambda en: en.median_ms)
         self._index = index
         self._checked: dict[tuple, tuple[str, ...]] = {}
+        self._told_passes: set[str] = set()
 
     def __repr__(self) -> str:
         return f"Pack({self.metadata['gpu_name']!r}, {len(self.entries)} entries, source={self.source!r})"
@@ -188,9 +195,7 @@ class Pack:
 
             env_info = collect_env()
         if spec_hash is None:
-            from pathtune.specs import load_spec
-
-            spec_hash = load_spec().hash
+            spec_hash = _packaged_spec().hash
         gpu = env_info.get("gpu_name") or "cpu"
         cache_key = (gpu, env_info.get("compute_capability"), env_info.get("triton"), spec_hash,
                      *(env_info.get(k) for k in _SOFT.values()))
@@ -198,8 +203,9 @@ class Pack:
             return self._checked[cache_key]
         meta = self.metadata
         hard = [("GPU name", meta.get("gpu_name"), gpu),
-                ("compute capability", meta.get("cc"), env_info.get("compute_capability")),
-                ("spec hash", meta.get("spec_hash"), spec_hash)]
+                ("compute capability", meta.get("cc"), env_info.get("compute_capability"))]
+        if not self._per_pass(spec_hash):
+            hard.append(("spec hash", meta.get("spec_hash"), spec_hash))
         if meta.get("triton"):
             hard.append(("Triton major.minor", _major_minor(meta.get("triton")), _major_minor(env_info.get("triton"))))
         for name, packed, here in hard:
@@ -222,6 +228,19 @@ class Pack:
         self._checked[cache_key] = result
         return result
 
+    def _per_pass(self, spec_hash: Optional[str]) -> bool:
+        """The pack names each pass's spec hash and is checked against the packaged spec (whose pass hashes
+        decide, per pass, in ``lookup``)."""
+        return isinstance(self.metadata.get("spec_hashes"), Mapping) and (
+            spec_hash is None or spec_hash == _packaged_spec().hash)
+
+    def pass_current(self, pass_: str, spec_hash: Optional[str] = None) -> bool:
+        """Whether the pack's entries and default of ``pass_`` were tuned for the packaged spec's part of that pass
+        (a pack without per-pass hashes: whether its full spec hash is ``spec_hash``, default the packaged spec's)."""
+        if self._per_pass(spec_hash):
+            return self.metadata["spec_hashes"].get(pass_) in _packaged_spec().hashes_of(pass_)
+        return self.metadata.get("spec_hash") in (None, spec_hash or _packaged_spec().hash)
+
     # -- lookup ---------------------------------------------------------------------------------------
 
     def lookup(self, workload: Union[Workload, Mapping[str, Any]], pass_: Optional[str] = None,
@@ -242,6 +261,13 @@ class Pack:
             raise PerfDBError(f"pass_={pass_!r} but the workload is for pass {wl.pass_!r}")
         env_info = env_info if env_info is not None else _collect()
         soft = self.check(env_info, spec_hash)
+        if not self.pass_current(wl.pass_, spec_hash):
+            if wl.pass_ not in self._told_passes:
+                self._told_passes.add(wl.pass_)
+                warnings.warn(f"pack {self.source}: its {wl.pass_} entries were tuned for another version of that "
+                              f"pass's spec (its knobs, domains or stages changed); they are not served (export "
+                              f"the pack again after tuning)", SoftMismatchWarning, stacklevel=2)
+            return None
         allowed = {backend} if backend else set(backends)
         if any(s.startswith("tvm ") for s in soft):
             allowed.discard("tvm")
@@ -288,6 +314,12 @@ class Pack:
             return KnobSpace(spec, wl.pass_).is_valid(config, wl)
         except (ValueError, TypeError):
             return False
+
+
+def _packaged_spec():
+    from pathtune.specs import load_spec
+
+    return load_spec()
 
 
 def _collect() -> dict[str, Any]:
@@ -425,7 +457,11 @@ def export_pack(db: "PerfDB", gpu: str, path: Union[str, Path, None] = None, *, 
                            "rule": "fastest on the most workloads; ties: more workloads measured, then lowest "
                                    "geometric-mean slowdown vs each workload's fastest"}
 
+    spec = _packaged_spec()
+    per_pass = ({"spec_hashes": {p: spec.pass_hash(p) for p in sorted({r["pass"] for r in rows}) if p in spec.passes}}
+                if spec_hashes[0] == spec.hash else {})
     meta = {"gpu_name": name, "cc": newest["cc"], "pathtune": newest["pathtune"], "spec_hash": spec_hashes[0],
+            **per_pass,
             "triton": newest["triton"], "tvm": newest["tvm"], "torch": newest["torch"], "cuda": newest["cuda"],
             "ptxas": newest["ptxas"], "driver": newest["driver"], "env_hash": chosen["env_hash"],
             "key_schema": KEY_SCHEMA, "created_at": iso(datetime.now(timezone.utc)),

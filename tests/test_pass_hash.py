@@ -266,3 +266,38 @@ def test_the_tuner_keys_records_and_studies_by_the_pass_hash(tmp_path, monkeypat
 def test_hashes_of_names_the_pass_hash_then_the_full_hash():
     assert SPEC.hashes_of("decode") == (SPEC.pass_hash("decode"), SPEC.hash)
     assert SPEC.hashes_of("no-such-pass") == (SPEC.hash,)
+
+
+def test_a_pack_serves_each_pass_while_that_pass_is_unchanged(tmp_path, raw, monkeypatch):
+    """A pack exported from current records names each pass's hash: a spec change of another pass (a decode knob)
+    leaves its fwd entries served, a change of the fwd part stops them (once said, SoftMismatchWarning), and an
+    older pack without pass hashes still needs the full hash to match (PackMismatch)."""
+    import warnings
+
+    import pathtune.perf_db._pack as pack_mod
+    from pathtune.perf_db import PackMismatch, SoftMismatchWarning
+
+    url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
+    base = KnobSpace(SPEC, "fwd").default()
+    with PerfDB(url) as db:
+        db.record(ENV, kernel(), wl(), base.replace(num_warps=8), ok(1.0))
+        doc = export_pack(db, GPU, tmp_path / "pack.json")
+    assert doc["_metadata"]["spec_hashes"] == {"fwd": SPEC.pass_hash("fwd")}
+    decode_knob = variant(tmp_path, raw, lambda d: d["knobs"]["decode_pending_window"]["domain"].append(128),
+                          "decode.yaml")
+    fwd_knob = variant(tmp_path, raw, lambda d: d["knobs"]["block_m"]["domain"].append(512), "fwd.yaml")
+    assert changed(decode_knob) == {"decode"} and "fwd" in changed(fwd_knob)
+    monkeypatch.setattr(pack_mod, "_packaged_spec", lambda: decode_knob)
+    pack = load_pack(tmp_path / "pack.json")
+    assert pack.pass_current("fwd") and pack.lookup(wl(), env_info=ENV).config["num_warps"] == 8
+    monkeypatch.setattr(pack_mod, "_packaged_spec", lambda: fwd_knob)
+    pack = load_pack(tmp_path / "pack.json")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert pack.lookup(wl(), env_info=ENV) is None and pack.lookup(wl(), env_info=ENV) is None
+    told = [w for w in caught if issubclass(w.category, SoftMismatchWarning) and "fwd entries" in str(w.message)]
+    assert len(told) == 1
+    old = dict(doc, _metadata={k: v for k, v in doc["_metadata"].items() if k != "spec_hashes"})
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    with pytest.raises(PackMismatch, match="spec hash"):
+        load_pack(tmp_path / "old.json").lookup(wl(), env_info=ENV)
