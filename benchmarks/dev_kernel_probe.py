@@ -26,7 +26,8 @@ file; one that still has ``xs_ptr`` gets it).
 logit bias; timing only).  ``--dkv-v2 FILE[,FILE]``: candidate modules with a
 ``bwd_inter_dkv_kernel`` of this tree's signature, timed on the captured launch.  ``--transport-v2 FILE[,FILE]``:
 candidate modules with a ``bwd_transport_chain_kernel`` taking the shipped arguments and the launcher's grid (a
-wrapper may launch it on its own grid), timed on the captured launch.
+wrapper may launch it on its own grid), timed on the captured launch.  ``--maxnreg 168,128``: the transport and
+UT backward kernels also under those register caps (Triton's ``maxnreg``: more programs per multiprocessor).
 ``e2e``: one fwd+bwd through autograd.  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8
 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per
 program; ``keepstate``, fwd+bwd at bwd_forward_state recompute and keep (the backward reuses the forward's
@@ -80,7 +81,8 @@ DKV_GATE_PARTS = (
 )
 
 
-def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), dkv_v2=(), transport_v2=()):
+def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), dkv_v2=(), transport_v2=(),
+             caps=()):
     B = 32768 // T
     q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0, dtype=torch.bfloat16)
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
@@ -131,6 +133,12 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
             except Exception as exc:     # e.g. out of resources
                 ms = f"{type(exc).__name__}: {str(exc)[:200]}"
             emit(dict(base, kernel=name, variant=f"ROWS 16, warps {nw}", ms=ms))
+        for cap_regs in caps:    # a register cap: more programs per multiprocessor on a latency-bound kernel
+            try:
+                ms = time_launch(cap.real, grid, args, dict(kw, maxnreg=cap_regs))
+            except Exception as exc:
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel=name, variant=f"maxnreg {cap_regs}", ms=ms))
         # candidate chain kernels (their own grid from the shipped launcher's, as the launcher would launch them)
         for path in transport_v2 if name == "bwd_transport_chain" else ():
             cand = load_candidate(path, "bwd_transport_chain_kernel")
@@ -249,7 +257,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
             ms = f"{type(exc).__name__}: {str(exc)[:200]}"
         emit(dict(base, kernel="bwd_inter_dkv", variant=f"candidate {os.path.basename(path)}", ms=ms))
     if "utbwd" in only:
-        ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src, utd.calls[0])
+        ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src, utd.calls[0], caps)
     if "variants" in only:
         source_variants(base, utd.calls[0])
     if "e2e" in only:
@@ -386,7 +394,7 @@ def source_variants(base, diag_call):
         emit(dict(base, kernel=kernel, variant=what, ms=time_launch(var, grid, args, dict(kw, **kw_change))))
 
 
-def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call):
+def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call, caps=()):
     """The UT backward as two kernels (chunk, apply) and their variants; an older chunk kernel that
     recomputes the inverse (``diag_call``: the range's ``ut_diag_inverse_kernel`` launch, its scratch)."""
     (cg, ca, ckw), (ag, aa, akw) = chunk_call, apply_call
@@ -395,7 +403,7 @@ def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call):
     emit(dict(base, kernel="ut_bwd_chunk", variant=f"as is (warps {ckw['num_warps']}, UP {ckw['UP']})", ms=t_chunk))
     emit(dict(base, kernel="ut_bwd_apply", variant=f"as is (warps {akw['num_warps']})", ms=t_apply))
     emit(dict(base, kernel="ut_bwd sum", variant="chunk + apply (host default)", ms=round(t_chunk + t_apply, 4)))
-    for change in (dict(num_warps=4), dict(num_warps=16), dict(UP="tf32")):
+    for change in (dict(num_warps=4), dict(num_warps=16), dict(UP="tf32"), *(dict(maxnreg=c) for c in caps)):
         emit(dict(base, kernel="ut_bwd_chunk", variant=str(change),
                   ms=time_launch(bwd_mod.ut_bwd_chunk_kernel, cg, ca, dict(ckw, **change))))
     emit(dict(base, kernel="ut_bwd_apply", variant="warps 8",
@@ -419,6 +427,8 @@ def main():
     ap.add_argument("--old-ut-bwd", default=None)
     ap.add_argument("--intra-v2", default="", help="candidate bwd_intra files (comma-separated), shipped signature")
     ap.add_argument("--dkv-v2", default="", help="candidate bwd_inter_dkv files (comma-separated), shipped signature")
+    ap.add_argument("--maxnreg", default="",
+                    help="register caps (comma-separated) to time the transport and UT backward kernels under")
     ap.add_argument("--transport-v2", default="",
                     help="candidate bwd_transport_chain files (comma-separated): shipped arguments, launcher's grid")
     a = ap.parse_args()
@@ -433,7 +443,8 @@ def main():
                 try:
                     run_case(D, H, T, gate, old_src, only, old_ut_src,
                              tuple(x for x in a.intra_v2.split(",") if x), tuple(x for x in a.dkv_v2.split(",") if x),
-                             tuple(x for x in a.transport_v2.split(",") if x))
+                             tuple(x for x in a.transport_v2.split(",") if x),
+                             tuple(int(x) for x in a.maxnreg.split(",") if x))
                 except Exception as exc:
                     emit(dict(D=D, T=T, gate=gate, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 

@@ -634,3 +634,67 @@ def test_ut_stage_part_timing_proxies_leave_out_one_part_each(monkeypatch):
     assert not torch.equal(ni[0], u) and not torch.equal(ni[1], kt) and not torch.equal(ni[2], m)
     assert torch.equal(nw[0], u) and not torch.equal(nw[1], kt) and bool((nw[2] == 0).all())
     assert torch.equal(run(cand.ut_fused_kernel_no_apply)[2], m)
+
+
+def test_register_cap_candidates_launch_the_shipped_kernel_with_maxnreg(monkeypatch):
+    """benchmarks/variants/max_registers.py: the wrapper launches the shipped kernel on the launcher's grid with
+    ``maxnreg`` added to its launch options (dropped in the interpreter, which compiles nothing), so the UT stage
+    through ``ut_fused`` gives the shipped outputs."""
+    from pathtune.codegen.triton import forward as fwd
+    from pathtune.codegen.triton._layout import build_tables
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    cand = load_script("benchmarks/variants/max_registers.py")
+    seen = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((grid, len(args), kw))
+    monkeypatch.setattr(cand, "interpreting", lambda: False)
+    cand.MaxRegisters(Kernel(), 168)[(7, 2)](1, 2, num_warps=4)
+    assert seen == [((7, 2), 2, {"num_warps": 4, "maxnreg": 168})]
+    monkeypatch.undo()
+    H, C, D, N = 2, 64, 64, 100
+    g = torch.Generator().manual_seed(5)
+    w = F.normalize(torch.randn(N, H, D, generator=g), dim=-1)
+    k = torch.randn(N, H, D, generator=g).to(torch.bfloat16)
+    beta = 1.5 + 0.5 * torch.rand(N, H, generator=g)
+    p = TritonParams(ut_precision="tf32", ut_diag_block=16)
+    tables = build_tables(1, N, None, C, p.superchunk_size, torch.device("cpu"), block_m=p.block_m)
+    ship = fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=torch.float32, write_w=True)[:3]
+    monkeypatch.setattr(fwd, "ut_fused_kernel", cand.ut_fused_kernel_regs128)
+    got = fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=torch.float32, write_w=True)[:3]
+    assert all(torch.equal(a, b) for a, b in zip(got, ship))
+
+
+@pytest.mark.slow
+def test_ut_stage_compiles_under_a_register_cap_for_sm90():
+    """The UT stage at the shipped ut_precision (tf32) compiles for sm_90 under the caps the register-cap candidates
+    launch it with, within them (3 or 4 programs per multiprocessor instead of 2)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    ptxas = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("Triton's bundled ptxas is missing")
+    child = textwrap.dedent("""
+        from dataclasses import replace
+        from pathtune.codegen.triton import compile_check as cc
+        from pathtune.codegen.triton.params import TritonParams
+        for D in (64, 128):
+            p = replace(TritonParams.heuristic(D, D), ut_precision="tf32")
+            fn, sig, const, nw, ns = cc.forward_kernels(p, D, D)[0]
+            assert fn.fn.__name__ == "ut_fused_kernel"
+            for cap in (168, 128):
+                r = cc.compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, aligned=True, maxnreg=cap)
+                print("RESULT", D, cap, r.registers, r.spill_bytes, flush=True)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [line.split()[1:] for line in res.stdout.splitlines() if line.startswith("RESULT")]
+    assert len(rows) == 4
+    for D, cap, regs, spills in rows:
+        assert int(regs) <= int(cap), (D, cap, regs, spills)

@@ -55,12 +55,13 @@ def _ptxas_info(ptx: str, arch: int) -> tuple[int | None, int | None]:
 
 
 def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int = 2,
-                   arch: int = 90, aligned: bool = False) -> KernelResources:
+                   arch: int = 90, aligned: bool = False, maxnreg: int | None = None) -> KernelResources:
     """Compile one @triton.jit kernel for sm_<arch>; raises on compile errors.
 
     ``aligned``: pointer arguments carry the 16-byte divisibility hint that Triton's launcher adds
     at run time for 16-byte aligned tensors (without it, kernels whose strides are constexpr are
     compiled with scalar instead of vector loads, and report more registers than they use).
+    ``maxnreg``: Triton's register cap per thread (the launch option of that name).
     """
     names = fn.arg_names
     sig = {n: signature.get(n, "constexpr") for n in names}
@@ -68,7 +69,8 @@ def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int, num
              if aligned and str(sig[n]).startswith("*")}
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                       options={"num_warps": num_warps, "num_stages": num_stages})
+                       options={"num_warps": num_warps, "num_stages": num_stages,
+                                **({"maxnreg": maxnreg} if maxnreg else {})})
     regs, spills = _ptxas_info(k.asm["ptx"], arch)
     return KernelResources(fn.fn.__name__, k.metadata.shared, regs, spills)
 
