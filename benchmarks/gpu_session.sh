@@ -11,7 +11,7 @@
 #                   TVM ones run the carried build/tvm_bench and build/tvm_decode_bench, with tvm_ffi importable)
 #   fwdtests [180]  pytest -m gpu tests/test_triton_gpu.py: the Triton forward / backward matrix vs the float64 oracle
 #   decodetests [120] pytest -m gpu over the decode tests (static cache, graph capture, Triton step, lazy rotation,
-#                   repeat launches)
+#                   two frame levels, repeat launches)
 #   decodeprobe [240] benchmarks/decode_probe.py $DECODEPROBE_ARGS: the public decode step vs SDPA, its profile, graph step, generation
 #                   (JSON in s/$DECODEPROBE_JSON, default decode_probe.json)
 #   tvmtests [120]  pytest -m gpu tests/test_tvm_gpu.py: the TVM forward vs the float64 oracle (carry build/tvm_bench)
@@ -156,7 +156,8 @@ run_steps() {  # the steps of one lane, in order, with S set
                           "$REPO/tests/test_triton_gpu.py" -rA ;;
             decodetests) run_step decodetests "${secs:-120}" python3 -m pytest -q -m gpu -p no:cacheprovider \
                              "$REPO/tests/test_decode_static.py" "$REPO/tests/test_triton_decode.py" \
-                             "$REPO/tests/test_decode_lazy.py" "$REPO/tests/test_triton_launch.py" -rA ;;
+                             "$REPO/tests/test_decode_lazy.py" "$REPO/tests/test_decode_frames.py" \
+                             "$REPO/tests/test_triton_launch.py" -rA ;;
             decodeprobe) run_step decodeprobe "${secs:-240}" python3 "$REPO/benchmarks/decode_probe.py" \
                              --budget-s "$(( ${secs:-240} - 15 ))" ${DECODEPROBE_ARGS:-} --out "$S/${DECODEPROBE_JSON:-decode_probe.json}" ;;
             tvmtests) run_step tvmtests "${secs:-120}" env PATHTUNE_TVM_BENCH_MODULES="$REPO/build/tvm_bench" \
