@@ -140,13 +140,18 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                 ms = f"{type(exc).__name__}: {str(exc)[:200]}"
             emit(dict(base, kernel=name, variant=f"maxnreg {cap_regs}", ms=ms))
         # candidate chain kernels (their own grid from the shipped launcher's, as the launcher would launch them)
+        # at the captured launch options, and at the warps / stages that let two programs share a multiprocessor
+        # (the shipped chain's stages hold 96-160 KB of shared memory: one program per SM, so twice the programs
+        # would run in two waves)
         for path in transport_v2 if name == "bwd_transport_chain" else ():
             cand = load_candidate(path, "bwd_transport_chain_kernel")
-            try:
-                ms = time_launch(cand, grid, args, kw)
-            except Exception as exc:     # e.g. out of resources
-                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
-            emit(dict(base, kernel=name, variant=f"candidate {path}", ms=ms))
+            for change in ({}, *(dict(num_warps=nw, num_stages=st) for nw in (4, 8) for st in (1, 2))):
+                try:
+                    ms = time_launch(cand, grid, args, dict(kw, **change))
+                except Exception as exc:     # e.g. out of resources
+                    ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+                emit(dict(base, kernel=name, variant=f"candidate {os.path.basename(path)} {change or 'as launched'}",
+                          ms=ms))
 
     # bwd_intra: this tree's two kernels (the walk, then the diagonal tile) vs an older file's one kernel
     if "intra" in only:

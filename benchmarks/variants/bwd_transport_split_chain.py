@@ -6,7 +6,9 @@ product, storing every state Suf_m, then walks left to right with the gradient G
 2 S / C dependent steps per program, with 96 programs per range launch at D = 128, T = 4K (under one per SM).
 The G walk, G <- G - (G U_m^T) W_m + dKJ_m^T K~_m, never reads Suf: the two walks are independent.  Here the
 grid's third axis is doubled; programs of its first half replay Suf, the second half walk G, so each program
-runs S / C dependent steps and twice the programs share the SMs.  ``bwd_transport_chain_kernel`` is a wrapper
+runs S / C dependent steps and twice the programs share the SMs -- if two fit one: at the shipped launch options
+the chain holds one program per SM (offline sm_90: 160 KB of shared memory at D128, 3 stages; 249 registers at
+8 warps at D64), so the probe also times it at fewer stages / warps.  ``bwd_transport_chain_kernel`` is a wrapper
 that launches the variant on that grid when given the shipped launcher's grid (``kernel[grid](...)``), so the
 launcher and a captured launch take it in the shipped kernel's place.
 
