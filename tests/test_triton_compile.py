@@ -200,3 +200,16 @@ def test_decode_kernels_compile_sm90_multi_token():
             assert "FAILED" not in lines[name] and "OVER" not in lines[name], lines[name]
             shared = int(lines[name].split("shared")[1].split()[0])
             assert 0 <= shared <= SMEM_LIMIT_SM90, lines[name]
+
+
+def test_programs_per_sm_from_registers_and_shared_memory():
+    """KernelResources.programs_per_sm: the lesser of the register file (per-warp allocation in units of 256) and
+    shared memory (1 KB reserved per block) of an sm_90 multiprocessor; unknown registers give None."""
+    from pathtune.codegen.triton.compile_check import KernelResources
+
+    assert KernelResources("k", 32768, 255, 0, 4).programs_per_sm() == 2          # 8192 registers a warp
+    assert KernelResources("k", 32768, 168, 0, 4).programs_per_sm() == 3          # 5376 a warp
+    assert KernelResources("k", 163840, 128, 0, 4).programs_per_sm() == 1         # shared memory bounds it
+    assert KernelResources("k", 0, 32, 0, 1).programs_per_sm() == 32              # the block limit
+    assert KernelResources("k", 1024, None, None, 4).programs_per_sm() is None
+    assert "2 per SM" in str(KernelResources("ut", 32768, 255, 0, 4))

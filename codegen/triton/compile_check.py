@@ -23,6 +23,10 @@ from triton.compiler import ASTSource
 from ._ops import next_pow2, padded_dim
 from .params import TritonParams
 
+# sm_90 (H100 / H200) per multiprocessor: 64K 32-bit registers, 228 KB of shared memory (1 KB of it reserved
+# per block), at most 32 blocks; registers are allocated per warp in units of 256
+_SM90_REGS, _SM90_SMEM, _SM90_BLOCK_SMEM_RESERVED, _SM90_BLOCKS = 65536, 233472, 1024, 32
+
 
 @dataclass
 class KernelResources:
@@ -30,10 +34,22 @@ class KernelResources:
     shared_bytes: int
     registers: int | None
     spill_bytes: int | None
+    num_warps: int | None = None
+
+    def programs_per_sm(self) -> int | None:
+        """How many programs (blocks) of this kernel fit one sm_90 multiprocessor at once (registers and shared
+        memory; None when ptxas did not report the registers): a latency-bound kernel at 1-2 hides little."""
+        if self.registers is None or not self.num_warps:
+            return None
+        per_warp = -(-self.registers * 32 // 256) * 256
+        by_regs = _SM90_REGS // (per_warp * self.num_warps)
+        by_smem = _SM90_SMEM // (self.shared_bytes + _SM90_BLOCK_SMEM_RESERVED)
+        return min(by_regs, by_smem, _SM90_BLOCKS)
 
     def __str__(self):
+        per_sm = self.programs_per_sm()
         return (f"{self.name:32s} shared {self.shared_bytes:7d} B  regs {self.registers}  "
-                f"spills {self.spill_bytes} B")
+                f"spills {self.spill_bytes} B" + ("" if per_sm is None else f"  {per_sm} per SM"))
 
 
 def _ptxas_info(ptx: str, arch: int) -> tuple[int | None, int | None]:
@@ -72,7 +88,7 @@ def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int, num
                        options={"num_warps": num_warps, "num_stages": num_stages,
                                 **({"maxnreg": maxnreg} if maxnreg else {})})
     regs, spills = _ptxas_info(k.asm["ptx"], arch)
-    return KernelResources(fn.fn.__name__, k.metadata.shared, regs, spills)
+    return KernelResources(fn.fn.__name__, k.metadata.shared, regs, spills, num_warps)
 
 
 _PTR_F32 = "*fp32"
