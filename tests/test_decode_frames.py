@@ -154,15 +154,20 @@ def test_reference_backend_continues_a_two_level_cache():
 
 
 def test_state_pickle_and_set_state():
-    """The two-level state survives pickling; set_state checks its order and needs the frame map for a mapped
-    frame; a cache pickled with the one-level state (length, F) loads with no old rows."""
+    """The two-level state survives pickling (the frame map and the head-major gate copy too: the next steps agree);
+    set_state checks its order and needs the frame map for a mapped frame; a cache pickled with the one-level state
+    (length, F) and without the gate copy loads with no old rows and rebuilds the copy."""
     B, HQ, H, D, P = 1, 2, 2, 16, 40
-    full = sequence(B, P + 30, HQ, H, D, False, torch.float32, seed=17)
+    full = sequence(B, P + 30, HQ, H, D, True, torch.float32, seed=17)
     cache = prefill(full, P, torch.float32)
-    run_steps(full, cache, P, (1,) * 27, CFG, 4)
+    t = until_mapped(full, cache, P, P + 27)
     back = pickle.loads(pickle.dumps(cache))
     assert back.state_tensor.tolist() == cache.state_tensor.tolist() and back.old_rows == cache.old_rows
-    assert torch.equal(back.k[:, :P + 27], cache.k[:, :P + 27])
+    assert torch.equal(back.k[:, :t], cache.k[:, :t])
+    assert torch.equal(back.gate_heads()[:, :, :t], cache.gate_heads()[:, :, :t])
+    xs = cut(full, t, t + 2)
+    assert torch.equal(path_decode_triton(*xs, back, config=CFG, window=4),
+                       path_decode_triton(*xs, cache, config=CFG, window=4))
     fresh = prefill(full, P, torch.float32)
     with pytest.raises(ValueError, match="old <= old_frame <= frame"):
         fresh.set_state(P, P, old=32, old_frame=16)
@@ -172,11 +177,13 @@ def test_state_pickle_and_set_state():
     fresh.set_state(P, P, old=16, old_frame=32)
     assert fresh.state_tensor.tolist() == [P, P, 16, 32] and "old=16" in repr(fresh)
     state = fresh.__getstate__()
-    state.pop("_old"), state.pop("_old_frame"), state.pop("_phi")
+    for name in ("_old", "_old_frame", "_phi", "_ch", "_ch_rows"):
+        state.pop(name)
     state["_state"] = torch.tensor([P, P], dtype=torch.int32)
     old = PaTHKVCache.__new__(PaTHKVCache)
     old.__setstate__(state)
     assert old.state_tensor.tolist() == [P, P, 0, P] and old.old_rows == (0, P)
+    assert torch.equal(old.gate_heads()[:, :, :P], old.c[:, :P].transpose(1, 2))
 
 
 def test_frame_bound_params_and_errors():
