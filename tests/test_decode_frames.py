@@ -84,6 +84,7 @@ def kinds_of(states):
     (2, 2, True, torch.bfloat16, (1,) * 40, 4),           # the same in bf16
     (4, 2, False, torch.bfloat16, (3, 4, 1, 4, 4, 2, 4, 4, 3, 4, 4, 1, 4), 6),   # GQA, multi-token steps
     (4, 2, True, torch.float16, (4, 4, 2, 4, 4, 1, 4, 4, 4, 3, 4, 4), 4),        # fp16, a flush every step or two
+    (4, 2, True, torch.float32, (1, 2, 1, 3, 1, 1, 4, 1, 2, 1, 3, 1, 1, 2, 1, 3, 2), 0),   # window 0: every step
 ])
 def test_two_level_steps_vs_float64_recompute(HQ, H, gate, cdt, steps, window):
     """Steps crossing flushes that keep old rows (the frame map in use) and big flushes: every output against the
