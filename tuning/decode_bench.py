@@ -86,7 +86,7 @@ def knob_values(params) -> dict:
 def _median_ms(fn: Callable[[], object]) -> float:
     """Median ms of one call; a callable with a ``steps`` attribute runs that many decode steps per call
     (a whole flush cycle), and the result is per step: the amortized step time.  A callable with ``parts``
-    ([(callable, weight)], ``timed_plan``) is timed part by part and reports the weighted mean of their per-step
+    ([(callable, weight)], ``weighted_parts``) is timed part by part and reports the weighted mean of their per-step
     times (two frame levels: the cycles of a small and of a big flush, weighted by how often each occurs)."""
     import triton
 
@@ -142,8 +142,8 @@ def frame_plan(length: int, tokens: int, window: int, frame_bound: int = 0,
     n = (frame_bound - r0) // c + 1 flush cycles one is big (weight 1 / n; its state leaves just over the bound
     past the old rows) and the others rotate the recent rows only (weight (n - 1) / n; their state leaves the mean
     recent count at the flush, r0 + n c / 2, to the nearest multiple of align within the bound, the cost being
-    linear in it).  Old rows sit in an older frame in
-    both (the frame map in use).  Where the length leaves no old rows, every flush rotates every row: one part."""
+    linear in it).  Old rows sit in an older frame in both (the frame map in use).  Where the length leaves no
+    old rows, every flush rotates every row: one part."""
     cycle = flush_cycle(window, tokens)
 
     def states(old: int) -> list[tuple[int, int, int, int]]:
