@@ -373,7 +373,7 @@ class PaTHKVCache:
         L = min(self._len, self.max_len)
         F = min(self._frame, L)
         F1 = min(self._old, F)
-        mapped = F1 > 0 and min(self._old_frame, F) < F
+        mapped = self._mapped()
         if F >= L and not mapped:
             return
         P = L - F

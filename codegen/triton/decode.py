@@ -197,6 +197,25 @@ def _fdot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _kdot(a, b, TF32: tl.constexpr, IEEE: tl.constexpr):
+    """A product that rotates cached keys (fp32 tiles): one tensor-core pass when TF32 (a bf16 cache: its keys are
+    exact in tf32, and tf32's rounding of w, M and the frame map, 2^-11 relative, stays below the key's own bf16
+    rounding at the store, 2^-9), else fp32 accurate (``_fdot``)."""
+    if TF32:
+        out = tl.dot(a, b, input_precision="tf32")
+    else:
+        out = _fdot(a, b, IEEE)
+    return out
+
+
+@triton.jit
+def _rotates_all(flush, N, F1, FB: tl.constexpr):
+    """The big-flush decision of two frame levels (every program and the state update alike): a flush that would
+    leave more than FB rows past the old ones rotates every row."""
+    return flush & (N - F1 > FB)
+
+
+@triton.jit
 def _wy(F, NP, pw_base, pb_base, wb, bb, P, H: tl.constexpr, D: tl.constexpr, d, dmask, PB: tl.constexpr,
         BETA_MAX: tl.constexpr, IEEE: tl.constexpr):
     """Compact WY form of the NP pending transitions: H_F H_{F+1} .. H_{F+NP-1} = I - W^T T W with W [PB, BD]
@@ -230,19 +249,11 @@ def _rotate_pending(Kp, Wm, M, PB: tl.constexpr, TF32: tl.constexpr, F32: tl.con
     """The pending block's keys Kp [PB, BD] fp32 (row s: position F + s) into the new frame: row s gets
     H_{F+s+1} .. H_{N-1}, the trailing part of the compact WY form I - W^T T W whose factors W, M = T W ``_wy`` made
     (its back substitution builds T from the last row up, so T's trailing block is the suffix product's):
-    k_s <- k_s - (k_s W^T restricted to columns > s) M -- two products instead of NP dependent rank-one updates.
-    TF32: one tf32 pass per product (a 16-bit key is exact in tf32), else fp32 accurate (``_fdot``)."""
+    k_s <- k_s - (k_s W^T restricted to columns > s) M -- two products (``_kdot``) instead of NP dependent rank-one
+    updates."""
     s = tl.arange(0, PB)
-    if TF32:
-        X = tl.dot(Kp, tl.trans(Wm), input_precision="tf32")
-    else:
-        X = _fdot(Kp, tl.trans(Wm), F32)
-    X = tl.where(s[None, :] > s[:, None], X, 0.0)
-    if TF32:
-        Kp = Kp - tl.dot(X, M, input_precision="tf32")
-    else:
-        Kp = Kp - _fdot(X, M, F32)
-    return Kp
+    X = tl.where(s[None, :] > s[:, None], _kdot(Kp, tl.trans(Wm), TF32, F32), 0.0)
+    return Kp - _kdot(X, M, TF32, F32)
 
 
 @triton.jit
@@ -299,8 +310,8 @@ def _old_frame_queries(Z, phi_base, R: tl.constexpr, D: tl.constexpr, BD: tl.con
 def _rotate_old_rows(k_base, phi_base, row_lo, row_hi, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, d, dmask,
                      ROT_ROWS: tl.constexpr, F32: tl.constexpr, OFF64: tl.constexpr, INTERP: tl.constexpr):
     """Key rows [row_lo, row_hi) <- k Phi (row form: from the old rows' frame into frame F-1), in blocks of ROT_ROWS
-    rows; the product runs over 32-column slices of the keys and 32-row slices of Phi, so Phi is never held whole.
-    One tf32 pass for a bf16 cache (its keys are exact in tf32), fp32 accurate otherwise."""
+    rows; the product (``_kdot``) runs over 32-column slices of the keys and 32-row slices of Phi, so Phi is never
+    held whole."""
     cdt = k_base.dtype.element_ty
     CB: tl.constexpr = 32 if BD >= 32 else BD
     rr = tl.arange(0, ROT_ROWS)
@@ -316,10 +327,7 @@ def _rotate_old_rows(k_base, phi_base, row_lo, row_hi, H: tl.constexpr, D: tl.co
                          other=0.0).to(tl.float32)
             Pc = tl.load(phi_base + (c0 + c)[:, None] * D + d[None, :], mask=cmask[:, None] & dmask[None, :],
                          other=0.0)
-            if cdt == tl.bfloat16:
-                Ko += tl.dot(Kc, Pc, input_precision="tf32")
-            else:
-                Ko += _fdot(Kc, Pc, F32)
+            Ko += _kdot(Kc, Pc, cdt == tl.bfloat16, F32)
         tl.debug_barrier()   # every slice of these rows is read before they are overwritten
         tl.store(k_base + kro[:, None] * (H * D) + d[None, :], _to_cache(Ko, cdt, INTERP),
                  mask=rmask[:, None] & dmask[None, :])
@@ -450,7 +458,7 @@ def decode_kernel(
         # a flush that would leave more than FB rows past F1 rotates every row ("big")
         F1 = tl.minimum(tl.load(st_ptr + 2), F)
         FP = tl.minimum(tl.load(st_ptr + 3), F)
-        big = flush & (N - F1 > FB)
+        big = _rotates_all(flush, N, F1, FB)
         phi_on = (FP < F) & (F1 > 0)
         phi_base = phi_ptr + pid.to(tl.int64) * (D * D)
     own = split == n_splits - 1
@@ -599,13 +607,7 @@ def decode_kernel(
             kro = kr.to(tl.int64) if OFF64 else kr
             kroff = kro[:, None] * (H * D) + d[None, :]
             Kf = tl.load(k_base + kroff, mask=kmask, other=0.0).to(tl.float32)
-            if cdt == tl.bfloat16:
-                # one tensor-core pass per product: a bf16 key is exact in tf32, and w and M rounded to tf32
-                # (2^-11 relative) stay below the key's own bf16 rounding at the store (2^-9)
-                KW = tl.dot(Kf, tl.trans(Wm), input_precision="tf32")
-                Kf = Kf - tl.dot(KW, M, input_precision="tf32")
-            else:
-                Kf = Kf - _fdot(_fdot(Kf, tl.trans(Wm), F32), M, F32)
+            Kf = Kf - _kdot(_kdot(Kf, tl.trans(Wm), cdt == tl.bfloat16, F32), M, cdt == tl.bfloat16, F32)
             tl.store(k_base + kroff, _to_cache(Kf, cdt, INTERP), mask=kmask)
 
     # arrival: the last split of this (batch, kv head) to finish merges the partials of all its splits.  The
@@ -621,7 +623,8 @@ def decode_kernel(
         if FB > 0:
             # every split of this (batch, kv head) has read phi by now: a flush that keeps old rows folds its
             # transitions into it (a big one leaves FP = F, which makes the map the identity)
-            if flush & (F1 > 0) & (N - F1 <= FB):
+            if flush & (F1 > 0) & (big == 0):
+                # the factors again rather than kept live from the flush pass: that raised the kernel's spills
                 Wu, Mu = _wy(F, NP, pw_base, pb_base, wb, bb, P, H, D, d, dmask, PB, BETA_MAX, F32)
                 _update_frame_map(phi_base, Wu, Mu, phi_on, D, BD, d, dmask, F32)
         tl.store(cnt_ptr + pid, 0)  # every split has arrived: the counter is free for the next step
@@ -642,7 +645,7 @@ def decode_kernel(
             if FB > 0:
                 # a big flush: every row is in frame N-1; the old rows end at the last multiple of FA
                 F1_st = tl.minimum(tl.load(st_ptr + 2), F_st)
-                big_st = flush_st & (N_st - F1_st > FB)
+                big_st = _rotates_all(flush_st, N_st, F1_st, FB)
                 tl.store(st_ptr + 2, tl.where(big_st, (N_st // FA) * FA, F1_st))
                 tl.store(st_ptr + 3, tl.where(big_st, N_st, tl.load(st_ptr + 3)))
             tl.store(st_ptr, L_raw + TN)
