@@ -82,7 +82,8 @@ _CHILD = textwrap.dedent("""
         t0 = time.time()
         try:
             r = compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=90)
-            rec.update(ok=True, shared=r.shared_bytes, regs=r.registers, spills=r.spill_bytes)
+            rec.update(ok=True, shared=r.shared_bytes, regs=r.registers, spills=r.spill_bytes,
+                       mma=[[kind, t, n] for (kind, t), n in sorted(r.mma.items())])
         except Exception as exc:
             rec.update(ok=False, error=f"{type(exc).__name__}: {exc}"[-3000:])
         rec["seconds"] = round(time.time() - t0, 2)
@@ -118,7 +119,7 @@ def compiled():
             if r["ok"]:
                 flag = "" if r["shared"] <= SMEM_LIMIT_SM90 else f"  OVER {SMEM_LIMIT_SM90}"
                 print(f"  {r['name']:30s} shared {r['shared']:7d} B  regs {r['regs']}  spills {r['spills']} B  "
-                      f"({r['seconds']:.1f} s){flag}")
+                      f"mma {r['mma']} ({r['seconds']:.1f} s){flag}")
             else:
                 print(f"  {r['name']:30s} FAILED {r['error'][:300]}")
     return results
@@ -179,6 +180,51 @@ def test_kernel_compiles_and_fits_sm90_d256(compiled, name):
     assert r["ok"], f"{name} (D=256) does not compile for sm_90: {r['error']}"
     assert 0 <= r["shared"] <= SMEM_LIMIT_SM90, (
         f"{name} (D=256) needs {r['shared']} B of shared memory > {SMEM_LIMIT_SM90} B (sm_90)")
+
+
+# Kernels whose every matrix product must lower to sm_90's wgmma at D = 64 and 128 (the tiles of those head
+# dims' configs: 64 rows or more per program, 4 or 8 warps, 16-bit or tf32 operands).  Not listed, by design:
+# the 16 x 16 diagonal inverses on one warp, the transports (32-row tiles of the D x D chain), the D = 128
+# chain's row kernel and the gate gradient (no products).
+WGMMA_ONLY = ("ut_fused_kernel", "ut_chunk_kernel", "ut_apply_kernel", "scan_intra_kernel", "scan_inter_kernel",
+              "bwd_prep_kernel", "bwd_inter_dq_kernel", "bwd_inter_dkv_kernel", "bwd_pair_transitions_kernel",
+              "bwd_intra_walk_kernel", "bwd_intra_walk_kernel#2", "bwd_intra_diag_kernel", "ut_bwd_chunk_kernel",
+              "ut_bwd_apply_kernel")
+
+
+@pytest.mark.parametrize("D", (64, 128))
+def test_hot_kernels_products_are_wgmma(compiled, D):
+    """Every product of the attention-sized kernels is a wgmma instruction in the PTX (none on mma.sync, which
+    runs at a fraction of the tensor-core rate): a tile, warp count or operand type that falls off wgmma shows
+    up here without a GPU."""
+    off = {}
+    for name in WGMMA_ONLY:
+        r = compiled[D].get(name)
+        if r is None or not r["ok"]:
+            continue          # a launch not made at this head dim, or a compile failure the tests above report
+        kinds = {kind for kind, _t, n in r["mma"] if n}
+        if kinds != {"wgmma"}:
+            off[name] = r["mma"]
+    assert not off, f"D={D}: products off wgmma: {off}"
+
+
+def test_mma_sites_count_ptx_products_by_kind():
+    """compile_check.mma_sites counts wgmma and mma.sync instruction sites by operand type; the fences and
+    commits of wgmma are not products."""
+    from pathtune.codegen.triton.compile_check import KernelResources, mma_sites
+
+    ptx = "\n".join([
+        "wgmma.fence.sync.aligned;",
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1}, %rd1, %rd2, p, 1, 1, 0, 1;",
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%f1}, {%r1}, %rd2, p, 1, 1, 1;",
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%f1}, %rd1, %rd2, p, 1, 1;",
+        "wgmma.commit_group.sync.aligned;",
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%f1}, {%r1}, {%r2}, {%f2};",
+    ])
+    sites = mma_sites(ptx)
+    assert sites == {("wgmma", "bf16"): 2, ("wgmma", "tf32"): 1, ("mma.sync", "tf32"): 1}
+    assert KernelResources("k", 0, 32, 0, 4, sites).mma_summary() == "wgmma 2 bf16 / 1 tf32, mma.sync 1 tf32"
+    assert mma_sites("ld.global.b32 %r1, [%rd1];") == {}
 
 
 def test_decode_kernels_compile_sm90_multi_token():

@@ -4,7 +4,10 @@
 
 Triton lowers to PTX on any machine; its bundled ptxas then reports registers, spills and
 shared memory for the target.  Used by the CPU tests (every kernel must compile for sm_90 at
-the spec's default configuration) and by developers before spending GPU time.
+the spec's default configuration) and by developers before spending GPU time.  Each line also counts the
+kernel's matrix-product instructions in its PTX by kind: ``wgmma`` (sm_90's warpgroup MMA, what a ``tl.dot``
+becomes with num_warps a multiple of 4, 64 or more rows per program and 16-bit or tf32 operands) and
+``mma.sync`` (the older per-warp MMA, at a fraction of the tensor-core rate), with the operand types.
 """
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ import os
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import triton
 import triton.language as tl
@@ -35,6 +39,8 @@ class KernelResources:
     registers: int | None
     spill_bytes: int | None
     num_warps: int | None = None
+    # matrix-product instruction sites in the PTX by kind ("wgmma" / "mma.sync") and operand type (``mma_sites``)
+    mma: dict = field(default_factory=dict)
 
     def programs_per_sm(self) -> int | None:
         """How many programs (blocks) of this kernel fit one sm_90 multiprocessor at once (registers and shared
@@ -46,10 +52,35 @@ class KernelResources:
         by_smem = _SM90_SMEM // (self.shared_bytes + _SM90_BLOCK_SMEM_RESERVED)
         return min(by_regs, by_smem, _SM90_BLOCKS)
 
+    def mma_summary(self) -> str:
+        """``wgmma 48 bf16 / 120 tf32, mma.sync 0``: the product instruction sites by kind and operand type."""
+        parts = []
+        for kind in ("wgmma", "mma.sync"):
+            types = {t: n for (k, t), n in sorted(self.mma.items()) if k == kind}
+            parts.append(f"{kind} " + (" / ".join(f"{n} {t}" for t, n in types.items()) if types else "0"))
+        return ", ".join(parts)
+
     def __str__(self):
         per_sm = self.programs_per_sm()
         return (f"{self.name:32s} shared {self.shared_bytes:7d} B  regs {self.registers}  "
-                f"spills {self.spill_bytes} B" + ("" if per_sm is None else f"  {per_sm} per SM"))
+                f"spills {self.spill_bytes} B" + ("" if per_sm is None else f"  {per_sm} per SM")
+                + (f"  [{self.mma_summary()}]" if self.mma else ""))
+
+
+# a PTX matrix-product instruction: wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 (the last field is
+# the B operand's type) or mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+_WGMMA = re.compile(r"\bwgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.\w+\.(\w+)\.(\w+)")
+_MMA_SYNC = re.compile(r"\bmma\.sync\.aligned\.m\d+n\d+k\d+\.row\.col\.\w+\.(\w+)\.(\w+)")
+
+
+def mma_sites(ptx: str) -> dict:
+    """{(kind, operand type): instruction sites} of a kernel's PTX, kind "wgmma" or "mma.sync" (static counts:
+    a site in a loop counts once)."""
+    counts: Counter = Counter()
+    for kind, pattern in (("wgmma", _WGMMA), ("mma.sync", _MMA_SYNC)):
+        for a_type, _b_type in pattern.findall(ptx):
+            counts[(kind, a_type)] += 1
+    return dict(counts)
 
 
 def _ptxas_info(ptx: str, arch: int) -> tuple[int | None, int | None]:
@@ -88,7 +119,7 @@ def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int, num
                        options={"num_warps": num_warps, "num_stages": num_stages,
                                 **({"maxnreg": maxnreg} if maxnreg else {})})
     regs, spills = _ptxas_info(k.asm["ptx"], arch)
-    return KernelResources(fn.fn.__name__, k.metadata.shared, regs, spills, num_warps)
+    return KernelResources(fn.fn.__name__, k.metadata.shared, regs, spills, num_warps, mma_sites(k.asm["ptx"]))
 
 
 _PTR_F32 = "*fp32"
