@@ -20,7 +20,7 @@ same range, with the scratch tiles of that range's ``ut_diag_inverse_kernel`` la
 apply kernels, their warps, and the chunk kernel at tf32).  ``--intra-v2 FILE[,FILE]``: candidate modules with a
 ``bwd_intra_walk_kernel`` and / or ``bwd_intra_diag_kernel`` of this tree's signature, each timed on its
 kernel's captured arguments at the launch's warps and the other count (4 / 8) (``--old-intra``: a one-kernel
-file; one that still has ``xs_ptr`` gets it).
+file; one that still has ``xs_ptr`` gets it); with ``prep``, their ``bwd_prep_kernel`` too.
 ``dkv`` with the gate: bwd_inter_dkv_kernel without the gate, with its key-side sums taken the other way
 (``backward.gate_sums_by_mma``), and with one half of the gate's work dropped (its key-side row sums, its
 logit bias; timing only).  ``--dkv-v2 FILE[,FILE]``: candidate modules with a
@@ -220,6 +220,16 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         other = 8 if kw["num_warps"] == 4 else 4
         emit(dict(base, kernel="bwd_prep", variant=f"warps {other}",
                   ms=time_launch(prep.real, grid, args, dict(kw, num_warps=other))))
+        for path in intra_v2:      # candidate modules with a bwd_prep_kernel of this tree's arguments
+            try:
+                cand = load_candidate(f"{path}:bwd_prep_kernel", "bwd_prep_kernel")
+            except AttributeError:
+                continue
+            try:
+                ms = time_launch(cand, grid, args, kw)
+            except Exception as exc:   # a candidate that fails to build or launch is a result too
+                ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+            emit(dict(base, kernel="bwd_prep", variant=f"candidate {os.path.basename(path)}", ms=ms))
 
     # bwd_inter_dkv as is, and on other key tiles / query steps / warps (its grid has S / BLOCK_N programs per
     # super-chunk: the knobs bwd_block_n, bwd_block_m and bwd_inter_num_warps, one launch each)

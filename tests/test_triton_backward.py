@@ -799,3 +799,51 @@ def test_transport_candidate_split_chain(monkeypatch, dtype, ranged):
         kv.load_variant(kv.module_source(chain_mod), "bwd_transport_chain_kernel", "split_chain_wrong", wrong)))
     bad = kernel_grads(inputs, do, p)
     assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+
+
+@pytest.mark.parametrize("dtype,ranged,gate", [(F32, False, True), (F16, True, True), (F16, False, False)],
+                         ids=["fp32-one-range-gate", "fp16-ranged-gate", "fp16-one-range"])
+def test_walk_and_prep_in_longest_first_order(monkeypatch, dtype, ranged, gate):
+    """benchmarks/variants/longest_first.py's bwd_intra_walk_kernel and bwd_prep_kernel (flat grid, heads fastest,
+    chunks from the order table) in the launcher's place, over packed sequences (partial super-chunks): the
+    shipped gradients up to rounding (the walk's atomic adds land in another order) and the oracle's.  An order
+    table with one chunk twice and one missing is caught."""
+    cand = _candidate(monkeypatch, "benchmarks/variants/longest_first.py")
+    inputs, do = make_inputs(521, B=1, T=170, HQ=4, H=2, dtype=dtype, gate=gate)
+    cu = torch.tensor([0, 90, 91, 170], dtype=torch.int32)
+    p = params(dtype, superchunk_size=64)
+    _ranges(monkeypatch, ranged)
+    shipped = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    grids = []
+    for name in ("bwd_intra_walk_kernel", "bwd_prep_kernel"):
+        wrapper = getattr(cand, name)
+        real = wrapper.kernel
+
+        class Spy:
+            arg_names = real.arg_names
+
+            def __getitem__(self, grid, real=real):
+                grids.append(grid)
+                return real[grid]
+        monkeypatch.setattr(wrapper, "kernel", Spy())
+        monkeypatch.setattr(tri_backward, name, wrapper)
+    got = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    assert len(grids) >= 2 and all(len(g) == 1 for g in grids), grids
+    for name, a, b in zip(NAMES, got, shipped):
+        if b is not None:
+            assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
+    check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
+    good = cand.longest_first_order
+
+    def twice(*a, **k):
+        order = good(*a, **k).clone()
+        order[-1] = order[0]
+        return order
+    monkeypatch.setattr(cand, "longest_first_order", twice)
+    for name in ("bwd_intra_walk_kernel", "bwd_prep_kernel"):
+        getattr(cand, name)._orders.clear()
+    xs = _leaves(inputs)
+    o, _ = path_attention_triton(*xs, config=p, cu_seqlens=cu)
+    bad = torch.autograd.grad(o, [x for x in xs if x is not None], do)
+    live = [b for b in shipped if b is not None]
+    assert not all(bool(torch.isfinite(a).all()) for a in bad) or max(map(rel, bad, live)) > CAUGHT

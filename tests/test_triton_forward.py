@@ -697,3 +697,69 @@ def test_ut_stage_compiles_under_a_register_cap_for_sm90():
     assert len(rows) == 4
     for D, cap, regs, spills in rows:
         assert int(regs) <= int(cap), (D, cap, regs, spills)
+
+
+def test_longest_first_order_is_a_permutation_grouped_by_superchunks(monkeypatch):
+    """benchmarks/variants/longest_first.py's order table over packed varlen chunk tables (partial super-chunks):
+    every chunk once; groups of whole super-chunks of at least the asked programs, in stream order; inside a group
+    the chunks by descending place in their super-chunk."""
+    from pathtune.codegen.triton._layout import build_tables
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    cand = load_script("benchmarks/variants/longest_first.py")
+    C, S = 16, 64
+    cu = torch.tensor([0, 150, 151, 351, 400])
+    t = build_tables(1, 400, cu, C, S, torch.device("cpu"))
+    tok0, seq, start = t.chunk_tok0.long(), t.chunk_seq.long(), t.seq_start.long()
+    place = ((tok0 - start[seq]) // C) % (S // C)
+    sc = torch.cumsum((place == 0).long(), 0) - 1
+    for heads, programs in ((1, 1), (2, 16), (4, 64), (3, 10 ** 6)):
+        order = cand.longest_first_order(tok0, seq, start, C, S, heads, programs)
+        assert sorted(order.tolist()) == list(range(t.n_chunks))
+        per_group = max(1, -(-programs // ((S // C) * heads)))
+        group = sc[order] // per_group
+        assert bool((group[1:] >= group[:-1]).all())               # groups in stream order, whole super-chunks
+        same = group[1:] == group[:-1]
+        assert bool((place[order][1:] <= place[order][:-1])[same].all())   # longest first inside a group
+    assert cand.longest_first_order(tok0, seq, start, C, S, 1, 1).tolist() != list(range(t.n_chunks))
+
+
+@pytest.mark.parametrize("cu", [None, (0, 70, 71, 150)], ids=["dense-gqa", "varlen-gqa"])
+def test_scan_intra_in_longest_first_order_matches_the_shipped_kernel(monkeypatch, cu):
+    """The candidate scan_intra_kernel of benchmarks/variants/longest_first.py (flat grid, heads fastest, chunks
+    from the order table) in the launcher's place: o and lse bitwise the shipped kernel's (each program does the
+    same work in another order).  An order table with one chunk twice and one missing is caught."""
+    from pathtune.codegen.triton import forward as fwd
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    cand = load_script("benchmarks/variants/longest_first.py")
+    kw = {} if cu is None else dict(cu_seqlens=torch.tensor(cu, dtype=torch.int32))
+    x = make_inputs(733, B=1 if cu else 2, T=150, HQ=4, H=2, gate=True)
+    p = params(superchunk_size=64)
+    o0, l0 = run(x, p, **kw)
+    grids = []
+    real = cand.scan_intra_kernel.kernel
+
+    class Spy:
+        arg_names = real.arg_names
+
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+    monkeypatch.setattr(cand.scan_intra_kernel, "kernel", Spy())
+    monkeypatch.setattr(fwd, "scan_intra_kernel", cand.scan_intra_kernel)
+    o1, l1 = run(x, p, **kw)
+    assert grids and all(len(g) == 1 for g in grids), grids
+    assert torch.equal(o1, o0) and torch.equal(l1, l0)
+    good = cand.longest_first_order
+
+    def twice(*a, **k):
+        order = good(*a, **k).clone()
+        order[-1] = order[0]
+        return order
+    monkeypatch.setattr(cand, "longest_first_order", twice)
+    cand.scan_intra_kernel._orders.clear()
+    o2, l2 = path_attention_triton(*x, config=p, **kw)
+    assert not (torch.equal(o2, o0) and torch.equal(l2, l0))
