@@ -28,7 +28,9 @@ logit bias; timing only).  ``--dkv-v2 FILE[,FILE]``: candidate modules with a
 candidate modules with a ``bwd_transport_chain_kernel`` taking the shipped arguments and the launcher's grid (a
 wrapper may launch it on its own grid), timed on the captured launch.  ``--maxnreg 168,128``: the transport and
 UT backward kernels also under those register caps (Triton's ``maxnreg``: more programs per multiprocessor).
-``e2e``: one fwd+bwd through autograd.  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8
+``e2e``: one fwd+bwd through autograd, and with each candidate module of ``--intra-v2`` / ``--dkv-v2`` /
+``--transport-v2`` swapped in (every kernel of forward.py / backward.py it defines, together).  Not in the
+default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8
 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per
 program; ``keepstate``, fwd+bwd at bwd_forward_state recompute and keep (the backward reuses the forward's
 state), with time, extra peak memory and gradient differences.
@@ -37,13 +39,14 @@ JSON rows on stdout and in $OUT.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 
 import torch
 import triton
-from kernel_variants import Capture, load_candidate, load_variant, module_source  # noqa: E402  (benchmarks/ is the script's folder)
+from kernel_variants import Capture, load_candidate, load_variant, module_source, swapped  # noqa: E402  (benchmarks/ is the script's folder)
 
 import pathtune.codegen.triton.backward as bwd_mod
 import pathtune.codegen.triton.bwd_inter as inter_mod
@@ -278,14 +281,45 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
     if "e2e" in only:
         fn = lambda: torch.autograd.grad(path_attention_triton(*xs[:5], xs[5] if gate else None)[0], xs, do)  # noqa: E731
         fn()
-        emit(dict(base, kernel="fwd+bwd", variant="autograd, heuristic config",
-                  ms=round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)))
+        ms_shipped = round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)
+        emit(dict(base, kernel="fwd+bwd", variant="autograd, heuristic config", ms=ms_shipped))
+        # each candidate module's kernels swapped into the forward and backward launchers together
+        for path in dict.fromkeys(intra_v2 + dkv_v2 + transport_v2):
+            names = []
+            try:
+                with contextlib.ExitStack() as stack:
+                    for module in (fwd_mod, bwd_mod):
+                        for name, kernel in launcher_kernels(path, module).items():
+                            stack.enter_context(swapped(module, name, kernel))
+                            names.append(name)
+                    fn()
+                    ms = round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)
+                row = dict(ms=ms, over_shipped=round(ms / ms_shipped, 3))
+            except Exception as exc:   # a candidate that fails to build or launch is a result too
+                row = dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
+            emit(dict(base, kernel="fwd+bwd", variant=f"autograd, candidate {os.path.basename(path)} "
+                                                      f"({', '.join(names)})", **row))
     if "prepwarps" in only:
         prep_warps_e2e(base, xs, do, gate)
     if "gatecumsum" in only and gate:
         gate_cumsum_spans(base, xs[5].detach())
     if "keepstate" in only:
         kept_state_e2e(base, xs, do, gate)
+
+
+def launcher_kernels(path: str, module) -> dict:
+    """{name: kernel} of the jitted kernels launcher ``module`` (forward.py / backward.py) calls that the candidate
+    module ``path`` defines too (``e2e``: they are swapped in together)."""
+    import importlib.util
+    from pathlib import Path
+
+    from kernel_variants import repo_path
+
+    spec = importlib.util.spec_from_file_location(f"candidate_{Path(path).stem}_e2e", repo_path(path))
+    cand = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cand)
+    return {name: getattr(cand, name) for name in dir(module)
+            if name.endswith("_kernel") and not name.startswith("_") and hasattr(cand, name)}
 
 
 def kept_state_e2e(base, xs, do, gate):

@@ -2,7 +2,7 @@
 
     python benchmarks/fwd_probe.py [--head-dims 64,128] [--seq-lens 2048,4096,16384] [--gates 1,0]
                                    [--config heuristic|auto|JSON] [--variants JSON-list] [--no-fla]
-                                   [--ut-candidate FILE[:NAME]]
+                                   [--candidates FILE[,FILE]]
 
 For every (D, T, gate) at B*T = 32768 tokens (H = 16 at D <= 64, else 8), bf16, in ONE process:
   - SDPA flash and fla's ``parallel_path_attn`` forward (fla when importable);
@@ -12,7 +12,9 @@ For every (D, T, gate) at B*T = 32768 tokens (H = 16 at D <= 64, else 8), bf16, 
     ``--variants`` (knob changes on the base params);
   - the public call's host time per call (25 calls queued) and its replay from a CUDA graph (device
     time alone: api / graph is what the host adds);
-  - with ``--ut-candidate``, the public call with that UT kernel in place of the shipped one;
+  - with ``--candidates``, the public call (and its graph replay) with each candidate module's forward kernels
+    (benchmarks/variants/: whichever of ``FORWARD_KERNELS`` it defines, swapped in together) in place of the
+    shipped ones, and the ratio to the shipped call;
   - per-kernel device ms of one public call (torch profiler), host->device copies and syncs per call;
   - the forward's relative error against the float64 oracle on the first 2048 tokens of batch 0.
 With ``--host``: instead, one small host-bound call (B = 1, T = 512, H = 8, D = 64, FoX): the public
@@ -23,6 +25,7 @@ JSON lines to stdout and to $OUT/fwd_probe.json (rewritten after every row).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -34,6 +37,23 @@ from kernel_variants import load_candidate, swapped  # benchmarks/ (this script'
 
 OUT = os.environ.get("OUT", "/tmp")
 ROWS: list[dict] = []
+
+
+# the forward launcher's kernels (codegen/triton/forward.py names) a candidate module may replace
+FORWARD_KERNELS = ("ut_fused_kernel", "superchunk_transport_kernel", "scan_intra_kernel", "scan_inter_kernel")
+
+
+def candidate_kernels(file: str) -> dict:
+    """{name: kernel} of the ``FORWARD_KERNELS`` that candidate module ``file`` defines (at least one)."""
+    found = {}
+    for name in FORWARD_KERNELS:
+        try:
+            found[name] = load_candidate(f"{file}:{name}", name)
+        except AttributeError:
+            continue
+    if not found:
+        raise SystemExit(f"{file} defines none of {', '.join(FORWARD_KERNELS)}: not a forward candidate")
+    return found
 
 
 def emit(row: dict) -> None:
@@ -131,8 +151,8 @@ def main() -> None:
     ap.add_argument("--config", default="heuristic")
     ap.add_argument("--variants", default="[]", help="JSON list of knob-change dicts timed on the launcher")
     ap.add_argument("--no-fla", action="store_true")
-    ap.add_argument("--ut-candidate", default="",
-                    help="FILE[:NAME]: also time the public call with this ut_fused_kernel (NAME default: that)")
+    ap.add_argument("--candidates", default="",
+                    help="FILE[,FILE]: also time the public call with each module's forward kernels swapped in")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--host", action="store_true", help="only the small host-bound call (see above)")
     args = ap.parse_args()
@@ -150,7 +170,7 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     variants = json.loads(args.variants)
     from pathtune.codegen.triton import forward as fwd_mod
-    ut_candidate = load_candidate(args.ut_candidate, "ut_fused_kernel") if args.ut_candidate else None
+    candidates = [(f, candidate_kernels(f)) for f in args.candidates.split(",") if f]
     for D in [int(x) for x in args.head_dims.split(",")]:
         H = 16 if D <= 64 else 8
         for T in [int(x) for x in args.seq_lens.split(",")]:
@@ -189,10 +209,20 @@ def main() -> None:
                     # the same call replayed from a CUDA graph: device time with no host work between
                     # launches; api / graph > 1 is what the host adds to a call
                     row["graph"] = bench(graph_of(api))
-                    if ut_candidate is not None:   # the same call with the candidate UT kernel patched in
-                        with swapped(fwd_mod, "ut_fused_kernel", ut_candidate):
-                            row["api_ut_candidate"] = bench(api)
-                        row["ut_candidate/api"] = round(row["api_ut_candidate"] / row["api"], 3)
+                    row["candidates"] = []
+                    for file, kernels in candidates:   # the same call with the candidate's kernels patched in
+                        cand = dict(file=os.path.basename(file), kernels=sorted(kernels))
+                        try:
+                            with contextlib.ExitStack() as stack:
+                                for name, kernel in kernels.items():
+                                    stack.enter_context(swapped(fwd_mod, name, kernel))
+                                cand["api"] = bench(api)
+                                cand["graph"] = bench(graph_of(api))
+                            cand["api/shipped"] = round(cand["api"] / row["api"], 3)
+                            cand["graph/shipped"] = round(cand["graph"] / row["graph"], 3)
+                        except Exception as exc:   # a candidate that fails to build or launch is a result too
+                            cand["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                        row["candidates"].append(cand)
                     n = min(T, 2048)
                     small = [x[:1, :n] if x is not None else None for x in (q, k, v, w, beta, g)]
                     ref = naive_path_attention(*[x[:, :, :2].double() if x is not None else None for x in small],

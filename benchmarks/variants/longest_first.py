@@ -76,7 +76,10 @@ class _FlatGrid:
         key = (id(tok0), kw["HQ"], kw["C"], kw["S"])
         hit = self._orders.get(key)
         if hit is None or hit[0] is not tok0:
-            # the table is kept alive with its order, so its id is not reused while cached
+            # the table is kept alive with its order, so its id is not reused while cached; varlen tables are
+            # built per call: the oldest entries go
+            while len(self._orders) >= 64:
+                self._orders.pop(next(iter(self._orders)))
             hit = self._orders[key] = (tok0, longest_first_order(tok0, seq, start, kw["C"], kw["S"], kw["HQ"],
                                                                          self.group_programs))
         return hit[1]
