@@ -45,8 +45,11 @@ def _f(x, nd=3) -> str:
 
 
 def _source(path: Path, doc: dict) -> list[str]:
+    """Where a table's numbers come from: the results file and its GPU / software on one line, the run's notes
+    (which tree and records it timed, how) folded in a details block, and the command that reproduces it."""
     notes = doc["notes"][:1].upper() + doc["notes"][1:]
-    return [f"Source: `benchmarks/results/{path.name}` ({doc['gpu']}; {doc['software']}). {notes}.",
+    return [f"Source: `benchmarks/results/{path.name}` ({doc['gpu']}; {doc['software']}).", "",
+            "<details><summary>How this run was made</summary>", "", f"{notes}.", "", "</details>",
             "", "Reproduce (in the repo root of a GPU host with pathtune installed; fla optional):", "",
             f"    {doc['command']}", ""]
 
