@@ -833,15 +833,7 @@ def test_walk_and_prep_in_longest_first_order(monkeypatch, dtype, ranged, gate):
         if b is not None:
             assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
     check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
-    good = cand.longest_first_order
-
-    def twice(*a, **k):
-        order = good(*a, **k).clone()
-        order[-1] = order[0]
-        return order
-    monkeypatch.setattr(cand, "longest_first_order", twice)
-    for name in ("bwd_intra_walk_kernel", "bwd_prep_kernel"):
-        getattr(cand, name)._orders.clear()
+    monkeypatch.setattr(cand, "longest_first_order", cand.order_with_a_chunk_twice)
     xs = _leaves(inputs)
     o, _ = path_attention_triton(*xs, config=p, cu_seqlens=cu)
     bad = torch.autograd.grad(o, [x for x in xs if x is not None], do)

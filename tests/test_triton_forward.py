@@ -753,13 +753,6 @@ def test_scan_intra_in_longest_first_order_matches_the_shipped_kernel(monkeypatc
     o1, l1 = run(x, p, **kw)
     assert grids and all(len(g) == 1 for g in grids), grids
     assert torch.equal(o1, o0) and torch.equal(l1, l0)
-    good = cand.longest_first_order
-
-    def twice(*a, **k):
-        order = good(*a, **k).clone()
-        order[-1] = order[0]
-        return order
-    monkeypatch.setattr(cand, "longest_first_order", twice)
-    cand.scan_intra_kernel._orders.clear()
+    monkeypatch.setattr(cand, "longest_first_order", cand.order_with_a_chunk_twice)
     o2, l2 = path_attention_triton(*x, config=p, **kw)
     assert not (torch.equal(o2, o0) and torch.equal(l2, l0))

@@ -58,6 +58,14 @@ def longest_first_order(chunk_tok0: torch.Tensor, chunk_seq: torch.Tensor, seq_s
     return torch.sort(key, stable=True).indices
 
 
+def order_with_a_chunk_twice(*args, _right=longest_first_order, **kw) -> torch.Tensor:
+    """``longest_first_order`` with its last rank running the first rank's chunk (one chunk twice, one never): the
+    wrong table the tests put in its place to show that their comparison catches it."""
+    order = _right(*args, **kw).clone()
+    order[-1] = order[0]
+    return order
+
+
 class _FlatGrid:
     """``kernel[grid](*args, **kw)`` of a shipped (chunks, query heads) launch: the variant on (chunks * heads,)
     with the order table appended to the runtime arguments."""
@@ -65,7 +73,8 @@ class _FlatGrid:
     def __init__(self, kernel, chunk_tables: tuple[str, str, str], group_programs: int = GROUP_PROGRAMS):
         self.kernel, self.group_programs = kernel, group_programs
         self._names = chunk_tables            # the argument names of chunk_tok0, chunk_seq, seq_start
-        self._orders: dict = {}               # (id of chunk_tok0, heads, C, S) -> (chunk_tok0, order)
+        # (id of chunk_tok0, heads, C, S) -> (chunk_tok0, its order, the function that made it)
+        self._orders: dict = {}
 
     def __getattr__(self, attr):
         return getattr(self.kernel, attr)
@@ -75,13 +84,13 @@ class _FlatGrid:
         tok0, seq, start = (args[names.index(n)] for n in self._names)
         key = (id(tok0), kw["HQ"], kw["C"], kw["S"])
         hit = self._orders.get(key)
-        if hit is None or hit[0] is not tok0:
+        if hit is None or hit[0] is not tok0 or hit[2] is not longest_first_order:
             # the table is kept alive with its order, so its id is not reused while cached; varlen tables are
             # built per call: the oldest entries go
             while len(self._orders) >= 64:
                 self._orders.pop(next(iter(self._orders)))
             hit = self._orders[key] = (tok0, longest_first_order(tok0, seq, start, kw["C"], kw["S"], kw["HQ"],
-                                                                         self.group_programs))
+                                                                         self.group_programs), longest_first_order)
         return hit[1]
 
     def __getitem__(self, grid):
