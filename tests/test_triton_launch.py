@@ -5,7 +5,9 @@ object (the first call of a key goes through the JIT, later ones to the kept lau
 the kernel's parameter order; no key, an unaligned pointer, a JIT pre-run hook or a stand-in kernel put in
 the module sends a call to the JIT), and the real decode kernel's parameter split.  GPU (``-m gpu``): decode
 steps through the repeat path equal steps through the JIT bit for bit (flush steps included), and an
-unaligned input is launched through the JIT.
+unaligned input is launched through the JIT.  The forward / backward candidate of benchmarks/variants/fast_launch.py
+(the same repeat path with a key computed from the arguments): its key against Triton's own specialisation and its
+bookkeeping (CPU), a fwd+bwd through it equal to the shipped launches (GPU).
 """
 from __future__ import annotations
 
@@ -124,6 +126,78 @@ def test_decode_kernel_runtime_parameters_precede_its_constexprs():
     assert launch._n_runtime == 24 and names[0] == "H" and names[-1] == "STAGES"
 
 
+# ---- the forward / backward candidate (benchmarks/variants/fast_launch.py) -----------------------------------
+
+def _fast_launch(monkeypatch):
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return load_script("benchmarks/variants/fast_launch.py")
+
+
+def test_fast_launch_key_is_at_least_as_fine_as_tritons_specialisation(monkeypatch):
+    """Any two arguments Triton's runtime specialisation tells apart (``native_specialize_impl``: dtype and 16-byte
+    alignment of a pointer, an int's value class and width, a descriptor's block) get different keys; arguments of a
+    kind the key does not cover give no key (the JIT's call)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import native_specialize_impl
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    cand = _fast_launch(monkeypatch)
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    t = torch.zeros(64, 64, dtype=torch.bfloat16)
+    f = torch.zeros(64, 64, dtype=torch.float32)
+    args = [t, t[1:], t.view(-1)[3:], t.view(-1)[8:], f, f.view(-1)[1:], f.view(-1)[4:], 0, 1, 2, 15, 16, 17, 48,
+            -16, -3, (1 << 31) - 16, 1 << 31, (1 << 31) + 3, 1 << 40, 0.5, 2.0, True, False, None,
+            TensorDescriptor.from_tensor(t, [16, 16]), TensorDescriptor.from_tensor(t, [32, 16]),
+            TensorDescriptor.from_tensor(f, [16, 16])]
+    for i, a in enumerate(args):
+        for b in args[i + 1:]:
+            if native_specialize_impl(backend, a, False, True, True) != native_specialize_impl(backend, b, False,
+                                                                                               True, True):
+                assert cand.spec_key((a,)) != cand.spec_key((b,)), (a, b)
+    assert cand.spec_key((t, 3, object())) is None
+
+
+def test_fast_launch_repeats_a_specialisation_and_sends_others_to_the_jit(monkeypatch):
+    """CompiledLaunch around a stand-in JIT function: the first call of a (grid, specialisation, constexprs, options)
+    goes through the JIT, its repeat (new tensors, same kind) to the kept compiled kernel with the constexprs in
+    parameter order; another grid, an unaligned pointer, another int class or options go through the JIT."""
+    cand = _fast_launch(monkeypatch)
+    jit = _Jit()
+    launch = cand.CompiledLaunch(jit)
+    a, b = torch.zeros(16), torch.zeros(16)
+    launch[(4, 2)](a, b, 32, X=1, Y=2, num_warps=4)
+    assert jit.log[-1] == ("jit", (4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=4))
+    a2, b2 = torch.zeros(16), torch.zeros(16)
+    launch[(4, 2)](a2, b2, 48, X=1, Y=2, num_warps=4)               # 48: a multiple of 16 again
+    assert jit.log[-1] == ("direct", (4, 2, 1), (a2, b2, 48, 1, 2, 7)) and launch.hits == 1
+    for grid, args, kw in (((4, 3), (a, b, 32), dict(X=1, Y=2, num_warps=4)),
+                           ((4, 2), (a[1:], b, 32), dict(X=1, Y=2, num_warps=4)),
+                           ((4, 2), (a, b, 33), dict(X=1, Y=2, num_warps=4)),
+                           ((4, 2), (a, b, 32), dict(X=1, Y=3, num_warps=4)),
+                           ((4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=8))):
+        launch[grid](*args, **kw)
+        assert jit.log[-1][0] == "jit", (grid, kw)
+    assert launch.hits == 1
+    launch[(1,)](a, b, 32, X=[1], Y=2)                              # an unhashable constexpr: the JIT's call
+    assert jit.log[-1][0] == "jit"
+    assert launch.fn is _kernel                                     # the kernel's attributes show through
+
+
+def test_fast_launch_wraps_every_launcher_kernel(monkeypatch):
+    """The candidate module holds a wrapper for each Triton kernel the forward and backward launchers call by name."""
+    import pathtune.codegen.triton.backward as bwd_mod
+    import pathtune.codegen.triton.forward as fwd_mod
+
+    cand = _fast_launch(monkeypatch)
+    for mod in (fwd_mod, bwd_mod):
+        names = [n for n, v in vars(mod).items() if n.endswith("_kernel") and hasattr(v, "fn")]
+        assert names and all(isinstance(getattr(cand, n), cand.CompiledLaunch) for n in names), names
+    assert {"scan_intra_kernel", "bwd_intra_walk_kernel", "ut_fused_kernel"} <= set(vars(cand))
+
+
 # ---- GPU ------------------------------------------------------------------------------------------------------
 
 def _inputs(B, T, HQ, H, D, gate, gen):
@@ -192,3 +266,40 @@ def test_gpu_unaligned_input_goes_through_the_jit_and_is_right():
     o_odd = dec.path_decode_triton(q_odd, *xs[1:], a)
     assert step._launch.hits == hits                  # not the kept launcher
     assert torch.equal(o_odd, dec.path_decode_triton(*xs, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", [False, True])
+def test_gpu_fast_launch_candidate_equals_the_shipped_launches(monkeypatch, gate):
+    """A forward + backward (two token ranges) with every launcher kernel behind benchmarks/variants/fast_launch.py's
+    CompiledLaunch, twice: the second call's launches skip the JIT; o equals the shipped launches' bit for bit, the
+    gradients up to the order of the backward's atomic adds."""
+    import pathtune.codegen.triton.backward as bwd_mod
+    import pathtune.codegen.triton.forward as fwd_mod
+    from pathtune.codegen.triton import path_attention_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    xs = [x.requires_grad_() if x is not None else None for x in _inputs(2, 1024, 4, 2, 64, gate, gen)]
+    do = torch.randn(2, 1024, 4, 64, device="cuda", generator=gen).bfloat16()
+    cfg = dict(chunk_size=64, superchunk_size=256)
+    monkeypatch.setattr(bwd_mod, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range: several launches each
+
+    def run():
+        o, _ = path_attention_triton(*xs, config=cfg)
+        live = [x for x in xs if x is not None]
+        return [o, *torch.autograd.grad(o, live, do)]
+
+    shipped = run()
+    cand = _fast_launch(monkeypatch)
+    wrappers = {}
+    for mod in (fwd_mod, bwd_mod):
+        for name in [n for n, v in vars(mod).items() if n.endswith("_kernel") and hasattr(v, "fn")]:
+            monkeypatch.setattr(mod, name, getattr(cand, name))
+            wrappers[name] = getattr(cand, name)
+    first, second = run(), run()
+    assert sum(w.hits for w in wrappers.values()) >= 10
+    assert torch.equal(shipped[0], first[0]) and torch.equal(shipped[0], second[0])
+    # the gradients: equal up to the order the backward's float32 atomic adds land in (not fixed between runs)
+    for a, b, c in zip(shipped[1:], first[1:], second[1:]):
+        for x in (b, c):
+            assert float((x.double() - a.double()).norm() / a.double().norm()) < 2e-3
