@@ -271,21 +271,22 @@ def test_gpu_unaligned_input_goes_through_the_jit_and_is_right():
 @pytest.mark.gpu
 @pytest.mark.parametrize("gate", [False, True])
 def test_gpu_fast_launch_candidate_equals_the_shipped_launches(monkeypatch, gate):
-    """A forward + backward (two token ranges) with every launcher kernel behind benchmarks/variants/fast_launch.py's
-    CompiledLaunch, twice: the second call's launches skip the JIT; o equals the shipped launches' bit for bit, the
-    gradients up to the order of the backward's atomic adds."""
+    """A forward + backward (several token ranges) with every launcher kernel behind
+    benchmarks/variants/fast_launch.py's CompiledLaunch, twice: the second call's launches skip the JIT; o equals
+    the shipped launches' bit for bit, the gradients up to the order of the backward's atomic adds."""
     import pathtune.codegen.triton.backward as bwd_mod
     import pathtune.codegen.triton.forward as fwd_mod
     from pathtune.codegen.triton import path_attention_triton
 
     gen = torch.Generator(device="cuda").manual_seed(11)
-    xs = [x.requires_grad_() if x is not None else None for x in _inputs(2, 1024, 4, 2, 64, gate, gen)]
-    do = torch.randn(2, 1024, 4, 64, device="cuda", generator=gen).bfloat16()
-    cfg = dict(chunk_size=64, superchunk_size=256)
-    monkeypatch.setattr(bwd_mod, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range: several launches each
+    # the heuristic config at the shapes of tests/test_triton_gpu.py's CUDA-graph tests (compiled kernels shared)
+    xs = [x.requires_grad_() if x is not None else None for x in _inputs(2, 2500, 4, 4, 64, gate, gen)]
+    do = torch.randn(2, 2500, 4, 64, device="cuda", generator=gen).bfloat16()
+    monkeypatch.setattr(bwd_mod, "PHASE2_RANGE_BYTES", 1 << 20)    # several token ranges, each its own launches
+    monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB", raising=False)
 
     def run():
-        o, _ = path_attention_triton(*xs, config=cfg)
+        o, _ = path_attention_triton(*xs)
         live = [x for x in xs if x is not None]
         return [o, *torch.autograd.grad(o, live, do)]
 
