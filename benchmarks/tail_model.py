@@ -9,7 +9,8 @@ longest-first order of ``benchmarks/variants/longest_first.py`` (groups of whole
 descending ci inside a group) and the lower bound (total work / slots).
 
     python benchmarks/tail_model.py                                   # the cases of the H200 (132 SMs) profiles
-    python benchmarks/tail_model.py --chunks 64 --heads 8 --per-sm 1 --base 1,3
+    python benchmarks/tail_model.py --group 1                         # heads_fastest.py's order (one super-chunk)
+    python benchmarks/tail_model.py --superchunks 4 --chunks 16 --heads 8 --per-sm 1 --base 1,3
 
 A model, not a measurement: programs of one place are taken as equally long, memory contention and the order's
 effect on L2 reuse are left out (the longest-first groups keep the shipped order's working set).
@@ -82,11 +83,14 @@ def main(argv=None) -> None:
     ap.add_argument("--chunks", type=int, default=16, help="one case: chunks per super-chunk")
     ap.add_argument("--heads", type=int, default=8, help="one case: query heads")
     ap.add_argument("--per-sm", type=int, default=1, help="one case: programs per SM")
-    ap.add_argument("--group", type=int, default=256, help="one case: programs per longest-first group")
+    ap.add_argument("--group", type=int, default=None,
+                    help="programs per longest-first group (1: one super-chunk, the order of "
+                         "benchmarks/variants/heads_fastest.py; default: each case's, 256 for a given case)")
     args = ap.parse_args(argv)
     cases = CASES if args.superchunks is None else [
-        ("given", args.superchunks, args.chunks, args.heads, args.per_sm, True, args.group)]
+        ("given", args.superchunks, args.chunks, args.heads, args.per_sm, True, 256)]
     for label, n_sc, s, heads, per_sm, reverse, group in cases:
+        group = group if args.group is None else args.group
         for base in map(float, args.base.split(",")):
             m = model(n_sc, s, heads, per_sm * args.sms, base, reverse, group)
             print(f"{label:34s} a={base:g}: shipped {100 * (m['shipped'] / m['bound'] - 1):5.1f} % over the bound, "

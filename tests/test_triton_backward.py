@@ -801,14 +801,18 @@ def test_transport_candidate_split_chain(monkeypatch, dtype, ranged):
     assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
 
 
+@pytest.mark.parametrize("path", ["benchmarks/variants/longest_first.py", "benchmarks/variants/heads_fastest.py"],
+                         ids=["table", "heads-fastest"])
 @pytest.mark.parametrize("dtype,ranged,gate", [(F32, False, True), (F16, True, True), (F16, False, False)],
                          ids=["fp32-one-range-gate", "fp16-ranged-gate", "fp16-one-range"])
-def test_walk_and_prep_in_longest_first_order(monkeypatch, dtype, ranged, gate):
-    """benchmarks/variants/longest_first.py's bwd_intra_walk_kernel and bwd_prep_kernel (flat grid, heads fastest,
-    chunks from the order table) in the launcher's place, over packed sequences (partial super-chunks): the
-    shipped gradients up to rounding (the walk's atomic adds land in another order) and the oracle's.  An order
-    table with one chunk twice and one missing is caught."""
-    cand = _candidate(monkeypatch, "benchmarks/variants/longest_first.py")
+def test_walk_and_prep_in_longest_first_order(monkeypatch, dtype, ranged, gate, path):
+    """A program-order candidate's bwd_intra_walk_kernel and bwd_prep_kernel (flat grid, heads fastest; chunks from
+    the order table, or last to first) in the launcher's place, over packed sequences (partial super-chunks): the
+    shipped gradients up to rounding (the walk's atomic adds land in another order) and the oracle's.  A wrong
+    order (tests/order_candidates.py) is caught."""
+    from order_candidates import break_program_order
+
+    cand = _candidate(monkeypatch, path)
     inputs, do = make_inputs(521, B=1, T=170, HQ=4, H=2, dtype=dtype, gate=gate)
     cu = torch.tensor([0, 90, 91, 170], dtype=torch.int32)
     p = params(dtype, superchunk_size=64)
@@ -833,7 +837,7 @@ def test_walk_and_prep_in_longest_first_order(monkeypatch, dtype, ranged, gate):
         if b is not None:
             assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
     check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
-    monkeypatch.setattr(cand, "longest_first_order", cand.order_with_a_chunk_twice)
+    break_program_order(monkeypatch, cand, ["bwd_intra_walk_kernel", "bwd_prep_kernel"])
     xs = _leaves(inputs)
     o, _ = path_attention_triton(*xs, config=p, cu_seqlens=cu)
     bad = torch.autograd.grad(o, [x for x in xs if x is not None], do)

@@ -725,16 +725,21 @@ def test_longest_first_order_is_a_permutation_grouped_by_superchunks(monkeypatch
     assert cand.longest_first_order(tok0, seq, start, C, S, 1, 1).tolist() != list(range(t.n_chunks))
 
 
+ORDER_CANDIDATES = ("benchmarks/variants/longest_first.py", "benchmarks/variants/heads_fastest.py")
+
+
+@pytest.mark.parametrize("path", ORDER_CANDIDATES, ids=["table", "heads-fastest"])
 @pytest.mark.parametrize("cu", [None, (0, 70, 71, 150)], ids=["dense-gqa", "varlen-gqa"])
-def test_scan_intra_in_longest_first_order_matches_the_shipped_kernel(monkeypatch, cu):
-    """The candidate scan_intra_kernel of benchmarks/variants/longest_first.py (flat grid, heads fastest, chunks
-    from the order table) in the launcher's place: o and lse bitwise the shipped kernel's (each program does the
-    same work in another order).  An order table with one chunk twice and one missing is caught."""
+def test_scan_intra_in_longest_first_order_matches_the_shipped_kernel(monkeypatch, cu, path):
+    """The candidate scan_intra_kernel of a program-order candidate (flat grid, heads fastest; chunks from the order
+    table, or last to first) in the launcher's place: o and lse bitwise the shipped kernel's (each program does the
+    same work in another order).  A wrong order (tests/order_candidates.py) is caught."""
+    from order_candidates import break_program_order
     from pathtune.codegen.triton import forward as fwd
     from repo_scripts import ROOT, load_script
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    cand = load_script("benchmarks/variants/longest_first.py")
+    cand = load_script(path)
     kw = {} if cu is None else dict(cu_seqlens=torch.tensor(cu, dtype=torch.int32))
     x = make_inputs(733, B=1 if cu else 2, T=150, HQ=4, H=2, gate=True)
     p = params(superchunk_size=64)
@@ -753,6 +758,6 @@ def test_scan_intra_in_longest_first_order_matches_the_shipped_kernel(monkeypatc
     o1, l1 = run(x, p, **kw)
     assert grids and all(len(g) == 1 for g in grids), grids
     assert torch.equal(o1, o0) and torch.equal(l1, l0)
-    monkeypatch.setattr(cand, "longest_first_order", cand.order_with_a_chunk_twice)
+    break_program_order(monkeypatch, cand, ["scan_intra_kernel"])
     o2, l2 = path_attention_triton(*x, config=p, **kw)
     assert not (torch.equal(o2, o0) and torch.equal(l2, l0))
