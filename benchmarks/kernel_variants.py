@@ -101,3 +101,17 @@ def swapped(module, name: str, kernel):
         yield
     finally:
         setattr(module, name, real)
+
+
+class RegriddedKernel:
+    """A kernel that takes the shipped launcher's ``kernel[grid](...)`` and launches on ``regrid(grid)`` instead (a
+    candidate whose programs split the work another way); its other attributes are the kernel's."""
+
+    def __init__(self, kernel, regrid) -> None:
+        self.kernel, self.regrid = kernel, regrid
+
+    def __getattr__(self, attr):
+        return getattr(self.kernel, attr)
+
+    def __getitem__(self, grid):
+        return self.kernel[self.regrid(tuple(grid))]

@@ -795,8 +795,9 @@ def test_transport_candidate_split_chain(monkeypatch, dtype, ranged):
     kv = sys.modules["kernel_variants"]
     term = "G = G + tl.dot(dYl, W, input_precision=TP) + tl.dot(tl.trans(dKJ), Kt, input_precision=TP)"
     wrong = cand._SPLIT + [(term, term.replace("+ tl.dot(tl.trans(dKJ)", "- tl.dot(tl.trans(dKJ)"))]
-    monkeypatch.setattr(tri_backward, "bwd_transport_chain_kernel", type(cand.bwd_transport_chain_kernel)(
-        kv.load_variant(kv.module_source(chain_mod), "bwd_transport_chain_kernel", "split_chain_wrong", wrong)))
+    monkeypatch.setattr(tri_backward, "bwd_transport_chain_kernel", kv.RegriddedKernel(
+        kv.load_variant(kv.module_source(chain_mod), "bwd_transport_chain_kernel", "split_chain_wrong", wrong),
+        cand._doubled))
     bad = kernel_grads(inputs, do, p)
     assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pathtune.codegen.triton.bwd_chain as chain_mod
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # benchmarks/: kernel_variants
-from kernel_variants import load_variant, module_source  # noqa: E402
+from kernel_variants import RegriddedKernel, load_variant, module_source  # noqa: E402
 
 _SPLIT = [
     ("    j = tl.program_id(0)\n    h = tl.program_id(1)\n    rb = tl.program_id(2)\n"
@@ -47,18 +47,10 @@ _SPLIT = [
 _kernel = load_variant(module_source(chain_mod), "bwd_transport_chain_kernel", "bwd_transport_split_chain", _SPLIT)
 
 
-class _SplitGrid:
-    """``kernel[grid]`` with the third grid axis doubled (the Suf walks, then the G walks)."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-
-    def __getattr__(self, attr):
-        return getattr(self.kernel, attr)
-
-    def __getitem__(self, grid):
-        g0, g1, g2 = grid
-        return self.kernel[(g0, g1, 2 * g2)]
+def _doubled(grid: tuple) -> tuple:
+    """The third grid axis doubled (the Suf walks, then the G walks)."""
+    g0, g1, g2 = grid
+    return (g0, g1, 2 * g2)
 
 
-bwd_transport_chain_kernel = _SplitGrid(_kernel)
+bwd_transport_chain_kernel = RegriddedKernel(_kernel, _doubled)

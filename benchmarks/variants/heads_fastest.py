@@ -26,7 +26,7 @@ import pathtune.codegen.triton.bwd_prep as prep_mod
 import pathtune.codegen.triton.scan_fwd as scan_mod
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # benchmarks/: kernel_variants
-from kernel_variants import load_variant, module_source  # noqa: E402
+from kernel_variants import RegriddedKernel, load_variant, module_source  # noqa: E402
 
 _FLAT = ("    n = tl.num_programs(0) // HQ - 1 - tl.program_id(0) // HQ     # chunks last to first, heads fastest\n"
          "    hq = tl.program_id(0) % HQ\n")
@@ -36,23 +36,15 @@ WALK_EDITS = [("    n = n_chunks - 1 - tl.program_id(0)     # latest chunks of a
                "    hq = tl.program_id(1)\n", _FLAT)]
 
 
-class _FlatGrid:
-    """``kernel[grid](*args, **kw)`` of a shipped (chunks, query heads) launch: the variant on (chunks * heads,)."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-
-    def __getattr__(self, attr):
-        return getattr(self.kernel, attr)
-
-    def __getitem__(self, grid):
-        return self.kernel[(grid[0] * grid[1],)]
+def _flat(grid: tuple) -> tuple:
+    """The shipped (chunks, query heads) grid as one axis."""
+    return (grid[0] * grid[1],)
 
 
-scan_intra_kernel = _FlatGrid(load_variant(module_source(scan_mod), "scan_intra_kernel", "heads_fastest_scan",
-                                           SCAN_EDITS))
-bwd_prep_kernel = _FlatGrid(load_variant(module_source(prep_mod), "bwd_prep_kernel", "heads_fastest_prep",
-                                         PREP_EDITS))
+scan_intra_kernel = RegriddedKernel(load_variant(module_source(scan_mod), "scan_intra_kernel", "heads_fastest_scan",
+                                                 SCAN_EDITS), _flat)
+bwd_prep_kernel = RegriddedKernel(load_variant(module_source(prep_mod), "bwd_prep_kernel", "heads_fastest_prep",
+                                               PREP_EDITS), _flat)
 # the walk's tile helper is shared with the diagonal kernel, which this module does not export
-bwd_intra_walk_kernel = _FlatGrid(load_variant(module_source(intra_mod), "bwd_intra_walk_kernel",
-                                               "heads_fastest_walk", WALK_EDITS))
+bwd_intra_walk_kernel = RegriddedKernel(load_variant(module_source(intra_mod), "bwd_intra_walk_kernel",
+                                                     "heads_fastest_walk", WALK_EDITS), _flat)
