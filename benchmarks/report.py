@@ -175,12 +175,14 @@ are relative Frobenius norms against the float64 naive reference on the same (ro
 
 def current_section() -> list[str]:
     """Which shipped records the dispatcher serves for the kernels and spec of this tree (``perf_db/shipped/``,
-    per file and pass), computed here: a kernel or spec edit changes this section until the next measurement."""
+    per pass: the files and their ok records), computed here: a kernel or spec edit changes this section until the
+    next measurement.  A pass without one runs its untuned config under ``backend="auto"``, said so."""
     from pathtune.perf_db._keys import stale_reasons
     from pathtune.provenance import current_keys
 
     shipped = sorted((HERE.parent / "perf_db" / "shipped").glob("*.json"))
-    current, retired = [], 0
+    by_pass: dict[str, list[tuple[str, int]]] = {p: [] for p in ("fwd", "bwd", "decode")}
+    retired = 0
     for path in shipped:
         counts: dict[str, int] = {}
         for rec in json.loads(path.read_text())["records"]:
@@ -188,18 +190,22 @@ def current_section() -> list[str]:
             keys = current_keys(k.get("op", "path_attention"), k["pass"], k["backend"])
             if rec["measurement"]["status"] == "ok" and not stale_reasons(k, keys):
                 counts[k["pass"]] = counts.get(k["pass"], 0) + 1
-        if counts:
-            what = ", ".join(f"{n} {p}" for p, n in sorted(counts.items()))
-            current.append(f"`{path.name}` ({what})")
-        else:
-            retired += 1
+        for p, n in counts.items():
+            by_pass.setdefault(p, []).append((path.name, n))
+        retired += not counts
     out = ["## What is current", "",
-           "Every table names the commit whose kernels it timed.  Shipped measurements that `backend=\"auto\"` serves "
-           "for the kernels and spec of this tree (ok records, by pass): " + ("; ".join(current) if current else "none")
-           + f".  The other {retired} files in `perf_db/shipped/` hold retired records (earlier kernels or spec), "
-           "kept for history and for the tuner's warm start."]
+           "Every table names the commit whose kernels it timed.  What `backend=\"auto\"` serves for the kernels and "
+           "spec of this tree, per pass (shipped files in `perf_db/shipped/` and their ok records):", "",
+           "| pass | records | files |", "|---|---|---|"]
+    for p, files in by_pass.items():
+        if files:
+            out.append(f"| {p} | {sum(n for _f, n in files)} | " + ", ".join(f"`{f}` ({n})" for f, n in files) + " |")
+        else:
+            out.append(f"| {p} | none | no current measurement: the kernels changed since; `backend=\"auto\"` runs "
+                       "the untuned config |")
+    out += ["", f"The other {retired} files in `perf_db/shipped/` hold retired records only (earlier kernels or "
+            "spec), kept for history and for the tuner's warm start."]
     return out
-
 
 
 def kernel_change_section(path: Path, doc: dict) -> list[str]:
