@@ -29,7 +29,8 @@ candidate modules with a ``bwd_transport_chain_kernel`` taking the shipped argum
 wrapper may launch it on its own grid), timed on the captured launch.  ``--maxnreg 168,128``: the transport and
 UT backward kernels also under those register caps (Triton's ``maxnreg``: more programs per multiprocessor).
 ``e2e``: one fwd+bwd through autograd, and with each candidate module of ``--intra-v2`` / ``--dkv-v2`` /
-``--transport-v2`` swapped in (every kernel of forward.py / backward.py it defines, together).  Not in the
+``--transport-v2`` swapped in (every kernel of forward.py / backward.py it defines, together), each with its host
+time per call (5 calls queued).  Not in the
 default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8
 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per
 program; ``keepstate``, fwd+bwd at bwd_forward_state recompute and keep (the backward reuses the forward's
@@ -46,6 +47,7 @@ import os
 
 import torch
 import triton
+from fwd_probe import host_ms  # noqa: E402  (the host time per call of queued calls)
 from kernel_variants import Capture, load_candidate, load_variant, module_source, swapped  # noqa: E402  (benchmarks/ is the script's folder)
 
 import pathtune.codegen.triton.backward as bwd_mod
@@ -282,7 +284,8 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         fn = lambda: torch.autograd.grad(path_attention_triton(*xs[:5], xs[5] if gate else None)[0], xs, do)  # noqa: E731
         fn()
         ms_shipped = round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)
-        emit(dict(base, kernel="fwd+bwd", variant="autograd, heuristic config", ms=ms_shipped))
+        emit(dict(base, kernel="fwd+bwd", variant="autograd, heuristic config", ms=ms_shipped,
+                  host_ms=round(host_ms(fn, 5), 3)))
         # each candidate module's kernels swapped into the forward and backward launchers together
         for path in dict.fromkeys(intra_v2 + dkv_v2 + transport_v2):
             names = []
@@ -294,7 +297,8 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                             names.append(name)
                     fn()
                     ms = round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)
-                row = dict(ms=ms, over_shipped=round(ms / ms_shipped, 3))
+                    host = round(host_ms(fn, 5), 3)
+                row = dict(ms=ms, over_shipped=round(ms / ms_shipped, 3), host_ms=host)
             except Exception as exc:   # a candidate that fails to build or launch is a result too
                 row = dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
             emit(dict(base, kernel="fwd+bwd", variant=f"autograd, candidate {os.path.basename(path)} "
