@@ -30,11 +30,10 @@ wrapper may launch it on its own grid), timed on the captured launch.  ``--maxnr
 UT backward kernels also under those register caps (Triton's ``maxnreg``: more programs per multiprocessor).
 ``e2e``: one fwd+bwd through autograd, and with each candidate module of ``--intra-v2`` / ``--dkv-v2`` /
 ``--transport-v2`` swapped in (every kernel of forward.py / backward.py it defines, together), each with its host
-time per call (5 calls queued).  Not in the
-default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8
-and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per
-program; ``keepstate``, fwd+bwd at bwd_forward_state recompute and keep (the backward reuses the forward's
-state), with time, extra peak memory and gradient differences.
+time per call (5 calls queued).  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8 and 4, and at
+4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per program; ``keepstate``,
+fwd+bwd at bwd_forward_state recompute and keep (the backward reuses the forward's state), with time, extra peak
+memory and gradient differences.
 JSON rows on stdout and in $OUT.
 """
 from __future__ import annotations
