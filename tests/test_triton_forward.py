@@ -761,3 +761,39 @@ def test_scan_intra_in_longest_first_order_matches_the_shipped_kernel(monkeypatc
     break_program_order(monkeypatch, cand, ["scan_intra_kernel"])
     o2, l2 = path_attention_triton(*x, config=p, **kw)
     assert not (torch.equal(o2, o0) and torch.equal(l2, l0))
+
+
+def test_transport_on_64_row_programs_matches_the_shipped_forward(monkeypatch):
+    """benchmarks/variants/transport_rows64.py (the super-chunk transport at 64 rows of Suf per program, half the
+    programs) in the launcher's place, D = 64 over several super-chunks, GQA: o and lse equal the shipped forward's up
+    to the products' tiling and the oracle's within tolerance.  The 64-row grid at 32 rows a program (half of Suf's
+    rows never walked) is caught."""
+    from pathtune.codegen.triton import forward as fwd
+    from repo_scripts import load_script
+
+    cand = load_script("benchmarks/variants/transport_rows64.py")
+    x = make_inputs(741, B=1, T=200, HQ=2, H=1, D=64, DV=32, gate=True)
+    p = params(superchunk_size=64)
+    o0, l0 = run(x, p)
+    grids = []
+    real = cand.superchunk_transport_kernel.kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+    monkeypatch.setattr(cand.superchunk_transport_kernel, "kernel", Spy())
+    monkeypatch.setattr(fwd, "superchunk_transport_kernel", cand.superchunk_transport_kernel)
+    o1, l1 = run(x, p)
+    assert grids and all(g[2] == 1 for g in grids), grids          # BD 64: one block of 64 rows
+    assert rel(o1, o0) < 1e-6 and rel(l1, l0) < 1e-6
+    check(o1, l1, *oracle(*x), TOL[F32])
+    monkeypatch.setattr(cand, "ROWS", 128)       # the kernel at min(BD, 128) = 64 rows: the same launch
+    assert torch.equal(run(x, p)[0], o1)
+
+    class HalfRows:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: real[grid](*a, **dict(kw, ROWS=32))
+    monkeypatch.setattr(cand.superchunk_transport_kernel, "kernel", HalfRows())
+    o2, _ = path_attention_triton(*x, config=p)
+    assert not torch.isfinite(o2).all() or rel(o2, o0) > CAUGHT
