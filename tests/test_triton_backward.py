@@ -844,3 +844,37 @@ def test_walk_and_prep_in_longest_first_order(monkeypatch, dtype, ranged, gate, 
     bad = torch.autograd.grad(o, [x for x in xs if x is not None], do)
     live = [b for b in shipped if b is not None]
     assert not all(bool(torch.isfinite(a).all()) for a in bad) or max(map(rel, bad, live)) > CAUGHT
+
+
+@pytest.mark.parametrize("dtype,ranged", [(F32, False), (F16, True)], ids=["fp32-one-range", "fp16-ranged"])
+def test_transport_candidate_on_64_row_tiles(monkeypatch, dtype, ranged):
+    """benchmarks/variants/bwd_transport_rows64.py (the split transport chain and the grads kernel at 64 rows of the
+    D x D states per tile) in the launcher's place at D = 64 (one 64-row block, two walks): the shipped gradients up
+    to rounding and the oracle's, over sequences of several super-chunks.  The grads kernel reading the 64-row
+    states as 32-row blocks is caught."""
+    cand = _candidate(monkeypatch, "benchmarks/variants/bwd_transport_rows64.py")
+    inputs, do = make_inputs(613, B=2, T=200, HQ=2, H=1, D=64, DV=32, dtype=dtype, gate=True)
+    p = params(dtype, superchunk_size=64)
+    _ranges(monkeypatch, ranged)
+    shipped = kernel_grads(inputs, do, p)
+    grids = []
+    real = cand.bwd_transport_chain_kernel.kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+    monkeypatch.setattr(cand.bwd_transport_chain_kernel, "kernel", Spy())
+    for name in ("bwd_transport_chain_kernel", "bwd_transport_grads_kernel"):
+        monkeypatch.setattr(tri_backward, name, getattr(cand, name))
+    got = kernel_grads(inputs, do, p)
+    assert grids and all(g[2] == 2 for g in grids), grids      # BD 64: one block of 64 rows, two walks
+    _same_grads(got, shipped, dtype, inputs, do)
+    real_grads = cand.bwd_transport_grads_kernel.kernel
+
+    class ThirtyTwoRows:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: real_grads[grid](*a, **dict(kw, ROWS=32))
+    monkeypatch.setattr(cand.bwd_transport_grads_kernel, "kernel", ThirtyTwoRows())
+    bad = kernel_grads(inputs, do, p)
+    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
