@@ -878,3 +878,32 @@ def test_transport_candidate_on_64_row_tiles(monkeypatch, dtype, ranged):
     monkeypatch.setattr(cand.bwd_transport_grads_kernel, "kernel", ThirtyTwoRows())
     bad = kernel_grads(inputs, do, p)
     assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+
+
+@pytest.mark.parametrize("dtype,ranged", [(F32, False), (F16, True)], ids=["fp32-one-range", "fp16-ranged"])
+def test_combined_candidates_match_the_shipped_fwd_bwd(monkeypatch, dtype, ranged):
+    """benchmarks/variants/combined.py (the heads-fastest order, the 64-row transports and the repeat launches,
+    together) in every launcher's place: o and the gradients equal the shipped fwd+bwd's up to rounding and the
+    oracle's, at D = 64 over packed sequences of several super-chunks, GQA."""
+    import pathtune.codegen.triton.forward as fwd_mod
+
+    cand = _candidate(monkeypatch, "benchmarks/variants/combined.py")
+    inputs, do = make_inputs(617, B=1, T=200, HQ=4, H=2, D=64, DV=32, dtype=dtype, gate=True)
+    cu = torch.tensor([0, 130, 131, 200], dtype=torch.int32)
+    p = params(dtype, superchunk_size=64)
+    _ranges(monkeypatch, ranged)
+    o0, _ = path_attention_triton(*inputs, config=p, cu_seqlens=cu)
+    shipped = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    swapped = []
+    for mod in (fwd_mod, tri_backward):
+        for name in [n for n, v in vars(mod).items() if n.endswith("_kernel") and hasattr(v, "fn")]:
+            monkeypatch.setattr(mod, name, getattr(cand, name))
+            swapped.append(name)
+    assert {"scan_intra_kernel", "bwd_intra_walk_kernel", "bwd_transport_chain_kernel"} <= set(swapped)
+    o1, _ = path_attention_triton(*inputs, config=p, cu_seqlens=cu)
+    assert rel(o1, o0) < (1e-6 if dtype == F32 else 1e-3)
+    got = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    for name, a, b in zip(NAMES, got, shipped):
+        if b is not None:
+            assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
+    check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
