@@ -774,20 +774,14 @@ def test_transport_candidate_split_chain(monkeypatch, dtype, ranged):
     import sys
 
     import pathtune.codegen.triton.bwd_chain as chain_mod
+    from candidate_helpers import spy_grids
 
     cand = _candidate(monkeypatch, "benchmarks/variants/bwd_transport_split_chain.py")
     inputs, do = make_inputs(611, B=2, T=200, HQ=2, H=1, dtype=dtype, gate=True)
     p = params(dtype, superchunk_size=64)
     _ranges(monkeypatch, ranged)
     shipped = kernel_grads(inputs, do, p)
-    grids = []
-    real = cand.bwd_transport_chain_kernel.kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return real[grid]
-    monkeypatch.setattr(cand.bwd_transport_chain_kernel, "kernel", Spy())
+    grids = spy_grids(monkeypatch, cand.bwd_transport_chain_kernel)
     monkeypatch.setattr(tri_backward, "bwd_transport_chain_kernel", cand.bwd_transport_chain_kernel)
     got = kernel_grads(inputs, do, p)
     assert grids and all(g[2] == 2 for g in grids), grids      # BD 16: one row block of 16, doubled
@@ -810,8 +804,8 @@ def test_walk_and_prep_in_longest_first_order(monkeypatch, dtype, ranged, gate, 
     """A program-order candidate's bwd_intra_walk_kernel and bwd_prep_kernel (flat grid, heads fastest; chunks from
     the order table, or last to first) in the launcher's place, over packed sequences (partial super-chunks): the
     shipped gradients up to rounding (the walk's atomic adds land in another order) and the oracle's.  A wrong
-    order (tests/order_candidates.py) is caught."""
-    from order_candidates import break_program_order
+    order (tests/candidate_helpers.py) is caught."""
+    from candidate_helpers import break_program_order, spy_grids
 
     cand = _candidate(monkeypatch, path)
     inputs, do = make_inputs(521, B=1, T=170, HQ=4, H=2, dtype=dtype, gate=gate)
@@ -821,19 +815,10 @@ def test_walk_and_prep_in_longest_first_order(monkeypatch, dtype, ranged, gate, 
     shipped = kernel_grads(inputs, do, p, cu_seqlens=cu)
     grids = []
     for name in ("bwd_intra_walk_kernel", "bwd_prep_kernel"):
-        wrapper = getattr(cand, name)
-        real = wrapper.kernel
-
-        class Spy:
-            arg_names = real.arg_names
-
-            def __getitem__(self, grid, real=real):
-                grids.append(grid)
-                return real[grid]
-        monkeypatch.setattr(wrapper, "kernel", Spy())
-        monkeypatch.setattr(tri_backward, name, wrapper)
+        grids += [spy_grids(monkeypatch, getattr(cand, name))]
+        monkeypatch.setattr(tri_backward, name, getattr(cand, name))
     got = kernel_grads(inputs, do, p, cu_seqlens=cu)
-    assert len(grids) >= 2 and all(len(g) == 1 for g in grids), grids
+    assert all(g and all(len(x) == 1 for x in g) for g in grids), grids
     for name, a, b in zip(NAMES, got, shipped):
         if b is not None:
             assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
@@ -852,19 +837,14 @@ def test_transport_candidate_on_64_row_tiles(monkeypatch, dtype, ranged):
     D x D states per tile) in the launcher's place at D = 64 (one 64-row block, two walks): the shipped gradients up
     to rounding and the oracle's, over sequences of several super-chunks.  The grads kernel reading the 64-row
     states as 32-row blocks is caught."""
+    from candidate_helpers import spy_grids
+
     cand = _candidate(monkeypatch, "benchmarks/variants/bwd_transport_rows64.py")
     inputs, do = make_inputs(613, B=2, T=200, HQ=2, H=1, D=64, DV=32, dtype=dtype, gate=True)
     p = params(dtype, superchunk_size=64)
     _ranges(monkeypatch, ranged)
     shipped = kernel_grads(inputs, do, p)
-    grids = []
-    real = cand.bwd_transport_chain_kernel.kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return real[grid]
-    monkeypatch.setattr(cand.bwd_transport_chain_kernel, "kernel", Spy())
+    grids = spy_grids(monkeypatch, cand.bwd_transport_chain_kernel)
     for name in ("bwd_transport_chain_kernel", "bwd_transport_grads_kernel"):
         monkeypatch.setattr(tri_backward, name, getattr(cand, name))
     got = kernel_grads(inputs, do, p)

@@ -733,8 +733,8 @@ ORDER_CANDIDATES = ("benchmarks/variants/longest_first.py", "benchmarks/variants
 def test_scan_intra_in_longest_first_order_matches_the_shipped_kernel(monkeypatch, cu, path):
     """The candidate scan_intra_kernel of a program-order candidate (flat grid, heads fastest; chunks from the order
     table, or last to first) in the launcher's place: o and lse bitwise the shipped kernel's (each program does the
-    same work in another order).  A wrong order (tests/order_candidates.py) is caught."""
-    from order_candidates import break_program_order
+    same work in another order).  A wrong order (tests/candidate_helpers.py) is caught."""
+    from candidate_helpers import break_program_order, spy_grids
     from pathtune.codegen.triton import forward as fwd
     from repo_scripts import ROOT, load_script
 
@@ -744,16 +744,7 @@ def test_scan_intra_in_longest_first_order_matches_the_shipped_kernel(monkeypatc
     x = make_inputs(733, B=1 if cu else 2, T=150, HQ=4, H=2, gate=True)
     p = params(superchunk_size=64)
     o0, l0 = run(x, p, **kw)
-    grids = []
-    real = cand.scan_intra_kernel.kernel
-
-    class Spy:
-        arg_names = real.arg_names
-
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return real[grid]
-    monkeypatch.setattr(cand.scan_intra_kernel, "kernel", Spy())
+    grids = spy_grids(monkeypatch, cand.scan_intra_kernel)
     monkeypatch.setattr(fwd, "scan_intra_kernel", cand.scan_intra_kernel)
     o1, l1 = run(x, p, **kw)
     assert grids and all(len(g) == 1 for g in grids), grids
@@ -768,6 +759,7 @@ def test_transport_on_64_row_programs_matches_the_shipped_forward(monkeypatch):
     programs) in the launcher's place, D = 64 over several super-chunks, GQA: o and lse equal the shipped forward's up
     to the products' tiling and the oracle's within tolerance.  The 64-row grid at 32 rows a program (half of Suf's
     rows never walked) is caught."""
+    from candidate_helpers import spy_grids
     from pathtune.codegen.triton import forward as fwd
     from repo_scripts import load_script
 
@@ -775,14 +767,8 @@ def test_transport_on_64_row_programs_matches_the_shipped_forward(monkeypatch):
     x = make_inputs(741, B=1, T=200, HQ=2, H=1, D=64, DV=32, gate=True)
     p = params(superchunk_size=64)
     o0, l0 = run(x, p)
-    grids = []
     real = cand.superchunk_transport_kernel.kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return real[grid]
-    monkeypatch.setattr(cand.superchunk_transport_kernel, "kernel", Spy())
+    grids = spy_grids(monkeypatch, cand.superchunk_transport_kernel)
     monkeypatch.setattr(fwd, "superchunk_transport_kernel", cand.superchunk_transport_kernel)
     o1, l1 = run(x, p)
     assert grids and all(g[2] == 1 for g in grids), grids          # BD 64: one block of 64 rows

@@ -1,7 +1,25 @@
-"""A wrong program order for the program-order candidates of benchmarks/variants/ (longest_first.py,
-heads_fastest.py), which the interpreter tests of tests/test_triton_forward.py and tests/test_triton_backward.py
-put in place to show that their comparison with the shipped kernels catches it."""
+"""Helpers of the interpreter tests of the candidate kernels in benchmarks/variants/ (tests/test_triton_forward.py,
+tests/test_triton_backward.py): the grids a candidate's wrapper launches on, and a wrong program order for the
+program-order candidates, which the tests put in place to show that their comparison with the shipped kernels
+catches it."""
 from __future__ import annotations
+
+
+def spy_grids(monkeypatch, wrapper) -> list:
+    """The grids that a candidate's wrapper (``wrapper.kernel``: the kernel it launches) launches on, appended as
+    they come; the kernel's attributes show through."""
+    grids: list = []
+    real = wrapper.kernel
+
+    class Spy:
+        def __getattr__(self, attr):
+            return getattr(real, attr)
+
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+    monkeypatch.setattr(wrapper, "kernel", Spy())
+    return grids
 
 
 def break_program_order(monkeypatch, cand, wrapper_names):
