@@ -286,17 +286,23 @@ GPU_CFG = dict(decode_block_n=128, decode_splits=4, decode_num_warps=4, decode_f
 @pytest.mark.parametrize("D,H,HQ,TN", [(64, 4, 4, 16), (128, 2, 8, 16), (128, 4, 4, 1)])
 def test_gpu_two_levels_vs_float64(D, H, HQ, TN):
     """bf16 cache of 2000 prompt keys, two frame levels with the bound 1024 (the real alignment, 512): steps that
-    cross big and small flushes, every output against the float64 reference step, the keys at the end against the
-    exact current-frame keys, the device state equal to the host mirrors."""
-    from test_triton_decode import assert_keys, make, prefilled, step_both
+    cross big and small flushes, every output against the exact step (float64 keys never rounded) within 1e-2 or
+    1.1x the error of the bf16 per-token-rounding reference step (which drifts to ~1.2e-2 over these steps at D128;
+    on the H200 the kernel stayed within 3.6e-3 / 5.6e-3 at the bound 1024 as at 0), the keys at the end against
+    the exact current-frame keys, the device state equal to the host mirrors."""
+    from pathtune.runtime.reference import path_attention_decode
+    from test_triton_decode import _EXACT, assert_keys, make, prefilled
 
     B, T0 = 2, 2000
     steps = 80 if TN == 16 else 140
     tri, ref_cache = prefilled(B, T0, HQ, H, D, D, True, torch.bfloat16)
+    exact = _EXACT[id(ref_cache)][1]
     states = [_state(tri)]
     for _ in range(steps):
-        o, ref = step_both(tri, ref_cache, make(B, TN, HQ, H, D, D, True, dtype=torch.bfloat16), config=GPU_CFG)
-        assert rel(o, ref) < 1e-2
+        xs = make(B, TN, HQ, H, D, D, True, dtype=torch.bfloat16)
+        o = path_decode_triton(*xs, tri, config=GPU_CFG)
+        ref, ox = path_attention_decode(*f64(xs), ref_cache), path_attention_decode(*f64(xs), exact)
+        assert rel(o, ox) < max(1e-2, 1.1 * rel(ref, ox)), (rel(o, ox), rel(ref, ox))
         assert tri.state_tensor.tolist() == list(_state(tri))
         states.append(_state(tri))
     big, kept = kinds_of(states)
