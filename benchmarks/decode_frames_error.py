@@ -6,8 +6,8 @@ For each case of tests/test_decode_frames.py's float64 comparison that runs long
 of one token over a bf16 cache of 2000 prompt keys, split-K 4, block 128), at ``decode_frame_bound`` 0 (one frame
 level) and 1024 (two): the largest relative error over the steps of the kernel's output against the exact step
 (float64 keys never rounded) and against the bf16 per-token-rounding reference step, that reference's own error
-against the exact step, and the final current-frame keys' errors.  Run from outside the repository root with
-pathtune importable (``python -P`` keeps the script's folder off the path); the test helpers come from tests/.
+against the exact step, and the final current-frame keys' errors.  Needs pathtune installed; the test helpers come
+from tests/.
 """
 from __future__ import annotations
 
