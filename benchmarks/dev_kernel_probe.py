@@ -47,7 +47,7 @@ import os
 import torch
 import triton
 from fwd_probe import host_ms  # noqa: E402  (the host time per call of queued calls)
-from kernel_variants import Capture, load_candidate, load_variant, module_source, swapped  # noqa: E402  (benchmarks/ is the script's folder)
+from kernel_variants import Capture, candidate_kernels, load_candidate, load_variant, module_source, swapped  # noqa: E402  (benchmarks/ is the script's folder)
 
 import pathtune.codegen.triton.backward as bwd_mod
 import pathtune.codegen.triton.bwd_inter as inter_mod
@@ -313,16 +313,8 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
 def launcher_kernels(path: str, module) -> dict:
     """{name: kernel} of the jitted kernels launcher ``module`` (forward.py / backward.py) calls that the candidate
     module ``path`` defines too (``e2e``: they are swapped in together)."""
-    import importlib.util
-    from pathlib import Path
-
-    from kernel_variants import repo_path
-
-    spec = importlib.util.spec_from_file_location(f"candidate_{Path(path).stem}_e2e", repo_path(path))
-    cand = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cand)
-    return {name: getattr(cand, name) for name in dir(module)
-            if name.endswith("_kernel") and not name.startswith("_") and hasattr(cand, name)}
+    names = [name for name in dir(module) if name.endswith("_kernel") and not name.startswith("_")]
+    return candidate_kernels(path, names)
 
 
 def kept_state_e2e(base, xs, do, gate):

@@ -33,7 +33,7 @@ import time
 
 import torch
 import triton
-from kernel_variants import load_candidate, swapped  # benchmarks/ (this script's folder) is on sys.path
+from kernel_variants import candidate_kernels, swapped  # benchmarks/ (this script's folder) is on sys.path
 
 OUT = os.environ.get("OUT", "/tmp")
 ROWS: list[dict] = []
@@ -43,14 +43,9 @@ ROWS: list[dict] = []
 FORWARD_KERNELS = ("ut_fused_kernel", "superchunk_transport_kernel", "scan_intra_kernel", "scan_inter_kernel")
 
 
-def candidate_kernels(file: str) -> dict:
+def forward_candidate(file: str) -> dict:
     """{name: kernel} of the ``FORWARD_KERNELS`` that candidate module ``file`` defines (at least one)."""
-    found = {}
-    for name in FORWARD_KERNELS:
-        try:
-            found[name] = load_candidate(f"{file}:{name}", name)
-        except AttributeError:
-            continue
+    found = candidate_kernels(file, FORWARD_KERNELS)
     if not found:
         raise SystemExit(f"{file} defines none of {', '.join(FORWARD_KERNELS)}: not a forward candidate")
     return found
@@ -182,7 +177,7 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     variants = json.loads(args.variants)
     from pathtune.codegen.triton import forward as fwd_mod
-    candidates = [(f, candidate_kernels(f)) for f in args.candidates.split(",") if f]
+    candidates = [(f, forward_candidate(f)) for f in args.candidates.split(",") if f]
     for D in [int(x) for x in args.head_dims.split(",")]:
         H = 16 if D <= 64 else 8
         for T in [int(x) for x in args.seq_lens.split(",")]:

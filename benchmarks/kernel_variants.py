@@ -54,6 +54,15 @@ def repo_path(path: str) -> Path:
     return p if p.is_absolute() or p.exists() else Path(__file__).resolve().parents[1] / p
 
 
+def candidate_kernels(file: str, names) -> dict:
+    """{name: attribute} of the ``names`` that the candidate module ``file`` (benchmarks/variants/) defines, from one
+    load of it (its kernels built once)."""
+    spec = importlib.util.spec_from_file_location(f"candidate_{Path(file).stem}_set", repo_path(file))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return {name: getattr(mod, name) for name in names if hasattr(mod, name)}
+
+
 def load_candidate(entry: str, default_name: str):
     """The attribute NAME (default ``default_name``) of the module FILE, for ``entry`` = ``FILE[:NAME]``: a
     candidate kernel in benchmarks/variants/ (built from this tree's kernel source, with its launch arguments)."""
