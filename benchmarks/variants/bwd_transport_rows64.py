@@ -31,31 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # benchmarks/:
 from kernel_variants import load_variant, module_source  # noqa: E402
 
 from variants.bwd_transport_split_chain import _SPLIT  # noqa: E402
+from variants.transport_rows64 import Rows64Launch  # noqa: E402
 
-ROWS = 64
 CHAIN_OPTIONS = dict(num_warps=4, num_stages=2)
 GRADS_OPTIONS = dict(num_warps=8, num_stages=2)
-
-
-class Rows64Launch:
-    """``kernel[grid](*args, **kw)`` of a shipped transport-backward launch: the kernel at ``min(BD, ROWS)`` rows with
-    ``options``; ``row_axis``: the grid axis that counts row blocks (doubled where ``split``), None where the grid
-    does not depend on the rows."""
-
-    def __init__(self, kernel, options: dict, row_axis, split: bool) -> None:
-        self.kernel, self.options, self.row_axis, self.split = kernel, options, row_axis, split
-
-    def __getattr__(self, attr):
-        return getattr(self.kernel, attr)
-
-    def __getitem__(self, grid):
-        def launch(*args, **kw):
-            rows = min(kw["BD"], ROWS)
-            g = list(grid)
-            if self.row_axis is not None:
-                g[self.row_axis] = (kw["BD"] // rows) * (2 if self.split else 1)
-            return self.kernel[tuple(g)](*args, **dict(kw, ROWS=rows, **self.options))
-        return launch
 
 
 _split_chain = load_variant(module_source(chain_mod), "bwd_transport_chain_kernel", "bwd_transport_rows64_chain",

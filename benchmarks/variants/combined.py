@@ -30,11 +30,11 @@ globals().update({name: obj for name, obj in vars(fast_launch).items()
 scan_intra_kernel = RegriddedKernel(CompiledLaunch(heads_fastest.scan_intra_kernel.kernel), heads_fastest._flat)
 bwd_prep_kernel = RegriddedKernel(CompiledLaunch(heads_fastest.bwd_prep_kernel.kernel), heads_fastest._flat)
 bwd_intra_walk_kernel = RegriddedKernel(CompiledLaunch(heads_fastest.bwd_intra_walk_kernel.kernel), heads_fastest._flat)
-superchunk_transport_kernel = transport_rows64.Rows64(
+superchunk_transport_kernel = transport_rows64.Rows64Launch(
     CompiledLaunch(transport_rows64.superchunk_transport_kernel.kernel))
-bwd_transport_chain_kernel = bwd_transport_rows64.Rows64Launch(
+bwd_transport_chain_kernel = transport_rows64.Rows64Launch(
     CompiledLaunch(bwd_transport_rows64.bwd_transport_chain_kernel.kernel), bwd_transport_rows64.CHAIN_OPTIONS,
     row_axis=2, split=True)
-bwd_transport_grads_kernel = bwd_transport_rows64.Rows64Launch(
+bwd_transport_grads_kernel = transport_rows64.Rows64Launch(
     CompiledLaunch(bwd_transport_rows64.bwd_transport_grads_kernel.kernel), bwd_transport_rows64.GRADS_OPTIONS,
     row_axis=None, split=False)

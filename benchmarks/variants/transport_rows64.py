@@ -20,12 +20,14 @@ import pathtune.codegen.triton.forward as fwd_mod
 ROWS = 64
 
 
-class Rows64:
-    """``kernel[grid](*args, **kw)`` with the shipped grid (super-chunks, kv heads, BD // ROWS) and ROWS in ``kw``:
-    the kernel at ``min(BD, 64)`` rows on the matching grid."""
+class Rows64Launch:
+    """``kernel[grid](*args, **kw)`` of a shipped transport launch (ROWS in ``kw``): the kernel at ``min(BD, ROWS)``
+    rows with ``options`` replacing the launch's; ``row_axis``: the grid axis that counts row blocks (doubled where
+    ``split``), None where the grid does not depend on the rows (benchmarks/variants/bwd_transport_rows64.py
+    launches the transport backward's kernels so)."""
 
-    def __init__(self, kernel) -> None:
-        self.kernel = kernel
+    def __init__(self, kernel, options: dict | None = None, row_axis=2, split: bool = False) -> None:
+        self.kernel, self.options, self.row_axis, self.split = kernel, dict(options or {}), row_axis, split
 
     def __getattr__(self, attr):
         return getattr(self.kernel, attr)
@@ -33,8 +35,11 @@ class Rows64:
     def __getitem__(self, grid):
         def launch(*args, **kw):
             rows = min(kw["BD"], ROWS)
-            return self.kernel[(grid[0], grid[1], kw["BD"] // rows)](*args, **dict(kw, ROWS=rows))
+            g = list(grid)
+            if self.row_axis is not None:
+                g[self.row_axis] = (kw["BD"] // rows) * (2 if self.split else 1)
+            return self.kernel[tuple(g)](*args, **dict(kw, ROWS=rows, **self.options))
         return launch
 
 
-superchunk_transport_kernel = Rows64(fwd_mod.superchunk_transport_kernel)
+superchunk_transport_kernel = Rows64Launch(fwd_mod.superchunk_transport_kernel)
