@@ -704,7 +704,7 @@ def test_transport_backward_at_fewer_rows_per_program(monkeypatch, spy_launches,
     p = params()
     ship = kernel_grads(inputs, do, p)
     seen = spy_launches(bwd_mod, "bwd_transport_chain_kernel", lambda grid, kw: (grid[2], kw["ROWS"]))
-    monkeypatch.setattr(bwd_mod, "transport_rows", lambda BD: rows)
+    monkeypatch.setattr(bwd_mod, "transport_backward_rows", lambda BD: rows)
     got = kernel_grads(inputs, do, p)
     assert seen and all(s == (32 // rows, rows) for s in seen), seen
     for name, a, b in zip(NAMES, got, ship):
@@ -796,94 +796,40 @@ def test_transport_candidate_split_chain(monkeypatch, dtype, ranged):
     assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
 
 
-@pytest.mark.parametrize("path", ["benchmarks/variants/longest_first.py", "benchmarks/variants/heads_fastest.py"],
-                         ids=["table", "heads-fastest"])
 @pytest.mark.parametrize("dtype,ranged,gate", [(F32, False, True), (F16, True, True), (F16, False, False)],
                          ids=["fp32-one-range-gate", "fp16-ranged-gate", "fp16-one-range"])
-def test_walk_and_prep_in_longest_first_order(monkeypatch, dtype, ranged, gate, path):
-    """A program-order candidate's bwd_intra_walk_kernel and bwd_prep_kernel (flat grid, heads fastest; chunks from
-    the order table, or last to first) in the launcher's place, over packed sequences (partial super-chunks): the
-    shipped gradients up to rounding (the walk's atomic adds land in another order) and the oracle's.  A wrong
-    order (tests/candidate_helpers.py) is caught."""
-    from candidate_helpers import break_program_order, spy_grids
+def test_walk_and_prep_run_one_program_per_chunk_and_head_on_a_flat_grid(monkeypatch, spy_launches, dtype, ranged,
+                                                                          gate):
+    """bwd_intra's walk and diagonal kernels and bwd_prep run on the grid (chunks * query heads,), each program's
+    (chunk, head) from ``_ops.chunk_and_head``, over packed sequences (partial super-chunks), GQA: the gradients the
+    oracle's.  The walk or bwd_prep with a wrong split of the program id into heads is caught."""
+    import pathtune.codegen.triton.bwd_intra as intra_mod
+    import pathtune.codegen.triton.bwd_prep as prep_mod
+    from candidate_helpers import WRONG_ORDER
+    from repo_scripts import ROOT
 
-    cand = _candidate(monkeypatch, path)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import kernel_variants as kv
+
     inputs, do = make_inputs(521, B=1, T=170, HQ=4, H=2, dtype=dtype, gate=gate)
     cu = torch.tensor([0, 90, 91, 170], dtype=torch.int32)
     p = params(dtype, superchunk_size=64)
     _ranges(monkeypatch, ranged)
+    grids = {name: spy_launches(tri_backward, name) for name in ("bwd_intra_walk_kernel", "bwd_intra_diag_kernel",
+                                                                 "bwd_prep_kernel")}
     shipped = kernel_grads(inputs, do, p, cu_seqlens=cu)
-    grids = []
-    for name in ("bwd_intra_walk_kernel", "bwd_prep_kernel"):
-        grids += [spy_grids(monkeypatch, getattr(cand, name))]
-        monkeypatch.setattr(tri_backward, name, getattr(cand, name))
-    got = kernel_grads(inputs, do, p, cu_seqlens=cu)
-    assert all(g and all(len(x) == 1 for x in g) for g in grids), grids
-    for name, a, b in zip(NAMES, got, shipped):
-        if b is not None:
-            assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
-    check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
-    break_program_order(monkeypatch, cand, ["bwd_intra_walk_kernel", "bwd_prep_kernel"])
-    xs = _leaves(inputs)
-    o, _ = path_attention_triton(*xs, config=p, cu_seqlens=cu)
-    bad = torch.autograd.grad(o, [x for x in xs if x is not None], do)
+    n_chunks = 6 + 1 + 5           # chunks of 16 tokens: 90, 1, 79 tokens
+    assert grids["bwd_prep_kernel"] == [(n_chunks * 4,)], grids
+    for name in ("bwd_intra_walk_kernel", "bwd_intra_diag_kernel"):     # one launch per token range
+        assert grids[name] and all(len(g) == 1 for g in grids[name]), grids
+        assert sum(g[0] for g in grids[name]) == n_chunks * 4 if ranged else grids[name] == [(n_chunks * 4,)]
+    check(shipped, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
     live = [b for b in shipped if b is not None]
-    assert not all(bool(torch.isfinite(a).all()) for a in bad) or max(map(rel, bad, live)) > CAUGHT
-
-
-@pytest.mark.parametrize("dtype,ranged", [(F32, False), (F16, True)], ids=["fp32-one-range", "fp16-ranged"])
-def test_transport_candidate_on_64_row_tiles(monkeypatch, dtype, ranged):
-    """benchmarks/variants/bwd_transport_rows64.py (the split transport chain and the grads kernel at 64 rows of the
-    D x D states per tile) in the launcher's place at D = 64 (one 64-row block, two walks): the shipped gradients up
-    to rounding and the oracle's, over sequences of several super-chunks.  The grads kernel reading the 64-row
-    states as 32-row blocks is caught."""
-    from candidate_helpers import spy_grids
-
-    cand = _candidate(monkeypatch, "benchmarks/variants/bwd_transport_rows64.py")
-    inputs, do = make_inputs(613, B=2, T=200, HQ=2, H=1, D=64, DV=32, dtype=dtype, gate=True)
-    p = params(dtype, superchunk_size=64)
-    _ranges(monkeypatch, ranged)
-    shipped = kernel_grads(inputs, do, p)
-    grids = spy_grids(monkeypatch, cand.bwd_transport_chain_kernel)
-    for name in ("bwd_transport_chain_kernel", "bwd_transport_grads_kernel"):
-        monkeypatch.setattr(tri_backward, name, getattr(cand, name))
-    got = kernel_grads(inputs, do, p)
-    assert grids and all(g[2] == 2 for g in grids), grids      # BD 64: one block of 64 rows, two walks
-    _same_grads(got, shipped, dtype, inputs, do)
-    real_grads = cand.bwd_transport_grads_kernel.kernel
-
-    class ThirtyTwoRows:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: real_grads[grid](*a, **dict(kw, ROWS=32))
-    monkeypatch.setattr(cand.bwd_transport_grads_kernel, "kernel", ThirtyTwoRows())
-    bad = kernel_grads(inputs, do, p)
-    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
-
-
-@pytest.mark.parametrize("dtype,ranged", [(F32, False), (F16, True)], ids=["fp32-one-range", "fp16-ranged"])
-def test_combined_candidates_match_the_shipped_fwd_bwd(monkeypatch, dtype, ranged):
-    """benchmarks/variants/combined.py (the heads-fastest order, the 64-row transports and the repeat launches,
-    together) in every launcher's place: o and the gradients equal the shipped fwd+bwd's up to rounding and the
-    oracle's, at D = 64 over packed sequences of several super-chunks, GQA."""
-    import pathtune.codegen.triton.forward as fwd_mod
-
-    cand = _candidate(monkeypatch, "benchmarks/variants/combined.py")
-    inputs, do = make_inputs(617, B=1, T=200, HQ=4, H=2, D=64, DV=32, dtype=dtype, gate=True)
-    cu = torch.tensor([0, 130, 131, 200], dtype=torch.int32)
-    p = params(dtype, superchunk_size=64)
-    _ranges(monkeypatch, ranged)
-    o0, _ = path_attention_triton(*inputs, config=p, cu_seqlens=cu)
-    shipped = kernel_grads(inputs, do, p, cu_seqlens=cu)
-    swapped = []
-    for mod in (fwd_mod, tri_backward):
-        for name in [n for n, v in vars(mod).items() if n.endswith("_kernel") and hasattr(v, "fn")]:
-            monkeypatch.setattr(mod, name, getattr(cand, name))
-            swapped.append(name)
-    assert {"scan_intra_kernel", "bwd_intra_walk_kernel", "bwd_transport_chain_kernel"} <= set(swapped)
-    o1, _ = path_attention_triton(*inputs, config=p, cu_seqlens=cu)
-    assert rel(o1, o0) < (1e-6 if dtype == F32 else 1e-3)
-    got = kernel_grads(inputs, do, p, cu_seqlens=cu)
-    for name, a, b in zip(NAMES, got, shipped):
-        if b is not None:
-            assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
-    check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
+    for mod, name in ((intra_mod, "bwd_intra_walk_kernel"), (prep_mod, "bwd_prep_kernel")):
+        with monkeypatch.context() as m:
+            m.setattr(tri_backward, name, kv.load_variant(kv.module_source(mod), name, f"{name}_wrong_order",
+                                                          WRONG_ORDER))
+            xs = _leaves(inputs)
+            o, _ = path_attention_triton(*xs, config=p, cu_seqlens=cu)
+            bad = torch.autograd.grad(o, [x for x in xs if x is not None], do)
+        assert not all(bool(torch.isfinite(a).all()) for a in bad) or max(map(rel, bad, live)) > CAUGHT, name

@@ -699,87 +699,50 @@ def test_ut_stage_compiles_under_a_register_cap_for_sm90():
         assert int(regs) <= int(cap), (D, cap, regs, spills)
 
 
-def test_longest_first_order_is_a_permutation_grouped_by_superchunks(monkeypatch):
-    """benchmarks/variants/longest_first.py's order table over packed varlen chunk tables (partial super-chunks):
-    every chunk once; groups of whole super-chunks of at least the asked programs, in stream order; inside a group
-    the chunks by descending place in their super-chunk."""
-    from pathtune.codegen.triton._layout import build_tables
-    from repo_scripts import ROOT, load_script
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    cand = load_script("benchmarks/variants/longest_first.py")
-    C, S = 16, 64
-    cu = torch.tensor([0, 150, 151, 351, 400])
-    t = build_tables(1, 400, cu, C, S, torch.device("cpu"))
-    tok0, seq, start = t.chunk_tok0.long(), t.chunk_seq.long(), t.seq_start.long()
-    place = ((tok0 - start[seq]) // C) % (S // C)
-    sc = torch.cumsum((place == 0).long(), 0) - 1
-    for heads, programs in ((1, 1), (2, 16), (4, 64), (3, 10 ** 6)):
-        order = cand.longest_first_order(tok0, seq, start, C, S, heads, programs)
-        assert sorted(order.tolist()) == list(range(t.n_chunks))
-        per_group = max(1, -(-programs // ((S // C) * heads)))
-        group = sc[order] // per_group
-        assert bool((group[1:] >= group[:-1]).all())               # groups in stream order, whole super-chunks
-        same = group[1:] == group[:-1]
-        assert bool((place[order][1:] <= place[order][:-1])[same].all())   # longest first inside a group
-    assert cand.longest_first_order(tok0, seq, start, C, S, 1, 1).tolist() != list(range(t.n_chunks))
-
-
-ORDER_CANDIDATES = ("benchmarks/variants/longest_first.py", "benchmarks/variants/heads_fastest.py")
-
-
-@pytest.mark.parametrize("path", ORDER_CANDIDATES, ids=["table", "heads-fastest"])
 @pytest.mark.parametrize("cu", [None, (0, 70, 71, 150)], ids=["dense-gqa", "varlen-gqa"])
-def test_scan_intra_in_longest_first_order_matches_the_shipped_kernel(monkeypatch, cu, path):
-    """The candidate scan_intra_kernel of a program-order candidate (flat grid, heads fastest; chunks from the order
-    table, or last to first) in the launcher's place: o and lse bitwise the shipped kernel's (each program does the
-    same work in another order).  A wrong order (tests/candidate_helpers.py) is caught."""
-    from candidate_helpers import break_program_order, spy_grids
+def test_scan_intra_runs_one_program_per_chunk_and_head_on_a_flat_grid(monkeypatch, spy_launches, cu):
+    """scan_intra_kernel's grid is (chunks * query heads,), each program's (chunk, head) from ``_ops.chunk_and_head``
+    (heads fastest, chunks last to first): o and lse the oracle's over packed sequences of several super-chunks,
+    GQA; the kernel with a wrong split of the program id into heads is caught."""
+    import pathtune.codegen.triton.scan_fwd as scan_mod
+    from candidate_helpers import WRONG_ORDER
     from pathtune.codegen.triton import forward as fwd
-    from repo_scripts import ROOT, load_script
+    from repo_scripts import ROOT
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    cand = load_script(path)
+    import kernel_variants as kv
+
     kw = {} if cu is None else dict(cu_seqlens=torch.tensor(cu, dtype=torch.int32))
     x = make_inputs(733, B=1 if cu else 2, T=150, HQ=4, H=2, gate=True)
     p = params(superchunk_size=64)
+    grids = spy_launches(fwd, "scan_intra_kernel")
     o0, l0 = run(x, p, **kw)
-    grids = spy_grids(monkeypatch, cand.scan_intra_kernel)
-    monkeypatch.setattr(fwd, "scan_intra_kernel", cand.scan_intra_kernel)
-    o1, l1 = run(x, p, **kw)
-    assert grids and all(len(g) == 1 for g in grids), grids
-    assert torch.equal(o1, o0) and torch.equal(l1, l0)
-    break_program_order(monkeypatch, cand, ["scan_intra_kernel"])
+    n_chunks = 5 + 1 + 5 if cu else 2 * 10          # chunks of 16 tokens: 70, 1, 79 tokens; or 2 x 150
+    assert grids == [(n_chunks * 4,)], grids
+    check(o0, l0, *oracle(*x, **kw), TOL[F32])
+    monkeypatch.setattr(fwd, "scan_intra_kernel", kv.load_variant(kv.module_source(scan_mod), "scan_intra_kernel",
+                                                                  "scan_wrong_order", WRONG_ORDER))
     o2, l2 = path_attention_triton(*x, config=p, **kw)
-    assert not (torch.equal(o2, o0) and torch.equal(l2, l0))
+    assert not (torch.isfinite(o2).all() and rel(o2, o0) < CAUGHT)
 
 
-def test_transport_on_64_row_programs_matches_the_shipped_forward(monkeypatch):
-    """benchmarks/variants/transport_rows64.py (the super-chunk transport at 64 rows of Suf per program, half the
-    programs) in the launcher's place, D = 64 over several super-chunks, GQA: o and lse equal the shipped forward's up
-    to the products' tiling and the oracle's within tolerance.  The 64-row grid at 32 rows a program (half of Suf's
-    rows never walked) is caught."""
-    from candidate_helpers import spy_grids
+def test_transport_runs_64_row_programs(monkeypatch, spy_launches):
+    """The super-chunk transport at D = 64 (several super-chunks, GQA, Dv != D): one 64-row program per super-chunk
+    and kv head (``forward.transport_rows``), o and lse the oracle's.  Launched at 32 rows on that grid (half of
+    Suf's rows never walked) it is caught."""
     from pathtune.codegen.triton import forward as fwd
-    from repo_scripts import load_script
+    from pathtune.codegen.triton.transport import superchunk_transport_kernel as real
 
-    cand = load_script("benchmarks/variants/transport_rows64.py")
     x = make_inputs(741, B=1, T=200, HQ=2, H=1, D=64, DV=32, gate=True)
     p = params(superchunk_size=64)
+    seen = spy_launches(fwd, "superchunk_transport_kernel", lambda grid, kw: (grid[2], kw["ROWS"]))
     o0, l0 = run(x, p)
-    real = cand.superchunk_transport_kernel.kernel
-    grids = spy_grids(monkeypatch, cand.superchunk_transport_kernel)
-    monkeypatch.setattr(fwd, "superchunk_transport_kernel", cand.superchunk_transport_kernel)
-    o1, l1 = run(x, p)
-    assert grids and all(g[2] == 1 for g in grids), grids          # BD 64: one block of 64 rows
-    assert rel(o1, o0) < 1e-6 and rel(l1, l0) < 1e-6
-    check(o1, l1, *oracle(*x), TOL[F32])
-    monkeypatch.setattr(cand, "ROWS", 128)       # the kernel at min(BD, 128) = 64 rows: the same launch
-    assert torch.equal(run(x, p)[0], o1)
+    assert seen == [(1, 64)], seen
+    check(o0, l0, *oracle(*x), TOL[F32])
 
     class HalfRows:
         def __getitem__(self, grid):
             return lambda *a, **kw: real[grid](*a, **dict(kw, ROWS=32))
-    monkeypatch.setattr(cand.superchunk_transport_kernel, "kernel", HalfRows())
+    monkeypatch.setattr(fwd, "superchunk_transport_kernel", HalfRows())
     o2, _ = path_attention_triton(*x, config=p)
     assert not torch.isfinite(o2).all() or rel(o2, o0) > CAUGHT

@@ -1,13 +1,12 @@
-"""Repeat launches that skip the JIT's argument binding (``KernelLauncher``, codegen/triton/decode.py).
+"""Repeat launches that skip the JIT's argument binding (codegen/triton/launch.py).
 
-CPU: the launcher's bookkeeping against a stand-in JIT function whose ``[grid]`` returns a compiled-kernel
+CPU: ``KernelLauncher``'s bookkeeping against a stand-in JIT function whose ``[grid]`` returns a compiled-kernel
 object (the first call of a key goes through the JIT, later ones to the kept launcher with the constexprs in
 the kernel's parameter order; no key, an unaligned pointer, a JIT pre-run hook or a stand-in kernel put in
-the module sends a call to the JIT), and the real decode kernel's parameter split.  GPU (``-m gpu``): decode
-steps through the repeat path equal steps through the JIT bit for bit (flush steps included), and an
-unaligned input is launched through the JIT.  The forward / backward candidate of benchmarks/variants/fast_launch.py
-(the same repeat path with a key computed from the arguments): its key against Triton's own specialisation and its
-bookkeeping (CPU), a fwd+bwd through it equal to the shipped launches (GPU).
+the module sends a call to the JIT; at most ``MAX_KEYS`` kept), the real decode kernel's parameter split;
+``spec_key`` against Triton's own specialisation; ``compiled``'s keyed repeats and that every forward / backward
+launch goes through it.  GPU (``-m gpu``): decode steps and a fwd+bwd through the repeat path equal the same
+through the JIT, and an unaligned input is launched through the JIT.
 """
 from __future__ import annotations
 
@@ -18,7 +17,8 @@ import torch
 import triton.language as tl
 from triton.compiler import CompiledKernel
 
-from pathtune.codegen.triton.decode import KernelLauncher, tensor_key
+from pathtune.codegen.triton import launch as launch_mod
+from pathtune.codegen.triton.launch import KernelLauncher, tensor_key
 
 
 def _kernel(a_ptr, b_ptr, n, X: tl.constexpr, Y: tl.constexpr, Z: tl.constexpr = 7):
@@ -126,16 +126,19 @@ def test_decode_kernel_runtime_parameters_precede_its_constexprs():
     assert launch._n_runtime == 24 and names[0] == "H" and names[-1] == "STAGES"
 
 
-# ---- the forward / backward candidate (benchmarks/variants/fast_launch.py) -----------------------------------
+def test_at_most_max_keys_compiled_kernels_are_kept(monkeypatch):
+    """A varlen layout gives a new grid per call: past MAX_KEYS the oldest key's kernel is dropped."""
+    monkeypatch.setattr(launch_mod, "MAX_KEYS", 2)
+    launch = _launcher(_Jit())
+    for key in ("k1", "k2", "k3"):
+        launch((1,), (1, 2, 3), dict(X=0, Y=0), {}, key)
+    assert not launch.repeat("k1", (1, 2, 3))
+    assert launch.repeat("k2", (1, 2, 3)) and launch.repeat("k3", (1, 2, 3))
 
-def _fast_launch(monkeypatch):
-    from repo_scripts import ROOT, load_script
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    return load_script("benchmarks/variants/fast_launch.py")
+# ---- compiled(kernel): the forward / backward launchers' repeat path -------------------------------------------
 
-
-def test_fast_launch_key_is_at_least_as_fine_as_tritons_specialisation(monkeypatch):
+def test_spec_key_is_at_least_as_fine_as_tritons_specialisation():
     """Any two arguments Triton's runtime specialisation tells apart (``native_specialize_impl``: dtype and 16-byte
     alignment of a pointer, an int's value class and width, a descriptor's block) get different keys; arguments of a
     kind the key does not cover give no key (the JIT's call)."""
@@ -144,7 +147,6 @@ def test_fast_launch_key_is_at_least_as_fine_as_tritons_specialisation(monkeypat
     from triton.runtime.jit import native_specialize_impl
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    cand = _fast_launch(monkeypatch)
     backend = make_backend(GPUTarget("cuda", 90, 32))
     t = torch.zeros(64, 64, dtype=torch.bfloat16)
     f = torch.zeros(64, 64, dtype=torch.float32)
@@ -156,23 +158,23 @@ def test_fast_launch_key_is_at_least_as_fine_as_tritons_specialisation(monkeypat
         for b in args[i + 1:]:
             if native_specialize_impl(backend, a, False, True, True) != native_specialize_impl(backend, b, False,
                                                                                                True, True):
-                assert cand.spec_key((a,)) != cand.spec_key((b,)), (a, b)
-    assert cand.spec_key((t, 3, object())) is None
+                assert launch_mod.spec_key((a,)) != launch_mod.spec_key((b,)), (a, b)
+    assert launch_mod.spec_key((t, 3, object())) is None
 
 
-def test_fast_launch_repeats_a_specialisation_and_sends_others_to_the_jit(monkeypatch):
-    """CompiledLaunch around a stand-in JIT function: the first call of a (grid, specialisation, constexprs, options)
-    goes through the JIT, its repeat (new tensors, same kind) to the kept compiled kernel with the constexprs in
-    parameter order; another grid, an unaligned pointer, another int class or options go through the JIT."""
-    cand = _fast_launch(monkeypatch)
+def test_repeat_launch_repeats_a_specialisation_and_sends_others_to_the_jit():
+    """The repeat path around a stand-in JIT function: the first call of a (grid, specialisation, constexprs,
+    options) goes through the JIT, its repeat (new tensors, same kind) to the kept compiled kernel with the
+    constexprs in parameter order; another grid, an unaligned pointer, another int class or options go through the
+    JIT."""
     jit = _Jit()
-    launch = cand.CompiledLaunch(jit)
+    launch = launch_mod._RepeatLaunch(jit)
     a, b = torch.zeros(16), torch.zeros(16)
     launch[(4, 2)](a, b, 32, X=1, Y=2, num_warps=4)
     assert jit.log[-1] == ("jit", (4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=4))
     a2, b2 = torch.zeros(16), torch.zeros(16)
     launch[(4, 2)](a2, b2, 48, X=1, Y=2, num_warps=4)               # 48: a multiple of 16 again
-    assert jit.log[-1] == ("direct", (4, 2, 1), (a2, b2, 48, 1, 2, 7)) and launch.hits == 1
+    assert jit.log[-1] == ("direct", (4, 2, 1), (a2, b2, 48, 1, 2, 7)) and launch.launcher.hits == 1
     for grid, args, kw in (((4, 3), (a, b, 32), dict(X=1, Y=2, num_warps=4)),
                            ((4, 2), (a[1:], b, 32), dict(X=1, Y=2, num_warps=4)),
                            ((4, 2), (a, b, 33), dict(X=1, Y=2, num_warps=4)),
@@ -180,22 +182,35 @@ def test_fast_launch_repeats_a_specialisation_and_sends_others_to_the_jit(monkey
                            ((4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=8))):
         launch[grid](*args, **kw)
         assert jit.log[-1][0] == "jit", (grid, kw)
-    assert launch.hits == 1
+    assert launch.launcher.hits == 1
     launch[(1,)](a, b, 32, X=[1], Y=2)                              # an unhashable constexpr: the JIT's call
     assert jit.log[-1][0] == "jit"
-    assert launch.fn is _kernel                                     # the kernel's attributes show through
 
 
-def test_fast_launch_wraps_every_launcher_kernel(monkeypatch):
-    """The candidate module holds a wrapper for each Triton kernel the forward and backward launchers call by name."""
-    import pathtune.codegen.triton.backward as bwd_mod
-    import pathtune.codegen.triton.forward as fwd_mod
+def test_compiled_wraps_jit_kernels_only():
+    """A ``triton.jit`` kernel gets one repeat launcher (the same on every call); anything else (the interpreter's
+    kernels, a test's spy, a probe's candidate) is returned as it is."""
+    from triton.runtime.jit import JITFunction
 
-    cand = _fast_launch(monkeypatch)
-    for mod in (fwd_mod, bwd_mod):
-        names = [n for n, v in vars(mod).items() if n.endswith("_kernel") and hasattr(v, "fn")]
-        assert names and all(isinstance(getattr(cand, n), cand.CompiledLaunch) for n in names), names
-    assert {"scan_intra_kernel", "bwd_intra_walk_kernel", "ut_fused_kernel"} <= set(vars(cand))
+    jf = JITFunction(_kernel)
+    rep = launch_mod.compiled(jf)
+    assert isinstance(rep, launch_mod._RepeatLaunch) and rep.kernel is jf and launch_mod.compiled(jf) is rep
+    stand_in = _Jit()
+    assert launch_mod.compiled(stand_in) is stand_in
+
+
+def test_every_forward_and_backward_launch_goes_through_compiled():
+    """No launcher module launches a kernel as ``kernel[grid]`` itself (it would skip the repeat path)."""
+    import re
+    from pathlib import Path
+
+    import pathtune.codegen.triton as tri
+
+    folder = Path(tri.__file__).parent
+    for name in ("forward", "backward", "_layout"):
+        src = (folder / f"{name}.py").read_text()
+        direct = re.findall(r"(?<!compiled\()\b\w+_kernel\[", src)
+        assert not direct and "compiled(" in src, (name, direct)
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------------
@@ -270,12 +285,11 @@ def test_gpu_unaligned_input_goes_through_the_jit_and_is_right():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("gate", [False, True])
-def test_gpu_fast_launch_candidate_equals_the_shipped_launches(monkeypatch, gate):
-    """A forward + backward (several token ranges) with every launcher kernel behind
-    benchmarks/variants/fast_launch.py's CompiledLaunch, twice: the second call's launches skip the JIT; o equals
-    the shipped launches' bit for bit, the gradients up to the order of the backward's atomic adds."""
+def test_gpu_repeat_launches_of_fwd_bwd_equal_jit_launches(monkeypatch, gate):
+    """A forward + backward (several token ranges) twice through the repeat path (the second call's launches skip
+    the JIT), then with it switched off: o equal bit for bit, the gradients up to the order of the backward's
+    atomic adds."""
     import pathtune.codegen.triton.backward as bwd_mod
-    import pathtune.codegen.triton.forward as fwd_mod
     from pathtune.codegen.triton import path_attention_triton
 
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -290,17 +304,13 @@ def test_gpu_fast_launch_candidate_equals_the_shipped_launches(monkeypatch, gate
         live = [x for x in xs if x is not None]
         return [o, *torch.autograd.grad(o, live, do)]
 
-    shipped = run()
-    cand = _fast_launch(monkeypatch)
-    wrappers = {}
-    for mod in (fwd_mod, bwd_mod):
-        for name in [n for n, v in vars(mod).items() if n.endswith("_kernel") and hasattr(v, "fn")]:
-            monkeypatch.setattr(mod, name, getattr(cand, name))
-            wrappers[name] = getattr(cand, name)
+    hits = launch_mod.repeat_hits()
     first, second = run(), run()
-    assert sum(w.hits for w in wrappers.values()) >= 10
-    assert torch.equal(shipped[0], first[0]) and torch.equal(shipped[0], second[0])
+    assert launch_mod.repeat_hits() - hits >= 10
+    monkeypatch.setattr(KernelLauncher, "repeat", lambda self, key, args: False)
+    jit = run()
+    assert torch.equal(jit[0], first[0]) and torch.equal(jit[0], second[0])
     # the gradients: equal up to the order the backward's float32 atomic adds land in (not fixed between runs)
-    for a, b, c in zip(shipped[1:], first[1:], second[1:]):
+    for a, b, c in zip(jit[1:], first[1:], second[1:]):
         for x in (b, c):
             assert float((x.double() - a.double()).norm() / a.double().norm()) < 2e-3

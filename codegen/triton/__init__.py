@@ -22,7 +22,7 @@ __all__ = ["path_attention_triton", "path_decode_triton", "path_prefill_triton",
 # stage variants the launchers implement) run no kernel; heuristics reads the untuned config from the
 # spec, whose hash keys every record.
 # autograd imports backward (the custom op's registered backward), which a forward never runs.
-SHARED_SOURCES = ("__init__", "_ops", "params")
+SHARED_SOURCES = ("__init__", "_ops", "launch", "params")
 PASS_SOURCES = {
     "fwd": ("autograd", "forward", "_layout", "scan_fwd", "transport", "ut"),
     "bwd": ("autograd", "forward", "_layout", "scan_fwd", "transport", "ut",

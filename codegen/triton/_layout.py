@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ._ops import interpreting, next_pow2
+from .launch import compiled
 
 
 @dataclass(frozen=True)
@@ -170,8 +171,8 @@ def gate_cumsum(g: torch.Tensor, cu_seqlens: torch.Tensor | None, head_major: bo
     kw = dict(HQ=HQ, BH=BH, BT=min(BT, span), SPAN=span, VARLEN=cu_seqlens is not None, HEAD_MAJOR=head_major,
               num_warps=4)
     if n_spans > 1:
-        gate_cumsum_kernel[grid](gt, c, totals, cu, T, n_spans, B * T, TOTALS_ONLY=True, **kw)
-    gate_cumsum_kernel[grid](gt, c, totals, cu, T, n_spans, B * T, TOTALS_ONLY=False, **kw)
+        compiled(gate_cumsum_kernel)[grid](gt, c, totals, cu, T, n_spans, B * T, TOTALS_ONLY=True, **kw)
+    compiled(gate_cumsum_kernel)[grid](gt, c, totals, cu, T, n_spans, B * T, TOTALS_ONLY=False, **kw)
     return c if head_major else c.view(B, T, HQ)
 
 

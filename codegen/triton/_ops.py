@@ -49,6 +49,16 @@ def tile_of(n, tile_tok0, tile_seq, seq_start, seq_end):
 
 
 @triton.jit
+def chunk_and_head(HQ: tl.constexpr):
+    """(chunk, query head) of a per-chunk program on the flat grid (chunks * HQ,): the query heads fastest,
+    the chunks from the last to the first.  The GPU so starts every head's chunk at one place of a super-chunk
+    before any chunk at the place before it: the latest chunks of a super-chunk (the most work in the walks over
+    its earlier chunks) first, and no launch ends on a few long programs of one head."""
+    pid = tl.program_id(0)
+    return tl.num_programs(0) // HQ - 1 - pid // HQ, pid % HQ
+
+
+@triton.jit
 def tdot(a, b, TP: tl.constexpr, INTERP: tl.constexpr):
     """A transition product at precision TP (the spec's transition_precision): "fp16" / "bf16"
     round both operands to that 16-bit type (one tensor-core pass, half the shared memory of a

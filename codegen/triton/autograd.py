@@ -1,9 +1,9 @@
 """Autograd and torch.compile integration of the Triton PaTH kernels.
 
 Two ``torch.library`` custom ops (``pathtune::path_attn_fwd`` / ``pathtune::path_attn_bwd``)
-whose bodies and fake implementations are the launchers' entry points, so ``torch.compile(fullgraph=True)`` traces through them.  With the
-spec's default ``bwd_forward_state: recompute`` only o and lse are saved for backward and the O(T)
-UT / transport state is recomputed there, which keeps activation memory at what FlashAttention
+whose bodies and fake implementations are the launchers' entry points, so ``torch.compile(fullgraph=True)``
+traces through them.  With the spec's default ``bwd_forward_state: recompute`` only o and lse are saved
+for backward and the O(T) UT / transport state is recomputed there, which keeps activation memory at what FlashAttention
 keeps.  With ``keep`` the forward op also returns its compact state (``forward.KEPT_STATE_FIELDS``,
 empty placeholders otherwise) for autograd to save, and the backward op reads it instead.
 """

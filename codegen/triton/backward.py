@@ -60,10 +60,10 @@ from .forward import (
     state_from_kept,
     state_tables,
     transition_column_block,
-    transport_rows,
     ut_chunk_state,
     ut_forward,
 )
+from .launch import compiled
 from .params import TritonParams
 from .ut_bwd import CC_TILES, UT_BWD_APPLY_WARPS, UT_BWD_CHUNK_WARPS, ut_bwd_apply_kernel, ut_bwd_chunk_kernel
 
@@ -79,7 +79,7 @@ def _gate_grad(dc: torch.Tensor, tables: SequenceTables, shape) -> torch.Tensor:
     BH = min(next_pow2(HQ), 16)
     BT = min(max(16, 1024 // BH), GATE_GRAD_SPAN)
     grid = (tables.n_seq, triton.cdiv(max(tables.max_seq_len, 1), GATE_GRAD_SPAN), triton.cdiv(HQ, BH))
-    gate_grad_kernel[grid](dc, dg, tables.seq_start, tables.seq_end, dc.stride(0), HQ=HQ, BH=BH, BT=BT,
+    compiled(gate_grad_kernel)[grid](dc, dg, tables.seq_start, tables.seq_end, dc.stride(0), HQ=HQ, BH=BH, BT=BT,
                            SPAN=GATE_GRAD_SPAN, num_warps=4)
     return dg.view(shape)
 
@@ -166,7 +166,7 @@ def superchunk_pairs(what: torch.Tensor, tables: SequenceTables, like: torch.Ten
     om = torch.empty_like(like)
     H, BD = what.shape[1], what.shape[2]
     rows, cb, _, warps = chain_blocks(BD)
-    bwd_superchunk_pairs_kernel[(tables.n_sc, H, BD // rows)](
+    compiled(bwd_superchunk_pairs_kernel)[(tables.n_sc, H, BD // rows)](
         what, om, tables.sc_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base, tables.seq_pair_base,
         H=H, BD=BD, S=S, ROWS=rows, CB=cb, TP=tp, num_warps=warps, num_stages=1,
     )
@@ -181,7 +181,7 @@ def pair_transitions(what: torch.Tensor, tables: SequenceTables, S: int, tp: str
     om = torch.empty(max(tables.n_pairs, 1), H, BD, BD, device=what.device, dtype=dtype)
     rows = min(BD, 64)
     # warps from compile_check (sm_90): 4 at BD <= 64 (167 registers), 8 at 128 (144; 255 at 4)
-    bwd_pair_transitions_kernel[(tables.n_sc, H, BD // rows)](
+    compiled(bwd_pair_transitions_kernel)[(tables.n_sc, H, BD // rows)](
         what, om, tables.sc_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base, tables.seq_pair_base,
         H=H, BD=BD, S=S, ROWS=rows, TP=tp, num_warps=4 if BD <= 64 else 8, num_stages=1,
     )
@@ -199,15 +199,15 @@ def superchunk_chain(what: torch.Tensor, dom: torch.Tensor, tables: SequenceTabl
     t = (tables.seq_start, tables.seq_end, tables.seq_sc_base, tables.seq_pair_base)
     if BD <= CHAIN_KERNEL_MAX_BD:
         dwhat = torch.zeros_like(what) if dwhat is None else dwhat
-        bwd_superchunk_chain_kernel[(tables.n_seq, H)](what, dom, dwhat, *t, H=H, BD=BD, S=S, TP=tp,
+        compiled(bwd_superchunk_chain_kernel)[(tables.n_seq, H)](what, dom, dwhat, *t, H=H, BD=BD, S=S, TP=tp,
                                                        num_warps=4, num_stages=1)
         return dwhat
     dwhat = torch.empty_like(what)
     rows, cb, dcb, warps = chain_blocks(BD)
-    bwd_chain_rows_kernel[(tables.n_sc, H, BD // rows)](
+    compiled(bwd_chain_rows_kernel)[(tables.n_sc, H, BD // rows)](
         what, dom, tables.sc_seq, *t, H=H, BD=BD, S=S, ROWS=rows, CB=cb, TP=tp, num_warps=warps, num_stages=1,
     )
-    bwd_chain_dwhat_kernel[(tables.n_sc, H, (BD // dcb) ** 2)](
+    compiled(bwd_chain_dwhat_kernel)[(tables.n_sc, H, (BD // dcb) ** 2)](
         what, what if om is None else om, dom, dwhat, tables.sc_seq, *t,
         H=H, BD=BD, S=S, CB=dcb, HAS_OM=om is not None, TP=tp, num_warps=warps, num_stages=1,
     )
@@ -233,6 +233,14 @@ PHASE2_RANGE_BYTES = 256 << 20
 # the chain kernel spills 260 B per thread at D = 64 with 4 warps (tf32x3 products), none with 8, and
 # none at D = 128 with 4; the per-chunk kernel (three C x BD float32 accumulators) spills 732 B at
 # D = 64 with 4 warps, 40 B with 8, none at D = 128 with 8.
+def transport_backward_rows(BD: int) -> int:
+    """Rows of the suffix product per program of the transport backward's chain kernel (its grid's third
+    axis; the stored states' layout follows it).  32: at 64 rows (wgmma tiles, the grid halved) the two
+    kernels took 1.05x the time of 32 at D 128 T 4K on the H200: their serial chains then run on half the
+    programs."""
+    return min(BD, 32)
+
+
 def transport_launch(BD: int) -> tuple[int, int, int]:
     """(chain kernel warps, chain kernel pipeline stages, grads kernel warps) for padded head dim BD.
 
@@ -467,7 +475,7 @@ def path_attention_bwd(
     # arrays rounded together instead of dc rounding up a larger buffer (the caching allocator's 2 MiB)
     delta, dc = _zeros([(N, HQ), (HQ, N)], torch.float32, dev)
     dlse_t = _tokens(dlse).float() if dlse is not None else delta
-    bwd_prep_kernel[(tb.n_chunks, HQ)](
+    compiled(bwd_prep_kernel)[(tb.n_chunks * HQ,)](     # query heads fastest (_ops.chunk_and_head)
         qt, wt, state.u, ot, dot_, dlse_t, y, delta, dc,
         tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, gate_nat, N,
         INTERP=interp, HAS_DLSE=dlse is not None, USE_GATE=use_gate, num_warps=params.bwd_num_warps,
@@ -494,7 +502,7 @@ def path_attention_bwd(
         om = superchunk_pairs(state.what, tb, dom, S, tp) if DB < BD else pair_transitions(state.what, tb, S, tp,
                                                                                              scan_store)
         kz = torch.empty(N, H, D, device=dev, dtype=state.kj.dtype) if DB < BD else dkj
-        bwd_inter_dkv_kernel[(tb.n_sc * (S // BN), H)](
+        compiled(bwd_inter_dkv_kernel)[(tb.n_sc * (S // BN), H)](
             y, state.kj, vt, gc, dot_, lset, delta, dkj, dv, dom, dc, om, kz,
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             qk_scale, gate_scale, scale, gate_nat, N,
@@ -507,7 +515,7 @@ def path_attention_bwd(
         del dom, dwhat0
         dy = torch.zeros(N, HQ, D, **f32)
         z = torch.empty(N, HQ, D, device=dev, dtype=y.dtype) if DB < BD else dy
-        bwd_inter_dq_kernel[(tb.n_chunks, HQ)](
+        compiled(bwd_inter_dq_kernel)[(tb.n_chunks, HQ)](
             y, state.kj, vt, gc, dot_, lset, delta, dy, om, z,
             tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             tb.n_chunks, qk_scale, gate_scale, scale, N,
@@ -538,16 +546,16 @@ def path_attention_bwd(
         dkt, dw_acc, du, dk_acc, dm = _zeros([(nr, H, D)] * 4 + [(nr, H, C)], torch.float32, dev)
         if multi:
             # the states Suf_m and their gradients G_m of every chunk: S / C of ROWS x BD per row block
-            rows = transport_rows(BD)
+            rows = transport_backward_rows(BD)
             suf = torch.empty(tr.n_sc * H * (BD // rows) * (S // C) * rows * BD, **f32)
             gs = torch.empty_like(suf)
             tkw = dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp)
             chain_warps, chain_stages, grads_warps = transport_launch(BD)
-            bwd_transport_chain_kernel[(tr.n_sc, H, BD // rows)](
+            compiled(bwd_transport_chain_kernel)[(tr.n_sc, H, BD // rows)](
                 ktil, wt[r], u, dkj[r], dwhat[j0:j1], suf, gs,
                 tr.sc_tok0, tr.sc_seq, tr.seq_end, num_warps=chain_warps, num_stages=chain_stages, **tkw,
             )
-            bwd_transport_grads_kernel[(tr.n_sc, S // C, H)](
+            compiled(bwd_transport_grads_kernel)[(tr.n_sc, S // C, H)](
                 wt[r], u, dkj[r], suf, gs, dkt, dw_acc, du,
                 tr.sc_tok0, tr.sc_seq, tr.seq_end, num_warps=grads_warps, num_stages=1, **tkw,
             )
@@ -564,9 +572,9 @@ def path_attention_bwd(
         intra_kw = dict(common, BD=max(BD, 64), BDV=max(BDV, 64), TP=tp, USE_GATE=use_gate, INTERP=interp,
                         num_warps=params.bwd_num_warps, num_stages=1)
         # the walk leaves its carried query gradient in dy[r] for the diagonal tile's kernel
-        bwd_intra_walk_kernel[(tr.n_chunks, HQ)](*intra_args, **dict(intra_kw, num_stages=intra_walk_stages(
+        compiled(bwd_intra_walk_kernel)[(tr.n_chunks * HQ,)](*intra_args, **dict(intra_kw, num_stages=intra_walk_stages(
             BD, max(u.element_size(), ktil.element_size(), wd.element_size()))))
-        bwd_intra_diag_kernel[(tr.n_chunks, HQ)](*intra_args, **intra_kw)
+        compiled(bwd_intra_diag_kernel)[(tr.n_chunks * HQ,)](*intra_args, **intra_kw)
         # the tuple holds u, K~ and the chain-state slots: drop it with them, before the UT backward
         del intra_args, u, ktil, xs, wd
         if not recompute:   # A and M of the UT backward, in the same operations as the recompute's
@@ -576,13 +584,13 @@ def path_attention_bwd(
         cc = torch.empty(nr, H, CC_TILES, C, **f32)
         udb = min(BD, UT_COLUMN_BLOCK)
         uk = dict(H=H, D=D, DB=udb, C=C, GP=params.ut_grad_precision, num_stages=1)
-        ut_bwd_chunk_kernel[(tr.n_chunks, H)](
+        compiled(ut_bwd_chunk_kernel)[(tr.n_chunks, H)](
             wt[r], bt[r], kt_in[r], du, dkt, dm, amat, cc, dbeta[r],
             tr.chunk_tok0, tr.chunk_seq, tr.seq_end,
             BD=BD, BETA_MAX=params.beta_max, UP=params.ut_precision, num_warps=UT_BWD_CHUNK_WARPS, **uk,
         )
         del dm
-        ut_bwd_apply_kernel[(tr.n_chunks, H, BD // udb)](
+        compiled(ut_bwd_apply_kernel)[(tr.n_chunks, H, BD // udb)](
             wt[r], kt_in[r], du, dkt, dw_acc, dk_acc, amat, m, cc, dw[r], dk[r],
             tr.chunk_tok0, tr.chunk_seq, tr.seq_end, num_warps=UT_BWD_APPLY_WARPS, **uk,
         )

@@ -301,9 +301,10 @@ def bwd_inter_dkv_kernel(
             if USE_GATE:
                 cptr = dc_ptr + hq.to(tl.int64) * gc_hs + krows
                 if GATE_SUM_MMA:
-                    tl.store(cptr, tl.load(cptr) - tl.sum(dck, axis=1) * gate_nat)
+                    dck_sum = tl.sum(dck, axis=1)
                 else:
-                    tl.store(cptr, tl.load(cptr) - dck * gate_nat)
+                    dck_sum = dck
+                tl.store(cptr, tl.load(cptr) - dck_sum * gate_nat)
             tl.debug_barrier()
 
 

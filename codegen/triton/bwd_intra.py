@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._ops import mm, tile_of
+from ._ops import chunk_and_head, mm, tile_of
 
 
 @triton.jit
@@ -30,13 +30,12 @@ def _acc(ptr, val, mask=None):
 
 
 @triton.jit
-def _program_tile(n_chunks, chunk_tok0, chunk_seq, seq_start, seq_end,
+def _program_tile(chunk_tok0, chunk_seq, seq_start, seq_end,
                   HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                   BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr):
     """This program's query chunk and head: (hq, h, ci = the chunk's position in its super-chunk, tokI =
     the super-chunk's first token, rows, rmask, dmask, dvmask, m2, koff, qoff, voff)."""
-    n = n_chunks - 1 - tl.program_id(0)     # latest chunks of a super-chunk (most work) first
-    hq = tl.program_id(1)
+    n, hq = chunk_and_head(HQ)
     h = hq // (HQ // H)
     tok0, sid, s0, send = tile_of(n, chunk_tok0, chunk_seq, seq_start, seq_end)
     ci = ((tok0 - s0) // C) % (S // C)
@@ -85,7 +84,7 @@ def bwd_intra_walk_kernel(
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
 ):
     n, hq, h, ci, tokI, rows, rmask, dmask, dvmask, m2, koff, qoff, voff = _program_tile(
-        n_chunks, chunk_tok0, chunk_seq, seq_start, seq_end, HQ, H, D, DV, BD, BDV, C, S)
+        chunk_tok0, chunk_seq, seq_start, seq_end, HQ, H, D, DV, BD, BDV, C, S)
     r = tl.arange(0, C)
     d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
@@ -163,7 +162,7 @@ def bwd_intra_diag_kernel(
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
 ):
     _n, hq, h, _ci, _tokI, rows, rmask, dmask, dvmask, m2, koff, qoff, voff = _program_tile(
-        n_chunks, chunk_tok0, chunk_seq, seq_start, seq_end, HQ, H, D, DV, BD, BDV, C, S)
+        chunk_tok0, chunk_seq, seq_start, seq_end, HQ, H, D, DV, BD, BDV, C, S)
     r = tl.arange(0, C)
     causal = r[:, None] >= r[None, :]
     gc_h = gc_ptr + hq.to(tl.int64) * gc_hs     # gc, dc [HQ, gc_hs] head-major: this head's rows

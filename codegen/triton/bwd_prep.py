@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._ops import mm, tile_of
+from ._ops import chunk_and_head, mm, tile_of
 
 
 @triton.jit
@@ -25,8 +25,7 @@ def bwd_prep_kernel(
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, INTERP: tl.constexpr, HAS_DLSE: tl.constexpr, USE_GATE: tl.constexpr,
 ):
-    n = tl.program_id(0)
-    hq = tl.program_id(1)
+    n, hq = chunk_and_head(HQ)
     h = hq // (HQ // H)
     tok0, sid, s0, send = tile_of(n, chunk_tok0, chunk_seq, seq_start, seq_end)
     c_idx = (tok0 - s0) // C

@@ -136,6 +136,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         dkv_query_step,
         gate_sums_by_mma,
         intra_walk_stages,
+        transport_backward_rows,
         transport_launch,
     )
     from .bwd_chain import (
@@ -199,7 +200,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     flags = dict(USE_GATE=gate, INTERP=False, TP=tp)
     btp = params.bwd_transition_precision
     bflags = dict(flags, TP=btp)
-    rows = transport_rows(BD)
+    rows, bwd_rows = transport_rows(BD), transport_backward_rows(BD)
     DB = transition_column_block(BD)   # < BD: the column-blocked transition path of wide head dims
     inter_sig = dict(sig, om_ptr=scan) if DB == BD else sig   # the pairs' Om: scan type, or float32 blocks
     # scan_inter reads the transported keys and the values as TMA blocks where forward.inter_operands does
@@ -261,9 +262,9 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          dict(HQ=HQ, BH=gate_bh, BT=min(max(16, 1024 // gate_bh), GATE_GRAD_SPAN), SPAN=GATE_GRAD_SPAN), 4, 1),
         # the per-range stages read the range's recomputed u, K~ (and bwd_intra w's copy) in the scan's type
         (bwd_transport_chain_kernel, dict(range_sig, w_ptr=_PTR_F32, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
-         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_chain_warps, transport_chain_stages),
+         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=bwd_rows, TP=btp), transport_chain_warps, transport_chain_stages),
         (bwd_transport_grads_kernel, dict(range_sig, w_ptr=_PTR_F32, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
-         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=btp), transport_grads_warps, 1),
+         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=bwd_rows, TP=btp), transport_grads_warps, 1),
         (bwd_intra_walk_kernel, range_sig, intra, params.bwd_num_warps,
          intra_walk_stages(BD, params.scan_dtype.primitive_bitwidth // 8)),
         # a single range with the forward's float32 state (backward.path_attention_bwd: no recompute)

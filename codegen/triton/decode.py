@@ -67,10 +67,9 @@ beta_clip_eps (``TritonParams.beta_max``), decode_pending_window (W).
 from __future__ import annotations
 
 import functools
-import inspect
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any, Hashable, Optional, Sequence
+from typing import Optional
 
 import torch
 import triton
@@ -81,6 +80,7 @@ from pathtune.codegen.kv_cache import PaTHKVCache
 from pathtune.specs import load_spec
 
 from ._ops import interpreting, mm, next_pow2, padded_dim
+from .launch import KernelLauncher, tensor_key
 from .params import TritonParams
 
 __all__ = ["decode_kernel", "path_decode_triton", "path_prefill_triton",
@@ -860,101 +860,6 @@ class TritonDecodeStep:
             self._launch(grid, args, dict(const, WS=WS, STORE_LSE=return_lse), self._options, key)
         cache.advanced(TN, window=self.window, frame_bound=self.frame_bound, frame_align=FRAME_ALIGN)
         return (o, lse) if return_lse else o
-
-
-# ---- repeat launches ------------------------------------------------------------------------------------------
-# ``fn[grid](*args, **constexprs)`` binds every argument, recomputes the specialisation key (dtype and 16-byte
-# alignment of each pointer, the ints' value classes), looks the compiled kernel up and only then calls its
-# launcher: on an H200 host ~50-60 us for the decode kernel's 22 runtime arguments and 25 constexprs, against
-# ~15 us for the launcher itself, so a short decode step is bound by the host.  ``KernelLauncher`` launches through
-# the JIT the first time a caller's key is seen and keeps the compiled kernel the JIT returned; later calls with
-# the same key go to that kernel's launcher (``CompiledKernel[grid]``, which still reads the current device and
-# stream and runs Triton's launch hooks per call, so profilers, stream contexts and CUDA-graph capture see a
-# normal launch).  The key is the caller's promise: two calls with equal keys have the same grid, constexprs,
-# launch options and runtime specialisation.  ``tensor_key`` gives the tensors' share of it (their dtypes, or
-# None, which sends the call through the JIT, unless every pointer is 16-byte aligned); ints the kernel takes as
-# runtime arguments must be in the key by value.  Under the interpreter, or with JIT pre-run hooks installed,
-# every call goes through the JIT.
-
-def tensor_key(tensors: Sequence[torch.Tensor]) -> Optional[tuple]:
-    """The dtypes of ``tensors`` when every data pointer is 16-byte aligned (what Triton specialises a pointer
-    on), else None (Triton then compiles for the unaligned pointers: leave that call to the JIT)."""
-    ptrs = 0
-    for t in tensors:
-        ptrs |= t.data_ptr()
-    if ptrs & 15:
-        return None
-    return tuple(t.dtype for t in tensors)
-
-
-class KernelLauncher:
-    """Launches of the kernel ``getattr(module, name)`` (a ``triton.jit`` function, looked up per call so that a
-    stand-in put there by a test or a probe sees the launches): ``launcher.repeat(key, args) or launcher(grid,
-    args, constexprs, options, key)``.  ``args``: the runtime arguments, positional in the kernel's order (its
-    constexpr parameters must all come after them); ``constexprs``: their values; ``options``: num_warps,
-    num_stages.  ``key`` None: always through the JIT.  ``hits`` counts the launches that skipped it."""
-
-    def __init__(self, module, name: str) -> None:
-        self.module, self.name = module, name
-        self.hits = 0
-        self._fast: dict = {}    # key -> (kernel object, its compiled launcher on the grid, the constexpr values)
-        fn = getattr(module, name)
-        params = list(inspect.signature(getattr(fn, "fn", fn)).parameters.values())
-        nconst = [i for i, p in enumerate(params) if "constexpr" in str(p.annotation)]
-        self._n_runtime = len(params) - len(nconst)
-        if nconst != list(range(self._n_runtime, len(params))):
-            raise ValueError(f"{name}: the constexpr parameters must follow every runtime parameter for "
-                             "KernelLauncher")
-        self._const_names = [(p.name, p.default) for p in params[self._n_runtime:]]
-
-    @staticmethod
-    def _compiled_type():
-        try:
-            from triton.compiler import CompiledKernel
-        except ImportError:   # pragma: no cover - Triton without the compiler module: JIT launches only
-            return ()
-        return CompiledKernel
-
-    def constexpr_values(self, constexprs: dict) -> tuple:
-        """The constexpr arguments in the kernel's parameter order (defaults where ``constexprs`` has none)."""
-        out = []
-        for name, default in self._const_names:
-            if name in constexprs:
-                out.append(constexprs[name])
-            elif default is not inspect.Parameter.empty:
-                out.append(default)
-            else:
-                raise TypeError(f"constexpr {name} of {self.name} has no value")
-        return tuple(out)
-
-    def repeat(self, key: Optional[Hashable], args: tuple) -> bool:
-        """Launch ``args`` through the compiled kernel an earlier call with ``key`` got from the JIT; False (and no
-        launch) when there is none, or the module's kernel is no longer the one it came from, so that the caller
-        launches through ``__call__``."""
-        if key is None:
-            return False
-        hit = self._fast.get(key)
-        if hit is None:
-            return False
-        fn, run, tail = hit
-        if getattr(self.module, self.name) is not fn or getattr(fn, "pre_run_hooks", None):
-            return False
-        self.hits += 1
-        run(*args, *tail)
-        return True
-
-    def __call__(self, grid: tuple, args: tuple, constexprs: dict, options: dict,
-                 key: Optional[Hashable] = None) -> Any:
-        """Launch through the JIT (which compiles on a miss of its own cache) and keep the compiled kernel under
-        ``key`` for ``repeat``; returns what the JIT returned."""
-        if len(args) != self._n_runtime:
-            raise TypeError(f"{self.name} takes {self._n_runtime} runtime arguments, got {len(args)}")
-        fn = getattr(self.module, self.name)
-        kernel = fn[grid](*args, **constexprs, **options)
-        if key is not None and isinstance(kernel, self._compiled_type()):
-            g = tuple(grid) + (1,) * (3 - len(grid))
-            self._fast[key] = (fn, kernel[g], self.constexpr_values(constexprs))
-        return kernel
 
 
 @functools.lru_cache(maxsize=512)

@@ -12,6 +12,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .._knobs import resolve_json
 from ._layout import SequenceTables, build_tables, gate_cumsum
 from ._ops import interpreting, padded_dim
+from .launch import compiled
 from .params import TritonParams
 from .scan_fwd import scan_inter_kernel, scan_intra_kernel
 from .transport import superchunk_transport_kernel
@@ -135,7 +136,7 @@ def _tokens(x: torch.Tensor) -> torch.Tensor:
 def ut_inverse_scratch(wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams):
     """Scratch tiles [n_chunks, H, C, C] holding the diagonal 16 x 16 blocks of each chunk's T^{-1}."""
     scratch = torch.empty(tables.n_chunks * H * C * C, device=wt.device, dtype=torch.float32)
-    ut_diag_inverse_kernel[(tables.n_chunks * (C // 16), H)](
+    compiled(ut_diag_inverse_kernel)[(tables.n_chunks * (C // 16), H)](
         wt, bt, scratch, tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, BD=padded_dim(D), DB=min(padded_dim(D), UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
         UP=params.ut_precision, num_warps=1, num_stages=1,
@@ -151,7 +152,7 @@ def ut_chunk_state(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int
     m = torch.empty(N, H, C, device=kt_in.device, dtype=torch.float32)
     scratch = ut_inverse_scratch(wt, bt, tables, H, D, C, params)
     BD = padded_dim(D)
-    ut_chunk_kernel[(tables.n_chunks, H)](
+    compiled(ut_chunk_kernel)[(tables.n_chunks, H)](
         wt, bt, kt_in, a, m, scratch,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
@@ -175,7 +176,7 @@ def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, pa
     a, m = ut_chunk_state(kt_in, wt, bt, tables, H, D, C, params)
     BD = padded_dim(D)
     DB = min(BD, UT_COLUMN_BLOCK)
-    ut_apply_kernel[(tables.n_chunks, H, BD // DB)](
+    compiled(ut_apply_kernel)[(tables.n_chunks, H, BD // DB)](
         wt, kt_in, a, m, u, ktil, wd if write_w else u,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, DB=DB, C=C, UP=params.ut_precision, WRITE_W=write_w,
@@ -220,7 +221,7 @@ def ut_fused(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, para
     wd = torch.empty(N, H, D, device=dev, dtype=out_dtype) if write_w else None
     m = torch.empty(N, H, C, device=dev, dtype=torch.float32)
     BD = padded_dim(D)
-    ut_fused_kernel[(tables.n_chunks, H)](
+    compiled(ut_fused_kernel)[(tables.n_chunks, H)](
         wt, bt, kt_in, u, ktil, wd if write_w else u, m,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
@@ -247,8 +248,10 @@ def _side_stream(device: torch.device):
 
 
 def transport_rows(BD: int) -> int:
-    """Rows of the running D x D suffix product per transport program (its grid's third axis)."""
-    return min(BD, 32)
+    """Rows of the running D x D suffix product per transport program (its grid's third axis): 64 up to
+    BD 128, so that both products of a step are wgmma tiles (3-4 programs per SM at 4 warps, no spills); 32
+    above, where a 64-row block of a 256-wide product no longer fits the registers."""
+    return min(BD, 64) if BD <= 128 else 32
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
@@ -339,7 +342,7 @@ def prepare_state(
         if side is not None:
             side.wait_stream(main)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            superchunk_transport_kernel[(tables.n_sc, H, BD // rows)](
+            compiled(superchunk_transport_kernel)[(tables.n_sc, H, BD // rows)](
                 ktil, wd if wd is not None else wt, u, kj, what,
                 tables.sc_tok0, tables.sc_seq, tables.seq_end,
                 H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=dt, TP=params.transition_precision,
@@ -388,11 +391,12 @@ def path_attention_fwd(
     x = torch.empty(N, HQ, D, device=dev, dtype=torch.float32) if inter else lse
     gc_arg = gc if gc is not None else lse
     *walk, walk_tma = intra_walk_operands(ktil, wt, u, vt, C, D, DV, BD, BDV)
-    scan_intra_kernel[(tables.n_chunks, HQ)](
+    # one program per (chunk, query head) on a flat grid, query heads fastest (_ops.chunk_and_head)
+    compiled(scan_intra_kernel)[(tables.n_chunks * HQ,)](
         qt, kt_in, vt, wt, u, m, gc_arg,
         o_part, lse, x, *walk,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_start, tables.seq_end,
-        tables.n_chunks, scale * _LOG2E, gate_scale, N,
+        scale * _LOG2E, gate_scale, N,
         HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S,
         DT=dt, TP=params.transition_precision, USE_GATE=g is not None, WRITE_X=inter, INTERP=interp,
         TMA=walk_tma, WALK_STAGES=params.intra_num_stages,
@@ -402,7 +406,7 @@ def path_attention_fwd(
     state.join()
     if inter:
         kj_arg, v_arg, tma = inter_operands(kj, vt, params.block_n, D, DV, BD, BDV)
-        scan_inter_kernel[(tables.n_blocks, HQ)](
+        compiled(scan_inter_kernel)[(tables.n_blocks, HQ)](
             x, kj_arg, v_arg, what, gc_arg, o_part,
             o, lse,
             tables.blk_tok0, tables.blk_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base,
@@ -413,7 +417,6 @@ def path_attention_fwd(
             num_warps=params.inter_num_warps, num_stages=params.num_stages,
         )
     return o.view(B, T, HQ, DV), lse.view(B, T, HQ), state
-
 
 
 class KernelConfigError(RuntimeError):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._ops import mm, tdot, tile_of
+from ._ops import chunk_and_head, mm, tdot, tile_of
 
 
 @triton.jit
@@ -63,7 +63,7 @@ def scan_intra_kernel(
     o_ptr, lse_ptr, x_ptr,
     kt_walk, w_walk, u_walk, v_walk,
     chunk_tok0, chunk_seq, seq_start, seq_end,
-    n_chunks, qk_scale, gate_scale, gc_hs,
+    qk_scale, gate_scale, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, WRITE_X: tl.constexpr,
@@ -77,9 +77,7 @@ def scan_intra_kernel(
     (a chunk before the query's lies wholly inside its sequence); else the tensors themselves.
     WALK_STAGES (knob ``intra_num_stages``): software-pipelining stages of the walk's loads.
     """
-    # heaviest chunks (latest in their super-chunk) first
-    n = n_chunks - 1 - tl.program_id(0)
-    hq = tl.program_id(1)
+    n, hq = chunk_and_head(HQ)
     h = hq // (HQ // H)
     tok0, sid, s0, send = tile_of(n, chunk_tok0, chunk_seq, seq_start, seq_end)
     c_idx = (tok0 - s0) // C
