@@ -833,3 +833,39 @@ def test_walk_and_prep_run_one_program_per_chunk_and_head_on_a_flat_grid(monkeyp
             o, _ = path_attention_triton(*xs, config=p, cu_seqlens=cu)
             bad = torch.autograd.grad(o, [x for x in xs if x is not None], do)
         assert not all(bool(torch.isfinite(a).all()) for a in bad) or max(map(rel, bad, live)) > CAUGHT, name
+
+
+@pytest.mark.parametrize("dtype,ranged", [(F32, False), (F16, True)], ids=["fp32-one-range", "fp16-ranged"])
+def test_chunks_fastest_order_candidate(monkeypatch, dtype, ranged):
+    """benchmarks/variants/chunks_fastest.py (the per-chunk kernels in the former order: chunks fastest, heads
+    slowest, on the shipped flat grid) in every launcher's place: o the shipped forward's and the gradients the
+    shipped ones up to rounding, both the oracle's, over packed sequences of several super-chunks, GQA.  The same
+    edit with the program id split wrongly is caught."""
+    import sys
+
+    import pathtune.codegen.triton.bwd_intra as intra_mod
+
+    cand = _candidate(monkeypatch, "benchmarks/variants/chunks_fastest.py")
+    kv = sys.modules["kernel_variants"]
+    inputs, do = make_inputs(619, B=1, T=170, HQ=4, H=2, dtype=dtype, gate=True)
+    cu = torch.tensor([0, 90, 91, 170], dtype=torch.int32)
+    p = params(dtype, superchunk_size=64)
+    _ranges(monkeypatch, ranged)
+    o0, _ = path_attention_triton(*inputs, config=p, cu_seqlens=cu)
+    shipped = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    monkeypatch.setattr(tri_forward, "scan_intra_kernel", cand.scan_intra_kernel)
+    for name in ("bwd_prep_kernel", "bwd_intra_walk_kernel", "bwd_intra_diag_kernel"):
+        monkeypatch.setattr(tri_backward, name, getattr(cand, name))
+    o1, _ = path_attention_triton(*inputs, config=p, cu_seqlens=cu)
+    assert rel(o1, o0) < (1e-6 if dtype == F32 else 1e-3)
+    got = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    for name, a, b in zip(NAMES, got, shipped):
+        if b is not None:
+            assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
+    check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
+    wrong = [(old, new.replace("tl.program_id(0) // n_all", "(tl.program_id(0) // n_all) // 2")) for old, new in
+             cand.ORDER]
+    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", kv.load_variant(
+        kv.module_source(intra_mod), "bwd_intra_walk_kernel", "chunks_fastest_wrong", wrong))
+    bad = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
