@@ -14,6 +14,7 @@ from pathtune.specs import load_spec
 
 from pathtune.specs.canonical import dtype_name
 
+from .device_guard import on_device
 from .dispatch import run_triton, select_plan
 from .validation import InputInfo, check_head_dims, check_scale, validate_inputs, value_checks_enabled
 
@@ -132,7 +133,8 @@ def path_attention(
     (N + 1 integers; a varlen launch needs them there anyway). The value checks -- beta in (0, 2], g in
     (-inf, 0], w unit-norm -- read whole tensors, so on a GPU they would be hidden host synchronisations: they run
     for CPU inputs, and for GPU inputs only when ``PATHTUNE_CHECK_INPUTS=1`` (use it while debugging).
-    The backend that ran is logged at DEBUG on the ``pathtune.dispatch`` logger
+    Kernels run on q's CUDA device (made current for the call, whatever device is current; the caller's is
+    restored after it). The backend that ran is logged at DEBUG on the ``pathtune.dispatch`` logger
     (``PATHTUNE_PRINT_DISPATCH=1`` prints it, and each kernel config with where it came from). The
     kernel choice is cached per workload key; under ``torch.compile`` it is made at trace time and
     is a constant of the graph.
@@ -154,7 +156,8 @@ def path_attention(
         plan = select_plan(q.device, info.D, info.DV, info.HQ, info.H, dtype_name(q.dtype), g is not None,
                            info.max_seqlen, info.num_seqs, info.varlen,
                            backends=_candidates(backend, chosen), grad=_needs_grad(q, k, v, w, beta, g))
-        o, lse = plan.run(q, k, v, w, beta, g, scale, cu_seqlens, placement)
+        with on_device(q.device):
+            o, lse = plan.run(q, k, v, w, beta, g, scale, cu_seqlens, placement)
     if not return_lse:
         return o
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32

@@ -42,6 +42,7 @@ from pathtune.specs import load_spec
 from pathtune.specs.workload import seq_bucket
 
 from . import dispatch
+from .device_guard import on_device
 from .validation import check_head_dims, validate_inputs, value_checks_enabled
 
 __all__ = ["PaTHKVCache", "CacheFullError", "path_attention_prefill", "path_attention_decode", "DECODE_BACKENDS"]
@@ -142,8 +143,9 @@ def path_attention_prefill(q, k, v, w, beta, g=None, *, scale: Optional[float] =
     from pathtune.codegen.triton import path_prefill_triton
 
     f32 = [None if x is None else x.float() for x in (w, beta, g)]
-    return path_prefill_triton(q, k, v, f32[0], f32[1], f32[2], scale=scale, config=config, max_len=max_len,
-                               cache_dtype=cdt, gate_placement=placement, static=static)
+    with on_device(q.device):
+        return path_prefill_triton(q, k, v, f32[0], f32[1], f32[2], scale=scale, config=config, max_len=max_len,
+                                   cache_dtype=cdt, gate_placement=placement, static=static)
 
 
 def _config_key(config):
@@ -217,10 +219,10 @@ def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Opt
         step = _prepare(q, k, v, w, beta, g, cache, scale=scale, backend=backend, config=config)
         if plans is not None and key is not _UNCACHED and key[2] is not _UNCACHED:
             plans[key] = step
-        return step.run(q, k, v, w, beta, g, cache)   # _prepare ran every check, value checks included
-    if step.check_values:
+    elif step.check_values:      # (a new step: _prepare ran every check, value checks included)
         step.check(q, k, v, w, beta, g)
-    return step.run(q, k, v, w, beta, g, cache)
+    with on_device(q.device):
+        return step.run(q, k, v, w, beta, g, cache)
 
 
 class _Step:
