@@ -219,7 +219,7 @@ def path_attention_decode(q, k, v, w, beta, g, cache: PaTHKVCache, *, scale: Opt
         step = _prepare(q, k, v, w, beta, g, cache, scale=scale, backend=backend, config=config)
         if plans is not None and key is not _UNCACHED and key[2] is not _UNCACHED:
             plans[key] = step
-    elif step.check_values:      # (a new step: _prepare ran every check, value checks included)
+    elif step.check_values:      # a cached step's per-call value checks (_prepare ran a new step's)
         step.check(q, k, v, w, beta, g)
     with on_device(q.device):
         return step.run(q, k, v, w, beta, g, cache)
