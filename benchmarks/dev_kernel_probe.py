@@ -208,6 +208,8 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                 emit(dict(base, kernel=name[:-7], variant=f"candidate {os.path.basename(path)}",
                           ms=f"{type(exc).__name__}: {str(exc)[:200]}"))
                 continue
+            # a candidate walk with launch stages of its own (``intra_walk_stages``) runs at those
+            kw = walk_launch(path, kw) if name == "bwd_intra_walk_kernel" else kw
             for nw in (kw["num_warps"], 8 if kw["num_warps"] == 4 else 4):   # the launch's warps and the other
                 try:
                     ms = time_launch(cand, grid, args, dict(kw, num_warps=nw))
@@ -310,10 +312,22 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         kept_state_e2e(base, xs, do, gate)
 
 
+def walk_launch(path: str, kw: dict) -> dict:
+    """The walk's captured launch options ``kw`` with the candidate module's stages where it defines
+    ``intra_walk_stages`` (called as the launcher calls it: padded head dim, operand bytes of the scan type)."""
+    stages = candidate_kernels(path, ["intra_walk_stages"]).get("intra_walk_stages")
+    return kw if stages is None else dict(kw, num_stages=stages(kw["BD"], kw["DT"].primitive_bitwidth // 8))
+
+
+# launcher helpers a candidate module may replace along with its kernels (a kernel's launch options)
+LAUNCHER_HELPERS = ("intra_walk_stages",)
+
+
 def launcher_kernels(path: str, module) -> dict:
     """{name: kernel} of the jitted kernels launcher ``module`` (forward.py / backward.py) calls that the candidate
-    module ``path`` defines too (``e2e``: they are swapped in together)."""
+    module ``path`` defines too, and of the ``LAUNCHER_HELPERS`` both define (``e2e``: swapped in together)."""
     names = [name for name in dir(module) if name.endswith("_kernel") and not name.startswith("_")]
+    names += [name for name in LAUNCHER_HELPERS if hasattr(module, name)]
     return candidate_kernels(path, names)
 
 

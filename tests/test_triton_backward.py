@@ -765,6 +765,54 @@ def test_walk_candidate_with_direct_transpose(monkeypatch, dtype, ranged, gate):
     assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
 
 
+@pytest.mark.parametrize("dtype,ranged,gate", [(F32, False, True), (F16, True, True), (F16, False, False)],
+                         ids=["fp32-one-range-gate", "fp16-ranged-gate", "fp16-one-range"])
+def test_walk_candidate_keys_as_rows(monkeypatch, dtype, ranged, gate):
+    """benchmarks/variants/bwd_walk_keys_rows.py (each walk step's C x C tiles keys x queries, U and V read as
+    register operands, one pipeline stage) in the launcher's place, its stages too: the shipped walk's gradients
+    up to rounding and the oracle's, GQA, 4 chunks a super-chunk, a partial last chunk.  Both step orders build
+    to the same gradients; the same step with its logits query-major again (s^T transposed back before the
+    gate offset and the softmax) is caught."""
+    import sys
+
+    import pathtune.codegen.triton.bwd_intra as intra_mod
+
+    cand = _candidate(monkeypatch, "benchmarks/variants/bwd_walk_keys_rows.py")
+    inputs, do = make_inputs(463, B=2, T=100, HQ=4, H=2, dtype=dtype, gate=gate)
+    p = params(dtype, superchunk_size=64)
+    _ranges(monkeypatch, ranged)
+    shipped = kernel_grads(inputs, do, p)
+    monkeypatch.setattr(tri_backward, "intra_walk_stages", cand.intra_walk_stages)
+    for kernel in (cand.bwd_intra_walk_kernel, cand.build("walk_keys_rows_logits_first", order="logits_first")):
+        monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", kernel)
+        _same_grads(kernel_grads(inputs, do, p), shipped, dtype, inputs, do)
+    kv = sys.modules["kernel_variants"]
+    logits = "        sT = mm(Kt, XdT, INTERP) * qk_scale\n"
+    wrong = [(cand.SHIPPED_STEP, cand.KEYS_ROWS_STEP.replace(logits, logits.replace("mm(Kt, XdT, INTERP)",
+                                                                                    "mm(Xd, tl.trans(Kt), INTERP)")))]
+    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel",
+                        kv.load_variant(kv.module_source(intra_mod), "bwd_intra_walk_kernel", "walk_rows_wrong", wrong))
+    bad = kernel_grads(inputs, do, p)
+    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+
+
+def test_kernel_probe_swaps_a_candidate_walk_with_its_stages(monkeypatch):
+    """benchmarks/dev_kernel_probe.py times and swaps bwd_walk_keys_rows.py's walk at the candidate's own
+    pipeline stages (one at D 128, two at D 64 with 16-bit operands), not the captured launch's."""
+    import triton.language as tl
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    probe = load_script("benchmarks/dev_kernel_probe.py")
+    path = "benchmarks/variants/bwd_walk_keys_rows.py"
+    assert probe.walk_launch(path, dict(BD=128, DT=tl.float16, num_stages=2, num_warps=4)) == dict(
+        BD=128, DT=tl.float16, num_stages=1, num_warps=4)
+    assert probe.walk_launch(path, dict(BD=64, DT=tl.bfloat16, num_stages=2))["num_stages"] == 2
+    shipped = "benchmarks/variants/bwd_walk_direct_transpose.py"     # no stages of its own: the launch's
+    assert probe.walk_launch(shipped, dict(BD=128, DT=tl.float16, num_stages=2))["num_stages"] == 2
+    assert set(probe.launcher_kernels(path, tri_backward)) == {"bwd_intra_walk_kernel", "intra_walk_stages"}
+
+
 @pytest.mark.parametrize("dtype,ranged", [(F32, False), (F16, True)], ids=["fp32-one-range", "fp16-ranged"])
 def test_transport_candidate_split_chain(monkeypatch, dtype, ranged):
     """benchmarks/variants/bwd_transport_split_chain.py (the Suf replay and the G walk of the transport backward in
