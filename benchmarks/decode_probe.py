@@ -43,7 +43,10 @@ a file whose step merges its splits in the same launch).  ``--candidate-decode F
 module that defines ``decode_kernel`` with this tree's launch arguments; ``FILE:NAME`` another kernel of it,
 several comma-separated): the same, as ``candidate_*`` (``candidate2_*``, ...) fields.  ``--config JSON``: every
 steps row runs these decode knobs (the rest heuristic) instead of the dispatcher's pick, e.g. PaTH and PaTH-FoX
-at one config (``config`` in the output).
+at one config (``config`` in the output).  ``--candidate-step FILE`` (a benchmarks/variants/ module defining a
+``TritonDecodeStep`` with the shipped one's constructor): the host profile also times the public call with that
+step class in the launcher's place (``candidate_host_us_per_step``, ``candidate_wall_us_per_step``), after three
+steps of each on twin caches (``candidate_o_equal``: bitwise).
 """
 from __future__ import annotations
 
@@ -71,6 +74,7 @@ LOOP_N, PROFILE_N = 200, 20
 REPEATS = 1      # --repeats: rounds of (step, flush step, SDPA) per row, the median ratio quoted
 DEV, BACKEND, GRAPHS = "cuda", "auto", True
 STEP_CONFIG = None     # --config: the decode knobs every step of the steps section runs (None: the dispatcher's)
+CANDIDATE_STEP = None  # --candidate-step: a TritonDecodeStep class the host profile times in the shipped one's place
 
 
 def rel(a, b) -> float:
@@ -457,8 +461,9 @@ def host_profile(out: dict, budget) -> None:
     rows = []
     for D, H, T, gate, gen in _cases(out, budget, "hostprofile", lambda D, T, gate: D + gate + 11, (HOST_CACHE,)):
         n = HOST_STEPS
-        # room for every step below: the warm-up, two loops of the public call, the JIT launches, the direct ones
-        cache = random_cache(BATCH, T, H, D, gate, T + 4 * n + 8, gen=gen)
+        # room for every step below: the warm-up, two loops of the public call, the JIT launches, the direct ones,
+        # the candidate step's loop
+        cache = random_cache(BATCH, T, H, D, gate, T + (4 if CANDIDATE_STEP is None else 5) * n + 8, gen=gen)
         xs = inputs(BATCH, 1, H, H, D, gate, gen=gen)
         with Capture(decode_mod, "decode_kernel") as cap:
             pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
@@ -510,10 +515,54 @@ def host_profile(out: dict, budget) -> None:
         except Exception as exc:  # noqa: BLE001 - another Triton's internals: keep the rest
             row["direct_launch_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         sync()
+        if CANDIDATE_STEP is not None:
+            candidate_host(row, xs, cache, D, H, T, gate, gen, n)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "top_own_us_per_step"}), flush=True)
         del cache
     out["host_profile"] = rows
+
+
+@contextlib.contextmanager
+def step_class(cls):
+    """Decode steps of class ``cls`` in place of codegen/triton/decode.py's (every prepared step forgotten on the
+    way in and out)."""
+    import pathtune.codegen.triton.decode as decode_mod
+    from pathtune.runtime import dispatch
+
+    shipped = decode_mod.TritonDecodeStep
+    decode_mod.TritonDecodeStep = cls
+    decode_mod._step_cached.cache_clear()
+    dispatch.clear_cache()
+    try:
+        yield
+    finally:
+        decode_mod.TritonDecodeStep = shipped
+        decode_mod._step_cached.cache_clear()
+        dispatch.clear_cache()
+
+
+def candidate_host(row: dict, xs, cache, D: int, H: int, T: int, gate: bool, gen, n: int) -> None:
+    """The host profile row's public-call loop again with ``CANDIDATE_STEP`` in place: host and wall time per step,
+    after three steps of the shipped and the candidate step on twin caches compared bitwise."""
+    import pathtune
+
+    twin = random_cache(BATCH, T, H, D, gate, T + 8, gen=gen)
+    other = copy.deepcopy(twin)
+    steps = [inputs(BATCH, 1, H, H, D, gate, gen=gen) for _ in range(3)]
+    ref = [pathtune.path_attention_decode(*x, twin, backend=BACKEND) for x in steps]
+    with step_class(CANDIDATE_STEP):
+        got = [pathtune.path_attention_decode(*x, other, backend=BACKEND) for x in steps]
+        row["candidate_o_equal"] = all(torch.equal(a, b) for a, b in zip(ref, got))
+        pathtune.path_attention_decode(*xs, cache, backend=BACKEND)     # the step prepared, the kernel kept
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
+        row["candidate_host_us_per_step"] = (time.perf_counter() - t0) / n * 1e6
+        sync()
+        row["candidate_wall_us_per_step"] = (time.perf_counter() - t0) / n * 1e6
+    del twin, other
 
 
 def correctness(out: dict, budget) -> None:
@@ -638,7 +687,7 @@ def smoke_config() -> None:
 
 
 def main(argv=None) -> int:
-    global SHAPES, CACHE_LENS, REPEATS, TOKENS, STEP_CONFIG
+    global SHAPES, CACHE_LENS, REPEATS, TOKENS, STEP_CONFIG, CANDIDATE_STEP
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSON result file")
     ap.add_argument("--budget-s", type=float, default=225.0, help="stop starting new sections after this long")
@@ -655,6 +704,8 @@ def main(argv=None) -> int:
     ap.add_argument("--candidate-decode", default=None, help="FILE[:NAME][,FILE[:NAME]...]: benchmarks/variants/ "
                     "modules defining a kernel NAME (default decode_kernel) with this tree's launch arguments: its "
                     "steps timed beside this tree's (candidate_* fields; candidate2_*, ... for the next ones)")
+    ap.add_argument("--candidate-step", default=None, help="FILE: a benchmarks/variants/ module defining a "
+                    "TritonDecodeStep: the host profile times the public call with it in place (candidate_* fields)")
     ap.add_argument("--config", default=None, help="JSON decode knobs the steps section runs every row at (e.g. "
                     "'{\"decode_splits\": 2}'; the rest heuristic) instead of the dispatcher's pick: kernels compared "
                     "at one config")
@@ -680,6 +731,11 @@ def main(argv=None) -> int:
         ALT_DECODES.append(("old", load_old_decode(args.old_decode)))
     for i, path in enumerate(p for p in (args.candidate_decode or "").split(",") if p):
         ALT_DECODES.append((f"candidate{i + 1 if i else ''}", load_candidate_decode(path)))
+    if args.candidate_step:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from kernel_variants import load_candidate
+
+        CANDIDATE_STEP = load_candidate(args.candidate_step, "TritonDecodeStep")
     if args.cpu_smoke:
         smoke_config()
     elif not torch.cuda.is_available():

@@ -276,7 +276,8 @@ def test_rope_baseline_cache_is_right_and_bench_cells_are_complete():
 def test_decode_probe_cpu_smoke(tmp_path):
     """benchmarks/decode_probe.py end to end at tiny shapes (the Triton kernels in the interpreter, no CUDA
     graphs): every section runs, the correctness checks are within bf16 tolerance, a candidate decode
-    kernel (--candidate-decode) is timed beside the shipped one, and --repeats times each row again."""
+    kernel (--candidate-decode) is timed beside the shipped one, --repeats times each row again, and the host
+    profile times a candidate step class (--candidate-step) after checking its outputs against the shipped."""
     import json
     import subprocess
     import sys
@@ -288,6 +289,7 @@ def test_decode_probe_cpu_smoke(tmp_path):
                          "decode_kernel = load_variant(module_source(decode), 'decode_kernel', 'decode_same')\n")
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_probe.py"), "--cpu-smoke",
                           "--budget-s", "600", "--candidate-decode", str(candidate), "--repeats", "2",
+                          "--candidate-step", "benchmarks/variants/decode_int_pointers.py",
                           "--out", str(out)],
                          capture_output=True, text=True, timeout=900,
                          cwd=ROOT, env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
@@ -309,6 +311,7 @@ def test_decode_probe_cpu_smoke(tmp_path):
     hp = d["host_profile"]    # the host-time section: loop, cProfile rows, the Triton launch alone
     assert len(hp) == 2 and all(r["wall_us_per_step"] > 0 and r["jit_launch_us"] > 0 and r["top_own_us_per_step"]
                                 for r in hp), hp
+    assert all(r["candidate_o_equal"] and r["candidate_wall_us_per_step"] > 0 for r in hp), hp   # --candidate-step
     one = [r for r in d["steps"] if r["tokens"] == 1]      # the tensor-core layout candidate: same outputs
     assert one and all(r["tc_layout_o_vs_rowwise"] < 1e-2 and r["tc_layout_net_ms"] > 0 for r in one), one
     assert len(d["profiles"]) == 2 and len(d["generate"]) == 6   # 3 attentions x 2 batches, eager

@@ -800,6 +800,7 @@ def test_kernel_probe_swaps_a_candidate_walk_with_its_stages(monkeypatch):
     """benchmarks/dev_kernel_probe.py times and swaps bwd_walk_keys_rows.py's walk at the candidate's own
     pipeline stages (one at D 128, two at D 64 with 16-bit operands), not the captured launch's."""
     import triton.language as tl
+
     from repo_scripts import ROOT, load_script
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))

@@ -118,6 +118,93 @@ def test_tensor_key_is_the_dtypes_only_when_every_pointer_is_16_byte_aligned():
     assert tensor_key([a[1:], b]) is None                                 # 4 bytes in: the JIT's call
 
 
+def _int_pointer_step(monkeypatch):
+    """benchmarks/variants/decode_int_pointers.py (benchmarks/ on sys.path for its kernel_variants import)."""
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return load_script("benchmarks/variants/decode_int_pointers.py")
+
+
+def test_candidate_pointers_and_key_is_the_pointers_and_the_dtypes_when_every_pointer_is_16_byte_aligned(
+        monkeypatch):
+    pointers_and_key = _int_pointer_step(monkeypatch).pointers_and_key
+    a = torch.zeros(64, dtype=torch.float32)
+    b = torch.zeros(8, dtype=torch.bfloat16)
+    assert pointers_and_key([a, b]) == ((a.data_ptr(), b.data_ptr()), (torch.float32, torch.bfloat16))
+    assert pointers_and_key([a[4:], b])[1] == (torch.float32, torch.bfloat16)    # 16 bytes in
+    assert pointers_and_key([a[1:], b]) == ((a.data_ptr() + 4, b.data_ptr()), None)   # 4 bytes in: the JIT's call
+
+
+class _RecordingLauncher:
+    """Stands in for a decode step's ``KernelLauncher``: records the repeat attempts and the JIT calls."""
+
+    def __init__(self, kept: bool):
+        self.kept, self.repeats, self.calls = kept, [], []
+
+    def repeat(self, key, args):
+        self.repeats.append((key, args))
+        return self.kept and key is not None
+
+    def __call__(self, grid, args, constexprs, options, key=None):
+        self.calls.append((grid, args, key))
+
+
+def _launches_of_a_step(dec, gate):
+    """What a prepared step of module ``dec`` launches with: (the repeat's (key, args), the JIT call's (grid, args,
+    key)) of a first step; then the repeat of a kept key and that of a q 2 bytes into its storage."""
+    import torch.nn.functional as F
+
+    from pathtune.codegen.kv_cache import PaTHKVCache
+
+    gen = torch.Generator().manual_seed(5)
+    B, T0, HQ, H, D = 2, 40, 4, 2, 16
+    cache = PaTHKVCache(torch.randn(B, 64, H, D, generator=gen).bfloat16(),
+                        torch.randn(B, 64, H, D, generator=gen).bfloat16(),
+                        torch.randn(B, 64, HQ, generator=gen).cumsum(1) if gate else None, T0, HQ)
+    q = torch.randn(B, 1, HQ, D, generator=gen).bfloat16()
+    k, v = torch.randn(B, 1, H, D, generator=gen).bfloat16(), torch.randn(B, 1, H, D, generator=gen).bfloat16()
+    w = F.normalize(torch.randn(B, 1, H, D, generator=gen), dim=-1)
+    beta = torch.rand(B, 1, H, generator=gen) + 1.0
+    g = F.logsigmoid(torch.randn(B, 1, HQ, generator=gen)) if gate else None
+    step = dec.prepare(q, k, v, w, beta, g, cache)
+    first = step._launch = _RecordingLauncher(kept=False)
+    step(q, k, v, w, beta, g, cache)
+    kept = step._launch = _RecordingLauncher(kept=True)
+    step(q, k, v, w, beta, g, cache)
+    flat = torch.empty(q.numel() + 1, dtype=q.dtype)
+    q_odd = flat[1:].view_as(q)
+    q_odd.copy_(q)
+    step(q_odd, k, v, w, beta, g, cache)
+    return first, kept, q
+
+
+def _int_pointer_launches_hold(first, kept, q):
+    (key, fast_args), = first.repeats
+    (_grid, jit_args, jit_key), = first.calls
+    assert key is not None and jit_key == key
+    assert len(jit_args) == len(fast_args) == 24
+    tensors, scalars = jit_args[:20], jit_args[20:]
+    assert all(isinstance(t, torch.Tensor) for t in tensors) and jit_args[0] is q
+    assert fast_args[20:] == scalars
+    assert kept.repeats[0][0] is not None and len(kept.calls) == 1     # a kept key: no JIT call
+    assert kept.repeats[1][0] is None and kept.calls[-1][2] is None     # unaligned q: the JIT's call, no key
+    assert all(type(p) is int for p in fast_args[:20]), [type(p).__name__ for p in fast_args[:20]]
+    assert fast_args[:20] == tuple(t.data_ptr() for t in tensors)
+
+
+@pytest.mark.parametrize("gate", [False, True])
+def test_candidate_decode_step_repeats_with_int_pointers_and_calls_the_jit_with_tensors(monkeypatch, gate):
+    """The int-pointer candidate's prepared step hands a repeat the data pointers of its 20 tensors as ints (then the
+    scalars) and the JIT's call the tensors themselves, in the kernel's runtime order; a q 2 bytes into its storage
+    gives no key.  The shipped step (tensors on a repeat) fails the int check."""
+    from pathtune.codegen.triton import decode as shipped
+
+    _int_pointer_launches_hold(*_launches_of_a_step(_int_pointer_step(monkeypatch).module, gate))
+    with pytest.raises(AssertionError):
+        _int_pointer_launches_hold(*_launches_of_a_step(shipped, gate))
+
+
 def test_decode_kernel_runtime_parameters_precede_its_constexprs():
     from pathtune.codegen.triton import decode
 
