@@ -738,6 +738,31 @@ def _same_grads(got, shipped, dtype, inputs, do):
     check(got, oracle_grads(inputs, do), TOL[dtype])
 
 
+def _walk_candidate_case(monkeypatch, path, seed, dtype, ranged, gate):
+    """(the candidate module at ``path``, (inputs, do, params, the shipped walk's gradients)) of a walk candidate
+    test: GQA, 4 chunks a super-chunk, a partial last chunk, one range or one super-chunk per range."""
+    cand = _candidate(monkeypatch, path)
+    inputs, do = make_inputs(seed, B=2, T=100, HQ=4, H=2, dtype=dtype, gate=gate)
+    p = params(dtype, superchunk_size=64)
+    _ranges(monkeypatch, ranged)
+    return cand, (inputs, do, p, kernel_grads(inputs, do, p))
+
+
+def _walk_edit_is_caught(monkeypatch, replacements, tag, case):
+    """The shipped walk with ``replacements`` (a wrong edit) in the launcher's place: gradients off the shipped
+    ones by more than CAUGHT."""
+    import sys
+
+    import pathtune.codegen.triton.bwd_intra as intra_mod
+
+    kv = sys.modules["kernel_variants"]
+    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel",
+                        kv.load_variant(kv.module_source(intra_mod), "bwd_intra_walk_kernel", tag, replacements))
+    inputs, do, p, shipped = case
+    bad = kernel_grads(inputs, do, p)
+    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+
+
 @pytest.mark.parametrize("dtype,ranged,gate", [(F32, False, True), (F16, True, True), (F16, False, False)],
                          ids=["fp32-one-range-gate", "fp16-ranged-gate", "fp16-one-range"])
 def test_walk_candidate_with_direct_transpose(monkeypatch, dtype, ranged, gate):
@@ -745,24 +770,12 @@ def test_walk_candidate_with_direct_transpose(monkeypatch, dtype, ranged, gate):
     place: the shipped walk's gradients up to rounding and the oracle's.  Ranged: the per-range recompute's 16-bit
     u, K~ and w copy; one range: the float32 state; GQA, 4 chunks a super-chunk.  The same edit with Y_l left
     untransposed (what a wrong operand order gives) is caught."""
-    import sys
-
-    import pathtune.codegen.triton.bwd_intra as intra_mod
-
-    cand = _candidate(monkeypatch, "benchmarks/variants/bwd_walk_direct_transpose.py")
-    inputs, do = make_inputs(457, B=2, T=100, HQ=4, H=2, dtype=dtype, gate=gate)
-    p = params(dtype, superchunk_size=64)
-    _ranges(monkeypatch, ranged)
-    shipped = kernel_grads(inputs, do, p)
+    cand, case = _walk_candidate_case(monkeypatch, "benchmarks/variants/bwd_walk_direct_transpose.py", 457, dtype,
+                                      ranged, gate)
     monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", cand.bwd_intra_walk_kernel)
-    _same_grads(kernel_grads(inputs, do, p), shipped, dtype, inputs, do)
-    kv = sys.modules["kernel_variants"]
+    _same_grads(kernel_grads(*case[:3]), case[3], dtype, *case[:2])
     wrong = [(cand._STEP[0][0], "        YlT = mm(Xd, tl.trans(Wm), INTERP)\n"), cand._STEP[1]]
-    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel",
-                        kv.load_variant(kv.module_source(intra_mod), "bwd_intra_walk_kernel", "walk_untransposed",
-                                        wrong))
-    bad = kernel_grads(inputs, do, p)
-    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+    _walk_edit_is_caught(monkeypatch, wrong, "walk_untransposed", case)
 
 
 @pytest.mark.parametrize("dtype,ranged,gate", [(F32, False, True), (F16, True, True), (F16, False, False)],
@@ -773,27 +786,16 @@ def test_walk_candidate_keys_as_rows(monkeypatch, dtype, ranged, gate):
     up to rounding and the oracle's, GQA, 4 chunks a super-chunk, a partial last chunk.  Both step orders build
     to the same gradients; the same step with its logits query-major again (s^T transposed back before the
     gate offset and the softmax) is caught."""
-    import sys
-
-    import pathtune.codegen.triton.bwd_intra as intra_mod
-
-    cand = _candidate(monkeypatch, "benchmarks/variants/bwd_walk_keys_rows.py")
-    inputs, do = make_inputs(463, B=2, T=100, HQ=4, H=2, dtype=dtype, gate=gate)
-    p = params(dtype, superchunk_size=64)
-    _ranges(monkeypatch, ranged)
-    shipped = kernel_grads(inputs, do, p)
+    cand, case = _walk_candidate_case(monkeypatch, "benchmarks/variants/bwd_walk_keys_rows.py", 463, dtype, ranged,
+                                      gate)
     monkeypatch.setattr(tri_backward, "intra_walk_stages", cand.intra_walk_stages)
     for kernel in (cand.bwd_intra_walk_kernel, cand.build("walk_keys_rows_logits_first", order="logits_first")):
         monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", kernel)
-        _same_grads(kernel_grads(inputs, do, p), shipped, dtype, inputs, do)
-    kv = sys.modules["kernel_variants"]
+        _same_grads(kernel_grads(*case[:3]), case[3], dtype, *case[:2])
     logits = "        sT = mm(Kt, XdT, INTERP) * qk_scale\n"
     wrong = [(cand.SHIPPED_STEP, cand.KEYS_ROWS_STEP.replace(logits, logits.replace("mm(Kt, XdT, INTERP)",
                                                                                     "mm(Xd, tl.trans(Kt), INTERP)")))]
-    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel",
-                        kv.load_variant(kv.module_source(intra_mod), "bwd_intra_walk_kernel", "walk_rows_wrong", wrong))
-    bad = kernel_grads(inputs, do, p)
-    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+    _walk_edit_is_caught(monkeypatch, wrong, "walk_rows_wrong", case)
 
 
 def test_kernel_probe_swaps_a_candidate_walk_with_its_stages(monkeypatch):
