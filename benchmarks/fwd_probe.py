@@ -19,7 +19,9 @@ For every (D, T, gate) at B*T = 32768 tokens (H = 16 at D <= 64, else 8), bf16, 
   - the forward's relative error against the float64 oracle on the first 2048 tokens of batch 0.
 With ``--host``: instead, one small host-bound call (B = 1, T = 512, H = 8, D = 64, FoX): the public
 call's wall time next to SDPA's, its replay from a CUDA graph (GPU time only), and the top functions
-of a cProfile of 200 calls.
+of a cProfile of 200 calls; ``--launch-candidate FILE`` (a benchmarks/variants/ repeat launcher, e.g.
+launch_int_pointers.py) times that call and a forward + backward at the same shape with it in place, beside
+the shipped launcher.
 JSON lines to stdout and to $OUT/fwd_probe.json (rewritten after every row).
 """
 from __future__ import annotations
@@ -109,8 +111,11 @@ def kernel_profile(fn) -> dict:
                 host_copies=copies, syncs=syncs)
 
 
-def host_profile(shape=(1, 512, 8, 64)) -> None:
-    """Where a small call's wall time goes (host-bound): wall vs graph replay vs SDPA, and cProfile."""
+def host_profile(shape=(1, 512, 8, 64), launch_candidate: str | None = None) -> None:
+    """Where a small call's wall time goes (host-bound): wall vs graph replay vs SDPA, and cProfile.  With
+    ``launch_candidate`` (a benchmarks/variants/ module with an ``in_place()`` context that swaps the repeat
+    launcher of ``compiled``): the forward's and a forward + backward's wall and host time per call, shipped
+    and with the candidate in place, in the same process (``launch_*`` fields)."""
     import cProfile
     import io
     import pstats
@@ -146,7 +151,34 @@ def host_profile(shape=(1, 512, 8, 64)) -> None:
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
         row["cprofile"] = buf.getvalue()[-6000:]
+    if launch_candidate:
+        row.update(launch_rows(api, (q, k, v, w, beta, g), launch_candidate))
     emit(row)
+
+
+def launch_rows(api, inputs, path: str) -> dict:
+    """Wall (do_bench) and host time per call (25 queued) of the forward ``api`` and of a forward + backward on
+    ``inputs``, with the shipped repeat launcher and with candidate module ``path``'s ``in_place()``."""
+    from kernel_variants import load_candidate
+
+    in_place = load_candidate(f"{path}:in_place", "in_place")
+    leaves = [x.detach().requires_grad_() if x is not None else None for x in inputs]
+
+    def train():
+        import pathtune
+
+        o = pathtune.path_attention(*leaves)
+        return torch.autograd.grad(o.sum(), [x for x in leaves if x is not None])
+
+    out = {}
+    for label, ctx in (("shipped", contextlib.nullcontext), ("candidate", in_place)):
+        with ctx():
+            for what, fn in (("fwd", lambda: api()), ("fwd_bwd", train)):
+                with torch.no_grad() if what == "fwd" else contextlib.nullcontext():
+                    fn()
+                    out[f"launch_{label}_{what}_ms"] = bench(fn)
+                    out[f"launch_{label}_{what}_host_ms"] = host_ms(fn)
+    return out
 
 
 def main() -> None:
@@ -162,9 +194,11 @@ def main() -> None:
                     help="FILE[,FILE]: also time the public call with each module's forward kernels swapped in")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--host", action="store_true", help="only the small host-bound call (see above)")
+    ap.add_argument("--launch-candidate", default=None,
+                    help="FILE (with --host): a benchmarks/variants/ repeat-launcher module timed beside the shipped")
     args = ap.parse_args()
     if args.host:
-        host_profile()
+        host_profile(launch_candidate=args.launch_candidate)
         return
 
     import pathtune

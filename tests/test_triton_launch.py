@@ -274,6 +274,46 @@ def test_repeat_launch_repeats_a_specialisation_and_sends_others_to_the_jit():
     assert jit.log[-1][0] == "jit"
 
 
+def _int_pointer_launch(monkeypatch):
+    """benchmarks/variants/launch_int_pointers.py (benchmarks/ on sys.path for its imports)."""
+    from repo_scripts import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return load_script("benchmarks/variants/launch_int_pointers.py")
+
+
+@pytest.mark.parametrize("candidate", [True, False], ids=["int-pointers", "shipped"])
+def test_candidate_repeat_launch_passes_int_pointers(monkeypatch, candidate):
+    """The int-pointer candidate's repeat hands the compiled launcher each tensor's data pointer (ints and None
+    as they are), the JIT's call the tensors; the shipped repeat (tensors) fails the check."""
+    cand = _int_pointer_launch(monkeypatch)
+    cls = cand.RepeatLaunch if candidate else launch_mod._RepeatLaunch
+    jit = _Jit()
+    launch = cls(jit)
+    a, b = torch.zeros(16), torch.zeros(16)
+    launch[(4, 2)](a, b, 32, X=1, Y=2, num_warps=4)
+    assert jit.log[-1] == ("jit", (4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=4))
+    a2, b2 = torch.zeros(16), torch.zeros(16)
+    launch[(4, 2)](a2, b2, 48, X=1, Y=2, num_warps=4)
+    kind, grid, args = jit.log[-1]
+    assert kind == "direct" and grid == (4, 2, 1) and args[2:] == (48, 1, 2, 7)
+    ints = all(type(x) is int for x in args[:2]) and args[:2] == (a2.data_ptr(), b2.data_ptr())
+    assert ints == candidate
+    launch[(4, 2)](a2[1:], b2, 48, X=1, Y=2, num_warps=4)         # unaligned: the JIT's call, with tensors
+    assert jit.log[-1][0] == "jit" and isinstance(jit.log[-1][2][0], torch.Tensor)
+
+
+def test_candidate_launcher_in_place_swaps_and_restores(monkeypatch):
+    """``in_place()``: ``compiled`` builds the candidate's launchers inside, the shipped ones after."""
+    from triton.runtime.jit import JITFunction
+
+    cand = _int_pointer_launch(monkeypatch)
+    jf = JITFunction(_kernel)
+    with cand.in_place():
+        assert type(launch_mod.compiled(jf)) is cand.RepeatLaunch
+    assert type(launch_mod.compiled(jf)) is launch_mod._RepeatLaunch
+
+
 def test_compiled_wraps_jit_kernels_only():
     """A ``triton.jit`` kernel gets one repeat launcher (the same on every call); anything else (the interpreter's
     kernels, a test's spy, a probe's candidate) is returned as it is."""
