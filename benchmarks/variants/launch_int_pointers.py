@@ -1,6 +1,7 @@
 """Candidate repeat launcher for the forward / backward launches (``compiled(kernel)[grid](...)``): a repeat hands the
-compiled kernel's launcher the tensors' data pointers as ints (a subclass of codegen/triton/launch.py's
-``_RepeatLaunch``; the kernels and their arguments are the shipped ones).
+compiled kernel's launcher the tensors' data pointers as ints (codegen/triton/launch.py's ``_RepeatLaunch``
+rebuilt with one line replaced, ``kernel_variants.load_variant_module``; the kernels and their arguments are the
+shipped ones).
 
 Triton's launcher calls ``data_ptr()`` on every tensor argument of a launch and asks the driver for its device
 pointer (``cuPointerGetAttribute``); an int it takes as it is.  A forward launches 4-5 kernels of ~20 pointers
@@ -17,10 +18,15 @@ tests/test_triton_launch.py checks what it launches with.
 from __future__ import annotations
 
 import contextlib
+import sys
+from pathlib import Path
 
 import torch
 
 import pathtune.codegen.triton.launch as launch_mod
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # benchmarks/: kernel_variants
+from kernel_variants import load_variant_module, module_source  # noqa: E402
 
 
 def pointer_args(args) -> tuple:
@@ -28,33 +34,21 @@ def pointer_args(args) -> tuple:
     return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
 
 
-class RepeatLaunch(launch_mod._RepeatLaunch):
-    """``_RepeatLaunch`` whose repeats pass the tensors' data pointers as ints."""
+# the shipped _RepeatLaunch's repeat, with the arguments as pointer_args gives them
+INT_POINTERS = [("                if lau.repeat(key, args):\n",
+                 "                if lau.repeat(key, pointer_args(args) if key is not None else args):\n")]
 
-    def __getitem__(self, grid):
-        grid = tuple(grid)
-
-        def launch(*args, **kw):
-            lau = self.launcher
-            constexprs = {n: v for n, v in kw.items() if n in lau.constexpr_names}
-            options = {n: v for n, v in kw.items() if n not in lau.constexpr_names}
-            spec = launch_mod.spec_key(args)
-            key = None if spec is None else (grid, spec, tuple(constexprs.items()), tuple(options.items()))
-            try:
-                if lau.repeat(key, pointer_args(args) if key is not None else args):
-                    return None
-            except TypeError:     # an unhashable constexpr or option: this call through the JIT
-                key = None
-            return lau(grid, args, constexprs, options, key)
-        return launch
+module = load_variant_module(module_source(launch_mod), "launch_int_pointers", INT_POINTERS)
+module.pointer_args = pointer_args      # the replaced line's helper, looked up in the variant's globals per call
+RepeatLaunch = module._RepeatLaunch
 
 
 @contextlib.contextmanager
-def in_place(cls=RepeatLaunch):
-    """Every ``compiled(kernel)`` launch through ``cls`` while inside (the kept launchers forgotten on the way in
-    and out, so that each side compiles its own repeats)."""
+def in_place(cls=None):
+    """Every ``compiled(kernel)`` launch through ``cls`` (default: this module's ``RepeatLaunch``) while inside (the
+    kept launchers forgotten on the way in and out, so that each side compiles its own repeats)."""
     shipped = launch_mod._RepeatLaunch
-    launch_mod._RepeatLaunch = cls
+    launch_mod._RepeatLaunch = cls or RepeatLaunch
     launch_mod._REPEAT.clear()
     try:
         yield
