@@ -15,3 +15,10 @@ def load_script(relpath: str) -> ModuleType:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_benchmark_script(monkeypatch, relpath: str) -> ModuleType:
+    """``load_script`` of a script under benchmarks/ (a probe, a variants/ candidate) with benchmarks/ on sys.path
+    for the test's duration, as the script has it when run (its ``kernel_variants`` and sibling imports)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return load_script(relpath)

@@ -680,10 +680,9 @@ def test_dkv_gate_sums_by_product_and_by_reduction(monkeypatch, dtype):
 def test_kernel_probe_gate_parts_still_apply(monkeypatch):
     """benchmarks/dev_kernel_probe.py's timing-only dkv variants (the gate without its row sums / its logit
     bias) are text replacements of this tree's bwd_inter.py: each must still find its text and build."""
-    from repo_scripts import ROOT, load_script
+    from repo_scripts import load_benchmark_script
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    probe = load_script("benchmarks/dev_kernel_probe.py")
+    probe = load_benchmark_script(monkeypatch, "benchmarks/dev_kernel_probe.py")
     src = probe.module_source(probe.inter_mod)
     for tag, _label, reps in probe.DKV_GATE_PARTS:
         kernel = probe.load_variant(src, "bwd_inter_dkv_kernel", f"test_dkv_{tag}", reps)
@@ -716,10 +715,9 @@ def test_transport_backward_at_fewer_rows_per_program(monkeypatch, spy_launches,
 
 def _candidate(monkeypatch, path):
     """The candidate module at ``path`` (benchmarks/ on sys.path for its kernel_variants import)."""
-    from repo_scripts import ROOT, load_script
+    from repo_scripts import load_benchmark_script
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    return load_script(path)
+    return load_benchmark_script(monkeypatch, path)
 
 
 def _ranges(monkeypatch, ranged):
@@ -803,10 +801,9 @@ def test_kernel_probe_swaps_a_candidate_walk_with_its_stages(monkeypatch):
     pipeline stages (one at D 128, two at D 64 with 16-bit operands), not the captured launch's."""
     import triton.language as tl
 
-    from repo_scripts import ROOT, load_script
+    from repo_scripts import load_benchmark_script
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    probe = load_script("benchmarks/dev_kernel_probe.py")
+    probe = load_benchmark_script(monkeypatch, "benchmarks/dev_kernel_probe.py")
     path = "benchmarks/variants/bwd_walk_keys_rows.py"
     assert probe.walk_launch(path, dict(BD=128, DT=tl.float16, num_stages=2, num_warps=4)) == dict(
         BD=128, DT=tl.float16, num_stages=1, num_warps=4)

@@ -632,10 +632,9 @@ def test_flush_part_timing_proxies_leave_out_one_part_each(monkeypatch):
     does not flush equals the shipped kernel's; the flushing step's keys differ from the shipped kernel's in the rows
     the left-out part rotates (pending rows; every rotated row; the frame rows but not the pending ones)."""
     import pathtune.codegen.triton.decode as dec
-    from repo_scripts import ROOT, load_script
+    from repo_scripts import load_benchmark_script
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    cand = load_script("benchmarks/variants/decode_flush_parts.py")
+    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/decode_flush_parts.py")
     B, HQ, H, D, T0, TN = 1, 4, 2, 32, 100, 2
     gen = torch.Generator().manual_seed(5)
     prompt = [torch.randn(B, T0, HQ if i == 0 else H, D, generator=gen) for i in range(3)]

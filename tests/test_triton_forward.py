@@ -632,10 +632,9 @@ def test_ut_stage_part_timing_proxies_leave_out_one_part_each(monkeypatch):
     without W K^T, without U / K~) in the launcher's place: each changes exactly what its left-out part makes
     (no inverse: U, K~, M; no W K^T: M and K~ but not U; no apply: U and K~ left as allocated, M as shipped)."""
     from pathtune.codegen.triton import forward as fwd
-    from repo_scripts import ROOT, load_script
+    from repo_scripts import load_benchmark_script
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    cand = load_script("benchmarks/variants/ut_stage_parts.py")
+    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/ut_stage_parts.py")
     run = _ut_stage_runner(monkeypatch, 3)
     u, kt, m = run(fwd.ut_fused_kernel)
     ni, nw = run(cand.ut_fused_kernel_no_inverse), run(cand.ut_fused_kernel_no_wk)
@@ -649,10 +648,9 @@ def test_register_cap_candidates_launch_the_shipped_kernel_with_maxnreg(monkeypa
     ``maxnreg`` added to its launch options (dropped in the interpreter, which compiles nothing), so the UT stage
     through ``ut_fused`` gives the shipped outputs."""
     from pathtune.codegen.triton import forward as fwd
-    from repo_scripts import ROOT, load_script
+    from repo_scripts import load_benchmark_script
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    cand = load_script("benchmarks/variants/max_registers.py")
+    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/max_registers.py")
     seen = []
 
     class Kernel:
@@ -758,10 +756,9 @@ def test_gate_prescaled_candidate(monkeypatch, cu):
 
     import pathtune.codegen.triton.scan_fwd as scan_mod
     from pathtune.codegen.triton import forward as fwd
-    from repo_scripts import ROOT, load_script
+    from repo_scripts import load_benchmark_script
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    cand = load_script("benchmarks/variants/gate_prescaled.py")
+    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/gate_prescaled.py")
     kv = sys.modules["kernel_variants"]
     kw = {} if cu is None else dict(cu_seqlens=torch.tensor(cu, dtype=torch.int32))
     x = make_inputs(747, B=1 if cu else 2, T=150, HQ=4, H=2, gate=True)

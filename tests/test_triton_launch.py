@@ -19,6 +19,11 @@ from triton.compiler import CompiledKernel
 
 from pathtune.codegen.triton import launch as launch_mod
 from pathtune.codegen.triton.launch import KernelLauncher, tensor_key
+from repo_scripts import load_benchmark_script
+
+# candidates (benchmarks/variants/) whose repeat launches pass data pointers as ints
+DECODE_INT_POINTERS = "benchmarks/variants/decode_int_pointers.py"
+LAUNCH_INT_POINTERS = "benchmarks/variants/launch_int_pointers.py"
 
 
 def _kernel(a_ptr, b_ptr, n, X: tl.constexpr, Y: tl.constexpr, Z: tl.constexpr = 7):
@@ -118,17 +123,9 @@ def test_tensor_key_is_the_dtypes_only_when_every_pointer_is_16_byte_aligned():
     assert tensor_key([a[1:], b]) is None                                 # 4 bytes in: the JIT's call
 
 
-def _int_pointer_step(monkeypatch):
-    """benchmarks/variants/decode_int_pointers.py (benchmarks/ on sys.path for its kernel_variants import)."""
-    from repo_scripts import ROOT, load_script
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    return load_script("benchmarks/variants/decode_int_pointers.py")
-
-
 def test_candidate_pointers_and_key_is_the_pointers_and_the_dtypes_when_every_pointer_is_16_byte_aligned(
         monkeypatch):
-    pointers_and_key = _int_pointer_step(monkeypatch).pointers_and_key
+    pointers_and_key = load_benchmark_script(monkeypatch, DECODE_INT_POINTERS).pointers_and_key
     a = torch.zeros(64, dtype=torch.float32)
     b = torch.zeros(8, dtype=torch.bfloat16)
     assert pointers_and_key([a, b]) == ((a.data_ptr(), b.data_ptr()), (torch.float32, torch.bfloat16))
@@ -200,7 +197,8 @@ def test_candidate_decode_step_repeats_with_int_pointers_and_calls_the_jit_with_
     gives no key.  The shipped step (tensors on a repeat) fails the int check."""
     from pathtune.codegen.triton import decode as shipped
 
-    _int_pointer_launches_hold(*_launches_of_a_step(_int_pointer_step(monkeypatch).module, gate))
+    candidate = load_benchmark_script(monkeypatch, DECODE_INT_POINTERS).module
+    _int_pointer_launches_hold(*_launches_of_a_step(candidate, gate))
     with pytest.raises(AssertionError):
         _int_pointer_launches_hold(*_launches_of_a_step(shipped, gate))
 
@@ -274,19 +272,11 @@ def test_repeat_launch_repeats_a_specialisation_and_sends_others_to_the_jit():
     assert jit.log[-1][0] == "jit"
 
 
-def _int_pointer_launch(monkeypatch):
-    """benchmarks/variants/launch_int_pointers.py (benchmarks/ on sys.path for its imports)."""
-    from repo_scripts import ROOT, load_script
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    return load_script("benchmarks/variants/launch_int_pointers.py")
-
-
 @pytest.mark.parametrize("candidate", [True, False], ids=["int-pointers", "shipped"])
 def test_candidate_repeat_launch_passes_int_pointers(monkeypatch, candidate):
     """The int-pointer candidate's repeat hands the compiled launcher each tensor's data pointer (ints and None
     as they are), the JIT's call the tensors; the shipped repeat (tensors) fails the check."""
-    cand = _int_pointer_launch(monkeypatch)
+    cand = load_benchmark_script(monkeypatch, LAUNCH_INT_POINTERS)
     cls = cand.RepeatLaunch if candidate else launch_mod._RepeatLaunch
     jit = _Jit()
     launch = cls(jit)
@@ -307,7 +297,7 @@ def test_candidate_launcher_in_place_swaps_and_restores(monkeypatch):
     """``in_place()``: ``compiled`` builds the candidate's launchers inside, the shipped ones after."""
     from triton.runtime.jit import JITFunction
 
-    cand = _int_pointer_launch(monkeypatch)
+    cand = load_benchmark_script(monkeypatch, LAUNCH_INT_POINTERS)
     jf = JITFunction(_kernel)
     with cand.in_place():
         assert type(launch_mod.compiled(jf)) is cand.RepeatLaunch
