@@ -198,18 +198,19 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                       ms=time_launch(old, grid, args[:i] + args[i + 1:], kw)))
     # candidate modules with a bwd_intra_walk_kernel and / or bwd_intra_diag_kernel of this tree's signature
     for path in intra_v2 if "intra" in only else ():
+        try:   # the module's kernels of those names (defs, or built from this tree's source), loaded once
+            found = candidate_kernels(path, ("bwd_intra_walk_kernel", "bwd_intra_diag_kernel", "intra_walk_stages"))
+        except Exception as exc:   # a candidate that fails to build is a result too
+            emit(dict(base, kernel="bwd_intra", variant=f"candidate {os.path.basename(path)}",
+                      ms=f"{type(exc).__name__}: {str(exc)[:200]}"))
+            continue
         for cap, name in ((ia, "bwd_intra_walk_kernel"), (ib, "bwd_intra_diag_kernel")):
+            if name not in found:
+                continue
+            cand = found[name]
             grid, args, kw = cap.calls[0]
-            try:   # the module's kernel of that name (a def, or one built from this tree's source)
-                cand = load_candidate(f"{path}:{name}", name)
-            except AttributeError:
-                continue
-            except Exception as exc:   # a candidate that fails to build is a result too
-                emit(dict(base, kernel=name[:-7], variant=f"candidate {os.path.basename(path)}",
-                          ms=f"{type(exc).__name__}: {str(exc)[:200]}"))
-                continue
             # a candidate walk with launch stages of its own (``intra_walk_stages``) runs at those
-            kw = walk_launch(path, kw) if name == "bwd_intra_walk_kernel" else kw
+            kw = walk_launch(found.get("intra_walk_stages"), kw) if name == "bwd_intra_walk_kernel" else kw
             for nw in (kw["num_warps"], 8 if kw["num_warps"] == 4 else 4):   # the launch's warps and the other
                 try:
                     ms = time_launch(cand, grid, args, dict(kw, num_warps=nw))
@@ -312,10 +313,9 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         kept_state_e2e(base, xs, do, gate)
 
 
-def walk_launch(path: str, kw: dict) -> dict:
-    """The walk's captured launch options ``kw`` with the candidate module's stages where it defines
-    ``intra_walk_stages`` (called as the launcher calls it: padded head dim, operand bytes of the scan type)."""
-    stages = candidate_kernels(path, ["intra_walk_stages"]).get("intra_walk_stages")
+def walk_launch(stages, kw: dict) -> dict:
+    """The walk's captured launch options ``kw`` with a candidate module's ``intra_walk_stages`` (None: it has none)
+    called as the launcher calls it (padded head dim, operand bytes of the scan type)."""
     return kw if stages is None else dict(kw, num_stages=stages(kw["BD"], kw["DT"].primitive_bitwidth // 8))
 
 

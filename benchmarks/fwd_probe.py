@@ -161,19 +161,19 @@ def launch_rows(api, inputs, path: str) -> dict:
     ``inputs``, with the shipped repeat launcher and with candidate module ``path``'s ``in_place()``."""
     from kernel_variants import load_candidate
 
+    import pathtune
+
     in_place = load_candidate(f"{path}:in_place", "in_place")
     leaves = [x.detach().requires_grad_() if x is not None else None for x in inputs]
+    wrt = [x for x in leaves if x is not None]
 
     def train():
-        import pathtune
-
-        o = pathtune.path_attention(*leaves)
-        return torch.autograd.grad(o.sum(), [x for x in leaves if x is not None])
+        return torch.autograd.grad(pathtune.path_attention(*leaves).sum(), wrt)
 
     out = {}
     for label, ctx in (("shipped", contextlib.nullcontext), ("candidate", in_place)):
         with ctx():
-            for what, fn in (("fwd", lambda: api()), ("fwd_bwd", train)):
+            for what, fn in (("fwd", api), ("fwd_bwd", train)):
                 with torch.no_grad() if what == "fwd" else contextlib.nullcontext():
                     fn()
                     out[f"launch_{label}_{what}_ms"] = bench(fn)

@@ -804,12 +804,16 @@ def test_kernel_probe_swaps_a_candidate_walk_with_its_stages(monkeypatch):
     from repo_scripts import load_benchmark_script
 
     probe = load_benchmark_script(monkeypatch, "benchmarks/dev_kernel_probe.py")
+
+    def stages_of(path):    # what the probe's candidate loop hands walk_launch
+        return probe.candidate_kernels(path, ["intra_walk_stages"]).get("intra_walk_stages")
+
     path = "benchmarks/variants/bwd_walk_keys_rows.py"
-    assert probe.walk_launch(path, dict(BD=128, DT=tl.float16, num_stages=2, num_warps=4)) == dict(
+    assert probe.walk_launch(stages_of(path), dict(BD=128, DT=tl.float16, num_stages=2, num_warps=4)) == dict(
         BD=128, DT=tl.float16, num_stages=1, num_warps=4)
-    assert probe.walk_launch(path, dict(BD=64, DT=tl.bfloat16, num_stages=2))["num_stages"] == 2
+    assert probe.walk_launch(stages_of(path), dict(BD=64, DT=tl.bfloat16, num_stages=2))["num_stages"] == 2
     shipped = "benchmarks/variants/bwd_walk_direct_transpose.py"     # no stages of its own: the launch's
-    assert probe.walk_launch(shipped, dict(BD=128, DT=tl.float16, num_stages=2))["num_stages"] == 2
+    assert probe.walk_launch(stages_of(shipped), dict(BD=128, DT=tl.float16, num_stages=2))["num_stages"] == 2
     assert set(probe.launcher_kernels(path, tri_backward)) == {"bwd_intra_walk_kernel", "intra_walk_stages"}
 
 
