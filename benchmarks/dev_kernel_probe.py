@@ -32,8 +32,8 @@ UT backward kernels also under those register caps (Triton's ``maxnreg``: more p
 ``--transport-v2`` swapped in (every kernel of forward.py / backward.py it defines, together), each with its host
 time per call (5 calls queued).  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8 and 4, and at
 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per program; ``keepstate``,
-fwd+bwd at bwd_forward_state recompute and keep (the backward reuses the forward's state), with time, extra peak
-memory and gradient differences.
+fwd+bwd at bwd_forward_state recompute, keep_inter and keep (the backward reuses the forward's state), with time,
+extra peak memory and gradient differences.
 JSON rows on stdout and in $OUT.
 """
 from __future__ import annotations
@@ -342,7 +342,7 @@ def kept_state_e2e(base, xs, do, gate):
         return torch.autograd.grad(o, xs, do)
 
     ref = None
-    for state in ("recompute", "keep"):
+    for state in ("recompute", "keep_inter", "keep"):
         grads = fn(state)
         torch.cuda.synchronize()
         del grads

@@ -694,8 +694,9 @@ def _soft_warning() -> type[Warning]:
 def _triton_params_json(fwd: Choice, bwd: Optional[Choice], D: int, DV: int) -> str:
     """The config the Triton op runs (every knob, spec spelling, canonical JSON): the untuned config for the
     head dims, overlaid with the forward's knobs, then every knob of ``bwd`` (see module doc) when they
-    combine into valid kernel params, else the forward's alone (``codegen._knobs.config_json``: checked by
-    ``resolve``, so a config the kernels cannot take fails here, not in the op)."""
+    combine into valid kernel params, else the forward's alone, and without ``bwd`` bwd_forward_state
+    recompute (``codegen._knobs.config_json``: checked by ``resolve``, so a config the kernels cannot take
+    fails here, not in the op)."""
     from pathtune.codegen._knobs import config_json
 
     dims = (D, DV)
@@ -706,6 +707,8 @@ def _triton_params_json(fwd: Choice, bwd: Optional[Choice], D: int, DV: int) -> 
         except (TypeError, ValueError) as e:
             _log.debug("dispatch: backward knobs %s do not combine with the forward config (%s); untuned "
                        "backward knobs", dict(bwd.config), e)
+    if bwd is None:     # no backward follows: the forward keeps no state for one (bwd_forward_state)
+        merged = {**merged, "bwd_forward_state": "recompute"}
     return config_json("triton", "fwd", merged, dims)
 
 

@@ -49,7 +49,7 @@ BASE = {"chunk_size": 64, "superchunk_size": 1024, "block_n": 64, "block_m": 128
         "bwd_transition_precision": "tf32x3", "beta_clip_eps": None, "ut_precision": "tf32x3",
         "ut_diag_block": 16, "ut_grad_precision": "tf32", "bwd_block_n": 64, "bwd_block_m": 64, "bwd_num_warps": 4,
         "bwd_inter_num_warps": 4,
-        "bwd_num_stages": 2, "bwd_forward_state": "recompute",
+        "bwd_num_stages": 2, "bwd_forward_state": "keep_inter",
         "decode_block_n": 128, "decode_num_warps": 4, "decode_splits": 4, "decode_num_stages": 1,
         "decode_pending_window": 16}
 

@@ -117,7 +117,11 @@ def test_superchunk_size_from_the_plan_to_the_launch(monkeypatch, fake_h200_env)
     d = dispatch.Dispatcher(env_info=fake_h200_env, db=None, pack=None)
     plan = d.plan(torch.device("cuda", 0), 64, 64, 4, 2, "bfloat16", True, 100, 1, False)
     carried = json.loads(plan.params_json)
-    assert carried == config_of("triton", None, (64, 64))            # every knob, the spec's spelling
+    # every knob, the spec's spelling; a forward-only plan keeps no state for a backward
+    assert carried == {**config_of("triton", None, (64, 64)), "bwd_forward_state": "recompute"}
+    trained = json.loads(d.plan(torch.device("cuda", 0), 64, 64, 4, 2, "bfloat16", True, 100, 1, False,
+                                grad=True).params_json)
+    assert trained == config_of("triton", None, (64, 64))             # the spec's default bwd_forward_state
     assert carried["superchunk_size"] == SPEC.backend_defaults("triton", 64, 64)["superchunk_size"]
 
     seen = {}

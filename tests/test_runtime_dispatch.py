@@ -3,6 +3,7 @@
 The dispatcher is exercised on the CPU with a fake H200 environment (``env_info``) and a
 ``torch.device("cuda", 0)`` key: nothing here launches a kernel except the interpreter test at the end.
 """
+import dataclasses
 import json
 import sqlite3
 import time
@@ -167,8 +168,10 @@ def test_pack_default_then_heuristic(env, db_url):
     assert p.source == "heuristic"
     from pathtune.codegen.triton import TritonParams
 
-    # the plan carries the untuned config (spec spelling); the op resolves it to the heuristic params
-    assert resolve("triton", "fwd", json.loads(p.params_json), (64, 64)) == TritonParams.heuristic(64, 64)
+    # the plan carries the untuned config (spec spelling); the op resolves it to the heuristic params (a
+    # forward-only plan: bwd_forward_state recompute, no state kept for a backward)
+    assert resolve("triton", "fwd", json.loads(p.params_json), (64, 64)) == dataclasses.replace(
+        TritonParams.heuristic(64, 64), bwd_forward_state="recompute")
     assert plan(dispatcher(env, db_url, None), head_dim=128, head_dim_v=128).fwd.config == fwd_cfg(chunk_size=32)
 
 

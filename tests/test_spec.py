@@ -327,10 +327,11 @@ def test_memory_knobs_are_searched_only_when_allowed(spec, allowed):
     --memory-knobs``): not asked of Optuna (``enumerate`` walks the same ``searched_domain``)."""
     optuna = pytest.importorskip("optuna")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    modes = ("recompute", "keep_inter", "keep")
     assert spec.knobs["bwd_forward_state"].role == "memory"
-    assert spec.knobs["bwd_forward_state"].default == "recompute"
+    assert spec.knobs["bwd_forward_state"].default == "keep_inter"
     space = KnobSpace(spec, "bwd", memory_knobs=allowed)
-    assert space.searched_domain("bwd_forward_state") == (("recompute", "keep") if allowed else ("recompute",))
+    assert space.searched_domain("bwd_forward_state") == (modes if allowed else ("keep_inter",))
     assert space.searched_domain("chunk_size") == tuple(spec.knobs["chunk_size"].domain)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen = []
@@ -342,7 +343,7 @@ def test_memory_knobs_are_searched_only_when_allowed(spec, allowed):
     study.optimize(objective, n_trials=24)
     asked = {name for t in study.trials for name in t.params}
     assert ("bwd_forward_state" in asked) == allowed
-    assert set(seen) == ({"recompute", "keep"} if allowed else {"recompute"})
+    assert set(seen) == (set(modes) if allowed else {"keep_inter"})
 
 
 # ---- Workload ---------------------------------------------------------------------------------------

@@ -480,15 +480,18 @@ def test_ranged_backward_starts_from_the_forwards_compact_state(monkeypatch, gat
     check(split, oracle_grads(inputs, do), TOL[F16])
 
 
+@pytest.mark.parametrize("mode", ["keep", "keep_inter"])
 @pytest.mark.parametrize("dtype,ranged,varlen,gate", [(F16, True, False, True), (F16, False, False, False),
                                                         (F32, False, True, True), (F16, True, True, False)],
                          ids=["fp16-ranged-gate", "fp16-one-range", "fp32-varlen-gate", "fp16-ranged-varlen"])
-def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, dtype, ranged, varlen, gate):
+def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, dtype, ranged, varlen, gate, mode):
     """bwd_forward_state keep: the forward op returns its compact state, autograd keeps it, and the
-    backward reads it instead of running the UT stage and the transport again (no ``backward_state``
-    call).  Where the recompute would build the same state (token ranges, or a float32 scan) the
-    gradients are bitwise the recompute's; in one range of a 16-bit scan the recompute reads a float32
-    state and the kept one is 16-bit: both match the oracle.  Varlen: the kept transitions tensor has
+    backward reads it instead of running the UT stage and the transport again; keep_inter: the forward's
+    queries at their super-chunk start, transported keys and transitions, and the backward's inter stages read
+    them while its per-range stages recompute U, K~, M (in either mode no ``backward_state`` call, no query
+    chain in ``bwd_prep_kernel``).  Where the recompute would build the same state (token ranges, or a float32
+    scan) the gradients are bitwise the recompute's; in one range of a 16-bit scan the recompute reads a
+    float32 state and the kept one is 16-bit: both match the oracle.  Varlen: the kept transitions tensor has
     rows for the most super-chunks the sequence count allows."""
     inputs, do = make_inputs(453, B=1 if varlen else 2, T=150 if varlen else 100, HQ=4, H=2, dtype=dtype, gate=gate)
     kw = dict(cu_seqlens=torch.tensor([0, 20, 21, 101, 150])) if varlen else {}
@@ -496,18 +499,33 @@ def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, dtype, r
         monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
     else:
         monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
-    calls = []
+    calls, chains = [], []
     real_state = tri_backward.backward_state
     monkeypatch.setattr(tri_backward, "backward_state", lambda *a, **k: calls.append(1) or real_state(*a, **k))
-    recomputed = kernel_grads(inputs, do, params(dtype), **kw)
-    assert calls == [1]
-    kept = kernel_grads(inputs, do, params(dtype, bwd_forward_state="keep"), **kw)
-    assert calls == [1]                                     # the kept state, nothing recomputed
+    spy_prep(monkeypatch, chains)
+    recomputed = kernel_grads(inputs, do, params(dtype, bwd_forward_state="recompute"), **kw)
+    assert calls == [1] and chains == [True]
+    kept = kernel_grads(inputs, do, params(dtype, bwd_forward_state=mode), **kw)
+    assert calls == [1] and chains == [True, False]         # the kept state: nothing recomputed before the ranges
     if ranged or dtype == F32:
         for name, a, b in zip(NAMES, kept, recomputed):
             if b is not None:
                 assert torch.equal(a, b), name
     check(kept, oracle_grads(inputs, do, **kw), TOL[dtype])
+
+
+def spy_prep(monkeypatch, log):
+    """Record each ``bwd_prep_kernel`` launch's CHAIN (whether it walks the query chain) in ``log``."""
+    real = tri_backward.bwd_prep_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                log.append(kw["CHAIN"])
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(tri_backward, "bwd_prep_kernel", Spy())
 
 
 def test_range_budget(monkeypatch):
@@ -518,7 +536,7 @@ def test_range_budget(monkeypatch):
     assert tri_backward._range_budget() == tri_backward.PHASE2_RANGE_BYTES == 256 << 20
     per_token = tri_backward._phase2_bytes_per_token(16, 64, 64, 1024, True)
     assert -(-32768 * per_token // tri_backward.PHASE2_RANGE_BYTES) == 8
-    assert -(-32768 * per_token // (128 << 20)) == 15
+    assert -(-32768 * per_token // (128 << 20)) == 16
     monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "128")
     assert tri_backward._range_budget() == 128 << 20
     for raw in ("unbounded", "inf", "Off"):
@@ -534,20 +552,20 @@ def test_range_budget(monkeypatch):
 
 def test_range_budget_counts_the_ut_backward_tiles_where_larger():
     """The UT backward's C x C tiles (CC_TILES x C float32 per kv head and token) are allocated after u, K~,
-    w's copy (scan dtype) and bwd_intra's chain states are freed (m lives on for the UT backward): the range
-    size counts whichever of the two is larger."""
+    w's copy (scan dtype), the float32 copy of dV's rows and bwd_intra's chain states are freed (m lives on for
+    the UT backward): the range size counts whichever of the two is larger."""
     from pathtune.codegen.triton.ut_bwd import CC_TILES
 
     H, C = 4, 64
     shared = lambda D: 4 * H * (C + 4 * D + C)           # noqa: E731  A, accumulators, dM (no transport)
     # narrow heads, short super-chunks: the tiles outweigh u, K~, m and the chain states
     D, S = 16, 128
-    intra = H * (3 * D * 2 + 4 * C) + H * (S // (2 * C)) * 64 * 2
+    intra = H * (3 * D * 2 + 4 * C + 4 * D) + H * (S // (2 * C)) * 64 * 2
     assert 4 * H * (CC_TILES + 1) * C > intra
     assert tri_backward._phase2_bytes_per_token(H, D, C, S, False) == shared(D) + 4 * H * (CC_TILES + 1) * C
     # the tuned shapes: the intra stage is the larger
     D, S = 64, 1024
-    intra = H * (3 * D * 2 + 4 * C) + H * (S // (2 * C)) * 64 * 2
+    intra = H * (3 * D * 2 + 4 * C + 4 * D) + H * (S // (2 * C)) * 64 * 2
     assert intra > 4 * H * (CC_TILES + 1) * C
     assert tri_backward._phase2_bytes_per_token(H, D, C, S, False) == shared(D) + intra
 

@@ -24,10 +24,10 @@ def _loss(q, k, v, w, beta, g, state="recompute"):
     return (o * o).sum() + lse.sum()
 
 
-@pytest.mark.parametrize("state", ["recompute", "keep"])
+@pytest.mark.parametrize("state", ["recompute", "keep_inter", "keep"])
 def test_fullgraph_compile_matches_eager(state):
-    """Also with bwd_forward_state keep: the forward op's kept state (fake shapes from sizes) reaches the
-    backward op through autograd under the compiled graph."""
+    """Also with bwd_forward_state keep_inter / keep: the forward op's kept state (fake shapes from sizes)
+    reaches the backward op through autograd under the compiled graph."""
     xs = _inputs(1)
     eager = _loss(*xs, state)
     g_eager = torch.autograd.grad(eager, xs)
@@ -40,6 +40,8 @@ def test_fullgraph_compile_matches_eager(state):
 
 
 def test_fake_tensor_shapes():
+    import json
+
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
@@ -48,19 +50,29 @@ def test_fake_tensor_shapes():
         v = torch.empty(2, 64, 2, 16)
         w = torch.empty(2, 64, 2, 32)
         beta = torch.empty(2, 64, 2)
-        o, lse, kept = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, None, None, 0.2, "{}", "inside_scale")
+        small = json.dumps(CFG)
+        o, lse, kept = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, None, None, 0.2, small, "inside_scale")
         assert o.shape == (2, 64, 4, 16) and lse.shape == (2, 64, 4) and lse.dtype == torch.float32
-        assert len(kept) == 7 and all(t.numel() == 0 for t in kept)     # bwd_forward_state recompute
+        # bwd_forward_state keep_inter (the default): transported keys, transitions (2 x 2 super-chunks) and the
+        # queries at their super-chunk start; no compact state, no gate cumsum without a gate
+        assert len(kept) == 8
+        sizes = {name: tuple(t.shape) for name, t in zip(("u", "kt", "m", "kj", "what", "gc", "wd", "y"), kept)}
+        assert sizes == dict(u=(0,), kt=(0,), m=(0,), kj=(128, 2, 32), what=(4, 2, 32, 32), gc=(0,), wd=(0,),
+                             y=(128, 4, 32))
+        o, lse, kept = torch.ops.pathtune.path_attn_fwd(q, k, v, w, beta, None, None, 0.2,
+                                                        '{"bwd_forward_state": "recompute"}', "inside_scale")
+        assert len(kept) == 8 and all(t.numel() == 0 for t in kept)     # bwd_forward_state recompute
 
 
 @pytest.mark.parametrize("state,scan,varlen", [("recompute", "tf32", False), ("keep", "tf32", False),
-                                               ("keep", "fp16", False), ("keep", "tf32", True)])
+                                               ("keep", "fp16", False), ("keep", "tf32", True),
+                                               ("keep_inter", "fp16", False), ("keep_inter", "tf32", True)])
 def test_opcheck_fake_matches_real_on_permuted_inputs(state, scan, varlen):
     """torch.library.opcheck: the fake implementations agree with the real ops in shape, dtype and
     strides, also for permuted (non-contiguous) inputs as a model's projections produce them.
     (The backward's fake once copied a permuted q's strides; inductor then asserted on the H200.)
-    With bwd_forward_state keep the forward also returns its state: 16-bit (fp16 scan) or float32,
-    and for packed varlen input a transitions tensor sized from the sequence count alone."""
+    With bwd_forward_state keep / keep_inter the forward also returns its state: 16-bit (fp16 scan) or
+    float32, and for packed varlen input a transitions tensor sized from the sequence count alone."""
     import json
 
     from pathtune.codegen.triton import TritonParams

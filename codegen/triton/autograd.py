@@ -2,13 +2,16 @@
 
 Two ``torch.library`` custom ops (``pathtune::path_attn_fwd`` / ``pathtune::path_attn_bwd``)
 whose bodies and fake implementations are the launchers' entry points, so ``torch.compile(fullgraph=True)``
-traces through them.  With the spec's default ``bwd_forward_state: recompute`` only o and lse are saved
-for backward and the O(T) UT / transport state is recomputed there, which keeps activation memory at what FlashAttention
-keeps.  With ``keep`` the forward op also returns its compact state (``forward.KEPT_STATE_FIELDS``,
-empty placeholders otherwise) for autograd to save, and the backward op reads it instead.
+traces through them.  With ``bwd_forward_state: recompute`` only o and lse are saved for backward and the O(T)
+UT / transport state is recomputed there, which keeps activation memory at what FlashAttention keeps.  With the
+spec's default ``keep_inter`` the forward op also returns the queries at their super-chunk start, the transported
+keys and the super-chunk transitions, and with ``keep`` its whole compact state besides
+(``forward.KEPT_STATE_FIELDS``, empty placeholders for what a mode does not keep), for autograd to save; the
+backward op reads them instead of computing them again.  A call whose inputs need no gradient runs recompute.
 """
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 import torch
@@ -50,12 +53,17 @@ _path_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.compiler.assume_constant_result
-def _resolve_params_json(config, head_dim: int, head_dim_v: int) -> str:
+def _resolve_params_json(config, head_dim: int, head_dim_v: int, needs_grad: bool = True) -> str:
     """The config the custom op carries: every knob in the spec's spelling, as canonical JSON (run at trace
     time under torch.compile: a constant). Knobs ``config`` leaves out come from the untuned config for
     these head dims (the spec's ``head_dim_defaults``: the plain defaults do not fit shared memory above
-    head dim 64). Checked here (``resolve``), so a bad config fails before any launch."""
-    return config_json("triton", None, config, (head_dim, head_dim_v))
+    head dim 64); without ``needs_grad`` bwd_forward_state is recompute (no backward reads a kept state).
+    Checked here (``resolve``), so a bad config fails before any launch."""
+    dims = (head_dim, head_dim_v)
+    text = config_json("triton", None, config, dims)
+    if needs_grad:
+        return text
+    return config_json("triton", None, {**json.loads(text), "bwd_forward_state": "recompute"}, dims)
 
 
 def path_attention_triton(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, g: Optional[Tensor] = None,
@@ -69,7 +77,8 @@ def path_attention_triton(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tens
     Returns (o [B,T,HQ,DV], lse [B,T,HQ] float32).
     Inputs are assumed validated (``pathtune.path_attention`` does that).
     """
-    params_json = _resolve_params_json(config, q.shape[-1], v.shape[-1])
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, w, beta, g))
+    params_json = _resolve_params_json(config, q.shape[-1], v.shape[-1], needs_grad)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if cu_seqlens is not None:

@@ -56,6 +56,7 @@ from .forward import (
     ForwardState,
     _tokens,
     config_error,
+    has_kept_state,
     prepare_state,
     state_from_kept,
     state_tables,
@@ -286,42 +287,44 @@ def _range_budget():
 
 
 def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool, HQ: int | None = None,
-                            scan_bytes: int = 2) -> int:
+                            scan_bytes: int = 2, DV: int | None = None) -> int:
     """Bytes per token of one range: float32 m, A (C wide, kept for the UT backward), the accumulators
     dK~, dW, dU, dK (D wide) and the transport's states and their gradients per kv head; u, K~ and w's copy
-    in the scan dtype and dM (C wide, float32) per kv head, and per query head (HQ, default H) bwd_intra's
-    chain states (S // (2C) slots of its 64-or-wider tiles, scan dtype).  The UT backward's C x C tiles
-    (CC_TILES x C float32 per kv head) live with m after u, K~, w's copy and the chain states are freed:
-    they count where they are larger."""
+    in the scan dtype, dM (C wide, float32) and the float32 copy of dV's rows (DV wide, default D) per kv
+    head, and per query head (HQ, default H) bwd_intra's chain states (S // (2C) slots of its 64-or-wider
+    tiles, scan dtype).  The UT backward's C x C tiles (CC_TILES x C float32 per kv head) live with m after
+    u, K~, w's copy, dV's rows and the chain states are freed: they count where they are larger."""
     BD = padded_dim(D)
     per_head = C + 4 * D + C + (2 * BD * BD // C if multi else 0)
     states = (HQ or H) * (S // (2 * C)) * max(BD, 64) * scan_bytes
-    return 4 * H * per_head + max(H * (3 * D * scan_bytes + 4 * C) + states, 4 * H * (CC_TILES + 1) * C)
+    intra = H * (3 * D * scan_bytes + 4 * C + 4 * (DV or D)) + states
+    return 4 * H * per_head + max(intra, 4 * H * (CC_TILES + 1) * C)
 
 
-def _range_count(tb: SequenceTables, N: int, H: int, HQ: int, D: int, params: TritonParams) -> int:
+def _range_count(tb: SequenceTables, N: int, H: int, HQ: int, D: int, params: TritonParams,
+                 DV: int | None = None) -> int:
     """How many token ranges the per-range stages (5-7) run in: the working set over the budget
     (``_range_budget``), at most one per super-chunk."""
     budget = _range_budget()
     if budget is None:
         return 1
     C, S = params.chunk_size, params.superchunk_size
-    per_token = _phase2_bytes_per_token(H, D, C, S, tb.max_seq_len > S, HQ, params.scan_torch_dtype.itemsize)
+    per_token = _phase2_bytes_per_token(H, D, C, S, tb.max_seq_len > S, HQ, params.scan_torch_dtype.itemsize, DV)
     return max(1, min(-(-N * per_token // budget), tb.n_sc))
 
 
 def backward_state(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None,
-                   *, cu_seqlens: torch.Tensor | None, params: TritonParams) -> ForwardState:
+                   *, cu_seqlens: torch.Tensor | None, params: TritonParams, DV: int | None = None) -> ForwardState:
     """Stages ut_inverse and transport again for the backward (only o and lse are saved by the forward).
 
     When the per-range stages run in more than one token range they recompute u, K~ (in the scan dtype,
     with w's copy) and m, A per range, and this state only feeds bwd_prep (u) and the transport (kj, What):
     then it is the forward's compact state (16-bit u, K~ and w, one launch of the UT stage on 16-bit tensor cores), so
     the backward's kj and What are the forward's own.  One range reads u, K~ and m in its kernels:
-    float32."""
+    float32.  DV: the values' head dim (default D), which the range count depends on."""
     B, T, HQ, D = q.shape
     tb = state_tables(B, T, cu_seqlens, params, q.device)
-    ranged = _range_count(tb, B * T, k.shape[2], HQ, D, params) > 1
+    ranged = _range_count(tb, B * T, k.shape[2], HQ, D, params, DV) > 1
     return prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params, compact=ranged)
 
 
@@ -464,34 +467,46 @@ def path_attention_bwd(
     common = dict(HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S, DT=dt)
     multi = tb.max_seq_len > S
     scan_store = state.kj.dtype     # the scan dtype's storage type (state.kj dies before stage 6)
-    ranges = _ranges(tb, B, T, N, C, S, _range_count(tb, N, H, HQ, D, params))
-    # a compact (16-bit) state is recomputed in float32 for the per-range stages, in one range too
-    recompute = len(ranges) > 1 or state.u.dtype != torch.float32
+    ranges = _ranges(tb, B, T, N, C, S, _range_count(tb, N, H, HQ, D, params, DV))
+    # u, K~, m for the per-range stages: recomputed per range unless the state holds them in float32 for one
+    # range; across ranges (and from a compact 16-bit state) in the scan dtype, else (one range, no state of
+    # its own: bwd_forward_state keep_inter) in float32, as the backward's own state of one range is
+    recompute = len(ranges) > 1 or state.u is None or state.u.dtype != torch.float32
+    range_dtype = scan_store if len(ranges) > 1 or state.u is not None else torch.float32
 
-    # 1. queries at their super-chunk start, stored in the scan dtype: they are only ever GEMM operands
-    # (bwd_prep writes every row of every sequence)
-    y = torch.empty(N, HQ, D, device=dev, dtype=scan_store)
+    # 1. queries at their super-chunk start, stored in the scan dtype: they are only ever GEMM operands.
+    # The forward's own when it kept them (bwd_forward_state keep_inter / keep); else bwd_prep walks each
+    # query chunk's chain (it writes every row of every sequence); only the inter stages read them
+    chain = multi and state.y is None
+    if state.y is not None:
+        y = state.y
+    else:
+        y = torch.empty(N, HQ, D, device=dev, dtype=scan_store) if chain else None
     # delta [N, HQ] (bwd_prep writes it whole) shares dc's buffer: one memset, and two N x HQ float32
     # arrays rounded together instead of dc rounding up a larger buffer (the caching allocator's 2 MiB)
     delta, dc = _zeros([(N, HQ), (HQ, N)], torch.float32, dev)
     dlse_t = _tokens(dlse).float() if dlse is not None else delta
     compiled(bwd_prep_kernel)[(tb.n_chunks * HQ,)](     # query heads fastest (_ops.chunk_and_head)
-        qt, wt, state.u, ot, dot_, dlse_t, y, delta, dc,
+        qt, wt, state.u if chain else wt, ot, dot_, dlse_t, y if chain else delta, delta, dc,
         tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, gate_nat, N,
-        INTERP=interp, HAS_DLSE=dlse is not None, USE_GATE=use_gate, num_warps=params.bwd_num_warps,
+        INTERP=interp, HAS_DLSE=dlse is not None, USE_GATE=use_gate, CHAIN=chain, num_warps=params.bwd_num_warps,
         num_stages=1, **common,
     )
     del dlse_t
+    state.y = None
     if recompute:   # u, K~, m are recomputed per range below (w's 16-bit copy only fed the transport)
         state.u = state.kt = state.m = state.wd = None
 
-    # accumulators that live to the end, zeroed at once: dv; dKJ and dWhat (the narrow chain kernel
-    # adds into it) between super-chunks, else dY (read by bwd_intra's walk, which leaves
-    # its carried query gradient there for the diagonal tile; nothing else writes it)
+    # dv in its final type: the inter stage stores every row (its part of dV, summed over the query heads of a
+    # group), each token range adds the intra part in a float32 copy of its rows (``_range_dv``).  Accumulators
+    # that live to the end, zeroed at once: dKJ and dWhat (the narrow chain kernel adds into it) between
+    # super-chunks, else dY (read by bwd_intra's walk, which leaves its carried query gradient there for the
+    # diagonal tile; nothing else writes it)
     if multi:
+        dv = torch.empty(N, H, DV, device=dev, dtype=v.dtype)
         chain_adds = BD <= CHAIN_KERNEL_MAX_BD
-        shapes = [(N, H, DV), (N, H, D)] + ([tuple(state.what.shape)] if chain_adds else [])
-        dv, dkj, *dwhat0 = _zeros(shapes, torch.float32, dev)
+        shapes = [(N, H, D)] + ([tuple(state.what.shape)] if chain_adds else [])
+        dkj, *dwhat0 = _zeros(shapes, torch.float32, dev)
         dwhat0 = dwhat0[0] if chain_adds else None
         # 3. + 4. first (dom and its chain die before dY exists)
         dom = torch.zeros(max(tb.n_pairs, 1), H, BD, BD, **f32)
@@ -524,7 +539,8 @@ def path_attention_bwd(
         )
         del om, z
     else:
-        dv, dy = _zeros([(N, H, DV), (N, HQ, D)], torch.float32, dev)
+        dv = torch.zeros(N, H, DV, device=dev, dtype=v.dtype)
+        dy = torch.zeros(N, HQ, D, **f32)
     del y
     state.kj = state.what = None
 
@@ -537,8 +553,9 @@ def path_attention_bwd(
         r = slice(a, b)
         nr = b - a
         if recompute:   # A stays for the UT backward, which reads A and M instead of inverting again
-            u, ktil, m, amat, wd = ut_forward(kt_in[r], wt[r], bt[r], tr, H, D, C, params, out_dtype=scan_store,
-                                              write_w=True, keep_a=True)
+            u, ktil, m, amat, wd = ut_forward(kt_in[r], wt[r], bt[r], tr, H, D, C, params, out_dtype=range_dtype,
+                                              write_w=range_dtype != torch.float32, keep_a=True)
+            wd = wt[r] if wd is None else wd
         else:
             u, ktil, m, amat, wd = state.u, state.kt, state.m, None, wt[r]
         # the range's accumulators, zeroed at once: the transport backward stores dK~, dW, dU of the
@@ -560,11 +577,12 @@ def path_attention_bwd(
                 tr.sc_tok0, tr.sc_seq, tr.seq_end, num_warps=grads_warps, num_stages=1, **tkw,
             )
             del suf, gs
+        dv_r = _range_dv(dv, r)
         # bwd_intra's chain-state slots (see the kernel): S // (2C) per chunk and query head
         xs = torch.empty(max(1, HQ * tr.n_chunks * (S // (2 * C)) * C * max(BD, 64)), device=dev, dtype=scan_store)
         # the range's columns of gc and dc: views with the full head stride N
         intra_args = (qt[r], kt_in[r], vt[r], wd, u, m, ktil, gc[:, r] if use_gate else gc, dot_[r], lset[r],
-                      delta[r], dy[r], dq[r], dk_acc, dv[r], dw_acc, du, dm, dkt, dc[:, r], xs,
+                      delta[r], dy[r], dq[r], dk_acc, dv_r, dw_acc, du, dm, dkt, dc[:, r], xs,
                       tr.chunk_tok0, tr.chunk_seq, tr.seq_start, tr.seq_end,
                       tr.n_chunks, qk_scale, gate_scale, scale, gate_nat, N)
         # head dims under 64 run on 64-wide (masked) tiles here: at D = 32 this kernel's atomic
@@ -575,8 +593,10 @@ def path_attention_bwd(
         compiled(bwd_intra_walk_kernel)[(tr.n_chunks * HQ,)](*intra_args, **dict(intra_kw, num_stages=intra_walk_stages(
             BD, max(u.element_size(), ktil.element_size(), wd.element_size()))))
         compiled(bwd_intra_diag_kernel)[(tr.n_chunks * HQ,)](*intra_args, **intra_kw)
+        if dv_r.dtype != dv.dtype:
+            dv[r].copy_(dv_r)
         # the tuple holds u, K~ and the chain-state slots: drop it with them, before the UT backward
-        del intra_args, u, ktil, xs, wd
+        del intra_args, u, ktil, xs, wd, dv_r
         if not recompute:   # A and M of the UT backward, in the same operations as the recompute's
             state.u = state.kt = state.m = None
             amat, m = ut_chunk_state(kt_in, wt, bt, tb, H, D, C, params)
@@ -600,16 +620,21 @@ def path_attention_bwd(
         del dkj, dwhat
     state.gc = None
     del gc
-    dv = dv.to(v.dtype)
     dg = _gate_grad(dc, tb, (B, T, HQ)).to(g.dtype).contiguous() if use_gate else None
     return (dq.view(B, T, HQ, D), dk.view(B, T, H, D), dv.view(B, T, H, DV),
             dw.view(B, T, H, D), dbeta.view(B, T, H), dg)
 
 
+def _range_dv(dv: torch.Tensor, r: slice) -> torch.Tensor:
+    """The rows ``r`` of dv for the intra kernels' atomic adds: a float32 copy of a 16-bit dv's rows (written
+    back after them: the inter part and the sum each round once to dv's type), a float32 dv's own rows."""
+    return dv[r] if dv.dtype == torch.float32 else dv[r].float()
+
+
 def kept_state(kept: list[torch.Tensor], q: torch.Tensor, cu_seqlens: torch.Tensor | None,
                params: TritonParams) -> ForwardState:
-    """The forward's kept state (bwd_forward_state keep: ``forward.KEPT_STATE_FIELDS``) as the backward's
-    ForwardState, over the same tables ``backward_state`` would build."""
+    """The forward's kept state (bwd_forward_state keep / keep_inter: ``forward.KEPT_STATE_FIELDS``, None where
+    a field is not kept) as the backward's ForwardState, over the same tables ``backward_state`` would build."""
     B, T = q.shape[:2]
     return state_from_kept(list(kept), state_tables(B, T, cu_seqlens, params, q.device))
 
@@ -623,10 +648,11 @@ def backward_op(do: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor,
     recomputed); dg is an empty tensor without a gate."""
     params = resolve_json("triton", "bwd", config_json, int(q.shape[-1]), int(v.shape[-1]))
     try:
-        if kept and kept[0].numel():
-            state = kept_state(kept, q, cu_seqlens, params)
-        else:
-            state = backward_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params)
+        state = kept_state(kept, q, cu_seqlens, params) if has_kept_state(kept) else None
+        if state is None or (state.u is None and state.y is None):
+            # nothing kept, or keep_inter with no sequence longer than one super-chunk (no inter stages: what
+            # the per-range stages read is the UT stage's, computed here as without a kept state)
+            state = backward_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params, DV=int(v.shape[-1]))
         grads = path_attention_bwd(do.contiguous(), q, k, v, w, beta, g, o, lse, state, scale=scale, params=params,
                                    gate_placement=gate_placement, dlse=dlse)
     except OutOfResources as exc:

@@ -209,6 +209,8 @@ def bwd_inter_dkv_kernel(
     # DB < BD: kz_ptr [N, H, D] (scan dtype) is the scratch of KZ = KJ Om^T for this program's key
     # rows and dkj accumulates in place per pair; DB == BD: kz_ptr unused.
     # gc_ptr, dc_ptr [HQ, gc_hs] float32 head-major: a key tile's gates (and their gradients) contiguous.
+    # dv_ptr [N, H, DV] (v's type, or float32): every row stored once, the inter part of dV (the intra
+    # kernels add the rest per token range).
     # BLOCK_M: query rows per step of the walk over a later super-chunk (the bwd_block_m knob; the
     # UT chunk is no unit here: p and dS of every query row are independent given lse and delta;
     # _dkv_superchunk)
@@ -221,7 +223,12 @@ def bwd_inter_dkv_kernel(
     sid = tl.load(sc_seq + j)
     s0 = tl.load(seq_start + sid)
     send = tl.load(seq_end + sid)
-    if tokj + S < send:
+    if tokj + S >= send:    # a sequence's last super-chunk: no later queries, the inter part of its dV is zero
+        rz = (tokj + t0 + tl.arange(0, BLOCK_N)).to(tl.int64)
+        cz = tl.arange(0, BDV)
+        tl.store(dv_ptr + (rz[:, None] * H + h) * DV + cz[None, :], tl.zeros((BLOCK_N, BDV), dv_ptr.dtype.element_ty),
+                 mask=(rz < send)[:, None] & (cz < DV)[None, :])
+    else:
         sc_base = tl.load(seq_sc_base + sid)
         pair_base = tl.load(seq_pair_base + sid)
         n_sc_seq = (send - s0 + S - 1) // S
@@ -232,19 +239,21 @@ def bwd_inter_dkv_kernel(
         dmask = (d < D)[None, :]
         dvmask = (dv < DV)[None, :]
         dpair = d[:, None] * BD + d[None, :]
+        krows = (tokj + t0 + rn).to(tl.int64)
+        voff = (krows[:, None] * H + h) * DV + dv[None, :]
+        # dV of the key tile summed over the query heads of its group: the program owns these rows of dv
+        # (the inter part; the intra kernels add theirs later), so it stores them once, in dv's type
+        dV = tl.zeros((BLOCK_N, BDV), dtype=tl.float32)
         for g_i in range(0, HQ // H):
             hq = h * (HQ // H) + g_i
             gc_h = gc_ptr + hq.to(tl.int64) * gc_hs
-            krows = (tokj + t0 + rn).to(tl.int64)
             koff = (krows[:, None] * H + h) * D + d[None, :]
-            voff = (krows[:, None] * H + h) * DV + dv[None, :]
             KJ = tl.load(kj_ptr + koff, mask=dmask, other=0.0)
             Vt = tl.load(v_ptr + voff, mask=dvmask, other=0.0)
             if USE_GATE:
                 ck_s = tl.load(gc_h + krows) * gate_scale
             else:
                 ck_s = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            dV = tl.zeros((BLOCK_N, BDV), dtype=tl.float32)
             if GATE_SUM_MMA:    # the gate's key-side sums -sum_i dS_ij (column 0; _dkv_superchunk)
                 dck = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
             else:
@@ -297,7 +306,6 @@ def bwd_inter_dkv_kernel(
                             tl.atomic_add(dom_ptr + pair + d[:, None] * BD + e[None, :], dom,
                                           mask=(d < D)[:, None] & emask, sem="relaxed")
             tl.debug_barrier()
-            tl.store(dv_ptr + voff, tl.load(dv_ptr + voff, mask=dvmask, other=0.0) + dV, mask=dvmask)
             if USE_GATE:
                 cptr = dc_ptr + hq.to(tl.int64) * gc_hs + krows
                 if GATE_SUM_MMA:
@@ -306,6 +314,7 @@ def bwd_inter_dkv_kernel(
                     dck_sum = dck
                 tl.store(cptr, tl.load(cptr) - dck_sum * gate_nat)
             tl.debug_barrier()
+        tl.store(dv_ptr + voff, dV.to(dv_ptr.dtype.element_ty), mask=dvmask)
 
 
 @triton.jit

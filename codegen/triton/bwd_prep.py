@@ -1,12 +1,12 @@
 """Backward preprocessing: one program per (query UT chunk, query head).
 
-Recomputes Y_c, the chunk's queries carried to the START of their super-chunk
-(Y = Q~_c P_{c-1} ... P_first, exactly the scan state when the forward leaves the
-super-chunk), and delta = rowsum(dO * O) - dlse, the FlashAttention softmax-gradient term (dlse: the gradient
-of the returned log-sum-exp, when the loss uses it).  With the gate, dlse is also the query side of dc:
-sum_j dS_ij = rowsum(P (dP - delta)) = d lse_i for every query row (softmax rows are shift invariant), so
-the backward's other kernels add only the key side and this kernel stores dc_i = d lse_i (x gate_nat)
-into the zeroed dc before them.
+Computes delta = rowsum(dO * O) - dlse, the FlashAttention softmax-gradient term (dlse: the gradient of the
+returned log-sum-exp, when the loss uses it), and with CHAIN recomputes Y_c, the chunk's queries carried to
+the START of their super-chunk (Y = Q~_c P_{c-1} ... P_first, exactly the scan state when the forward leaves
+the super-chunk; without CHAIN the backward reads the forward's own, or needs none).  With the gate, dlse is
+also the query side of dc: sum_j dS_ij = rowsum(P (dP - delta)) = d lse_i for every query row (softmax rows
+are shift invariant), so the backward's other kernels add only the key side and this kernel stores
+dc_i = d lse_i (x gate_nat) into the zeroed dc before them.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def bwd_prep_kernel(
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, INTERP: tl.constexpr, HAS_DLSE: tl.constexpr, USE_GATE: tl.constexpr,
+    CHAIN: tl.constexpr = True,
 ):
     n, hq = chunk_and_head(HQ)
     h = hq // (HQ // H)
@@ -32,9 +33,7 @@ def bwd_prep_kernel(
     first = (c_idx // (S // C)) * (S // C)
 
     r = tl.arange(0, C)
-    d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
-    dmask = (d < D)[None, :]
     rows = (tok0 + r).to(tl.int64)
     rmask = rows < send
 
@@ -50,7 +49,20 @@ def bwd_prep_kernel(
         if USE_GATE:    # dc [HQ, dc_hs] head-major: the query side of every row's gate gradient
             tl.store(dc_ptr + hq.to(tl.int64) * dc_hs + rows, dlse * gate_nat, mask=rmask)
     tl.store(delta_ptr + rows * HQ + hq, delta, mask=rmask)
+    if CHAIN:
+        _queries_at_superchunk_start(q_ptr, w_ptr, u_ptr, y_ptr, rows, rmask, hq, h, c_idx, first, s0,
+                                     HQ, H, D, BD, C, DT, INTERP)
 
+
+@triton.jit
+def _queries_at_superchunk_start(q_ptr, w_ptr, u_ptr, y_ptr, rows, rmask, hq, h, c_idx, first, s0,
+                                 HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                                 C: tl.constexpr, DT: tl.constexpr, INTERP: tl.constexpr):
+    """Y of the program's query rows: Q~ by the chunk's boundary adjustment, then the chain over the earlier
+    chunks of the super-chunk (first .. c_idx - 1, right to left), stored into y_ptr."""
+    r = tl.arange(0, C)
+    d = tl.arange(0, BD)
+    dmask = (d < D)[None, :]
     koff = (rows[:, None] * H + h) * D + d[None, :]
     Q = tl.load(q_ptr + (rows[:, None] * HQ + hq) * D + d[None, :], mask=rmask[:, None] & dmask, other=0.0).to(DT)
     W = tl.load(w_ptr + koff, mask=rmask[:, None] & dmask, other=0.0).to(DT)

@@ -207,7 +207,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     tma = inter_tma_shapes(D, DV, BD, BDV)
     inter_fwd_sig = dict(sig, o_ptr=io)
     # scan_intra's walk reads K~, W, U and V as TMA blocks where forward.intra_walk_operands does
-    intra_fwd_sig = dict(fwd_sig, kt_walk=scan, w_walk=scan, u_walk=scan, v_walk=io)
+    intra_fwd_sig = dict(fwd_sig, kt_walk=scan, w_walk=scan, u_walk=scan, v_walk=io, y_ptr=scan)
     intra_tma = intra_walk_tma_shapes(D, DV, BD, BDV)
     if intra_tma:
         intra_fwd_sig.update({n: f"tensordesc<{scan[1:]}[{C}, {D}]>" for n in ("kt_walk", "w_walk", "u_walk")},
@@ -236,11 +236,14 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (superchunk_transport_kernel, fwd_sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype,
                                                     TP=tp, INTERP=False), 4, 1),
         (scan_intra_kernel, intra_fwd_sig,
-         dict(common, WRITE_X=True, TMA=intra_tma, WALK_STAGES=params.intra_num_stages, **flags), params.num_warps, 1),
+         dict(common, WRITE_X=True, TMA=intra_tma, WALK_STAGES=params.intra_num_stages,
+              WRITE_Y=params.bwd_forward_state != "recompute", **flags), params.num_warps, 1),
         (scan_inter_kernel, inter_fwd_sig, dict({k: v for k, v in common.items() if k != 'C'}, TMA=tma,
                                                 BLOCK_M=query_block(params), BLOCK_N=params.block_n, DB=DB, **flags),
          params.inter_num_warps, params.num_stages),
-        (bwd_prep_kernel, sig, dict(common, INTERP=False, HAS_DLSE=True, USE_GATE=gate), params.bwd_num_warps, 1),
+        # with its query chain (the backward's own Y: bwd_forward_state recompute)
+        (bwd_prep_kernel, sig, dict(common, INTERP=False, HAS_DLSE=True, USE_GATE=gate, CHAIN=True),
+         params.bwd_num_warps, 1),
         (bwd_inter_dq_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags),
          params.bwd_inter_num_warps, params.bwd_num_stages),
         (bwd_inter_dkv_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, BLOCK_M=dkv_query_step(params),

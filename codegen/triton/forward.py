@@ -52,6 +52,7 @@ class ForwardState:
     what: torch.Tensor     # [n_sc, H, BD, BD] float32, super-chunk transitions
     gc: torch.Tensor | None  # [HQ, N] float32 gate cumsum, head-major (a head's tokens contiguous)
     wd: torch.Tensor | None = None  # [N, H, D] w in the scan's 16-bit type (compact state only)
+    y: torch.Tensor | None = None   # [N, HQ, D] scan dtype, queries at their super-chunk start (kept state only)
     pending: tuple | None = field(default=None, repr=False)  # (main, side) streams while the transport runs
 
     def join(self) -> None:
@@ -62,9 +63,13 @@ class ForwardState:
             self.pending = None
 
 
-# bwd_forward_state keep: the state tensors the forward hands to autograd for the backward, in this
-# order; an absent one (gc without a gate, wd when the scan is float32) is an empty placeholder.
-KEPT_STATE_FIELDS = ("u", "kt", "m", "kj", "what", "gc", "wd")
+# bwd_forward_state keep / keep_inter: the state tensors the forward hands to autograd for the backward, in
+# this order; an absent one (keep_inter: u, kt, m, wd; gc without a gate, wd when the scan is float32, y when
+# no sequence is longer than one super-chunk) is an empty placeholder.
+KEPT_STATE_FIELDS = ("u", "kt", "m", "kj", "what", "gc", "wd", "y")
+# the fields keep_inter keeps: what the backward's inter-super-chunk stages read
+KEPT_INTER_FIELDS = ("kj", "what", "gc", "y")
+KEEP_MODES = ("keep_inter", "keep")
 
 
 def superchunk_rows(batch: int, seq_len: int, n_seqs: int | None, S: int) -> int:
@@ -86,33 +91,53 @@ def absent_state(like: torch.Tensor) -> list[torch.Tensor]:
     return [_absent(like) for _ in KEPT_STATE_FIELDS]
 
 
+def kept_fields(mode: str) -> tuple[str, ...]:
+    """The ``KEPT_STATE_FIELDS`` a forward at bwd_forward_state ``mode`` keeps for its backward."""
+    return KEPT_STATE_FIELDS if mode == "keep" else KEPT_INTER_FIELDS if mode == "keep_inter" else ()
+
+
+def keeps_queries(seq_len: int, S: int) -> bool:
+    """Whether a forward of ``seq_len`` tokens per batch row (a packed stream's total: the most any of its
+    sequences can have) has queries carried to a super-chunk start to keep: from sizes alone, as a fake
+    implementation knows them."""
+    return seq_len > S
+
+
 def kept_state_like(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor | None, n_seqs: int | None,
                     params: TritonParams) -> list[torch.Tensor]:
-    """Uninitialised tensors of the kept state's shapes and dtypes (``KEPT_STATE_FIELDS``) for a forward
-    of these inputs: the custom op's fake implementation."""
+    """Uninitialised tensors of the kept state's shapes and dtypes (``KEPT_STATE_FIELDS``, placeholders for
+    the fields ``params.bwd_forward_state`` does not keep) for a forward of these inputs: the custom op's fake
+    implementation."""
     B, T, HQ, D = q.shape
     H, N, BD, C = k.shape[2], B * T, padded_dim(D), params.chunk_size
     store, f32 = params.scan_torch_dtype, torch.float32
-    return [q.new_empty(N, H, D, dtype=store), q.new_empty(N, H, D, dtype=store), q.new_empty(N, H, C, dtype=f32),
-            q.new_empty(N, H, D, dtype=store),
-            q.new_empty(superchunk_rows(B, T, n_seqs, params.superchunk_size), H, BD, BD, dtype=f32),
-            q.new_empty(HQ, N, dtype=f32) if g is not None else _absent(q),
-            q.new_empty(N, H, D, dtype=store) if store != f32 else _absent(q)]
+    shapes = dict(u=(N, H, D, store), kt=(N, H, D, store), m=(N, H, C, f32), kj=(N, H, D, store),
+                  what=(superchunk_rows(B, T, n_seqs, params.superchunk_size), H, BD, BD, f32),
+                  gc=(HQ, N, f32) if g is not None else None, wd=(N, H, D, store) if store != f32 else None,
+                  y=(N, HQ, D, store) if keeps_queries(T, params.superchunk_size) else None)
+    keep = kept_fields(params.bwd_forward_state)
+    return [q.new_empty(*shapes[name][:-1], dtype=shapes[name][-1]) if name in keep and shapes[name] is not None
+            else _absent(q) for name in KEPT_STATE_FIELDS]
 
 
-def kept_state_tensors(state: "ForwardState") -> list[torch.Tensor]:
-    """The forward's state as the list ``KEPT_STATE_FIELDS`` names (placeholders for absent ones)."""
-    return [getattr(state, name) if getattr(state, name) is not None else _absent(state.u)
+def kept_state_tensors(state: "ForwardState", mode: str) -> list[torch.Tensor]:
+    """The forward's state as the list ``KEPT_STATE_FIELDS`` names, the fields bwd_forward_state ``mode`` keeps
+    (placeholders for the others and for absent ones)."""
+    keep = kept_fields(mode)
+    return [getattr(state, name) if name in keep and getattr(state, name) is not None else _absent(state.kj)
             for name in KEPT_STATE_FIELDS]
 
 
 def state_from_kept(tensors: list[torch.Tensor], tables: SequenceTables) -> "ForwardState":
-    """``kept_state_tensors``' list back as a ForwardState over ``tables``."""
-    values = dict(zip(KEPT_STATE_FIELDS, tensors))
-    for name in ("gc", "wd"):
-        if values[name].numel() == 0:
-            values[name] = None
+    """``kept_state_tensors``' list back as a ForwardState over ``tables`` (placeholders as None)."""
+    values = {name: (t if t.numel() else None) for name, t in zip(KEPT_STATE_FIELDS, tensors)}
     return ForwardState(tables=tables, **values)
+
+
+def has_kept_state(kept: list[torch.Tensor]) -> bool:
+    """Whether the forward op's kept list holds a state (bwd_forward_state keep / keep_inter: the transported
+    keys are there whatever the length), not only placeholders."""
+    return bool(kept) and kept[KEPT_STATE_FIELDS.index("kj")].numel() > 0
 
 
 def query_block(params: TritonParams) -> int:
@@ -371,9 +396,10 @@ def path_attention_fwd(
     BD, BDV = padded_dim(D), padded_dim(DV)
     dev = q.device
     dt = params.scan_dtype
+    n_seqs = None if cu_seqlens is None else cu_seqlens.numel() - 1
+    kept = params.bwd_forward_state in KEEP_MODES
     if state is None:
-        n_seqs = None if cu_seqlens is None else cu_seqlens.numel() - 1
-        rows = superchunk_rows(B, T, n_seqs, S) if params.bwd_forward_state == "keep" else None
+        rows = superchunk_rows(B, T, n_seqs, S) if kept else None
         state = prepare_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params, compact=True,
                               side_stream=True, what_rows=rows)
     tables, u, ktil, m, kj, what, gc = state.tables, state.u, state.kt, state.m, state.kj, state.what, state.gc
@@ -389,17 +415,22 @@ def path_attention_fwd(
     inter = tables.max_seq_len > S
     o_part = torch.empty(N, HQ, DV, device=dev, dtype=torch.float32) if inter else o
     x = torch.empty(N, HQ, D, device=dev, dtype=torch.float32) if inter else lse
+    # the same queries in the scan's type for the backward, when it keeps them (from the sizes, as the fake
+    # implementation knows them: a packed stream may have none longer than one super-chunk, then y is unwritten)
+    write_y = kept and inter
+    if kept and keeps_queries(T, S):
+        state.y = torch.empty(N, HQ, D, device=dev, dtype=kj.dtype)
     gc_arg = gc if gc is not None else lse
     *walk, walk_tma = intra_walk_operands(ktil, wt, u, vt, C, D, DV, BD, BDV)
     # one program per (chunk, query head) on a flat grid, query heads fastest (_ops.chunk_and_head)
     compiled(scan_intra_kernel)[(tables.n_chunks * HQ,)](
         qt, kt_in, vt, wt, u, m, gc_arg,
-        o_part, lse, x, *walk,
+        o_part, lse, x, state.y if write_y else lse, *walk,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_start, tables.seq_end,
         scale * _LOG2E, gate_scale, N,
         HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S,
         DT=dt, TP=params.transition_precision, USE_GATE=g is not None, WRITE_X=inter, INTERP=interp,
-        TMA=walk_tma, WALK_STAGES=params.intra_num_stages,
+        TMA=walk_tma, WALK_STAGES=params.intra_num_stages, WRITE_Y=write_y,
         # the kernel-wide pipeliner stays off: it doubles the shared memory of the diagonal tile's operands
         num_warps=params.num_warps, num_stages=1,
     )
@@ -454,7 +485,8 @@ def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tenso
                                            gate_placement=gate_placement)
     except OutOfResources as exc:
         raise config_error(exc, q, v, config_json, "forward") from exc
-    return o, lse, (kept_state_tensors(state) if params.bwd_forward_state == "keep" else absent_state(q))
+    mode = params.bwd_forward_state
+    return o, lse, (kept_state_tensors(state, mode) if mode in KEEP_MODES else absent_state(q))
 
 
 def forward_op_like(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
@@ -464,5 +496,5 @@ def forward_op_like(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.
     B, T, HQ, _ = q.shape
     params = forward_params(config_json, q, v)
     n_seqs = None if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    kept = kept_state_like(q, k, g, n_seqs, params) if params.bwd_forward_state == "keep" else absent_state(q)
+    kept = kept_state_like(q, k, g, n_seqs, params) if params.bwd_forward_state in KEEP_MODES else absent_state(q)
     return q.new_empty(B, T, HQ, v.shape[-1]), q.new_empty(B, T, HQ, dtype=torch.float32), kept

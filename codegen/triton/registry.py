@@ -26,6 +26,8 @@ REGISTRY.implement("ut_inverse", "state_stored", BWD, _T + "forward:prepare_stat
 REGISTRY.implement("ut_inverse", "state_recomputed", BWD, _T + "backward:_ranges", _T + "backward:PHASE2_RANGE_BYTES")
 REGISTRY.implement("ut_inverse", "state_kept", BWD, _T + "forward:forward_op", _T + "forward:kept_state_tensors",
                    _T + "backward:kept_state")
+REGISTRY.implement("ut_inverse", "inter_state_kept", BWD, _T + "forward:forward_op", _T + "forward:kept_fields",
+                   _T + "backward:kept_state")
 
 REGISTRY.implement("blockwise_scan", "intra_inter_kernels", FWD, _T + "scan_fwd:scan_intra_kernel",
                    _T + "scan_fwd:scan_inter_kernel")

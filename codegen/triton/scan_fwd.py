@@ -60,14 +60,14 @@ def _softmax_step_scaled(s, m_i, l_i, acc, v, qk_scale, INTERP: tl.constexpr):
 @triton.jit
 def scan_intra_kernel(
     q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, gc_ptr,
-    o_ptr, lse_ptr, x_ptr,
+    o_ptr, lse_ptr, x_ptr, y_ptr,
     kt_walk, w_walk, u_walk, v_walk,
     chunk_tok0, chunk_seq, seq_start, seq_end,
     qk_scale, gate_scale, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, WRITE_X: tl.constexpr,
-    INTERP: tl.constexpr, TMA: tl.constexpr = False, WALK_STAGES: tl.constexpr = 1,
+    INTERP: tl.constexpr, TMA: tl.constexpr = False, WALK_STAGES: tl.constexpr = 1, WRITE_Y: tl.constexpr = False,
 ):
     """One UT chunk of queries: its diagonal tile, then the walk over the earlier chunks of its super-chunk.
 
@@ -75,7 +75,9 @@ def scan_intra_kernel(
     [N, H * DV] views of K~, W, U and V with [C, D] / [C, DV] blocks (``forward.intra_walk_operands``;
     D == BD, DV == BDV): a walk step's four tiles arrive by TMA copies, no address tiles and no masks
     (a chunk before the query's lies wholly inside its sequence); else the tensors themselves.
-    WALK_STAGES (knob ``intra_num_stages``): software-pipelining stages of the walk's loads.
+    WALK_STAGES (knob ``intra_num_stages``): software-pipelining stages of the walk's loads.  WRITE_Y: also
+    store the queries carried to the start of their super-chunk in y's type (what the inter kernel starts from,
+    X, rounded once): the backward's inter-super-chunk stages read them (bwd_forward_state keep_inter / keep).
     """
     n, hq = chunk_and_head(HQ)
     h = hq // (HQ // H)
@@ -149,6 +151,8 @@ def scan_intra_kernel(
     tl.store(lse_ptr + rows * HQ + hq, lse, mask=rmask)
     if WRITE_X:
         tl.store(x_ptr + qoff, X, mask=rmask[:, None] & dmask)
+    if WRITE_Y:     # the same queries in y's (the scan's) type, kept for the backward (bwd_forward_state)
+        tl.store(y_ptr + qoff, X.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & dmask)
 
 
 @triton.jit
