@@ -199,7 +199,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
     # candidate modules with a bwd_intra_walk_kernel and / or bwd_intra_diag_kernel of this tree's signature
     for path in intra_v2 if "intra" in only else ():
         try:   # the module's kernels of those names (defs, or built from this tree's source), loaded once
-            found = candidate_kernels(path, ("bwd_intra_walk_kernel", "bwd_intra_diag_kernel", "intra_walk_stages"))
+            found = candidate_kernels(path, ("bwd_intra_walk_kernel", "bwd_intra_diag_kernel"))
         except Exception as exc:   # a candidate that fails to build is a result too
             emit(dict(base, kernel="bwd_intra", variant=f"candidate {os.path.basename(path)}",
                       ms=f"{type(exc).__name__}: {str(exc)[:200]}"))
@@ -209,8 +209,6 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                 continue
             cand = found[name]
             grid, args, kw = cap.calls[0]
-            # a candidate walk with launch stages of its own (``intra_walk_stages``) runs at those
-            kw = walk_launch(found.get("intra_walk_stages"), kw) if name == "bwd_intra_walk_kernel" else kw
             for nw in (kw["num_warps"], 8 if kw["num_warps"] == 4 else 4):   # the launch's warps and the other
                 try:
                     ms = time_launch(cand, grid, args, dict(kw, num_warps=nw))
@@ -313,21 +311,10 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         kept_state_e2e(base, xs, do, gate)
 
 
-def walk_launch(stages, kw: dict) -> dict:
-    """The walk's captured launch options ``kw`` with a candidate module's ``intra_walk_stages`` (None: it has none)
-    called as the launcher calls it (padded head dim, operand bytes of the scan type)."""
-    return kw if stages is None else dict(kw, num_stages=stages(kw["BD"], kw["DT"].primitive_bitwidth // 8))
-
-
-# launcher helpers a candidate module may replace along with its kernels (a kernel's launch options)
-LAUNCHER_HELPERS = ("intra_walk_stages",)
-
-
 def launcher_kernels(path: str, module) -> dict:
     """{name: kernel} of the jitted kernels launcher ``module`` (forward.py / backward.py) calls that the candidate
-    module ``path`` defines too, and of the ``LAUNCHER_HELPERS`` both define (``e2e``: swapped in together)."""
+    module ``path`` defines too (``e2e``: swapped in together)."""
     names = [name for name in dir(module) if name.endswith("_kernel") and not name.startswith("_")]
-    names += [name for name in LAUNCHER_HELPERS if hasattr(module, name)]
     return candidate_kernels(path, names)
 
 
