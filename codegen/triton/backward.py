@@ -81,7 +81,7 @@ def _gate_grad(dc: torch.Tensor, tables: SequenceTables, shape) -> torch.Tensor:
     BT = min(max(16, 1024 // BH), GATE_GRAD_SPAN)
     grid = (tables.n_seq, triton.cdiv(max(tables.max_seq_len, 1), GATE_GRAD_SPAN), triton.cdiv(HQ, BH))
     compiled(gate_grad_kernel)[grid](dc, dg, tables.seq_start, tables.seq_end, dc.stride(0), HQ=HQ, BH=BH, BT=BT,
-                           SPAN=GATE_GRAD_SPAN, num_warps=4)
+                                     SPAN=GATE_GRAD_SPAN, num_warps=4)
     return dg.view(shape)
 
 
@@ -201,7 +201,7 @@ def superchunk_chain(what: torch.Tensor, dom: torch.Tensor, tables: SequenceTabl
     if BD <= CHAIN_KERNEL_MAX_BD:
         dwhat = torch.zeros_like(what) if dwhat is None else dwhat
         compiled(bwd_superchunk_chain_kernel)[(tables.n_seq, H)](what, dom, dwhat, *t, H=H, BD=BD, S=S, TP=tp,
-                                                       num_warps=4, num_stages=1)
+                                                                 num_warps=4, num_stages=1)
         return dwhat
     dwhat = torch.empty_like(what)
     rows, cb, dcb, warps = chain_blocks(BD)
@@ -230,18 +230,12 @@ def superchunk_chain(what: torch.Tensor, dom: torch.Tensor, tables: SequenceTabl
 # PATHTUNE_BWD_RANGE_MIB overrides it per call
 # (``_range_budget``), so one process can time several budgets (benchmarks/dev_gpu_run2.py ranges).
 PHASE2_RANGE_BYTES = 256 << 20
+
+
 # Warps of the transport backward's two kernels, from compile_check for sm_90 at the heuristic configs:
 # the chain kernel spills 260 B per thread at D = 64 with 4 warps (tf32x3 products), none with 8, and
 # none at D = 128 with 4; the per-chunk kernel (three C x BD float32 accumulators) spills 732 B at
 # D = 64 with 4 warps, 40 B with 8, none at D = 128 with 8.
-def transport_backward_rows(BD: int) -> int:
-    """Rows of the suffix product per program of the transport backward's chain kernel (its grid's third
-    axis; the stored states' layout follows it).  32: at 64 rows (wgmma tiles, the grid halved) the two
-    kernels took 1.05x the time of 32 at D 128 T 4K on the H200: their serial chains then run on half the
-    programs."""
-    return min(BD, 32)
-
-
 def transport_launch(BD: int) -> tuple[int, int, int]:
     """(chain kernel warps, chain kernel pipeline stages, grads kernel warps) for padded head dim BD.
 
@@ -249,6 +243,14 @@ def transport_launch(BD: int) -> tuple[int, int, int]:
     0.66x the time of one stage on the H200 (T = 4K, one range, D 64 and 128); the grads kernel at 4
     warps 0.70x the time of 8 at D64, 1.16x at D128."""
     return (8 if BD <= 64 else 4), (3 if BD <= 128 else 1), (4 if BD <= 64 else 8)
+
+
+def transport_backward_rows(BD: int) -> int:
+    """Rows of the suffix product per program of the transport backward's chain kernel (its grid's third
+    axis; the stored states' layout follows it).  32: at 64 rows (wgmma tiles, the grid halved) the two
+    kernels took 1.05x the time of 32 at D 128 T 4K on the H200: their serial chains then run on half the
+    programs."""
+    return min(BD, 32)
 
 
 def intra_walk_stages(BD: int, operand_bytes: int) -> int:
