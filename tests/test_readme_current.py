@@ -11,56 +11,25 @@
 """
 from __future__ import annotations
 
-import os
 import re
-import shlex
-import subprocess
 import sys
 
 import pytest
 
-from pathtune.perf_db._shipped import SHIPPED_DIR
-from repo_scripts import ROOT
+from repo_scripts import ROOT, load_script
 
+quotes = load_script("tools/readme_quotes.py")
 README = ROOT / "README.md"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 
-OUTPUT_MARK = re.compile(r"<!-- readme-output: (?P<cmd>.+?) -->\n```[^\n]*\n(?P<body>.*?)\n```", re.S)
 NUMBERS = re.compile(r"<!-- readme-numbers: BENCHMARKS\.md -->\n(?P<body>.*?)<!-- /readme-numbers -->", re.S)
 NUMBER = re.compile(r"(?<![\w.])\d+\.\d+(?:e[-+]\d+)?")
 # a time or a speed ratio in prose: "2.07 ms", "1.4×", "1.4x" (ranges "0.53-0.85×" included)
 SPEED = re.compile(r"(?<![\w.])\d+\.\d+(?:\s*-\s*\d+\.\d+)?\s*(?:ms\b|µs\b|×|x\b)")
-# ISO timestamps and run ids: never compared (none is printed by the quoted commands today)
-STAMP = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:\d{2}|Z)?|\d{8}T\d{6}Z")
-
-
-def _normalise(text: str) -> str:
-    lines = [STAMP.sub("<time>", line.rstrip()) for line in text.splitlines()]
-    return "\n".join(lines).strip("\n")
-
-
-EXIT_MARK = re.compile(r"\s*\[exit (\d+)\]$")
 
 
 def _quoted_outputs() -> list[tuple[str, str]]:
-    return [(EXIT_MARK.sub("", m["cmd"].strip()), m["body"]) for m in OUTPUT_MARK.finditer(README.read_text())]
-
-
-def _expected_exit(cmd: str) -> int:
-    for m in OUTPUT_MARK.finditer(README.read_text()):
-        if EXIT_MARK.sub("", m["cmd"].strip()) == cmd:
-            code = EXIT_MARK.search(m["cmd"].strip())
-            return int(code.group(1)) if code else 0
-    return 0
-
-
-def _env(home) -> dict[str, str]:
-    """The caller's environment without any pathtune or XDG setting (so no user database, pack or data
-    dir is read or written), a fresh HOME, the shipped records and an 80-column terminal."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PATHTUNE_", "XDG_"))}
-    env.update(HOME=str(home), COLUMNS="80", LINES="50", NO_COLOR="1", PATHTUNE_SHIPPED_DIR=str(SHIPPED_DIR))
-    env.pop("FORCE_COLOR", None)
-    return env
+    return [(cmd, body) for cmd, _code, body in quotes.quoted_outputs(README.read_text())]
 
 
 def test_readme_marks_the_blocks_it_checks():
@@ -74,40 +43,23 @@ def test_readme_marks_the_blocks_it_checks():
 
 @pytest.fixture(scope="module")
 def current_outputs(tmp_path_factory) -> dict[str, str]:
-    """What each quoted command prints now.  One data dir for all commands (the shipped records are read
-    once); each command runs in a fresh working directory, so a relative output path (`-o h200.json`)
-    never exists beforehand."""
-    tmp = tmp_path_factory.mktemp("readme")
-    home = tmp / "home"
-    home.mkdir()
-    env = _env(home)
-    out = {}
-    for i, (cmd, _) in enumerate(_quoted_outputs()):
-        cwd = tmp / f"cwd{i}"
-        cwd.mkdir()
-        argv = [sys.executable, "-m", "pathtune.cli", *shlex.split(cmd)[1:]]
-        run = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             timeout=120)
-        want = _expected_exit(cmd)
-        assert run.returncode == want, f"`{cmd}` exited {run.returncode}, README expects {want}:\n{run.stdout[-2000:]}"
-        out[cmd] = run.stdout.replace(str(home), "~")   # the data dir's path as a user's README reads it
-    return out
+    """What each quoted command prints now (tools/readme_quotes.py: fresh HOME and working directory, the shipped
+    records, 80 columns)."""
+    commands = [(cmd, code) for cmd, code, _ in quotes.quoted_outputs(README.read_text())]
+    try:
+        return quotes.run_quoted(commands, tmp_path_factory.mktemp("readme"))
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def _stale_quotes(current: dict[str, str]) -> list[str]:
-    stale = []
-    for cmd, body in _quoted_outputs():
-        want = _normalise(body.split("\n", 1)[1] if "\n" in body else "")
-        got = _normalise(current[cmd])
-        if got != want:
-            stale.append(f"`{cmd}` prints now:\n{got}\n\nREADME.md quotes:\n{want}")
-    return stale
+    return quotes.stale_quotes(README.read_text(), current)
 
 
 def test_quoted_cli_output_is_what_the_shipped_records_give(current_outputs):
     stale = _stale_quotes(current_outputs)
-    assert not stale, ("README.md quotes output that the shipped records no longer give; paste the current "
-                       "output (COLUMNS=80, fresh HOME):\n\n" + "\n\n".join(stale))
+    assert not stale, ("README.md quotes output that the shipped records no longer give; refresh it with "
+                       "`python tools/readme_quotes.py --write`:\n\n" + "\n\n".join(stale))
 
 
 def _benchmark_cells() -> set[str]:
@@ -133,7 +85,7 @@ def test_readme_numbers_are_in_the_current_benchmarks():
 def test_no_speed_figure_outside_the_checked_parts():
     """A time or speed ratio in the README's prose is inside a readme-numbers region (checked above);
     code blocks quoting CLI output are checked by running the command."""
-    text = NUMBERS.sub("", OUTPUT_MARK.sub("", README.read_text()))
+    text = NUMBERS.sub("", quotes.OUTPUT_MARK.sub("", README.read_text()))
     prose = re.sub(r"```.*?```", "", text, flags=re.S)
     loose = SPEED.findall(prose)
     assert not loose, (f"README.md quotes {loose} outside a <!-- readme-numbers: BENCHMARKS.md --> region: put "
