@@ -464,3 +464,37 @@ def test_rank_and_select():
     assert [c for c, _ in warm.configs] == [d.replace(num_warps=8), d.replace(num_stages=3), d.replace(block_n=64)]
     assert select_retired(spec, key, d, rows, 0).configs == []
     assert select_retired(spec, key, d, [], 3).configs == []
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "unbatched"])
+def test_a_trial_cap_never_cuts_the_seeded_configs(tmp_path, spec_copy, batched):
+    """--budget 3 with two --seed-config values and a warm start: the default, both user seeds and every retired
+    winner are measured (the previous winner would else be the one cut, as the user's seeds come first); a
+    resumed study at its cap measures a newly given seed too, and nothing the sampler proposes."""
+    from optuna.trial import TrialState
+
+    from pathtune.specs import load_spec
+
+    spec = load_spec(spec_copy)
+    facts, want = _facts(spec)
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    _record(url, facts)
+    seeds = [{"block_m": 64}, {"ut_diag_block": 16}]
+    prep = {"preparer": FakePreparer(workers=2)} if batched else {}
+    tuner = _tuner(url, spec_copy, budget=Budget(trials=3), seed_configs=seeds, seed_neighbours=0, **prep)
+    tuner.run()
+    tuner.close()
+    default = default_config(spec, _key())
+    study = _study(url)
+    done = [t.user_attrs["config"] for t in study.get_trials(states=(TrialState.COMPLETE,))]
+    expect = [default.to_dict()] + [default.replace(**s).to_dict() for s in seeds] + [c.to_dict() for c in want[:3]]
+    assert sorted(map(json.dumps, done)) == sorted(map(json.dumps, expect)), len(done)
+    assert not study.get_trials(states=(TrialState.WAITING,))
+
+    late = {"num_warps": 8, "block_m": 64}
+    tuner = _tuner(url, spec_copy, budget=Budget(trials=3), seed_configs=[late], seed_neighbours=0, resume=True,
+                   **({"preparer": FakePreparer(workers=2)} if batched else {}))
+    tuner.run()
+    tuner.close()
+    done2 = [t.user_attrs["config"] for t in _study(url).get_trials(states=(TrialState.COMPLETE,))]
+    assert len(done2) == len(done) + 1 and default.replace(**late).to_dict() in done2

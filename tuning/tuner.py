@@ -78,7 +78,8 @@ _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
 
 def parse_budget(text: str) -> Budget:
     """``10m`` / ``90s`` / ``1.5h`` (wall time, all keys together), ``40`` (COMPLETE trials per key's
-    study), or both comma-separated (``10m,40``: whichever comes first)."""
+    study), or both comma-separated (``10m,40``: whichever comes first).  Neither limit cuts the seeded
+    configs (the default, ``--seed-config``'s, the warm start's): those are measured whatever the budget."""
     seconds = trials = None
     for part in (p.strip().lower() for p in text.split(",") if p.strip()):
         m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)", part)
@@ -464,9 +465,10 @@ class Tuner:
         if self.progress is not None:
             task = self.progress.add_key(key, budget.trials, done)
             self.progress.start_key(task, study)
-        callbacks: list[Any] = []
+        # the trial cap stops the sampler's trials only: the seeded ones run to the end (_seeded_waiting)
+        capped: list[Any] = []
         if budget.trials is not None:
-            callbacks.append(MaxTrialsCallback(budget.trials, states=(TrialState.COMPLETE,)))
+            capped.append(MaxTrialsCallback(budget.trials, states=(TrialState.COMPLETE,)))
 
         def after_trial(study: Any, trial: Any) -> None:
             if self.progress is not None:
@@ -474,8 +476,8 @@ class Tuner:
             if (self.stop_requested or ctx.fatal) and self.preparer is None:
                 study.stop()     # study.optimize's loop; the batched loop checks the flags itself
 
-        callbacks.append(after_trial)
-        if budget.trials is not None and done >= budget.trials:
+        capped.append(after_trial)
+        if budget.trials is not None and done >= budget.trials and not self._seeded_waiting(study):
             pass
         elif self.preparer is not None:
             self._optimize_batched(study, Objective(ctx), ctx, seconds, after_trial)
@@ -485,14 +487,15 @@ class Tuner:
             first = max(self._seeded_waiting(study), 1 if done == 0 else 0)
             start = time.monotonic()
             if first:
-                study.optimize(Objective(ctx), n_trials=first, callbacks=callbacks, catch=(), gc_after_trial=False)
+                study.optimize(Objective(ctx), n_trials=first, callbacks=[after_trial], catch=(),
+                               gc_after_trial=False)
             left = None if seconds is None else seconds - (time.monotonic() - start)
             complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
             if (left is None or left > 0) and not (self.stop_requested or ctx.fatal) and \
                     (budget.trials is None or complete < budget.trials):
                 # n_trials caps this process (pruned proposals do not count toward MaxTrialsCallback)
                 cap = None if budget.trials is None else 4 * budget.trials + 20
-                study.optimize(Objective(ctx), n_trials=cap, timeout=left, callbacks=callbacks, catch=(),
+                study.optimize(Objective(ctx), n_trials=cap, timeout=left, callbacks=capped, catch=(),
                                gc_after_trial=False)
         self.fatal = self.fatal or ctx.fatal
         result.measured, result.looked_up = ctx.measured, ctx.looked_up
@@ -521,9 +524,10 @@ class Tuner:
         empty_batches = 0
         while not (self.stop_requested or ctx.fatal):
             complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-            want = max(size, self._seeded_waiting(study))     # the seeded configs share one batch
-            if budget.trials is not None:
-                want = min(want, budget.trials - complete)
+            seeded = self._seeded_waiting(study)
+            want = max(size, seeded)     # the seeded configs share one batch
+            if budget.trials is not None:   # a trial cap never cuts a seeded config (the previous winner)
+                want = max(min(want, budget.trials - complete), seeded)
             if want <= 0:
                 break
             batch: list[tuple[Any, Any]] = []      # (trial, config) to compile and measure

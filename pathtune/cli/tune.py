@@ -66,7 +66,8 @@ HEADS_KV = typer.Option(None, "--heads-kv", help="Key/value heads (default: = --
 TOKENS = typer.Option(32768, "--tokens", help="B*T of the timed shape (batch = tokens // bucket).")
 BUDGET = typer.Option("40", "--budget",
                       help="Wall time for all keys (10m, 90s, 1h), COMPLETE trials per key's study (40), or both "
-                           "(10m,40).")
+                           "(10m,40). The default, --seed-config's and the warm start's configs are measured "
+                           "whatever the budget.")
 STORAGE = typer.Option(None, "--storage",
                        help="Database URL of the Optuna studies and of perf_db (default: perf_db's URL, "
                             "PATHTUNE_DB_URL or the per-user SQLite file). Several workers: PostgreSQL.")
