@@ -68,6 +68,7 @@
 # Carry: .whl (wheels: optuna stack, fla, pydantic...), and .tcache_in if an earlier call brought the
 # Triton cache back (mkdir -p .tcache_in && cp <files_at>/tcache.txz.* .tcache_in/; both git-excluded),
 # and .tune_in/tune.sqlite3 to continue an earlier call's tune (git-excluded too).
+# Of the Triton cache, the entries this call opened come back (TCACHE_SCOPE=all: every entry).
 # Everything lands in $OUT/session.tgz (logs, JSON, perf_db SQLite with the recorded rows, the tune's
 # results file for perf_db/shipped/, flip-flop results) plus $OUT/tcache.txz.aa, .ab, ... (the device
 # tool returns files of at most 16 MiB; the staging folder lives outside $OUT so that only these return).
@@ -106,6 +107,12 @@ print(" ".join(p + "=" + h(p) for p in ("fwd", "bwd", "decode")))' 2>&1 | tail -
 echo "tree: $tree; source hashes: $hashes"
 export TRITON_CACHE_DIR="$REPO/.tcache"
 mkdir -p "$TRITON_CACHE_DIR"
+# which cache entries this call opens (every step, the tuner's compile children too): only those come back
+# (TCACHE_SCOPE=all: the whole cache); benchmarks/tcache/pathtune_tcache_log.py
+export PATHTUNE_TCACHE_LOG="$(dirname "$ROOT_S")/tcache_used.txt"
+rm -f "$PATHTUNE_TCACHE_LOG"
+export TRITON_CACHE_MANAGER=pathtune_tcache_log:LoggingCacheManager
+export PYTHONPATH="$REPO/benchmarks/tcache${PYTHONPATH:+:$PYTHONPATH}"
 if ls .tcache_in/tcache.txz.* >/dev/null 2>&1; then
     cat .tcache_in/tcache.txz.* | tar xJf - -C "$TRITON_CACHE_DIR" && echo "Triton cache restored: $(du -sh "$TRITON_CACHE_DIR" | cut -f1)"
 elif ls .tcache_in/tcache.tgz.* >/dev/null 2>&1; then
@@ -264,12 +271,20 @@ else
 fi
 
 tar czf "$OUT/session.tgz" -C "$(dirname "$S")" s
-# TCACHE_OUT=0: leave the Triton cache behind (it outgrows what a call brings back after a tune)
+# TCACHE_OUT=0: leave the Triton cache behind; TCACHE_SCOPE=all: every entry, not only those this call opened
 # Only what a cache hit reads comes back (the cubin, its metadata JSON, the group files, the launcher .so):
 # Triton loads a cached kernel from those and skips the IR files it lists but cannot find; xz keeps the
 # parts few (~10 MiB for both head dims' fwd + bwd kernels and fla's)
 if [ "${TCACHE_OUT:-1}" = 1 ]; then
+    entries="$(dirname "$ROOT_S")/tcache_entries.txt"
+    if [ "${TCACHE_SCOPE:-used}" = used ] && [ -s "$PATHTUNE_TCACHE_LOG" ]; then
+        sort -u "$PATHTUNE_TCACHE_LOG" | while read -r e; do [ -d "$TRITON_CACHE_DIR/$e" ] && echo "./$e"; done > "$entries"
+        echo "Triton cache: the $(grep -c . "$entries") of $(ls "$TRITON_CACHE_DIR" | wc -l) entries this call opened come back"
+    else
+        echo . > "$entries"
+        echo "Triton cache: all $(ls "$TRITON_CACHE_DIR" | wc -l) entries come back"
+    fi
     tar cf - -C "$TRITON_CACHE_DIR" --exclude='*.ttir' --exclude='*.ttgir' --exclude='*.llir' --exclude='*.ptx' \
-        --exclude='*.source' . 2>/dev/null | xz -T0 -6 | split -b 15m - "$OUT/tcache.txz."
+        --exclude='*.source' -T "$entries" 2>/dev/null | xz -T0 -6 | split -b 15m - "$OUT/tcache.txz."
 fi
 ls -la "$OUT"
