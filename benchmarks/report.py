@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -70,13 +71,15 @@ def _timing_rows(doc: dict, suffix: str, extra_cells) -> list[str]:
     return out
 
 
-def forward_section(path: Path, doc: dict) -> list[str]:
-    out = ["## Forward", "",
-           "| D | T | B×H | | SDPA flash | SDPA cuDNN | fla | pathtune | pathtune / flash | fla / pathtune | o err |",
+def _forward_table(doc: dict) -> list[str]:
+    out = ["| D | T | B×H | | SDPA flash | SDPA cuDNN | fla | pathtune | pathtune / flash | fla / pathtune | o err |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    out += _timing_rows(doc, "f", lambda r: (f"{_f(r['times'].get('sdpa_cudnn_f'))} | ",
-                                                   f"{r['errors'].get('o', float('nan')):.1e}"))
-    return out + [""] + _source(path, doc)
+    return out + _timing_rows(doc, "f", lambda r: (f"{_f(r['times'].get('sdpa_cudnn_f'))} | ",
+                                                         f"{r['errors'].get('o', float('nan')):.1e}"))
+
+
+def forward_section(path: Path, doc: dict) -> list[str]:
+    return ["## Forward", ""] + _forward_table(doc) + [""] + _source(path, doc)
 
 
 def _worst_grad(r) -> str:
@@ -85,12 +88,29 @@ def _worst_grad(r) -> str:
     return f"{grads[worst]:.1e} ({worst})"
 
 
-def training_section(path: Path, doc: dict) -> list[str]:
-    out = ["## Forward + backward", "",
-           "| D | T | B×H | | SDPA flash | fla | pathtune | pathtune / flash | fla / pathtune | max grad err |",
+def _training_table(doc: dict) -> list[str]:
+    out = ["| D | T | B×H | | SDPA flash | fla | pathtune | pathtune / flash | fla / pathtune | max grad err |",
            "|---|---|---|---|---|---|---|---|---|---|"]
-    out += _timing_rows(doc, "fb", lambda r: ("", _worst_grad(r)))
-    return out + [""] + _source(path, doc)
+    return out + _timing_rows(doc, "fb", lambda r: ("", _worst_grad(r)))
+
+
+def training_section(path: Path, doc: dict) -> list[str]:
+    return ["## Forward + backward", ""] + _training_table(doc) + [""] + _source(path, doc)
+
+
+def _stamp(path: Path) -> str:
+    """The UTC time a results file's name carries (``<GPU>-<YYYYMMDDTHHMMSSZ>-...``), "" if none."""
+    m = re.search(r"\d{8}T\d{6}Z", path.name)
+    return m.group(0) if m else ""
+
+
+def partial_section(path: Path, doc: dict) -> list[str]:
+    """A bench stopped before all its points (``*-bench-partial-*.json``), newer than the full tables above: the
+    rows it reached, each with its baselines from the same run."""
+    return (["## Newer partial run", "",
+             "A later bench that stopped before every point (its notes say why): the rows it timed, baselines from "
+             "the same run; the tables above are the newest complete run.", "", "Forward:", ""]
+            + _forward_table(doc) + ["", "Forward + backward:", ""] + _training_table(doc) + [""] + _source(path, doc))
 
 
 def memory_section(path: Path, doc: dict) -> list[str]:
@@ -358,7 +378,10 @@ def generation_section(path: Path, doc: dict) -> list[str]:
 
 
 def render() -> str:
-    bench = _load("*-bench-*.json")
+    # a bench stopped before every point (``*-bench-partial-*.json``) never replaces the complete tables: shown
+    # after them while it is the newer run
+    partial = [f for f in _load("*-bench-*.json") if "-bench-partial-" in f[0].name]
+    bench = [f for f in _load("*-bench-*.json") if "-bench-partial-" not in f[0].name]
     probe = _load("*-fwd-probe.json")
     changes = _load("*-kernel-probe.json")
     parts = [HEADER]
@@ -368,6 +391,9 @@ def render() -> str:
     fb = _newest(bench, lambda r: "pathtune_fb" in r["times"])
     if fb:
         parts.append("\n".join(training_section(*fb)) + "\n")
+    newer = [f for f in partial if not (fwd or fb) or _stamp(f[0]) > max(_stamp(x[0]) for x in (fwd, fb) if x)]
+    if newer:
+        parts.append("\n".join(partial_section(*newer[-1])) + "\n")
     # a memory run may time only some points: its own file name (``*-memory-*.json``) keeps it out of the
     # timing tables, whose source is the newest full bench
     mem = _newest(sorted(bench + _load("*-memory-*.json"), key=lambda f: f[0].name),

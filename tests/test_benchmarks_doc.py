@@ -119,3 +119,27 @@ def test_memory_table_comes_from_the_newest_bench_that_measured_memory(tmp_path,
     text = report.render()
     assert "| 64 | 16384 | 2×16 | PaTH | 0.25 | 3.60 | **0.50** | 2.0× | 7.2× |" in text
     assert text.count("Source: `benchmarks/results/H200-20260102T000000Z-bench-fwd-bwd.json`") == 2   # fwd, fwd+bwd
+
+
+def test_a_partial_bench_follows_the_complete_tables_while_it_is_newer(tmp_path, monkeypatch):
+    """A bench stopped before every point (``*-bench-partial-*.json``) never replaces the forward and training
+    tables, which keep the newest complete run; while it is newer than that run its rows follow them in a section
+    of their own, once a later complete bench exists, they do not."""
+    import json
+
+    report = _report()
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    row = dict(head_dim=128, seq_len=4096, batch=8, heads=8, gate=False,
+               times={"pathtune_f": 1.6, "sdpa_flash_f": 0.9, "pathtune_fb": 12.0, "sdpa_flash_fb": 3.4},
+               errors={"o": 2e-3, "dq": 4e-3})
+    doc = dict(command="pathtune bench --json b.json", gpu="NVIDIA H200", software="torch", notes="synthetic")
+    full, partial = "H200-20260101T000000Z-bench-fwd-bwd.json", "H200-20260102T000000Z-bench-partial-fwd-bwd.json"
+    (tmp_path / full).write_text(json.dumps(dict(doc, rows=[row])))
+    (tmp_path / partial).write_text(json.dumps(dict(doc, rows=[dict(row, times=dict(row["times"], pathtune_fb=11.0))])))
+    text = report.render()
+    complete, newer = text.split("## Newer partial run")
+    assert "**12.000**" in complete and "**11.000**" not in complete
+    assert text.index("## Forward + backward") < text.index("## Newer partial run")
+    assert "**11.000**" in newer and f"Source: `benchmarks/results/{partial}`" in newer
+    (tmp_path / "H200-20260103T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(doc, rows=[row])))
+    assert "## Newer partial run" not in report.render()
