@@ -125,3 +125,17 @@ def test_readme_stays_short():
     belong in the package docs, BENCHMARKS.md and docs/."""
     size = len(README.read_bytes())
     assert size <= 20_000, f"README.md is {size} bytes, over 20 KB: move detail out of it"
+
+
+def test_write_mode_turns_a_stale_block_current(current_outputs):
+    """tools/readme_quotes.py --write's rewrite: a README with one quoted line changed is stale, and its rewrite
+    quotes what the commands print (every other line of the README left as it was)."""
+    text = README.read_text()
+    cmd, body = _quoted_outputs()[0]
+    lines = body.splitlines()
+    stale = text.replace(body, "\n".join(lines[:1] + [lines[1] + " (edited)"] + lines[2:]), 1)
+    assert quotes.stale_quotes(stale, current_outputs)
+    fresh = quotes.refreshed(stale, current_outputs)
+    assert not quotes.stale_quotes(fresh, current_outputs)
+    strip = lambda t: quotes.OUTPUT_MARK.sub("", t)  # noqa: E731
+    assert strip(fresh) == strip(text)

@@ -100,7 +100,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     text = README.read_text()
     with tempfile.TemporaryDirectory() as tmp:
-        current = run_quoted([(cmd, code) for cmd, code, _ in quoted_outputs(text)], Path(tmp))
+        try:
+            current = run_quoted([(cmd, code) for cmd, code, _ in quoted_outputs(text)], Path(tmp))
+        except RuntimeError as exc:
+            print(f"readme_quotes: {exc}", file=sys.stderr)
+            return 2
     if a.write:
         new = refreshed(text, current)
         README.write_text(new)
