@@ -11,6 +11,18 @@ def _report():
     return load_script("benchmarks/report.py")
 
 
+def _synthetic(tmp_path, monkeypatch, command: str):
+    """report.py reading its results from ``tmp_path``, and the header of a synthetic results file of ``command``."""
+    report = _report()
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    return report, dict(command=command, gpu="NVIDIA H200", software="torch", notes="synthetic")
+
+
+def _bench_row(D: int, T: int, B: int, H: int, **times) -> dict:
+    """One ungated bench row (``times``: pathtune_f, sdpa_flash_f, ...)."""
+    return dict(head_dim=D, seq_len=T, batch=B, heads=H, gate=False, times=times, errors={"o": 2e-3, "dq": 4e-3})
+
+
 def test_benchmarks_md_is_what_the_result_files_give():
     report = _report()
     assert report.main(["--check"]) == 0, "run: python benchmarks/report.py --write"
@@ -98,12 +110,8 @@ def test_memory_table_comes_from_the_newest_bench_that_measured_memory(tmp_path,
     any, no table."""
     import json
 
-    report = _report()
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    row = dict(head_dim=64, seq_len=16384, batch=2, heads=16, gate=False,
-               times={"pathtune_f": 4.0, "sdpa_flash_f": 3.0, "pathtune_fb": 22.0, "sdpa_flash_fb": 13.0},
-               errors={"o": 2e-3, "dq": 4e-3})
-    doc = dict(command="pathtune bench --memory --json b.json", gpu="NVIDIA H200", software="torch", notes="synthetic")
+    report, doc = _synthetic(tmp_path, monkeypatch, "pathtune bench --memory --json b.json")
+    row = _bench_row(64, 16384, 2, 16, pathtune_f=4.0, sdpa_flash_f=3.0, pathtune_fb=22.0, sdpa_flash_fb=13.0)
     assert "Extra memory" not in report.render()
     mem = dict(pathtune_fb=0.91, sdpa_flash_fb=0.25, fla_fb=3.6)
     (tmp_path / "H200-20260101T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(
@@ -127,12 +135,8 @@ def test_a_partial_bench_follows_the_complete_tables_while_it_is_newer(tmp_path,
     of their own, once a later complete bench exists, they do not."""
     import json
 
-    report = _report()
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    row = dict(head_dim=128, seq_len=4096, batch=8, heads=8, gate=False,
-               times={"pathtune_f": 1.6, "sdpa_flash_f": 0.9, "pathtune_fb": 12.0, "sdpa_flash_fb": 3.4},
-               errors={"o": 2e-3, "dq": 4e-3})
-    doc = dict(command="pathtune bench --json b.json", gpu="NVIDIA H200", software="torch", notes="synthetic")
+    report, doc = _synthetic(tmp_path, monkeypatch, "pathtune bench --json b.json")
+    row = _bench_row(128, 4096, 8, 8, pathtune_f=1.6, sdpa_flash_f=0.9, pathtune_fb=12.0, sdpa_flash_fb=3.4)
     full, partial = "H200-20260101T000000Z-bench-fwd-bwd.json", "H200-20260102T000000Z-bench-partial-fwd-bwd.json"
     (tmp_path / full).write_text(json.dumps(dict(doc, rows=[row])))
     (tmp_path / partial).write_text(json.dumps(dict(doc, rows=[dict(row, times=dict(row["times"], pathtune_fb=11.0))])))
