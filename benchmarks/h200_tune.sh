@@ -71,12 +71,13 @@ pathtune query --db "sqlite:///$OUT/tune.sqlite3" --format csv > "$OUT/perf_db_r
 python - "$OUT/h200_tune_report-$STAMP.json" <<'EOF' || true
 import json, sys
 rows = json.load(open(sys.argv[1]))
-print(f"{'key':48s} {'trials':>6s} {'default ms':>11s} {'tuned ms':>9s} {'speedup':>8s} {'tuned/SDPA':>10s}")
+print(f"{'key':48s} {'trials':>6s} {'default ms':>11s} {'tuned ms':>9s} {'speedup':>8s} {'tuned/SDPA':>10s} "
+      f"{'vs previous':>11s}")
 for r in rows:
     f = lambda v: "-" if v is None else f"{v:.4g}"
     vs = r["best_ms"] / r["baseline_ms"] if r["best_ms"] and r["baseline_ms"] else None
     print(f"{r['label']:48s} {r['trials']:6d} {f(r['default_ms']):>11s} {f(r['best_ms']):>9s} "
-          f"{f(r['speedup']):>8s} {f(vs):>10s}")
+          f"{f(r['speedup']):>8s} {f(vs):>10s} {f(r.get('vs_previous')):>11s}")
 EOF
 echo "results file for perf_db/shipped/: $RESULTS (exit status of the tune: $status)"
 exit "$status"

@@ -498,3 +498,35 @@ def test_a_trial_cap_never_cuts_the_seeded_configs(tmp_path, spec_copy, batched)
     tuner.close()
     done2 = [t.user_attrs["config"] for t in _study(url).get_trials(states=(TrialState.COMPLETE,))]
     assert len(done2) == len(done) + 1 and default.replace(**late).to_dict() in done2
+
+
+def test_each_key_is_compared_with_the_previous_kernels_best(tmp_path, spec_copy, capsys):
+    """A key's result carries the fastest ok time under retired kernel sources on this GPU (any of them: 0.40 ms,
+    the older source's) and the tuned time over it; the tune report adds that ratio as a column and lists, after
+    the table, the keys more than SLOWER_THAN_PREVIOUS slower (not those within it, nor a key without a retired
+    time)."""
+    import dataclasses
+
+    from pathtune.cli import tune as tune_cli
+    from pathtune.specs import load_spec
+
+    spec = load_spec(spec_copy)
+    facts, _ = _facts(spec)
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    _record(url, facts)
+    tuner = _tuner(url, spec_copy, budget=Budget(trials=2), seed_neighbours=0, preparer=FakePreparer(workers=2))
+    (result,) = tuner.run()
+    tuner.close()
+    assert result.previous_ms == pytest.approx(0.40) and result.previous_source == OLDER
+    assert result.vs_previous == pytest.approx(result.best_ms / 0.40)
+    assert result.to_dict()["previous_ms"] == pytest.approx(0.40)
+
+    near = dataclasses.replace(result, best_ms=0.41)                     # within noise of the previous best
+    slow = dataclasses.replace(result, best_ms=0.50)
+    none = dataclasses.replace(result, previous_ms=None, previous_source=None)
+    for r, flagged in ((near, False), (slow, True), (none, False)):
+        tune_cli._report([r], None)
+        out = capsys.readouterr().out
+        assert ("slower than the previous kernels' best" in out) == flagged, out
+        assert ("1.25x the 0.4" in out) == flagged, out
+        assert (f"{OLDER[:10]}" in out) == flagged, out

@@ -206,11 +206,20 @@ class KeyResult:
     baseline_ms: Optional[float] = None
     skipped: Optional[str] = None
     seeded_retired: Optional[int] = None   # warm-start configs the study was seeded with (None: not tried)
+    previous_ms: Optional[float] = None    # the fastest ok time of this key under retired kernel sources, this GPU
+    previous_source: Optional[str] = None  # ... and the source hash it ran
 
     @property
     def speedup(self) -> Optional[float]:
         if self.default_ms and self.best_ms:
             return self.default_ms / self.best_ms
+        return None
+
+    @property
+    def vs_previous(self) -> Optional[float]:
+        """Tuned time over the previous kernels' best (above 1: slower than before the kernel edit)."""
+        if self.previous_ms and self.best_ms:
+            return self.best_ms / self.previous_ms
         return None
 
     def to_dict(self) -> dict:
@@ -219,7 +228,9 @@ class KeyResult:
                 "study_name": self.study_name, "trials": self.trials, "measured": self.measured,
                 "looked_up": self.looked_up, "default_ms": self.default_ms, "default_status": self.default_status,
                 "best_ms": self.best_ms, "best_config": self.best_config, "speedup": self.speedup,
-                "baseline_ms": self.baseline_ms, "skipped": self.skipped, "seeded_retired": self.seeded_retired}
+                "baseline_ms": self.baseline_ms, "skipped": self.skipped, "seeded_retired": self.seeded_retired,
+                "previous_ms": self.previous_ms, "previous_source": self.previous_source,
+                "vs_previous": self.vs_previous}
 
 
 class Tuner:
@@ -381,20 +392,10 @@ class Tuner:
     def warm_start(self, key: TuneKey, default: Any) -> Any:
         """The configs a new study of ``key`` is warm-started with (``tuning/warm.py``), from perf_db and
         the shipped results files; says what it chose and what no longer validates."""
-        from pathtune.perf_db._retired import shipped_retired
-
         from .warm import WarmStart, select_retired
 
-        kernel = self.kernel(key)
-        specs = self.spec.hashes_of(key.pass_)
-        earlier = False
         try:
-            rows = self.db.retired(self.env_info, kernel, key.workload)
-            rows += shipped_retired(self.env_info, kernel, key.workload, spec_hashes=specs)
-            if not rows:   # the spec itself changed since the last tune: its winners, new knobs at defaults
-                earlier = True
-                rows = self.db.retired(self.env_info, kernel, key.workload, earlier_specs=True)
-                rows += shipped_retired(self.env_info, kernel, key.workload, spec_hashes=specs, earlier_specs=True)
+            rows, earlier = self.retired_rows(key)
         except Exception as e:  # noqa: BLE001  (an optimisation: never the reason a tune fails)
             self._note(f"{key.label}: warm start skipped: reading retired results failed: {e}")
             return WarmStart()
@@ -418,6 +419,23 @@ class Tuner:
             log.info("%s: warm start: none of %d retired configs is usable (%d dropped, %d the default)",
                      key.label, warm.candidates, len(warm.dropped), warm.same_as_default)
         return warm
+
+    def retired_rows(self, key: TuneKey) -> tuple[list[dict], bool]:
+        """(rows, earlier) of ``key``'s ok measurements under retired kernel sources on this GPU, from perf_db and
+        the shipped results files (``perf_db/_retired.py``); when there are none under this spec, those of earlier
+        specs (``earlier`` True)."""
+        from pathtune.perf_db._retired import shipped_retired
+
+        kernel = self.kernel(key)
+        specs = self.spec.hashes_of(key.pass_)
+        rows = self.db.retired(self.env_info, kernel, key.workload)
+        rows += shipped_retired(self.env_info, kernel, key.workload, spec_hashes=specs)
+        if rows:
+            return rows, False
+        # the spec itself changed since the last tune: its winners, new knobs at defaults
+        rows = self.db.retired(self.env_info, kernel, key.workload, earlier_specs=True)
+        rows += shipped_retired(self.env_info, kernel, key.workload, spec_hashes=specs, earlier_specs=True)
+        return rows, True
 
     def _note(self, message: str) -> None:
         log.info(message)
@@ -615,6 +633,16 @@ class Tuner:
         if best is not None and best["match"] == "exact":
             result.best_ms, result.best_config = best["median_ms"], best["config"]
             result.baseline_ms = result.baseline_ms or best.get("baseline_ms")
+        # the previous kernels' best on this GPU: a tuned time well above it says a kernel edit or a tune that
+        # missed the previous winner (its config is the warm start's first seed)
+        try:
+            rows, _ = self.retired_rows(key)
+        except Exception as e:  # noqa: BLE001  (a comparison for the report: never the reason a tune fails)
+            log.info("%s: previous kernels' best not read: %s", key.label, e)
+            rows = []
+        if rows:
+            prev = min(rows, key=lambda r: r["median_ms"])
+            result.previous_ms, result.previous_source = prev["median_ms"], prev["source_hash"]
 
     # -- all keys -------------------------------------------------------------------------------------
 

@@ -204,25 +204,37 @@ def _filter_keys(keys: list, *, local: bool) -> list:
     return out
 
 
+# "vs previous" above this flags a key in the report (noise between runs of one config stays under it)
+SLOWER_THAN_PREVIOUS = 1.05
+
+
 def _report(results: list, json_path: Optional[Path]) -> None:
     from pathtune.tuning.tuner import fmt_ms
 
     table = Table(title="pathtune tune: default vs tuned (ms, from perf_db)")
     table.add_column("key", overflow="fold")
-    for col in ("trials", "measured", "default ms", "tuned ms", "speedup", "tuned / SDPA"):
+    for col in ("trials", "measured", "default ms", "tuned ms", "speedup", "tuned / SDPA", "vs previous"):
         table.add_column(col, no_wrap=True)      # numbers stay whole on a narrow terminal; the key folds
-    lines = []
+    lines, slower = [], []
     for r in results:
         sp = f"{r.speedup:.2f}x" if r.speedup else "-"
         vs = f"{r.best_ms / r.baseline_ms:.2f}x" if r.best_ms and r.baseline_ms else "-"
+        prev = f"{r.vs_previous:.2f}x" if r.vs_previous else "-"
         default = fmt_ms(r.default_ms) if r.default_status in (None, "ok") else r.default_status
-        table.add_row(r.key.label, str(r.trials), str(r.measured), default, fmt_ms(r.best_ms), sp, vs)
+        table.add_row(r.key.label, str(r.trials), str(r.measured), default, fmt_ms(r.best_ms), sp, vs, prev)
         if r.best_config:
             lines.append(f"{r.key.label}: " + " ".join(f"{k}={v}" for k, v in r.best_config.items()))
+        if r.vs_previous and r.vs_previous > SLOWER_THAN_PREVIOUS:
+            slower.append(f"{r.key.label}: tuned {fmt_ms(r.best_ms)} ms, {r.vs_previous:.2f}x the "
+                          f"{fmt_ms(r.previous_ms)} ms measured under kernel source {r.previous_source[:10]}")
     out = table_console(console, 150)
     out.print(table)
     if lines:
         out.print("best configs:\n  " + "\n  ".join(lines), highlight=False, markup=False)
+    if slower:
+        out.print("slower than the previous kernels' best on this GPU (a kernel edit that cost time, or a budget "
+                  "that missed the previous winner: resume with more trials, or --seed-config it):\n  "
+                  + "\n  ".join(slower), highlight=False, markup=False)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps([r.to_dict() for r in results], indent=1) + "\n")
