@@ -380,8 +380,9 @@ def generation_section(path: Path, doc: dict) -> list[str]:
 def render() -> str:
     # a bench stopped before every point (``*-bench-partial-*.json``) never replaces the complete tables: shown
     # after them while it is the newer run
-    partial = [f for f in _load("*-bench-*.json") if "-bench-partial-" in f[0].name]
-    bench = [f for f in _load("*-bench-*.json") if "-bench-partial-" not in f[0].name]
+    benches = _load("*-bench-*.json")
+    partial = [f for f in benches if "-bench-partial-" in f[0].name]
+    bench = [f for f in benches if "-bench-partial-" not in f[0].name]
     probe = _load("*-fwd-probe.json")
     changes = _load("*-kernel-probe.json")
     parts = [HEADER]
