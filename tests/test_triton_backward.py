@@ -484,7 +484,8 @@ def test_ranged_backward_starts_from_the_forwards_compact_state(monkeypatch, gat
 @pytest.mark.parametrize("dtype,ranged,varlen,gate", [(F16, True, False, True), (F16, False, False, False),
                                                         (F32, False, True, True), (F16, True, True, False)],
                          ids=["fp16-ranged-gate", "fp16-one-range", "fp32-varlen-gate", "fp16-ranged-varlen"])
-def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, dtype, ranged, varlen, gate, mode):
+def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, spy_launches, dtype, ranged, varlen, gate,
+                                                           mode):
     """bwd_forward_state keep: the forward op returns its compact state, autograd keeps it, and the
     backward reads it instead of running the UT stage and the transport again; keep_inter: the forward's
     queries at their super-chunk start, transported keys and transitions, and the backward's inter stages read
@@ -499,10 +500,10 @@ def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, dtype, r
         monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
     else:
         monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
-    calls, chains = [], []
+    calls = []
     real_state = tri_backward.backward_state
     monkeypatch.setattr(tri_backward, "backward_state", lambda *a, **k: calls.append(1) or real_state(*a, **k))
-    spy_prep(monkeypatch, chains)
+    chains = spy_launches(tri_backward, "bwd_prep_kernel", lambda grid, kw: kw["CHAIN"])   # the query chain walked
     recomputed = kernel_grads(inputs, do, params(dtype, bwd_forward_state="recompute"), **kw)
     assert calls == [1] and chains == [True]
     kept = kernel_grads(inputs, do, params(dtype, bwd_forward_state=mode), **kw)
@@ -512,20 +513,6 @@ def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, dtype, r
             if b is not None:
                 assert torch.equal(a, b), name
     check(kept, oracle_grads(inputs, do, **kw), TOL[dtype])
-
-
-def spy_prep(monkeypatch, log):
-    """Record each ``bwd_prep_kernel`` launch's CHAIN (whether it walks the query chain) in ``log``."""
-    real = tri_backward.bwd_prep_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                log.append(kw["CHAIN"])
-                return real[grid](*args, **kw)
-            return launch
-
-    monkeypatch.setattr(tri_backward, "bwd_prep_kernel", Spy())
 
 
 def test_range_budget(monkeypatch):
