@@ -307,3 +307,25 @@ def test_decode_rows_show_their_token_count(tmp_path):
     assert "tokens<=" in wide
     rows = json.loads(run("query", "overhead", "--pass", "decode", "-f", "json", "--db", url).stdout)
     assert sorted(r["tokens"] for r in rows) == [1, 16]
+
+
+def test_narrow_tables_name_a_gpu_without_its_memory_words(tmp_path):
+    """A real GPU name ("NVIDIA H100 80GB HBM3") must not wrap the 80-column tables: they show "H100" (a form
+    factor word such as PCIe stays, telling two H100s apart), --wide the full name."""
+    url = f"sqlite:///{tmp_path / 'perf.sqlite3'}"
+    db = PerfDB(url)
+    config = KnobSpace(SPEC, "fwd").default()
+    for name, ms in (("NVIDIA H100 80GB HBM3", 1.5), ("NVIDIA H100 PCIe", 1.9)):
+        env = dict(ENV, gpu_name=name)
+        db.record(env, kernel(), wl(64, 4096), config, ok(ms, baseline_ms=1.0), run_id="run-1")
+        db.record(env, kernel("sdpa"), wl(64, 4096), {}, ok(1.0), run_id="run-1")
+    db.close()
+    for args in (("query",), ("query", "overhead")):
+        out = runner.invoke(app, [*args, "--db", url], env={"COLUMNS": "80"}).stdout
+        lines = out.splitlines()
+        assert max(map(len, lines)) <= 80, out
+        firsts = [ln.split()[:3] for ln in lines if "H100" in ln]
+        assert "80GB" not in out and "HBM3" not in out and len(firsts) >= 2, out
+        assert any("PCIe" in ln for ln in lines) and all(ln.count("H100") == 1 for ln in lines if "H100" in ln), out
+    wide = run("query", "overhead", "--wide", "--db", url).stdout
+    assert "H100 80GB HBM3" in wide and "H100 PCIe" in wide

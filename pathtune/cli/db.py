@@ -9,6 +9,7 @@ import csv
 import functools
 import io
 import json
+import re
 import sys
 from contextlib import contextmanager
 from enum import Enum
@@ -206,7 +207,17 @@ QUERY_COLUMNS: list[tuple[str, Callable[[dict], Any]]] = [
 ]
 
 def _short_gpu(name: Optional[str]) -> Optional[str]:
-    return name[len("NVIDIA "):] if name and name.startswith("NVIDIA ") else name
+    """The GPU's name for the narrow tables: without the vendor and the memory's size and type words
+    ("NVIDIA H100 80GB HBM3" -> "H100"; a form factor such as "PCIe" stays); --wide shows the full name."""
+    if not name:
+        return name
+    words = name.split()
+    words = words[1:] if words[0] == "NVIDIA" and len(words) > 1 else words
+    kept = [w for w in words if not _MEMORY_WORD.fullmatch(w)]
+    return " ".join(kept or words)
+
+
+_MEMORY_WORD = re.compile(r"\d+GB|HBM\w*|GDDR\w*", re.IGNORECASE)
 
 
 def _dims(r: dict) -> str:
