@@ -744,34 +744,3 @@ def test_transport_runs_64_row_programs(monkeypatch, spy_launches):
     monkeypatch.setattr(fwd, "superchunk_transport_kernel", HalfRows())
     o2, _ = path_attention_triton(*x, config=p)
     assert not torch.isfinite(o2).all() or rel(o2, o0) > CAUGHT
-
-
-@pytest.mark.parametrize("cu", [None, (0, 70, 71, 150)], ids=["dense-gqa", "varlen-gqa"])
-def test_gate_prescaled_candidate(monkeypatch, cu):
-    """benchmarks/variants/gate_prescaled.py (the intra scan's logit bias from pre-scaled gate offsets, the inter
-    scan's gate offsets loaded a key tile ahead) in the launcher's place, FoX over several super-chunks, GQA: o and
-    lse the shipped forward's up to rounding and the oracle's.  The inter scan reading the current tile's offsets
-    for the next tile is caught."""
-    import sys
-
-    import pathtune.codegen.triton.scan_fwd as scan_mod
-    from pathtune.codegen.triton import forward as fwd
-    from repo_scripts import load_benchmark_script
-
-    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/gate_prescaled.py")
-    kv = sys.modules["kernel_variants"]
-    kw = {} if cu is None else dict(cu_seqlens=torch.tensor(cu, dtype=torch.int32))
-    x = make_inputs(747, B=1 if cu else 2, T=150, HQ=4, H=2, gate=True)
-    p = params(superchunk_size=64)
-    o0, l0 = run(x, p, **kw)
-    monkeypatch.setattr(fwd, "scan_intra_kernel", cand.scan_intra_kernel)
-    monkeypatch.setattr(fwd, "scan_inter_kernel", cand.scan_inter_kernel)
-    o1, l1 = run(x, p, **kw)
-    assert rel(o1, o0) < 1e-5 and rel(l1, l0) < 1e-5
-    check(o1, l1, *oracle(*x, **kw), TOL[F32])
-    wrong = cand.INTRA + [(cand.INTER[0][0], cand.INTER[0][1].replace("(k0 + t0 + BLOCK_N) + rn", "(k0 + t0) + rn")),
-                          cand.INTER[1]]
-    bad = kv.load_variant_module(kv.module_source(scan_mod), "gate_prescaled_wrong", wrong)
-    monkeypatch.setattr(fwd, "scan_inter_kernel", bad.scan_inter_kernel)
-    o2, _ = path_attention_triton(*x, config=p, **kw)
-    assert not torch.isfinite(o2).all() or rel(o2, o0) > CAUGHT
