@@ -463,11 +463,14 @@ def host_profile(out: dict, budget) -> None:
         n = HOST_STEPS
         # room for every step below: the warm-up, two loops of the public call, the JIT launches, the direct ones,
         # the candidate step's loop
-        cache = random_cache(BATCH, T, H, D, gate, T + (4 if CANDIDATE_STEP is None else 5) * n + 8, gen=gen)
+        cache = random_cache(BATCH, T, H, D, gate, T + 4 * n + 8, gen=gen)
+        # the candidate's loop starts from this cache as it is now: both loops time steps over the same lengths
+        start = copy.deepcopy(cache) if CANDIDATE_STEP is not None else None
         xs = inputs(BATCH, 1, H, H, D, gate, gen=gen)
         with Capture(decode_mod, "decode_kernel") as cap:
             pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
         sync()
+        loop_len = int(cache.length)
         t0 = time.perf_counter()
         for _ in range(n):
             pathtune.path_attention_decode(*xs, cache, backend=BACKEND)
@@ -482,7 +485,8 @@ def host_profile(out: dict, budget) -> None:
         sync()
         st = pstats.Stats(prof)
         top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:25]
-        row = dict(D=D, H=H, B=BATCH, cache_len=T, gate=gate, steps=n, host_us_per_step=host * 1e6,
+        row = dict(D=D, H=H, B=BATCH, cache_len=T, gate=gate, steps=n, loop_start_len=loop_len,
+                   host_us_per_step=host * 1e6,
                    wall_us_per_step=wall * 1e6,
                    top_own_us_per_step=[dict(fn=f"{Path(f).name}:{line}({name})", calls_per_step=cc / n,
                                              own_us=tt / n * 1e6, cum_us=ct / n * 1e6)
@@ -516,7 +520,8 @@ def host_profile(out: dict, budget) -> None:
             row["direct_launch_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         sync()
         if CANDIDATE_STEP is not None:
-            candidate_host(row, xs, cache, D, H, T, gate, gen, n)
+            candidate_host(row, xs, start, D, H, T, gate, gen, n)
+            del start
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "top_own_us_per_step"}), flush=True)
         del cache
@@ -543,8 +548,9 @@ def step_class(cls):
 
 
 def candidate_host(row: dict, xs, cache, D: int, H: int, T: int, gate: bool, gen, n: int) -> None:
-    """The host profile row's public-call loop again with ``CANDIDATE_STEP`` in place: host and wall time per step,
-    after three steps of the shipped and the candidate step on twin caches compared bitwise."""
+    """The host profile row's public-call loop again with ``CANDIDATE_STEP`` in place, on ``cache`` as the shipped
+    loop found it (the same lengths step for step): host and wall time per step, after three steps of the shipped
+    and the candidate step on twin caches compared bitwise."""
     import pathtune
 
     twin = random_cache(BATCH, T, H, D, gate, T + 8, gen=gen)
@@ -556,6 +562,7 @@ def candidate_host(row: dict, xs, cache, D: int, H: int, T: int, gate: bool, gen
         row["candidate_o_equal"] = all(torch.equal(a, b) for a, b in zip(ref, got))
         pathtune.path_attention_decode(*xs, cache, backend=BACKEND)     # the step prepared, the kernel kept
         sync()
+        row["candidate_loop_start_len"] = int(cache.length)
         t0 = time.perf_counter()
         for _ in range(n):
             pathtune.path_attention_decode(*xs, cache, backend=BACKEND)

@@ -312,6 +312,8 @@ def test_decode_probe_cpu_smoke(tmp_path):
     assert len(hp) == 2 and all(r["wall_us_per_step"] > 0 and r["jit_launch_us"] > 0 and r["top_own_us_per_step"]
                                 for r in hp), hp
     assert all(r["candidate_o_equal"] and r["candidate_wall_us_per_step"] > 0 for r in hp), hp   # --candidate-step
+    # both loops step over the same cache lengths (the candidate's timing is comparable)
+    assert all(r["candidate_loop_start_len"] == r["loop_start_len"] == r["cache_len"] + 1 for r in hp), hp
     one = [r for r in d["steps"] if r["tokens"] == 1]      # the tensor-core layout candidate: same outputs
     assert one and all(r["tc_layout_o_vs_rowwise"] < 1e-2 and r["tc_layout_net_ms"] > 0 for r in one), one
     assert len(d["profiles"]) == 2 and len(d["generate"]) == 6   # 3 attentions x 2 batches, eager
