@@ -57,6 +57,9 @@
 #                   at the shipped bwd tune's config (RANGES_CONFIG=heuristic: the untuned one)
 #   memcheck [180]  compute-sanitizer memcheck over one small fwd+bwd (catches out-of-bounds accesses)
 #
+# VAR=value words set VAR for the steps after them; REQUIRE_GPU=H200 runs the steps after it only on a GPU
+# whose name holds that text (the others are skipped and say so), REQUIRE_GPU= lifts it.
+#
 # Two GPUs (the nvidia-h200-x2 kind: same device time, twice the GPUs and cores), one lane per GPU:
 #
 #   bash benchmarks/gpu_session.sh --lanes "HEAD_DIMS=64 tune:560" "HEAD_DIMS=128 tune:560"
@@ -151,6 +154,13 @@ run_steps() {  # the steps of one lane, in order, with S set
         step="${arg%%:*}"
         secs="${arg#*:}"
         [ "$secs" = "$arg" ] && secs=""
+        # REQUIRE_GPU=H200: the steps after it run only on a GPU whose name holds that text (a call for an H200
+        # may land on an H100, whose tune would make H100 records); REQUIRE_GPU= lifts it
+        if [ -n "${REQUIRE_GPU:-}" ] && ! grep -qi -- "$REQUIRE_GPU" "$S/gpu.txt" "$ROOT_S/gpu.txt" 2>/dev/null; then
+            echo "== $step skipped: the GPU ($(head -1 "$ROOT_S/gpu.txt" 2>/dev/null)) is not REQUIRE_GPU=$REQUIRE_GPU" \
+                | tee -a "$S/steps.txt"
+            continue
+        fi
         case "$step" in
             tests) run_step tests "${secs:-240}" env PATHTUNE_TVM_MODULES="$REPO/build/tvm_decode_bench" \
                        PATHTUNE_TVM_BENCH_MODULES="$REPO/build/tvm_bench" \

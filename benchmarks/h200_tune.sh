@@ -53,7 +53,9 @@ case "${GATE:-fox}" in
     *) echo "GATE must be fox, path or both, got '$GATE'" >&2; exit 2 ;;
 esac
 HD="${HEAD_DIMS:-64,128}"
-RESULTS="$OUT/H200-tune-d${HD//,/-}-$STAMP.json"
+# the GPU's model in the name (H200, H100, ...; perf_db/shipped/README.md): a call for an H200 may land elsewhere
+GPU_TAG="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oE '[A-Z][0-9]{2,4}' | head -1)"
+RESULTS="$OUT/${GPU_TAG:-GPU}-tune-d${HD//,/-}-$STAMP.json"
 set +e
 pathtune tune \
     --head-dim "${HEAD_DIMS:-64,128}" --dtype bfloat16 --pass "${PASSES:-decode,fwd,bwd}" --backend triton \
