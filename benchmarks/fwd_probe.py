@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -156,9 +157,10 @@ def host_profile(shape=(1, 512, 8, 64), launch_candidate: str | None = None) -> 
     emit(row)
 
 
-def launch_rows(api, inputs, path: str) -> dict:
+def launch_rows(api, inputs, path: str, rounds: int = 5) -> dict:
     """Wall (do_bench) and host time per call (25 queued) of the forward ``api`` and of a forward + backward on
-    ``inputs``, with the shipped repeat launcher and with candidate module ``path``'s ``in_place()``."""
+    ``inputs``, with the shipped repeat launcher and with candidate module ``path``'s ``in_place()``: medians over
+    ``rounds`` rounds in alternating order (and each round's value, ``*_rounds``)."""
     from kernel_variants import load_candidate
 
     import pathtune
@@ -170,14 +172,21 @@ def launch_rows(api, inputs, path: str) -> dict:
     def train():
         return torch.autograd.grad(pathtune.path_attention(*leaves).sum(), wrt)
 
-    out = {}
-    for label, ctx in (("shipped", contextlib.nullcontext), ("candidate", in_place)):
+    arms = {"shipped": contextlib.nullcontext, "candidate": in_place}
+    for ctx in arms.values():     # every kernel compiled and every launch key prepared before the timing
         with ctx():
-            for what, fn in (("fwd", api), ("fwd_bwd", train)):
-                with torch.no_grad() if what == "fwd" else contextlib.nullcontext():
-                    fn()
-                    out[f"launch_{label}_{what}_ms"] = bench(fn)
-                    out[f"launch_{label}_{what}_host_ms"] = host_ms(fn)
+            api()
+            train()
+    times: dict = {}
+    for r in range(rounds):       # shipped and candidate alternate which goes first, round by round
+        for label in (("shipped", "candidate") if r % 2 == 0 else ("candidate", "shipped")):
+            with arms[label]():
+                for what, fn in (("fwd", api), ("fwd_bwd", train)):
+                    with torch.no_grad() if what == "fwd" else contextlib.nullcontext():
+                        times.setdefault(f"launch_{label}_{what}_ms", []).append(bench(fn))
+                        times.setdefault(f"launch_{label}_{what}_host_ms", []).append(host_ms(fn))
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out.update({f"{k}_rounds": v for k, v in times.items()})
     return out
 
 
