@@ -299,7 +299,9 @@ def main(argv=None):
                     help="knob overrides of the head dim's untuned config, as JSON (spec spelling)")
     ap.add_argument("--pass", dest="pass_", choices=("all", "fwd", "decode"), default="all",
                     help="forward+backward kernels, decode kernels, or all")
+    ap.add_argument("--no-gate", action="store_true", help="the PaTH kernels (default: PaTH-FoX, the gated ones)")
     args = ap.parse_args(argv)
+    gate = not args.no_gate
     import json
 
     from .._knobs import resolve
@@ -308,13 +310,13 @@ def main(argv=None):
     params = resolve("triton", None, json.loads(args.config) if args.config else None, (args.head_dim, args.head_dim))
     launches = []
     if args.pass_ in ("all", "fwd"):
-        launches += forward_kernels(params, args.head_dim, args.head_dim)
+        launches += forward_kernels(params, args.head_dim, args.head_dim, gate=gate)
     if args.pass_ in ("all", "decode"):
         # one token, MHA (row-reduction path) and 4- and 16-token GQA steps (tensor-core path); every
         # flush rotates the keys in a second pass in compact WY form
-        launches += decode_kernels(params, args.head_dim, args.head_dim)
+        launches += decode_kernels(params, args.head_dim, args.head_dim, gate=gate)
         for tokens in (4, 16):
-            launches += decode_kernels(params, args.head_dim, args.head_dim, group=4, tokens=tokens)[:1]
+            launches += decode_kernels(params, args.head_dim, args.head_dim, gate=gate, group=4, tokens=tokens)[:1]
     for fn, sig, const, nw, ns in launches:
         if args.only and args.only not in fn.fn.__name__:
             continue
