@@ -814,3 +814,51 @@ def test_chunks_fastest_order_candidate(monkeypatch, dtype, ranged):
         kv.module_source(intra_mod), "bwd_intra_walk_kernel", "chunks_fastest_wrong", wrong))
     bad = kernel_grads(inputs, do, p, cu_seqlens=cu)
     assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+
+
+@pytest.mark.parametrize("dtype,gate", [(F32, True), (F16, False)], ids=["fp32-gate", "fp16"])
+def test_walk_attention_first_candidate(monkeypatch, dtype, gate):
+    """benchmarks/variants/bwd_walk_attention_first.py (each walk step's attention part before its chain step) in
+    the launcher's place, packed sequences over several super-chunks with partial last ones, GQA: the shipped
+    gradients up to rounding and the oracle's.  A chain step that reads the step's updated G is caught."""
+    import sys
+
+    import pathtune.codegen.triton.bwd_intra as intra_mod
+    from repo_scripts import load_benchmark_script
+
+    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/bwd_walk_attention_first.py")
+    kv = sys.modules["kernel_variants"]
+    inputs, do = make_inputs(613, B=1, T=170, HQ=4, H=2, dtype=dtype, gate=gate)
+    kw = dict(cu_seqlens=torch.tensor([0, 90, 91, 170], dtype=torch.int32))
+    p = params(dtype, superchunk_size=64)
+    ref = kernel_grads(inputs, do, p, **kw)
+    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", cand.bwd_intra_walk_kernel)
+    got = kernel_grads(inputs, do, p, **kw)
+    for name, a, b in zip(NAMES, got, ref):
+        if b is not None:
+            assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
+    check(got, oracle_grads(inputs, do, **kw), TOL[dtype])
+    late_g = cand.ATTENTION_FIRST_STEP.replace("        Gd = G.to(DT)\n", "        Gd = dX.to(DT)\n")
+    bad = kv.load_variant_module(kv.module_source(intra_mod), "walk_late_g", [(cand.SHIPPED_STEP, late_g)])
+    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", bad.bwd_intra_walk_kernel)
+    wrong = kernel_grads(inputs, do, p, **kw)
+    assert max(rel(a, b) for a, b in zip(wrong, ref) if b is not None) > CAUGHT
+
+
+def test_walk_attention_first_runs_one_stage_at_wide_heads(monkeypatch):
+    """The candidate's launcher wrapper: one pipeline stage from padded head dim 128 on (two would prefetch every
+    operand tile again), the launch's own stages below it, every other argument passed through."""
+    from repo_scripts import load_benchmark_script
+
+    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/bwd_walk_attention_first.py")
+    seen = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append((grid, a, kw))
+
+    wrapped = cand.OneStageAtWideHeads(Kernel())
+    wrapped[(8,)](1, 2, BD=128, num_stages=2, num_warps=4)
+    wrapped[(8,)](1, 2, BD=64, num_stages=2, num_warps=4)
+    assert seen == [((8,), (1, 2), dict(BD=128, num_stages=1, num_warps=4)),
+                    ((8,), (1, 2), dict(BD=64, num_stages=2, num_warps=4))]
