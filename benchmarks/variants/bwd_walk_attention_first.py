@@ -26,33 +26,10 @@ import pathtune.codegen.triton.bwd_intra as intra_mod
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # benchmarks/: kernel_variants
 from kernel_variants import load_variant_module, module_source  # noqa: E402
 
-SHIPPED_STEP = '''        Kt = tl.load(kt_ptr + kof, mask=dmask, other=0.0).to(DT)
-        Wm = tl.load(w_ptr + kof, mask=dmask, other=0.0).to(DT)
-        Um = tl.load(u_ptr + kof, mask=dmask, other=0.0).to(DT)
-        Vm = tl.load(v_ptr + kvof, mask=dvmask, other=0.0)
-        Gd = G.to(DT)
-        # chain step X_{m-1} = X_m - (X_m W_m^T) U_m, G = dX_{m-1}; each product's atomic add follows
-        # it, so that no finished C x D gradient stays live through the next products
-        Yl = mm(Xd, tl.trans(Wm), INTERP)
-        _acc(du_ptr + kof, -mm(tl.trans(Yl.to(DT)), Gd, INTERP), dmask)
-        dYl = (-mm(Gd, tl.trans(Um), INTERP)).to(DT)
-        _acc(dw_ptr + kof, mm(tl.trans(dYl), Xd, INTERP), dmask)
-        dX = G + mm(dYl, Wm, INTERP)
-        # logits of key chunk m
-        s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
-        if USE_GATE:    # the key's gate offset (the query's is in lse2: _row_stats)
-            s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
-        p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
-        _acc(dv_ptr + kvof, mm(tl.trans(p).to(Vm.dtype), dO, INTERP), dvmask)
-        dp = mm(dO, tl.trans(Vm), INTERP)
-        ds = p * (dp - delta[:, None])
-        dsd = (ds * scale).to(DT)
-        dX += mm(dsd, Kt, INTERP)
-        _acc(dkt_ptr + kof, mm(tl.trans(dsd), Xd, INTERP), dmask)
-        if USE_GATE:
-            _acc(dc_h + krows, -tl.sum(ds, axis=0) * gate_nat)
-        G = dX
-'''
+_SOURCE = module_source(intra_mod)
+# the shipped walk's step: from its per-step operand loads to the carried gradient's update
+_STEP_END = "        G = dX\n"
+SHIPPED_STEP = _SOURCE[_SOURCE.index("        Kt = tl.load(kt_ptr + kof"):_SOURCE.index(_STEP_END) + len(_STEP_END)]
 ATTENTION_FIRST_STEP = '''        # key chunk m's attention part first (K~, V), then the chain step (W, U), both from
         # the step's G: the two pairs of operand tiles are not live at once
         Kt = tl.load(kt_ptr + kof, mask=dmask, other=0.0).to(DT)
@@ -80,7 +57,7 @@ ATTENTION_FIRST_STEP = '''        # key chunk m's attention part first (K~, V), 
         G = dX + mm(dYl, Wm, INTERP)
 '''
 
-attention_first_walk = load_variant_module(module_source(intra_mod), "walk_attention_first",
+attention_first_walk = load_variant_module(_SOURCE, "walk_attention_first",
                                            [(SHIPPED_STEP, ATTENTION_FIRST_STEP)]).bwd_intra_walk_kernel
 
 
