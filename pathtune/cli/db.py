@@ -209,9 +209,9 @@ QUERY_COLUMNS: list[tuple[str, Callable[[dict], Any]]] = [
 def _short_gpu(name: Optional[str]) -> Optional[str]:
     """The GPU's name for the narrow tables: without the vendor and the memory's size and type words
     ("NVIDIA H100 80GB HBM3" -> "H100"; a form factor such as "PCIe" stays); --wide shows the full name."""
-    if not name:
+    words = (name or "").split()
+    if not words:
         return name
-    words = name.split()
     words = words[1:] if words[0] == "NVIDIA" and len(words) > 1 else words
     kept = [w for w in words if not _MEMORY_WORD.fullmatch(w)]
     return " ".join(kept or words)
