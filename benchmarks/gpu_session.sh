@@ -156,7 +156,7 @@ run_steps() {  # the steps of one lane, in order, with S set
         [ "$secs" = "$arg" ] && secs=""
         # REQUIRE_GPU=H200: the steps after it run only on a GPU whose name holds that text (a call for an H200
         # may land on an H100, whose tune would make H100 records); REQUIRE_GPU= lifts it
-        if [ -n "${REQUIRE_GPU:-}" ] && ! grep -qi -- "$REQUIRE_GPU" "$S/gpu.txt" "$ROOT_S/gpu.txt" 2>/dev/null; then
+        if [ -n "${REQUIRE_GPU:-}" ] && ! grep -qi -- "$REQUIRE_GPU" "$ROOT_S/gpu.txt" 2>/dev/null; then
             echo "== $step skipped: the GPU ($(head -1 "$ROOT_S/gpu.txt" 2>/dev/null)) is not REQUIRE_GPU=$REQUIRE_GPU" \
                 | tee -a "$S/steps.txt"
             continue

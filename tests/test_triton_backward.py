@@ -733,12 +733,13 @@ def _ranges(monkeypatch, ranged):
         monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
 
 
-def _same_grads(got, shipped, dtype, inputs, do):
-    """A candidate's gradients: the shipped kernel's up to rounding, and the oracle's within tolerance."""
+def _same_grads(got, shipped, dtype, inputs, do, **kw):
+    """A candidate's gradients: the shipped kernel's up to rounding, and the oracle's within tolerance (``kw``: the
+    call's cu_seqlens)."""
     for name, a, b in zip(NAMES, got, shipped):
         if b is not None:
             assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
-    check(got, oracle_grads(inputs, do), TOL[dtype])
+    check(got, oracle_grads(inputs, do, **kw), TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype,ranged,gate", [(F32, False, True), (F16, True, True), (F16, False, False)],
@@ -833,11 +834,7 @@ def test_walk_attention_first_candidate(monkeypatch, dtype, gate):
     p = params(dtype, superchunk_size=64)
     ref = kernel_grads(inputs, do, p, **kw)
     monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", cand.bwd_intra_walk_kernel)
-    got = kernel_grads(inputs, do, p, **kw)
-    for name, a, b in zip(NAMES, got, ref):
-        if b is not None:
-            assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
-    check(got, oracle_grads(inputs, do, **kw), TOL[dtype])
+    _same_grads(kernel_grads(inputs, do, p, **kw), ref, dtype, inputs, do, **kw)
     late_g = cand.ATTENTION_FIRST_STEP.replace("        Gd = G.to(DT)\n", "        Gd = dX.to(DT)\n")
     bad = kv.load_variant_module(kv.module_source(intra_mod), "walk_late_g", [(cand.SHIPPED_STEP, late_g)])
     monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", bad.bwd_intra_walk_kernel)
