@@ -147,3 +147,25 @@ def test_a_partial_bench_follows_the_complete_tables_while_it_is_newer(tmp_path,
     assert "**11.000**" in newer and f"Source: `benchmarks/results/{partial}`" in newer
     (tmp_path / "H200-20260103T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(doc, rows=[row])))
     assert "## Newer partial run" not in report.render()
+
+
+def test_another_gpus_bench_gets_its_own_section_and_never_replaces_the_reference_tables(tmp_path, monkeypatch):
+    """A newer bench on another GPU (an H100 file, whose name sorts before every H200 file) leaves the forward and
+    training tables on the reference GPU's newest run and shows its own rows under "Other GPUs", each GPU's
+    newest complete run only; files are ordered by the time in their names, not by the GPU prefix."""
+    import json
+
+    report, doc = _synthetic(tmp_path, monkeypatch, "pathtune bench --json b.json")
+    row = _bench_row(128, 4096, 8, 8, pathtune_f=1.6, sdpa_flash_f=0.9, pathtune_fb=12.0, sdpa_flash_fb=3.4)
+    other = dict(doc, gpu="NVIDIA H100 80GB HBM3")
+    (tmp_path / "H200-20260102T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(doc, rows=[row])))
+    assert "## Other GPUs" not in report.render()
+    (tmp_path / "H100-20260101T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(
+        other, rows=[dict(row, times=dict(row["times"], pathtune_f=1.7, pathtune_fb=13.0))])))
+    (tmp_path / "H100-20260103T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(
+        other, rows=[dict(row, times=dict(row["times"], pathtune_f=1.8, pathtune_fb=14.0))])))
+    reference, others = report.render().split("## Other GPUs")
+    assert "**1.600**" in reference and "**12.000**" in reference and "**1.800**" not in reference
+    assert "### NVIDIA H100 80GB HBM3" in others and "**1.800**" in others and "**14.000**" in others
+    assert "**1.700**" not in others       # the older H100 run
+    assert "Source: `benchmarks/results/H100-20260103T000000Z-bench-fwd-bwd.json`" in others
