@@ -607,68 +607,10 @@ def test_intra_walk_loads_tma_or_pointers(spy_launches, D, DV, offset, stages, t
     assert seen == [(tma, stages)], seen
 
 
-def _ut_stage_runner(monkeypatch, seed):
-    """run(kernel) -> (u, K~, m) of ``forward.ut_fused`` with ``kernel`` as its ut_fused_kernel, on one fixed input
-    (two heads, 100 tokens over two 64-token chunks, D 64, tf32 products)."""
-    from pathtune.codegen.triton import forward as fwd
-    from pathtune.codegen.triton._layout import build_tables
-
-    H, C, D, N = 2, 64, 64, 100
-    g = torch.Generator().manual_seed(seed)
-    w = F.normalize(torch.randn(N, H, D, generator=g), dim=-1)
-    k = torch.randn(N, H, D, generator=g).to(torch.bfloat16)
-    beta = 1.5 + 0.5 * torch.rand(N, H, generator=g)
-    p = TritonParams(ut_precision="tf32", ut_diag_block=16)
-    tables = build_tables(1, N, None, C, p.superchunk_size, torch.device("cpu"), block_m=p.block_m)
-
-    def run(kernel):
-        monkeypatch.setattr(fwd, "ut_fused_kernel", kernel)
-        return fwd.ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=torch.float32, write_w=True)[:3]
-    return run
-
-
-def test_ut_stage_part_timing_proxies_leave_out_one_part_each(monkeypatch):
-    """benchmarks/variants/ut_stage_parts.py (timing-only proxies of the one-launch UT stage without its inverse,
-    without W K^T, without U / K~) in the launcher's place: each changes exactly what its left-out part makes
-    (no inverse: U, K~, M; no W K^T: M and K~ but not U; no apply: U and K~ left as allocated, M as shipped)."""
-    from pathtune.codegen.triton import forward as fwd
-    from repo_scripts import load_benchmark_script
-
-    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/ut_stage_parts.py")
-    run = _ut_stage_runner(monkeypatch, 3)
-    u, kt, m = run(fwd.ut_fused_kernel)
-    ni, nw = run(cand.ut_fused_kernel_no_inverse), run(cand.ut_fused_kernel_no_wk)
-    assert not torch.equal(ni[0], u) and not torch.equal(ni[1], kt) and not torch.equal(ni[2], m)
-    assert torch.equal(nw[0], u) and not torch.equal(nw[1], kt) and bool((nw[2] == 0).all())
-    assert torch.equal(run(cand.ut_fused_kernel_no_apply)[2], m)
-
-
-def test_register_cap_candidates_launch_the_shipped_kernel_with_maxnreg(monkeypatch):
-    """benchmarks/variants/max_registers.py: the wrapper launches the shipped kernel on the launcher's grid with
-    ``maxnreg`` added to its launch options (dropped in the interpreter, which compiles nothing), so the UT stage
-    through ``ut_fused`` gives the shipped outputs."""
-    from pathtune.codegen.triton import forward as fwd
-    from repo_scripts import load_benchmark_script
-
-    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/max_registers.py")
-    seen = []
-
-    class Kernel:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: seen.append((grid, len(args), kw))
-    monkeypatch.setattr(cand, "interpreting", lambda: False)
-    cand.MaxRegisters(Kernel(), 168)[(7, 2)](1, 2, num_warps=4)
-    assert seen == [((7, 2), 2, {"num_warps": 4, "maxnreg": 168})]
-    monkeypatch.setattr(cand, "interpreting", lambda: True)
-    run = _ut_stage_runner(monkeypatch, 5)
-    ship = run(fwd.ut_fused_kernel)
-    assert all(torch.equal(a, b) for a, b in zip(run(cand.ut_fused_kernel_regs128), ship))
-
-
 @pytest.mark.slow
 def test_ut_stage_compiles_under_a_register_cap_for_sm90():
-    """The UT stage at the shipped ut_precision (tf32) compiles for sm_90 under the caps the register-cap candidates
-    launch it with, within them (3 or 4 programs per multiprocessor instead of 2)."""
+    """compile_kernel's ``maxnreg`` (the kernel probe's --maxnreg): the UT stage at ut_precision tf32 compiles for
+    sm_90 under caps of 168 and 128 registers, within them (3 or 4 programs per multiprocessor instead of 2)."""
     import subprocess
     import sys
     import textwrap
