@@ -46,6 +46,10 @@
 #   fwdprobe [300]  benchmarks/fwd_probe.py $FWDPROBE_ARGS: the forward vs SDPA / fla, per-kernel profile, knob variants
 #   kprobe [150]    benchmarks/dev_kernel_probe.py $KPROBE_ARGS: single launches of one fwd+bwd timed next to
 #                   variants of their kernels (warps, precision, an older bwd_intra file)
+#   ncu [150]       Nsight Compute over benchmarks/ncu_step.py $NCUSTEP_ARGS (default --D 128 --T 4096: two fwd+bwd
+#                   steps of the public API): the kernels matching regex NCU_KERNELS (default bwd_intra_diag), NCU_COUNT
+#                   launches (1) after skipping NCU_SKIP (8: the first step's eight ranges); speed of light, warp
+#                   states, occupancy, scheduler and memory sections in the step's log
 #   profile [120]   per-kernel device time of one fwd+bwd (heuristic config), D 64/128, T 16K and 4K
 #                   (PROFILE_STEPS=profile4k: 4K only, profile2k: 2K only; PROFILE_GATES=both: PaTH next to PaTH-FoX)
 #   sweep [240]     benchmarks/dev_gpu_run2.py $SWEEP (default sweep): fwd / fwd+bwd and per-kernel times per knob change
@@ -112,8 +116,8 @@ export TRITON_CACHE_DIR="$REPO/.tcache"
 mkdir -p "$TRITON_CACHE_DIR"
 # which cache entries this call opens (every step, the tuner's compile children too): only those come back
 # (TCACHE_SCOPE=all: the whole cache); benchmarks/tcache/pathtune_tcache_log.py
-export PATHTUNE_TCACHE_LOG="$(dirname "$ROOT_S")/tcache_used.txt"
-rm -f "$PATHTUNE_TCACHE_LOG"
+export TRITON_CACHE_USED_LOG="$(dirname "$ROOT_S")/tcache_used.txt"
+rm -f "$TRITON_CACHE_USED_LOG"
 export TRITON_CACHE_MANAGER=pathtune_tcache_log:LoggingCacheManager
 export PYTHONPATH="$REPO/benchmarks/tcache${PYTHONPATH:+:$PYTHONPATH}"
 if ls .tcache_in/tcache.txz.* >/dev/null 2>&1; then
@@ -250,6 +254,11 @@ run_steps() {  # the steps of one lane, in order, with S set
                            --out "$S/scan_probe.json" ;;
             fwdprobe) run_step fwdprobe "${secs:-300}" env OUT="$S" python3 "$REPO/benchmarks/fwd_probe.py" ${FWDPROBE_ARGS:-} ;;
             kprobe) run_step kprobe "${secs:-150}" env OUT="$S" python3 "$REPO/benchmarks/dev_kernel_probe.py" ${KPROBE_ARGS:-} ;;
+            ncu) run_step ncu "${secs:-150}" ncu --kernel-name "regex:${NCU_KERNELS:-bwd_intra_diag}" \
+                     --launch-skip "${NCU_SKIP:-8}" --launch-count "${NCU_COUNT:-1}" \
+                     --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+                     --section SchedulerStats --section MemoryWorkloadAnalysis \
+                     python3 "$REPO/benchmarks/ncu_step.py" ${NCUSTEP_ARGS:---D 128 --T 4096} ;;
             sweep) run_step sweep "${secs:-240}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ${SWEEP:-sweep} ;;
             split) run_step split "${secs:-150}" bash "$REPO/${BUNDLE:-build/split/bundle}/run.sh" "$S/split_results.json" ;;
             ranges) run_step ranges "${secs:-150}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ranges ;;
@@ -287,8 +296,8 @@ tar czf "$OUT/session.tgz" -C "$(dirname "$S")" s
 # parts few (~10 MiB for both head dims' fwd + bwd kernels and fla's)
 if [ "${TCACHE_OUT:-1}" = 1 ]; then
     entries="$(dirname "$ROOT_S")/tcache_entries.txt"
-    if [ "${TCACHE_SCOPE:-used}" = used ] && [ -s "$PATHTUNE_TCACHE_LOG" ]; then
-        sort -u "$PATHTUNE_TCACHE_LOG" | while read -r e; do [ -d "$TRITON_CACHE_DIR/$e" ] && echo "./$e"; done > "$entries"
+    if [ "${TCACHE_SCOPE:-used}" = used ] && [ -s "$TRITON_CACHE_USED_LOG" ]; then
+        sort -u "$TRITON_CACHE_USED_LOG" | while read -r e; do [ -d "$TRITON_CACHE_DIR/$e" ] && echo "./$e"; done > "$entries"
         echo "Triton cache: the $(grep -c . "$entries") of $(ls "$TRITON_CACHE_DIR" | wc -l) entries this call opened come back"
     else
         echo . > "$entries"

@@ -13,7 +13,7 @@ def logged(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TRITON_CACHE_MANAGER", "pathtune_tcache_log:LoggingCacheManager")
     log = tmp_path / "used.txt"
-    monkeypatch.setenv("PATHTUNE_TCACHE_LOG", str(log))
+    monkeypatch.setenv("TRITON_CACHE_USED_LOG", str(log))
     return tmp_path / "cache", log
 
 
@@ -36,6 +36,6 @@ def test_nothing_is_noted_without_a_log(logged, monkeypatch):
     from triton.runtime.cache import get_cache_manager
 
     cache, log = logged
-    monkeypatch.delenv("PATHTUNE_TCACHE_LOG")
+    monkeypatch.delenv("TRITON_CACHE_USED_LOG")
     get_cache_manager("6f70").put(b"x", "k.json")
     assert not log.exists() and len(list(cache.iterdir())) == 1

@@ -2,7 +2,7 @@
 compiled kernels it used (benchmarks/gpu_session.sh).
 
     TRITON_CACHE_MANAGER=pathtune_tcache_log:LoggingCacheManager   (this folder on PYTHONPATH)
-    PATHTUNE_TCACHE_LOG=/path/to/used.txt                          (one entry name a line, appended)
+    TRITON_CACHE_USED_LOG=/path/to/used.txt                          (one entry name a line, appended)
 
 Triton opens a cache entry (a folder of ``TRITON_CACHE_DIR`` named after the compilation's hash) through its cache
 manager for every kernel it compiles or finds compiled, and for every launcher module it builds or loads; this
@@ -19,11 +19,11 @@ __all__ = ["LoggingCacheManager"]
 
 
 class LoggingCacheManager(FileCacheManager):
-    """``FileCacheManager`` that appends the entry's name to ``$PATHTUNE_TCACHE_LOG`` (if set) when opened."""
+    """``FileCacheManager`` that appends the entry's name to ``$TRITON_CACHE_USED_LOG`` (if set) when opened."""
 
     def __init__(self, key, override=False, dump=False):
         super().__init__(key, override=override, dump=dump)
-        log = os.environ.get("PATHTUNE_TCACHE_LOG")
+        log = os.environ.get("TRITON_CACHE_USED_LOG")
         if log and not (override or dump):
             with open(log, "a") as fh:     # one short line per open: appends from several processes stay whole
                 fh.write(f"{key}\n")
