@@ -10,6 +10,7 @@
 #   tests [240]     pytest -m gpu over the Triton matrix, decode, dispatch, layer and TVM tests, 6 workers (the
 #                   TVM ones run the carried build/tvm_bench and build/tvm_decode_bench, with tvm_ffi importable)
 #   fwdtests [180]  pytest -m gpu tests/test_triton_gpu.py: the Triton forward / backward matrix vs the float64 oracle
+#                   (FWDTESTS_K: a pytest -k expression, e.g. "D32 or D64-bfloat16-4q4kv-fox", for some cases only)
 #   decodetests [120] pytest -m gpu over the decode tests (static cache, graph capture, Triton step, lazy rotation,
 #                   two frame levels, repeat launches)
 #   decodeprobe [240] benchmarks/decode_probe.py $DECODEPROBE_ARGS: the public decode step vs SDPA, its profile, graph step, generation
@@ -174,7 +175,7 @@ run_steps() {  # the steps of one lane, in order, with S set
                        "$REPO/tests/test_decode_dispatch.py" "$REPO/tests/test_tvm_gpu.py" -rA ;;
             # 8 workers: the matrix is bound by cold compiles (ptxas on the host's 16 cores), not by the GPU
             fwdtests) run_step fwdtests "${secs:-180}" python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 \
-                          "$REPO/tests/test_triton_gpu.py" -rA ;;
+                          "$REPO/tests/test_triton_gpu.py" ${FWDTESTS_K:+-k "$FWDTESTS_K"} -rA ;;
             decodetests) run_step decodetests "${secs:-120}" python3 -m pytest -q -m gpu -p no:cacheprovider \
                              "$REPO/tests/test_decode_static.py" "$REPO/tests/test_triton_decode.py" \
                              "$REPO/tests/test_decode_lazy.py" "$REPO/tests/test_decode_frames.py" \

@@ -92,7 +92,8 @@ def main(argv=None):
     ap.add_argument("profile", help="JSON rows of the profile step (run_profile4k.json)")
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--superchunk", type=int, default=1024)
-    ap.add_argument("--block-n", type=int, default=64, help="bwd_block_n of the profiled config")
+    ap.add_argument("--block-n", type=int, default=64,
+                    help="key tile of the profiled config's dk / dv pass (bwd_dkv_block_n, else bwd_block_n)")
     ap.add_argument("--forward", action="store_true", help="rows of benchmarks/fwd_probe.py: one forward")
     a = ap.parse_args(argv)
     with open(a.profile) as fh:

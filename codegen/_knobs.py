@@ -117,7 +117,8 @@ def check_params(obj: Any, backend: str) -> None:
 
 # A pass whose kernels read knobs no other pass reads may declare them in a subclass of its backend's params
 # class, in its own (source-hashed) module, so that such a knob touches only that pass's sources and records.
-_PASS_PARAMS = {("triton", "decode"): ("pathtune.codegen.triton.decode", "TritonDecodeParams")}
+_PASS_PARAMS = {("triton", "decode"): ("pathtune.codegen.triton.decode", "TritonDecodeParams"),
+                ("triton", "bwd"): ("pathtune.codegen.triton.backward", "TritonBwdParams")}
 
 
 def params_class(backend: str, pass_: Optional[str] = None) -> type:

@@ -742,6 +742,29 @@ def _same_grads(got, shipped, dtype, inputs, do, **kw):
     check(got, oracle_grads(inputs, do, **kw), TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype,gate", [(F32, True), (F16, False)], ids=["fp32-gate", "fp16"])
+def test_key_side_pass_takes_its_own_tile_and_warps(spy_launches, dtype, gate):
+    """bwd_dkv_block_n / bwd_dkv_num_warps set the key-side pass's (bwd_inter_dkv_kernel's) key tile, grid and warps
+    alone: dq keeps bwd_block_n / bwd_inter_num_warps, the gradients are the shared tile's up to rounding and the
+    oracle's; 0 (their default) takes dq's.  GQA, several super-chunks, a partial last one."""
+    inputs, do = make_inputs(83, B=2, T=150, HQ=4, H=2, dtype=dtype, gate=gate)
+    base = dict(chunk_size=16, superchunk_size=64, block_n=16, bwd_block_n=16, scan_precision=SCAN[dtype])
+    shared, own = (tri_backward.TritonBwdParams(**base, **extra)
+                   for extra in ({}, dict(bwd_dkv_block_n=32, bwd_dkv_num_warps=8)))
+    assert (shared.bwd_dkv_block_n, shared.bwd_dkv_num_warps) == (0, 0)
+    launch = lambda grid, kw: (tuple(grid), kw["BLOCK_N"], kw["num_warps"])  # noqa: E731
+    dkv, dq = spy_launches(tri_backward, "bwd_inter_dkv_kernel", launch), spy_launches(tri_backward,
+                                                                                        "bwd_inter_dq_kernel", launch)
+    ref = kernel_grads(inputs, do, shared)
+    assert dkv and {(b, w) for _, b, w in dkv} == {(16, 4)} and all(g[0] % 4 == 0 for g, _, _ in dkv), dkv
+    n = len(dkv)
+    got = kernel_grads(inputs, do, own)
+    assert {(b, w) for _, b, w in dkv[n:]} == {(32, 8)}, dkv[n:]
+    assert [g[0] * 2 for g, _, _ in dkv[n:]] == [g[0] for g, _, _ in dkv[:n]]     # half the key tiles
+    assert {(b, w) for _, b, w in dq} == {(16, 4)}, dq
+    _same_grads(got, ref, dtype, inputs, do)
+
+
 @pytest.mark.parametrize("dtype,ranged,gate", [(F32, False, True), (F16, True, True), (F16, False, False)],
                          ids=["fp32-one-range-gate", "fp16-ranged-gate", "fp16-one-range"])
 def test_walk_and_prep_run_one_program_per_chunk_and_head_on_a_flat_grid(monkeypatch, spy_launches, dtype, ranged,
@@ -815,3 +838,53 @@ def test_chunks_fastest_order_candidate(monkeypatch, dtype, ranged):
         kv.module_source(intra_mod), "bwd_intra_walk_kernel", "chunks_fastest_wrong", wrong))
     bad = kernel_grads(inputs, do, p, cu_seqlens=cu)
     assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+
+
+@pytest.mark.parametrize("ranged,varlen", [(False, True), (True, False)], ids=["one-range-varlen", "ranged-dense"])
+def test_transport_gradients_fill_their_unzeroed_buffers(monkeypatch, ranged, varlen):
+    """dK~, dW, dU of a token range and dY are carved without a memset: the transport backward stores every row of
+    the first three (zeros in a sequence's last super-chunk), the dq kernel every row of dY (zeros in a sequence's
+    first).  Poisoned with NaN here, so a row nobody stores shows in the gradients: packed sequences of one, two and
+    three super-chunks with partial last ones, several ranges or one.  The gradients are the oracle's; the
+    transport kernel without its zero stores is caught, and so is the dq kernel without its."""
+    import pathtune.codegen.triton.bwd_chain as chain_mod
+    import pathtune.codegen.triton.bwd_inter as inter_mod
+    from repo_scripts import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import kernel_variants as kv
+
+    carve = tri_backward._carve
+    poisoned = []
+
+    def nan_carve(shapes, dtype, device, *, zero):
+        out = carve(shapes, dtype, device, zero=zero)
+        if not zero:
+            for t in out:
+                t.fill_(float("nan"))
+            poisoned.append(len(out))
+        return out
+
+    monkeypatch.setattr(tri_backward, "_carve", nan_carve)
+    _ranges(monkeypatch, ranged)
+    inputs, do = make_inputs(907, B=1 if varlen else 2, T=170 if varlen else 150, HQ=4, H=2, gate=True)
+    kw = dict(cu_seqlens=torch.tensor([0, 40, 130, 170], dtype=torch.int32)) if varlen else {}
+    p = params(superchunk_size=32, chunk_size=16)
+    got = kernel_grads(inputs, do, p, **kw)
+    assert sorted(set(poisoned)) == [1, 3], poisoned      # dY; each range's dK~, dW, dU
+    check(got, oracle_grads(inputs, do, **kw), TOL[F32])
+    src = kv.module_source(inter_mod)
+    start = src.index("    elif DB == BD:  # a sequence's first super-chunk")
+    cut = src[start:src.index("@triton.jit\ndef _dkv_superchunk(")]
+    no_zero_dy = kv.load_variant_module(src, "dq_no_zero_stores", [(cut, "\n\n")])
+    monkeypatch.setattr(tri_backward, "bwd_inter_dq_kernel", no_zero_dy.bwd_inter_dq_kernel)
+    with pytest.raises(AssertionError):     # kernel_grads: every gradient finite
+        kernel_grads(inputs, do, p, **kw)
+    monkeypatch.setattr(tri_backward, "bwd_inter_dq_kernel", inter_mod.bwd_inter_dq_kernel)
+    src = kv.module_source(chain_mod)
+    last = "        tl.store(dkt_ptr + off, zero, mask=zmask)\n"
+    cut = src[src.index("    else:   # the sequence's last super-chunk"):src.index(last) + len(last)]
+    bad = kv.load_variant_module(src, "transport_no_zero_stores", [(cut, "")])
+    monkeypatch.setattr(tri_backward, "bwd_transport_grads_kernel", bad.bwd_transport_grads_kernel)
+    with pytest.raises(AssertionError):     # kernel_grads: every gradient finite
+        kernel_grads(inputs, do, p, **kw)

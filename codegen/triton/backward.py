@@ -35,7 +35,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-from .._knobs import resolve_json
+from .._knobs import resolve_json, spec_default
 from ._layout import SequenceTables
 from ._ops import interpreting, next_pow2, padded_dim
 from .bwd_chain import (
@@ -272,6 +272,25 @@ def gate_sums_by_mma(BD: int) -> bool:
     return BD <= 64
 
 
+@dataclasses.dataclass(frozen=True)
+class TritonBwdParams(TritonParams):
+    """``TritonParams`` plus the knobs only the backward reads (declared here, so that they key the bwd pass's
+    source hash alone); ``resolve("triton", "bwd", ...)`` builds it (``codegen/_knobs.py``)."""
+
+    bwd_dkv_block_n: int = spec_default("bwd_dkv_block_n")
+    bwd_dkv_num_warps: int = spec_default("bwd_dkv_num_warps")
+
+
+def dkv_launch(params: TritonParams) -> tuple[int, int]:
+    """(key tile, warps) of ``bwd_inter_dkv_kernel``: ``bwd_dkv_block_n`` / ``bwd_dkv_num_warps``, where 0 (their
+    default, and what params without the bwd knobs hold) takes dq's ``bwd_block_n`` / ``bwd_inter_num_warps``.
+    On the H200 (D 128, T 4K, PaTH, kernel probe) 128-key tiles at 8 warps took the key-side pass 0.85x the time
+    of 64 at 4 (1.59 vs 1.87 ms), where dq on those tiles lost (PaTH-FoX 1.03x, D 64 1.15x)."""
+    block_n = getattr(params, "bwd_dkv_block_n", 0) or params.bwd_block_n
+    warps = getattr(params, "bwd_dkv_num_warps", 0) or params.bwd_inter_num_warps
+    return block_n, warps
+
+
 def dkv_query_step(params: TritonParams) -> int:
     """Query rows per step of ``bwd_inter_dkv_kernel``'s walk over a later super-chunk: bwd_block_m, or the
     whole super-chunk when that is shorter."""
@@ -415,17 +434,22 @@ def _range_tables(tb: SequenceTables, ranges, B: int, T: int, C: int, S: int) ->
     return out
 
 
-def _zeros(shapes, dtype, device) -> list[torch.Tensor]:
-    """Zero-filled tensors of ``shapes`` carved from one flat buffer: one memset for all (each view
-    starts 512-byte aligned).  They share one storage: it lives while any of them does."""
+def _carve(shapes, dtype, device, *, zero: bool) -> list[torch.Tensor]:
+    """Tensors of ``shapes`` carved from one flat buffer (each view starts 512-byte aligned), zero-filled
+    with one memset for all when ``zero``.  They share one storage: it lives while any of them does."""
     sizes = [math.prod(s) for s in shapes]
     align = 512 // torch.empty((), dtype=dtype).element_size()
     offs, n = [], 0
     for size in sizes:
         offs.append(n)
         n += -(-size // align) * align
-    flat = torch.zeros(max(n, 1), dtype=dtype, device=device)
+    flat = (torch.zeros if zero else torch.empty)(max(n, 1), dtype=dtype, device=device)
     return [flat[o:o + size].view(s) for o, size, s in zip(offs, sizes, shapes)]
+
+
+def _zeros(shapes, dtype, device) -> list[torch.Tensor]:
+    """Zero-filled tensors of ``shapes`` carved from one flat buffer: one memset for all."""
+    return _carve(shapes, dtype, device, zero=True)
 
 
 def path_attention_bwd(
@@ -519,18 +543,21 @@ def path_attention_bwd(
         om = superchunk_pairs(state.what, tb, dom, S, tp) if DB < BD else pair_transitions(state.what, tb, S, tp,
                                                                                              scan_store)
         kz = torch.empty(N, H, D, device=dev, dtype=state.kj.dtype) if DB < BD else dkj
-        compiled(bwd_inter_dkv_kernel)[(tb.n_sc * (S // BN), H)](
+        dkv_n, dkv_warps = dkv_launch(params)
+        compiled(bwd_inter_dkv_kernel)[(tb.n_sc * (S // dkv_n), H)](
             y, state.kj, vt, gc, dot_, lset, delta, dkj, dv, dom, dc, om, kz,
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             qk_scale, gate_scale, scale, gate_nat, N,
-            BLOCK_N=BN, BLOCK_M=dkv_query_step(params), DB=DB, TP=tp, USE_GATE=use_gate,
+            BLOCK_N=dkv_n, BLOCK_M=dkv_query_step(params), DB=DB, TP=tp, USE_GATE=use_gate,
             GATE_SUM_MMA=gate_sums_by_mma(BD), INTERP=interp,
-            num_warps=params.bwd_inter_num_warps, num_stages=params.bwd_num_stages, **common,
+            num_warps=dkv_warps, num_stages=params.bwd_num_stages, **common,
         )
         del kz
         dwhat = superchunk_chain(state.what, dom, tb, S, tp, om=om if DB < BD else None, dwhat=dwhat0)
         del dom, dwhat0
-        dy = torch.zeros(N, HQ, D, **f32)
+        # dY: the dq kernel stores every row at DB == BD (zeros in a sequence's first super-chunk); column-blocked
+        # (DB < BD) it adds into zeroed rows
+        dy = _carve([(N, HQ, D)], torch.float32, dev, zero=DB < BD)[0]
         z = torch.empty(N, HQ, D, device=dev, dtype=y.dtype) if DB < BD else dy
         compiled(bwd_inter_dq_kernel)[(tb.n_chunks, HQ)](
             y, state.kj, vt, gc, dot_, lset, delta, dy, om, z,
@@ -560,9 +587,14 @@ def path_attention_bwd(
             wd = wt[r] if wd is None else wd
         else:
             u, ktil, m, amat, wd = state.u, state.kt, state.m, None, wt[r]
-        # the range's accumulators, zeroed at once: the transport backward stores dK~, dW, dU of the
-        # rows it owns (not a sequence's last super-chunk), bwd_intra adds into all five
-        dkt, dw_acc, du, dk_acc, dm = _zeros([(nr, H, D)] * 4 + [(nr, H, C)], torch.float32, dev)
+        # the range's accumulators: the transport backward stores dK~, dW, dU of every row (zeros in a
+        # sequence's last super-chunk), bwd_intra adds into all five; dK and dM (and without inter stages
+        # all five) zeroed at once
+        if multi:
+            dkt, dw_acc, du = _carve([(nr, H, D)] * 3, torch.float32, dev, zero=False)
+            dk_acc, dm = _zeros([(nr, H, D), (nr, H, C)], torch.float32, dev)
+        else:
+            dkt, dw_acc, du, dk_acc, dm = _zeros([(nr, H, D)] * 4 + [(nr, H, C)], torch.float32, dev)
         if multi:
             # the states Suf_m and their gradients G_m of every chunk: S / C of ROWS x BD per row block
             rows = transport_backward_rows(BD)

@@ -239,7 +239,8 @@ def bwd_transport_grads_kernel(
 ):
     """The parallel half, per (super-chunk, UT chunk m, kv head): dU_m, dW_m, dK~_m summed over the row
     blocks of the states Suf_m, G_m that ``bwd_transport_chain_kernel`` stored, and STORED: the
-    program owns chunk m's rows, and the accumulators are still zero (bwd_intra adds to them after).
+    program owns chunk m's rows (bwd_intra adds to them after).  A sequence's last super-chunk has no
+    transport gradient: its programs store zeros in its rows, so the three buffers need no memset.
     (One kernel with row-block programs had to add these C x D products atomically, once per row
     block: on the H200 the atomics were 45-68 % of its time.)"""
     j = tl.program_id(0)
@@ -274,6 +275,16 @@ def bwd_transport_grads_kernel(
         tl.store(du_ptr + off, dU, mask=dmask)
         tl.store(dw_ptr + off, dW, mask=dmask)
         tl.store(dkt_ptr + off, dKt, mask=dmask)
+    else:   # the sequence's last super-chunk: zeros in its rows (those before the sequence's end)
+        r = tl.arange(0, C)
+        d = tl.arange(0, BD)
+        rows = (tok0 + m * C + r).to(tl.int64)
+        off = (rows[:, None] * H + h) * D + d[None, :]
+        zmask = (rows < send)[:, None] & (d < D)[None, :]
+        zero = tl.zeros((C, BD), dtype=tl.float32)
+        tl.store(du_ptr + off, zero, mask=zmask)
+        tl.store(dw_ptr + off, zero, mask=zmask)
+        tl.store(dkt_ptr + off, zero, mask=zmask)
 
 
 @triton.jit

@@ -57,7 +57,8 @@ def bwd_inter_dq_kernel(
 ):
     # om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J} (scan dtype when DB == BD, else float32).
     # DB < BD: z_ptr [N, HQ, D] (scan dtype) is the scratch of Z = Y Om for this program's rows and
-    # dy (zero-filled) accumulates in place; DB == BD: z_ptr unused.
+    # dy (zero-filled) accumulates in place; DB == BD: z_ptr unused, and every row of dy is stored here
+    # (zeros in a sequence's first super-chunk: the launcher does not memset it).
     # gc_ptr [HQ, gc_hs] float32 head-major: a head's gates contiguous.  No gate gradient here: a query
     # row's sum of dS over its keys is d lse_i (bwd_prep_kernel stores it), the key side is bwd_inter_dkv's.
     n = n_chunks - 1 - tl.program_id(0)
@@ -145,6 +146,12 @@ def bwd_inter_dq_kernel(
                         ymask = rmask[:, None] & (e < D)[None, :]
                         upd = tl.dot(dZ, tl.trans(OmR), input_precision=TP) * scale
                         tl.store(yptr, tl.load(yptr, mask=ymask, other=0.0) + upd, mask=ymask)
+    elif DB == BD:  # a sequence's first super-chunk has no earlier keys: dY = 0 (dy is not memset at DB == BD)
+        r0 = tl.arange(0, C)
+        d0 = tl.arange(0, BD)
+        rows0 = (tok0 + r0).to(tl.int64)
+        tl.store(dy_ptr + (rows0[:, None] * HQ + hq) * D + d0[None, :], tl.zeros((C, BD), dtype=tl.float32),
+                 mask=(rows0 < send)[:, None] & (d0 < D)[None, :])
 
 
 @triton.jit

@@ -133,6 +133,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         CHAIN_KERNEL_MAX_BD,
         GATE_GRAD_SPAN,
         chain_blocks,
+        dkv_launch,
         dkv_query_step,
         gate_sums_by_mma,
         intra_walk_stages,
@@ -246,9 +247,9 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          params.bwd_num_warps, 1),
         (bwd_inter_dq_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags),
          params.bwd_inter_num_warps, params.bwd_num_stages),
-        (bwd_inter_dkv_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, BLOCK_M=dkv_query_step(params),
+        (bwd_inter_dkv_kernel, inter_sig, dict(common, BLOCK_N=dkv_launch(params)[0], BLOCK_M=dkv_query_step(params),
                                                DB=DB, GATE_SUM_MMA=gate_sums_by_mma(BD), **bflags),
-         params.bwd_inter_num_warps, params.bwd_num_stages),
+         dkv_launch(params)[1], params.bwd_num_stages),
         # every pair's transition in the scan type, read by the two kernels above (padded head dims <= 128)
         *([(bwd_pair_transitions_kernel, inter_sig, dict(H=H, BD=BD, S=S, ROWS=min(BD, 64), TP=btp),
             4 if BD <= 64 else 8, 1)] if DB == BD else []),
@@ -306,8 +307,9 @@ def main(argv=None):
 
     from .._knobs import resolve
 
-    # the config a call of this head dim runs without a record: the spec's per-head-dim defaults
-    params = resolve("triton", None, json.loads(args.config) if args.config else None, (args.head_dim, args.head_dim))
+    # the config a call of this head dim runs without a record: the spec's per-head-dim defaults (the bwd pass's
+    # params: every knob the forward reads, and the backward's own)
+    params = resolve("triton", "bwd", json.loads(args.config) if args.config else None, (args.head_dim, args.head_dim))
     launches = []
     if args.pass_ in ("all", "fwd"):
         launches += forward_kernels(params, args.head_dim, args.head_dim, gate=gate)
