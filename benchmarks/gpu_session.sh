@@ -77,6 +77,8 @@
 # Triton cache back (mkdir -p .tcache_in && cp <files_at>/tcache.txz.* .tcache_in/; both git-excluded),
 # and .tune_in/tune.sqlite3 to continue an earlier call's tune (git-excluded too).
 # Of the Triton cache, the entries this call opened come back (TCACHE_SCOPE=all: every entry).
+# Every step's files (its log, its JSON) are also kept in s/steps/NN-<step>/, so a second step of the same name
+# (two kprobe steps, say), which writes the same file names in s/, loses nothing.
 # Everything lands in $OUT/session.tgz (logs, JSON, perf_db SQLite with the recorded rows, the tune's
 # results file for perf_db/shipped/, flip-flop results) plus $OUT/tcache.txz.aa, .ab, ... (the device
 # tool returns files of at most 16 MiB; the staging folder lives outside $OUT so that only these return).
@@ -137,17 +139,31 @@ ensure_tvm_ffi() {  # the TVM runtime's Python side, from .whl when the image la
     fi
 }
 
+STEP_NO=0
 run_step() {  # name seconds command...
     local name="$1" secs="$2"
     shift 2
     local t0=$SECONDS
     echo "== $name (limit ${secs}s)"
+    local before
+    before="$(_step_files)"
     # SIGINT at the limit (then SIGKILL 45 s later): a tune stops like after Ctrl-C (the running trial
     # finishes and is recorded, the report is written), pytest prints its summary
     (cd /tmp && timeout --signal=INT --kill-after=45 "$secs" "$@") > "$S/$name.log" 2>&1
     local rc=$?
     echo "== $name rc=$rc in $((SECONDS - t0))s" | tee -a "$S/steps.txt"
     tail -n 25 "$S/$name.log"
+    # the files this step wrote or rewrote in $S (its log, its JSON) also in s/steps/NN-name/: a later step of
+    # the same name writes the same names at the top (databases excepted: they only grow)
+    STEP_NO=$((STEP_NO + 1))
+    local keep
+    keep="$S/steps/$(printf %02d "$STEP_NO")-$name"
+    mkdir -p "$keep"
+    comm -13 <(echo "$before") <(_step_files) | cut -d' ' -f1 | grep -v -e '^steps\.txt$' -e '\.sqlite3' \
+        | while read -r f; do cp -p "$S/$f" "$keep/"; done
+}
+_step_files() {  # "name mtime size" of every file at the top of $S, sorted
+    (cd "$S" && find . -maxdepth 1 -type f -printf '%f %T@ %s\n' | sort)
 }
 
 run_steps() {  # the steps of one lane, in order, with S set

@@ -1,0 +1,39 @@
+"""benchmarks/gpu_session.sh's step runner (run on the GPU host; here its ``run_step`` function alone, on CPU)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and timeout")
+def test_a_second_step_of_the_same_name_keeps_the_first_ones_files(tmp_path):
+    """Two kprobe steps write the same file names in s/: each step's files (log, JSON) are kept in
+    s/steps/NN-<step>/ as well, databases excepted, so the second overwrites nothing the first wrote."""
+    src = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
+    start = src.index("STEP_NO=0\n")
+    end = src.index("\n}\n", src.index("_step_files() {")) + 3
+    (tmp_path / "run_step.sh").write_text(src[start:end])
+    script = f"""
+        set -uo pipefail
+        export S={tmp_path / "s"}
+        mkdir -p "$S"
+        source {tmp_path / "run_step.sh"}
+        run_step kprobe 5 bash -c 'echo first > $S/kernel_probe.json; echo one'
+        sleep 0.05
+        run_step kprobe 5 bash -c 'echo second > $S/kernel_probe.json; echo two'
+        run_step tune 5 bash -c 'echo db > $S/perf.sqlite3'
+    """
+    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    steps = tmp_path / "s" / "steps"
+    assert (steps / "01-kprobe" / "kernel_probe.json").read_text() == "first\n"
+    assert (steps / "01-kprobe" / "kprobe.log").read_text() == "one\n"
+    assert (steps / "02-kprobe" / "kernel_probe.json").read_text() == "second\n"
+    assert sorted(p.name for p in (steps / "03-tune").iterdir()) == ["tune.log"]
+    assert (tmp_path / "s" / "kernel_probe.json").read_text() == "second\n"
+    assert (tmp_path / "s" / "steps.txt").read_text().count("rc=0") == 3
