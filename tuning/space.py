@@ -105,7 +105,7 @@ def _pow2_ceil(n: int) -> int:
 
 def source_hash_for(backend: str, pass_: Optional[str] = None) -> str:
     """The kernel source hash of a backend's pass (a perf_db hard key and part of the study name):
-    Triton hashes the files of that pass (``pathtune.codegen.triton.PASS_SOURCES``; ``pass_`` None:
+    Triton hashes the code of that pass's files (``pathtune.codegen.triton._source_hash``; ``pass_`` None:
     all of them), TVM its whole codegen."""
     if backend == "triton":
         from pathtune.codegen.triton import source_hash
