@@ -526,8 +526,8 @@ def path_attention_bwd(
     # dv in its final type: the inter stage stores every row (its part of dV, summed over the query heads of a
     # group), each token range adds the intra part in a float32 copy of its rows (``_range_dv``).  Accumulators
     # that live to the end, zeroed at once: dKJ and dWhat (the narrow chain kernel adds into it) between
-    # super-chunks, else dY (read by bwd_intra's walk, which leaves its carried query gradient there for the
-    # diagonal tile; nothing else writes it)
+    # super-chunks.  dY (read by bwd_intra's walk, which leaves its carried query gradient there for the
+    # diagonal tile): written whole by the dq kernel between super-chunks, else zeroed
     if multi:
         dv = torch.empty(N, H, DV, device=dev, dtype=v.dtype)
         chain_adds = BD <= CHAIN_KERNEL_MAX_BD
