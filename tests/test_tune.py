@@ -314,7 +314,8 @@ def test_seed_config_is_measured_right_after_the_default(tmp_path):
     from pathtune.cli import app
 
     url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
-    seeds = ('[{"ut_precision": "tf32"}, {"ut_precision": "tf32", "bwd_transition_precision": "tf32"}, '
+    # (the D64 default runs ut_precision and bwd_transition_precision tf32: the seeds move them to tf32x3)
+    seeds = ('[{"ut_precision": "tf32x3"}, {"ut_precision": "tf32x3", "bwd_transition_precision": "tf32x3"}, '
              '{"decode_splits": 8}, {"superchunk_size": 1024, "block_n": 128, "chunk_size": 64}]')
     args = ["tune", "--head-dim", "64", "--pass", "bwd", "--buckets", "1024", "--storage", url, "--measure-with",
             FAKE, "--startup-trials", "2", "--seed-neighbours", "0", "--budget", "5", "--spec", SPEC,
@@ -326,7 +327,7 @@ def test_seed_config_is_measured_right_after_the_default(tmp_path):
     assert trials[0].user_attrs.get("seeded_default")
     changes = [{n: t.params[n] for n in default if t.params[n] != default[n]} for t in trials[1:4]]
     assert all(t.user_attrs.get("seeded_user") for t in trials[1:4])
-    assert changes == [{"ut_precision": "tf32"}, {"ut_precision": "tf32", "bwd_transition_precision": "tf32"},
+    assert changes == [{"ut_precision": "tf32x3"}, {"ut_precision": "tf32x3", "bwd_transition_precision": "tf32x3"},
                        {"bwd_block_m": 128}]
     assert not any(t.user_attrs.get("seeded_user") for t in trials[4:])
     # resumed with the same seeds: nothing enqueued twice
