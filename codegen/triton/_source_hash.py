@@ -12,6 +12,7 @@ through the files each pass then covers.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import io
 import sys
@@ -92,12 +93,20 @@ def canonical_source(text: str) -> str:
     return "\n".join(line for line in kept if line)
 
 
+@functools.lru_cache(maxsize=256)
+def _canonical_file(path: str, mtime_ns: int, size: int) -> bytes:
+    """``canonical_source`` of a file's text, cached per (path, modification time, size): the passes share files,
+    and parsing them is most of a hash's ~0.1 s."""
+    return canonical_source(Path(path).read_text(encoding="utf-8")).encode()
+
+
 def _code_hash(pass_: str | None) -> str:
     h = hashlib.sha256()
     for path in source_files(pass_):
+        st = path.stat()
         h.update(path.name.encode())
         h.update(b"\0")
-        h.update(canonical_source(path.read_text(encoding="utf-8")).encode())
+        h.update(_canonical_file(str(path), st.st_mtime_ns, st.st_size))
         h.update(b"\0")
     return h.hexdigest()[:16]
 
