@@ -37,3 +37,18 @@ def test_a_second_step_of_the_same_name_keeps_the_first_ones_files(tmp_path):
     assert sorted(p.name for p in (steps / "03-tune").iterdir()) == ["tune.log"]
     assert (tmp_path / "s" / "kernel_probe.json").read_text() == "second\n"
     assert (tmp_path / "s" / "steps.txt").read_text().count("rc=0") == 3
+
+
+def test_the_ncu_steps_script_runs_two_public_steps(monkeypatch):
+    """benchmarks/ncu_step.py (what the ncu step profiles) in Triton's interpreter at a small shape: its public
+    fwd+bwd steps run and give q a finite, nonzero gradient; a token count T does not divide is refused."""
+    import torch
+
+    from repo_scripts import load_benchmark_script
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    script = load_benchmark_script(monkeypatch, "benchmarks/ncu_step.py")
+    once = script.main(["--D", "64", "--T", "64", "--tokens", "64", "--device", "cpu", "--gate"])
+    assert once is not None and torch.isfinite(once).all() and once.abs().sum() > 0
+    with pytest.raises(SystemExit):
+        script.main(["--T", "64", "--tokens", "100", "--device", "cpu"])
