@@ -41,6 +41,10 @@ def _load(pattern: str, gpu: str | None = REFERENCE_GPU) -> list[tuple[Path, dic
     return [(p, d) for p, d in files if gpu is None or d["gpu"] == gpu]
 
 
+def _has_forward(row) -> bool:
+    return "pathtune_f" in row["times"]
+
+
 def _newest(files, want) -> tuple[Path, dict] | None:
     hits = [(p, d) for p, d in files if any(want(r) for r in d["rows"])]
     return hits[-1] if hits else None
@@ -238,14 +242,15 @@ def current_section() -> list[str]:
     return out
 
 
-def other_gpus_section() -> list[str]:
-    """Each other GPU's newest complete bench (forward and forward + backward tables, baselines from its own run),
-    newest GPU run first; empty when every bench ran on the reference GPU."""
-    runs: dict[str, tuple[Path, dict]] = {}
-    for path, doc in _load("*-bench-*.json", gpu=None):
-        has_timing = any("pathtune_f" in r.get("times", {}) for r in doc["rows"])
-        if doc["gpu"] != REFERENCE_GPU and "-bench-partial-" not in path.name and has_timing:
-            runs[doc["gpu"]] = (path, doc)
+def other_gpus_section(benches) -> list[str]:
+    """Each other GPU's newest complete bench with forward rows (forward and forward + backward tables, baselines
+    from its own run; ``benches``: the complete bench files of every GPU, oldest first), newest GPU run first;
+    empty when every bench ran on the reference GPU."""
+    by_gpu: dict[str, list] = {}
+    for path, doc in benches:
+        if doc["gpu"] != REFERENCE_GPU:
+            by_gpu.setdefault(doc["gpu"], []).append((path, doc))
+    runs = {gpu: hit for gpu, files in by_gpu.items() if (hit := _newest(files, _has_forward))}
     if not runs:
         return []
     out = ["## Other GPUs", "",
@@ -411,13 +416,14 @@ def generation_section(path: Path, doc: dict) -> list[str]:
 def render() -> str:
     # a bench stopped before every point (``*-bench-partial-*.json``) never replaces the complete tables: shown
     # after them while it is the newer run
-    benches = _load("*-bench-*.json")
-    partial = [f for f in benches if "-bench-partial-" in f[0].name]
-    bench = [f for f in benches if "-bench-partial-" not in f[0].name]
+    every_gpu = _load("*-bench-*.json", gpu=None)
+    complete = [f for f in every_gpu if "-bench-partial-" not in f[0].name]
+    partial = [f for f in every_gpu if "-bench-partial-" in f[0].name and f[1]["gpu"] == REFERENCE_GPU]
+    bench = [f for f in complete if f[1]["gpu"] == REFERENCE_GPU]
     probe = _load("*-fwd-probe.json")
     changes = _load("*-kernel-probe.json")
     parts = [HEADER]
-    fwd = _newest(bench, lambda r: "pathtune_f" in r["times"])
+    fwd = _newest(bench, _has_forward)
     if fwd:
         parts.append("\n".join(forward_section(*fwd)) + "\n")
     fb = _newest(bench, lambda r: "pathtune_fb" in r["times"])
@@ -453,7 +459,7 @@ def render() -> str:
         parts.append("\n".join(decode_steps_section(steps)) + "\n")
     if generation:
         parts.append("\n".join(generation_section(*generation[-1])) + "\n")
-    others = other_gpus_section()
+    others = other_gpus_section(complete)
     if others:
         parts.append("\n".join(others) + "\n")
     parts.append("\n".join(current_section()) + "\n")

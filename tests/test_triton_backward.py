@@ -733,13 +733,12 @@ def _ranges(monkeypatch, ranged):
         monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
 
 
-def _same_grads(got, shipped, dtype, inputs, do, **kw):
-    """A candidate's gradients: the shipped kernel's up to rounding, and the oracle's within tolerance (``kw``: the
-    call's cu_seqlens)."""
+def _same_grads(got, shipped, dtype, inputs, do):
+    """A candidate's gradients: the shipped kernel's up to rounding, and the oracle's within tolerance."""
     for name, a, b in zip(NAMES, got, shipped):
         if b is not None:
             assert rel(a, b) < (1e-6 if dtype == F32 else 1e-3), (name, rel(a, b))
-    check(got, oracle_grads(inputs, do, **kw), TOL[dtype])
+    check(got, oracle_grads(inputs, do), TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype,gate", [(F32, True), (F16, False)], ids=["fp32-gate", "fp16"])

@@ -218,6 +218,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
                              v_ptr=f"tensordesc<{dtype}[{params.block_n}, {DV}]>")
     chain_rows, chain_cb, chain_dcb, chain_warps = chain_blocks(BD)
     transport_chain_warps, transport_chain_stages, transport_grads_warps = transport_launch(BD)
+    dkv_block_n, dkv_warps = dkv_launch(params)
     gate_bh = min(next_pow2(HQ), 16)     # as backward._gate_grad launches it
     # bwd_intra's kernels run at least 64 wide (backward.path_attention_bwd: head dims under 64 on masked tiles)
     intra = dict(common, BD=max(BD, 64), BDV=max(BDV, 64), **bflags)
@@ -247,9 +248,9 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          params.bwd_num_warps, 1),
         (bwd_inter_dq_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags),
          params.bwd_inter_num_warps, params.bwd_num_stages),
-        (bwd_inter_dkv_kernel, inter_sig, dict(common, BLOCK_N=dkv_launch(params)[0], BLOCK_M=dkv_query_step(params),
+        (bwd_inter_dkv_kernel, inter_sig, dict(common, BLOCK_N=dkv_block_n, BLOCK_M=dkv_query_step(params),
                                                DB=DB, GATE_SUM_MMA=gate_sums_by_mma(BD), **bflags),
-         dkv_launch(params)[1], params.bwd_num_stages),
+         dkv_warps, params.bwd_num_stages),
         # every pair's transition in the scan type, read by the two kernels above (padded head dims <= 128)
         *([(bwd_pair_transitions_kernel, inter_sig, dict(H=H, BD=BD, S=S, ROWS=min(BD, 64), TP=btp),
             4 if BD <= 64 else 8, 1)] if DB == BD else []),
