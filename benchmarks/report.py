@@ -242,25 +242,44 @@ def current_section() -> list[str]:
     return out
 
 
-def other_gpus_section(benches) -> list[str]:
+def other_gpus_section(benches, probes=()) -> list[str]:
     """Each other GPU's newest complete bench with forward rows (forward and forward + backward tables, baselines
-    from its own run; ``benches``: the complete bench files of every GPU, oldest first), newest GPU run first;
-    empty when every bench ran on the reference GPU."""
+    from its own run; ``benches``: the complete bench files of every GPU, oldest first) and its decode probes'
+    tables (``probes``: the decode probe files of every GPU, oldest first), newest GPU run first; empty when every
+    bench and probe ran on the reference GPU."""
     by_gpu: dict[str, list] = {}
     for path, doc in benches:
         if doc["gpu"] != REFERENCE_GPU:
             by_gpu.setdefault(doc["gpu"], []).append((path, doc))
     runs = {gpu: hit for gpu, files in by_gpu.items() if (hit := _newest(files, _has_forward))}
-    if not runs:
+    decode: dict[str, list] = {}
+    for path, doc in probes:
+        if doc["gpu"] != REFERENCE_GPU:
+            decode.setdefault(doc["gpu"], []).append((path, doc))
+    if not runs and not decode:
         return []
     out = ["## Other GPUs", "",
-           f"The newest complete bench of each GPU other than the {REFERENCE_GPU}, same shapes and columns as above, "
-           "every baseline from that GPU's own run.", ""]
-    for gpu, (path, doc) in sorted(runs.items(), key=lambda kv: _stamp(kv[1][0]), reverse=True):
-        out += [f"### {gpu}", "", "Forward:", ""] + _forward_table(doc)
-        if any("pathtune_fb" in r["times"] for r in doc["rows"]):
-            out += ["", "Forward + backward:", ""] + _training_table(doc)
-        out += [""] + _source(path, doc)
+           f"The newest complete bench and decode probes of each GPU other than the {REFERENCE_GPU}, same shapes and "
+           "columns as above, every baseline from that GPU's own run.", ""]
+
+    def newest_stamp(gpu):
+        files = ([runs[gpu]] if gpu in runs else []) + decode.get(gpu, [])
+        return max(_stamp(p) for p, _d in files)
+
+    for gpu in sorted(set(runs) | set(decode), key=newest_stamp, reverse=True):
+        out += [f"### {gpu}", ""]
+        if gpu in runs:
+            path, doc = runs[gpu]
+            out += ["Forward:", ""] + _forward_table(doc)
+            if any("pathtune_fb" in r["times"] for r in doc["rows"]):
+                out += ["", "Forward + backward:", ""] + _training_table(doc)
+            out += [""] + _source(path, doc)
+        steps = [p for p in decode.get(gpu, []) if p[1].get("steps")]
+        generation = [p for p in decode.get(gpu, []) if p[1].get("rows")]
+        if steps:
+            out += decode_steps_section(steps, level="####") + [""]
+        if generation:
+            out += generation_section(*generation[-1], level="####") + [""]
     return out
 
 
@@ -354,11 +373,11 @@ def decode_section(path: Path, doc: dict, timing: str = "eager") -> list[str]:
     return out + [""] + _source(path, doc)
 
 
-def decode_steps_section(files: list) -> list[str]:
+def decode_steps_section(files: list, level: str = "##") -> list[str]:
     """The public decode step for 1, 4 and 16 new tokens (decode_probe.py): a step without a flush, the
     flush step, the amortized step over a flush cycle, beside SDPA flash over the same query count.  ``files``:
     the probes' (path, doc), oldest first; each token count's rows come from the newest file that timed it (a
-    probe run with --tokens times only some)."""
+    probe run with --tokens times only some).  ``level``: the heading's markdown level."""
     newest: dict = {}
     for path, doc in files:
         for n in {r["tokens"] for r in doc.get("steps", []) if "pathtune_net_ms" in r}:
@@ -371,7 +390,7 @@ def decode_steps_section(files: list) -> list[str]:
     before = any("old_amortized_ms" in r for r in steps)
     # --repeats runs time each row several times: the median of the rounds' ratios, with their range
     rounds = any("x_sdpa_amortized_median" in r for r in steps)
-    out = ["## Decoding several tokens per call (public API, B = 8, H = 16 at D = 64, 8 at D = 128)", "",
+    out = [f"{level} Decoding several tokens per call (public API, B = 8, H = 16 at D = 64, 8 at D = 128)", "",
            "| D | cache | | tokens | step | flush step | amortized | SDPA flash | amortized / SDPA | "
            "graph / SDPA graph |" + (" median of rounds (range) |" if rounds else "")
            + (" flush step before | amortized before |" if before else ""),
@@ -394,11 +413,12 @@ def decode_steps_section(files: list) -> list[str]:
     return out
 
 
-def generation_section(path: Path, doc: dict) -> list[str]:
-    """Tokens/s of a small LM generating with PaTH / PaTH-FoX / RoPE + SDPA attention (decode_probe.py)."""
+def generation_section(path: Path, doc: dict, level: str = "##") -> list[str]:
+    """Tokens/s of a small LM generating with PaTH / PaTH-FoX / RoPE + SDPA attention (decode_probe.py);
+    ``level``: the heading's markdown level."""
     rows = doc["rows"]
     rope = {(r["batch"], r["prompt"], r["mode"]): r["tokens_per_s"] for r in rows if r["kind"] == "rope"}
-    out = ["## Generation (tokens/s)", "",
+    out = [f"{level} Generation (tokens/s)", "",
            "| batch | prompt | mode | RoPE + SDPA | PaTH | PaTH / RoPE | PaTH-FoX | FoX / RoPE |",
            "|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r["batch"], r["prompt"], r["mode"]) for r in rows})
@@ -459,7 +479,7 @@ def render() -> str:
         parts.append("\n".join(decode_steps_section(steps)) + "\n")
     if generation:
         parts.append("\n".join(generation_section(*generation[-1])) + "\n")
-    others = other_gpus_section(complete)
+    others = other_gpus_section(complete, _load("*-decode-probe.json", gpu=None))
     if others:
         parts.append("\n".join(others) + "\n")
     parts.append("\n".join(current_section()) + "\n")

@@ -169,3 +169,26 @@ def test_another_gpus_bench_gets_its_own_section_and_never_replaces_the_referenc
     assert "### NVIDIA H100 80GB HBM3" in others and "**1.800**" in others and "**14.000**" in others
     assert "**1.700**" not in others       # the older H100 run
     assert "Source: `benchmarks/results/H100-20260103T000000Z-bench-fwd-bwd.json`" in others
+
+
+def test_another_gpus_decode_probe_goes_under_its_own_heading_and_not_into_the_reference_tables(tmp_path, monkeypatch):
+    """A decode probe on another GPU (steps and generation) shows under "Other GPUs", below that GPU's heading, also
+    for a GPU without a bench; the reference decode tables keep the reference GPU's probe."""
+    import json
+
+    report, doc = _synthetic(tmp_path, monkeypatch, "python benchmarks/decode_probe.py --out p.json")
+    step = dict(D=64, cache_len=4096, gate=False, tokens=16, pathtune_net_ms=0.06, flush_net_ms=0.18,
+                amortized_ms=0.07, sdpa_ms=0.05, x_sdpa_amortized=1.4, graph_x_sdpa_graph=1.1)
+    gen = [dict(kind=k, batch=8, prompt=4096, mode="graph", tokens_per_s=t) for k, t in (("rope", 1000.0),
+                                                                                          ("path", 900.0))]
+    (tmp_path / "H200-20260102T000000Z-decode-probe.json").write_text(json.dumps(dict(doc, steps=[step], rows=gen)))
+    assert "## Other GPUs" not in report.render()
+    other = dict(doc, gpu="NVIDIA H100 80GB HBM3", steps=[dict(step, x_sdpa_amortized=1.9)],
+                 rows=[dict(g, tokens_per_s=g["tokens_per_s"] / 2) for g in gen])
+    (tmp_path / "H100-20260103T000000Z-decode-probe.json").write_text(json.dumps(other))
+    reference, others = report.render().split("## Other GPUs")
+    assert "| 1.40× |" in reference and "| 1.90× |" not in reference and "| 500 |" not in reference
+    assert "### NVIDIA H100 80GB HBM3" in others
+    assert "#### Decoding several tokens per call" in others and "| 1.90× |" in others
+    assert "#### Generation (tokens/s)" in others and "| 500 | 450 | 0.90× |" in others
+    assert "Source: `benchmarks/results/H100-20260103T000000Z-decode-probe.json`" in others
