@@ -9,7 +9,7 @@ launches add into buffers that already hold results, so nothing here checks valu
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096[,16384]] [--gates 1,0]
                           [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e,prepwarps,gatecumsum,keepstate]
                           [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]] [--dkv-v2 FILE[,FILE]]
-                          [--transport-v2 FILE[,FILE]]
+                          [--transport-v2 FILE[,FILE]] [--ut-bwd-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
 timed on the walk kernel's arguments (without its newer trailing ones)
@@ -26,8 +26,10 @@ file; one that still has ``xs_ptr`` gets it); with ``prep``, their ``bwd_prep_ke
 logit bias; timing only).  ``--dkv-v2 FILE[,FILE]``: candidate modules with a
 ``bwd_inter_dkv_kernel`` of this tree's signature, timed on the captured launch.  ``--transport-v2 FILE[,FILE]``:
 candidate modules with a ``bwd_transport_chain_kernel`` taking the shipped arguments and the launcher's grid (a
-wrapper may launch it on its own grid), timed on the captured launch.  ``--maxnreg 168,128``: the transport and
-UT backward kernels also under those register caps (Triton's ``maxnreg``: more programs per multiprocessor).
+wrapper may launch it on its own grid), timed on the captured launch.  ``--ut-bwd-v2 FILE[,FILE]`` (with
+``utbwd``): candidate modules with a ``ut_bwd_chunk_kernel`` of the shipped signature and grid, timed on the
+captured launch.  ``--maxnreg 168,128``: the transport and UT backward kernels also under those register caps
+(Triton's ``maxnreg``: more programs per multiprocessor).
 ``e2e``: one fwd+bwd through autograd, and with each candidate module of ``--intra-v2`` / ``--dkv-v2`` /
 ``--transport-v2`` swapped in (every kernel of forward.py / backward.py it defines, together), each with its host
 time per call (5 calls queued).  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8 and 4, and at
@@ -86,7 +88,7 @@ DKV_GATE_PARTS = (
 
 
 def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), dkv_v2=(), transport_v2=(),
-             caps=()):
+             caps=(), ut_v2=()):
     B = 32768 // T
     q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0, dtype=torch.bfloat16)
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
@@ -277,7 +279,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
             ms = f"{type(exc).__name__}: {str(exc)[:200]}"
         emit(dict(base, kernel="bwd_inter_dkv", variant=f"candidate {os.path.basename(path)}", ms=ms))
     if "utbwd" in only:
-        ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src, utd.calls[0], caps)
+        ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src, utd.calls[0], caps, ut_v2)
     if "variants" in only:
         source_variants(base, utd.calls[0])
     if "e2e" in only:
@@ -439,9 +441,10 @@ def source_variants(base, diag_call):
         emit(dict(base, kernel=kernel, variant=what, ms=time_launch(var, grid, args, dict(kw, **kw_change))))
 
 
-def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call, caps=()):
+def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call, caps=(), ut_v2=()):
     """The UT backward as two kernels (chunk, apply) and their variants; an older chunk kernel that
-    recomputes the inverse (``diag_call``: the range's ``ut_diag_inverse_kernel`` launch, its scratch)."""
+    recomputes the inverse (``diag_call``: the range's ``ut_diag_inverse_kernel`` launch, its scratch); candidate
+    chunk kernels of the shipped signature (``ut_v2``: their files) on the captured launch."""
     (cg, ca, ckw), (ag, aa, akw) = chunk_call, apply_call
     t_chunk = time_launch(bwd_mod.ut_bwd_chunk_kernel, cg, ca, ckw)
     t_apply = time_launch(bwd_mod.ut_bwd_apply_kernel, ag, aa, akw)
@@ -453,6 +456,13 @@ def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call, caps=()):
                   ms=time_launch(bwd_mod.ut_bwd_chunk_kernel, cg, ca, dict(ckw, **change))))
     emit(dict(base, kernel="ut_bwd_apply", variant="warps 8",
               ms=time_launch(bwd_mod.ut_bwd_apply_kernel, ag, aa, dict(akw, num_warps=8))))
+    for path in ut_v2:
+        try:
+            ms = time_launch(load_candidate(path, "ut_bwd_chunk_kernel"), cg, ca, ckw)
+            row = dict(ms=ms, over_shipped=round(ms / t_chunk, 3))
+        except Exception as exc:     # a candidate that fails to build or launch is a result too
+            row = dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
+        emit(dict(base, kernel="ut_bwd_chunk", variant=f"candidate {os.path.basename(path)}", **row))
     if old_ut_src:
         old = load_variant(old_ut_src, "ut_bwd_chunk_kernel", f"ut_old_{base['D']}_{int(base['gate'])}")
         w, beta, k, du, dkt, dm, _a, cc, dbeta, ct0, cs, se = ca
@@ -476,6 +486,8 @@ def main():
                     help="register caps (comma-separated) to time the transport and UT backward kernels under")
     ap.add_argument("--transport-v2", default="",
                     help="candidate bwd_transport_chain files (comma-separated): shipped arguments, launcher's grid")
+    ap.add_argument("--ut-bwd-v2", default="",
+                    help="candidate ut_bwd_chunk_kernel files (comma-separated), shipped signature and grid")
     a = ap.parse_args()
     old_src = open(a.old_intra).read() if a.old_intra else None
     old_ut_src = open(a.old_ut_bwd).read() if a.old_ut_bwd else None
@@ -489,7 +501,8 @@ def main():
                     run_case(D, H, T, gate, old_src, only, old_ut_src,
                              tuple(x for x in a.intra_v2.split(",") if x), tuple(x for x in a.dkv_v2.split(",") if x),
                              tuple(x for x in a.transport_v2.split(",") if x),
-                             tuple(int(x) for x in a.maxnreg.split(",") if x))
+                             tuple(int(x) for x in a.maxnreg.split(",") if x),
+                             tuple(x for x in a.ut_bwd_v2.split(",") if x))
                 except Exception as exc:
                     emit(dict(D=D, T=T, gate=gate, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 

@@ -887,3 +887,25 @@ def test_transport_gradients_fill_their_unzeroed_buffers(monkeypatch, ranged, va
     monkeypatch.setattr(tri_backward, "bwd_transport_grads_kernel", bad.bwd_transport_grads_kernel)
     with pytest.raises(AssertionError):     # kernel_grads: every gradient finite
         kernel_grads(inputs, do, p, **kw)
+
+
+@pytest.mark.parametrize("dtype,ranged", [(F32, False), (F16, True)], ids=["fp32-one-range", "fp16-ranged"])
+def test_ut_backward_two_pass_candidate(monkeypatch, dtype, ranged):
+    """benchmarks/variants/ut_bwd_two_pass.py (the UT backward's chunk kernel in two passes over W's column
+    blocks, two C x C accumulators live at a time) in the launcher's place: the shipped gradients up to rounding
+    and the oracle's, GQA, several super-chunks, the gate, one range or several.  The same body without dU W^T
+    added into dA is caught."""
+    cand = _candidate(monkeypatch, "benchmarks/variants/ut_bwd_two_pass.py")
+    inputs, do = make_inputs(733, B=2, T=150, HQ=4, H=2, dtype=dtype, gate=True)
+    p = params(dtype, superchunk_size=64)
+    _ranges(monkeypatch, ranged)
+    shipped = kernel_grads(inputs, do, p)
+    monkeypatch.setattr(tri_backward, "ut_bwd_chunk_kernel", cand.ut_bwd_chunk_kernel)
+    _same_grads(kernel_grads(inputs, do, p), shipped, dtype, inputs, do)
+    dropped = "        dA = tl.dot(dU, tl.trans(W), dA, input_precision=GP)\n"
+    assert dropped in cand.TWO_PASS_BODY
+    monkeypatch.setattr(tri_backward, "ut_bwd_chunk_kernel",
+                        cand.build(cand.TWO_PASS_BODY.replace(dropped, "        dA = dA + 0.0\n"),
+                                   "ut_bwd_two_pass_wrong"))
+    bad = kernel_grads(inputs, do, p)
+    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
