@@ -909,3 +909,25 @@ def test_ut_backward_two_pass_candidate(monkeypatch, dtype, ranged):
                                    "ut_bwd_two_pass_wrong"))
     bad = kernel_grads(inputs, do, p)
     assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+
+
+@pytest.mark.parametrize("dtype,ranged", [(F32, True), (F16, False)], ids=["fp32-ranged", "fp16-one-range"])
+def test_diag_first_to_last_order_candidate(monkeypatch, dtype, ranged):
+    """benchmarks/variants/diag_first_to_last.py (the diagonal-tile kernel over the chunks first to last, the walk's
+    reverse) in the launcher's place: the shipped gradients up to rounding and the oracle's, GQA, several
+    super-chunks, one range or several.  The same kernel with the program id split wrongly is caught."""
+    from candidate_helpers import WRONG_ORDER
+
+    cand = _candidate(monkeypatch, "benchmarks/variants/diag_first_to_last.py")
+    inputs, do = make_inputs(829, B=2, T=150, HQ=4, H=2, dtype=dtype, gate=True)
+    p = params(dtype, superchunk_size=64)
+    _ranges(monkeypatch, ranged)
+    shipped = kernel_grads(inputs, do, p)
+    monkeypatch.setattr(tri_backward, "bwd_intra_diag_kernel", cand.bwd_intra_diag_kernel)
+    _same_grads(kernel_grads(inputs, do, p), shipped, dtype, inputs, do)
+    monkeypatch.setattr(tri_backward, "bwd_intra_diag_kernel", cand.build(WRONG_ORDER, "diag_first_to_last_wrong"))
+    xs = _leaves(inputs)
+    o, _ = path_attention_triton(*xs, config=p)
+    bad = torch.autograd.grad(o, [x for x in xs if x is not None], do)
+    live = [b for b in shipped if b is not None]
+    assert not all(bool(torch.isfinite(a).all()) for a in bad) or max(map(rel, bad, live)) > CAUGHT
