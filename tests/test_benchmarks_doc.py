@@ -37,7 +37,9 @@ def test_every_result_file_states_its_command_and_rows():
         doc = json.loads(path.read_text())
         # the command may set environment variables first ("PROFILE_GATES=both python benchmarks/...", "VAR= ...")
         command = re.sub(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)+", "", doc["command"])
-        assert command.startswith(("pathtune ", "python benchmarks/")), path.name
+        # or a profiler around such a command (Nsight Compute: "ncu ... python benchmarks/ncu_step.py ...")
+        assert command.startswith(("pathtune ", "python benchmarks/")) or (
+            command.startswith("ncu ") and " python benchmarks/" in command), path.name
         # a decode probe may time only the steps (rows: generation) or only generation (steps empty)
         assert doc["gpu"] and (doc["rows"] or doc.get("steps")), path.name
 
