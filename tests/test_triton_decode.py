@@ -532,10 +532,23 @@ def test_decode_bench_runs_end_to_end_with_a_stub_timer(monkeypatch):
     (row,) = rows
     assert not row.failures.get("pathtune"), row.failures
     assert row.errors["o"] < 1.2e-2
-    assert [e["ms"] for e in row.sweep] == [3.0, 4.0] and row.times["pathtune"] == 3.0
-    assert row.params["decode_splits"] == 1 and row.times["pathtune_default"] == 2.0
+    # the config timed before the sweep (here the given one) is a candidate too: faster than both swept ones, it
+    # stays the row's config, and it is among the entries --record stores
+    from pathtune.codegen.triton.decode import decode_params
+
+    given = db.knob_values(decode_params(dict(decode_block_n=16), 32, 32))
+    assert [e["ms"] for e in row.sweep] == [2.0, 3.0, 4.0] and row.sweep[0]["config"] == given
+    assert row.times["pathtune"] == row.times["pathtune_default"] == 2.0 and row.params == given
     if DEV == "cpu":
         assert row.times["fla"] is None and "fla" in row.failures
+    # a faster swept config wins, and a swept config equal to the timed one is not listed twice
+    calls.clear()
+    monkeypatch.setattr(db, "_median_ms", lambda fn: (fn(), calls.append(1), 10.0 - len(calls))[2])
+    monkeypatch.setattr(db, "sweep_configs", lambda D, DV, only=None: [dict(given, decode_splits=s) for s in (1, 4)])
+    (row,) = db.run_decode_bench(((2, 32),), (20,), (True,), batch=1, config=dict(decode_block_n=16),
+                                 baselines=(), device=DEV, sweep=True, log=lambda s: None)
+    assert given["decode_splits"] == 4 and [e["ms"] for e in row.sweep] == [8.0, 7.0]
+    assert row.times["pathtune"] == 7.0 and row.times["pathtune_default"] == 9.0 and row.params == given
 
 
 def test_decode_bench_step_is_the_shared_input_maker():

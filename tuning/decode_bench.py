@@ -79,6 +79,7 @@ def knob_values(params) -> dict:
     """The decode pass's knob values of a TritonParams, as the spec spells them (beta_clip_eps 'off')."""
     out = {k: getattr(params, k) for k in ("decode_block_n", "decode_num_warps", "decode_splits", "decode_num_stages",
                                            "decode_pending_window")}
+    out["decode_frame_bound"] = int(getattr(params, "decode_frame_bound", 0))
     out["beta_clip_eps"] = "off" if params.beta_clip_eps is None else params.beta_clip_eps
     return out
 
@@ -366,9 +367,11 @@ def check_sweep_knobs(only: dict) -> dict:
 
 
 def _sweep(row: DecodeRow, cache, step, D: int, log, keys0, only: Optional[dict] = None,
-           graph: bool = False) -> None:
+           graph: bool = False, timed: Optional[dict] = None) -> None:
     """Time every decode config (of ``only``'s values, ``sweep_configs``); the fastest accurate one becomes
-    the row's pathtune time and params."""
+    the row's pathtune time and params.  ``timed``: the entry of the config the row timed before the sweep (the
+    untuned one, or the one given), a candidate like the swept ones (and recorded with them) where the sweep does
+    not hold its config: a sweep that misses it never makes the records slower than what runs without them."""
     from pathtune.codegen.triton.decode import decode_params
 
     best = None
@@ -388,6 +391,10 @@ def _sweep(row: DecodeRow, cache, step, D: int, log, keys0, only: Optional[dict]
         log(f"  sweep {cfg}: {entry['ms'] if entry['ms'] is not None else entry['error']}")
         if entry["ms"] is not None and (best is None or entry["ms"] < best["ms"]):
             best = entry
+    if timed is not None and not any(e["config"] == timed["config"] for e in row.sweep):
+        row.sweep.insert(0, timed)
+        if timed["ms"] is not None and (best is None or timed["ms"] < best["ms"]):
+            best = timed
     if best is not None:
         row.times["pathtune"] = best["ms"]
         row.params = knob_values(decode_params(best["config"], D, D))
@@ -451,7 +458,9 @@ def run_decode_bench(shapes=SHAPES, cache_lens=CACHE_LENS, gates=(False, True), 
             cache.length = T   # also re-arms the host mirrors a failed graph capture leaves unknown
             if sweep and "triton" in backends:
                 row.times["pathtune_default"] = row.times.get("pathtune")
-                _sweep(row, cache, step, D, log, keys0, sweep_knobs, graph)
+                timed = {"config": knob_values(params), "ms": row.times.get("pathtune"),
+                         "error": row.failures.get("pathtune", "")}
+                _sweep(row, cache, step, D, log, keys0, sweep_knobs, graph, timed)
                 if row.times.get("pathtune") is not None:
                     row.failures.pop("pathtune", None)
             cache.length = T
