@@ -12,7 +12,7 @@ from pathtune.codegen.triton.heuristics import heuristic_knobs
 from pathtune.codegen.triton.params import TritonParams
 
 NARROW = {"block_n": 128, "decode_block_n": 256, "transition_precision": "fp16", "ut_diag_block": 8,
-          "intra_num_stages": 2, "ut_precision": "tf32", "bwd_transition_precision": "tf32"}
+          "intra_num_stages": 2, "ut_precision": "tf32", "bwd_transition_precision": "tf32", "decode_frame_bound": 2048}
 MEDIUM = {"block_n": 128, "bwd_num_stages": 1, "bwd_transition_precision": "tf32",
           "num_stages": 3, "num_warps": 4, "transition_precision": "fp16"}
 WIDE = {"block_m": 64, "block_n": 32, "bwd_block_m": 64, "bwd_block_n": 32, "bwd_num_stages": 1, "bwd_num_warps": 8,
@@ -62,9 +62,19 @@ def test_heuristic_knobs_are_pinned(dims):
     assert all(type(got[k]) is type(v) for k, v in EXPECTED[dims].items())
 
 
+# knobs that only one pass's params class holds (a pass-only knob keys that pass's source hash alone): the decode
+# pass's, with their spec defaults
+DECODE_ONLY = {"decode_frame_bound": 0}
+
+
 @pytest.mark.parametrize("dims", sorted(EXPECTED, key=lambda k: (k[0], k[1] or 0)), ids=str)
 def test_heuristic_params_are_pinned(dims):
+    from pathtune.codegen._knobs import resolve
+
     head_dim, head_dim_v = dims
     got = asdict(TritonParams.heuristic(head_dim, head_dim_v))
-    assert got == {**BASE, **EXPECTED[dims]}
+    assert got == {k: v for k, v in {**BASE, **EXPECTED[dims]}.items() if k not in DECODE_ONLY}
+    decode = resolve("triton", "decode", None, (head_dim, head_dim_v or head_dim))
+    for knob, default in DECODE_ONLY.items():
+        assert getattr(decode, knob) == EXPECTED[dims].get(knob, default)
     assert TritonParams.heuristic(head_dim, head_dim_v) == TritonParams.heuristic(head_dim, head_dim_v)

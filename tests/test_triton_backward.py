@@ -889,45 +889,45 @@ def test_transport_gradients_fill_their_unzeroed_buffers(monkeypatch, ranged, va
         kernel_grads(inputs, do, p, **kw)
 
 
-@pytest.mark.parametrize("dtype,ranged", [(F32, False), (F16, True)], ids=["fp32-one-range", "fp16-ranged"])
-def test_ut_backward_two_pass_candidate(monkeypatch, dtype, ranged):
-    """benchmarks/variants/ut_bwd_two_pass.py (the UT backward's chunk kernel in two passes over W's column
-    blocks, two C x C accumulators live at a time) in the launcher's place: the shipped gradients up to rounding
-    and the oracle's, GQA, several super-chunks, the gate, one range or several.  The same body without dU W^T
-    added into dA is caught."""
-    cand = _candidate(monkeypatch, "benchmarks/variants/ut_bwd_two_pass.py")
-    inputs, do = make_inputs(733, B=2, T=150, HQ=4, H=2, dtype=dtype, gate=True)
+def _backward_candidate_is_caught(monkeypatch, dtype, ranged, seed, name, kernel, wrong):
+    """The backward kernel ``name`` replaced by a candidate's ``kernel``: its gradients are the shipped ones up to
+    rounding and the oracle's (GQA, several super-chunks with a partial last one, the gate, one range or several);
+    with ``wrong`` (the candidate built with an error) in its place the comparison catches it: a gradient not
+    finite or off the shipped one."""
+    inputs, do = make_inputs(seed, B=2, T=150, HQ=4, H=2, dtype=dtype, gate=True)
     p = params(dtype, superchunk_size=64)
     _ranges(monkeypatch, ranged)
     shipped = kernel_grads(inputs, do, p)
-    monkeypatch.setattr(tri_backward, "ut_bwd_chunk_kernel", cand.ut_bwd_chunk_kernel)
+    monkeypatch.setattr(tri_backward, name, kernel)
     _same_grads(kernel_grads(inputs, do, p), shipped, dtype, inputs, do)
-    dropped = "        dA = tl.dot(dU, tl.trans(W), dA, input_precision=GP)\n"
-    assert dropped in cand.TWO_PASS_BODY
-    monkeypatch.setattr(tri_backward, "ut_bwd_chunk_kernel",
-                        cand.build(cand.TWO_PASS_BODY.replace(dropped, "        dA = dA + 0.0\n"),
-                                   "ut_bwd_two_pass_wrong"))
-    bad = kernel_grads(inputs, do, p)
-    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
-
-
-@pytest.mark.parametrize("dtype,ranged", [(F32, True), (F16, False)], ids=["fp32-ranged", "fp16-one-range"])
-def test_diag_first_to_last_order_candidate(monkeypatch, dtype, ranged):
-    """benchmarks/variants/diag_first_to_last.py (the diagonal-tile kernel over the chunks first to last, the walk's
-    reverse) in the launcher's place: the shipped gradients up to rounding and the oracle's, GQA, several
-    super-chunks, one range or several.  The same kernel with the program id split wrongly is caught."""
-    from candidate_helpers import WRONG_ORDER
-
-    cand = _candidate(monkeypatch, "benchmarks/variants/diag_first_to_last.py")
-    inputs, do = make_inputs(829, B=2, T=150, HQ=4, H=2, dtype=dtype, gate=True)
-    p = params(dtype, superchunk_size=64)
-    _ranges(monkeypatch, ranged)
-    shipped = kernel_grads(inputs, do, p)
-    monkeypatch.setattr(tri_backward, "bwd_intra_diag_kernel", cand.bwd_intra_diag_kernel)
-    _same_grads(kernel_grads(inputs, do, p), shipped, dtype, inputs, do)
-    monkeypatch.setattr(tri_backward, "bwd_intra_diag_kernel", cand.build(WRONG_ORDER, "diag_first_to_last_wrong"))
+    monkeypatch.setattr(tri_backward, name, wrong)
     xs = _leaves(inputs)
     o, _ = path_attention_triton(*xs, config=p)
     bad = torch.autograd.grad(o, [x for x in xs if x is not None], do)
     live = [b for b in shipped if b is not None]
     assert not all(bool(torch.isfinite(a).all()) for a in bad) or max(map(rel, bad, live)) > CAUGHT
+
+
+@pytest.mark.parametrize("dtype,ranged", [(F32, False), (F16, True)], ids=["fp32-one-range", "fp16-ranged"])
+def test_ut_backward_two_pass_candidate(monkeypatch, dtype, ranged):
+    """benchmarks/variants/ut_bwd_two_pass.py (the UT backward's chunk kernel in two passes over W's column
+    blocks, two C x C accumulators live at a time) in the launcher's place matches the shipped kernel and the
+    oracle; the same body without dU W^T added into dA is caught."""
+    cand = _candidate(monkeypatch, "benchmarks/variants/ut_bwd_two_pass.py")
+    dropped = "        dA = tl.dot(dU, tl.trans(W), dA, input_precision=GP)\n"
+    assert dropped in cand.TWO_PASS_BODY
+    wrong = cand.build(cand.TWO_PASS_BODY.replace(dropped, "        dA = dA + 0.0\n"), "ut_bwd_two_pass_wrong")
+    _backward_candidate_is_caught(monkeypatch, dtype, ranged, 733, "ut_bwd_chunk_kernel", cand.ut_bwd_chunk_kernel,
+                                  wrong)
+
+
+@pytest.mark.parametrize("dtype,ranged", [(F32, True), (F16, False)], ids=["fp32-ranged", "fp16-one-range"])
+def test_diag_first_to_last_order_candidate(monkeypatch, dtype, ranged):
+    """benchmarks/variants/diag_first_to_last.py (the diagonal-tile kernel over the chunks first to last, the walk's
+    reverse) in the launcher's place matches the shipped kernel and the oracle; the same kernel with the program
+    id split wrongly is caught."""
+    from candidate_helpers import WRONG_ORDER
+
+    cand = _candidate(monkeypatch, "benchmarks/variants/diag_first_to_last.py")
+    _backward_candidate_is_caught(monkeypatch, dtype, ranged, 829, "bwd_intra_diag_kernel", cand.bwd_intra_diag_kernel,
+                                  cand.build(WRONG_ORDER, "diag_first_to_last_wrong"))
