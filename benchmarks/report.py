@@ -395,10 +395,14 @@ def decode_steps_section(files: list, level: str = "##") -> list[str]:
            "graph / SDPA graph |" + (" median of rounds (range) |" if rounds else "")
            + (" flush step before | amortized before |" if before else ""),
            "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if rounds else "") + ("---|---|" if before else "")]
+    # a net time (the timed call minus its cache reset) below zero: jitter larger than the call's work, on that row
+    jitter = [r for r in steps if min(r["pathtune_net_ms"], r.get("flush_net_ms") or 0.0) < 0]
     for r in steps:
-        line = (f"| {r['D']} | {r['cache_len']} | {_gate(r)} | {r['tokens']} | {_f(r['pathtune_net_ms'], 4)} | "
-                f"{_f(r.get('flush_net_ms'), 4)} | **{_f(r.get('amortized_ms'), 4)}** | {_f(r['sdpa_ms'], 4)} | "
-                f"{_f(r.get('x_sdpa_amortized'), 2)}× | {_f(r.get('graph_x_sdpa_graph'), 2)}× |")
+        mark = "†" if r in jitter else ""
+        line = (f"| {r['D']} | {r['cache_len']} | {_gate(r)} | {r['tokens']} | {_f(r['pathtune_net_ms'], 4)}{mark} | "
+                f"{_f(r.get('flush_net_ms'), 4)}{mark} | **{_f(r.get('amortized_ms'), 4)}**{mark} | "
+                f"{_f(r['sdpa_ms'], 4)} | {_f(r.get('x_sdpa_amortized'), 2)}× | "
+                f"{_f(r.get('graph_x_sdpa_graph'), 2)}× |")
         if rounds:
             rs = r.get("x_sdpa_amortized_rounds") or []
             line += (f" {_f(r.get('x_sdpa_amortized_median'), 2)}× ({_f(min(rs), 2)}-{_f(max(rs), 2)}) |" if rs
@@ -406,6 +410,10 @@ def decode_steps_section(files: list, level: str = "##") -> list[str]:
         if before:
             line += f" {_f(r.get('old_flush_net_ms'), 4)} | {_f(r.get('old_amortized_ms'), 4)} |"
         out.append(line)
+    if jitter:
+        out += ["", "† A net time below zero: the timed call came out shorter than its cache reset alone (host jitter "
+                "larger than the call's work on that row), so the row's step, flush and amortized times measure "
+                "nothing; rerun the probe for it."]
     for path, doc in used:
         counts = ", ".join(str(n) for n in sorted(n for n, (_p, d) in newest.items() if d is doc))
         src = _source(path, doc)

@@ -194,3 +194,19 @@ def test_another_gpus_decode_probe_goes_under_its_own_heading_and_not_into_the_r
     assert "#### Decoding several tokens per call" in others and "| 1.90× |" in others
     assert "#### Generation (tokens/s)" in others and "| 500 | 450 | 0.90× |" in others
     assert "Source: `benchmarks/results/H100-20260103T000000Z-decode-probe.json`" in others
+
+
+def test_decode_steps_rows_with_a_negative_net_time_are_marked():
+    """A probe row whose flush step came out shorter than its cache reset (net time below zero: host jitter) is
+    marked, with a footnote saying its times measure nothing; the other rows are not."""
+    report = _report()
+    row = dict(D=64, cache_len=4096, gate=False, tokens=4, pathtune_net_ms=0.06, flush_net_ms=0.18, amortized_ms=0.07,
+               sdpa_ms=0.05, x_sdpa_amortized=1.4, graph_x_sdpa_graph=1.1)
+    doc = dict(command="python benchmarks/decode_probe.py --out p.json", gpu="NVIDIA H200", software="torch",
+               notes="synthetic", steps=[row, dict(row, gate=True, flush_net_ms=-0.004)])
+    lines = report.decode_steps_section([(Path("H200-x-decode-probe.json"), doc)])
+    table = [ln for ln in lines if ln.startswith("| 64 ")]
+    assert "†" not in table[0] and "| -0.0040† |" in table[1] and "**0.0700**†" in table[1]
+    assert any(ln.startswith("† A net time below zero") for ln in lines)
+    plain = report.decode_steps_section([(Path("H200-x-decode-probe.json"), dict(doc, steps=[row]))])
+    assert not any("†" in ln for ln in plain)
