@@ -395,10 +395,11 @@ def decode_steps_section(files: list, level: str = "##") -> list[str]:
            "graph / SDPA graph |" + (" median of rounds (range) |" if rounds else "")
            + (" flush step before | amortized before |" if before else ""),
            "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if rounds else "") + ("---|---|" if before else "")]
-    # a net time (the timed call minus its cache reset) below zero: jitter larger than the call's work, on that row
-    jitter = [r for r in steps if min(r["pathtune_net_ms"], r.get("flush_net_ms") or 0.0) < 0]
+    jitter = False
     for r in steps:
-        mark = "†" if r in jitter else ""
+        # a net time (the timed call minus its cache reset) below zero: jitter larger than the call's work
+        mark = "†" if min(r["pathtune_net_ms"], r.get("flush_net_ms") or 0.0) < 0 else ""
+        jitter = jitter or bool(mark)
         line = (f"| {r['D']} | {r['cache_len']} | {_gate(r)} | {r['tokens']} | {_f(r['pathtune_net_ms'], 4)}{mark} | "
                 f"{_f(r.get('flush_net_ms'), 4)}{mark} | **{_f(r.get('amortized_ms'), 4)}**{mark} | "
                 f"{_f(r['sdpa_ms'], 4)} | {_f(r.get('x_sdpa_amortized'), 2)}× | "

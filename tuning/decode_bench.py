@@ -76,12 +76,14 @@ class DecodeRow:
 
 
 def knob_values(params) -> dict:
-    """The decode pass's knob values of a TritonParams, as the spec spells them (beta_clip_eps 'off')."""
-    out = {k: getattr(params, k) for k in ("decode_block_n", "decode_num_warps", "decode_splits", "decode_num_stages",
-                                           "decode_pending_window")}
-    out["decode_frame_bound"] = int(getattr(params, "decode_frame_bound", 0))
-    out["beta_clip_eps"] = "off" if params.beta_clip_eps is None else params.beta_clip_eps
-    return out
+    """The decode pass's knob values (the spec's list of them) of a TritonParams, as the spec spells them
+    (beta_clip_eps 'off'): the keys of a swept config (``sweep_configs``)."""
+    from pathtune.codegen._knobs import config_of
+    from pathtune.specs import load_spec
+    from pathtune.specs.knobs import KnobSpace
+
+    values = config_of("triton", params)
+    return {name: values[name] for name in KnobSpace(load_spec(), "decode").knobs}
 
 
 def _median_ms(fn: Callable[[], object]) -> float:
