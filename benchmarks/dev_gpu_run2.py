@@ -16,6 +16,7 @@ import traceback
 import torch
 import triton
 
+from pathtune.codegen._knobs import resolve
 from pathtune.codegen.triton import TritonParams, path_attention_triton
 from pathtune.runtime.reference import naive_path_attention
 from pathtune.tuning.baselines import fla_path_callable, sdpa_callable
@@ -166,63 +167,55 @@ def _shipped_bwd_config(D: int, gate: bool, T: int = 4096):
 
 def range_budgets(budgets=None, shapes=((64, 16, 4096), (128, 8, 4096), (64, 16, 16384), (128, 8, 16384)),
                   tokens=32768):
-    """fwd+bwd time and extra peak per backward range budget (PATHTUNE_BWD_RANGE_MIB: MiB or 'unbounded',
+    """fwd+bwd time and extra peak per backward range budget (the knob bwd_range_budget_mib: MiB, 0 = one range;
     RANGES_BUDGETS overrides the list), all on the same inputs in one process: gated, bf16, B*T = tokens, at
     the shipped bwd tune's config of the key (T 4K bucket; the heuristic one when RANGES_CONFIG=heuristic).
     Budgets take turns twice per shape, so drift hits them alike; each budget's gradients are compared with
     the first budget's (max relative difference over the six)."""
     import pathtune.codegen.triton.backward as tb
 
-    budgets = budgets or os.environ.get("RANGES_BUDGETS", "256,128,512,unbounded").split(",")
-    saved = os.environ.get("PATHTUNE_BWD_RANGE_MIB")
+    budgets = budgets or os.environ.get("RANGES_BUDGETS", "256,128,512,0").split(",")
     heuristic = os.environ.get("RANGES_CONFIG") == "heuristic"
-    try:
-        for D, H, T in shapes:
-            B = tokens // T
-            q, k, v, w, beta, g = inputs(B, T, H, H, D, D, True)
-            xs = [x.detach().requires_grad_() for x in (q, k, v, w, beta, g)]
-            do = torch.randn_like(q)
-            cfg = None if heuristic else _shipped_bwd_config(D, True)
-            p = TritonParams.heuristic(D, D) if cfg is None else TritonParams.from_config(cfg)
+    for D, H, T in shapes:
+        B = tokens // T
+        q, k, v, w, beta, g = inputs(B, T, H, H, D, D, True)
+        xs = [x.detach().requires_grad_() for x in (q, k, v, w, beta, g)]
+        do = torch.randn_like(q)
+        cfg = None if heuristic else _shipped_bwd_config(D, True)
+        row = dict(kind="ranges", D=D, T=T, B=B, H=H, gate=True, config=cfg or "heuristic")
+        ref = None
+        for rep in range(2):
+            for spec_ in budgets:
+                p = resolve("triton", "bwd", {**(cfg or {}), "bwd_range_budget_mib": int(spec_)}, (D, D))
 
-            def run():
-                o, _ = path_attention_triton(*xs, config=p)
-                return torch.autograd.grad(o, xs, do)
-            row = dict(kind="ranges", D=D, T=T, B=B, H=H, gate=True, config=p.to_json())
-            ref = None
-            for rep in range(2):
-                for spec_ in budgets:
-                    os.environ["PATHTUNE_BWD_RANGE_MIB"] = spec_
-                    try:
-                        grads = run()
+                def run():
+                    o, _ = path_attention_triton(*xs, config=p)
+                    return torch.autograd.grad(o, xs, do)
+                try:
+                    grads = run()
+                    torch.cuda.synchronize()
+                    if ref is None:
+                        ref = grads
+                    elif rep == 0:
+                        row[f"grad_diff_{spec_}"] = max(
+                            ((a.float() - b.float()).norm() / b.float().norm()).item()
+                            for a, b in zip(grads, ref))
+                    grads = None
+                    ms = triton.testing.do_bench(run, warmup=50, rep=500, return_mode="median")
+                    row.setdefault(f"fb_ms_{spec_}", []).append(ms)
+                    if rep == 0:
+                        torch.cuda.reset_peak_memory_stats()
+                        base = torch.cuda.memory_allocated()
+                        run()
                         torch.cuda.synchronize()
-                        if ref is None:
-                            ref = grads
-                        elif rep == 0:
-                            row[f"grad_diff_{spec_}"] = max(
-                                ((a.float() - b.float()).norm() / b.float().norm()).item()
-                                for a, b in zip(grads, ref))
-                        grads = None
-                        ms = triton.testing.do_bench(run, warmup=50, rep=500, return_mode="median")
-                        row.setdefault(f"fb_ms_{spec_}", []).append(ms)
-                        if rep == 0:
-                            torch.cuda.reset_peak_memory_stats()
-                            base = torch.cuda.memory_allocated()
-                            run()
-                            torch.cuda.synchronize()
-                            row[f"extra_peak_GiB_{spec_}"] = (torch.cuda.max_memory_allocated() - base) / 2**30
-                            tabs = tb.state_tables(B, T, None, p, q.device)
-                            row[f"ranges_{spec_}"] = tb._range_count(tabs, B * T, H, H, D, p)
-                    except Exception as exc:
-                        row[f"fb_ms_{spec_}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            emit(row)
-            xs = q = k = v = w = beta = g = do = ref = None   # free this case's tensors before the next one's
-            torch.cuda.empty_cache()
-    finally:
-        if saved is None:
-            os.environ.pop("PATHTUNE_BWD_RANGE_MIB", None)
-        else:
-            os.environ["PATHTUNE_BWD_RANGE_MIB"] = saved
+                        row[f"extra_peak_GiB_{spec_}"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+                        tabs = tb.state_tables(B, T, None, p, q.device)
+                        row[f"ranges_{spec_}"] = tb._range_count(tabs, B * T, H, H, D, p)
+                except Exception as exc:
+                    row[f"fb_ms_{spec_}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        emit(row)
+        xs = q = k = v = w = beta = g = do = ref = None   # free this case's tensors before the next one's
+        torch.cuda.empty_cache()
 
 
 def _kernel_times(fn):
@@ -252,7 +245,6 @@ def sweep(D=64, H=16, T=16384, gate=True, changes=None, shipped=False):
     newest shipped bwd tune's config of the key at T 4K)."""
     import dataclasses
 
-    from pathtune.codegen.triton import TritonParams
     B = 32768 // T
     q, k, v, w, beta, g = inputs(B, T, H, H, D, D, gate)
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])

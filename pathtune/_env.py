@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Generic, Optional, TypeVar
 
 __all__ = ["EnvVar", "ALL", "CHECK_INPUTS", "DB_URL", "PACK", "GPU_NAME", "PRINT_DISPATCH", "CACHE_DIR",
-           "DISPATCH_DB", "SHIPPED_DIR", "BWD_RANGE_MIB", "TVM_MODULES",
+           "DISPATCH_DB", "SHIPPED_DIR", "TVM_MODULES",
            "default_db_url", "default_cache_dir", "problems", "check_once"]
 
 T = TypeVar("T")
@@ -40,28 +40,6 @@ def _parse_str(name: str, raw: str) -> Optional[str]:
 def _parse_path(name: str, raw: str) -> Optional[Path]:
     raw = raw.strip()
     return Path(raw).expanduser() if raw else None
-
-
-_UNBOUNDED = {"unbounded", "inf", "off", "none"}
-
-
-def _parse_mib(name: str, raw: str):
-    """A positive number of MiB (an int), or 'unbounded' (math.inf); empty: unset."""
-    import math
-
-    value = raw.strip().lower()
-    if not value:
-        return None
-    if value in _UNBOUNDED:
-        return math.inf
-    try:
-        mib = int(value)
-    except ValueError:
-        mib = 0
-    if mib <= 0:
-        raise ValueError(f"{name}={raw!r} is not a budget; use a positive whole number of MiB (e.g. 256) "
-                         "or 'unbounded'")
-    return mib
 
 
 def default_cache_dir() -> Path:
@@ -135,13 +113,6 @@ SHIPPED_DIR: EnvVar[Optional[Path]] = EnvVar(
     "into their database once, read commands show them beside it without writing; an empty folder leaves "
     "them out (the test suite does).")
 
-BWD_RANGE_MIB: EnvVar[Optional[float]] = EnvVar(
-    "PATHTUNE_BWD_RANGE_MIB", _parse_mib, lambda: None, "MiB or 'unbounded'",
-    "unset (codegen/triton/backward.py PHASE2_RANGE_BYTES)",
-    "Working-set budget of the Triton backward's per-range stages (5-7): above it they run per token range "
-    "of super-chunks (lower peak memory, u / K~ / m recomputed per range). 'unbounded': one range. A "
-    "measuring knob (gradients are identical); read at every backward call.")
-
 TVM_MODULES: EnvVar[Optional[Path]] = EnvVar(
     "PATHTUNE_TVM_MODULES", _parse_path, lambda: None, "path", "unset",
     "Folder of prebuilt TVM modules (e.g. a `python -m pathtune.codegen.tvm.build_decode_bench` bundle) that "
@@ -149,7 +120,7 @@ TVM_MODULES: EnvVar[Optional[Path]] = EnvVar(
     "<PATHTUNE_CACHE_DIR>/tvm/modules; modules are matched by their build metadata, not by name.")
 
 ALL: tuple[EnvVar, ...] = (CHECK_INPUTS, DB_URL, PACK, GPU_NAME, PRINT_DISPATCH, CACHE_DIR, DISPATCH_DB, SHIPPED_DIR,
-                           BWD_RANGE_MIB, TVM_MODULES)
+                           TVM_MODULES)
 
 # read by the test suite and its helpers (tests/), never by the package: set, they are not typos
 TEST_SUITE_VARIABLES = ("PATHTUNE_TEST_PG_URL", "PATHTUNE_TEST_PG_DIR", "PATHTUNE_TEST_SESSION_DB", "PATHTUNE_FAKE_LOG",

@@ -108,10 +108,9 @@ def test_backward_peak_within_the_analysis(mp, monkeypatch):
     change that frees more must lower the analysis here too."""
     import pathtune.codegen.triton.backward as tb
 
-    monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB", raising=False)
     B, T, H, D = 2, 4096, 16, 64
-    budget = tb.PHASE2_RANGE_BYTES // 4
-    monkeypatch.setattr(tb, "PHASE2_RANGE_BYTES", budget)
+    budget = tb._range_budget(tb.TritonBwdParams()) // 4
+    monkeypatch.setattr(tb, "_range_budget", lambda params: budget)
     mode = mp.measure(*mp.probe_inputs(B, T, H, D))
     bound, whole = _bound(B, T, H, D, 64, 1024, budget)
     print(f"extra peak {mode.peak / MiB:.1f} MiB, bound {bound / MiB:.1f}, floor {whole / MiB:.1f}")
@@ -123,6 +122,5 @@ def test_issue_target_under_one_gib(mp, monkeypatch, D, H):
     """The memory target's shape: extra peak of one fwd+bwd at T=16384, B=2, gated, bf16 <= 1.0 GiB
     (the H200 measured 1.71 GiB at D=64 before the per-range backward; at the 256 MiB range budget the probe
     counts 0.986 / 0.974 GiB with the default bwd_forward_state keep_inter, 0.900 / 0.880 with recompute)."""
-    monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB", raising=False)
     mode = mp.measure(*mp.probe_inputs(2, 16384, H, D))
     assert mode.peak <= 1 << 30, mp.report(mode, timeline=False)

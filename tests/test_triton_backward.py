@@ -70,7 +70,12 @@ def params(dtype=F32, **kw):
     base = dict(chunk_size=16, superchunk_size=32, block_n=16, bwd_block_n=16,
                 scan_precision=SCAN[dtype])
     base.update(kw)
-    return TritonParams(**base)
+    return tri_backward.TritonBwdParams(**base)
+
+
+def _one_superchunk_per_range(monkeypatch):
+    """Every backward in this test runs its per-range stages in token ranges of one super-chunk each."""
+    monkeypatch.setattr(tri_backward, "_range_budget", lambda params: 1)
 
 
 def _leaves(inputs, dtype=None):
@@ -419,7 +424,7 @@ def test_mutation_gate_grad_is_caught(monkeypatch):
 
 @pytest.mark.parametrize("case", ["dense_gqa", "varlen"])
 def test_range_split_gives_identical_gradients(monkeypatch, case):
-    """Above PHASE2_RANGE_BYTES the transport, intra and UT backward stages run per token range of
+    """Above bwd_range_budget_mib the transport, intra and UT backward stages run per token range of
     whole super-chunks, on u / K~ / m recomputed for the range.  Split into one super-chunk per
     range, the gradients are bitwise those of one launch over the stream (every program computes
     the same tile; a row's atomic adds come from the same programs in the same order), and match
@@ -441,10 +446,8 @@ def test_range_split_gives_identical_gradients(monkeypatch, case):
         return out
 
     monkeypatch.setattr(tri_backward, "_ranges", spy)
-    monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")     # one range, through the env override
-    whole = kernel_grads(inputs, do, p, **kw)
-    monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB")
-    monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
+    whole = kernel_grads(inputs, do, params(bwd_range_budget_mib=0), **kw)     # one range, through the knob
+    _one_superchunk_per_range(monkeypatch)
     split = kernel_grads(inputs, do, p, **kw)
     n_sc = 8 if case == "dense_gqa" else 1 + 1 + 3 + 2
     assert ranges == [1, n_sc]
@@ -463,13 +466,12 @@ def test_ranged_backward_starts_from_the_forwards_compact_state(monkeypatch, gat
     inputs, do = make_inputs(452, B=2, T=100, HQ=4, H=2, dtype=F16, gate=gate)
     q, k, v, w, beta, g = inputs
     p, scale = params(F16), 16 ** -0.5
+    one = params(F16, bwd_range_budget_mib=0)
     o, lse, _ = tri_forward.path_attention_fwd(q, k, v, w, beta, g, scale=scale, cu_seqlens=None, params=p)
-    monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
-    assert tri_backward.backward_state(q, k, w, beta, g, cu_seqlens=None, params=p).u.dtype == F32
+    assert tri_backward.backward_state(q, k, w, beta, g, cu_seqlens=None, params=one).u.dtype == F32
     whole_state = tri_forward.prepare_state(q, k, w, beta, g, cu_seqlens=None, params=p, compact=True)
-    whole = tri_backward.path_attention_bwd(do, q, k, v, w, beta, g, o, lse, whole_state, scale=scale, params=p)
-    monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB")
-    monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
+    whole = tri_backward.path_attention_bwd(do, q, k, v, w, beta, g, o, lse, whole_state, scale=scale, params=one)
+    _one_superchunk_per_range(monkeypatch)
     state = tri_backward.backward_state(q, k, w, beta, g, cu_seqlens=None, params=p)
     assert state.u.dtype == F16 and state.wd is not None
     split = tri_backward.path_attention_bwd(do, q, k, v, w, beta, g, o, lse, state, scale=scale, params=p)
@@ -496,10 +498,7 @@ def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, spy_laun
     rows for the most super-chunks the sequence count allows."""
     inputs, do = make_inputs(453, B=1 if varlen else 2, T=150 if varlen else 100, HQ=4, H=2, dtype=dtype, gate=gate)
     kw = dict(cu_seqlens=torch.tensor([0, 20, 21, 101, 150])) if varlen else {}
-    if ranged:
-        monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)      # one super-chunk per range
-    else:
-        monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
+    _ranges(monkeypatch, ranged)
     calls = []
     real_state = tri_backward.backward_state
     monkeypatch.setattr(tri_backward, "backward_state", lambda *a, **k: calls.append(1) or real_state(*a, **k))
@@ -515,26 +514,45 @@ def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, spy_laun
     check(kept, oracle_grads(inputs, do, **kw), TOL[dtype])
 
 
-def test_range_budget(monkeypatch):
-    """PHASE2_RANGE_BYTES (256 MiB: 8 ranges at the tuner's 32768 tokens, D=64, H=16, bwd_intra's
-    chain-state slots and the transport backward's stored states and gradients included; the memory
-    probe's extra peak at T=16384, B=2 stays under 1 GiB) and its PATHTUNE_BWD_RANGE_MIB override."""
-    monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB", raising=False)
-    assert tri_backward._range_budget() == tri_backward.PHASE2_RANGE_BYTES == 256 << 20
+def test_range_budget():
+    """bwd_range_budget_mib, the spec's memory knob (default 256 MiB: 8 ranges at the tuner's 32768 tokens, D=64,
+    H=16, bwd_intra's chain-state slots and the transport backward's stored states and gradients included; the
+    memory probe's extra peak at T=16384, B=2 stays under 1 GiB): params without the bwd knobs take the default,
+    0 is no bound, a negative budget is refused when the config is resolved."""
+    from pathtune.codegen._knobs import resolve
+    from pathtune.specs import load_spec
+
+    knob = load_spec().knobs["bwd_range_budget_mib"]
+    assert knob.default == 256 and knob.role == "memory"
+    assert tri_backward._range_budget(TritonParams()) == 256 << 20
+    assert tri_backward._range_budget(resolve("triton", "bwd", None, (64, 64))) == 256 << 20
+    assert tri_backward._range_budget(resolve("triton", "bwd", {"bwd_range_budget_mib": 128}, (64, 64))) == 128 << 20
+    assert tri_backward._range_budget(params(bwd_range_budget_mib=0)) is None
+    with pytest.raises(ValueError, match="bwd_range_budget_mib"):
+        resolve("triton", "bwd", {"bwd_range_budget_mib": -5}, (64, 64))
     per_token = tri_backward._phase2_bytes_per_token(16, 64, 64, 1024, True)
-    assert -(-32768 * per_token // tri_backward.PHASE2_RANGE_BYTES) == 8
+    assert -(-32768 * per_token // (256 << 20)) == 8
     assert -(-32768 * per_token // (128 << 20)) == 16
-    monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "128")
-    assert tri_backward._range_budget() == 128 << 20
-    for raw in ("unbounded", "inf", "Off"):
-        monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", raw)
-        assert tri_backward._range_budget() is None
-    monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", " ")       # empty: the module's budget
-    assert tri_backward._range_budget() == tri_backward.PHASE2_RANGE_BYTES
-    for bad in ("0", "-5", "1.5", "lots"):
-        monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", bad)
-        with pytest.raises(ValueError, match="PATHTUNE_BWD_RANGE_MIB"):
-            tri_backward._range_budget()
+
+
+def test_range_budget_reaches_the_backward_through_the_config(monkeypatch):
+    """The knob in the config the autograd op carries sets the backward's range count: 0 runs one range, the
+    default splits a stream whose working set is over it (here: the budget read as bytes), and the gradients are
+    the same either way."""
+    inputs, do = make_inputs(455, B=2, T=100, HQ=4, H=2, gate=True)
+    counts = []
+    real_ranges = tri_backward._ranges
+    monkeypatch.setattr(tri_backward, "_ranges", lambda *a: counts.append(a[-1]) or real_ranges(*a))
+    real_budget = tri_backward._range_budget
+    # the budget read as bytes instead of MiB: these 200 tokens' working set is over the default, as at scale
+    monkeypatch.setattr(tri_backward, "_range_budget",
+                        lambda p: None if real_budget(p) is None else real_budget(p) >> 20)
+    split = kernel_grads(inputs, do, params())
+    whole = kernel_grads(inputs, do, params(bwd_range_budget_mib=0))
+    assert counts == [8, 1]       # 2 sequences x 4 super-chunks, then one range
+    for name, a, b in zip(NAMES, split, whole):
+        if b is not None:
+            assert torch.equal(a, b), name
 
 
 def test_range_budget_counts_the_ut_backward_tiles_where_larger():
@@ -638,7 +656,7 @@ def test_backward_through_blocked_chain(monkeypatch, spy_launches, lens):
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32) if lens else None
     inputs, do = make_inputs(520 + T, B=B, T=T, HQ=2, H=1, D=24, DV=16, gate=True)
     kw = {} if cu is None else dict(cu_seqlens=cu)
-    monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)
+    _one_superchunk_per_range(monkeypatch)
     run_case(inputs, do, params(), **kw)
     assert launched
 
@@ -728,9 +746,9 @@ def _candidate(monkeypatch, path):
 def _ranges(monkeypatch, ranged):
     """Ranged: one super-chunk per range (the per-range recompute's 16-bit state); else one range."""
     if ranged:
-        monkeypatch.setattr(tri_backward, "PHASE2_RANGE_BYTES", 1)
+        _one_superchunk_per_range(monkeypatch)
     else:
-        monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "unbounded")
+        monkeypatch.setattr(tri_backward, "_range_budget", lambda params: None)
 
 
 def _same_grads(got, shipped, dtype, inputs, do):

@@ -79,17 +79,17 @@ def test_triton_wide_head_dims_match_float64_oracle(case):
                           seed=D * 131 + DV + HQ * 7 + H + int(gate) + 1, checkpoint_steps=64)
 
 
-@pytest.mark.parametrize("case,range_mib", [((64, 64, torch.bfloat16, 4, 2, True, (700, 1, 1093, 300)), "1"),
-                                             ((128, 128, torch.bfloat16, 4, 4, True, None), "unbounded"),
-                                             ((64, 64, torch.float16, 4, 4, False, None), "1")],
+@pytest.mark.parametrize("case,range_mib", [((64, 64, torch.bfloat16, 4, 2, True, (700, 1, 1093, 300)), 1),
+                                             ((128, 128, torch.bfloat16, 4, 4, True, None), 0),
+                                             ((64, 64, torch.float16, 4, 4, False, None), 1)],
                          ids=["D64-varlen-fox-ranged", "D128-fox-one-range", "D64-fp16-path-ranged"])
-def test_kept_forward_state_matches_float64_oracle(monkeypatch, case, range_mib):
+def test_kept_forward_state_matches_float64_oracle(case, range_mib):
     """bwd_forward_state keep (the backward reads the forward's compact state): forward and gradients
     within the spec's tolerances, with the backward in one token range per super-chunk and in one range."""
     D, DV, dt, HQ, H, gate, lens = case
-    monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", range_mib)
     _check_against_oracle(D, DV, dt, HQ, H, gate, lens, B=1 if lens else 2, T=sum(lens) if lens else 1300,
-                          config=dict(superchunk_size=512, bwd_forward_state="keep"), seed=D * 17 + HQ + H)
+                          config=dict(superchunk_size=512, bwd_forward_state="keep", bwd_range_budget_mib=range_mib),
+                          seed=D * 17 + HQ + H)
 
 
 def _check_against_oracle(D, DV, dt, HQ, H, gate, lens, *, B, T, config, seed, checkpoint_steps=None):
@@ -194,8 +194,7 @@ def test_forward_backward_is_cuda_graph_capturable(monkeypatch, gate):
 
     static, do_static = inputs()
     leaves = [x.requires_grad_() for x in static if x is not None]
-    monkeypatch.setattr(bwd_mod, "PHASE2_RANGE_BYTES", 1 << 20)     # several token ranges, each its own launches
-    monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB", raising=False)
+    monkeypatch.setattr(bwd_mod, "_range_budget", lambda params: 1 << 20)     # several token ranges
 
     def step():
         o = pathtune.path_attention(*static, backend="triton")

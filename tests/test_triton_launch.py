@@ -413,8 +413,7 @@ def test_gpu_repeat_launches_of_fwd_bwd_equal_jit_launches(monkeypatch, gate):
     # the heuristic config at the shapes of tests/test_triton_gpu.py's CUDA-graph tests (compiled kernels shared)
     xs = [x.requires_grad_() if x is not None else None for x in _inputs(2, 2500, 4, 4, 64, gate, gen)]
     do = torch.randn(2, 2500, 4, 64, device="cuda", generator=gen).bfloat16()
-    monkeypatch.setattr(bwd_mod, "PHASE2_RANGE_BYTES", 1 << 20)    # several token ranges, each its own launches
-    monkeypatch.delenv("PATHTUNE_BWD_RANGE_MIB", raising=False)
+    monkeypatch.setattr(bwd_mod, "_range_budget", lambda params: 1 << 20)    # several token ranges
 
     def run():
         o, _ = path_attention_triton(*xs)

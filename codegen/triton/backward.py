@@ -18,7 +18,7 @@ Order (each stage only reads what earlier ones wrote):
 then dg = reverse cumsum of dc per sequence (``gate_grad_kernel``).  Stages 5-7 only touch rows of
 one super-chunk; on long inputs they run per token range of super-chunks (see
 ``path_attention_bwd``), which bounds the extra peak memory (``benchmarks/memory_probe.py``: 0.91
-GiB at T=16384, B=2, H=16, D=64, with the 256 MiB budget ``PHASE2_RANGE_BYTES``).
+GiB at T=16384, B=2, H=16, D=64, at the default ``bwd_range_budget_mib`` of 256).
 
 Host work per call: no device read for a dense batch (its range tables are built once per shape
 and cached); buffers that kernels accumulate into are zeroed in as few memsets as their lifetimes
@@ -215,21 +215,16 @@ def superchunk_chain(what: torch.Tensor, dom: torch.Tensor, tables: SequenceTabl
     return dwhat
 
 
-# Working set of the per-range stages (transport, intra, UT backward) above which they run over
-# token ranges of whole super-chunks, each with its own recomputed u, K~, m and accumulators.
-# Below it they run once over the whole stream on the forward state (no recomputation).
-# Extra peak of one gated bf16 fwd+bwd at T=16384, B=2 (benchmarks/memory_probe.py, CPU count;
-# D=64 H=16 / D=128 H=8) per budget (before bwd_intra's chain-state slots and the transport
-# backward's stored states joined the range count: with them 0.910 / 0.889 GiB at 256 MiB, 8 ranges):
+# Working set of the per-range stages (transport, intra, UT backward) above which they run over token ranges
+# of whole super-chunks, each with its own recomputed u, K~, m and accumulators: the spec's memory knob
+# bwd_range_budget_mib (0: one range over the stream, on the forward state).  Extra peak of one gated bf16
+# fwd+bwd at T=16384, B=2 (benchmarks/memory_probe.py, CPU count; D=64 H=16 / D=128 H=8) per budget (before
+# bwd_intra's chain-state slots and the transport backward's stored states joined the range count: with them
+# 0.910 / 0.889 GiB at 256 MiB, 8 ranges):
 #   128 MiB 0.848 / 0.834 GiB   192 MiB 0.883 / 0.865   256 MiB 0.953 / 0.928
 #   384 MiB 0.988 / 0.959       512 MiB 1.094 / 1.053   unbounded 1.707 / 1.646
-# The bound is 1.0 GiB; 256 MiB keeps ~0.05 GiB of margin below it (384 MiB keeps 0.01).  With
-# 128 MiB (10 ranges at B*T = 32768 tokens, D=64 H=16) the H200 measured the gated fwd+bwd 23%
-# slower at T=4096 and 11% slower at T=16384 than a single range (33.1 vs 27.0 ms,
-# 59.8 vs 53.9 ms); 256 MiB halves the ranges (5), so the extra launches and ut_chunk recomputes.
-# PATHTUNE_BWD_RANGE_MIB overrides it per call
-# (``_range_budget``), so one process can time several budgets (benchmarks/dev_gpu_run2.py ranges).
-PHASE2_RANGE_BYTES = 256 << 20
+# With 128 MiB (10 ranges at B*T = 32768 tokens, D=64 H=16) the H200 measured the gated fwd+bwd 23% slower
+# at T=4096 and 11% slower at T=16384 than a single range (33.1 vs 27.0 ms, 59.8 vs 53.9 ms).
 
 
 # Warps of the transport backward's two kernels, from compile_check for sm_90 at the heuristic configs:
@@ -279,6 +274,7 @@ class TritonBwdParams(TritonParams):
 
     bwd_dkv_block_n: int = spec_default("bwd_dkv_block_n")
     bwd_dkv_num_warps: int = spec_default("bwd_dkv_num_warps")
+    bwd_range_budget_mib: int = spec_default("bwd_range_budget_mib")
 
 
 def dkv_launch(params: TritonParams) -> tuple[int, int]:
@@ -297,14 +293,11 @@ def dkv_query_step(params: TritonParams) -> int:
     return min(params.bwd_block_m, params.superchunk_size)
 
 
-def _range_budget():
-    """Bytes of the per-range stages' working set above which they split; None: never split."""
-    from pathtune import _env
-
-    mib = _env.BWD_RANGE_MIB.get()
-    if mib is None:
-        return PHASE2_RANGE_BYTES
-    return None if mib == float("inf") else int(mib) << 20
+def _range_budget(params: TritonParams) -> int | None:
+    """Bytes of the per-range stages' working set above which they split (``bwd_range_budget_mib``; params
+    without the bwd knobs take its spec default); None: never split."""
+    mib = getattr(params, "bwd_range_budget_mib", TritonBwdParams.bwd_range_budget_mib)
+    return None if mib == 0 else int(mib) << 20
 
 
 def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool, HQ: int | None = None,
@@ -326,7 +319,7 @@ def _range_count(tb: SequenceTables, N: int, H: int, HQ: int, D: int, params: Tr
                  DV: int | None = None) -> int:
     """How many token ranges the per-range stages (5-7) run in: the working set over the budget
     (``_range_budget``), at most one per super-chunk."""
-    budget = _range_budget()
+    budget = _range_budget(params)
     if budget is None:
         return 1
     C, S = params.chunk_size, params.superchunk_size
@@ -462,8 +455,8 @@ def path_attention_bwd(
     consumes ``state``: each of its tensors is released (the field set to None) once dead.
 
     Memory: the inter-super-chunk stages (1-4) run over the whole stream; transport, intra and
-    UT backward (5-7) only touch rows of one super-chunk, so above ``PHASE2_RANGE_BYTES`` (or
-    ``PATHTUNE_BWD_RANGE_MIB``) they run per token range of whole super-chunks, with u, K~, m
+    UT backward (5-7) only touch rows of one super-chunk, so above ``bwd_range_budget_mib`` (a spec knob)
+    they run per token range of whole super-chunks, with u, K~, m
     recomputed for the range (one extra ut_chunk pass) and range-sized accumulators.  The recomputed
     u and K~ are stored in the scan dtype with a copy of w (the 16-bit operands bwd_intra multiplies,
     rounded once instead of per load; the transport backward widens them to float32).  Every
