@@ -586,9 +586,6 @@ def path_attention_bwd(
         if multi:
             dkt, dw_acc, du = _carve([(nr, H, D)] * 3, torch.float32, dev, zero=False)
             dk_acc, dm = _zeros([(nr, H, D), (nr, H, C)], torch.float32, dev)
-        else:
-            dkt, dw_acc, du, dk_acc, dm = _zeros([(nr, H, D)] * 4 + [(nr, H, C)], torch.float32, dev)
-        if multi:
             # the states Suf_m and their gradients G_m of every chunk: S / C of ROWS x BD per row block
             rows = transport_backward_rows(BD)
             suf = torch.empty(tr.n_sc * H * (BD // rows) * (S // C) * rows * BD, **f32)
@@ -604,6 +601,8 @@ def path_attention_bwd(
                 tr.sc_tok0, tr.sc_seq, tr.seq_end, num_warps=grads_warps, num_stages=1, **tkw,
             )
             del suf, gs
+        else:
+            dkt, dw_acc, du, dk_acc, dm = _zeros([(nr, H, D)] * 4 + [(nr, H, C)], torch.float32, dev)
         dv_r = _range_dv(dv, r)
         # bwd_intra's chain-state slots (see the kernel): S // (2C) per chunk and query head
         xs = torch.empty(max(1, HQ * tr.n_chunks * (S // (2 * C)) * C * max(BD, 64)), device=dev, dtype=scan_store)
