@@ -125,6 +125,9 @@ ALL: tuple[EnvVar, ...] = (CHECK_INPUTS, DB_URL, PACK, GPU_NAME, PRINT_DISPATCH,
 # read by the test suite and its helpers (tests/), never by the package: set, they are not typos
 TEST_SUITE_VARIABLES = ("PATHTUNE_TEST_PG_URL", "PATHTUNE_TEST_PG_DIR", "PATHTUNE_TEST_SESSION_DB", "PATHTUNE_FAKE_LOG",
                         "PATHTUNE_FAKE_SLEEP", "PATHTUNE_TVM_BENCH_MODULES")
+# variables pathtune no longer reads, with what replaced them (named when one is still set)
+RETIRED = {"PATHTUNE_BWD_RANGE_MIB": "the backward's range budget is the spec knob bwd_range_budget_mib (MiB, 0 = one "
+                                     "range): tune it with `pathtune tune --memory-knobs`"}
 _BY_NAME = {var.name: var for var in ALL}
 
 
@@ -135,6 +138,9 @@ def problems(environ: Optional[dict] = None) -> list[str]:
     out = []
     for name in sorted(n for n in environ if n.startswith("PATHTUNE_") and n not in TEST_SUITE_VARIABLES):
         var = _BY_NAME.get(name)
+        if name in RETIRED:
+            out.append(f"{name} is no longer read: {RETIRED[name]}")
+            continue
         if var is None:
             out.append(f"{name} is not a pathtune variable (known: {', '.join(sorted(_BY_NAME))}; see ENVs.md)")
             continue
@@ -151,7 +157,7 @@ _CHECKED = False
 def check_once() -> None:
     """On the first call in a process: raise ValueError naming every malformed PATHTUNE_* value (the
     public entry points call it, so a bad value fails there instead of being ignored on code paths
-    that never read it) and warn about unknown PATHTUNE_* names.  Later calls cost nothing; a value
+    that never read it) and warn about unknown or retired PATHTUNE_* names.  Later calls cost nothing; a value
     changed afterwards is still checked wherever it is read."""
     global _CHECKED
     if _CHECKED:
@@ -159,7 +165,7 @@ def check_once() -> None:
     import warnings
 
     found = problems()
-    bad = [p for p in found if " is not a pathtune variable " not in p]
+    bad = [p for p in found if " is not a pathtune variable " not in p and " is no longer read: " not in p]
     if bad:
         raise ValueError("malformed pathtune environment: " + "; ".join(bad))
     for p in found:

@@ -250,6 +250,18 @@ def test_malformed_or_unknown_pathtune_variables_are_reported(monkeypatch):
     call(make())                                   # checked once: no second warning, no cost
 
 
+def test_a_retired_variable_names_what_replaced_it(monkeypatch):
+    """PATHTUNE_BWD_RANGE_MIB (now the knob bwd_range_budget_mib) still set: the warning says so instead of
+    calling it a typo."""
+    from pathtune import _env
+
+    monkeypatch.setattr(_env, "_CHECKED", False)
+    monkeypatch.setenv("PATHTUNE_BWD_RANGE_MIB", "512")
+    assert _env.problems() == [f"PATHTUNE_BWD_RANGE_MIB is no longer read: {_env.RETIRED['PATHTUNE_BWD_RANGE_MIB']}"]
+    with pytest.warns(UserWarning, match=r"PATHTUNE_BWD_RANGE_MIB is no longer read: .*bwd_range_budget_mib"):
+        call(make())
+
+
 @pytest.mark.parametrize("value, match", [
     (0.5, r"g must lie in \(-inf, 0\]; 1 of 64 values do not, e.g. g\[1, 2, 3\] = 0.5"),
     (float("-inf"), r"g must lie in \(-inf, 0\]; 1 of 64 values do not, e.g. g\[1, 2, 3\] = -inf"),
