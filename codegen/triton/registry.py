@@ -3,7 +3,7 @@
 Which variant runs is decided by the launchers for the call's head dims and length (``forward.py``:
 the fused UT stage from padded head dim ``UT_FUSED_MIN_BD``, column-blocked transitions above
 ``TRANSITION_BLOCKED_ABOVE``; ``backward.py``: the one-program chain up to ``CHAIN_KERNEL_MAX_BD``, per-range
-recomputation above the memory budget ``PHASE2_RANGE_BYTES``).  Checked against the spec by
+recomputation above the memory budget ``bwd_range_budget_mib``).  Checked against the spec by
 tests/test_stage_registry.py.  Runs no kernel: not part of any pass's source hash.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ REGISTRY.implement("ut_inverse", "fused", FWD, _T + "forward:ut_fused", _T + "ut
 REGISTRY.implement("ut_inverse", "split", FWD + BWD, _T + "forward:ut_forward", _T + "ut:ut_diag_inverse_kernel",
                    _T + "ut:ut_chunk_kernel", _T + "ut:ut_apply_kernel")
 REGISTRY.implement("ut_inverse", "state_stored", BWD, _T + "forward:prepare_state", _T + "forward:ForwardState")
-REGISTRY.implement("ut_inverse", "state_recomputed", BWD, _T + "backward:_ranges", _T + "backward:PHASE2_RANGE_BYTES")
+REGISTRY.implement("ut_inverse", "state_recomputed", BWD, _T + "backward:_ranges", _T + "backward:_range_budget")
 REGISTRY.implement("ut_inverse", "state_kept", BWD, _T + "forward:forward_op", _T + "forward:kept_state_tensors",
                    _T + "backward:kept_state")
 REGISTRY.implement("ut_inverse", "inter_state_kept", BWD, _T + "forward:forward_op", _T + "forward:kept_fields",
