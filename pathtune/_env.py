@@ -132,22 +132,29 @@ _BY_NAME = {var.name: var for var in ALL}
 
 
 def problems(environ: Optional[dict] = None) -> list[str]:
-    """One line per PATHTUNE_* variable that is set but malformed, or not a pathtune variable at all
-    (a misspelt name would otherwise be ignored without a word)."""
+    """One line per PATHTUNE_* variable that is set but malformed, retired (the line names what replaced it) or not
+    a pathtune variable at all (a misspelt name would otherwise be ignored without a word)."""
+    return [message for message, _malformed in _problems(environ)]
+
+
+def _problems(environ: Optional[dict] = None) -> list[tuple[str, bool]]:
+    """``problems``' lines, each with whether it is a malformed value (an error) rather than a name pathtune
+    does not read (unknown or retired: a warning)."""
     environ = os.environ if environ is None else environ
     out = []
     for name in sorted(n for n in environ if n.startswith("PATHTUNE_") and n not in TEST_SUITE_VARIABLES):
         var = _BY_NAME.get(name)
         if name in RETIRED:
-            out.append(f"{name} is no longer read: {RETIRED[name]}")
+            out.append((f"{name} is no longer read: {RETIRED[name]}", False))
             continue
         if var is None:
-            out.append(f"{name} is not a pathtune variable (known: {', '.join(sorted(_BY_NAME))}; see ENVs.md)")
+            out.append((f"{name} is not a pathtune variable (known: {', '.join(sorted(_BY_NAME))}; see ENVs.md)",
+                        False))
             continue
         try:
             var.parse(name, environ[name])
         except ValueError as exc:
-            out.append(str(exc))
+            out.append((str(exc), True))
     return out
 
 
@@ -164,10 +171,10 @@ def check_once() -> None:
         return
     import warnings
 
-    found = problems()
-    bad = [p for p in found if " is not a pathtune variable " not in p and " is no longer read: " not in p]
+    found = _problems()
+    bad = [message for message, malformed in found if malformed]
     if bad:
         raise ValueError("malformed pathtune environment: " + "; ".join(bad))
-    for p in found:
-        warnings.warn(f"pathtune: {p}", stacklevel=3)
+    for message, _malformed in found:
+        warnings.warn(f"pathtune: {message}", stacklevel=3)
     _CHECKED = True
