@@ -242,20 +242,22 @@ def current_section() -> list[str]:
     return out
 
 
+def _by_other_gpu(files) -> dict[str, list]:
+    """``files`` ((path, doc), oldest first) of every GPU but the reference one, grouped by GPU in that order."""
+    out: dict[str, list] = {}
+    for path, doc in files:
+        if doc["gpu"] != REFERENCE_GPU:
+            out.setdefault(doc["gpu"], []).append((path, doc))
+    return out
+
+
 def other_gpus_section(benches, probes=()) -> list[str]:
     """Each other GPU's newest complete bench with forward rows (forward and forward + backward tables, baselines
     from its own run; ``benches``: the complete bench files of every GPU, oldest first) and its decode probes'
     tables (``probes``: the decode probe files of every GPU, oldest first), newest GPU run first; empty when every
     bench and probe ran on the reference GPU."""
-    by_gpu: dict[str, list] = {}
-    for path, doc in benches:
-        if doc["gpu"] != REFERENCE_GPU:
-            by_gpu.setdefault(doc["gpu"], []).append((path, doc))
-    runs = {gpu: hit for gpu, files in by_gpu.items() if (hit := _newest(files, _has_forward))}
-    decode: dict[str, list] = {}
-    for path, doc in probes:
-        if doc["gpu"] != REFERENCE_GPU:
-            decode.setdefault(doc["gpu"], []).append((path, doc))
+    runs = {gpu: hit for gpu, files in _by_other_gpu(benches).items() if (hit := _newest(files, _has_forward))}
+    decode = _by_other_gpu(probes)
     if not runs and not decode:
         return []
     out = ["## Other GPUs", "",

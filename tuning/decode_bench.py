@@ -80,10 +80,9 @@ def knob_values(params) -> dict:
     (beta_clip_eps 'off'): the keys of a swept config (``sweep_configs``)."""
     from pathtune.codegen._knobs import config_of
     from pathtune.specs import load_spec
-    from pathtune.specs.knobs import KnobSpace
 
     values = config_of("triton", params)
-    return {name: values[name] for name in KnobSpace(load_spec(), "decode").knobs}
+    return {name: values[name] for name in load_spec().passes["decode"].knobs}
 
 
 def _median_ms(fn: Callable[[], object]) -> float:
