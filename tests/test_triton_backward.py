@@ -492,10 +492,11 @@ def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, spy_laun
     backward reads it instead of running the UT stage and the transport again; keep_inter: the forward's
     queries at their super-chunk start, transported keys and transitions, and the backward's inter stages read
     them while its per-range stages recompute U, K~, M (in either mode no ``backward_state`` call, no query
-    chain in ``bwd_prep_kernel``).  Where the recompute would build the same state (token ranges, or a float32
-    scan) the gradients are bitwise the recompute's; in one range of a 16-bit scan the recompute reads a
-    float32 state and the kept one is 16-bit: both match the oracle.  Varlen: the kept transitions tensor has
-    rows for the most super-chunks the sequence count allows."""
+    chain in ``bwd_prep_kernel``); under keep every range reads its rows of the kept U, K~, M and w copy and
+    recomputes only A and M (no ``ut_forward`` in the backward).  Where the recompute would build
+    the same state (token ranges, or a float32 scan) the gradients are bitwise the recompute's; in one range of a
+    16-bit scan the recompute reads a float32 state and the kept one is 16-bit: both match the oracle.  Varlen: the
+    kept transitions tensor has rows for the most super-chunks the sequence count allows."""
     inputs, do = make_inputs(453, B=1 if varlen else 2, T=150 if varlen else 100, HQ=4, H=2, dtype=dtype, gate=gate)
     kw = dict(cu_seqlens=torch.tensor([0, 20, 21, 101, 150])) if varlen else {}
     _ranges(monkeypatch, ranged)
@@ -505,8 +506,18 @@ def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, spy_laun
     chains = spy_launches(tri_backward, "bwd_prep_kernel", lambda grid, kw: kw["CHAIN"])   # the query chain walked
     recomputed = kernel_grads(inputs, do, params(dtype, bwd_forward_state="recompute"), **kw)
     assert calls == [1] and chains == [True]
+    recomputes = []       # the backward's per-range U, K~, M recompute (the three-launch UT stage)
+    real_ut = tri_backward.ut_forward
+    monkeypatch.setattr(tri_backward, "ut_forward", lambda *a, **k: recomputes.append(1) or real_ut(*a, **k))
+    counts = []
+    real_ranges = tri_backward._ranges
+    monkeypatch.setattr(tri_backward, "_ranges", lambda *a: (lambda out: counts.append(len(out)) or out)(
+        real_ranges(*a)))
     kept = kernel_grads(inputs, do, params(dtype, bwd_forward_state=mode), **kw)
     assert calls == [1] and chains == [True, False]         # the kept state: nothing recomputed before the ranges
+    assert len(counts) == 1 and (counts[0] > 1) == ranged
+    # keep: no U, K~ recompute in any range (A and M only, for the UT backward); keep_inter: one per range
+    assert len(recomputes) == (0 if mode == "keep" else counts[0])
     if ranged or dtype == F32:
         for name, a, b in zip(NAMES, kept, recomputed):
             if b is not None:

@@ -448,6 +448,7 @@ def _zeros(shapes, dtype, device) -> list[torch.Tensor]:
 def path_attention_bwd(
     do: torch.Tensor, q, k, v, w, beta, g, o, lse, state: ForwardState, *, scale: float,
     params: TritonParams, gate_placement: str = "inside_scale", dlse: torch.Tensor | None = None,
+    state_kept: bool = False,
 ):
     """Gradients (dq, dk, dv, dw, dbeta, dg) of PaTH(-FoX) attention; dg is None without a gate.
 
@@ -457,7 +458,9 @@ def path_attention_bwd(
     Memory: the inter-super-chunk stages (1-4) run over the whole stream; transport, intra and
     UT backward (5-7) only touch rows of one super-chunk, so above ``bwd_range_budget_mib`` (a spec knob)
     they run per token range of whole super-chunks, with u, K~, m
-    recomputed for the range (one extra ut_chunk pass) and range-sized accumulators.  The recomputed
+    recomputed for the range (one extra ut_chunk pass) and range-sized accumulators; ``state_kept``
+    (the forward's compact state, bwd_forward_state keep) makes every range read its rows of the
+    state's u, K~, m and w copy instead, and recompute only A and M for the UT backward.  The recomputed
     u and K~ are stored in the scan dtype with a copy of w (the 16-bit operands bwd_intra multiplies,
     rounded once instead of per load; the transport backward widens them to float32).  Every
     program computes what it did in one launch over the stream, and a row's atomic adds come from
@@ -487,10 +490,14 @@ def path_attention_bwd(
     multi = tb.max_seq_len > S
     scan_store = state.kj.dtype     # the scan dtype's storage type (state.kj dies before stage 6)
     ranges = _ranges(tb, B, T, N, C, S, _range_count(tb, N, H, HQ, D, params, DV))
-    # u, K~, m for the per-range stages: recomputed per range unless the state holds them in float32 for one
-    # range; across ranges (and from a compact 16-bit state) in the scan dtype, else (one range, no state of
-    # its own: bwd_forward_state keep_inter) in float32, as the backward's own state of one range is
-    recompute = len(ranges) > 1 or state.u is None or state.u.dtype != torch.float32
+    # u, K~, m (and w's 16-bit copy) of the per-range stages: each range reads its rows of the state's own when
+    # the state holds them for every range -- the forward's kept compact state (``state_kept``: autograd holds
+    # it to the end of the backward anyway) or a float32 state of one range -- and then only A (and M) are
+    # recomputed, for the UT backward.  Otherwise they are recomputed per range: in the scan dtype across
+    # ranges, else (one range, no state of its own: bwd_forward_state keep_inter) in float32, as the backward's
+    # own state of one range is; a 16-bit state the backward built itself is dropped after stage 1 (the peak)
+    reuse = state.u is not None and (state_kept or (len(ranges) == 1 and state.u.dtype == torch.float32))
+    recompute = not reuse
     range_dtype = scan_store if len(ranges) > 1 or state.u is not None else torch.float32
 
     # 1. queries at their super-chunk start, stored in the scan dtype: they are only ever GEMM operands.
@@ -578,8 +585,9 @@ def path_attention_bwd(
             u, ktil, m, amat, wd = ut_forward(kt_in[r], wt[r], bt[r], tr, H, D, C, params, out_dtype=range_dtype,
                                               write_w=range_dtype != torch.float32, keep_a=True)
             wd = wt[r] if wd is None else wd
-        else:
-            u, ktil, m, amat, wd = state.u, state.kt, state.m, None, wt[r]
+        else:       # the state's rows of the range (its 16-bit copy of w, where it has one)
+            u, ktil, m, amat = state.u[r], state.kt[r], state.m[r], None
+            wd = wt[r] if state.wd is None else state.wd[r]
         # the range's accumulators: the transport backward stores dK~, dW, dU of every row (zeros in a
         # sequence's last super-chunk), bwd_intra adds into all five; dK and dM (and without inter stages
         # all five) zeroed at once
@@ -624,8 +632,9 @@ def path_attention_bwd(
         # the tuple holds u, K~ and the chain-state slots: drop it with them, before the UT backward
         del intra_args, u, ktil, xs, wd, dv_r
         if not recompute:   # A and M of the UT backward, in the same operations as the recompute's
-            state.u = state.kt = state.m = None
-            amat, m = ut_chunk_state(kt_in, wt, bt, tb, H, D, C, params)
+            if b == N:      # the last range: the state's u, K~, m are dead
+                state.u = state.kt = state.m = state.wd = None
+            amat, m = ut_chunk_state(kt_in[r], wt[r], bt[r], tr, H, D, C, params)
         # 7. the UT backward: C x C gradients per chunk, then dw, dk per column block
         cc = torch.empty(nr, H, CC_TILES, C, **f32)
         udb = min(BD, UT_COLUMN_BLOCK)
@@ -675,12 +684,14 @@ def backward_op(do: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor,
     params = resolve_json("triton", "bwd", config_json, int(q.shape[-1]), int(v.shape[-1]))
     try:
         state = kept_state(kept, q, cu_seqlens, params) if has_kept_state(kept) else None
+        # bwd_forward_state keep: the forward's u, K~, m, w copy, which every token range reads
+        state_kept = state is not None and state.u is not None
         if state is None or (state.u is None and state.y is None):
             # nothing kept, or keep_inter with no sequence longer than one super-chunk (no inter stages: what
             # the per-range stages read is the UT stage's, computed here as without a kept state)
             state = backward_state(q, k, w, beta, g, cu_seqlens=cu_seqlens, params=params, DV=int(v.shape[-1]))
         grads = path_attention_bwd(do.contiguous(), q, k, v, w, beta, g, o, lse, state, scale=scale, params=params,
-                                   gate_placement=gate_placement, dlse=dlse)
+                                   gate_placement=gate_placement, dlse=dlse, state_kept=state_kept)
     except OutOfResources as exc:
         raise config_error(exc, q, v, config_json, "backward") from exc
     dg = grads[5] if grads[5] is not None else beta.new_empty(0)
