@@ -22,20 +22,20 @@ apply kernels, their warps, and the chunk kernel at tf32).  ``--intra-v2 FILE[,F
 kernel's captured arguments at the launch's warps and the other count (4 / 8) (``--old-intra``: a one-kernel
 file; one that still has ``xs_ptr`` gets it); with ``prep``, their ``bwd_prep_kernel`` too.
 ``dkv`` with the gate: bwd_inter_dkv_kernel without the gate, with its key-side sums taken the other way
-(``backward.gate_sums_by_mma``), and with one half of the gate's work dropped (its key-side row sums, its
-logit bias; timing only).  ``--dkv-v2 FILE[,FILE]``: candidate modules with a
-``bwd_inter_dkv_kernel`` of this tree's signature, timed on the captured launch.  ``--transport-v2 FILE[,FILE]``:
-candidate modules with a ``bwd_transport_chain_kernel`` taking the shipped arguments and the launcher's grid (a
-wrapper may launch it on its own grid), timed on the captured launch.  ``--ut-bwd-v2 FILE[,FILE]`` (with
-``utbwd``): candidate modules with a ``ut_bwd_chunk_kernel`` of the shipped signature and grid, timed on the
-captured launch.  ``--maxnreg 168,128``: the transport and UT backward kernels also under those register caps
-(Triton's ``maxnreg``: more programs per multiprocessor).
+(``backward.gate_sums_by_mma``), and with one half of the gate's work dropped (its key-side row sums, its logit
+bias; timing only).  ``--dkv-v2 FILE[,FILE]``: candidate modules with a ``bwd_inter_dkv_kernel`` of this tree's
+signature, timed on the captured launch.  ``--transport-v2 FILE[,FILE]``: candidate modules with a
+``bwd_transport_chain_kernel`` and / or ``bwd_transport_grads_kernel`` taking the shipped arguments and the
+launcher's grid (a wrapper may launch it on its own grid), each timed on its captured launch. ``--ut-bwd-v2
+FILE[,FILE]`` (with ``utbwd``): candidate modules with a ``ut_bwd_chunk_kernel`` of the shipped signature and grid,
+timed on the captured launch.  ``--maxnreg 168,128``: the transport and UT backward kernels also under those
+register caps (Triton's ``maxnreg``: more programs per multiprocessor).
 ``e2e``: one fwd+bwd through autograd, and with each candidate module of ``--intra-v2`` / ``--dkv-v2`` /
 ``--transport-v2`` swapped in (every kernel of forward.py / backward.py it defines, together), each with its host
-time per call (5 calls queued).  Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8 and 4, and at
-4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per program; ``keepstate``,
-fwd+bwd at bwd_forward_state recompute, keep_inter and keep (the backward reuses the forward's state), with time,
-extra peak memory and gradient differences.
+time per call (5 calls queued) and each gradient's relative difference to the shipped kernels'.  Not in the default
+set: ``prepwarps``, fwd+bwd at bwd_num_warps 8 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the
+gate cumsum at shorter spans per program; ``keepstate``, fwd+bwd at bwd_forward_state recompute, keep_inter and keep
+(the backward reuses the forward's state), with time, extra peak memory and gradient differences.
 JSON rows on stdout and in $OUT.
 """
 from __future__ import annotations
@@ -149,9 +149,12 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         # at the captured launch options, and at the warps / stages that let two programs share a multiprocessor
         # (the shipped chain's stages hold 96-160 KB of shared memory: one program per SM, so twice the programs
         # would run in two waves)
-        for path in transport_v2 if name == "bwd_transport_chain" else ():
-            cand = load_candidate(path, "bwd_transport_chain_kernel")
-            for change in ({}, *(dict(num_warps=nw, num_stages=st) for nw in (4, 8) for st in (1, 2))):
+        for path in transport_v2:
+            cand = candidate_kernels(path, [name + "_kernel"]).get(name + "_kernel")
+            if cand is None:     # a candidate of the other kernel only
+                continue
+            changes = (dict(num_warps=nw, num_stages=st) for nw in (4, 8) for st in (1, 2))
+            for change in ({}, *(changes if name == "bwd_transport_chain" else ())):
                 try:
                     ms = time_launch(cand, grid, args, dict(kw, **change))
                 except Exception as exc:     # e.g. out of resources
@@ -284,7 +287,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         source_variants(base, utd.calls[0])
     if "e2e" in only:
         fn = lambda: torch.autograd.grad(path_attention_triton(*xs[:5], xs[5] if gate else None)[0], xs, do)  # noqa: E731
-        fn()
+        shipped_grads = [gr.float() for gr in fn()]
         ms_shipped = round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)
         emit(dict(base, kernel="fwd+bwd", variant="autograd, heuristic config", ms=ms_shipped,
                   host_ms=round(host_ms(fn, 5), 3)))
@@ -297,10 +300,12 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                         for name, kernel in launcher_kernels(path, module).items():
                             stack.enter_context(swapped(module, name, kernel))
                             names.append(name)
-                    fn()
+                    # each gradient's relative difference to the shipped kernels' (same inputs)
+                    diff = {f"d{n}_vs_shipped": float(f"{float((a.float() - b).norm() / b.norm()):.2e}")
+                            for n, a, b in zip(("q", "k", "v", "w", "beta", "g"), fn(), shipped_grads)}
                     ms = round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)
                     host = round(host_ms(fn, 5), 3)
-                row = dict(ms=ms, over_shipped=round(ms / ms_shipped, 3), host_ms=host)
+                row = dict(ms=ms, over_shipped=round(ms / ms_shipped, 3), host_ms=host, **diff)
             except Exception as exc:   # a candidate that fails to build or launch is a result too
                 row = dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
             emit(dict(base, kernel="fwd+bwd", variant=f"autograd, candidate {os.path.basename(path)} "

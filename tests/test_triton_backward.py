@@ -916,3 +916,39 @@ def test_transport_gradients_fill_their_unzeroed_buffers(monkeypatch, ranged, va
     monkeypatch.setattr(tri_backward, "bwd_transport_grads_kernel", bad.bwd_transport_grads_kernel)
     with pytest.raises(AssertionError):     # kernel_grads: every gradient finite
         kernel_grads(inputs, do, p, **kw)
+
+
+@pytest.mark.parametrize("dtype,ranged,gate", [(F16, True, True), (F32, False, False)], ids=["fp16-ranged-gate",
+                                                                                            "fp32-one-range"])
+def test_transport_backward_fp16_candidate(monkeypatch, dtype, ranged, gate):
+    """benchmarks/variants/bwd_transport_fp16.py (the transport backward's two kernels on 16-bit operands, the
+    gradients scaled by powers of two) in the launcher's place: the gradients the shipped kernels' up to the 16-bit
+    rounding and the oracle's (at the 16-bit tolerance), over packed sequences of several super-chunks (partial
+    ones), GQA; in float32 with the output's gradient scaled by 2^-30 (under fp16's smallest subnormal: without
+    the scales every transport product would be zero).  The same kernels storing G_m in its scaled units are
+    caught."""
+    import sys
+
+    cand = _candidate(monkeypatch, "benchmarks/variants/bwd_transport_fp16.py")
+    kv = sys.modules["kernel_variants"]
+    inputs, do = make_inputs(733, B=1, T=170, HQ=4, H=2, dtype=dtype, gate=gate)
+    if dtype == F32:
+        do = do * 2.0 ** -30
+    cu = torch.tensor([0, 90, 91, 170], dtype=torch.int32)
+    p = params(dtype, superchunk_size=64)
+    _ranges(monkeypatch, ranged)
+    shipped = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    for name in ("bwd_transport_chain_kernel", "bwd_transport_grads_kernel"):
+        monkeypatch.setattr(tri_backward, name, getattr(cand, name))
+    got = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    for name, a, b in zip(NAMES, got, shipped):
+        if b is not None:
+            assert rel(a, b) < 2e-3, (name, rel(a, b))
+    check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[F16])
+    import pathtune.codegen.triton.bwd_chain as chain_mod
+    unscaled = [(old, new.replace("G * tl.exp2(gexp)[:, None])", "G)")) for old, new in cand.CHAIN]
+    wrong = kv.load_variant_module(kv.module_source(chain_mod), "bwd_transport_fp16_unscaled", unscaled + cand.GRADS,
+                                   append=cand.HELPERS)
+    monkeypatch.setattr(tri_backward, "bwd_transport_chain_kernel", wrong.bwd_transport_chain_kernel)
+    bad = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
