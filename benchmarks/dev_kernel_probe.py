@@ -154,9 +154,12 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
             if cand is None:     # a candidate of the other kernel only
                 continue
             changes = (dict(num_warps=nw, num_stages=st) for nw in (4, 8) for st in (1, 2))
-            for change in ({}, *(changes if name == "bwd_transport_chain" else ())):
+            # and at 16 rows per program (both kernels; the chain's grid doubles along its third axis)
+            for change in ({}, *(changes if name == "bwd_transport_chain" else ()), *(
+                    [dict(ROWS=16, num_warps=nw) for nw in (4, 8)] if kw["ROWS"] > 16 else [])):
+                g = (grid[0], grid[1], kw["BD"] // 16) if change.get("ROWS") and name == "bwd_transport_chain" else grid
                 try:
-                    ms = time_launch(cand, grid, args, dict(kw, **change))
+                    ms = time_launch(cand, g, args, dict(kw, **change))
                 except Exception as exc:     # e.g. out of resources
                     ms = f"{type(exc).__name__}: {str(exc)[:200]}"
                 emit(dict(base, kernel=name, variant=f"candidate {os.path.basename(path)} {change or 'as launched'}",
