@@ -32,7 +32,8 @@ timed on the captured launch.  ``--maxnreg 168,128``: the transport and UT backw
 register caps (Triton's ``maxnreg``: more programs per multiprocessor).
 ``e2e``: one fwd+bwd through autograd, and with each candidate module of ``--intra-v2`` / ``--dkv-v2`` /
 ``--transport-v2`` swapped in (every kernel of forward.py / backward.py it defines, together), each with its host
-time per call (5 calls queued) and each gradient's relative difference to the shipped kernels'.  Not in the default
+time per call (5 calls queued) and each gradient's relative difference to the shipped kernels'; and with each knob
+config of ``--configs`` (JSON objects separated by ';') over the heuristic config, the same way.  Not in the default
 set: ``prepwarps``, fwd+bwd at bwd_num_warps 8 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the
 gate cumsum at shorter spans per program; ``keepstate``, fwd+bwd at bwd_forward_state recompute, keep_inter and keep
 (the backward reuses the forward's state), with time, extra peak memory and gradient differences.
@@ -88,7 +89,7 @@ DKV_GATE_PARTS = (
 
 
 def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), dkv_v2=(), transport_v2=(),
-             caps=(), ut_v2=()):
+             caps=(), ut_v2=(), configs=()):
     B = 32768 // T
     q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0, dtype=torch.bfloat16)
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
@@ -123,7 +124,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                           ms=time_launch(cap.real, grid, args, dict(kw, num_warps=nw))))
         # the serial walk waits on each step's W / U loads: pipelined loads; one tf32 pass instead of three
         for change in ([dict(num_stages=2), dict(num_stages=3)] if name == "bwd_transport_chain" else []) + (
-                [dict(TP="tf32")] if kw.get("TP") == "tf32x3" else []):
+                [dict(TP="tf32")] if kw.get("TP") == "tf32x3" else []) + [dict(TP="fp16")]:
             try:
                 ms = time_launch(cap.real, grid, args, dict(kw, **change))
             except Exception as exc:     # e.g. out of shared memory
@@ -313,6 +314,18 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                 row = dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
             emit(dict(base, kernel="fwd+bwd", variant=f"autograd, candidate {os.path.basename(path)} "
                                                       f"({', '.join(names)})", **row))
+        # each knob config of --configs over the heuristic one, through the public call's config
+        for cfg in configs:
+            try:
+                fc = lambda: torch.autograd.grad(path_attention_triton(  # noqa: E731
+                    *xs[:5], xs[5] if gate else None, config=cfg)[0], xs, do)
+                diff = {f"d{n}_vs_shipped": float(f"{float((a.float() - b).norm() / b.norm()):.2e}")
+                        for n, a, b in zip(("q", "k", "v", "w", "beta", "g"), fc(), shipped_grads)}
+                ms = round(triton.testing.do_bench(fc, warmup=3, rep=30, return_mode="median"), 3)
+                row = dict(ms=ms, over_shipped=round(ms / ms_shipped, 3), **diff)
+            except Exception as exc:
+                row = dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
+            emit(dict(base, kernel="fwd+bwd", variant=f"autograd, heuristic config with {json.dumps(cfg)}", **row))
     if "prepwarps" in only:
         prep_warps_e2e(base, xs, do, gate)
     if "gatecumsum" in only and gate:
@@ -496,6 +509,9 @@ def main():
                     help="candidate bwd_transport_chain files (comma-separated): shipped arguments, launcher's grid")
     ap.add_argument("--ut-bwd-v2", default="",
                     help="candidate ut_bwd_chunk_kernel files (comma-separated), shipped signature and grid")
+    ap.add_argument("--configs", default="",
+                    help="e2e: knob configs (JSON objects separated by ';') timed over the heuristic config, e.g. "
+                         '\'{"bwd_transition_precision": "fp16"}\'')
     a = ap.parse_args()
     old_src = open(a.old_intra).read() if a.old_intra else None
     old_ut_src = open(a.old_ut_bwd).read() if a.old_ut_bwd else None
@@ -510,7 +526,8 @@ def main():
                              tuple(x for x in a.intra_v2.split(",") if x), tuple(x for x in a.dkv_v2.split(",") if x),
                              tuple(x for x in a.transport_v2.split(",") if x),
                              tuple(int(x) for x in a.maxnreg.split(",") if x),
-                             tuple(x for x in a.ut_bwd_v2.split(",") if x))
+                             tuple(x for x in a.ut_bwd_v2.split(",") if x),
+                             tuple(json.loads(x) for x in a.configs.split(";") if x.strip()))
                 except Exception as exc:
                     emit(dict(D=D, T=T, gate=gate, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 

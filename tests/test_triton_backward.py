@@ -920,35 +920,41 @@ def test_transport_gradients_fill_their_unzeroed_buffers(monkeypatch, ranged, va
 
 @pytest.mark.parametrize("dtype,ranged,gate", [(F16, True, True), (F32, False, False)], ids=["fp16-ranged-gate",
                                                                                             "fp32-one-range"])
-def test_transport_backward_fp16_candidate(monkeypatch, dtype, ranged, gate):
-    """benchmarks/variants/bwd_transport_fp16.py (the transport backward's two kernels on 16-bit operands, the
-    gradients scaled by powers of two) in the launcher's place: the gradients the shipped kernels' up to the 16-bit
-    rounding and the oracle's (at the 16-bit tolerance), over packed sequences of several super-chunks (partial
-    ones), GQA; in float32 with the output's gradient scaled by 2^-30 (under fp16's smallest subnormal: without
-    the scales every transport product would be zero).  The same kernels storing G_m in its scaled units are
-    caught."""
-    import sys
+def test_transport_backward_on_16_bit_operands(monkeypatch, spy_launches, dtype, ranged, gate):
+    """bwd_transition_precision fp16: the transport backward's two kernels on 16-bit operands with the gradients
+    scaled by powers of two, the backward's other transition products at tf32.  The gradients are the tf32
+    config's up to the 16-bit rounding and the oracle's (at the 16-bit tolerance), over packed sequences of several
+    super-chunks (partial ones), GQA; in float32 with the output's gradient scaled by 2^-30 (under fp16's smallest
+    subnormal: without the scales every transport product would be zero).  The same kernels without the chain's
+    scales, or storing G_m in its scaled units, are caught."""
+    import pathtune.codegen.triton.bwd_chain as chain_mod
+    from repo_scripts import ROOT
 
-    cand = _candidate(monkeypatch, "benchmarks/variants/bwd_transport_fp16.py")
-    kv = sys.modules["kernel_variants"]
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import kernel_variants as kv
+
     inputs, do = make_inputs(733, B=1, T=170, HQ=4, H=2, dtype=dtype, gate=gate)
     if dtype == F32:
         do = do * 2.0 ** -30
     cu = torch.tensor([0, 90, 91, 170], dtype=torch.int32)
-    p = params(dtype, superchunk_size=64)
     _ranges(monkeypatch, ranged)
-    shipped = kernel_grads(inputs, do, p, cu_seqlens=cu)
-    for name in ("bwd_transport_chain_kernel", "bwd_transport_grads_kernel"):
-        monkeypatch.setattr(tri_backward, name, getattr(cand, name))
+    tps = {name: spy_launches(tri_backward, name, lambda grid, kw: kw["TP"]) for name in (
+        "bwd_transport_chain_kernel", "bwd_transport_grads_kernel", "bwd_inter_dkv_kernel", "bwd_intra_diag_kernel")}
+    tf32 = kernel_grads(inputs, do, params(dtype, superchunk_size=64, bwd_transition_precision="tf32"), cu_seqlens=cu)
+    p = params(dtype, superchunk_size=64, bwd_transition_precision="fp16")
     got = kernel_grads(inputs, do, p, cu_seqlens=cu)
-    for name, a, b in zip(NAMES, got, shipped):
+    for name, seen in tps.items():      # the transport backward at fp16, every other transition product at tf32
+        n = len(seen) // 2
+        assert seen[:n] == ["tf32"] * n and seen[n:] == ["fp16" if "transport" in name else "tf32"] * n, (name, seen)
+    for name, a, b in zip(NAMES, got, tf32):
         if b is not None:
             assert rel(a, b) < 2e-3, (name, rel(a, b))
     check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[F16])
-    import pathtune.codegen.triton.bwd_chain as chain_mod
-    unscaled = [(old, new.replace("G * tl.exp2(gexp)[:, None])", "G)")) for old, new in cand.CHAIN]
-    wrong = kv.load_variant_module(kv.module_source(chain_mod), "bwd_transport_fp16_unscaled", unscaled + cand.GRADS,
-                                   append=cand.HELPERS)
-    monkeypatch.setattr(tri_backward, "bwd_transport_chain_kernel", wrong.bwd_transport_chain_kernel)
-    bad = kernel_grads(inputs, do, p, cu_seqlens=cu)
-    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+    for tag, edit in (("unscaled_store", ("G * tl.exp2(gexp)[:, None])", "G)")),
+                      ("no_scales", ("gexp = _pow2_floor(amax) + 6.0", "gexp = amax * 0.0"))):
+        wrong = kv.load_variant_module(kv.module_source(chain_mod), f"bwd_chain_{tag}", [edit])
+        with monkeypatch.context() as m:
+            m.setattr(tri_backward, "bwd_transport_chain_kernel", wrong.bwd_transport_chain_kernel)
+            bad = kernel_grads(inputs, do, p, cu_seqlens=cu)
+        caught = max(rel(a, b) for a, b in zip(bad, tf32) if b is not None) > CAUGHT
+        assert caught or (tag == "no_scales" and dtype == F16), tag

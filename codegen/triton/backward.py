@@ -240,6 +240,12 @@ def transport_launch(BD: int) -> tuple[int, int, int]:
     return (8 if BD <= 64 else 4), (3 if BD <= 128 else 1), (4 if BD <= 64 else 8)
 
 
+def float_transition_mode(tp: str) -> str:
+    """The float32 matmul mode of the backward's transition products outside the transport backward at
+    bwd_transition_precision ``tp``: "fp16" (16-bit operands in the transport backward only) takes tf32 there."""
+    return "tf32" if tp == "fp16" else tp
+
+
 def transport_backward_rows(BD: int) -> int:
     """Rows of the suffix product per program of the transport backward's chain kernel (its grid's third
     axis; the stored states' layout follows it).  32: at 64 rows (wgmma tiles, the grid halved) the two
@@ -472,8 +478,10 @@ def path_attention_bwd(
     C, S, BN = params.chunk_size, params.superchunk_size, params.bwd_block_n
     BD, BDV = padded_dim(D), padded_dim(DV)
     dev = q.device
-    # the backward's own D x D transition products (the recomputed forward state keeps the forward's)
-    dt, tp = params.scan_dtype, params.bwd_transition_precision
+    # the backward's own D x D transition products (the recomputed forward state keeps the forward's): the
+    # transport backward's at bwd_transition_precision, the others in its float32 mode
+    dt, tp_transport = params.scan_dtype, params.bwd_transition_precision
+    tp = float_transition_mode(tp_transport)
     tb = state.tables
     interp = interpreting()
     use_gate = g is not None
@@ -598,7 +606,7 @@ def path_attention_bwd(
             rows = transport_backward_rows(BD)
             suf = torch.empty(tr.n_sc * H * (BD // rows) * (S // C) * rows * BD, **f32)
             gs = torch.empty_like(suf)
-            tkw = dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp)
+            tkw = dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, TP=tp_transport)
             chain_warps, chain_stages, grads_warps = transport_launch(BD)
             compiled(bwd_transport_chain_kernel)[(tr.n_sc, H, BD // rows)](
                 ktil, wt[r], u, dkj[r], dwhat[j0:j1], suf, gs,

@@ -30,6 +30,44 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._ops import interpreting, mm
+
+_INTERP = tl.constexpr(interpreting())   # Triton picks interpreter or compiler when a module is imported
+
+
+@triton.jit
+def _op16(x, ref_ptr):
+    """x in the transport backward's 16-bit operand type: ref_ptr's element type when that is bf16, else fp16."""
+    if ref_ptr.dtype.element_ty == tl.bfloat16:
+        return x.to(tl.bfloat16)
+    else:
+        return x.to(tl.float16)
+
+
+@triton.jit
+def _pow2_floor(amax):
+    """floor(log2(amax)) (at least -100): the power of two that scales amax near 1."""
+    return tl.floor(tl.log2(tl.maximum(amax, 1e-30)))
+
+
+@triton.jit
+def _tdot(a, b, ref_ptr, TP: tl.constexpr):
+    """a @ b of the transport backward, float32 accumulation: "fp16" on 16-bit operands (``_op16``; the caller
+    scales gradients into range first), else float32 operands in matmul mode TP."""
+    if TP == "fp16":
+        return mm(_op16(a, ref_ptr), _op16(b, ref_ptr), _INTERP)
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=TP)
+
+
+@triton.jit
+def _operand(x, ref_ptr, TP: tl.constexpr):
+    """A loaded operand tile of the transport backward in its product type (``_tdot``)."""
+    if TP == "fp16":
+        return _op16(x, ref_ptr)
+    else:
+        return x.to(tl.float32)
+
 
 @triton.jit
 def bwd_superchunk_chain_kernel(
@@ -193,7 +231,9 @@ def bwd_transport_chain_kernel(
     of Suf and stores every G_m (G_{m+1} = G_m P_m^T + dKJ_m^T K~_m).  Rows of Suf and G evolve
     independently, so no program needs another's rows and nothing is added to shared outputs.
     u and K~ come in the scan's 16-bit type (a range's recompute) or float32 (a one-range state): the
-    products widen them to float32, as they do w."""
+    products widen them to float32, as they do w; at TP "fp16" every operand goes to a 16-bit type instead
+    (``_tdot``), Suf as it is (norm <= 1), G in the units of one power-of-two scale per row for the whole walk
+    (rows of G evolve independently), 2^-6 times its largest dWhat / dKJ entry, and G_m stored unscaled."""
     j = tl.program_id(0)
     h = tl.program_id(1)
     rb = tl.program_id(2)
@@ -213,20 +253,33 @@ def bwd_transport_chain_kernel(
             rows = (tok0 + (NCH - 1 - step) * C + r).to(tl.int64)
             off = (rows[:, None] * H + h) * D + d[None, :]
             tl.store(suf_ptr + blk + step * ROWS * BD + so, Suf)
-            W = tl.load(w_ptr + off, mask=dmask, other=0.0).to(tl.float32)
-            U = tl.load(u_ptr + off, mask=dmask, other=0.0).to(tl.float32)
-            Suf = Suf - tl.dot(tl.dot(Suf, tl.trans(W), input_precision=TP), U, input_precision=TP)
+            W = _operand(tl.load(w_ptr + off, mask=dmask, other=0.0), u_ptr, TP)
+            U = _operand(tl.load(u_ptr + off, mask=dmask, other=0.0), u_ptr, TP)
+            Suf = Suf - _tdot(_tdot(Suf, tl.trans(W), u_ptr, TP), U, u_ptr, TP)
         G = tl.load(dwhat_ptr + ((j * H + h) * BD + e[:, None]) * BD + d[None, :])
+        if TP == "fp16":    # each row's scale: its largest dWhat / dKJ entry (over the super-chunk) near 2^-6
+            amax = tl.max(tl.abs(G), axis=1)
+            for back in range(0, NCH):
+                rows = (tok0 + back * C + r).to(tl.int64)
+                dKJ = tl.load(dkj_ptr + (rows[:, None] * H + h) * D + e[None, :], mask=emask, other=0.0)
+                amax = tl.maximum(amax, tl.max(tl.abs(dKJ), axis=0))
+            gexp = _pow2_floor(amax) + 6.0
+            G = G * tl.exp2(-gexp)[:, None]
         for back in range(0, NCH):
             rows = (tok0 + back * C + r).to(tl.int64)
             off = (rows[:, None] * H + h) * D + d[None, :]
-            tl.store(gs_ptr + blk + back * ROWS * BD + so, G)
-            W = tl.load(w_ptr + off, mask=dmask, other=0.0).to(tl.float32)
-            U = tl.load(u_ptr + off, mask=dmask, other=0.0).to(tl.float32)
-            Kt = tl.load(kt_ptr + off, mask=dmask, other=0.0).to(tl.float32)
+            if TP == "fp16":
+                tl.store(gs_ptr + blk + back * ROWS * BD + so, G * tl.exp2(gexp)[:, None])
+            else:
+                tl.store(gs_ptr + blk + back * ROWS * BD + so, G)
+            W = _operand(tl.load(w_ptr + off, mask=dmask, other=0.0), u_ptr, TP)
+            U = _operand(tl.load(u_ptr + off, mask=dmask, other=0.0), u_ptr, TP)
+            Kt = _operand(tl.load(kt_ptr + off, mask=dmask, other=0.0), u_ptr, TP)
             dKJ = tl.load(dkj_ptr + (rows[:, None] * H + h) * D + e[None, :], mask=emask, other=0.0)
-            dYl = -tl.dot(G, tl.trans(U), input_precision=TP)          # ROWS x C
-            G = G + tl.dot(dYl, W, input_precision=TP) + tl.dot(tl.trans(dKJ), Kt, input_precision=TP)
+            if TP == "fp16":
+                dKJ = dKJ * tl.exp2(-gexp)[None, :]
+            dYl = -_tdot(G, tl.trans(U), u_ptr, TP)          # ROWS x C
+            G = G + _tdot(dYl, W, u_ptr, TP) + _tdot(tl.trans(dKJ), Kt, u_ptr, TP)
 
 
 @triton.jit
@@ -242,7 +295,8 @@ def bwd_transport_grads_kernel(
     program owns chunk m's rows (bwd_intra adds to them after).  A sequence's last super-chunk has no
     transport gradient: its programs store zeros in its rows, so the three buffers need no memset.
     (One kernel with row-block programs had to add these C x D products atomically, once per row
-    block: on the H200 the atomics were 45-68 % of its time.)"""
+    block: on the H200 the atomics were 45-68 % of its time.)  At TP "fp16" each G_m tile and each dKJ tile
+    gets one power-of-two scale (the products sum over their rows), which comes off each product."""
     j = tl.program_id(0)
     m = tl.program_id(1)
     h = tl.program_id(2)
@@ -255,8 +309,8 @@ def bwd_transport_grads_kernel(
         dmask = (d < D)[None, :]
         rows = (tok0 + m * C + r).to(tl.int64)
         off = (rows[:, None] * H + h) * D + d[None, :]
-        W = tl.load(w_ptr + off, mask=dmask, other=0.0).to(tl.float32)
-        U = tl.load(u_ptr + off, mask=dmask, other=0.0).to(tl.float32)
+        W = _operand(tl.load(w_ptr + off, mask=dmask, other=0.0), u_ptr, TP)
+        U = _operand(tl.load(u_ptr + off, mask=dmask, other=0.0), u_ptr, TP)
         so = tl.arange(0, ROWS)[:, None] * BD + d[None, :]
         dU = tl.zeros((C, BD), dtype=tl.float32)
         dW = tl.zeros((C, BD), dtype=tl.float32)
@@ -267,11 +321,25 @@ def bwd_transport_grads_kernel(
             Sm = tl.load(suf_ptr + blk + (NCH - 1 - m) * ROWS * BD + so)
             Gm = tl.load(gs_ptr + blk + m * ROWS * BD + so)
             dKJ = tl.load(dkj_ptr + (rows[:, None] * H + h) * D + e[None, :], mask=(e < D)[None, :], other=0.0)
-            Yl = tl.dot(Sm, tl.trans(W), input_precision=TP)           # ROWS x C
-            dYl = -tl.dot(Gm, tl.trans(U), input_precision=TP)         # ROWS x C
-            dU -= tl.dot(tl.trans(Yl), Gm, input_precision=TP)
-            dW += tl.dot(tl.trans(dYl), Sm, input_precision=TP)
-            dKt += tl.dot(dKJ, Sm, input_precision=TP)
+            if TP == "fp16":
+                gx = _pow2_floor(tl.max(tl.abs(Gm)))
+                kx = _pow2_floor(tl.max(tl.abs(dKJ)))
+                Gm = Gm * tl.exp2(-gx)
+                dKJ = dKJ * tl.exp2(-kx)
+                Sm = _op16(Sm, u_ptr)
+            else:
+                gx = 0.0
+                kx = 0.0
+            Yl = _tdot(Sm, tl.trans(W), u_ptr, TP)           # ROWS x C
+            dYl = -_tdot(Gm, tl.trans(U), u_ptr, TP)         # ROWS x C
+            if TP == "fp16":
+                dU -= _tdot(tl.trans(Yl), Gm, u_ptr, TP) * tl.exp2(gx)
+                dW += _tdot(tl.trans(dYl), Sm, u_ptr, TP) * tl.exp2(gx)
+                dKt += _tdot(dKJ, Sm, u_ptr, TP) * tl.exp2(kx)
+            else:
+                dU -= _tdot(tl.trans(Yl), Gm, u_ptr, TP)
+                dW += _tdot(tl.trans(dYl), Sm, u_ptr, TP)
+                dKt += _tdot(dKJ, Sm, u_ptr, TP)
         tl.store(du_ptr + off, dU, mask=dmask)
         tl.store(dw_ptr + off, dW, mask=dmask)
         tl.store(dkt_ptr + off, dKt, mask=dmask)

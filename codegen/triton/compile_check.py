@@ -135,6 +135,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         chain_blocks,
         dkv_launch,
         dkv_query_step,
+        float_transition_mode,
         gate_sums_by_mma,
         intra_walk_stages,
         transport_backward_rows,
@@ -199,7 +200,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     fwd_sig = dict(sig, u_ptr=scan, kt_ptr=scan, w_ptr=scan)
     range_sig = fwd_sig     # the backward's per-range recompute: the same three in the scan's type
     flags = dict(USE_GATE=gate, INTERP=False, TP=tp)
-    btp = params.bwd_transition_precision
+    btp_transport = params.bwd_transition_precision
+    btp = float_transition_mode(btp_transport)
     bflags = dict(flags, TP=btp)
     rows, bwd_rows = transport_rows(BD), transport_backward_rows(BD)
     DB = transition_column_block(BD)   # < BD: the column-blocked transition path of wide head dims
@@ -267,9 +269,10 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          dict(HQ=HQ, BH=gate_bh, BT=min(max(16, 1024 // gate_bh), GATE_GRAD_SPAN), SPAN=GATE_GRAD_SPAN), 4, 1),
         # the per-range stages read the range's recomputed u, K~ (and bwd_intra w's copy) in the scan's type
         (bwd_transport_chain_kernel, dict(range_sig, w_ptr=_PTR_F32, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
-         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=bwd_rows, TP=btp), transport_chain_warps, transport_chain_stages),
+         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=bwd_rows, TP=btp_transport), transport_chain_warps,
+         transport_chain_stages),
         (bwd_transport_grads_kernel, dict(range_sig, w_ptr=_PTR_F32, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
-         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=bwd_rows, TP=btp), transport_grads_warps, 1),
+         dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=bwd_rows, TP=btp_transport), transport_grads_warps, 1),
         (bwd_intra_walk_kernel, range_sig, intra, params.bwd_num_warps,
          intra_walk_stages(BD, params.scan_dtype.primitive_bitwidth // 8)),
         # a single range with the forward's float32 state (backward.path_attention_bwd: no recompute)
