@@ -92,6 +92,20 @@ def test_kept_forward_state_matches_float64_oracle(case, range_mib):
                           seed=D * 17 + HQ + H)
 
 
+@pytest.mark.parametrize("case,range_mib", [((64, 64, torch.bfloat16, 4, 2, True, (700, 1, 1093, 300)), 1),
+                                             ((128, 128, torch.bfloat16, 4, 4, True, None), 0),
+                                             ((128, 128, torch.float16, 8, 4, False, None), 1)],
+                         ids=["D64-varlen-fox-ranged", "D128-fox-one-range", "D128-fp16-gqa-path-ranged"])
+def test_transport_backward_on_16_bit_operands_matches_float64_oracle(case, range_mib):
+    """bwd_transition_precision fp16 (the transport backward on 16-bit operands, gradients scaled by powers of
+    two): forward and gradients within the spec's tolerances, ranged (the range's 16-bit u) and in one range (a
+    float32 state's operands rounded to fp16)."""
+    D, DV, dt, HQ, H, gate, lens = case
+    _check_against_oracle(D, DV, dt, HQ, H, gate, lens, B=1 if lens else 2, T=sum(lens) if lens else 1300,
+                          config=dict(superchunk_size=512, bwd_transition_precision="fp16",
+                                      bwd_range_budget_mib=range_mib), seed=D * 19 + HQ + H)
+
+
 def _check_against_oracle(D, DV, dt, HQ, H, gate, lens, *, B, T, config, seed, checkpoint_steps=None):
     from pathtune.codegen.triton import path_attention_triton
     from pathtune.tuning.measure import oracle_by_kv_head
