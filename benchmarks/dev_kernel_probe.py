@@ -304,9 +304,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                         for name, kernel in launcher_kernels(path, module).items():
                             stack.enter_context(swapped(module, name, kernel))
                             names.append(name)
-                    # each gradient's relative difference to the shipped kernels' (same inputs)
-                    diff = {f"d{n}_vs_shipped": float(f"{float((a.float() - b).norm() / b.norm()):.2e}")
-                            for n, a, b in zip(("q", "k", "v", "w", "beta", "g"), fn(), shipped_grads)}
+                    diff = grad_differences(fn(), shipped_grads)
                     ms = round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)
                     host = round(host_ms(fn, 5), 3)
                 row = dict(ms=ms, over_shipped=round(ms / ms_shipped, 3), host_ms=host, **diff)
@@ -319,8 +317,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
             try:
                 fc = lambda: torch.autograd.grad(path_attention_triton(  # noqa: E731
                     *xs[:5], xs[5] if gate else None, config=cfg)[0], xs, do)
-                diff = {f"d{n}_vs_shipped": float(f"{float((a.float() - b).norm() / b.norm()):.2e}")
-                        for n, a, b in zip(("q", "k", "v", "w", "beta", "g"), fc(), shipped_grads)}
+                diff = grad_differences(fc(), shipped_grads)
                 ms = round(triton.testing.do_bench(fc, warmup=3, rep=30, return_mode="median"), 3)
                 row = dict(ms=ms, over_shipped=round(ms / ms_shipped, 3), **diff)
             except Exception as exc:
@@ -332,6 +329,13 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         gate_cumsum_spans(base, xs[5].detach())
     if "keepstate" in only:
         kept_state_e2e(base, xs, do, gate)
+
+
+def grad_differences(grads, shipped) -> dict:
+    """{"d<name>_vs_shipped": relative difference} of each gradient (q, k, v, w, beta, g) to the shipped kernels'
+    on the same inputs."""
+    return {f"d{n}_vs_shipped": float(f"{float((a.float() - b).norm() / b.norm()):.2e}")
+            for n, a, b in zip(("q", "k", "v", "w", "beta", "g"), grads, shipped)}
 
 
 def launcher_kernels(path: str, module) -> dict:

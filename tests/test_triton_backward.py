@@ -422,6 +422,19 @@ def test_mutation_gate_grad_is_caught(monkeypatch):
 
 # ----------------------------------------------------------------------------- per-range stages 5-7
 
+def _range_counts(monkeypatch) -> list:
+    """The number of token ranges of every backward from here on, appended as each runs (``_ranges`` spied)."""
+    counts, real_ranges = [], tri_backward._ranges
+
+    def spy(*a):
+        out = real_ranges(*a)
+        counts.append(len(out))
+        return out
+
+    monkeypatch.setattr(tri_backward, "_ranges", spy)
+    return counts
+
+
 @pytest.mark.parametrize("case", ["dense_gqa", "varlen"])
 def test_range_split_gives_identical_gradients(monkeypatch, case):
     """Above bwd_range_budget_mib the transport, intra and UT backward stages run per token range of
@@ -437,15 +450,7 @@ def test_range_split_gives_identical_gradients(monkeypatch, case):
         inputs, do = make_inputs(451, B=1, T=150, gate=True)
         kw = dict(cu_seqlens=torch.tensor([0, 20, 21, 101, 150]))
     p = params()
-    ranges = []
-    real_ranges = tri_backward._ranges
-
-    def spy(*a):
-        out = real_ranges(*a)
-        ranges.append(len(out))
-        return out
-
-    monkeypatch.setattr(tri_backward, "_ranges", spy)
+    ranges = _range_counts(monkeypatch)
     whole = kernel_grads(inputs, do, params(bwd_range_budget_mib=0), **kw)     # one range, through the knob
     _one_superchunk_per_range(monkeypatch)
     split = kernel_grads(inputs, do, p, **kw)
@@ -509,10 +514,7 @@ def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, spy_laun
     recomputes = []       # the backward's per-range U, K~, M recompute (the three-launch UT stage)
     real_ut = tri_backward.ut_forward
     monkeypatch.setattr(tri_backward, "ut_forward", lambda *a, **k: recomputes.append(1) or real_ut(*a, **k))
-    counts = []
-    real_ranges = tri_backward._ranges
-    monkeypatch.setattr(tri_backward, "_ranges", lambda *a: (lambda out: counts.append(len(out)) or out)(
-        real_ranges(*a)))
+    counts = _range_counts(monkeypatch)
     kept = kernel_grads(inputs, do, params(dtype, bwd_forward_state=mode), **kw)
     assert calls == [1] and chains == [True, False]         # the kept state: nothing recomputed before the ranges
     assert len(counts) == 1 and (counts[0] > 1) == ranged
