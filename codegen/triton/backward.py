@@ -504,8 +504,7 @@ def path_attention_bwd(
     # recomputed, for the UT backward.  Otherwise they are recomputed per range: in the scan dtype across
     # ranges, else (one range, no state of its own: bwd_forward_state keep_inter) in float32, as the backward's
     # own state of one range is; a 16-bit state the backward built itself is dropped after stage 1 (the peak)
-    reuse = state.u is not None and (state_kept or (len(ranges) == 1 and state.u.dtype == torch.float32))
-    recompute = not reuse
+    recompute = state.u is None or not (state_kept or (len(ranges) == 1 and state.u.dtype == torch.float32))
     range_dtype = scan_store if len(ranges) > 1 or state.u is not None else torch.float32
 
     # 1. queries at their super-chunk start, stored in the scan dtype: they are only ever GEMM operands.

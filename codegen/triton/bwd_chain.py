@@ -321,25 +321,20 @@ def bwd_transport_grads_kernel(
             Sm = tl.load(suf_ptr + blk + (NCH - 1 - m) * ROWS * BD + so)
             Gm = tl.load(gs_ptr + blk + m * ROWS * BD + so)
             dKJ = tl.load(dkj_ptr + (rows[:, None] * H + h) * D + e[None, :], mask=(e < D)[None, :], other=0.0)
-            if TP == "fp16":
-                gx = _pow2_floor(tl.max(tl.abs(Gm)))
-                kx = _pow2_floor(tl.max(tl.abs(dKJ)))
-                Gm = Gm * tl.exp2(-gx)
-                dKJ = dKJ * tl.exp2(-kx)
+            if TP == "fp16":    # G_m and dKJ scaled by powers of two sg, sk (the products' operands: _tdot)
+                sg = tl.exp2(_pow2_floor(tl.max(tl.abs(Gm))))
+                sk = tl.exp2(_pow2_floor(tl.max(tl.abs(dKJ))))
+                Gm = Gm / sg
+                dKJ = dKJ / sk
                 Sm = _op16(Sm, u_ptr)
             else:
-                gx = 0.0
-                kx = 0.0
+                sg = 1.0
+                sk = 1.0
             Yl = _tdot(Sm, tl.trans(W), u_ptr, TP)           # ROWS x C
-            dYl = -_tdot(Gm, tl.trans(U), u_ptr, TP)         # ROWS x C
-            if TP == "fp16":
-                dU -= _tdot(tl.trans(Yl), Gm, u_ptr, TP) * tl.exp2(gx)
-                dW += _tdot(tl.trans(dYl), Sm, u_ptr, TP) * tl.exp2(gx)
-                dKt += _tdot(dKJ, Sm, u_ptr, TP) * tl.exp2(kx)
-            else:
-                dU -= _tdot(tl.trans(Yl), Gm, u_ptr, TP)
-                dW += _tdot(tl.trans(dYl), Sm, u_ptr, TP)
-                dKt += _tdot(dKJ, Sm, u_ptr, TP)
+            dYl = -_tdot(Gm, tl.trans(U), u_ptr, TP)         # ROWS x C, G_m's units
+            dU -= _tdot(tl.trans(Yl), Gm, u_ptr, TP) * sg
+            dW += _tdot(tl.trans(dYl), Sm, u_ptr, TP) * sg
+            dKt += _tdot(dKJ, Sm, u_ptr, TP) * sk
         tl.store(du_ptr + off, dU, mask=dmask)
         tl.store(dw_ptr + off, dW, mask=dmask)
         tl.store(dkt_ptr + off, dKt, mask=dmask)
