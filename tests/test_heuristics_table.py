@@ -13,7 +13,7 @@ from pathtune.codegen.triton.params import TritonParams
 
 NARROW = {"block_n": 128, "decode_block_n": 256, "transition_precision": "fp16", "ut_diag_block": 8,
           "intra_num_stages": 2, "ut_precision": "tf32", "bwd_transition_precision": "tf32", "decode_frame_bound": 2048}
-MEDIUM = {"block_n": 128, "bwd_num_stages": 1, "bwd_transition_precision": "tf32",
+MEDIUM = {"block_n": 128, "bwd_num_stages": 1, "bwd_transition_precision": "fp16",
           "num_stages": 3, "num_warps": 4, "transition_precision": "fp16"}
 WIDE = {"block_m": 64, "block_n": 32, "bwd_block_m": 64, "bwd_block_n": 32, "bwd_num_stages": 1, "bwd_num_warps": 8,
         "bwd_inter_num_warps": 8,
