@@ -88,6 +88,8 @@ REPO="$PWD"
 OUT="${OUT:-/tmp/pathtune-gpu-session}"
 ROOT_S="/tmp/pathtune-session/s"
 S="$ROOT_S"
+# a call stopped at its limit (SIGTERM) still brings back what its finished steps wrote
+trap 'echo "== stopped: packing what the finished steps wrote"; tar czf "$OUT/session.tgz" -C "$(dirname "$ROOT_S")" s; exit 124' TERM INT
 # a machine lent again keeps /tmp: start from an empty staging folder, so the archive holds this call's files only
 rm -rf "$ROOT_S"
 mkdir -p "$S" "$OUT"
