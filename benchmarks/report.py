@@ -50,6 +50,19 @@ def _newest(files, want) -> tuple[Path, dict] | None:
     return hits[-1] if hits else None
 
 
+def _newest_cells(files, want) -> list[tuple[Path, dict]]:
+    """Newest first, the files (oldest first in ``files``) whose ``want`` rows time a shape (head dim, length,
+    gate) that no newer file times, each cut to those rows: a run of some lengths only does not hide the
+    other lengths of an older run, and no shape shows twice."""
+    seen, out = set(), []
+    for path, doc in reversed(files):
+        rows = [r for r in doc["rows"] if want(r) and (r["head_dim"], r["seq_len"], r["gate"]) not in seen]
+        if rows:
+            seen.update((r["head_dim"], r["seq_len"], r["gate"]) for r in rows)
+            out.append((path, dict(doc, rows=rows)))
+    return out
+
+
 def _gate(r) -> str:
     return "FoX" if r["gate"] else "PaTH"
 
@@ -252,26 +265,28 @@ def _by_other_gpu(files) -> dict[str, list]:
 
 
 def other_gpus_section(benches, probes=()) -> list[str]:
-    """Each other GPU's newest complete bench with forward rows (forward and forward + backward tables, baselines
-    from its own run; ``benches``: the complete bench files of every GPU, oldest first) and its decode probes'
-    tables (``probes``: the decode probe files of every GPU, oldest first), newest GPU run first; empty when every
-    bench and probe ran on the reference GPU."""
-    runs = {gpu: hit for gpu, files in _by_other_gpu(benches).items() if (hit := _newest(files, _has_forward))}
+    """Each other GPU's newest complete bench with forward rows, then older ones for the shapes no newer run timed
+    (forward and forward + backward tables, baselines from its own run; ``benches``: the complete bench files of
+    every GPU, oldest first) and its decode probes' tables (``probes``: the decode probe files of every GPU, oldest
+    first), newest GPU run first; empty when every bench and probe ran on the reference GPU."""
+    runs = {gpu: hits for gpu, files in _by_other_gpu(benches).items() if (hits := _newest_cells(files, _has_forward))}
     decode = _by_other_gpu(probes)
     if not runs and not decode:
         return []
     out = ["## Other GPUs", "",
-           f"The newest complete bench and decode probes of each GPU other than the {REFERENCE_GPU}, same shapes and "
-           "columns as above, every baseline from that GPU's own run.", ""]
+           f"The newest complete bench (older runs for the shapes it did not time) and decode probes of each GPU "
+           f"other than the {REFERENCE_GPU}, same shapes and columns as above, every baseline from that GPU's own "
+           "run; each table names the commit whose kernels it timed.", ""]
 
     def newest_stamp(gpu):
-        files = ([runs[gpu]] if gpu in runs else []) + decode.get(gpu, [])
+        files = runs.get(gpu, []) + decode.get(gpu, [])
         return max(_stamp(p) for p, _d in files)
 
     for gpu in sorted(set(runs) | set(decode), key=newest_stamp, reverse=True):
         out += [f"### {gpu}", ""]
-        if gpu in runs:
-            path, doc = runs[gpu]
+        for i, (path, doc) in enumerate(runs.get(gpu, [])):
+            if i:
+                out += ["", "Shapes the newer runs above did not time, from an older run:", ""]
             out += ["Forward:", ""] + _forward_table(doc)
             if any("pathtune_fb" in r["times"] for r in doc["rows"]):
                 out += ["", "Forward + backward:", ""] + _training_table(doc)

@@ -210,3 +210,24 @@ def test_decode_steps_rows_with_a_negative_net_time_are_marked():
     assert any(ln.startswith("† A net time below zero") for ln in lines)
     plain = report.decode_steps_section([(Path("H200-x-decode-probe.json"), dict(doc, steps=[row]))])
     assert not any("†" in ln for ln in plain)
+
+
+def test_another_gpus_older_run_shows_only_the_shapes_its_newer_runs_did_not_time(tmp_path, monkeypatch):
+    """A newer bench of some lengths only (here T 4K) leaves an older run's other lengths (T 16K) under the same GPU's
+    heading, each table with its own source; the older run's T 4K row, timed again since, is not shown."""
+    import json
+
+    report, doc = _synthetic(tmp_path, monkeypatch, "pathtune bench --json b.json")
+    other = dict(doc, gpu="NVIDIA H100 80GB HBM3")
+    row = _bench_row(128, 4096, 8, 8, pathtune_f=1.6, sdpa_flash_f=0.9, pathtune_fb=12.0, sdpa_flash_fb=3.4)
+    (tmp_path / "H200-20260102T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(doc, rows=[row])))
+    long_row = _bench_row(128, 16384, 2, 8, pathtune_f=3.8, sdpa_flash_f=3.3, pathtune_fb=27.0, sdpa_flash_fb=12.0)
+    (tmp_path / "H100-20260101T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(
+        other, rows=[dict(row, times=dict(row["times"], pathtune_f=1.7)), long_row])))
+    (tmp_path / "H100-20260103T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(
+        other, rows=[dict(row, times=dict(row["times"], pathtune_f=1.8))])))
+    _reference, others = report.render().split("## Other GPUs")
+    newer, older = others.split("Shapes the newer runs above did not time")
+    assert "**1.800**" in newer and "Source: `benchmarks/results/H100-20260103T000000Z-bench-fwd-bwd.json`" in newer
+    assert "**3.800**" in older and "**27.000**" in older and "**1.700**" not in older
+    assert "Source: `benchmarks/results/H100-20260101T000000Z-bench-fwd-bwd.json`" in older
