@@ -52,3 +52,26 @@ def test_the_ncu_steps_script_runs_two_public_steps(monkeypatch):
     assert once is not None and torch.isfinite(once).all() and once.abs().sum() > 0
     with pytest.raises(SystemExit):
         script.main(["--T", "64", "--tokens", "100", "--device", "cpu"])
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and timeout")
+def test_a_call_stopped_at_its_limit_still_packs_what_its_finished_steps_wrote(tmp_path):
+    """gpu_session.sh's TERM trap (the script's own line, here around a step that outlives the limit): stopped by
+    SIGTERM, the call exits 124 and $OUT/session.tgz holds the files the finished steps left in s/."""
+    import tarfile
+
+    src = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
+    trap = next(line for line in src.splitlines() if line.startswith("trap ") and "session.tgz" in line)
+    script = f"""
+        ROOT_S={tmp_path / "session" / "s"}
+        OUT={tmp_path / "out"}
+        mkdir -p "$ROOT_S" "$OUT"
+        echo finished > "$ROOT_S/tune.log"
+        {trap}
+        sleep 30
+    """
+    res = subprocess.run(["timeout", "-s", "TERM", "2", "bash", "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 124, (res.returncode, res.stdout, res.stderr)
+    with tarfile.open(tmp_path / "out" / "session.tgz") as tar:
+        assert tar.extractfile("s/tune.log").read() == b"finished\n"
