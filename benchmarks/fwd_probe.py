@@ -42,8 +42,10 @@ OUT = os.environ.get("OUT", "/tmp")
 ROWS: list[dict] = []
 
 
-# the forward launcher's kernels (codegen/triton/forward.py names) a candidate module may replace
-FORWARD_KERNELS = ("ut_fused_kernel", "superchunk_transport_kernel", "scan_intra_kernel", "scan_inter_kernel")
+# the forward launcher's kernels (codegen/triton/forward.py names) a candidate module may replace, and the UT stage's
+# launcher function (a candidate that changes what the stage stores, e.g. variants/ut_m16.py)
+FORWARD_KERNELS = ("ut_fused_kernel", "superchunk_transport_kernel", "scan_intra_kernel", "scan_inter_kernel",
+                   "ut_fused")
 
 
 def forward_candidate(file: str) -> dict:

@@ -18,6 +18,7 @@ the oracle without the gate / with the other gate placement / with unclipped bet
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -686,3 +687,42 @@ def test_transport_runs_64_row_programs(monkeypatch, spy_launches):
     monkeypatch.setattr(fwd, "superchunk_transport_kernel", HalfRows())
     o2, _ = path_attention_triton(*x, config=p)
     assert not torch.isfinite(o2).all() or rel(o2, o0) > CAUGHT
+
+
+@pytest.mark.parametrize("diag_block", [8, 16])
+def test_candidate_ut_stage_with_fp16_m_gives_the_shipped_forward(monkeypatch, diag_block):
+    """benchmarks/variants/ut_m16.py: the UT stage storing M in fp16 (the scan's transition_precision fp16 rounds it
+    to fp16 anyway) with the diagonal inverse's scratch in U's rows gives the shipped forward's o and lse bit for
+    bit (packed sequences of several super-chunks, GQA, the gate) and stores M as fp16; at transition_precision
+    tf32 it runs the shipped stage (float32 M).  Its scratch rows narrower than the diagonal blocks are caught."""
+    from pathtune.codegen.triton import forward as fwd
+    from repo_scripts import load_benchmark_script
+
+    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/ut_m16.py")
+    cu = dict(cu_seqlens=torch.tensor((0, 70, 71, 150), dtype=torch.int32))
+    x = make_inputs(737, B=1, T=150, HQ=4, H=2, D=64, DV=64, dtype=F16, gate=True)
+    p = params(F16, superchunk_size=64, transition_precision="fp16", ut_diag_block=diag_block)
+    o0, l0 = run(x, p, **cu)
+    seen = []
+
+    def spy(launcher):
+        def ut_fused(*a, **kw):
+            out = launcher(*a, **kw)
+            seen.append(out[2].dtype)
+            return out
+        return ut_fused
+
+    monkeypatch.setattr(fwd, "ut_fused", spy(cand.ut_fused))
+    o1, l1 = run(x, p, **cu)
+    assert seen == [F16]
+    assert torch.equal(o1, o0) and torch.equal(l1, l0)
+    check(o1, l1, *oracle(*x, **cu), TOL[F16])
+    run(x, params(F16, superchunk_size=64, transition_precision="tf32", ut_diag_block=diag_block), **cu)
+    assert seen == [F16, F32]
+    kv = sys.modules["kernel_variants"]
+    narrow = [(old, new.replace("D * u_ptr.dtype.element_ty.primitive_bitwidth // 32", "SB // 2"))
+              for old, new in cand.SCRATCH_IN_U]
+    monkeypatch.setattr(cand, "ut_fused_m16_kernel",
+                        kv.load_variant_module(kv.module_source(cand.ut_mod), "ut_m16_narrow", narrow).ut_fused_kernel)
+    o2, _ = path_attention_triton(*x, config=p, **cu)
+    assert not (torch.isfinite(o2).all() and rel(o2, o0) < CAUGHT)
