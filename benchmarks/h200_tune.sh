@@ -23,7 +23,8 @@
 #           one compile wave for the seeded configs of both)
 #   SEED_CONFIG  JSON knob values every study measures right after its default (--seed-config), e.g.
 #           '[{"ut_precision":"tf32"},{"ut_precision":"tf32","bwd_transition_precision":"tf32"}]'
-#   SEED_RETIRED, SEED_NEIGHBOURS, STARTUP  --seed-retired (3), --seed-neighbours (12), --startup-trials (8):
+#   SEED_RETIRED, SEED_OTHER_GPUS, SEED_NEIGHBOURS, STARTUP  --seed-retired (3), --seed-other-gpus (2: the
+#           current kernels' winners of the same key on other GPUs), --seed-neighbours (12), --startup-trials (8):
 #           a short re-tune after a kernel edit measures the default and the retired winners only, e.g.
 #           SEED_NEIGHBOURS=0 STARTUP=0 BUDGET=5m,3
 #
@@ -62,6 +63,7 @@ pathtune tune \
     --tokens "${TOKENS:-32768}" \
     --compile-workers "${COMPILE_WORKERS:-12}" ${SEED_CONFIG:+--seed-config "$SEED_CONFIG"} \
     ${SEED_RETIRED:+--seed-retired "$SEED_RETIRED"} ${SEED_NEIGHBOURS:+--seed-neighbours "$SEED_NEIGHBOURS"} \
+    ${SEED_OTHER_GPUS:+--seed-other-gpus "$SEED_OTHER_GPUS"} \
     ${STARTUP:+--startup-trials "$STARTUP"} \
     --buckets "${BUCKETS:-2048,4096,8192,16384}" "$GATE_FLAG" \
     --budget "$BUDGET" --storage "sqlite:///$OUT/tune.sqlite3" --resume --seed 0 \

@@ -48,7 +48,8 @@ from ._keys import (
     same_spec_hashes,
 )
 
-__all__ = ["env_matches", "retired_in_records", "shipped_retired", "shipped_records"]
+__all__ = ["env_matches", "other_gpus_in_records", "retired_in_records", "shipped_other_gpus", "shipped_retired",
+           "shipped_records"]
 
 log = logging.getLogger("pathtune.perf_db")
 _STAMP = re.compile(r"(\d{8}T\d{6}Z)")
@@ -108,6 +109,38 @@ def retired_in_records(records: Iterable[Any], env: Union[str, EnvLike], kernel:
     return out
 
 
+def other_gpus_in_records(records: Iterable[Any], env: EnvLike, kernel: KernelLike, workload: WorkloadLike, *,
+                          origin: str = "results", when: Optional[datetime] = None,
+                          started: Optional[dict[str, Any]] = None,
+                          spec_hashes: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
+    """The rows of ``records`` measured on OTHER GPUs (a GPU name other than ``env``'s) for ``kernel``'s op, pass,
+    backend, spec and source hash (the current kernels) and the same workload key, ok with a time: what a study
+    on a GPU without records of its own can start from.  Row fields as ``retired_in_records``' plus
+    ``gpu_name``."""
+    k, wl = as_kernel(kernel), as_workload(workload)
+    specs = _spec_hashes(k, spec_hashes)
+    mine = env_columns(env)["gpu_name"]
+    out = []
+    for rec in records:
+        rk: KernelKey = rec.kernel
+        m = rec.measurement
+        if ((rk.op, rk.pass_, rk.backend) != (k.op, k.pass_, k.backend) or rec.workload.key_hash != wl.key_hash
+                or rk.spec_hash not in specs or rk.source_hash != k.source_hash
+                or m.status != "ok" or m.median_ms is None):
+            continue
+        try:
+            gpu = env_columns(rec.env)["gpu_name"]
+        except PerfDBError:
+            continue
+        if gpu is None or gpu == mine:
+            continue
+        created = m.created_at or (started or {}).get(rec.run_id) or when
+        out.append({"config": rec.config.to_dict(), "config_hash": rec.config.hash, "median_ms": m.median_ms,
+                    "source_hash": rk.source_hash, "spec_hash": rk.spec_hash, "codegen_version": rk.codegen_version,
+                    "created_at": created, "origin": origin, "gpu_name": gpu})
+    return out
+
+
 _CACHE: dict[tuple[str, int, int], tuple[list, dict, Optional[datetime]]] = {}
 
 
@@ -156,4 +189,15 @@ def shipped_retired(env: Union[str, EnvLike], kernel: KernelLike, workload: Work
     for path, records, started, when in shipped_records(files):
         rows += retired_in_records(records, env, kernel, workload, origin=f"shipped/{path.name}", when=when,
                                    started=started, spec_hashes=spec_hashes, earlier_specs=earlier_specs)
+    return rows
+
+
+def shipped_other_gpus(env: EnvLike, kernel: KernelLike, workload: WorkloadLike,
+                       files: Optional[Sequence[Path]] = None, *,
+                       spec_hashes: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
+    """``other_gpus_in_records`` over the shipped results files."""
+    rows = []
+    for path, records, started, when in shipped_records(files):
+        rows += other_gpus_in_records(records, env, kernel, workload, origin=f"shipped/{path.name}", when=when,
+                                      started=started, spec_hashes=spec_hashes)
     return rows

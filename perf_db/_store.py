@@ -439,6 +439,30 @@ class PerfDB:
                      "created_at": created, "origin": f"perf_db #{mid}"}
                     for mid, config_json, config_hash, ms, created, source, spec_hash, codegen in s.execute(stmt)]
 
+    def other_gpus(self, env: EnvLike, kernel: KernelLike, workload: WorkloadLike) -> list[dict[str, Any]]:
+        """ok measurements of ``workload`` by ``kernel`` (op, pass, backend, spec and the SAME source hash) on GPUs
+        other than ``env``'s (its GPU name): what a study on a GPU without records of its own can start from.
+        Newest first; rows as ``retired``'s plus ``gpu_name`` (``perf_db/_retired.py``)."""
+        k, wl = as_kernel(kernel), as_workload(workload)
+        mine = env_columns(env)["gpu_name"]
+        stmt = (select(MeasurementRow.id, MeasurementRow.config_json, MeasurementRow.config_hash,
+                       MeasurementRow.median_ms, MeasurementRow.created_at, KernelRow.source_hash,
+                       KernelRow.spec_hash, KernelRow.codegen_version, EnvRow.gpu_name)
+                .join(EnvRow, EnvRow.id == MeasurementRow.env_id)
+                .join(KernelRow, KernelRow.id == MeasurementRow.kernel_id)
+                .join(WorkloadRow, WorkloadRow.id == MeasurementRow.workload_id)
+                .where(EnvRow.gpu_name.is_not(None), EnvRow.gpu_name != mine,
+                       KernelRow.op == k.op, KernelRow.pass_ == k.pass_, KernelRow.backend == k.backend,
+                       KernelRow.spec_hash.in_(self._same_spec(k)), KernelRow.source_hash == k.source_hash,
+                       WorkloadRow.key_hash == wl.key_hash, MeasurementRow.status == "ok",
+                       MeasurementRow.median_ms.is_not(None))
+                .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc()))
+        with self.session() as s:
+            return [{"config": json.loads(config_json), "config_hash": config_hash, "median_ms": ms,
+                     "source_hash": source, "spec_hash": spec_hash, "codegen_version": codegen,
+                     "created_at": created, "origin": f"perf_db #{mid}", "gpu_name": gpu}
+                    for mid, config_json, config_hash, ms, created, source, spec_hash, codegen, gpu in s.execute(stmt)]
+
     # -- best -----------------------------------------------------------------------------------------
 
     def best(self, env: Union[str, EnvLike], pass_: str, workload: WorkloadLike,

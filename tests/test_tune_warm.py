@@ -530,3 +530,79 @@ def test_each_key_is_compared_with_the_previous_kernels_best(tmp_path, spec_copy
         assert ("slower than the previous kernels' best" in out) == flagged, out
         assert ("1.25x the 0.4" in out) == flagged, out
         assert (f"{OLDER[:10]}" in out) == flagged, out
+
+
+def _other_gpu_facts(spec):
+    """Records of the fwd D64 T1024 key under the CURRENT kernels on two other GPUs (and what must not be used),
+    and the configs a new study must measure after its default, in order."""
+    key = _key()
+    d = default_config(spec, key)
+    a, b, e = d.replace(num_stages=3), d.replace(block_n=64), d.replace(num_warps=8)
+    now = _kernel(spec, tune_fake.SOURCE_HASH)
+    wl = key.workload
+    gpu_b, gpu_c = make_env(gpu="TEST-GPU-B"), make_env(gpu="TEST-GPU-C")
+    facts = [
+        (gpu_c, now, wl, e, _ok(0.40, T0 + timedelta(hours=2))),         # the newest GPU: its fastest first
+        (gpu_c, now, wl, b, _ok(0.45, T0 + timedelta(hours=2))),
+        (gpu_b, now, wl, dict(d.to_dict(), chunk_size=96), _ok(0.30, T0)),   # no longer validates: dropped
+        (gpu_b, now, wl, b, _ok(0.50, T0)),                              # b again: once
+        (gpu_b, now, wl, a, _ok(0.41, T0)),                              # after GPU C's second (one per GPU a round)
+        (gpu_b, now, wl, d, _ok(0.20, T0)),                              # the default's knobs: not again
+        # never used: a retired source, another workload, a failure on another GPU
+        (gpu_b, _kernel(spec), wl, d.replace(block_m=64), _ok(0.1, T0)),
+        (gpu_b, now, _key(bucket=2048).workload, d.replace(chunk_size=32), _ok(0.1, T0)),
+        (gpu_c, now, wl, d.replace(inter_num_warps=4), Measurement(status="wrong", errors={"o": 0.5})),
+    ]
+    return facts, [e, b, a]
+
+
+@pytest.mark.parametrize("where", ["perf_db", "shipped"])
+def test_a_new_study_also_measures_the_winners_of_other_gpus_under_the_current_kernels(tmp_path, spec_copy, caplog,
+                                                                                        monkeypatch, where):
+    """--seed-other-gpus K: a new study on a GPU without records of the key measures, right after its default and
+    in its first batch, the fastest configs other GPUs measured for the same key under the current kernels and
+    spec (each GPU's fastest first, the newest GPU first; the default's knobs, duplicates and configs that no longer
+    validate left out), from perf_db or from the shipped results; K = 0 seeds none."""
+    from optuna.trial import TrialState
+
+    from pathtune.specs import load_spec
+
+    spec = load_spec(spec_copy)
+    facts, want = _other_gpu_facts(spec)
+    url = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    if where == "perf_db":
+        _record(url, facts)
+    else:
+        shipped = tmp_path / "shipped"
+        shipped.mkdir()
+        valid = [f for f in facts if not KnobSpace(spec, "fwd").validate(dict(f[3]), f[2])]
+        write_results(shipped / "TEST-GPU-B-20261101T000000Z-d64-fwd.json",
+                      [results_record(env, k, wl, c, m, run_id=f"tune-shipped-{i}")
+                       for i, (env, k, wl, c, m) in enumerate(valid)])
+        monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(shipped))
+    prep = FakePreparer(workers=4)
+    tuner = _tuner(url, spec_copy, preparer=prep, seed_retired=0, seed_other_gpus=3, budget=Budget(trials=4))
+    with caplog.at_level(logging.INFO, logger="pathtune.tune"):
+        tuner.run()
+    tuner.close()
+    default = default_config(spec, _key()).to_dict()
+    assert prep.batches[0] == [default] + [c.to_dict() for c in want]
+    study = _study(url)
+    seeded = [t for t in sorted(study.get_trials(states=(TrialState.COMPLETE,)), key=lambda t: t.number)
+              if t.user_attrs.get("seeded_other_gpu")]
+    assert [t.user_attrs["other_gpu"] for t in seeded] == ["TEST-GPU-C", "TEST-GPU-C", "TEST-GPU-B"]
+    assert [t.user_attrs["other_gpu_ms"] for t in seeded] == [0.40, 0.45, 0.41]
+    assert study.user_attrs["other_gpus_seeded"] == 3
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "the fastest configs of other GPUs under these kernels: 0.4 ms on TEST-GPU-C" in text
+    if where == "perf_db":
+        assert "chunk_size=96 is not in its domain" in text
+
+    url0 = f"sqlite:///{tmp_path / 'off.sqlite3'}"
+    if where == "perf_db":
+        _record(url0, facts)
+    prep0 = FakePreparer(workers=4)
+    tuner = _tuner(url0, spec_copy, preparer=prep0, seed_retired=0, budget=Budget(trials=1))
+    tuner.run()
+    tuner.close()
+    assert prep0.batches[0] == [default]

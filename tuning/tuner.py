@@ -9,11 +9,14 @@
 * Each new study is seeded with the default config (``enqueue_trial``), then with the user's seed
   configs (``seed_configs``: knob values applied on the key's default, ``space.seed_configs``), then
   (warm start, a new study only) with up to ``seed_retired`` configs that won under retired kernel
-  sources of the same key (``tuning/warm.py``; from perf_db and the shipped results files), then with
+  sources of the same key (``tuning/warm.py``; from perf_db and the shipped results files), then (a new
+  study only) with up to ``seed_other_gpus`` configs that won the same key on other GPUs under the current
+  kernels (``warm.select_other_gpus``), then with
   up to ``seed_neighbours`` configs one schedule knob away from the first of those warm-start configs
   (the newest retired source's fastest: a re-tune after a kernel edit searches around the previous
-  winner), or from the default when there is none (``space.neighbour_configs``).
-  The default, the user's seeds and the warm-start configs are measured first, whatever the budget: the
+  winner; else another GPU's winner), or from the default when there is none (``space.neighbour_configs``).
+  The default, the user's seeds and the warm-start configs (retired and other GPUs') are measured first,
+  whatever the budget: the
   batched loop puts them all in the key's first batch, the unbatched one runs them before its timed trials.
 * Ctrl-C once: the running trial finishes, is recorded and told, then the run stops. Ctrl-C twice:
   the running trial is abandoned (state FAIL, flagged ``interrupted``); ``--resume`` re-queues it.
@@ -181,6 +184,7 @@ class TuneOptions:
     seed_neighbours: int = 0           # a new study also gets up to this many one-knob neighbours (of the default,
     #                                    or of the warm start's first config)
     seed_retired: int = 3              # ... and first (after the default) up to this many winners of retired sources
+    seed_other_gpus: int = 0           # ... and up to this many winners of this key on other GPUs (current kernels)
     seed_configs: list = field(default_factory=list)   # user seeds {knob: value} applied on each key's default
     command: Optional[str] = None
     results_out: Optional[Any] = None  # path: a results file rewritten after each record
@@ -381,6 +385,18 @@ class Tuner:
             study.set_user_attr("retired_seeded", len(warm.configs))
             if warm.configs:
                 centre = warm.configs[0][0]
+        if new and self.opts.seed_other_gpus > 0 and "other_gpus_seeded" not in study.user_attrs:
+            from pathtune.specs import Config
+
+            queued = {Config(t.system_attrs["fixed_params"]).hash for t in study.get_trials(deepcopy=False)
+                      if t.system_attrs.get("fixed_params")}
+            other = self.other_gpus_start(key, default, queued)
+            for config, row in other.configs:
+                study.enqueue_trial(config.to_dict(), skip_if_exists=True, user_attrs={
+                    "seeded_other_gpu": True, "other_gpu": row["gpu_name"], "other_gpu_ms": row["median_ms"]})
+            study.set_user_attr("other_gpus_seeded", len(other.configs))
+            if other.configs and centre is default:
+                centre = other.configs[0][0]
         # once per study, also into one resumed from before neighbour seeding existed (a config the
         # study already tried is skipped, and perf_db lookups keep a re-proposal from being re-measured)
         if self.opts.seed_neighbours > 0 and not study.user_attrs.get("neighbours_seeded"):
@@ -420,6 +436,30 @@ class Tuner:
                      key.label, warm.candidates, len(warm.dropped), warm.same_as_default)
         return warm
 
+    def other_gpus_start(self, key: TuneKey, default: Any, queued: set) -> Any:
+        """The configs a new study of ``key`` also measures first: the winners of the same key on other GPUs under
+        the current kernels (perf_db and the shipped results files; ``tuning/warm.py``), minus those ``queued``
+        already; says what it chose."""
+        from pathtune.perf_db._retired import shipped_other_gpus
+
+        from .warm import WarmStart, select_other_gpus
+
+        try:
+            kernel = self.kernel(key)
+            rows = self.db.other_gpus(self.env_info, kernel, key.workload)
+            rows += shipped_other_gpus(self.env_info, kernel, key.workload, spec_hashes=self.spec.hashes_of(key.pass_))
+        except Exception as e:  # noqa: BLE001  (an optimisation: never the reason a tune fails)
+            self._note(f"{key.label}: other GPUs' winners skipped: reading their results failed: {e}")
+            return WarmStart()
+        other = select_other_gpus(self.spec, key, default, rows, self.opts.seed_other_gpus, exclude=queued)
+        for _config, problems, row in other.dropped:
+            self._note(f"{key.label}: a config of {row['gpu_name']} ({row['median_ms']:.4g} ms there) does not "
+                       "validate here: " + "; ".join(problems))
+        if other.configs:
+            self._note(f"{key.label}: also measured first: the fastest configs of other GPUs under these kernels: "
+                       + "; ".join(f"{row['median_ms']:.4g} ms on {row['gpu_name']}" for _, row in other.configs))
+        return other
+
     def retired_rows(self, key: TuneKey) -> tuple[list[dict], bool]:
         """(rows, earlier) of ``key``'s ok measurements under retired kernel sources on this GPU, from perf_db and
         the shipped results files (``perf_db/_retired.py``); when there are none under this spec, those of earlier
@@ -451,7 +491,7 @@ class Tuner:
 
         return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
                    if t.user_attrs.get("seeded_default") or t.user_attrs.get("seeded_user")
-                   or t.user_attrs.get("seeded_retired"))
+                   or t.user_attrs.get("seeded_retired") or t.user_attrs.get("seeded_other_gpu"))
 
     def context(self, key: TuneKey, name: str, *, start_run: bool = True) -> KeyContext:
         """The objective's context of ``key``'s study ``name``; ``start_run``: also open its perf_db run (the

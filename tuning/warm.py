@@ -17,6 +17,11 @@ A spec change (a knob added, a domain changed) retires the records of every pass
 source alike.  When the current spec has no retired records for a key, the tuner takes those of earlier
 specs (``earlier_specs``), with the knobs added since at the key's defaults (``fill_defaults``).
 
+A GPU with no records of a key at all (a new GPU, or a key never tuned there) can also start from what other
+GPUs measured for the same key under the current kernels and spec (``--seed-other-gpus``,
+``select_other_gpus``): a tuned config of a GPU of the same architecture is usually a better first guess than the
+untuned default, and it passes the same validation and accuracy gate as any other trial.
+
 This module imports neither Optuna nor torch.
 """
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pathtune.specs import Config, KnobSpace, Spec
 
 from .space import TuneKey
 
-__all__ = ["WarmStart", "rank_retired", "select_retired"]
+__all__ = ["WarmStart", "rank_retired", "select_other_gpus", "select_retired"]
 
 
 @dataclass
@@ -100,4 +105,54 @@ def select_retired(spec: Spec, key: TuneKey, default: Config, rows: Iterable[dic
             out.dropped.append((config, problems, row))
             continue
         out.configs.append((config, row))
+    return out
+
+
+def select_other_gpus(spec: Spec, key: TuneKey, default: Config, rows: Iterable[dict], limit: int, *,
+                      exclude: Iterable[str] = ()) -> WarmStart:
+    """Up to ``limit`` distinct configs of ``rows`` (``PerfDB.other_gpus`` / ``shipped_other_gpus``: the current
+    kernels' ok measurements of ``key`` on other GPUs) that differ from ``default`` and from the config hashes in
+    ``exclude`` (already seeded) and validate for ``key`` now.  Order: each GPU's fastest config first, GPUs with
+    the newest measurement first, then each GPU's second fastest, and so on (one GPU's many near-equal configs do
+    not crowd out another GPU's winner)."""
+    space = KnobSpace(spec, key.pass_)
+    out = WarmStart()
+    if limit <= 0:
+        return out
+    by_gpu: dict[str, dict[str, dict]] = {}
+    newest: dict[str, Optional[datetime]] = {}
+    for r in rows:
+        gpu, when = r["gpu_name"], r.get("created_at")
+        if gpu not in newest or (when is not None and (newest[gpu] is None or when > newest[gpu])):
+            newest[gpu] = when
+        mine = by_gpu.setdefault(gpu, {})
+        if r["config_hash"] not in mine or r["median_ms"] < mine[r["config_hash"]]["median_ms"]:
+            mine[r["config_hash"]] = r
+    gpus = sorted(by_gpu, key=lambda g: (newest[g] is None, -newest[g].timestamp() if newest[g] else 0.0, g))
+    ranked = {g: sorted(by_gpu[g].values(), key=lambda r: (r["median_ms"], r["config_hash"])) for g in gpus}
+    seen = set(exclude)
+    for i in range(max((len(v) for v in ranked.values()), default=0)):
+        for gpu in gpus:
+            if len(out.configs) >= limit:
+                return out
+            if i >= len(ranked[gpu]):
+                continue
+            row = ranked[gpu][i]
+            try:
+                config = Config(row["config"])
+            except (TypeError, ValueError) as e:
+                out.dropped.append((row["config"], [str(e)], row))
+                continue
+            if config.hash in seen:
+                continue
+            seen.add(config.hash)
+            out.candidates += 1
+            if config == default:
+                out.same_as_default += 1
+                continue
+            problems = space.validate(config, key.workload)
+            if problems:
+                out.dropped.append((config, problems, row))
+                continue
+            out.configs.append((config, row))
     return out

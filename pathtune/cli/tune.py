@@ -104,6 +104,11 @@ RETIRED = typer.Option(3, "--seed-retired", min=0, metavar="K",
                             "newest source first; configs that no longer validate are dropped with a note. "
                             "A key with none under the current spec takes those of earlier specs (knobs added "
                             "since at the key's defaults). 0: off.")
+OTHER_GPUS = typer.Option(2, "--seed-other-gpus", min=0, metavar="K",
+                          help="A new study also measures first up to K configs that won the same key on other "
+                               "GPUs under the current kernels and spec (perf_db and the shipped results; each "
+                               "GPU's fastest first, newest GPU first), re-validated here: a GPU without records "
+                               "of its own starts from its neighbours' tuned configs. 0: off.")
 SEED_CONFIG = typer.Option(None, "--seed-config", metavar="JSON",
                            help="Knob values to try first in every study whose pass has them, applied on the key's "
                                 "default: a JSON object or list of objects, e.g. '[{\"ut_precision\": \"tf32\"}]' "
@@ -141,7 +146,8 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
              measure_with: Optional[str], check_len: int, tol: Optional[List[str]], heartbeat: Optional[int],
              startup_trials: int, results_out: Optional[Path] = None, env_info: Optional[dict] = None,
              spec: Optional[Path] = None, compile_workers: Optional[int] = 0, seed_neighbours: int = 0,
-             seed_retired: int = 0, seed_config: Optional[List[str]] = None, memory_knobs: bool = False) -> Any:
+             seed_retired: int = 0, seed_config: Optional[List[str]] = None, memory_knobs: bool = False,
+             seed_other_gpus: int = 0) -> Any:
     from pathtune.perf_db import resolve_url
     from pathtune.specs import SpecError, load_spec
     from pathtune.tuning.measure import load_measure_fn
@@ -175,7 +181,7 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
                        results_out=results_out, env_info=env_info, spec_path=spec,
                        compile_workers=compile_workers or 0, seed_neighbours=seed_neighbours,
                        seed_retired=seed_retired, seed_configs=_seed_configs(seed_config, loaded),
-                       memory_knobs=memory_knobs)
+                       memory_knobs=memory_knobs, seed_other_gpus=seed_other_gpus)
 
 
 def _filter_keys(keys: list, *, local: bool) -> list:
@@ -257,7 +263,7 @@ def tune(
     measure_with: Optional[str] = MEASURE_WITH, heartbeat: int = HEARTBEAT, startup_trials: int = STARTUP,
     spec: Optional[Path] = SPEC, compile_workers: Optional[int] = COMPILE_WORKERS,
     seed_neighbours: int = NEIGHBOURS, seed_retired: int = RETIRED, seed_config: Optional[List[str]] = SEED_CONFIG,
-    both_gates: bool = BOTH_GATES, memory_knobs: bool = MEMORY_KNOBS,
+    both_gates: bool = BOTH_GATES, memory_knobs: bool = MEMORY_KNOBS, seed_other_gpus: int = OTHER_GPUS,
 ) -> None:
     """Tune every (pass, backend, head dim, dtype, length bucket) key on this GPU host (an Optuna study per key).
 
@@ -289,7 +295,7 @@ def tune(
     opts = _options(storage, db, budget, seed, worker, resume, measure_with, check_len, tol, heartbeat,
                     startup_trials, results_out, spec=spec, compile_workers=compile_workers,
                     seed_neighbours=seed_neighbours, seed_retired=seed_retired, seed_config=seed_config,
-                    memory_knobs=memory_knobs)
+                    memory_knobs=memory_knobs, seed_other_gpus=seed_other_gpus)
     tuner = Tuner(keys, opts)
     console.print(f"pathtune tune: {len(keys)} keys, budget {opts.budget}, storage {tuner.db.display_url}, "
                   f"gpu {tuner.env_info.get('gpu_name') or 'none (CPU: Triton interpreter)'}, "
@@ -336,6 +342,7 @@ def build(
     check_len: int = CHECK_LEN, tol: Optional[List[str]] = TOL, startup_trials: int = STARTUP,
     spec: Optional[Path] = SPEC, seed_neighbours: int = NEIGHBOURS, seed_retired: int = RETIRED,
     seed_config: Optional[List[str]] = SEED_CONFIG, memory_knobs: bool = MEMORY_KNOBS,
+    seed_other_gpus: int = OTHER_GPUS,
 ) -> None:
     """Propose (Optuna ask) and compile a batch of candidates per key into a self-contained bundle for a GPU host."""
     from pathtune.tuning.bundle import build_bundle
@@ -351,7 +358,7 @@ def build(
     keys = _filter_keys(_keys(head_dim, dtype, pass_, backend, buckets, gate, heads, heads_kv, tokens), local=False)
     opts = _options(storage, db, "1", seed, 0, True, None, check_len, tol, None, startup_trials, env_info=env_info,
                     spec=spec, seed_neighbours=seed_neighbours, seed_retired=seed_retired, seed_config=seed_config,
-                    memory_knobs=memory_knobs)
+                    memory_knobs=memory_knobs, seed_other_gpus=seed_other_gpus)
     tuner = Tuner(keys, opts)
     tuner.on_note = _note
     try:
