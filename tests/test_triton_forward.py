@@ -722,7 +722,7 @@ def test_candidate_ut_stage_with_fp16_m_gives_the_shipped_forward(monkeypatch, d
     kv = sys.modules["kernel_variants"]
     narrow = [(old, new.replace("D * u_ptr.dtype.element_ty.primitive_bitwidth // 32", "SB // 2"))
               for old, new in cand.SCRATCH_IN_U]
-    monkeypatch.setattr(cand, "ut_fused_m16_kernel",
+    monkeypatch.setattr(cand.launcher, "ut_fused_m16_kernel",
                         kv.load_variant_module(kv.module_source(cand.ut_mod), "ut_m16_narrow", narrow).ut_fused_kernel)
     o2, _ = path_attention_triton(*x, config=p, **cu)
     assert not (torch.isfinite(o2).all() and rel(o2, o0) < CAUGHT)

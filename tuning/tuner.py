@@ -410,11 +410,10 @@ class Tuner:
         the shipped results files; says what it chose and what no longer validates."""
         from .warm import WarmStart, select_retired
 
-        try:
-            rows, earlier = self.retired_rows(key)
-        except Exception as e:  # noqa: BLE001  (an optimisation: never the reason a tune fails)
-            self._note(f"{key.label}: warm start skipped: reading retired results failed: {e}")
+        got = self._seed_rows(key, "warm start", "retired", lambda: self.retired_rows(key))
+        if got is None:
             return WarmStart()
+        rows, earlier = got
         warm = select_retired(self.spec, key, default, rows, self.opts.seed_retired, fill_defaults=earlier)
         for _config, problems, row in warm.dropped:
             self._note(f"{key.label}: warm start: dropped a config of retired source {row['source_hash'][:10]} "
@@ -444,12 +443,14 @@ class Tuner:
 
         from .warm import WarmStart, select_other_gpus
 
-        try:
+        def read() -> list:
             kernel = self.kernel(key)
-            rows = self.db.other_gpus(self.env_info, kernel, key.workload)
-            rows += shipped_other_gpus(self.env_info, kernel, key.workload, spec_hashes=self.spec.hashes_of(key.pass_))
-        except Exception as e:  # noqa: BLE001  (an optimisation: never the reason a tune fails)
-            self._note(f"{key.label}: other GPUs' winners skipped: reading their results failed: {e}")
+            return (self.db.other_gpus(self.env_info, kernel, key.workload)
+                    + shipped_other_gpus(self.env_info, kernel, key.workload,
+                                         spec_hashes=self.spec.hashes_of(key.pass_)))
+
+        rows = self._seed_rows(key, "other GPUs' winners", "other GPUs'", read)
+        if rows is None:
             return WarmStart()
         other = select_other_gpus(self.spec, key, default, rows, self.opts.seed_other_gpus, exclude=queued)
         for _config, problems, row in other.dropped:
@@ -459,6 +460,15 @@ class Tuner:
             self._note(f"{key.label}: also measured first: the fastest configs of other GPUs under these kernels: "
                        + "; ".join(f"{row['median_ms']:.4g} ms on {row['gpu_name']}" for _, row in other.configs))
         return other
+
+    def _seed_rows(self, key: TuneKey, what: str, whose: str, read: Callable[[], Any]) -> Any:
+        """``read()``, or None with a note when it fails: seeding is an optimisation, never the reason a tune
+        fails."""
+        try:
+            return read()
+        except Exception as e:  # noqa: BLE001
+            self._note(f"{key.label}: {what} skipped: reading {whose} results failed: {e}")
+            return None
 
     def retired_rows(self, key: TuneKey) -> tuple[list[dict], bool]:
         """(rows, earlier) of ``key``'s ok measurements under retired kernel sources on this GPU, from perf_db and

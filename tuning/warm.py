@@ -77,16 +77,23 @@ def select_retired(spec: Spec, key: TuneKey, default: Config, rows: Iterable[dic
 
     ``fill_defaults``: rows measured under an earlier spec (``earlier_specs=True``) lack the knobs added
     since; those take ``default``'s values (a knob the spec no longer has still fails validation)."""
+    return _pick(spec, key, default, rank_retired(rows), limit, set(),
+                 lambda row: Config({**default.to_dict(), **row["config"]} if fill_defaults else row["config"]))
+
+
+def _pick(spec: Spec, key: TuneKey, default: Config, ordered: Iterable[dict], limit: int, seen: set,
+          make_config) -> WarmStart:
+    """The first ``limit`` configs of ``ordered`` rows (``make_config(row)``) not in ``seen`` (config hashes), not
+    the default's knobs, and valid for ``key`` now; the others counted or reported in the WarmStart."""
     space = KnobSpace(spec, key.pass_)
     out = WarmStart()
-    seen: set[str] = set()
     if limit <= 0:
         return out
-    for row in rank_retired(rows):
+    for row in ordered:
         if len(out.configs) >= limit:
             break
         try:
-            config = Config({**default.to_dict(), **row["config"]} if fill_defaults else row["config"])
+            config = make_config(row)
         except (TypeError, ValueError) as e:
             if row["config_hash"] not in seen:
                 seen.add(row["config_hash"])
@@ -115,10 +122,6 @@ def select_other_gpus(spec: Spec, key: TuneKey, default: Config, rows: Iterable[
     ``exclude`` (already seeded) and validate for ``key`` now.  Order: each GPU's fastest config first, GPUs with
     the newest measurement first, then each GPU's second fastest, and so on (one GPU's many near-equal configs do
     not crowd out another GPU's winner)."""
-    space = KnobSpace(spec, key.pass_)
-    out = WarmStart()
-    if limit <= 0:
-        return out
     by_gpu: dict[str, dict[str, dict]] = {}
     newest: dict[str, Optional[datetime]] = {}
     for r in rows:
@@ -129,30 +132,6 @@ def select_other_gpus(spec: Spec, key: TuneKey, default: Config, rows: Iterable[
         if r["config_hash"] not in mine or r["median_ms"] < mine[r["config_hash"]]["median_ms"]:
             mine[r["config_hash"]] = r
     gpus = sorted(by_gpu, key=lambda g: (newest[g] is None, -newest[g].timestamp() if newest[g] else 0.0, g))
-    ranked = {g: sorted(by_gpu[g].values(), key=lambda r: (r["median_ms"], r["config_hash"])) for g in gpus}
-    seen = set(exclude)
-    for i in range(max((len(v) for v in ranked.values()), default=0)):
-        for gpu in gpus:
-            if len(out.configs) >= limit:
-                return out
-            if i >= len(ranked[gpu]):
-                continue
-            row = ranked[gpu][i]
-            try:
-                config = Config(row["config"])
-            except (TypeError, ValueError) as e:
-                out.dropped.append((row["config"], [str(e)], row))
-                continue
-            if config.hash in seen:
-                continue
-            seen.add(config.hash)
-            out.candidates += 1
-            if config == default:
-                out.same_as_default += 1
-                continue
-            problems = space.validate(config, key.workload)
-            if problems:
-                out.dropped.append((config, problems, row))
-                continue
-            out.configs.append((config, row))
-    return out
+    ranked = [sorted(by_gpu[g].values(), key=lambda r: (r["median_ms"], r["config_hash"])) for g in gpus]
+    rounds = [per_gpu[i] for i in range(max(map(len, ranked), default=0)) for per_gpu in ranked if i < len(per_gpu)]
+    return _pick(spec, key, default, rounds, limit, set(exclude), lambda row: Config(row["config"]))
