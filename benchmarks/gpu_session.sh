@@ -169,7 +169,10 @@ _step_files() {  # "name mtime size" of every file at the top of $S, sorted
 }
 
 run_steps() {  # the steps of one lane, in order, with S set
-    export PATHTUNE_DB_URL="sqlite:///$S/perf.sqlite3"
+    # this call's database (it comes back): the steps record there; a PATHTUNE_DB_URL= word changes only what
+    # the steps after it dispatch from
+    local record_db="sqlite:///$S/perf.sqlite3"
+    export PATHTUNE_DB_URL="$record_db"
     local arg step secs t dispatch_db pack_args pack_db
     for arg in "$@"; do
         # VAR=value: set for the steps after it (e.g. PASSES=bwd tune:300 PASSES=decode tune:90)
@@ -209,11 +212,10 @@ run_steps() {  # the steps of one lane, in order, with S set
             dsweep) run_step dsweep "${secs:-240}" python3 -m pathtune.cli bench --pass decode --sweep --record \
                         ${DSWEEP_KNOBS:+--sweep-knobs "$DSWEEP_KNOBS"} ${DSWEEP_TOKENS:+--new-tokens "$DSWEEP_TOKENS"} ${DSWEEP_ARGS:-} \
                         --json "$S/${DSWEEP_JSON:-decode_sweep.json}" ;;
-            benchtuned)  # dispatch from this call's tune database if a tune step ran, else the shipped records;
-                         # record into this call's perf.sqlite3 whatever PATHTUNE_DB_URL says (it comes back)
+            benchtuned)  # dispatch from this call's tune database if a tune step ran, else the shipped records
                          if [ -f "$S/tune/tune.sqlite3" ]; then dispatch_db="sqlite:///$S/tune/tune.sqlite3"; else dispatch_db=""; fi
                          run_step benchtuned "${secs:-240}" env PATHTUNE_DB_URL="$dispatch_db" python3 -m pathtune.cli bench \
-                             --head-dim "${HEAD_DIMS:-64,128}" --config tuned --gate "${BENCH_GATE:-both}" ${BENCH_ARGS:-} --record --db "sqlite:///$S/perf.sqlite3" \
+                             --head-dim "${HEAD_DIMS:-64,128}" --config tuned --gate "${BENCH_GATE:-both}" ${BENCH_ARGS:-} --record --db "$record_db" \
                              --json "$S/bench_tuned.json" ;;
             tune) t="${secs:-600}"
                   # a tune spread over several calls: carry the last call's database in (.tune_in/tune.sqlite3,
@@ -252,7 +254,7 @@ run_steps() {  # the steps of one lane, in order, with S set
                        run_step tvmbench "${secs:-240}" env PATHTUNE_DB_URL="$dispatch_db" python3 -m pathtune.cli bench \
                            --head-dim "${HEAD_DIMS:-64,128}" --gate "${BENCH_GATE:-both}" --config tuned \
                            --backends triton,tvm --tvm-modules "$REPO/build/tvm_bench" --forward-only \
-                           --record --db "sqlite:///$S/perf.sqlite3" --json "$S/bench_tvm.json" ;;
+                           --record --db "$record_db" --json "$S/bench_tvm.json" ;;
             tvmdecode) run_step tvmdecode "${secs:-480}" python3 "$REPO/benchmarks/tvm_gpu_check.py" \
                            --bundle "$REPO/build/tvm_gpu_check_decode" ${TVM_ONLY:+--only "$TVM_ONLY"} \
                            --budget-min "$(python3 -c "print(round(${secs:-480} / 60 - 0.7, 1))")" ;;

@@ -24,7 +24,7 @@ record of the passes it touches, and the tuner falls back to those when its own 
 configs lack the knobs added since: ``tuning/warm.py`` gives those the key's defaults).
 
 Rows: ``{"config", "config_hash", "median_ms", "source_hash", "spec_hash", "codegen_version",
-"created_at" (datetime or None), "origin"}``.
+"created_at" (datetime or None), "origin", "gpu_name"}``.
 """
 from __future__ import annotations
 
@@ -85,28 +85,39 @@ def retired_in_records(records: Iterable[Any], env: Union[str, EnvLike], kernel:
     k, wl = as_kernel(kernel), as_workload(workload)
     specs = _spec_hashes(k, spec_hashes)
     out = []
-    for rec in records:
+    for rec in _timed_records(records, k, wl):
         rk: KernelKey = rec.kernel
-        m = rec.measurement
-        if (rk.op, rk.pass_, rk.backend) != (k.op, k.pass_, k.backend) or rec.workload.key_hash != wl.key_hash:
-            continue
         if earlier_specs:
             if rk.spec_hash in specs:
                 continue
         elif rk.spec_hash not in specs or rk.source_hash == k.source_hash:
             continue
-        if m.status != "ok" or m.median_ms is None:
-            continue
         try:
             if not env_matches(rec.env, env, k.backend):
                 continue
+            gpu = env_columns(rec.env)["gpu_name"]
         except PerfDBError:
             continue
-        created = m.created_at or (started or {}).get(rec.run_id) or when
-        out.append({"config": rec.config.to_dict(), "config_hash": rec.config.hash, "median_ms": m.median_ms,
-                    "source_hash": rk.source_hash, "spec_hash": rk.spec_hash, "codegen_version": rk.codegen_version,
-                    "created_at": created, "origin": origin})
+        out.append(_row(rec, origin, rec.measurement.created_at or (started or {}).get(rec.run_id) or when,
+                        gpu_name=gpu))
     return out
+
+
+def _timed_records(records: Iterable[Any], k: KernelKey, wl: Any) -> Iterable[Any]:
+    """The records of ``k``'s op, pass and backend and ``wl``'s workload key that are ok with a time."""
+    for rec in records:
+        rk, m = rec.kernel, rec.measurement
+        if ((rk.op, rk.pass_, rk.backend) == (k.op, k.pass_, k.backend) and rec.workload.key_hash == wl.key_hash
+                and m.status == "ok" and m.median_ms is not None):
+            yield rec
+
+
+def _row(rec: Any, origin: str, created: Optional[datetime], gpu_name: Optional[str]) -> dict[str, Any]:
+    """A record as a warm-start row (the module docstring's fields)."""
+    rk = rec.kernel
+    return {"config": rec.config.to_dict(), "config_hash": rec.config.hash, "median_ms": rec.measurement.median_ms,
+            "source_hash": rk.source_hash, "spec_hash": rk.spec_hash, "codegen_version": rk.codegen_version,
+            "created_at": created, "origin": origin, "gpu_name": gpu_name}
 
 
 def other_gpus_in_records(records: Iterable[Any], env: EnvLike, kernel: KernelLike, workload: WorkloadLike, *,
@@ -115,18 +126,13 @@ def other_gpus_in_records(records: Iterable[Any], env: EnvLike, kernel: KernelLi
                           spec_hashes: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
     """The rows of ``records`` measured on OTHER GPUs (a GPU name other than ``env``'s) for ``kernel``'s op, pass,
     backend, spec and source hash (the current kernels) and the same workload key, ok with a time: what a study
-    on a GPU without records of its own can start from.  Row fields as ``retired_in_records``' plus
-    ``gpu_name``."""
+    on a GPU without records of its own can start from.  Row fields as ``retired_in_records``'."""
     k, wl = as_kernel(kernel), as_workload(workload)
     specs = _spec_hashes(k, spec_hashes)
     mine = env_columns(env)["gpu_name"]
     out = []
-    for rec in records:
-        rk: KernelKey = rec.kernel
-        m = rec.measurement
-        if ((rk.op, rk.pass_, rk.backend) != (k.op, k.pass_, k.backend) or rec.workload.key_hash != wl.key_hash
-                or rk.spec_hash not in specs or rk.source_hash != k.source_hash
-                or m.status != "ok" or m.median_ms is None):
+    for rec in _timed_records(records, k, wl):
+        if rec.kernel.spec_hash not in specs or rec.kernel.source_hash != k.source_hash:
             continue
         try:
             gpu = env_columns(rec.env)["gpu_name"]
@@ -134,12 +140,9 @@ def other_gpus_in_records(records: Iterable[Any], env: EnvLike, kernel: KernelLi
             continue
         if gpu is None or gpu == mine:
             continue
-        created = m.created_at or (started or {}).get(rec.run_id) or when
-        out.append({"config": rec.config.to_dict(), "config_hash": rec.config.hash, "median_ms": m.median_ms,
-                    "source_hash": rk.source_hash, "spec_hash": rk.spec_hash, "codegen_version": rk.codegen_version,
-                    "created_at": created, "origin": origin, "gpu_name": gpu})
+        out.append(_row(rec, origin, rec.measurement.created_at or (started or {}).get(rec.run_id) or when,
+                        gpu_name=gpu))
     return out
-
 
 _CACHE: dict[tuple[str, int, int], tuple[list, dict, Optional[datetime]]] = {}
 

@@ -422,40 +422,29 @@ class PerfDB:
         same = self._same_spec(k)
         which = (KernelRow.spec_hash.not_in(same) if earlier_specs
                  else and_(KernelRow.spec_hash.in_(same), KernelRow.source_hash != k.source_hash))
-        stmt = (select(MeasurementRow.id, MeasurementRow.config_json, MeasurementRow.config_hash,
-                       MeasurementRow.median_ms, MeasurementRow.created_at, KernelRow.source_hash,
-                       KernelRow.spec_hash, KernelRow.codegen_version)
-                .join(EnvRow, EnvRow.id == MeasurementRow.env_id)
-                .join(KernelRow, KernelRow.id == MeasurementRow.kernel_id)
-                .join(WorkloadRow, WorkloadRow.id == MeasurementRow.workload_id)
-                .where(self._env_clause(env_cols, env, (k.backend,)),
-                       KernelRow.op == k.op, KernelRow.pass_ == k.pass_, KernelRow.backend == k.backend,
-                       which, WorkloadRow.key_hash == wl.key_hash, MeasurementRow.status == "ok",
-                       MeasurementRow.median_ms.is_not(None))
-                .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc()))
-        with self.session() as s:
-            return [{"config": json.loads(config_json), "config_hash": config_hash, "median_ms": ms,
-                     "source_hash": source, "spec_hash": spec_hash, "codegen_version": codegen,
-                     "created_at": created, "origin": f"perf_db #{mid}"}
-                    for mid, config_json, config_hash, ms, created, source, spec_hash, codegen in s.execute(stmt)]
+        return self._seed_rows(k, wl, self._env_clause(env_cols, env, (k.backend,)), which)
 
     def other_gpus(self, env: EnvLike, kernel: KernelLike, workload: WorkloadLike) -> list[dict[str, Any]]:
         """ok measurements of ``workload`` by ``kernel`` (op, pass, backend, spec and the SAME source hash) on GPUs
         other than ``env``'s (its GPU name): what a study on a GPU without records of its own can start from.
-        Newest first; rows as ``retired``'s plus ``gpu_name`` (``perf_db/_retired.py``)."""
+        Newest first; rows as ``retired``'s (``perf_db/_retired.py``)."""
         k, wl = as_kernel(kernel), as_workload(workload)
         mine = env_columns(env)["gpu_name"]
+        return self._seed_rows(k, wl, EnvRow.gpu_name.is_not(None), EnvRow.gpu_name != mine,
+                               KernelRow.spec_hash.in_(self._same_spec(k)), KernelRow.source_hash == k.source_hash)
+
+    def _seed_rows(self, k: KernelKey, wl: Any, *where: Any) -> list[dict[str, Any]]:
+        """ok, timed measurements of ``wl`` by ``k``'s op, pass and backend under ``where``, newest first, as
+        warm-start rows (``perf_db/_retired.py``'s fields, with the measuring GPU's ``gpu_name``)."""
         stmt = (select(MeasurementRow.id, MeasurementRow.config_json, MeasurementRow.config_hash,
                        MeasurementRow.median_ms, MeasurementRow.created_at, KernelRow.source_hash,
                        KernelRow.spec_hash, KernelRow.codegen_version, EnvRow.gpu_name)
                 .join(EnvRow, EnvRow.id == MeasurementRow.env_id)
                 .join(KernelRow, KernelRow.id == MeasurementRow.kernel_id)
                 .join(WorkloadRow, WorkloadRow.id == MeasurementRow.workload_id)
-                .where(EnvRow.gpu_name.is_not(None), EnvRow.gpu_name != mine,
-                       KernelRow.op == k.op, KernelRow.pass_ == k.pass_, KernelRow.backend == k.backend,
-                       KernelRow.spec_hash.in_(self._same_spec(k)), KernelRow.source_hash == k.source_hash,
+                .where(KernelRow.op == k.op, KernelRow.pass_ == k.pass_, KernelRow.backend == k.backend,
                        WorkloadRow.key_hash == wl.key_hash, MeasurementRow.status == "ok",
-                       MeasurementRow.median_ms.is_not(None))
+                       MeasurementRow.median_ms.is_not(None), *where)
                 .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc()))
         with self.session() as s:
             return [{"config": json.loads(config_json), "config_hash": config_hash, "median_ms": ms,

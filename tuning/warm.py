@@ -47,27 +47,34 @@ class WarmStart:
     candidates: int = 0                                                         # distinct configs looked at
 
 
-def rank_retired(rows: Iterable[dict]) -> list[dict]:
-    """One row per (source, config): its fastest; sources newest first (by their newest
-    ``created_at``; sources without times last), then fastest first, then config hash."""
+def _grouped(rows: Iterable[dict], by: str) -> tuple[dict[str, Optional[datetime]], dict[tuple[str, str], dict]]:
+    """(group -> its newest ``created_at``, (group, config hash) -> its fastest row) of ``rows`` grouped by the
+    field ``by`` (a source hash, a GPU name)."""
     newest: dict[str, Optional[datetime]] = {}
     best: dict[tuple[str, str], dict] = {}
     for r in rows:
-        src, when = r["source_hash"], r.get("created_at")
-        if src not in newest:
-            newest[src] = when
-        elif when is not None and (newest[src] is None or when > newest[src]):
-            newest[src] = when
-        key = (src, r["config_hash"])
+        group, when = r[by], r.get("created_at")
+        if group not in newest:
+            newest[group] = when
+        elif when is not None and (newest[group] is None or when > newest[group]):
+            newest[group] = when
+        key = (group, r["config_hash"])
         if key not in best or r["median_ms"] < best[key]["median_ms"]:
             best[key] = r
+    return newest, best
 
-    def order(r: dict) -> tuple:
-        when = newest[r["source_hash"]]
-        return (when is None, -when.timestamp() if when is not None else 0.0, r["source_hash"], r["median_ms"],
-                r["config_hash"])
 
-    return sorted(best.values(), key=order)
+def _newest_first(when: Optional[datetime]) -> tuple:
+    """Sort key: newer times first, no time last."""
+    return (when is None, -when.timestamp() if when is not None else 0.0)
+
+
+def rank_retired(rows: Iterable[dict]) -> list[dict]:
+    """One row per (source, config): its fastest; sources newest first (by their newest
+    ``created_at``; sources without times last), then fastest first, then config hash."""
+    newest, best = _grouped(rows, "source_hash")
+    return sorted(best.values(), key=lambda r: (*_newest_first(newest[r["source_hash"]]), r["source_hash"],
+                                                r["median_ms"], r["config_hash"]))
 
 
 def select_retired(spec: Spec, key: TuneKey, default: Config, rows: Iterable[dict], limit: int, *,
@@ -122,16 +129,9 @@ def select_other_gpus(spec: Spec, key: TuneKey, default: Config, rows: Iterable[
     ``exclude`` (already seeded) and validate for ``key`` now.  Order: each GPU's fastest config first, GPUs with
     the newest measurement first, then each GPU's second fastest, and so on (one GPU's many near-equal configs do
     not crowd out another GPU's winner)."""
-    by_gpu: dict[str, dict[str, dict]] = {}
-    newest: dict[str, Optional[datetime]] = {}
-    for r in rows:
-        gpu, when = r["gpu_name"], r.get("created_at")
-        if gpu not in newest or (when is not None and (newest[gpu] is None or when > newest[gpu])):
-            newest[gpu] = when
-        mine = by_gpu.setdefault(gpu, {})
-        if r["config_hash"] not in mine or r["median_ms"] < mine[r["config_hash"]]["median_ms"]:
-            mine[r["config_hash"]] = r
-    gpus = sorted(by_gpu, key=lambda g: (newest[g] is None, -newest[g].timestamp() if newest[g] else 0.0, g))
-    ranked = [sorted(by_gpu[g].values(), key=lambda r: (r["median_ms"], r["config_hash"])) for g in gpus]
+    newest, best = _grouped(rows, "gpu_name")
+    gpus = sorted(newest, key=lambda g: (*_newest_first(newest[g]), g))
+    ranked = [sorted((r for (g, _), r in best.items() if g == gpu), key=lambda r: (r["median_ms"], r["config_hash"]))
+              for gpu in gpus]
     rounds = [per_gpu[i] for i in range(max(map(len, ranked), default=0)) for per_gpu in ranked if i < len(per_gpu)]
     return _pick(spec, key, default, rounds, limit, set(exclude), lambda row: Config(row["config"]))
