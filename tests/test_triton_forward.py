@@ -726,3 +726,39 @@ def test_candidate_ut_stage_with_fp16_m_gives_the_shipped_forward(monkeypatch, d
                         kv.load_variant_module(kv.module_source(cand.ut_mod), "ut_m16_narrow", narrow).ut_fused_kernel)
     o2, _ = path_attention_triton(*x, config=p, **cu)
     assert not (torch.isfinite(o2).all() and rel(o2, o0) < CAUGHT)
+
+
+@pytest.mark.parametrize("placement", ["inside_scale", "outside_scale", None],
+                         ids=["gate-inside", "gate-outside", "nogate"])
+def test_candidate_scans_with_fused_gate_give_the_shipped_forward(monkeypatch, placement):
+    """benchmarks/variants/scan_gate_fma.py: both scans with the gate offsets in one fused multiply-add and the
+    softmax scale folded into exp2 (scan_intra's walk in a per-row frame) give the shipped forward's o and lse to
+    float32 rounding (packed sequences of several super-chunks, GQA), under either gate placement and without a
+    gate; with the offsets left unscaled under outside_scale, or the intra walk's frame not left before lse is
+    stored, it is caught."""
+    from pathtune.codegen.triton import forward as fwd
+    from repo_scripts import load_benchmark_script
+
+    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/scan_gate_fma.py")
+    kv = sys.modules["kernel_variants"]
+    cu = dict(cu_seqlens=torch.tensor((0, 70, 71, 150), dtype=torch.int32),
+              **({"gate_placement": placement} if placement else {}))
+    x = make_inputs(741, B=1, T=150, HQ=4, H=2, D=16, DV=16, gate=placement is not None)
+    p = params()
+    o0, l0 = run(x, p, **cu)
+
+    def swap(mod):
+        monkeypatch.setattr(fwd, "scan_intra_kernel", mod.scan_intra_kernel)
+        monkeypatch.setattr(fwd, "scan_inter_kernel", mod.scan_inter_kernel)
+
+    swap(cand)
+    o1, l1 = run(x, p, **cu)
+    assert rel(o1, o0) < 1e-6 and rel(l1, l0) < 1e-6
+    check(o1, l1, *oracle(*x, **cu), TOL[F32])
+    if placement == "outside_scale":
+        for tag, edits in (("unscaled", [(old, new.replace("-gate_ratio", "-1.0"))
+                                         for old, new in cand.INTRA_FRAME + cand.INTER_FMA]),
+                           ("frame_kept", cand.INTRA_FRAME[:2] + cand.INTER_FMA)):
+            swap(kv.load_variant_module(kv.module_source(cand.scan_mod), f"scan_gate_fma_{tag}", edits))
+            o2, l2 = path_attention_triton(*x, config=p, **cu)
+            assert max(rel(o2, o0), rel(l2, l0)) > CAUGHT, tag
