@@ -115,6 +115,24 @@ def _chunks(items: Sequence[Any], n: int = _CHUNK) -> Iterable[Sequence[Any]]:
         yield items[i:i + n]
 
 
+def _bucket_order(bucket: int, wanted: int) -> tuple[float, int]:
+    """Sort key of a length bucket serving ``wanted``: log2 distance, ties to the larger bucket."""
+    return abs(math.log2(bucket) - math.log2(wanted)), -bucket
+
+
+def _one_gpu(rows: list[dict[str, Any]], wanted: int) -> list[dict[str, Any]]:
+    """The rows of one GPU (``best(other_gpus=True)``): the GPU whose nearest length bucket is closest to
+    ``wanted``, then the one with the most rows, then by name."""
+    by_gpu: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_gpu.setdefault(r["gpu_name"], []).append(r)
+
+    def rank(gpu: str) -> tuple:
+        return (min(_bucket_order(r["seq_bucket"], wanted) for r in by_gpu[gpu]), -len(by_gpu[gpu]), gpu)
+
+    return by_gpu[min(by_gpu, key=rank)]
+
+
 def _row_dict(m: MeasurementRow, e: EnvRow, k: KernelRow, w: WorkloadRow) -> dict[str, Any]:
     ratio = m.median_ms / m.baseline_ms if m.median_ms and m.baseline_ms else None
     errors = json.loads(m.errors_json) if m.errors_json else None
@@ -370,13 +388,19 @@ class PerfDB:
             log.debug("record: kept measurement #%d (%s)", mid, outcome)
         return mid
 
-    def _env_clause(self, cols: Any, env: Union[str, EnvLike], backends: Sequence[str]) -> Any:
+    def _env_clause(self, cols: Any, env: Union[str, EnvLike], backends: Sequence[str], *,
+                    other_gpus: bool = False) -> Any:
         """Rows whose environment matches ``env``: an ``env_hash`` exactly, or (for ``collect_env()``
-        output) per backend: GPU name, cc, CUDA and the backend's own library version (ptxas is soft)."""
+        output) per backend: GPU name, cc, CUDA and the backend's own library version (ptxas is soft).
+        ``other_gpus``: the same but for GPUs of another name (``env`` a ``collect_env()`` mapping)."""
         if isinstance(env, str):
+            if other_gpus:
+                raise PerfDBError("other_gpus needs the environment as collect_env() gives it, not an env_hash")
             return cols.env_hash == env
         want = env_columns(env)
-        common = [cols.gpu_name == want["gpu_name"], cols.cc.is_not_distinct_from(want["cc"]),
+        gpu = (and_(cols.gpu_name.is_not(None), cols.gpu_name != want["gpu_name"]) if other_gpus
+               else cols.gpu_name == want["gpu_name"])
+        common = [gpu, cols.cc.is_not_distinct_from(want["cc"]),
                   cols.cuda.is_not_distinct_from(want["cuda"]),
                   cols.env_key_schema == env_key_schema()]
         per_backend = [and_(cols.backend == b, *[getattr(cols, lib).is_not_distinct_from(want[lib])
@@ -455,13 +479,18 @@ class PerfDB:
     # -- best -----------------------------------------------------------------------------------------
 
     def best(self, env: Union[str, EnvLike], pass_: str, workload: WorkloadLike,
-             backend: Optional[str] = None) -> Optional[dict[str, Any]]:
+             backend: Optional[str] = None, *, other_gpus: bool = False) -> Optional[dict[str, Any]]:
         """The fastest ok, non-stale measurement for this workload, or None.
 
         Order: the exact workload key; else the same key with the nearest ``seq_bucket`` (log2
         distance, ties to the larger bucket); else None. ``backend`` None considers the dispatchable
         backends (triton, tvm). ``env``: an env_hash (exact), or ``collect_env()`` output (hard keys
         matched per backend; soft keys compared, a difference is served with ``warning`` set).
+
+        ``other_gpus``: the measurements of GPUs other than ``env``'s (a ``collect_env()`` mapping) with its
+        compute capability, CUDA and backend library versions, from ONE of them: the GPU with a record
+        at the exact length bucket, else the nearest; among equals, the one with the most records of the
+        key, then by name.  Its fastest is returned as above (``gpu`` names it).
 
         Returns a dict with ``backend``, ``config``, ``median_ms``, ``match`` ("exact"/"nearest"),
         ``seq_bucket`` (served) and ``requested_seq_bucket``, ``soft_mismatch``, ``warning``, ids.
@@ -478,7 +507,7 @@ class PerfDB:
         backends = (backend,) if backend else DISPATCH_BACKENDS
         v = best_view.c
         stmt = select(best_view).where(
-            self._env_clause(v, env, backends), v["pass"] == pass_, v.backend.in_(backends),
+            self._env_clause(v, env, backends, other_gpus=other_gpus), v["pass"] == pass_, v.backend.in_(backends),
             v.key_schema == KEY_SCHEMA, v.head_dim == wl.head_dim, v.head_dim_v == wl.head_dim_v,
             v.heads_q == wl.heads_q, v.heads_kv == wl.heads_kv, v.dtype == wl.dtype, v.use_gate == wl.use_gate,
             v.varlen == wl.varlen, v.batch_bucket == wl.batch_bucket, v.query_bucket == wl.query_bucket)
@@ -494,12 +523,14 @@ class PerfDB:
                 fresh.append(r)
         if not fresh:
             return None
-        buckets = {r["seq_bucket"] for r in fresh}
         req = wl.seq_bucket
+        if other_gpus:
+            fresh = _one_gpu(fresh, req)
+        buckets = {r["seq_bucket"] for r in fresh}
         if req in buckets:
             chosen, match = req, "exact"
         else:
-            chosen = min(buckets, key=lambda b: (abs(math.log2(b) - math.log2(req)), -b))
+            chosen = min(buckets, key=lambda b: _bucket_order(b, req))
             match = "nearest"
         top = min((r for r in fresh if r["seq_bucket"] == chosen),
                   key=lambda r: (r["median_ms"], -r["created_at"].timestamp(), -r["measurement_id"]))

@@ -64,7 +64,7 @@ __all__ = ["Choice", "Plan", "Dispatcher", "SOURCES", "get_dispatcher", "load_pa
 
 _log = logging.getLogger("pathtune.dispatch")
 
-SOURCES = ("pack", "perf_db", "bucket", "gate", "default", "heuristic")
+SOURCES = ("pack", "perf_db", "bucket", "gate", "default", "gpu", "heuristic")
 _MAX_BATCH_LOG2 = 10   # batch buckets 1 .. 1024 are searched when the caller's own has no result
 _UNSET: Any = object()
 # Decode records serve other length buckets at most this many powers of two away: a decode step's tiles,
@@ -530,6 +530,9 @@ class Dispatcher:
             return Choice(pass_, pack_hit.backend, self._valid(pass_, pack_hit.config, wl, "pack", pack_hit.backend),
                           "default",
                           f"pack {Path(pack.source).name} default for {pass_}")
+        other = self._other_gpu(pass_, wl, env, backends)
+        if other is not None:
+            return other
         return untuned_choice(pass_, wl, fallback, "no tuned config for this key")
 
     def _results_for(self, pass_: str, alt: Workload, env: Mapping[str, Any], backends: tuple[str, ...]):
@@ -562,17 +565,45 @@ class Dispatcher:
         larger; within one, the pack before perf_db): tuners fix a token budget, so the batch of a
         tuned workload rarely equals the caller's. Asked only when the caller's own bucket has nothing."""
         import dataclasses
-        import math
 
-        buckets = sorted((b for b in (1 << i for i in range(_MAX_BATCH_LOG2 + 1)) if b != wl.batch_bucket),
-                         key=lambda b: (abs(math.log2(b) - math.log2(wl.batch_bucket)), -b))
-        for b in buckets:
+        for b in _batch_buckets_by_distance(wl.batch_bucket)[1:]:
             for backend, config, where, seq in self._results_for(pass_, dataclasses.replace(wl, batch_bucket=b),
                                                                  env, backends):
                 valid = self._valid(pass_, config, wl, where, backend)
                 if valid is not None:
                     return Choice(pass_, backend, valid, "bucket", f"{where}, batch bucket {b} for "
                                   f"{wl.batch_bucket}, length bucket {seq} for {wl.seq_bucket}")
+        return None
+
+    def _other_gpu(self, pass_: str, wl: Workload, env: Mapping[str, Any],
+                   backends: tuple[str, ...]) -> Optional[Choice]:
+        """perf_db's result for the same key measured on another GPU of this one's compute capability, CUDA and
+        backend library versions (an H800 or GH200 served the H100's or H200's tuned config; ``PerfDB.best``
+        with ``other_gpus`` picks the GPU), the caller's batch bucket first, then the nearest.  Asked after
+        every result and pack entry of this GPU: a config tuned on another model of the same architecture
+        beats the untuned one, but is not this GPU's measurement."""
+        import dataclasses
+
+        db = self._db if self._db is not _UNSET else None
+        if db is None:
+            return None
+        for b in _batch_buckets_by_distance(wl.batch_bucket):
+            alt = dataclasses.replace(wl, batch_bucket=b)
+            try:
+                self.db_queries += 1
+                row = db.best(env, pass_, alt, backend=backends[0] if len(backends) == 1 else None, other_gpus=True)
+            except Exception as e:  # noqa: BLE001
+                self._drop_db(e)
+                return None
+            if row is None or row["backend"] not in backends or not within_reach(pass_, row["seq_bucket"],
+                                                                                  wl.seq_bucket):
+                continue
+            where = f"perf_db measurement #{row['measurement_id']} on {row['gpu']}"
+            valid = self._valid(pass_, row["config"], wl, where, row["backend"])
+            if valid is not None:
+                return Choice(pass_, row["backend"], valid, "gpu",
+                              f"{where} (same compute capability, CUDA and {row['backend']}), batch bucket {b} for "
+                              f"{wl.batch_bucket}, length bucket {row['seq_bucket']} for {wl.seq_bucket}")
         return None
 
     def _other_gate(self, pass_: str, wl: Workload, env: Mapping[str, Any],
@@ -658,6 +689,15 @@ class Dispatcher:
             self._plans[key] = plan
             _report(key, plan)
             return plan
+
+
+def _batch_buckets_by_distance(batch_bucket: int) -> list[int]:
+    """The batch buckets 1 .. 2**_MAX_BATCH_LOG2 nearest ``batch_bucket`` first (log2 distance, ties to the
+    larger): ``batch_bucket`` itself, then the others."""
+    import math
+
+    return sorted({batch_bucket, *(1 << i for i in range(_MAX_BATCH_LOG2 + 1))},
+                  key=lambda b: (abs(math.log2(b) - math.log2(batch_bucket)), -b))
 
 
 def _implementing(spec, pass_: str, backends: Sequence[str], gated: bool) -> tuple[tuple[str, ...], list[str]]:

@@ -131,6 +131,38 @@ def test_other_batch_bucket_before_default(env, db_url):
     assert (p.source, p.fwd.config) == ("default", fwd_cfg(num_warps=8))
 
 
+def test_other_gpu_of_the_same_architecture_serves_its_config(env, db_url):
+    """A GPU without records of a key (here the fake H200) runs another GPU's result for it when that GPU has
+    this one's compute capability, CUDA and Triton (source "gpu", the GPU named), after every result, gate
+    transfer and pack entry of its own and before the heuristic; a GPU of another compute capability or Triton
+    serves nothing; of two GPUs, the one with a record at the call's length bucket wins."""
+    h100 = {**env, "gpu_name": "NVIDIA H100 80GB HBM3", "sm_count": 132}
+    gh200 = {**env, "gpu_name": "NVIDIA GH200 480GB"}
+    record(db_url, {**env, "gpu_name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"},
+           [(wl(), fwd_cfg(num_warps=2), 0.1)])
+    record(db_url, {**env, "gpu_name": "NVIDIA H20", "triton": "0.0.1"}, [(wl(), fwd_cfg(num_warps=2), 0.1)])
+    p = plan(dispatcher(env, db_url))
+    assert p.source == "heuristic"
+    record(db_url, h100, [(wl(batch_bucket=8), fwd_cfg(chunk_size=32), 0.4),
+                          (wl(batch_bucket=8), fwd_cfg(block_n=32), 0.3),
+                          (wl(batch_bucket=8, seq=4096), fwd_cfg(num_stages=3), 0.2)])
+    p = plan(dispatcher(env, db_url))
+    assert (p.source, p.fwd.config) == ("gpu", fwd_cfg(block_n=32))
+    assert "on NVIDIA H100 80GB HBM3" in p.fwd.detail and "batch bucket 8 for 1" in p.fwd.detail
+    record(db_url, gh200, [(wl(batch_bucket=8, seq=4096), fwd_cfg(num_warps=8), 0.1)])
+    assert plan(dispatcher(env, db_url)).fwd.config == fwd_cfg(block_n=32)     # the H100 has the call's bucket
+    p = plan(dispatcher(env, db_url), seq=4000)                                  # both have 4096: more records
+    assert (p.source, p.fwd.config) == ("gpu", fwd_cfg(num_stages=3))
+    # this GPU's own result (the other gate's schedule, the pack's default) comes first
+    pack = make_pack(env, [], default=fwd_cfg(num_warps=8))
+    assert plan(dispatcher(env, db_url, pack)).source == "default"
+    record(db_url, env, [(wl(use_gate=False, seq=256), fwd_cfg(chunk_size=32), 0.3)])
+    assert plan(dispatcher(env, db_url)).source == "gate"
+    with PerfDB(db_url) as db:
+        with pytest.raises(Exception, match="collect_env"):
+            db.best("f" * 64, "fwd", wl(), other_gpus=True)
+
+
 def test_other_gate_lends_its_schedule_only(env, db_url):
     """A PaTH call (gate off) with results only for PaTH-FoX (gate on, the shipped H200 tune) runs their
     tiles, warps and stages with the heuristic's precision and beta clip (those passed the gate on the
