@@ -413,8 +413,9 @@ class Dispatcher:
         if rows and all(r["stale"] for r in rows):
             self._warn_once(f"pathtune: perf_db holds {len(rows)}{'+' if len(rows) == 200 else ''} {pass_} results for "
                             f"{env.get('gpu_name')} measured with other kernel code ({rows[0]['stale'][0]}); stale "
-                            "results are not served, kernels use heuristic configs: re-tune (`pathtune tune`) or "
-                            "prune them (`pathtune db gc`)")
+                            "results are not served, kernels use another GPU's current records of the same "
+                            "architecture where there are some, else heuristic configs: re-tune (`pathtune tune`) "
+                            "or prune them (`pathtune db gc`)")
 
     def _drop_db(self, e: BaseException) -> None:
         db, self._db = self._db, None

@@ -223,7 +223,8 @@ def test_stale_source_hash_is_not_served(env, db_url):
         assert plan(dispatcher(env, db_url), seq=100, head_dim=128, head_dim_v=128).source == "heuristic"
 
 
-def test_other_gpu_results_are_not_served(env, db_url):
+def test_other_architecture_results_are_not_served(env, db_url):
+    """Another GPU's results serve only GPUs of its compute capability (see the same-architecture test)."""
     record(db_url, {**env, "gpu_name": "NVIDIA A100", "compute_capability": "8.0"},
            [(wl(), fwd_cfg(chunk_size=32), 0.4)])
     assert plan(dispatcher(env, db_url)).source == "heuristic"
