@@ -83,7 +83,8 @@ _CHILD = textwrap.dedent("""
         try:
             r = compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=90)
             rec.update(ok=True, shared=r.shared_bytes, regs=r.registers, spills=r.spill_bytes,
-                       mma=[[kind, t, n] for (kind, t), n in sorted(r.mma.items())])
+                       mma=[[kind, t, n] for (kind, t), n in sorted(r.mma.items())],
+                       loops=[lp.instructions for lp in r.loops], serialized=r.wgmma_serialized)
         except Exception as exc:
             rec.update(ok=False, error=f"{type(exc).__name__}: {exc}"[-3000:])
         rec["seconds"] = round(time.time() - t0, 2)
@@ -119,7 +120,8 @@ def compiled():
             if r["ok"]:
                 flag = "" if r["shared"] <= SMEM_LIMIT_SM90 else f"  OVER {SMEM_LIMIT_SM90}"
                 print(f"  {r['name']:30s} shared {r['shared']:7d} B  regs {r['regs']}  spills {r['spills']} B  "
-                      f"mma {r['mma']} ({r['seconds']:.1f} s){flag}")
+                      f"mma {r['mma']}  loops {r['loops']}{'  SERIALIZED' if r['serialized'] else ''} "
+                      f"({r['seconds']:.1f} s){flag}")
             else:
                 print(f"  {r['name']:30s} FAILED {r['error'][:300]}")
     return results
@@ -207,6 +209,42 @@ def test_hot_kernels_products_are_wgmma(compiled, D):
         if kinds != {"wgmma"}:
             off[name] = r["mma"]
     assert not off, f"D={D}: products off wgmma: {off}"
+
+
+@pytest.mark.parametrize("D", (64, 128))
+def test_hot_kernels_keep_their_wgmma_pipeline(compiled, D):
+    """ptxas does not serialize the wgmma pipeline of any kernel at the head dim's untuned config (its warning
+    C7513: a register that feeds a wgmma is written while the pipeline runs, e.g. a spill reload; the FoX offsets
+    of scan_inter as a TMA block did that at D 128 and took the forward 1.02-1.04x longer on the H100), and the
+    forward scans' hot loops are found in their SASS (one loop per scan, the count ``compile_check`` prints)."""
+    serialized = [name for name, r in compiled[D].items() if r["ok"] and r["serialized"]]
+    assert not serialized, f"D={D}: ptxas serialized the wgmma pipeline of {serialized}"
+    for name in ("scan_intra_kernel", "scan_inter_kernel"):
+        loops = compiled[D][name]["loops"]
+        assert len(loops) == 1 and 100 < loops[0] < 5000, f"D={D} {name}: MMA loops {loops}"
+
+
+def test_mma_loops_finds_the_innermost_product_loops():
+    """compile_check.mma_loops: a loop is a backward branch and its body; only loops running a product count, the
+    innermost of nested ones, and a retry path that branches back into a loop's body from past the kernel's end
+    (a barrier wait's) is not a loop of its own; instructions are counted by opcode without predicates."""
+    from pathtune.codegen.triton.compile_check import mma_loops
+
+    def sass(lines):
+        return "\n".join(f"        /*{16 * i:04x}*/                   {text} ;" for i, text in enumerate(lines))
+
+    body = ["FFMA R1, R2, R3, R4", "@P0 FADD R5, R5, R6", "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24",
+            "MUFU.EX2 R7, R7"]
+    code = (["MOV R0, RZ"]                                   # 0
+            + body                                            # 1-4: inner loop body
+            + ["@P1 BRA 0x10"]                               # 5: back to 1 (inner loop)
+            + ["IADD3 R9, R9, 1", "@P2 BRA 0x10"]            # 6-7: outer loop back to 1 (contains the inner)
+            + ["FADD R8, R8, R8", "@P3 BRA 0x80"]            # 8-9: a loop without products (back to 8)
+            + ["EXIT", "SYNCS.PHASECHK P4, [UR5]", "@!P4 BRA 0x30"])   # 10-12: a retry path into the inner body
+    loops = mma_loops(sass(code))
+    assert [lp.instructions for lp in loops] == [5]
+    assert loops[0].ops == {"FFMA": 1, "FADD": 1, "HGMMA": 1, "MUFU": 1, "BRA": 1}
+    assert mma_loops(sass(body + ["EXIT"])) == []
 
 
 def test_mma_sites_count_ptx_products_by_kind():

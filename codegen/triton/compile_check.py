@@ -7,7 +7,12 @@ shared memory for the target.  Used by the CPU tests (every kernel must compile 
 the spec's default configuration) and by developers before spending GPU time.  Each line also counts the
 kernel's matrix-product instructions in its PTX by kind: ``wgmma`` (sm_90's warpgroup MMA, what a ``tl.dot``
 becomes with num_warps a multiple of 4, 64 or more rows per program and 16-bit or tf32 operands) and
-``mma.sync`` (the older per-warp MMA, at a fraction of the tensor-core rate), with the operand types.
+``mma.sync`` (the older per-warp MMA, at a fraction of the tensor-core rate), with the operand types, and
+the SASS instructions of one iteration of each innermost loop that runs a matrix product (``--ops``: by
+opcode), flagging a kernel whose wgmma pipeline ptxas serializes (its warning C7513: a register feeding a
+wgmma is written while the pipeline runs, e.g. by a spill reload; ptxas then waits after every wgmma).
+Where the loop issues more instructions than the products keep busy (two warps per scheduler, say), each one
+costs time: the count is the offline measure of a change to a hot loop.
 """
 from __future__ import annotations
 
@@ -41,6 +46,10 @@ class KernelResources:
     num_warps: int | None = None
     # matrix-product instruction sites in the PTX by kind ("wgmma" / "mma.sync") and operand type (``mma_sites``)
     mma: dict = field(default_factory=dict)
+    # the innermost SASS loops that run a matrix product (``mma_loops``), in address order
+    loops: list = field(default_factory=list)
+    # ptxas serialized the kernel's wgmma pipeline (warning C7513)
+    wgmma_serialized: bool = False
 
     def programs_per_sm(self) -> int | None:
         """How many programs (blocks) of this kernel fit one sm_90 multiprocessor at once (registers and shared
@@ -64,7 +73,52 @@ class KernelResources:
         per_sm = self.programs_per_sm()
         return (f"{self.name:32s} shared {self.shared_bytes:7d} B  regs {self.registers}  "
                 f"spills {self.spill_bytes} B" + ("" if per_sm is None else f"  {per_sm} per SM")
-                + (f"  [{self.mma_summary()}]" if self.mma else ""))
+                + (f"  [{self.mma_summary()}]" if self.mma else "")
+                + (f"  mma loops {'/'.join(str(lp.instructions) for lp in self.loops)} instr" if self.loops else "")
+                + ("  WGMMA SERIALIZED (ptxas C7513)" if self.wgmma_serialized else ""))
+
+
+@dataclass
+class LoopStats:
+    """One iteration of a SASS loop: its instruction count and {opcode: count} (predicates and modifiers dropped)."""
+
+    instructions: int
+    ops: dict
+
+    def top(self, n: int = 12) -> str:
+        return " ".join(f"{op}:{c}" for op, c in sorted(self.ops.items(), key=lambda kv: (-kv[1], kv[0]))[:n])
+
+
+_SASS_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+([^;]*);", re.M)
+_SASS_BRANCH = re.compile(r"\bBRA\b.*?\b0x([0-9a-f]+)")
+_SASS_MMA = re.compile(r"\b(HGMMA|HMMA)\b")
+
+
+def mma_loops(sass: str) -> list[LoopStats]:
+    """The innermost loops of a kernel's SASS (``cuobjdump -sass``) whose body runs a matrix product (HGMMA or
+    HMMA): a loop is a backward branch and the instructions from its target to it; innermost: the smallest of
+    the spans that intersect (the retry paths of barrier waits, placed after the kernel's end, branch back into
+    a loop's body: they cross it without being loops of their own).  In address order."""
+    instrs = [(int(a, 16), text.strip()) for a, text in _SASS_INSTR.findall(sass)]
+    index = {addr: i for i, (addr, _) in enumerate(instrs)}
+    spans = []
+    for i, (addr, text) in enumerate(instrs):
+        m = _SASS_BRANCH.search(text)
+        if m and int(m.group(1), 16) < addr and int(m.group(1), 16) in index:
+            j = index[int(m.group(1), 16)]
+            if any(_SASS_MMA.search(t) for _, t in instrs[j:i + 1]):
+                spans.append((j, i))
+    inner: list[tuple[int, int]] = []
+    for j, i in sorted(set(spans), key=lambda span: span[1] - span[0]):
+        if all(i < b or e < j for b, e in inner):
+            inner.append((j, i))
+    out = []
+    for j, i in sorted(inner):
+        ops: Counter = Counter()
+        for _, text in instrs[j:i + 1]:
+            ops[re.sub(r"^@!?U?P[T\d]+\s+", "", text).split()[0].split(".")[0]] += 1
+        out.append(LoopStats(i - j + 1, dict(ops)))
+    return out
 
 
 # a PTX matrix-product instruction: wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 (the last field is
@@ -83,22 +137,40 @@ def mma_sites(ptx: str) -> dict:
     return dict(counts)
 
 
-def _ptxas_info(ptx: str, arch: int) -> tuple[int | None, int | None]:
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+@dataclass
+class _PtxasReport:
+    registers: int | None = None
+    spill_bytes: int | None = None
+    wgmma_serialized: bool = False
+    loops: list = field(default_factory=list)
+
+
+def _nvidia_tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def _ptxas_report(ptx: str, arch: int) -> _PtxasReport:
+    """Registers, spills, the C7513 warning and the MMA loops (``cuobjdump -sass``) of ``ptx`` assembled by Triton's
+    bundled ptxas for sm_<arch>; empty where a tool is missing or fails."""
+    ptxas, cuobjdump = _nvidia_tool("ptxas"), _nvidia_tool("cuobjdump")
     if not os.path.exists(ptxas):
-        return None, None
+        return _PtxasReport()
     suffix = "a" if arch >= 90 else ""
     with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "k.ptx")
+        src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(src, "w") as fh:
             fh.write(ptx)
-        out = subprocess.run([ptxas, "-v", f"-arch=sm_{arch}{suffix}", src, "-o", os.path.join(tmp, "k.cubin")],
+        out = subprocess.run([ptxas, "-v", f"-arch=sm_{arch}{suffix}", src, "-o", cubin],
                              capture_output=True, text=True)
-    if out.returncode != 0:  # e.g. a newer Triton's PTX ISA than its bundled ptxas takes standalone
-        return None, None
+        if out.returncode != 0:  # e.g. a newer Triton's PTX ISA than its bundled ptxas takes standalone
+            return _PtxasReport()
+        sass = (subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True).stdout
+                if os.path.exists(cuobjdump) else "")
     regs = re.search(r"Used (\d+) registers", out.stderr)
     spills = re.findall(r"(\d+) bytes spill stores", out.stderr)
-    return (int(regs.group(1)) if regs else None), (sum(map(int, spills)) if spills else 0)
+    return _PtxasReport((int(regs.group(1)) if regs else None), (sum(map(int, spills)) if spills else 0),
+                        "C7513" in out.stderr, mma_loops(sass))
+
 
 
 def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int = 2,
@@ -118,8 +190,9 @@ def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int, num
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                        options={"num_warps": num_warps, "num_stages": num_stages,
                                 **({"maxnreg": maxnreg} if maxnreg else {})})
-    regs, spills = _ptxas_info(k.asm["ptx"], arch)
-    return KernelResources(fn.fn.__name__, k.metadata.shared, regs, spills, num_warps, mma_sites(k.asm["ptx"]))
+    r = _ptxas_report(k.asm["ptx"], arch)
+    return KernelResources(fn.fn.__name__, k.metadata.shared, r.registers, r.spill_bytes, num_warps,
+                           mma_sites(k.asm["ptx"]), r.loops, r.wgmma_serialized)
 
 
 _PTR_F32 = "*fp32"
@@ -305,6 +378,8 @@ def main(argv=None):
     ap.add_argument("--pass", dest="pass_", choices=("all", "fwd", "decode"), default="all",
                     help="forward+backward kernels, decode kernels, or all")
     ap.add_argument("--no-gate", action="store_true", help="the PaTH kernels (default: PaTH-FoX, the gated ones)")
+    ap.add_argument("--ops", action="store_true",
+                    help="also print each MMA loop's SASS instructions per iteration by opcode")
     args = ap.parse_args(argv)
     gate = not args.no_gate
     import json
@@ -334,6 +409,9 @@ def main(argv=None):
             over = args.arch >= 90 and res.shared_bytes > SMEM_LIMIT_SM90
             print(f"{res}{f'  OVER the sm_90 limit of {SMEM_LIMIT_SM90} B: the launch fails' if over else ''}",
                   flush=True)
+            if args.ops:
+                for loop in res.loops:
+                    print(f"    loop of {loop.instructions} instructions: {loop.top()}", flush=True)
         except Exception as exc:  # report and continue: a failing config is a status
             print(f"{fn.fn.__name__:32s} FAILED: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
 
