@@ -215,6 +215,7 @@ def main() -> None:
     import pathtune
     from pathtune.codegen.triton import TritonParams
     from pathtune.codegen.triton.forward import path_attention_fwd
+    from pathtune.runtime.dispatch import get_dispatcher
     from pathtune.runtime.reference import naive_path_attention
     from pathtune.tuning.baselines import fla_path_callable, sdpa_callable
     from pathtune.tuning.bench import make_inputs
@@ -239,11 +240,17 @@ def main() -> None:
                 if args.config == "auto":
                     backend = "auto"
                     base = TritonParams.heuristic(D, D)
+                    # the config the public call runs (what the dispatcher picks): kernel_flops counts its work
+                    plan = get_dispatcher().plan(q.device, D, D, H, H, "bfloat16", gate, T, B, False)
+                    row["config"] = json.loads(plan.params_json)
+                    row["dispatch"] = plan.describe()
                 elif args.config == "heuristic":
                     backend, base = "triton", TritonParams.heuristic(D, D)
                 else:
                     backend, base = "triton", TritonParams.from_config(json.loads(args.config),
                                                                        TritonParams.heuristic(D, D))
+                if "config" not in row:
+                    row["config"] = json.loads(base.to_json())
 
                 def api():
                     return pathtune.path_attention(q, k, v, w, beta, g, scale=scale, backend=backend)

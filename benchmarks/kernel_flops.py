@@ -21,7 +21,9 @@ import json
 def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN: int = 64,
                  forward_only: bool = False) -> dict[str, float]:
     """FLOPs of one fwd+bwd per kernel name (DV = D, HQ = H, dense batch of B sequences of T); with
-    ``forward_only`` of one forward (one UT pass, one transport)."""
+    ``forward_only`` of one forward (one UT pass, one transport).  A super-chunk longer than the sequence spans
+    the sequence."""
+    S = min(S, T)
     N = B * T                       # tokens
     n_chunk = N // C                # UT chunks
     s = S // C                      # chunks per super-chunk
@@ -65,9 +67,20 @@ def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN:
     return f
 
 
+def row_superchunk(row: dict, kernels: list, S: int) -> int:
+    """The super-chunk size a profiled call ran: its recorded config's, else ``S``, or at least the sequence when
+    the call launched no inter scan (a super-chunk as long as the sequence: the intra scan does all the work)."""
+    recorded = (row.get("config") or {}).get("superchunk_size")
+    if recorded:
+        return int(recorded)
+    inter = any(name.split("(")[0].strip() == "scan_inter_kernel" for name, *_ in kernels)
+    return S if inter else row["T"]
+
+
 def table(profile_rows: list[dict], C: int, S: int, BN: int, forward_only: bool = False) -> list[dict]:
     """Rows of the profile step (``kind: profile``) or, with ``forward_only``, of fwd_probe.py (a
-    ``profile`` dict per shape)."""
+    ``profile`` dict per shape); a row's recorded config (fwd_probe.py) gives its chunk and super-chunk sizes,
+    else ``C`` and ``S`` (``row_superchunk``)."""
     out = []
     for r in profile_rows:
         if forward_only:
@@ -78,7 +91,9 @@ def table(profile_rows: list[dict], C: int, S: int, BN: int, forward_only: bool 
             continue
         else:
             kernels = r["kernels"]
-        flops = kernel_flops(r["D"], r["T"], r["B"], r["H"], C, S, BN, forward_only)
+        chunk = int((r.get("config") or {}).get("chunk_size") or C)
+        flops = kernel_flops(r["D"], r["T"], r["B"], r["H"], chunk, row_superchunk(r, kernels, S), BN,
+                             forward_only)
         for name, ms, launches in kernels:
             key = name.split("(")[0].strip()
             if key in flops and ms > 0:

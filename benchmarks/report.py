@@ -170,15 +170,15 @@ def _kernel_cells(rows, name: str, kernels_of, flops: dict, launches: bool = Tru
     return cells
 
 
-def profile_section(path: Path, doc: dict) -> list[str]:
+def profile_section(path: Path, doc: dict, level: str = "##") -> list[str]:
     """Device ms per kernel of one public forward per (D, T, gate) of a fwd_probe.py run, its do_bench time,
-    its CUDA-graph replay (where the run timed one) and the launcher's knob variants."""
+    its CUDA-graph replay (where the run timed one) and the launcher's knob variants; ``level``: its heading's."""
     rows = sorted((r for r in doc["rows"] if "profile" in r), key=lambda r: (r["T"], r["D"], not r["gate"]))
     flops = {(f["D"], f["T"], f["gate"], f["kernel"]): f
              for f in flops_table(rows, 64, 1024, 64, forward_only=True)}
     head = " | ".join(f"D{r['D']} T{r['T']} {'FoX' if r['gate'] else 'PaTH'}" for r in rows)
     config = "tuned config, backend='auto'" if "--config auto" in doc["command"] else "heuristic config"
-    out = [f"## Where one forward's time goes ({config})", "",
+    out = [f"{level} Where one forward's time goes ({config})", "",
            "Device ms per kernel of one public `path_attention` call (torch profiler) and, where the kernel does "
            "matrix products, the achieved TFLOP/s (`benchmarks/kernel_flops.py --forward`: 2·m·n·k per product, "
            "tf32x3 counted once).  The transport runs on a second stream beside `scan_intra`.", "",
@@ -264,14 +264,20 @@ def _by_other_gpu(files) -> dict[str, list]:
     return out
 
 
-def other_gpus_section(benches, probes=()) -> list[str]:
+def _has_profile(doc: dict) -> bool:
+    return any("profile" in r for r in doc["rows"])
+
+
+def other_gpus_section(benches, probes=(), fwd_probes=()) -> list[str]:
     """Each other GPU's newest complete bench with forward rows, then older ones for the shapes no newer run timed
     (forward and forward + backward tables, baselines from its own run; ``benches``: the complete bench files of
-    every GPU, oldest first) and its decode probes' tables (``probes``: the decode probe files of every GPU, oldest
-    first), newest GPU run first; empty when every bench and probe ran on the reference GPU."""
+    every GPU, oldest first), its newest forward profile (``fwd_probes``: fwd_probe.py files of every GPU, oldest
+    first; those with a per-kernel profile count) and its decode probes' tables (``probes``: the decode probe files
+    of every GPU, oldest first), newest GPU run first; empty when every bench and probe ran on the reference GPU."""
     runs = {gpu: hits for gpu, files in _by_other_gpu(benches).items() if (hits := _newest_cells(files, _has_forward))}
     decode = _by_other_gpu(probes)
-    if not runs and not decode:
+    profiles = _by_other_gpu([f for f in fwd_probes if _has_profile(f[1])])
+    if not runs and not decode and not profiles:
         return []
     out = ["## Other GPUs", "",
            f"The newest complete bench (older runs for the shapes it did not time) and decode probes of each GPU "
@@ -279,10 +285,10 @@ def other_gpus_section(benches, probes=()) -> list[str]:
            "run; each table names the commit whose kernels it timed.", ""]
 
     def newest_stamp(gpu):
-        files = runs.get(gpu, []) + decode.get(gpu, [])
+        files = runs.get(gpu, []) + decode.get(gpu, []) + profiles.get(gpu, [])
         return max(_stamp(p) for p, _d in files)
 
-    for gpu in sorted(set(runs) | set(decode), key=newest_stamp, reverse=True):
+    for gpu in sorted(set(runs) | set(decode) | set(profiles), key=newest_stamp, reverse=True):
         out += [f"### {gpu}", ""]
         for i, (path, doc) in enumerate(runs.get(gpu, [])):
             if i:
@@ -291,6 +297,8 @@ def other_gpus_section(benches, probes=()) -> list[str]:
             if any("pathtune_fb" in r["times"] for r in doc["rows"]):
                 out += ["", "Forward + backward:", ""] + _training_table(doc)
             out += [""] + _source(path, doc)
+        if gpu in profiles:
+            out += [""] + profile_section(*profiles[gpu][-1], level="####")
         steps = [p for p in decode.get(gpu, []) if p[1].get("steps")]
         generation = [p for p in decode.get(gpu, []) if p[1].get("rows")]
         if steps:
@@ -505,7 +513,7 @@ def render() -> str:
         parts.append("\n".join(decode_steps_section(steps)) + "\n")
     if generation:
         parts.append("\n".join(generation_section(*generation[-1])) + "\n")
-    others = other_gpus_section(complete, _load("*-decode-probe.json", gpu=None))
+    others = other_gpus_section(complete, _load("*-decode-probe.json", gpu=None), _load("*-fwd-probe.json", gpu=None))
     if others:
         parts.append("\n".join(others) + "\n")
     parts.append("\n".join(current_section()) + "\n")
