@@ -231,3 +231,24 @@ def test_another_gpus_older_run_shows_only_the_shapes_its_newer_runs_did_not_tim
     assert "**1.800**" in newer and "Source: `benchmarks/results/H100-20260103T000000Z-bench-fwd-bwd.json`" in newer
     assert "**3.800**" in older and "**27.000**" in older and "**1.700**" not in older
     assert "Source: `benchmarks/results/H100-20260101T000000Z-bench-fwd-bwd.json`" in older
+
+
+def test_another_gpus_forward_profile_goes_under_its_own_heading(tmp_path, monkeypatch):
+    """A fwd_probe.py profile on another GPU shows under "Other GPUs" as that GPU's "Where one forward's time goes",
+    with TFLOP/s from each row's recorded super-chunk; the reference section keeps the reference GPU's profile."""
+    import json
+
+    report, doc = _synthetic(tmp_path, monkeypatch, "python benchmarks/fwd_probe.py --config auto --seq-lens 2048")
+    row = dict(D=64, T=2048, B=16, H=16, gate=False, sdpa_flash=0.52, api=1.30, graph=1.29, variants=[],
+               profile=dict(kernels=[["scan_intra_kernel", 0.800, 1], ["ut_fused_kernel", 0.450, 1]]))
+    (tmp_path / "H200-20260102T000000Z-fwd-probe.json").write_text(json.dumps(dict(doc, rows=[row])))
+    assert "## Other GPUs" not in report.render()
+    other = dict(doc, gpu="NVIDIA H100 80GB HBM3",
+                 rows=[dict(row, api=1.40, config=dict(superchunk_size=1024, chunk_size=64),
+                            profile=dict(kernels=[["scan_intra_kernel", 0.700, 1], ["scan_inter_kernel", 0.2, 1]]))])
+    (tmp_path / "H100-20260103T000000Z-fwd-probe.json").write_text(json.dumps(other))
+    reference, others = report.render().split("## Other GPUs")
+    assert "## Where one forward's time goes" in reference and "| 1.300 |" in reference and "1.400" not in reference
+    assert "### NVIDIA H100 80GB HBM3" in others and "#### Where one forward's time goes" in others
+    assert "| 1.400 |" in others and "| scan_inter_kernel | 0.200 (" in others
+    assert "Source: `benchmarks/results/H100-20260103T000000Z-fwd-probe.json`" in others
