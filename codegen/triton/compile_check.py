@@ -172,7 +172,6 @@ def _ptxas_report(ptx: str, arch: int) -> _PtxasReport:
                         "C7513" in out.stderr, mma_loops(sass))
 
 
-
 def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int = 2,
                    arch: int = 90, aligned: bool = False, maxnreg: int | None = None) -> KernelResources:
     """Compile one @triton.jit kernel for sm_<arch>; raises on compile errors.
