@@ -98,8 +98,7 @@ def retired_in_records(records: Iterable[Any], env: Union[str, EnvLike], kernel:
             gpu = env_columns(rec.env)["gpu_name"]
         except PerfDBError:
             continue
-        out.append(_row(rec, origin, rec.measurement.created_at or (started or {}).get(rec.run_id) or when,
-                        gpu_name=gpu))
+        out.append(_row(rec, origin, started, when, gpu))
     return out
 
 
@@ -112,12 +111,15 @@ def _timed_records(records: Iterable[Any], k: KernelKey, wl: Any) -> Iterable[An
             yield rec
 
 
-def _row(rec: Any, origin: str, created: Optional[datetime], gpu_name: Optional[str]) -> dict[str, Any]:
-    """A record as a warm-start row (the module docstring's fields)."""
-    rk = rec.kernel
-    return {"config": rec.config.to_dict(), "config_hash": rec.config.hash, "median_ms": rec.measurement.median_ms,
+def _row(rec: Any, origin: str, started: Optional[dict[str, Any]], when: Optional[datetime],
+         gpu_name: Optional[str]) -> dict[str, Any]:
+    """A record as a warm-start row (the module docstring's fields); ``created_at``: the measurement's, else its
+    run's start (``started``: run_id -> datetime), else ``when``."""
+    rk, m = rec.kernel, rec.measurement
+    return {"config": rec.config.to_dict(), "config_hash": rec.config.hash, "median_ms": m.median_ms,
             "source_hash": rk.source_hash, "spec_hash": rk.spec_hash, "codegen_version": rk.codegen_version,
-            "created_at": created, "origin": origin, "gpu_name": gpu_name}
+            "created_at": m.created_at or (started or {}).get(rec.run_id) or when, "origin": origin,
+            "gpu_name": gpu_name}
 
 
 def other_gpus_in_records(records: Iterable[Any], env: EnvLike, kernel: KernelLike, workload: WorkloadLike, *,
@@ -140,9 +142,9 @@ def other_gpus_in_records(records: Iterable[Any], env: EnvLike, kernel: KernelLi
             continue
         if gpu is None or gpu == mine:
             continue
-        out.append(_row(rec, origin, rec.measurement.created_at or (started or {}).get(rec.run_id) or when,
-                        gpu_name=gpu))
+        out.append(_row(rec, origin, started, when, gpu))
     return out
+
 
 _CACHE: dict[tuple[str, int, int], tuple[list, dict, Optional[datetime]]] = {}
 
