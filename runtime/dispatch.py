@@ -548,17 +548,29 @@ class Dispatcher:
                 hit = None
             if hit is not None and hit.match != "default" and within_reach(pass_, hit.seq_bucket, alt.seq_bucket):
                 yield hit.backend, hit.config, f"pack {Path(pack.source).name}", hit.seq_bucket
+        hit = self._db_result(pass_, alt, env, backends)
+        if hit is not None:
+            yield hit
+
+    def _db_result(self, pass_: str, alt: Workload, env: Mapping[str, Any], backends: tuple[str, ...], *,
+                   other_gpus: bool = False):
+        """perf_db's best result for workload ``alt`` (``PerfDB.best``; ``other_gpus``: another GPU's of this one's
+        architecture) as (backend, config, where, seq_bucket), or None (none, out of reach, or the database
+        failed: dropped)."""
         db = self._db if self._db is not _UNSET else None
-        if db is not None:
-            try:
-                self.db_queries += 1
-                row = db.best(env, pass_, alt, backend=backends[0] if len(backends) == 1 else None)
-            except Exception as e:  # noqa: BLE001
-                self._drop_db(e)
-                return
-            if (row is not None and row["backend"] in backends
-                    and within_reach(pass_, row["seq_bucket"], alt.seq_bucket)):
-                yield row["backend"], row["config"], f"perf_db measurement #{row['measurement_id']}", row["seq_bucket"]
+        if db is None:
+            return None
+        try:
+            self.db_queries += 1
+            row = db.best(env, pass_, alt, backend=backends[0] if len(backends) == 1 else None, other_gpus=other_gpus)
+        except Exception as e:  # noqa: BLE001
+            self._drop_db(e)
+            return None
+        if row is None or row["backend"] not in backends or not within_reach(pass_, row["seq_bucket"],
+                                                                              alt.seq_bucket):
+            return None
+        where = f"perf_db measurement #{row['measurement_id']}" + (f" on {row['gpu']}" if other_gpus else "")
+        return row["backend"], row["config"], where, row["seq_bucket"]
 
     def _other_batch_bucket(self, pass_: str, wl: Workload, env: Mapping[str, Any],
                             backends: tuple[str, ...]) -> Optional[Choice]:
@@ -585,26 +597,16 @@ class Dispatcher:
         beats the untuned one, but is not this GPU's measurement."""
         import dataclasses
 
-        db = self._db if self._db is not _UNSET else None
-        if db is None:
-            return None
         for b in _batch_buckets_by_distance(wl.batch_bucket):
-            alt = dataclasses.replace(wl, batch_bucket=b)
-            try:
-                self.db_queries += 1
-                row = db.best(env, pass_, alt, backend=backends[0] if len(backends) == 1 else None, other_gpus=True)
-            except Exception as e:  # noqa: BLE001
-                self._drop_db(e)
-                return None
-            if row is None or row["backend"] not in backends or not within_reach(pass_, row["seq_bucket"],
-                                                                                  wl.seq_bucket):
+            hit = self._db_result(pass_, dataclasses.replace(wl, batch_bucket=b), env, backends, other_gpus=True)
+            if hit is None:
                 continue
-            where = f"perf_db measurement #{row['measurement_id']} on {row['gpu']}"
-            valid = self._valid(pass_, row["config"], wl, where, row["backend"])
+            backend, config, where, seq = hit
+            valid = self._valid(pass_, config, wl, where, backend)
             if valid is not None:
-                return Choice(pass_, row["backend"], valid, "gpu",
-                              f"{where} (same compute capability, CUDA and {row['backend']}), batch bucket {b} for "
-                              f"{wl.batch_bucket}, length bucket {row['seq_bucket']} for {wl.seq_bucket}")
+                return Choice(pass_, backend, valid, "gpu",
+                              f"{where} (same compute capability, CUDA and {backend}), batch bucket {b} for "
+                              f"{wl.batch_bucket}, length bucket {seq} for {wl.seq_bucket}")
         return None
 
     def _other_gate(self, pass_: str, wl: Workload, env: Mapping[str, Any],
