@@ -81,7 +81,7 @@ _CHILD = textwrap.dedent("""
         rec = dict(name=fn.fn.__name__, jit=isinstance(fn, JITFunction), num_warps=nw, num_stages=ns)
         t0 = time.time()
         try:
-            r = compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=90)
+            r = compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=90, loops=True)
             rec.update(ok=True, shared=r.shared_bytes, regs=r.registers, spills=r.spill_bytes,
                        mma=[[kind, t, n] for (kind, t), n in sorted(r.mma.items())],
                        loops=[lp.instructions for lp in r.loops], serialized=r.wgmma_serialized)

@@ -149,9 +149,9 @@ def _nvidia_tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def _ptxas_report(ptx: str, arch: int) -> _PtxasReport:
-    """Registers, spills, the C7513 warning and the MMA loops (``cuobjdump -sass``) of ``ptx`` assembled by Triton's
-    bundled ptxas for sm_<arch>; empty where a tool is missing or fails."""
+def _ptxas_report(ptx: str, arch: int, loops: bool = False) -> _PtxasReport:
+    """Registers, spills, the C7513 warning and (``loops``) the MMA loops (``cuobjdump -sass``) of ``ptx`` assembled
+    by Triton's bundled ptxas for sm_<arch>; empty where a tool is missing or fails."""
     ptxas, cuobjdump = _nvidia_tool("ptxas"), _nvidia_tool("cuobjdump")
     if not os.path.exists(ptxas):
         return _PtxasReport()
@@ -165,7 +165,7 @@ def _ptxas_report(ptx: str, arch: int) -> _PtxasReport:
         if out.returncode != 0:  # e.g. a newer Triton's PTX ISA than its bundled ptxas takes standalone
             return _PtxasReport()
         sass = (subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True).stdout
-                if os.path.exists(cuobjdump) else "")
+                if loops and os.path.exists(cuobjdump) else "")
     regs = re.search(r"Used (\d+) registers", out.stderr)
     spills = re.findall(r"(\d+) bytes spill stores", out.stderr)
     return _PtxasReport((int(regs.group(1)) if regs else None), (sum(map(int, spills)) if spills else 0),
@@ -173,13 +173,15 @@ def _ptxas_report(ptx: str, arch: int) -> _PtxasReport:
 
 
 def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int, num_stages: int = 2,
-                   arch: int = 90, aligned: bool = False, maxnreg: int | None = None) -> KernelResources:
+                   arch: int = 90, aligned: bool = False, maxnreg: int | None = None,
+                   loops: bool = False) -> KernelResources:
     """Compile one @triton.jit kernel for sm_<arch>; raises on compile errors.
 
     ``aligned``: pointer arguments carry the 16-byte divisibility hint that Triton's launcher adds
     at run time for 16-byte aligned tensors (without it, kernels whose strides are constexpr are
     compiled with scalar instead of vector loads, and report more registers than they use).
     ``maxnreg``: Triton's register cap per thread (the launch option of that name).
+    ``loops``: also disassemble the kernel for its MMA loops (``KernelResources.loops``; one more tool run).
     """
     names = fn.arg_names
     sig = {n: signature.get(n, "constexpr") for n in names}
@@ -189,7 +191,7 @@ def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int, num
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                        options={"num_warps": num_warps, "num_stages": num_stages,
                                 **({"maxnreg": maxnreg} if maxnreg else {})})
-    r = _ptxas_report(k.asm["ptx"], arch)
+    r = _ptxas_report(k.asm["ptx"], arch, loops)
     return KernelResources(fn.fn.__name__, k.metadata.shared, r.registers, r.spill_bytes, num_warps,
                            mma_sites(k.asm["ptx"]), r.loops, r.wgmma_serialized)
 
@@ -402,7 +404,7 @@ def main(argv=None):
             continue
         try:
             res = compile_kernel(fn, sig, const, num_warps=nw, num_stages=ns, arch=args.arch,
-                                 aligned=True)
+                                 aligned=True, loops=True)
             if fn.fn.__name__ == "decode_kernel":
                 res.name = f"decode_kernel[TN={const['TN']},G={const['G']}]"
             over = args.arch >= 90 and res.shared_bytes > SMEM_LIMIT_SM90
