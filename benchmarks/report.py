@@ -280,8 +280,9 @@ def other_gpus_section(benches, probes=(), fwd_probes=()) -> list[str]:
     if not runs and not decode and not profiles:
         return []
     out = ["## Other GPUs", "",
-           f"The newest complete bench (older runs for the shapes it did not time), forward profile and decode probes of each GPU "
-           f"other than the {REFERENCE_GPU}, same shapes and columns as above, every baseline from that GPU's own "
+           f"The newest complete bench (older runs for the shapes it did not time), forward profile and decode "
+           f"probes of each GPU other than the {REFERENCE_GPU}, same shapes and columns as above, every baseline "
+           "from that GPU's own "
            "run; each table names the commit whose kernels it timed.", ""]
 
     def newest_stamp(gpu):
