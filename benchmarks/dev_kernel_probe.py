@@ -32,8 +32,10 @@ timed on the captured launch.  ``--maxnreg 168,128``: the transport and UT backw
 register caps (Triton's ``maxnreg``: more programs per multiprocessor).
 ``e2e``: one fwd+bwd through autograd, and with each candidate module of ``--intra-v2`` / ``--dkv-v2`` /
 ``--transport-v2`` swapped in (every kernel of forward.py / backward.py it defines, together), each with its host
-time per call (5 calls queued) and each gradient's relative difference to the shipped kernels'; and with each knob
-config of ``--configs`` (JSON objects separated by ';') over the heuristic config, the same way.  Not in the default
+time per call (5 calls queued) and each gradient's relative difference to the shipped kernels'; with each knob
+config of ``--configs`` (JSON objects separated by ';') over the heuristic config, the same way; and with each
+launcher predicate of ``--launcher-off`` (a function of backward.py / forward.py, e.g. ``gate_sums_by_mma``)
+answering False.  Not in the default
 set: ``prepwarps``, fwd+bwd at bwd_num_warps 8 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the
 gate cumsum at shorter spans per program; ``keepstate``, fwd+bwd at bwd_forward_state recompute, keep_inter and keep
 (the backward reuses the forward's state), with time, extra peak memory and gradient differences.
@@ -89,7 +91,7 @@ DKV_GATE_PARTS = (
 
 
 def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), dkv_v2=(), transport_v2=(),
-             caps=(), ut_v2=(), configs=()):
+             caps=(), ut_v2=(), configs=(), launcher_off=()):
     B = 32768 // T
     q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0, dtype=torch.bfloat16)
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
@@ -323,6 +325,17 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
             except Exception as exc:
                 row = dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
             emit(dict(base, kernel="fwd+bwd", variant=f"autograd, heuristic config with {json.dumps(cfg)}", **row))
+        # each launcher choice of --launcher-off (a predicate of backward.py / forward.py) answered False
+        for name in launcher_off:
+            try:
+                module = bwd_mod if hasattr(bwd_mod, name) else fwd_mod
+                with swapped(module, name, lambda *args, **kwargs: False):
+                    diff = grad_differences(fn(), shipped_grads)
+                    ms = round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)
+                row = dict(ms=ms, over_shipped=round(ms / ms_shipped, 3), **diff)
+            except Exception as exc:
+                row = dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
+            emit(dict(base, kernel="fwd+bwd", variant=f"autograd, heuristic config with {name} off", **row))
     if "prepwarps" in only:
         prep_warps_e2e(base, xs, do, gate)
     if "gatecumsum" in only and gate:
@@ -516,6 +529,9 @@ def main():
     ap.add_argument("--configs", default="",
                     help="e2e: knob configs (JSON objects separated by ';') timed over the heuristic config, e.g. "
                          '\'{"bwd_transition_precision": "fp16"}\'')
+    ap.add_argument("--launcher-off", default="",
+                    help="e2e: launcher predicates of backward.py / forward.py (comma-separated), each timed answering "
+                         "False, e.g. gate_sums_by_mma (dkv's gate sums by a product)")
     a = ap.parse_args()
     old_src = open(a.old_intra).read() if a.old_intra else None
     old_ut_src = open(a.old_ut_bwd).read() if a.old_ut_bwd else None
@@ -531,7 +547,8 @@ def main():
                              tuple(x for x in a.transport_v2.split(",") if x),
                              tuple(int(x) for x in a.maxnreg.split(",") if x),
                              tuple(x for x in a.ut_bwd_v2.split(",") if x),
-                             tuple(json.loads(x) for x in a.configs.split(";") if x.strip()))
+                             tuple(json.loads(x) for x in a.configs.split(";") if x.strip()),
+                             tuple(x for x in a.launcher_off.split(",") if x))
                 except Exception as exc:
                     emit(dict(D=D, T=T, gate=gate, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 

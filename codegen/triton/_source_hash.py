@@ -29,7 +29,7 @@ SHARED_SOURCES = ("__init__", "_ops", "launch", "params")
 PASS_SOURCES = {
     "fwd": ("autograd", "forward", "_layout", "scan_fwd", "transport", "ut"),
     "bwd": ("autograd", "forward", "_layout", "scan_fwd", "transport", "ut",
-            "backward", "bwd_chain", "bwd_inter", "bwd_intra", "bwd_prep", "gate_bias", "ut_bwd"),
+            "backward", "bwd_chain", "bwd_inter", "bwd_intra", "bwd_prep", "ut_bwd"),
     "decode": ("decode",),
 }
 NOT_HASHED = ("compile_check", "heuristics", "registry", "_source_hash")

@@ -281,7 +281,6 @@ class TritonBwdParams(TritonParams):
     bwd_dkv_block_n: int = spec_default("bwd_dkv_block_n")
     bwd_dkv_num_warps: int = spec_default("bwd_dkv_num_warps")
     bwd_range_budget_mib: int = spec_default("bwd_range_budget_mib")
-    bwd_gate_bias: str = spec_default("bwd_gate_bias")
 
 
 def dkv_launch(params: TritonParams) -> tuple[int, int]:
@@ -486,8 +485,6 @@ def path_attention_bwd(
     tb = state.tables
     interp = interpreting()
     use_gate = g is not None
-    # the walks add the gate's key offsets by a product (gate_bias.py) instead of a subtraction per logit
-    gate_mma = use_gate and getattr(params, "bwd_gate_bias", TritonBwdParams.bwd_gate_bias) == "mma"
     qt, kt_in, vt, wt, bt = _tokens(q), _tokens(k), _tokens(v), _tokens(w), _tokens(beta)
     dot_, ot, lset = _tokens(do), _tokens(o), _tokens(lse)
     N = qt.shape[0]
@@ -559,7 +556,7 @@ def path_attention_bwd(
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             qk_scale, gate_scale, scale, gate_nat, N,
             BLOCK_N=dkv_n, BLOCK_M=dkv_query_step(params), DB=DB, TP=tp, USE_GATE=use_gate,
-            GATE_SUM_MMA=gate_sums_by_mma(BD), INTERP=interp, GATE_MMA=gate_mma,
+            GATE_SUM_MMA=gate_sums_by_mma(BD), INTERP=interp,
             num_warps=dkv_warps, num_stages=params.bwd_num_stages, **common,
         )
         del kz
@@ -573,7 +570,7 @@ def path_attention_bwd(
             y, state.kj, vt, gc, dot_, lset, delta, dy, om, z,
             tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             tb.n_chunks, qk_scale, gate_scale, scale, N,
-            BLOCK_N=BN, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp, GATE_MMA=gate_mma,
+            BLOCK_N=BN, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
             num_warps=params.bwd_inter_num_warps, num_stages=params.bwd_num_stages, **common,
         )
         del om, z
@@ -635,7 +632,7 @@ def path_attention_bwd(
                         num_warps=params.bwd_num_warps, num_stages=1)
         # the walk leaves its carried query gradient in dy[r] for the diagonal tile's kernel
         compiled(bwd_intra_walk_kernel)[(tr.n_chunks * HQ,)](*intra_args, **dict(intra_kw, num_stages=intra_walk_stages(
-            BD, max(u.element_size(), ktil.element_size(), wd.element_size())), GATE_MMA=gate_mma))
+            BD, max(u.element_size(), ktil.element_size(), wd.element_size()))))
         compiled(bwd_intra_diag_kernel)[(tr.n_chunks * HQ,)](*intra_args, **intra_kw)
         if dv_r.dtype != dv.dtype:
             dv[r].copy_(dv_r)

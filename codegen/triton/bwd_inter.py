@@ -43,25 +43,6 @@ import triton.language as tl
 
 from ._ops import mm
 from .bwd_chain import _chain_prologue
-from .gate_bias import add_product, bias_ones, bias_parts
-
-
-@triton.jit
-def _dq_logits(Zd, KJ, gc_h, krows, qk_scale, gate_scale, C: tl.constexpr, USE_GATE: tl.constexpr,
-               GATE_MMA: tl.constexpr, INTERP: tl.constexpr):
-    """The base-2 logits of query rows Zd against the key tile KJ (rows krows): s * qk_scale, less the keys' gate
-    offsets c_k * gate_scale with the gate, subtracted per logit or (GATE_MMA) added by the product
-    (``gate_bias``) into s's accumulator."""
-    s = mm(Zd, tl.trans(KJ), INTERP)
-    if USE_GATE:
-        if GATE_MMA:
-            x = tl.load(gc_h + krows) * (-gate_scale / qk_scale)
-            s = add_product(s, bias_ones(C), tl.trans(bias_parts(x)), INTERP) * qk_scale
-        else:
-            s = s * qk_scale - (tl.load(gc_h + krows) * gate_scale)[None, :]
-    else:
-        s = s * qk_scale
-    return s
 
 
 @triton.jit
@@ -73,7 +54,6 @@ def bwd_inter_dq_kernel(
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
-    GATE_MMA: tl.constexpr = False,
 ):
     # om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J} (scan dtype when DB == BD, else float32).
     # DB < BD: z_ptr [N, HQ, D] (scan dtype) is the scratch of Z = Y Om for this program's rows and
@@ -121,7 +101,9 @@ def bwd_inter_dq_kernel(
                     krows = (s0 + jj * S + t0 + rn).to(tl.int64)
                     KJ = tl.load(kj_ptr + (krows[:, None] * H + h) * D + d[None, :], mask=dmask, other=0.0).to(DT)
                     Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
-                    s = _dq_logits(Zd, KJ, gc_h, krows, qk_scale, gate_scale, C, USE_GATE, GATE_MMA, INTERP)
+                    s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
+                    if USE_GATE:
+                        s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
                     p = tl.exp2(s - lse2[:, None])
                     dp = mm(dO, tl.trans(Vt), INTERP)
                     ds = p * (dp - delta[:, None])
@@ -149,7 +131,9 @@ def bwd_inter_dq_kernel(
                     krows = (s0 + jj * S + t0 + rn).to(tl.int64)
                     KJ = tl.load(kj_ptr + (krows[:, None] * H + h) * D + d[None, :], mask=dmask, other=0.0).to(DT)
                     Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
-                    s = _dq_logits(Zd, KJ, gc_h, krows, qk_scale, gate_scale, C, USE_GATE, GATE_MMA, INTERP)
+                    s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
+                    if USE_GATE:
+                        s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
                     p = tl.exp2(s - lse2[:, None])
                     dp = mm(dO, tl.trans(Vt), INTERP)
                     ds = p * (dp - delta[:, None])
@@ -175,12 +159,11 @@ def _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc
                     gate_scale, HQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
                     BDV: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                     DT: tl.constexpr, USE_GATE: tl.constexpr, GATE_SUM_MMA: tl.constexpr,
-                    INTERP: tl.constexpr, GATE_MMA: tl.constexpr):
+                    INTERP: tl.constexpr):
     """One key tile (KZ = its keys carried into the later super-chunk's frame, Vt its values, ck_s its gate
-    cumsums times gate_scale, or with GATE_MMA the [BLOCK_N, 16] ``gate_bias.bias_parts`` of -ck_s / qk_scale,
-    added to the logits by a product with ones) against the S query rows of that super-chunk from row0, BLOCK_M
-    rows a step, keys as rows: s^T = KZ Y^T, then dV += p^T dO and dKZ += dS^T Y with p^T and dS^T as they are;
-    the gate's key-side sums -sum_i dS_ij as row sums of dS^T: a row reduction per step into dck (BLOCK_N,), or with
+    cumsums times gate_scale) against the S query rows of that super-chunk from row0, BLOCK_M rows a step, keys as rows:
+    s^T = KZ Y^T, then dV += p^T dO and dKZ += dS^T Y with p^T and dS^T as they are; the gate's
+    key-side sums -sum_i dS_ij as row sums of dS^T: a row reduction per step into dck (BLOCK_N,), or with
     GATE_SUM_MMA the product dS^T E into dck (BLOCK_N, 16), E a ones column padded to the MMA's 16 columns
     (``backward.gate_sums_by_mma``).  gc_h: head hq's row of the head-major gate cumsum.
     Returns (dV, dKZ of this super-chunk, dck)."""
@@ -191,8 +174,6 @@ def _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc
     dvmask = (dv < DV)[None, :]
     dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
     ones = ((r[:, None] >= 0) & (tl.arange(0, 16)[None, :] == 0)).to(DT)
-    if GATE_MMA:
-        bias_right = tl.trans(bias_ones(BLOCK_M))
     for m0 in range(0, S, BLOCK_M):
         rows = (row0 + m0 + r).to(tl.int64)
         rmask = rows < send
@@ -201,14 +182,10 @@ def _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc
         dO = tl.load(do_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :], mask=rmask[:, None] & dvmask, other=0.0)
         lse2 = tl.load(lse_ptr + rows * HQ + hq, mask=rmask, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + rows * HQ + hq, mask=rmask, other=0.0)
-        sT = mm(KZ, tl.trans(Yd), INTERP)
-        if USE_GATE and GATE_MMA:   # the keys' offsets by a product into the logits' accumulator
-            sT = add_product(sT, ck_s, bias_right, INTERP)
-        sT = sT * qk_scale
+        sT = mm(KZ, tl.trans(Yd), INTERP) * qk_scale
         if USE_GATE:    # the gate's query offset in the rows' lse, its key offset per key row
             lse2 -= tl.load(gc_h + rows, mask=rmask, other=0.0) * gate_scale
-            if not GATE_MMA:
-                sT -= ck_s[:, None]
+            sT -= ck_s[:, None]
         pT = tl.where(rmask[None, :], tl.exp2(sT - lse2[None, :]), 0.0)
         dpT = mm(Vt, tl.trans(dO), INTERP)
         dsT = pT * (dpT - delta[None, :])
@@ -233,7 +210,7 @@ def bwd_inter_dkv_kernel(
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, GATE_SUM_MMA: tl.constexpr,
-    INTERP: tl.constexpr, GATE_MMA: tl.constexpr = False,
+    INTERP: tl.constexpr,
 ):
     # om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J} (scan dtype when DB == BD, else float32).
     # DB < BD: kz_ptr [N, H, D] (scan dtype) is the scratch of KZ = KJ Om^T for this program's key
@@ -282,8 +259,6 @@ def bwd_inter_dkv_kernel(
             Vt = tl.load(v_ptr + voff, mask=dvmask, other=0.0)
             if USE_GATE:
                 ck_s = tl.load(gc_h + krows) * gate_scale
-                if GATE_MMA:
-                    ck_s = bias_parts(ck_s * (-1.0 / qk_scale))
             else:
                 ck_s = tl.zeros((BLOCK_N,), dtype=tl.float32)
             if GATE_SUM_MMA:    # the gate's key-side sums -sum_i dS_ij (column 0; _dkv_superchunk)
@@ -297,8 +272,7 @@ def bwd_inter_dkv_kernel(
                     KZ = mm(KJd, tl.trans(tl.load(om_base + dpair).to(DT)), INTERP).to(DT)
                     dV, dKZ, dck = _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
                                                    s0 + il * S, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV,
-                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, GATE_SUM_MMA, INTERP,
-                                                   GATE_MMA)
+                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, GATE_SUM_MMA, INTERP)
                     # dKJ read-modify-written per super-chunk (rows owned by this program; same layout
                     # for load and store) rather than a BLOCK_N x BD float32 tile live across the walk:
                     # on the H200 4.35 -> 3.76 ms at D=64 (4 warps, spilling), unchanged at D=128
@@ -325,8 +299,7 @@ def bwd_inter_dkv_kernel(
                     KZ = tl.load(kz_ptr + koff, mask=dmask, other=0.0)
                     dV, dKZ, dck = _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
                                                    s0 + il * S, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV,
-                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, GATE_SUM_MMA, INTERP,
-                                                   GATE_MMA)
+                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, GATE_SUM_MMA, INTERP)
                     for cb in tl.static_range(BD // DB):
                         if cb * DB < D:
                             e = cb * DB + tl.arange(0, DB)

@@ -22,7 +22,6 @@ import triton
 import triton.language as tl
 
 from ._ops import chunk_and_head, mm, tile_of
-from .gate_bias import add_product, bias_ones, bias_parts
 
 
 @triton.jit
@@ -83,7 +82,6 @@ def bwd_intra_walk_kernel(
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
-    GATE_MMA: tl.constexpr = False,
 ):
     n, hq, h, ci, tokI, rows, rmask, dmask, dvmask, m2, koff, qoff, voff = _program_tile(
         chunk_tok0, chunk_seq, seq_start, seq_end, HQ, H, D, DV, BD, BDV, C, S)
@@ -136,15 +134,9 @@ def bwd_intra_walk_kernel(
         _acc(dw_ptr + kof, mm(tl.trans(dYl), Xd, INTERP), dmask)
         dX = G + mm(dYl, Wm, INTERP)
         # logits of key chunk m
-        s = mm(Xd, tl.trans(Kt), INTERP)
+        s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
         if USE_GATE:    # the key's gate offset (the query's is in lse2: _row_stats)
-            if GATE_MMA:    # added by a product into the logits' accumulator (gate_bias)
-                x = tl.load(gc_h + krows) * (-gate_scale / qk_scale)
-                s = add_product(s, bias_ones(C), tl.trans(bias_parts(x)), INTERP) * qk_scale
-            else:
-                s = s * qk_scale - (tl.load(gc_h + krows) * gate_scale)[None, :]
-        else:
-            s = s * qk_scale
+            s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
         p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
         _acc(dv_ptr + kvof, mm(tl.trans(p).to(Vm.dtype), dO, INTERP), dvmask)
         dp = mm(dO, tl.trans(Vm), INTERP)

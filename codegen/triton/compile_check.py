@@ -277,8 +277,6 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     btp_transport = params.bwd_transition_precision
     btp = float_transition_mode(btp_transport)
     bflags = dict(flags, TP=btp)
-    # the walks' way to the gate's key offsets (knob bwd_gate_bias; params without the bwd knobs: the subtraction)
-    gate_mma = dict(GATE_MMA=gate and getattr(params, "bwd_gate_bias", "sub") == "mma")
     rows, bwd_rows = transport_rows(BD), transport_backward_rows(BD)
     DB = transition_column_block(BD)   # < BD: the column-blocked transition path of wide head dims
     inter_sig = dict(sig, om_ptr=scan) if DB == BD else sig   # the pairs' Om: scan type, or float32 blocks
@@ -324,10 +322,10 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         # with its query chain (the backward's own Y: bwd_forward_state recompute)
         (bwd_prep_kernel, sig, dict(common, INTERP=False, HAS_DLSE=True, USE_GATE=gate, CHAIN=True),
          params.bwd_num_warps, 1),
-        (bwd_inter_dq_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags, **gate_mma),
+        (bwd_inter_dq_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags),
          params.bwd_inter_num_warps, params.bwd_num_stages),
         (bwd_inter_dkv_kernel, inter_sig, dict(common, BLOCK_N=dkv_block_n, BLOCK_M=dkv_query_step(params),
-                                               DB=DB, GATE_SUM_MMA=gate_sums_by_mma(BD), **bflags, **gate_mma),
+                                               DB=DB, GATE_SUM_MMA=gate_sums_by_mma(BD), **bflags),
          dkv_warps, params.bwd_num_stages),
         # every pair's transition in the scan type, read by the two kernels above (padded head dims <= 128)
         *([(bwd_pair_transitions_kernel, inter_sig, dict(H=H, BD=BD, S=S, ROWS=min(BD, 64), TP=btp),
@@ -349,11 +347,11 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          transport_chain_stages),
         (bwd_transport_grads_kernel, dict(range_sig, w_ptr=_PTR_F32, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=bwd_rows, TP=btp_transport), transport_grads_warps, 1),
-        (bwd_intra_walk_kernel, range_sig, dict(intra, **gate_mma), params.bwd_num_warps,
+        (bwd_intra_walk_kernel, range_sig, intra, params.bwd_num_warps,
          intra_walk_stages(BD, params.scan_dtype.primitive_bitwidth // 8)),
         # a single range with the forward's float32 state (backward.path_attention_bwd: no recompute)
         (bwd_intra_walk_kernel, dict(range_sig, u_ptr=_PTR_F32, kt_ptr=_PTR_F32, w_ptr=_PTR_F32),
-         dict(intra, **gate_mma), params.bwd_num_warps, intra_walk_stages(BD, 4)),
+         intra, params.bwd_num_warps, intra_walk_stages(BD, 4)),
         (bwd_intra_diag_kernel, range_sig, intra, params.bwd_num_warps, 1),
         (ut_bwd_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                            UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_CHUNK_WARPS, 1),
