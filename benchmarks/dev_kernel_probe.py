@@ -82,11 +82,12 @@ def time_launch(kernel, grid, args, kw):
 # row sums of dS^T, or the logit bias (the rows' lse shift and the keys' offset)
 DKV_GATE_PARTS = (
     ("nosum", "gate without its row sums (timing only)",
-     [("        if USE_GATE:\n            if GATE_SUM_MMA:\n                dck += mm(dsTd, ones, INTERP)\n"
-       "            else:\n                dck += tl.sum(dsT, axis=1)\n", "")]),
+     [("    if USE_GATE:\n        if GATE_SUM_MMA:\n            dck += mm(dsTd, ones, INTERP)\n"
+       "        else:\n            dck += tl.sum(dsT, axis=1)\n", "")]),
     ("nobias", "gate without its logit bias (timing only)",
-     [("            lse2 -= tl.load(gc_h + rows, mask=rmask, other=0.0) * gate_scale\n"
-       "            sT -= ck_s[:, None]\n", "            lse2 += 0.0\n")]),
+     [("        if ROW_MASK:\n            lse2 -= tl.load(gc_h + rows, mask=rmask, other=0.0) * gate_scale\n"
+       "        else:\n            lse2 -= tl.load(gc_h + rows) * gate_scale\n"
+       "        sT -= ck_s[:, None]\n", "        lse2 += 0.0\n")]),
 )
 
 

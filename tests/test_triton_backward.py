@@ -16,6 +16,7 @@ cumsum for dg (both injected with monkeypatch, no file is edited), must be far f
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -738,6 +739,66 @@ def test_backward_gate_offsets_far_from_zero(dtype):
     run_case(inputs, do, params(dtype), dtype, cu_seqlens=cu)
 
 
+@pytest.mark.parametrize("gate", [True, False])
+def test_candidate_dq_with_its_gradient_in_memory_gives_the_shipped_gradients(monkeypatch, gate):
+    """benchmarks/variants/dq_dy_in_memory.py: the dq kernel between super-chunks adding each super-chunk's share of
+    dY into its rows of dy (stored first, then read-modify-written) gives the shipped gradients to float32 rounding
+    and the oracle's (packed sequences of three super-chunks and a short one, GQA); with the first share added to
+    dy's unset rows instead of stored over them, it is caught."""
+    from repo_scripts import load_benchmark_script
+
+    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/dq_dy_in_memory.py")
+    kv = sys.modules["kernel_variants"]
+    lens = (70, 9, 41)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    inputs, do = make_inputs(481, T=sum(lens), HQ=4, H=2, gate=gate)
+    shipped = kernel_grads(inputs, do, params(), cu_seqlens=cu)
+    # the backward's unzeroed buffers (dy among them) hold garbage rather than whatever the allocator had
+    real_carve = tri_backward._carve
+    monkeypatch.setattr(tri_backward, "_carve", lambda shapes, dtype, device, *, zero: [
+        t if zero else t.fill_(7.0) for t in real_carve(shapes, dtype, device, zero=zero)])
+    monkeypatch.setattr(tri_backward, "bwd_inter_dq_kernel", cand.bwd_inter_dq_kernel)
+    got = kernel_grads(inputs, do, params(), cu_seqlens=cu)
+    for name, a, b in zip(NAMES, got, shipped):
+        if b is not None:
+            assert rel(a, b) < 1e-6, (name, rel(a, b))
+    check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[F32])
+    # mutant: the first super-chunk's share added to whatever dy held (a buffer the launcher does not zero)
+    mutant = [(old, new.replace("if step > 0:", "if True:")) for old, new in cand.DY_IN_MEMORY]
+    monkeypatch.setattr(tri_backward, "bwd_inter_dq_kernel", kv.load_variant_module(
+        kv.module_source(cand.inter_mod), "dq_dy_in_memory_unset", mutant).bwd_inter_dq_kernel)
+    bad = kernel_grads(inputs, do, params(), cu_seqlens=cu)
+    assert rel(bad[0], shipped[0]) > CAUGHT
+
+
+@pytest.mark.parametrize("gate,dtype", [(True, F32), (False, F32), (True, F16)])
+def test_key_side_steps_unmasked_inside_the_sequence_and_masked_at_its_end(monkeypatch, gate, dtype):
+    """bwd_inter_dkv_kernel loads its whole query steps without masks and ends a sequence's last super-chunk with one
+    masked step (``_dkv_superchunk``): the oracle's gradients for packed sequences whose last super-chunks end inside
+    a step (70 = 2 * 32 + 6 tokens at super-chunks of 32 and steps of 16), one shorter than a step and one a whole
+    number of steps (GQA; head dims 16 and 24, the latter with column masks below its padded width).  With the last
+    step loaded unmasked like the others it is caught: the next sequence's rows enter the sums."""
+    import pathtune.codegen.triton.bwd_inter as tri_inter
+    from repo_scripts import load_benchmark_script
+    kv = load_benchmark_script(monkeypatch, "benchmarks/kernel_variants.py")
+    lens = (70, 9, 64, 41)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    for D, DV in ((16, 16), (24, 16)):
+        inputs, do = make_inputs(491 + D, T=sum(lens), HQ=4, H=2, D=D, DV=DV, dtype=dtype, gate=gate)
+        p = params(dtype, bwd_block_m=16)
+        shipped = kernel_grads(inputs, do, p, cu_seqlens=cu)
+        check(shipped, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
+    # mutant: the last step of a super-chunk unmasked like the others
+    tail = "USE_GATE, GATE_SUM_MMA, True, INTERP)"
+    mutant = kv.load_variant_module(kv.module_source(tri_inter), "dkv_tail_unmasked",
+                                    [(tail, tail.replace("True", "False"))])
+    monkeypatch.setattr(tri_backward, "bwd_inter_dkv_kernel", mutant.bwd_inter_dkv_kernel)
+    xs = _leaves(inputs)
+    bad = torch.autograd.grad(path_attention_triton(*xs, config=p, cu_seqlens=cu)[0],
+                              [x for x in xs if x is not None], do)
+    assert not all(torch.isfinite(a).all() and rel(a, b) < CAUGHT for a, b in zip(bad, shipped) if b is not None)
+
+
 def test_kernel_probe_gate_parts_still_apply(monkeypatch):
     """benchmarks/dev_kernel_probe.py's timing-only dkv variants (the gate without its row sums / its logit
     bias) are text replacements of this tree's bwd_inter.py: each must still find its text and build."""
@@ -891,8 +952,10 @@ def test_chunks_fastest_order_candidate(monkeypatch, dtype, ranged):
              cand.ORDER]
     monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", kv.load_variant(
         kv.module_source(intra_mod), "bwd_intra_walk_kernel", "chunks_fastest_wrong", wrong))
-    bad = kernel_grads(inputs, do, p, cu_seqlens=cu)
-    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+    xs = _leaves(inputs)
+    bad = torch.autograd.grad(path_attention_triton(*xs, config=p, cu_seqlens=cu)[0],
+                              [x for x in xs if x is not None], do)
+    assert not all(torch.isfinite(a).all() and rel(a, b) < CAUGHT for a, b in zip(bad, shipped) if b is not None)
 
 
 @pytest.mark.parametrize("ranged,varlen", [(False, True), (True, False)], ids=["one-range-varlen", "ranged-dense"])
