@@ -50,7 +50,8 @@
 #   ncu [150]       Nsight Compute over benchmarks/ncu_step.py $NCUSTEP_ARGS (default --D 128 --T 4096: two fwd+bwd
 #                   steps of the public API): the kernels matching regex NCU_KERNELS (default bwd_intra_diag), NCU_COUNT
 #                   launches (1) after skipping NCU_SKIP (8: the first step's eight ranges); speed of light, warp
-#                   states, occupancy, scheduler and memory sections in the step's log
+#                   states, occupancy, scheduler and memory sections in the step's log (NCU_EXTRA: more ncu options,
+#                   e.g. "--section SourceCounters" for the top stall sites by SASS line)
 #   profile [120]   per-kernel device time of one fwd+bwd (heuristic config), D 64/128, T 16K and 4K
 #                   (PROFILE_STEPS=profile4k: 4K only, profile2k: 2K only; PROFILE_GATES=both: PaTH next to PaTH-FoX)
 #   sweep [240]     benchmarks/dev_gpu_run2.py $SWEEP (default sweep): fwd / fwd+bwd and per-kernel times per knob change
@@ -279,7 +280,7 @@ run_steps() {  # the steps of one lane, in order, with S set
             ncu) run_step ncu "${secs:-150}" ncu --kernel-name "regex:${NCU_KERNELS:-bwd_intra_diag}" \
                      --launch-skip "${NCU_SKIP:-8}" --launch-count "${NCU_COUNT:-1}" \
                      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
-                     --section SchedulerStats --section MemoryWorkloadAnalysis \
+                     --section SchedulerStats --section MemoryWorkloadAnalysis ${NCU_EXTRA:-} \
                      python3 "$REPO/benchmarks/ncu_step.py" ${NCUSTEP_ARGS:---D 128 --T 4096} ;;
             sweep) run_step sweep "${secs:-240}" env OUT="$S" python3 "$REPO/benchmarks/dev_gpu_run2.py" ${SWEEP:-sweep} ;;
             split) run_step split "${secs:-150}" bash "$REPO/${BUNDLE:-build/split/bundle}/run.sh" "$S/split_results.json" ;;
