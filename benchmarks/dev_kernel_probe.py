@@ -317,25 +317,15 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                                                       f"({', '.join(names)})", **row))
         # each knob config of --configs over the heuristic one, through the public call's config
         for cfg in configs:
-            try:
-                fc = lambda: torch.autograd.grad(path_attention_triton(  # noqa: E731
-                    *xs[:5], xs[5] if gate else None, config=cfg)[0], xs, do)
-                diff = grad_differences(fc(), shipped_grads)
-                ms = round(triton.testing.do_bench(fc, warmup=3, rep=30, return_mode="median"), 3)
-                row = dict(ms=ms, over_shipped=round(ms / ms_shipped, 3), **diff)
-            except Exception as exc:
-                row = dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
+            fc = lambda cfg=cfg: torch.autograd.grad(path_attention_triton(  # noqa: E731
+                *xs[:5], xs[5] if gate else None, config=cfg)[0], xs, do)
+            row = against_shipped(fc, shipped_grads, ms_shipped)
             emit(dict(base, kernel="fwd+bwd", variant=f"autograd, heuristic config with {json.dumps(cfg)}", **row))
         # each launcher choice of --launcher-off (a predicate of backward.py / forward.py) answered False
         for name in launcher_off:
-            try:
-                module = bwd_mod if hasattr(bwd_mod, name) else fwd_mod
-                with swapped(module, name, lambda *args, **kwargs: False):
-                    diff = grad_differences(fn(), shipped_grads)
-                    ms = round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)
-                row = dict(ms=ms, over_shipped=round(ms / ms_shipped, 3), **diff)
-            except Exception as exc:
-                row = dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
+            module = bwd_mod if hasattr(bwd_mod, name) else fwd_mod
+            row = against_shipped(fn, shipped_grads, ms_shipped,
+                                  lambda module=module, name=name: swapped(module, name, lambda *a, **k: False))
             emit(dict(base, kernel="fwd+bwd", variant=f"autograd, heuristic config with {name} off", **row))
     if "prepwarps" in only:
         prep_warps_e2e(base, xs, do, gate)
@@ -343,6 +333,18 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         gate_cumsum_spans(base, xs[5].detach())
     if "keepstate" in only:
         kept_state_e2e(base, xs, do, gate)
+
+
+def against_shipped(fc, shipped_grads, ms_shipped, context=contextlib.nullcontext) -> dict:
+    """{ms, over_shipped, d<name>_vs_shipped} of the fwd+bwd callable fc, run inside ``context()``; {ms: the error}
+    where it fails to build or launch (a result too)."""
+    try:
+        with context():
+            diff = grad_differences(fc(), shipped_grads)
+            ms = round(triton.testing.do_bench(fc, warmup=3, rep=30, return_mode="median"), 3)
+        return dict(ms=ms, over_shipped=round(ms / ms_shipped, 3), **diff)
+    except Exception as exc:
+        return dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
 
 
 def grad_differences(grads, shipped) -> dict:
