@@ -163,7 +163,7 @@ def _dkv_step(KZ, Vt, ck_s, dV, dKZ, dck, ones, y_ptr, do_ptr, lse_ptr, delta_pt
     the sequence's end (masked loads, p^T zeroed there); else every row is the sequence's, and the loads carry no
     predicates (and no column masks where D and DV are their own padded widths).  Masked loads cost the key-side
     loop a predicate and a zero fill per element: offline sm_90 at D 128, 908 SASS instructions a step gated
-    (760 ungated) against 572 (428) unmasked.  Returns (dV, dKZ, dck)."""
+    (760 ungated) against 563 (425) unmasked.  Returns (dV, dKZ, dck)."""
     r = tl.arange(0, BLOCK_M)
     d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
