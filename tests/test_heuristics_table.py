@@ -14,7 +14,8 @@ from pathtune.codegen.triton.params import TritonParams
 NARROW = {"block_n": 128, "decode_block_n": 256, "transition_precision": "fp16", "ut_diag_block": 8,
           "intra_num_stages": 2, "ut_precision": "tf32", "bwd_transition_precision": "tf32", "decode_frame_bound": 2048}
 MEDIUM = {"block_n": 128, "bwd_num_stages": 1, "bwd_transition_precision": "fp16",
-          "num_stages": 3, "num_warps": 4, "transition_precision": "fp16"}
+          "num_stages": 3, "num_warps": 4, "transition_precision": "fp16", "bwd_dkv_block_n": 128,
+          "bwd_dkv_num_warps": 8}
 WIDE = {"block_m": 64, "block_n": 32, "bwd_block_m": 64, "bwd_block_n": 32, "bwd_num_stages": 1, "bwd_num_warps": 8,
         "bwd_inter_num_warps": 8,
         "bwd_transition_precision": "tf32", "chunk_size": 32, "decode_block_n": 64, "decode_num_warps": 8,
@@ -63,8 +64,9 @@ def test_heuristic_knobs_are_pinned(dims):
 
 
 # knobs that only one pass's params class holds (a pass-only knob keys that pass's source hash alone): the decode
-# pass's, with their spec defaults
+# pass's and the backward's, with their spec defaults
 DECODE_ONLY = {"decode_frame_bound": 0}
+BWD_ONLY = {"bwd_dkv_block_n": 0, "bwd_dkv_num_warps": 0}
 
 
 @pytest.mark.parametrize("dims", sorted(EXPECTED, key=lambda k: (k[0], k[1] or 0)), ids=str)
@@ -73,8 +75,9 @@ def test_heuristic_params_are_pinned(dims):
 
     head_dim, head_dim_v = dims
     got = asdict(TritonParams.heuristic(head_dim, head_dim_v))
-    assert got == {k: v for k, v in {**BASE, **EXPECTED[dims]}.items() if k not in DECODE_ONLY}
-    decode = resolve("triton", "decode", None, (head_dim, head_dim_v or head_dim))
-    for knob, default in DECODE_ONLY.items():
-        assert getattr(decode, knob) == EXPECTED[dims].get(knob, default)
+    assert got == {k: v for k, v in {**BASE, **EXPECTED[dims]}.items() if k not in DECODE_ONLY and k not in BWD_ONLY}
+    for pass_, only in (("decode", DECODE_ONLY), ("bwd", BWD_ONLY)):
+        params = resolve("triton", pass_, None, (head_dim, head_dim_v or head_dim))
+        for knob, default in only.items():
+            assert getattr(params, knob) == EXPECTED[dims].get(knob, default), (pass_, knob)
     assert TritonParams.heuristic(head_dim, head_dim_v) == TritonParams.heuristic(head_dim, head_dim_v)
