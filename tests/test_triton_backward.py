@@ -952,10 +952,8 @@ def test_chunks_fastest_order_candidate(monkeypatch, dtype, ranged):
              cand.ORDER]
     monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", kv.load_variant(
         kv.module_source(intra_mod), "bwd_intra_walk_kernel", "chunks_fastest_wrong", wrong))
-    xs = _leaves(inputs)
-    bad = torch.autograd.grad(path_attention_triton(*xs, config=p, cu_seqlens=cu)[0],
-                              [x for x in xs if x is not None], do)
-    assert not all(torch.isfinite(a).all() and rel(a, b) < CAUGHT for a, b in zip(bad, shipped) if b is not None)
+    bad = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
 
 
 @pytest.mark.parametrize("ranged,varlen", [(False, True), (True, False)], ids=["one-range-varlen", "ranged-dense"])
