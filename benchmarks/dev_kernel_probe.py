@@ -7,8 +7,9 @@ a temporary module, since ``triton.jit`` reads its source from a file).  Timing 
 launches add into buffers that already hold results, so nothing here checks values.
 
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096[,16384]] [--gates 1,0]
-                          [--only ut,transport,intra,prep,dkv,utbwd,variants,e2e,prepwarps,gatecumsum,keepstate]
+                          [--only ut,transport,intra,prep,dkv,dq,utbwd,variants,e2e,prepwarps,gatecumsum,keepstate]
                           [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]] [--dkv-v2 FILE[,FILE]]
+                          [--dq-v2 FILE[,FILE]]
                           [--transport-v2 FILE[,FILE]] [--ut-bwd-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
@@ -24,21 +25,23 @@ file; one that still has ``xs_ptr`` gets it); with ``prep``, their ``bwd_prep_ke
 ``dkv`` with the gate: bwd_inter_dkv_kernel without the gate, with its key-side sums taken the other way
 (``backward.gate_sums_by_mma``), and with one half of the gate's work dropped (its key-side row sums, its logit
 bias; timing only).  ``--dkv-v2 FILE[,FILE]``: candidate modules with a ``bwd_inter_dkv_kernel`` of this tree's
-signature, timed on the captured launch.  ``--transport-v2 FILE[,FILE]``: candidate modules with a
+signature, timed on the captured launch.  ``dq`` (not in the default set): bwd_inter_dq_kernel as is and without the
+gate; ``--dq-v2 FILE[,FILE]``: candidate modules with a ``bwd_inter_dq_kernel`` of this tree's signature, timed on
+the captured launch.  ``--transport-v2 FILE[,FILE]``: candidate modules with a
 ``bwd_transport_chain_kernel`` and / or ``bwd_transport_grads_kernel`` taking the shipped arguments and the
 launcher's grid (a wrapper may launch it on its own grid), each timed on its captured launch. ``--ut-bwd-v2
 FILE[,FILE]`` (with ``utbwd``): candidate modules with a ``ut_bwd_chunk_kernel`` of the shipped signature and grid,
 timed on the captured launch.  ``--maxnreg 168,128``: the transport and UT backward kernels also under those
 register caps (Triton's ``maxnreg``: more programs per multiprocessor).
-``e2e``: one fwd+bwd through autograd, and with each candidate module of ``--intra-v2`` / ``--dkv-v2`` /
-``--transport-v2`` swapped in (every kernel of forward.py / backward.py it defines, together), each with its host
+``e2e``: one fwd+bwd through autograd, and with each candidate module of ``--intra-v2`` / ``--dkv-v2`` / ``--dq-v2``
+/ ``--transport-v2`` swapped in (every kernel of forward.py / backward.py it defines, together), each with its host
 time per call (5 calls queued) and each gradient's relative difference to the shipped kernels'; with each knob
 config of ``--configs`` (JSON objects separated by ';') over the heuristic config, the same way; and with each
 launcher predicate of ``--launcher-off`` (a function of backward.py / forward.py, e.g. ``gate_sums_by_mma``)
-answering False.  Not in the default
-set: ``prepwarps``, fwd+bwd at bwd_num_warps 8 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the
-gate cumsum at shorter spans per program; ``keepstate``, fwd+bwd at bwd_forward_state recompute, keep_inter and keep
-(the backward reuses the forward's state), with time, extra peak memory and gradient differences.
+answering False. Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8 and 4, and at 4 with bwd_prep
+kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per program; ``keepstate``, fwd+bwd at
+bwd_forward_state recompute, keep_inter and keep (the backward reuses the forward's state), with time, extra peak
+memory and gradient differences.
 JSON rows on stdout and in $OUT.
 """
 from __future__ import annotations
@@ -92,14 +95,15 @@ DKV_GATE_PARTS = (
 
 
 def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), dkv_v2=(), transport_v2=(),
-             caps=(), ut_v2=(), configs=(), launcher_off=()):
+             caps=(), ut_v2=(), configs=(), launcher_off=(), dq_v2=()):
     B = 32768 // T
     q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0, dtype=torch.bfloat16)
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
     do = torch.randn_like(q)
     with Capture(bwd_mod, "bwd_transport_chain_kernel") as trc, Capture(bwd_mod, "bwd_transport_grads_kernel") as trg, \
             Capture(bwd_mod, "bwd_intra_walk_kernel") as ia, Capture(bwd_mod, "bwd_intra_diag_kernel") as ib, \
-            Capture(bwd_mod, "bwd_inter_dkv_kernel") as dkv, Capture(fwd_mod, "ut_chunk_kernel") as utc, \
+            Capture(bwd_mod, "bwd_inter_dkv_kernel") as dkv, Capture(bwd_mod, "bwd_inter_dq_kernel") as dqk, \
+            Capture(fwd_mod, "ut_chunk_kernel") as utc, \
             Capture(fwd_mod, "ut_apply_kernel") as uta, Capture(fwd_mod, "ut_diag_inverse_kernel") as utd, \
             Capture(bwd_mod, "ut_bwd_chunk_kernel") as ubc, Capture(bwd_mod, "ut_bwd_apply_kernel") as uba, \
             Capture(bwd_mod, "bwd_prep_kernel") as prep:
@@ -280,14 +284,18 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                 ms = f"{type(exc).__name__}: {str(exc)[:200]}"
             emit(dict(base, kernel="bwd_inter_dkv", variant=label, ms=ms))
     # candidate modules with a bwd_inter_dkv_kernel of this tree's signature, on the captured launch
-    for path in dkv_v2 if "dkv" in only else ():
-        grid, args, kw = dkv.calls[0]
-        try:
-            cand = load_candidate(f"{path}:bwd_inter_dkv_kernel", "bwd_inter_dkv_kernel")
-            ms = time_launch(cand, grid, args, kw)
-        except Exception as exc:   # a candidate that fails to build or launch is a result too
-            ms = f"{type(exc).__name__}: {str(exc)[:200]}"
-        emit(dict(base, kernel="bwd_inter_dkv", variant=f"candidate {os.path.basename(path)}", ms=ms))
+    if "dkv" in only:
+        time_candidates(base, "bwd_inter_dkv_kernel", dkv, dkv_v2)
+    # bwd_inter_dq as is, without the gate, and candidate modules of its signature, on the captured launch (it
+    # stores every row of dy: replays write what the first launch wrote)
+    if "dq" in only:
+        grid, args, kw = dqk.calls[0]
+        emit(dict(base, kernel="bwd_inter_dq", variant=f"as is (BLOCK_N {kw['BLOCK_N']}, warps {kw['num_warps']})",
+                  ms=time_launch(dqk.real, grid, args, kw)))
+        if gate:
+            emit(dict(base, kernel="bwd_inter_dq", variant="gate off (same args)",
+                      ms=time_launch(dqk.real, grid, args, dict(kw, USE_GATE=False))))
+        time_candidates(base, "bwd_inter_dq_kernel", dqk, dq_v2)
     if "utbwd" in only:
         ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src, utd.calls[0], caps, ut_v2)
     if "variants" in only:
@@ -299,7 +307,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         emit(dict(base, kernel="fwd+bwd", variant="autograd, heuristic config", ms=ms_shipped,
                   host_ms=round(host_ms(fn, 5), 3)))
         # each candidate module's kernels swapped into the forward and backward launchers together
-        for path in dict.fromkeys(intra_v2 + dkv_v2 + transport_v2):
+        for path in dict.fromkeys(intra_v2 + dkv_v2 + dq_v2 + transport_v2):
             names = []
             try:
                 with contextlib.ExitStack() as stack:
@@ -333,6 +341,18 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         gate_cumsum_spans(base, xs[5].detach())
     if "keepstate" in only:
         kept_state_e2e(base, xs, do, gate)
+
+
+def time_candidates(base, name: str, cap, paths) -> None:
+    """Emit the time of ``name`` from each candidate module of ``paths`` (benchmarks/variants/, this tree's signature)
+    on ``cap``'s captured launch; a candidate that fails to build or launch is a result too."""
+    grid, args, kw = cap.calls[0]
+    for path in paths:
+        try:
+            ms = time_launch(load_candidate(f"{path}:{name}", name), grid, args, kw)
+        except Exception as exc:
+            ms = f"{type(exc).__name__}: {str(exc)[:200]}"
+        emit(dict(base, kernel=name.removesuffix("_kernel"), variant=f"candidate {os.path.basename(path)}", ms=ms))
 
 
 def against_shipped(fc, shipped_grads, ms_shipped, context=contextlib.nullcontext) -> dict:
@@ -523,6 +543,7 @@ def main():
     ap.add_argument("--old-ut-bwd", default=None)
     ap.add_argument("--intra-v2", default="", help="candidate bwd_intra files (comma-separated), shipped signature")
     ap.add_argument("--dkv-v2", default="", help="candidate bwd_inter_dkv files (comma-separated), shipped signature")
+    ap.add_argument("--dq-v2", default="", help="candidate bwd_inter_dq files (comma-separated), shipped signature")
     ap.add_argument("--maxnreg", default="",
                     help="register caps (comma-separated) to time the transport and UT backward kernels under")
     ap.add_argument("--transport-v2", default="",
@@ -551,7 +572,8 @@ def main():
                              tuple(int(x) for x in a.maxnreg.split(",") if x),
                              tuple(x for x in a.ut_bwd_v2.split(",") if x),
                              tuple(json.loads(x) for x in a.configs.split(";") if x.strip()),
-                             tuple(x for x in a.launcher_off.split(",") if x))
+                             tuple(x for x in a.launcher_off.split(",") if x),
+                             tuple(x for x in a.dq_v2.split(",") if x))
                 except Exception as exc:
                     emit(dict(D=D, T=T, gate=gate, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 

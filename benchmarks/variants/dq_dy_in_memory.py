@@ -16,7 +16,8 @@ head dim 64 neither build spills.
 Measured (H100, head-dim default config, ``benchmarks/results/H100-20261206T093000Z-dq-dy-in-memory-kprobe.json``):
 fwd+bwd 0.988-1.020x the shipped kernel, within the probe's noise; not taken.
 
-``python benchmarks/dev_kernel_probe.py --only e2e --intra-v2 benchmarks/variants/dq_dy_in_memory.py`` times the
+``python benchmarks/dev_kernel_probe.py --only dq,e2e --dq-v2 benchmarks/variants/dq_dy_in_memory.py`` times the
+kernel on the shipped launch's arguments (not yet run: the e2e noise hides a change of this kernel's size) and the
 public fwd+bwd with it in place beside the shipped kernel; tests/test_triton_backward.py checks it against the
 shipped backward.
 """
