@@ -309,18 +309,16 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         # each candidate module's kernels swapped into the forward and backward launchers together
         for path in dict.fromkeys(intra_v2 + dkv_v2 + dq_v2 + transport_v2):
             names = []
-            try:
-                with contextlib.ExitStack() as stack:
-                    for module in (fwd_mod, bwd_mod):
-                        for name, kernel in launcher_kernels(path, module).items():
-                            stack.enter_context(swapped(module, name, kernel))
-                            names.append(name)
-                    diff = grad_differences(fn(), shipped_grads)
-                    ms = round(triton.testing.do_bench(fn, warmup=3, rep=30, return_mode="median"), 3)
-                    host = round(host_ms(fn, 5), 3)
-                row = dict(ms=ms, over_shipped=round(ms / ms_shipped, 3), host_ms=host, **diff)
-            except Exception as exc:   # a candidate that fails to build or launch is a result too
-                row = dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
+
+            def swapped_in(path=path, names=names):
+                stack = contextlib.ExitStack()
+                for module in (fwd_mod, bwd_mod):
+                    for name, kernel in launcher_kernels(path, module).items():
+                        stack.enter_context(swapped(module, name, kernel))
+                        names.append(name)
+                return stack
+
+            row = against_shipped(fn, shipped_grads, ms_shipped, swapped_in, host=True)
             emit(dict(base, kernel="fwd+bwd", variant=f"autograd, candidate {os.path.basename(path)} "
                                                       f"({', '.join(names)})", **row))
         # each knob config of --configs over the heuristic one, through the public call's config
@@ -355,14 +353,15 @@ def time_candidates(base, name: str, cap, paths) -> None:
         emit(dict(base, kernel=name.removesuffix("_kernel"), variant=f"candidate {os.path.basename(path)}", ms=ms))
 
 
-def against_shipped(fc, shipped_grads, ms_shipped, context=contextlib.nullcontext) -> dict:
-    """{ms, over_shipped, d<name>_vs_shipped} of the fwd+bwd callable fc, run inside ``context()``; {ms: the error}
-    where it fails to build or launch (a result too)."""
+def against_shipped(fc, shipped_grads, ms_shipped, context=contextlib.nullcontext, host: bool = False) -> dict:
+    """{ms, over_shipped, (with ``host``) host_ms, d<name>_vs_shipped} of the fwd+bwd callable fc, run inside
+    ``context()``; {ms: the error} where it fails to build or launch (a result too)."""
     try:
         with context():
             diff = grad_differences(fc(), shipped_grads)
             ms = round(triton.testing.do_bench(fc, warmup=3, rep=30, return_mode="median"), 3)
-        return dict(ms=ms, over_shipped=round(ms / ms_shipped, 3), **diff)
+            extra = {"host_ms": round(host_ms(fc, 5), 3)} if host else {}
+        return dict(ms=ms, over_shipped=round(ms / ms_shipped, 3), **extra, **diff)
     except Exception as exc:
         return dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
 
