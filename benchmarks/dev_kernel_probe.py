@@ -38,10 +38,10 @@ register caps (Triton's ``maxnreg``: more programs per multiprocessor).
 time per call (5 calls queued) and each gradient's relative difference to the shipped kernels'; with each knob
 config of ``--configs`` (JSON objects separated by ';') over the heuristic config, the same way; and with each
 launcher predicate of ``--launcher-off`` (a function of backward.py / forward.py, e.g. ``gate_sums_by_mma``)
-answering False. Not in the default set: ``prepwarps``, fwd+bwd at bwd_num_warps 8 and 4, and at 4 with bwd_prep
-kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per program; ``keepstate``, fwd+bwd at
-bwd_forward_state recompute, keep_inter and keep (the backward reuses the forward's state), with time, extra peak
-memory and gradient differences.
+answering False, and of ``--launcher-on`` answering True. Not in the default set: ``prepwarps``, fwd+bwd at
+bwd_num_warps 8 and 4, and at 4 with bwd_prep kept at 8 warps; ``gatecumsum``, the gate cumsum at shorter spans per
+program; ``keepstate``, fwd+bwd at bwd_forward_state recompute, keep_inter and keep (the backward reuses the forward's
+state), with time, extra peak memory and gradient differences.
 JSON rows on stdout and in $OUT.
 """
 from __future__ import annotations
@@ -95,7 +95,7 @@ DKV_GATE_PARTS = (
 
 
 def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), dkv_v2=(), transport_v2=(),
-             caps=(), ut_v2=(), configs=(), launcher_off=(), dq_v2=()):
+             caps=(), ut_v2=(), configs=(), launcher_off=(), dq_v2=(), launcher_on=()):
     B = 32768 // T
     q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0, dtype=torch.bfloat16)
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
@@ -327,12 +327,15 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                 *xs[:5], xs[5] if gate else None, config=cfg)[0], xs, do)
             row = against_shipped(fc, shipped_grads, ms_shipped)
             emit(dict(base, kernel="fwd+bwd", variant=f"autograd, heuristic config with {json.dumps(cfg)}", **row))
-        # each launcher choice of --launcher-off (a predicate of backward.py / forward.py) answered False
-        for name in launcher_off:
+        # each launcher choice of --launcher-off / --launcher-on (a predicate of backward.py / forward.py) answered
+        # False / True
+        for name, answer in [(n, False) for n in launcher_off] + [(n, True) for n in launcher_on]:
             module = bwd_mod if hasattr(bwd_mod, name) else fwd_mod
             row = against_shipped(fn, shipped_grads, ms_shipped,
-                                  lambda module=module, name=name: swapped(module, name, lambda *a, **k: False))
-            emit(dict(base, kernel="fwd+bwd", variant=f"autograd, heuristic config with {name} off", **row))
+                                  lambda module=module, name=name, answer=answer: swapped(
+                                      module, name, lambda *a, **k: answer))
+            emit(dict(base, kernel="fwd+bwd", variant=f"autograd, heuristic config with {name} "
+                                                      f"{'on' if answer else 'off'}", **row))
     if "prepwarps" in only:
         prep_warps_e2e(base, xs, do, gate)
     if "gatecumsum" in only and gate:
@@ -555,6 +558,9 @@ def main():
     ap.add_argument("--launcher-off", default="",
                     help="e2e: launcher predicates of backward.py / forward.py (comma-separated), each timed answering "
                          "False, e.g. gate_sums_by_mma (dkv's gate sums by a product)")
+    ap.add_argument("--launcher-on", default="",
+                    help="e2e: launcher predicates of backward.py / forward.py (comma-separated), each timed answering "
+                         "True")
     a = ap.parse_args()
     old_src = open(a.old_intra).read() if a.old_intra else None
     old_ut_src = open(a.old_ut_bwd).read() if a.old_ut_bwd else None
@@ -572,7 +578,8 @@ def main():
                              tuple(x for x in a.ut_bwd_v2.split(",") if x),
                              tuple(json.loads(x) for x in a.configs.split(";") if x.strip()),
                              tuple(x for x in a.launcher_off.split(",") if x),
-                             tuple(x for x in a.dq_v2.split(",") if x))
+                             tuple(x for x in a.dq_v2.split(",") if x),
+                             tuple(x for x in a.launcher_on.split(",") if x))
                 except Exception as exc:
                     emit(dict(D=D, T=T, gate=gate, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 
