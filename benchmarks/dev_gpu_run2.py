@@ -17,7 +17,7 @@ import torch
 import triton
 
 from pathtune.codegen._knobs import resolve
-from pathtune.codegen.triton import TritonParams, path_attention_triton
+from pathtune.codegen.triton import path_attention_triton
 from pathtune.runtime.reference import naive_path_attention
 from pathtune.tuning.baselines import fla_path_callable, sdpa_callable
 from pathtune.tuning.bench import make_inputs
@@ -250,7 +250,8 @@ def sweep(D=64, H=16, T=16384, gate=True, changes=None, shipped=False):
     xs = [x.requires_grad_() for x in (q, k, v, w, beta)] + ([g.requires_grad_()] if gate else [])
     do = torch.randn_like(q)
     base = _shipped_bwd_config(D, gate) if shipped else None
-    base = TritonParams.heuristic(D, D) if base is None else TritonParams.from_config(base)
+    # the backward's params class: it keeps the knobs only the backward declares (dk / dv's tile, the range budget)
+    base = resolve("triton", "bwd", base, (D, D))
     for change in (SWEEP if changes is None else changes):
         cfg = base if shipped else None
         if change is not None:

@@ -330,3 +330,30 @@ def test_superchunk_size_crosses_five_modules_from_the_yaml_to_the_launch(monkey
     assert "run" in call_side["pathtune.runtime.dispatch"]        # the plan runs itself: api never holds it
     # one representation change: only _knobs turns the Config / its text into kernel params
     assert {"resolve", "resolve_json", "_construct"} <= call_side["pathtune.codegen._knobs"]
+
+
+def test_a_bwd_trial_launches_the_knobs_only_the_backward_declares(monkeypatch):
+    """A tuner candidate of the bwd pass runs its forward + backward with every knob of its config, those only
+    ``TritonBwdParams`` declares too (dk / dv's key tile and warps): resolved with the base params class they were
+    dropped, so the launch ran the head-dim defaults and the record named the candidate's config."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from pathtune.codegen.triton import backward
+    from pathtune.tuning.measure import MeasureTask, _forward_fn
+
+    launched = []
+    real = backward.dkv_launch
+    monkeypatch.setattr(backward, "dkv_launch", lambda params: launched.append(real(params)) or launched[-1])
+    config = {"chunk_size": 16, "superchunk_size": 32, "block_n": 16, "bwd_block_n": 16, "scan_precision": "tf32",
+              "bwd_dkv_block_n": 32, "bwd_dkv_num_warps": 8}
+    task = MeasureTask(pass_="bwd", backend="triton", workload={"head_dim": 32, "head_dim_v": 32}, config=config,
+                       batch=1, seq_len=40)
+    run = _forward_fn(task)
+    gen = torch.Generator().manual_seed(0)
+    B, T, H, D = 1, 40, 1, 32
+    q, k, v = (torch.randn(B, T, H, D, generator=gen).requires_grad_() for _ in range(3))
+    w = F.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1).requires_grad_()
+    beta = (torch.rand(B, T, H, generator=gen) + 1.5).clamp(max=1.99).requires_grad_()
+    o = run(q, k, v, w, beta, None)
+    grads = torch.autograd.grad(o, (q, k, v, w, beta), torch.randn_like(o))
+    assert all(torch.isfinite(gr).all() for gr in grads)
+    assert launched == [(32, 8)]

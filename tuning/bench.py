@@ -166,7 +166,7 @@ def _accuracy(q, k, v, w, beta, g, config, check_len: int = 1024, backward: bool
 
     from .measure import gate_tokens, oracle_errors, oracle_kv_heads, triton_params
 
-    params = triton_params(config or {}, q.shape[-1], v.shape[-1])
+    params = triton_params(config or {}, q.shape[-1], v.shape[-1], "bwd" if backward else "fwd")
     n = min(q.shape[1], gate_tokens(params.superchunk_size, q.shape[1], check_len))
     sl = (slice(0, 1), slice(0, n))
     args = [x[sl] for x in (q, k, v, w, beta)] + [None if g is None else g[sl]]

@@ -52,7 +52,7 @@ def precompile_triton(task: MeasureTask) -> Optional[dict]:
     from .measure import classify_exception, triton_params
 
     wl = task.workload
-    params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"])
+    params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"], task.pass_)
     dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(wl["dtype"], "bf16")
     group = wl["heads_q"] // wl["heads_kv"]
     if task.pass_ == "decode":

@@ -117,10 +117,12 @@ def decode_available() -> bool:
     return True
 
 
-def triton_params(config: dict, head_dim: int, head_dim_v: int, pass_: Optional[str] = None) -> Any:
-    """TritonParams (``resolve``; the pass's params class, ``TritonDecodeParams`` for "decode"): the untuned config
-    for the head dims, overridden by the pass's knobs (so a bwd candidate's forward runs the untuned forward knobs,
-    and vice versa)."""
+def triton_params(config: dict, head_dim: int, head_dim_v: int, pass_: Optional[str]) -> Any:
+    """Kernel params of a candidate of ``pass_`` (``resolve`` with the pass's params class: ``TritonBwdParams`` for
+    "bwd", which a forward + backward runs, ``TritonDecodeParams`` for "decode"): the untuned config for the head
+    dims, overridden by the pass's knobs (so a bwd candidate's forward runs the untuned forward knobs, and vice
+    versa).  The pass matters: the base class drops the knobs only a pass's subclass declares (dk / dv's key tile
+    and warps, the range budget), and the launch then runs the head-dim defaults instead of the candidate's."""
     from pathtune.codegen._knobs import resolve
 
     return resolve("triton", pass_, config, (head_dim, head_dim_v))
@@ -248,7 +250,7 @@ _PER_QUERY_HEAD = (0, 5)                     # q and g have a query-head axis; k
 def _superchunk(task: MeasureTask) -> int:
     if task.backend == "triton":
         wl = task.workload
-        return int(triton_params(task.config, wl["head_dim"], wl["head_dim_v"]).superchunk_size)
+        return int(triton_params(task.config, wl["head_dim"], wl["head_dim_v"], task.pass_).superchunk_size)
     return int(task.config.get("superchunk_size") or 0)
 
 
@@ -331,7 +333,7 @@ def _forward_fn(task: MeasureTask) -> Callable[..., Any]:
     if task.backend == "triton":
         from pathtune.codegen.triton import path_attention_triton
 
-        params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"])
+        params = triton_params(task.config, wl["head_dim"], wl["head_dim_v"], task.pass_)
 
         def run(q, k, v, w, beta, g):
             return path_attention_triton(q, k, v, w, beta, g, config=params)[0]
