@@ -13,13 +13,15 @@ read-modify-written after; the rows belong to this program alone, as in the colu
 108 B of spills gated, 120 ungated, none in the key loop (311 instead of 349 SASS instructions a step gated).  Up to
 head dim 64 neither build spills.
 
-Measured (H100, head-dim default config, ``benchmarks/results/H100-20261206T093000Z-dq-dy-in-memory-kprobe.json``):
-fwd+bwd 0.988-1.020x the shipped kernel, within the probe's noise; not taken.
+Measured (H100, head-dim default config, D 128, ``benchmarks/results/H100-20261206T093000Z-dq-dy-in-memory-kprobe.json``
+and ``H100-20261206T113400Z-dkv-tiles-e2e-gate-sums-dq-kprobe.json``): on dq's own launch 0.91 / 0.95x the shipped
+kernel with the FoX gate (T 4K / 16K: 0.985 vs 1.080 ms, 4.20 vs 4.42) and 1.13 / 1.11x without it (0.986 vs 0.868,
+4.03 vs 3.63); fwd+bwd 0.988-1.020x, within the probe's noise.  Taken only for the gated kernel it would save
+~0.1 / 0.2 ms of a 12.4 / 24.7 ms PaTH-FoX fwd+bwd: not taken yet (it retires the bwd records).
 
 ``python benchmarks/dev_kernel_probe.py --only dq,e2e --dq-v2 benchmarks/variants/dq_dy_in_memory.py`` times the
-kernel on the shipped launch's arguments (not yet run: the e2e noise hides a change of this kernel's size) and the
-public fwd+bwd with it in place beside the shipped kernel; tests/test_triton_backward.py checks it against the
-shipped backward.
+kernel on the shipped launch's arguments and the public fwd+bwd with it in place beside the shipped kernel;
+tests/test_triton_backward.py checks it against the shipped backward.
 """
 from __future__ import annotations
 
