@@ -22,7 +22,7 @@ __all__ = ["KernelKey", "Measurement", "EnvLike", "KernelLike", "WorkloadLike", 
            "DISPATCH_BACKENDS", "SPEC_BACKENDS", "BACKEND_LIBS", "as_kernel", "as_workload", "as_config",
            "as_measurement", "env_columns", "new_run_id", "current_command", "parse_time", "iso",
            "default_current_keys", "spec_keys", "current_spec_hashes", "same_spec_hashes", "stale_reasons",
-           "soft_mismatch", "DEFAULT_OP", "env_key_schema"]
+           "soft_mismatch", "DEFAULT_OP", "env_key_schema", "WITHDRAWN_RUNS"]
 
 DEFAULT_OP = "path_attention"
 # Backends the runtime can dispatch a PaTH call to (best() considers these unless told otherwise).
@@ -405,11 +405,27 @@ def same_spec_hashes(spec_hash: str, current: Optional[Mapping[str, Any]]) -> tu
     return accepted if spec_hash in accepted else (spec_hash,)
 
 
+# Runs whose measurements are known not to be of the configs their records name (a fault of the harness found
+# after they were made): never served, packed or shown as current, never pruned by ``gc`` (the records stay, with
+# this reason in their ``stale`` list).  run_id -> reason.
+_BWD_KNOBS_NOT_RUN = ("withdrawn: its bwd trials ran dk / dv on the head-dim default's key tile and warps, not the "
+                      "recorded config's (a tuner fault, fixed)")
+WITHDRAWN_RUNS: Mapping[str, str] = dict.fromkeys((
+    # H100-20261206T093612Z-bwd-tune.json (source ffcc0ae57babddba), one run per key
+    "tune-4efa73074e1726517d67fa7e", "tune-e13fbbcd8c59fbd4404d3a0b", "tune-63394df9cab597d876cb3e7e",
+    "tune-cdeb781a9440447157cfaebc", "tune-96cf7dd6bfc2e4934589680e", "tune-38555ed6036dd648d84026ae",
+    "tune-6969be970f19b1d1f756f3e2", "tune-b5141390aae605afd3102303", "tune-e2da48f635fd6cf05635f771",
+    "tune-88a53db30432af537b2eaa47", "tune-18155a883ec933376276b50b", "tune-278ef4400933a37f85c46e38",
+), _BWD_KNOBS_NOT_RUN)
+
+
 def stale_reasons(kernel: Mapping[str, Any], current: Optional[Mapping[str, Any]]) -> list[str]:
-    """Why a stored kernel no longer matches the code that would run now (empty: it matches)."""
+    """Why a stored kernel no longer matches the code that would run now (empty: it matches); a row that
+    carries its ``run_id`` is stale too when that run is withdrawn (``WITHDRAWN_RUNS``)."""
+    withdrawn = WITHDRAWN_RUNS.get(str(kernel.get("run_id")))
+    out = [withdrawn] if withdrawn else []
     if not current:
-        return []
-    out = []
+        return out
     specs = current_spec_hashes(current)
     if specs and kernel.get("spec_hash") not in specs:
         out.append(f"spec_hash {str(kernel.get('spec_hash'))[:12] or '(none)'} != current {specs[0][:12]}")

@@ -25,12 +25,13 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    bindparam,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = ["Base", "EnvRow", "KernelRow", "WorkloadRow", "RunRow", "MeasurementRow", "IngestRow", "best_view",
-           "STATUSES", "BACKENDS", "PASSES", "VERSION_TABLE", "utcnow"]
+           "best_without", "STATUSES", "BACKENDS", "PASSES", "VERSION_TABLE", "utcnow"]
 
 # Frozen here (and in the initial migration): a new value needs a new revision.
 STATUSES = ("ok", "compile_error", "out_of_resources", "wrong", "crash", "timeout")
@@ -232,3 +233,41 @@ best_view = Table(
     Column("baseline_ms", Float), Column("baseline_name", String), Column("run_id", String),
     Column("created_at", UTCDateTime),
 )
+
+
+# The perf_best view's query (migrations/versions/0002_query_bucket.py) with the measurements of some runs left out
+# before the ranking, so that each group's fastest among the others is what remains.
+_BEST_WITHOUT = """
+SELECT measurement_id, env_hash, env_key_schema, gpu_name, cc, cuda, ptxas, triton, tvm, driver, torch,
+       op, "pass", backend, spec_hash, codegen_version, source_hash,
+       workload_key_hash, key_json, key_schema, head_dim, head_dim_v, heads_q, heads_kv, dtype, use_gate,
+       seq_bucket, batch_bucket, varlen, query_bucket, config_json, config_hash, median_ms, p20_ms, p80_ms,
+       baseline_ms, baseline_name, run_id, created_at
+FROM (
+    SELECT m.id AS measurement_id, e.env_hash, e.key_schema AS env_key_schema, e.gpu_name, e.cc, e.cuda,
+           e.ptxas, e.triton, e.tvm, e.driver, e.torch,
+           k.op, k."pass", k.backend, k.spec_hash, k.codegen_version, k.source_hash,
+           w.key_hash AS workload_key_hash, w.key_json, w.key_schema, w.head_dim, w.head_dim_v, w.heads_q, w.heads_kv,
+           w.dtype, w.use_gate, w.seq_bucket, w.batch_bucket, w.varlen, w.query_bucket,
+           m.config_json, m.config_hash, m.median_ms, m.p20_ms, m.p80_ms, m.baseline_ms, m.baseline_name,
+           m.run_id, m.created_at,
+           ROW_NUMBER() OVER (PARTITION BY e.env_hash, m.kernel_id, m.workload_id
+                              ORDER BY m.median_ms ASC, m.created_at DESC, m.id DESC) AS rank_in_group
+    FROM perf_measurement m
+    JOIN perf_env e ON e.id = m.env_id
+    JOIN perf_kernel k ON k.id = m.kernel_id
+    JOIN perf_workload w ON w.id = m.workload_id
+    WHERE m.status = 'ok' AND m.run_id NOT IN :left_out
+) ranked
+WHERE rank_in_group = 1
+"""
+
+
+def best_without(run_ids: Any) -> Any:
+    """``best_view`` (same columns) ranked without the measurements of ``run_ids``: the fastest ok measurement per
+    (env_hash, kernel, workload) among the other runs' (``best_view`` itself when ``run_ids`` is empty)."""
+    runs = sorted(run_ids)
+    if not runs:
+        return best_view
+    query = text(_BEST_WITHOUT).bindparams(bindparam("left_out", value=runs, expanding=True))
+    return query.columns(*best_view.c).subquery("perf_best")

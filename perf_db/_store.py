@@ -24,6 +24,7 @@ from ._errors import DuplicateMeasurementError, PerfDBError
 from ._keys import (
     BACKEND_LIBS,
     DISPATCH_BACKENDS,
+    WITHDRAWN_RUNS,
     ConfigLike,
     CurrentKeys,
     EnvLike,
@@ -57,7 +58,7 @@ from ._models import (
     MeasurementRow,
     RunRow,
     WorkloadRow,
-    best_view,
+    best_without,
 )
 from ._models import utcnow as utc_now
 from ._results import RunInfo, parse_results, read_results
@@ -417,7 +418,8 @@ class PerfDB:
         """The newest stored measurement (any status) of this config, or None: the tuner asks this before
         benchmarking. ``env``: an env_hash, or ``collect_env()`` output (matched per backend, so
         installing TVM does not hide Triton results). ``config``: a Config, a dict or a config hash.
-        A kernel of the current spec matches records of its pass hash and of the full spec hash."""
+        A kernel of the current spec matches records of its pass hash and of the full spec hash.  Measurements
+        of a withdrawn run (``WITHDRAWN_RUNS``) are not answered: the tuner measures that config again."""
         k, wl = as_kernel(kernel), as_workload(workload)
         config_hash = config if isinstance(config, str) else as_config(config).hash
         env_cols = _EnvCols(EnvRow.__table__.c, KernelRow.__table__.c.backend)
@@ -429,7 +431,8 @@ class PerfDB:
                        KernelRow.op == k.op, KernelRow.pass_ == k.pass_, KernelRow.backend == k.backend,
                        KernelRow.spec_hash.in_(self._same_spec(k)), KernelRow.codegen_version == k.codegen_version,
                        KernelRow.source_hash == k.source_hash, WorkloadRow.key_hash == wl.key_hash,
-                       MeasurementRow.config_hash == config_hash)
+                       MeasurementRow.config_hash == config_hash,
+                       MeasurementRow.run_id.not_in(tuple(WITHDRAWN_RUNS)))
                 .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc()).limit(1))
         with self.session() as s:
             hit = s.execute(stmt).first()
@@ -505,8 +508,10 @@ class PerfDB:
         if backend is not None and backend not in BACKENDS:
             raise PerfDBError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
         backends = (backend,) if backend else DISPATCH_BACKENDS
-        v = best_view.c
-        stmt = select(best_view).where(
+        # ranked without the withdrawn runs: a withdrawn measurement must not hide the fastest of the others
+        view = best_without(WITHDRAWN_RUNS)
+        v = view.c
+        stmt = select(view).where(
             self._env_clause(v, env, backends, other_gpus=other_gpus), v["pass"] == pass_, v.backend.in_(backends),
             v.key_schema == KEY_SCHEMA, v.head_dim == wl.head_dim, v.head_dim_v == wl.head_dim_v,
             v.heads_q == wl.heads_q, v.heads_kv == wl.heads_kv, v.dtype == wl.dtype, v.use_gate == wl.use_gate,

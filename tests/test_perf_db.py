@@ -188,7 +188,7 @@ def test_staleness_hard_and_soft_keys(db):
     db.record(ENV, kernel(), wl(), cfg(), ok(1.0))
     db.record(ENV, kernel(source="src-old"), wl(), cfg(num_warps=8), ok(0.5))  # faster, but old code
 
-    best = db.best(ENV, "fwd", wl())
+    best = db.best(env_hash(ENV), "fwd", wl())
     assert best["median_ms"] == 1.0 and best["kernel"]["source_hash"] == SRC  # stale source never served
 
     # hard keys: another Triton, CUDA, GPU or cc -> not served
@@ -299,6 +299,37 @@ def test_gc_dry_run_then_delete(db):
     assert after["perf_run"] == before["perf_run"] - 1 and after["perf_kernel"] == before["perf_kernel"] - 1
     assert {r["run_id"] for r in db.query()} == {"keep", "old-triton", "other-gpu"}
     assert db.gc(dry_run=True, env_info=ENV).total == 0
+
+
+def test_withdrawn_runs_are_kept_but_never_served(db, monkeypatch):
+    """A run whose measurements are known to be of other configs than recorded (``WITHDRAWN_RUNS``): its rows
+    stay (``gc`` keeps them, ``query`` lists them as stale with the reason) but ``best`` and the tuner's
+    ``lookup`` never answer with them."""
+    from pathtune.perf_db import _keys
+
+    monkeypatch.setitem(_keys.WITHDRAWN_RUNS, "run-bad", "withdrawn: timed another config")
+    db.record(ENV, kernel(), wl(), cfg(), ok(1.0), run_id="run-good")
+    db.record(ENV, kernel(), wl(), cfg(num_warps=8), ok(0.5), run_id="run-bad")
+    best = db.best(env_hash(ENV), "fwd", wl())
+    assert best["median_ms"] == 1.0 and best["config"]["num_warps"] != 8
+    assert db.lookup(ENV, kernel(), wl(), cfg(num_warps=8)) is None
+    assert db.lookup(ENV, kernel(), wl(), cfg())["run_id"] == "run-good"
+    stale = {r["run_id"]: r["stale"] for r in db.query(include_stale=True)}
+    assert stale == {"run-good": [], "run-bad": ["withdrawn: timed another config"]}
+    assert {r["run_id"] for r in db.query(include_stale=False)} == {"run-good"}
+    assert db.gc(dry_run=True, env_info=ENV).total == 0
+
+
+def test_withdrawn_runs_name_the_withdrawn_tune_file():
+    """The shipped withdrawal list names exactly the runs of the withdrawn H100 bwd tune (kept in
+    benchmarks/results/), so a database that ingested it before stops serving every one of its records."""
+    from pathlib import Path
+
+    from pathtune.perf_db._keys import WITHDRAWN_RUNS
+
+    path = Path(__file__).parents[1] / "benchmarks/results/H100-20261206T093612Z-bwd-tune-withdrawn.json"
+    runs = {r["run_id"] for r in json.loads(path.read_text())["records"]}
+    assert runs and runs == set(WITHDRAWN_RUNS)
 
 
 # ---------------------------------------------------------------------------------------------------
