@@ -46,6 +46,32 @@ from .bwd_chain import _chain_prologue
 
 
 @triton.jit
+def _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, key0, h, qk_scale, gate_scale,
+             H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
+             S: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr):
+    """dZ = dS KJ of the program's queries (Zd: carried into the frame of the earlier super-chunk whose S keys
+    start at token key0) over those keys, BLOCK_N a step: the float32 C x BD tile of that super-chunk."""
+    d = tl.arange(0, BD)
+    dv = tl.arange(0, BDV)
+    rn = tl.arange(0, BLOCK_N)
+    dmask = (d < D)[None, :]
+    dvmask = (dv < DV)[None, :]
+    dZ = tl.zeros((C, BD), dtype=tl.float32)
+    for t0 in range(0, S, BLOCK_N):
+        krows = (key0 + t0 + rn).to(tl.int64)
+        KJ = tl.load(kj_ptr + (krows[:, None] * H + h) * D + d[None, :], mask=dmask, other=0.0).to(DT)
+        Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
+        s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
+        if USE_GATE:
+            s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
+        p = tl.exp2(s - lse2[:, None])
+        dp = mm(dO, tl.trans(Vt), INTERP)
+        ds = p * (dp - delta[:, None])
+        dZ += mm(ds.to(DT), KJ, INTERP)
+    return dZ
+
+
+@triton.jit
 def bwd_inter_dq_kernel(
     y_ptr, kj_ptr, v_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
     dy_ptr, om_ptr, z_ptr,
@@ -74,7 +100,6 @@ def bwd_inter_dq_kernel(
         r = tl.arange(0, C)
         d = tl.arange(0, BD)
         dv = tl.arange(0, BDV)
-        rn = tl.arange(0, BLOCK_N)
         dmask = (d < D)[None, :]
         dvmask = (dv < DV)[None, :]
         rows = (tok0 + r).to(tl.int64)
@@ -90,26 +115,34 @@ def bwd_inter_dq_kernel(
             pair_base = tl.load(seq_pair_base + sid)
             n_sc_seq = (send - s0 + S - 1) // S
             dpair = d[:, None] * BD + d[None, :]
+            ymask = rmask[:, None] & dmask
             Yd = Y.to(DT)
-            dY = tl.zeros((C, BD), dtype=tl.float32)
-            for step in range(0, sc_idx):
-                jj = sc_idx - 1 - step
-                om_base = om_ptr + ((pair_base + sc_idx * n_sc_seq + jj) * H + h) * BD * BD
-                Zd = mm(Yd, tl.load(om_base + dpair).to(DT), INTERP).to(DT)
-                dZ = tl.zeros((C, BD), dtype=tl.float32)
-                for t0 in range(0, S, BLOCK_N):
-                    krows = (s0 + jj * S + t0 + rn).to(tl.int64)
-                    KJ = tl.load(kj_ptr + (krows[:, None] * H + h) * D + d[None, :], mask=dmask, other=0.0).to(DT)
-                    Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
-                    s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
-                    if USE_GATE:
-                        s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
-                    p = tl.exp2(s - lse2[:, None])
-                    dp = mm(dO, tl.trans(Vt), INTERP)
-                    ds = p * (dp - delta[:, None])
-                    dZ += mm(ds.to(DT), KJ, INTERP)
-                dY += mm(dZ.to(DT), tl.trans(tl.load(om_base + dpair).to(DT)), INTERP)
-            tl.store(dy_ptr + qoff, dY * scale, mask=rmask[:, None] & dmask)
+            if USE_GATE:
+                # each super-chunk's share added into the program's own rows of dy (stored at the first,
+                # read-modify-written after) instead of a C x BD float32 dY live through every key step, where
+                # the gated step's tiles peak: offline sm_90 at D 128 the gated kernel spills 108 B per thread
+                # instead of 472 (none in the key loop); H100 0.91-0.95x its time.  Without the gate the
+                # register tile costs less than the round trips (the in-memory form 1.11-1.13x there).
+                for step in range(0, sc_idx):
+                    jj = sc_idx - 1 - step
+                    om_base = om_ptr + ((pair_base + sc_idx * n_sc_seq + jj) * H + h) * BD * BD
+                    Zd = mm(Yd, tl.load(om_base + dpair).to(DT), INTERP).to(DT)
+                    dZ = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, s0 + jj * S, h, qk_scale, gate_scale,
+                                  H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP)
+                    upd = mm(dZ.to(DT), tl.trans(tl.load(om_base + dpair).to(DT)), INTERP) * scale
+                    if step > 0:
+                        upd += tl.load(dy_ptr + qoff, mask=ymask, other=0.0)
+                    tl.store(dy_ptr + qoff, upd, mask=ymask)
+            else:
+                dY = tl.zeros((C, BD), dtype=tl.float32)
+                for step in range(0, sc_idx):
+                    jj = sc_idx - 1 - step
+                    om_base = om_ptr + ((pair_base + sc_idx * n_sc_seq + jj) * H + h) * BD * BD
+                    Zd = mm(Yd, tl.load(om_base + dpair).to(DT), INTERP).to(DT)
+                    dZ = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, s0 + jj * S, h, qk_scale, gate_scale,
+                                  H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP)
+                    dY += mm(dZ.to(DT), tl.trans(tl.load(om_base + dpair).to(DT)), INTERP)
+                tl.store(dy_ptr + qoff, dY * scale, mask=ymask)
         else:
             pair_base = tl.load(seq_pair_base + sid)
             n_sc_seq = (send - s0 + S - 1) // S
@@ -126,18 +159,8 @@ def bwd_inter_dq_kernel(
                                  mask=rmask[:, None] & (e < D)[None, :])
                 tl.debug_barrier()
                 Zd = tl.load(z_ptr + qoff, mask=rmask[:, None] & dmask, other=0.0)
-                dZ = tl.zeros((C, BD), dtype=tl.float32)
-                for t0 in range(0, S, BLOCK_N):
-                    krows = (s0 + jj * S + t0 + rn).to(tl.int64)
-                    KJ = tl.load(kj_ptr + (krows[:, None] * H + h) * D + d[None, :], mask=dmask, other=0.0).to(DT)
-                    Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
-                    s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
-                    if USE_GATE:
-                        s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
-                    p = tl.exp2(s - lse2[:, None])
-                    dp = mm(dO, tl.trans(Vt), INTERP)
-                    ds = p * (dp - delta[:, None])
-                    dZ += mm(ds.to(DT), KJ, INTERP)
+                dZ = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, s0 + jj * S, h, qk_scale, gate_scale,
+                              H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP)
                 for cb in tl.static_range(BD // DB):
                     if cb * DB < D:
                         e = cb * DB + tl.arange(0, DB)
