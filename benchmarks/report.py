@@ -235,7 +235,7 @@ def current_section() -> list[str]:
         for rec in json.loads(path.read_text())["records"]:
             k = rec["kernel"]
             keys = current_keys(k.get("op", "path_attention"), k["pass"], k["backend"])
-            if rec["measurement"]["status"] == "ok" and not stale_reasons(k, keys):
+            if rec["measurement"]["status"] == "ok" and not stale_reasons({**k, "run_id": rec.get("run_id")}, keys):
                 counts[k["pass"]] = counts.get(k["pass"], 0) + 1
         for p, n in counts.items():
             by_pass.setdefault(p, []).append((path.name, n))
@@ -250,8 +250,9 @@ def current_section() -> list[str]:
         else:
             out.append(f"| {p} | none | no current measurement: the kernels changed since; `backend=\"auto\"` runs "
                        "the untuned config |")
-    out += ["", f"The other {retired} files in `perf_db/shipped/` hold retired records only (earlier kernels or "
-            "spec), kept for history and for the tuner's warm start."]
+    out += ["", f"The other {retired} files in `perf_db/shipped/` hold retired or withdrawn records only (earlier "
+            "kernels or spec; runs `perf_db._keys.WITHDRAWN_RUNS` names), kept for history and for the tuner's warm "
+            "start."]
     return out
 
 

@@ -37,6 +37,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 from ._errors import PerfDBError
 from ._keys import (
     BACKEND_LIBS,
+    WITHDRAWN_RUNS,
     EnvLike,
     KernelKey,
     KernelLike,
@@ -103,11 +104,12 @@ def retired_in_records(records: Iterable[Any], env: Union[str, EnvLike], kernel:
 
 
 def _timed_records(records: Iterable[Any], k: KernelKey, wl: Any) -> Iterable[Any]:
-    """The records of ``k``'s op, pass and backend and ``wl``'s workload key that are ok with a time."""
+    """The records of ``k``'s op, pass and backend and ``wl``'s workload key that are ok with a time, none of a
+    withdrawn run (``WITHDRAWN_RUNS``)."""
     for rec in records:
         rk, m = rec.kernel, rec.measurement
         if ((rk.op, rk.pass_, rk.backend) == (k.op, k.pass_, k.backend) and rec.workload.key_hash == wl.key_hash
-                and m.status == "ok" and m.median_ms is not None):
+                and m.status == "ok" and m.median_ms is not None and rec.run_id not in WITHDRAWN_RUNS):
             yield rec
 
 

@@ -462,7 +462,8 @@ class PerfDB:
 
     def _seed_rows(self, k: KernelKey, wl: Any, *where: Any) -> list[dict[str, Any]]:
         """ok, timed measurements of ``wl`` by ``k``'s op, pass and backend under ``where``, newest first, as
-        warm-start rows (``perf_db/_retired.py``'s fields, with the measuring GPU's ``gpu_name``)."""
+        warm-start rows (``perf_db/_retired.py``'s fields, with the measuring GPU's ``gpu_name``); none of a
+        withdrawn run (``WITHDRAWN_RUNS``: its times are not its configs')."""
         stmt = (select(MeasurementRow.id, MeasurementRow.config_json, MeasurementRow.config_hash,
                        MeasurementRow.median_ms, MeasurementRow.created_at, KernelRow.source_hash,
                        KernelRow.spec_hash, KernelRow.codegen_version, EnvRow.gpu_name)
@@ -471,7 +472,8 @@ class PerfDB:
                 .join(WorkloadRow, WorkloadRow.id == MeasurementRow.workload_id)
                 .where(KernelRow.op == k.op, KernelRow.pass_ == k.pass_, KernelRow.backend == k.backend,
                        WorkloadRow.key_hash == wl.key_hash, MeasurementRow.status == "ok",
-                       MeasurementRow.median_ms.is_not(None), *where)
+                       MeasurementRow.median_ms.is_not(None), MeasurementRow.run_id.not_in(tuple(WITHDRAWN_RUNS)),
+                       *where)
                 .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc()))
         with self.session() as s:
             return [{"config": json.loads(config_json), "config_hash": config_hash, "median_ms": ms,

@@ -318,16 +318,20 @@ def test_withdrawn_runs_are_kept_but_never_served(db, monkeypatch):
     assert stale == {"run-good": [], "run-bad": ["withdrawn: timed another config"]}
     assert {r["run_id"] for r in db.query(include_stale=False)} == {"run-good"}
     assert db.gc(dry_run=True, env_info=ENV).total == 0
+    # nor does a new study warm-start from one (retired sources)
+    db.record(ENV, kernel(source="src-old"), wl(), cfg(num_warps=2), ok(0.4), run_id="run-bad")
+    db.record(ENV, kernel(source="src-old"), wl(), cfg(num_warps=4), ok(0.6), run_id="run-old")
+    assert [r["config"]["num_warps"] for r in db.retired(ENV, kernel(), wl())] == [4]
 
 
 def test_withdrawn_runs_name_the_withdrawn_tune_file():
-    """The shipped withdrawal list names exactly the runs of the withdrawn H100 bwd tune (kept in
-    benchmarks/results/), so a database that ingested it before stops serving every one of its records."""
+    """The withdrawal list names exactly the runs of the withdrawn H100 bwd tune (shipped, so that every database
+    holds it), so none of its records is served."""
     from pathlib import Path
 
     from pathtune.perf_db._keys import WITHDRAWN_RUNS
 
-    path = Path(__file__).parents[1] / "benchmarks/results/H100-20261206T093612Z-bwd-tune-withdrawn.json"
+    path = Path(__file__).parents[1] / "perf_db/shipped/H100-20261206T093612Z-bwd-tune.json"
     runs = {r["run_id"] for r in json.loads(path.read_text())["records"]}
     assert runs and runs == set(WITHDRAWN_RUNS)
 

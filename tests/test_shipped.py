@@ -11,6 +11,7 @@ import json
 import pytest
 
 from pathtune.perf_db import PerfDB
+from pathtune.perf_db._keys import WITHDRAWN_RUNS
 from pathtune.perf_db._results import read_results
 from pathtune.perf_db._shipped import SHIPPED_DIR
 
@@ -56,8 +57,10 @@ def test_shipped_file_is_real_and_ingests(path, tmp_path, monkeypatch):
         assert report.added == len(records)
         rows = db.overhead(by="head_dim")
     # a file may hold only failures (a resumed tune whose new candidates all failed the gate or the
-    # resources); one with a measured time answers the overhead query on its own
-    assert rows or not any(rec["measurement"]["status"] == "ok" for rec in records)
+    # resources) or withdrawn runs (perf_db._keys.WITHDRAWN_RUNS: never served); one with a measured time of a
+    # run not withdrawn answers the overhead query on its own
+    assert rows or not any(rec["measurement"]["status"] == "ok" and rec["run_id"] not in WITHDRAWN_RUNS
+                           for rec in records)
     if any(current):   # and its current records as the dispatcher sees them
         with PerfDB(f"sqlite:///{tmp_path / 'dispatch.sqlite3'}", current_keys=current_keys_of_dispatch()) as db:
             db.ingest(path)
