@@ -3,6 +3,7 @@
     python benchmarks/dispatch_overhead.py            # CPU or GPU host; no kernel is launched
     python benchmarks/dispatch_overhead.py --e2e      # GPU: also path_attention's whole host overhead
     python benchmarks/dispatch_overhead.py --decode   # CPU or GPU host: path_attention_decode's cached path
+    python benchmarks/dispatch_overhead.py --fwd-bwd  # CPU or GPU host: the Triton fwd + bwd launchers' own work
 
 Prints microseconds per call of ``select_plan`` (the per-call selection ``path_attention`` runs)
 for a cached key, and the time of the first decision of a key (pack / perf_db lookup). With
@@ -17,6 +18,12 @@ output allocation, the launch arguments, the host length mirrors). The tensors l
 device, which runs every line a CUDA call runs except the kernel (no value checks, as on the GPU
 without PATHTUNE_CHECK_INPUTS); the compiled kernel's launcher (the driver call, ~15-20 us on an H200 host)
 is not included.
+
+``--fwd-bwd``: the host work of one forward + backward through the Triton launchers (``forward_op`` then
+``backward_op``, the untuned config, B * T = 32768 tokens, D 64 / 128, T 2K / 4K / 16K, PaTH and PaTH-FoX) on
+``meta`` tensors with every kernel launch stubbed, and the launches it makes: what the host spends per training
+step besides the launches themselves (each ~15-20 us in Triton's launcher and the driver on an H200 host) and the
+autograd engine.  Where that total nears the step's GPU time the step is host-bound.
 """
 from __future__ import annotations
 
@@ -43,7 +50,12 @@ def main() -> None:
     p.add_argument("--e2e", action="store_true", help="GPU: time whole path_attention calls too")
     p.add_argument("--decode", action="store_true",
                    help="time the cached host path of path_attention_decode (the launch stubbed) instead")
+    p.add_argument("--fwd-bwd", action="store_true",
+                   help="time the Triton forward + backward launchers' host work (launches stubbed) instead")
     args = p.parse_args()
+    if args.fwd_bwd:
+        fwd_bwd_host()
+        return
     if args.decode:
         decode_host(max(1, args.n // 10))
         return
@@ -199,6 +211,68 @@ def decode_host(n: int, repeats: int = 7) -> dict:
                       f"call, launch stubbed {row['call']:6.2f} us/call")
     finally:
         tdecode.decode_kernel = real_kernel
+    return out
+
+
+def fwd_bwd_host(repeats: int = 7, n: int = 5, shapes=((64, 16), (128, 8)), seq_lens=(2048, 4096, 16384),
+                 tokens: int = 32768) -> dict:
+    """ms per call of the Triton forward + backward launchers' host work and launches per call (module docstring);
+    returns {tag: {"host_ms", "launches", "by_kernel"}}."""
+    import collections
+    import os
+    import sys
+
+    # the launchers take their GPU paths for non-CUDA tensors under the interpreter flag (the gate cumsum kernel,
+    # not its float64 torch fallback); every launch is stubbed below, so nothing is interpreted
+    os.environ["TRITON_INTERPRET"] = "1"
+    from pathtune.codegen._knobs import config_json
+    from pathtune.codegen.triton import backward, forward
+
+    launched: collections.Counter = collections.Counter()
+
+    class Stub:
+        def __init__(self, kernel) -> None:
+            self.name = getattr(getattr(kernel, "fn", kernel), "__name__", repr(kernel))
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched[self.name] += 1
+            return launch
+
+    modules = [m for name, m in sys.modules.items()
+               if name.startswith("pathtune.codegen.triton.") and callable(getattr(m, "compiled", None))]
+    real = {m: m.compiled for m in modules}
+    out = {}
+    try:
+        for m in modules:
+            m.compiled = Stub
+        for D, H in shapes:
+            cj = config_json("triton", None, None, (D, D))
+            for T in seq_lens:
+                B = tokens // T
+                q, k, v = (torch.empty(B, T, H, D, dtype=torch.bfloat16, device="meta") for _ in range(3))
+                w = torch.empty(B, T, H, D, device="meta")
+                beta = torch.empty(B, T, H, device="meta")
+                for gated in (False, True):
+                    g = torch.empty(B, T, H, device="meta") if gated else None
+
+                    def step():
+                        o, lse, kept = forward.forward_op(q, k, v, w, beta, g, None, D ** -0.5, cj, "inside_scale")
+                        backward.backward_op(torch.empty_like(o), None, q, k, v, w, beta, g, o, lse, None, kept,
+                                             D ** -0.5, cj, "inside_scale")
+
+                    step()   # layout and range tables built once per shape, as on the GPU
+                    launched.clear()
+                    step()
+                    by_kernel = dict(launched)
+                    ms = per_call_us(step, n, repeats) / 1e3
+                    tag = f"D{D} H{H} T{T} B{B} {'PaTH-FoX' if gated else 'PaTH'}"
+                    out[tag] = {"host_ms": ms, "launches": sum(by_kernel.values()), "by_kernel": by_kernel}
+                    print(f"fwd+bwd {tag:28s}: launchers' host work {ms:6.2f} ms/call (launches stubbed), "
+                          f"{sum(by_kernel.values())} launches")
+    finally:
+        for m, fn in real.items():
+            m.compiled = fn
     return out
 
 

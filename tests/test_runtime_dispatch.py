@@ -632,3 +632,21 @@ def test_dispatch_db_reads_shipped_results_without_writing(tmp_path, monkeypatch
     finally:
         db.close()
     assert mine.read_bytes() == before
+
+
+def test_fwd_bwd_host_probe_counts_every_launch(monkeypatch):
+    """benchmarks/dispatch_overhead.py --fwd-bwd: the launchers' host work with every launch stubbed (meta tensors)
+    counts the launches of one forward + backward: one per token range of each per-range kernel (8 ranges at
+    B * T = 32K, the default budget), the gate's kernels only for PaTH-FoX, and none slips past the stub (a real
+    launch on meta tensors would raise)."""
+    from repo_scripts import load_benchmark_script
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    probe = load_benchmark_script(monkeypatch, "benchmarks/dispatch_overhead.py")
+    out = probe.fwd_bwd_host(repeats=1, n=1, shapes=((64, 16),), seq_lens=(4096,))
+    path, fox = out["D64 H16 T4096 B8 PaTH"], out["D64 H16 T4096 B8 PaTH-FoX"]
+    for row in (path, fox):
+        assert row["launches"] == sum(row["by_kernel"].values()) and row["host_ms"] > 0
+        assert row["by_kernel"]["bwd_intra_walk_kernel"] == 8 and row["by_kernel"]["scan_intra_kernel"] == 1
+    assert "gate_cumsum_kernel" in fox["by_kernel"] and "gate_cumsum_kernel" not in path["by_kernel"]
+    assert "gate_grad_kernel" in fox["by_kernel"]
