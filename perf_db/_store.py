@@ -158,6 +158,11 @@ def _row_dict(m: MeasurementRow, e: EnvRow, k: KernelRow, w: WorkloadRow) -> dic
     }
 
 
+def _not_withdrawn() -> Any:
+    """The clause that leaves out the measurements of withdrawn runs (``WITHDRAWN_RUNS``, read per call)."""
+    return MeasurementRow.run_id.not_in(tuple(WITHDRAWN_RUNS))
+
+
 class PerfDB:
     """The tuning-results database at one SQLAlchemy URL.
 
@@ -432,7 +437,7 @@ class PerfDB:
                        KernelRow.spec_hash.in_(self._same_spec(k)), KernelRow.codegen_version == k.codegen_version,
                        KernelRow.source_hash == k.source_hash, WorkloadRow.key_hash == wl.key_hash,
                        MeasurementRow.config_hash == config_hash,
-                       MeasurementRow.run_id.not_in(tuple(WITHDRAWN_RUNS)))
+                       _not_withdrawn())
                 .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc()).limit(1))
         with self.session() as s:
             hit = s.execute(stmt).first()
@@ -472,7 +477,7 @@ class PerfDB:
                 .join(WorkloadRow, WorkloadRow.id == MeasurementRow.workload_id)
                 .where(KernelRow.op == k.op, KernelRow.pass_ == k.pass_, KernelRow.backend == k.backend,
                        WorkloadRow.key_hash == wl.key_hash, MeasurementRow.status == "ok",
-                       MeasurementRow.median_ms.is_not(None), MeasurementRow.run_id.not_in(tuple(WITHDRAWN_RUNS)),
+                       MeasurementRow.median_ms.is_not(None), _not_withdrawn(),
                        *where)
                 .order_by(MeasurementRow.created_at.desc(), MeasurementRow.id.desc()))
         with self.session() as s:
