@@ -13,7 +13,8 @@ backward at B * T = 32768 in ``--trials`` trials per cell (D:T:gate), each one a
 * fresh inputs of the same seed (the same values every trial, as the tuner's);
 * with ``--oracle``, every other trial runs the tuner's accuracy gate first (the float64 naive reference,
   forward and backward, of two kv heads at T 2048), the rest do not;
-* ``triton.testing.do_bench`` p20 / median / p80 (warmup 25, rep 100: the tuner's), then with ``--kernels``
+* ``triton.testing.do_bench`` p20 / median / p80 (warmup 25, rep 100: the tuner's), nvidia-smi's SM clock, power,
+  temperature and active throttle reasons just before and after it, then with ``--kernels``
   the device ms per kernel of one profiled call, to tell which kernel moves.
 
 Rows (JSON lines, and $OUT/timing_noise.json as it goes): one per trial, then one per cell with the spread
@@ -87,6 +88,20 @@ def accuracy_gate(D: int, gate: bool) -> None:
     torch.cuda.synchronize()
 
 
+def gpu_state() -> dict:
+    """SM clock (MHz), power (W), temperature (C) and active throttle reasons of the first GPU nvidia-smi lists
+    ({} without nvidia-smi): run with one visible GPU."""
+    import subprocess
+
+    query = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0].split(", ")
+        return dict(sm_mhz=out[0], watts=out[1], temp_c=out[2], throttle=out[3])
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return {}
+
+
 def kernel_ms(fn) -> list[tuple[str, float, int]]:
     """Device ms per kernel name of one profiled call of fn."""
     from torch.profiler import ProfilerActivity, profile
@@ -108,9 +123,10 @@ def trial(D: int, T: int, gate: bool, index: int, oracle: bool, kernels: bool, r
     fn = fwd_bwd(D, T, gate)
     fn()
     torch.cuda.synchronize()
+    before = gpu_state()
     p20, med, p80 = triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=[0.2, 0.5, 0.8])
     row = dict(kind="trial", D=D, T=T, gate=gate, trial=index, after_oracle=oracle, pad_bytes=pad_bytes,
-               ms=round(med, 4), p20=round(p20, 4), p80=round(p80, 4))
+               ms=round(med, 4), p20=round(p20, 4), p80=round(p80, 4), gpu_before=before, gpu_after=gpu_state())
     if kernels:
         row["kernels"] = kernel_ms(fn)
     del fn, pad
