@@ -1,7 +1,7 @@
 """Does one fwd+bwd's time depend on the trial?  The public call, repeated in trials of fresh allocations.
 
     python benchmarks/timing_noise.py [--cells 64:2048:0,64:2048:1,64:4096:0,128:4096:0] [--trials 6]
-                                      [--oracle] [--kernels]
+                                      [--oracle] [--kernels] [--host]
 
 A tune's trials of one config at D64 PaTH took 8.57 and 10.54 ms (T 2K), 12.30 and 10.40 (T 4K), each trial's
 p20-p80 within 1 %: the time moves between trials, not inside one.  This times ``pathtune.path_attention``
@@ -15,7 +15,8 @@ backward at B * T = 32768 in ``--trials`` trials per cell (D:T:gate), each one a
   forward and backward, of two kv heads at T 2048), the rest do not;
 * ``triton.testing.do_bench`` p20 / median / p80 (warmup 25, rep 100: the tuner's), nvidia-smi's SM clock, power,
   temperature and active throttle reasons just before and after it, then with ``--kernels``
-  the device ms per kernel of one profiled call, to tell which kernel moves.
+  the device ms per kernel of one profiled call, to tell which kernel moves; with ``--host`` the host's ms per
+  call with the GPU kept busy ahead of it, and the CPU operators and driver calls it spends them in.
 
 Rows (JSON lines, and $OUT/timing_noise.json as it goes): one per trial, then one per cell with the spread
 (max / min of the medians).
@@ -28,6 +29,7 @@ import os
 import random
 import statistics
 import sys
+import time
 
 import torch
 import triton
@@ -115,7 +117,39 @@ def kernel_ms(fn) -> list[tuple[str, float, int]]:
     return sorted(rows, key=lambda r: -r[1])[:16]
 
 
-def trial(D: int, T: int, gate: bool, index: int, oracle: bool, kernels: bool, rng: random.Random) -> dict:
+def host_ms(fn, calls: int = 4) -> float:
+    """Host ms per call of fn with the GPU kept busy ahead of it (a sleep kernel queued first), so that no call
+    waits for the device: what the host alone spends on a call (launches, Python, autograd, allocations)."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(3e9))          # ~1.5 s of GPU time at 1.98 GHz: longer than the calls' host time
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    out = (time.perf_counter() - t0) / calls * 1e3
+    torch.cuda.synchronize()
+    return round(out, 3)
+
+
+def host_ops(fn) -> dict:
+    """Where one call's host time goes (the GPU kept busy ahead of it): the CPU operators and driver calls with the
+    most self time, and the launches' count and total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(3e9))
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        fn()
+    torch.cuda.synchronize()
+    ev = p.key_averages()
+    launches = [e for e in ev if "LaunchKernel" in e.key]
+    top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:14]
+    return dict(launch_calls=sum(e.count for e in launches),
+                launch_ms=round(sum(e.self_cpu_time_total for e in launches) / 1000, 3),
+                top_self_ms=[(e.key[:48], round(e.self_cpu_time_total / 1000, 3), e.count) for e in top])
+
+
+def trial(D: int, T: int, gate: bool, index: int, oracle: bool, kernels: bool, rng: random.Random,
+          host: bool = False) -> dict:
     pad_bytes = rng.randrange(0, 64 << 20, 512)
     pad = torch.empty(max(pad_bytes, 512), dtype=torch.uint8, device="cuda")
     if oracle:
@@ -129,6 +163,9 @@ def trial(D: int, T: int, gate: bool, index: int, oracle: bool, kernels: bool, r
                ms=round(med, 4), p20=round(p20, 4), p80=round(p80, 4), gpu_before=before, gpu_after=gpu_state())
     if kernels:
         row["kernels"] = kernel_ms(fn)
+    if host:
+        row["host_ms"] = host_ms(fn)
+        row["host_ops"] = host_ops(fn)
     del fn, pad
     torch.cuda.empty_cache()
     return row
@@ -140,6 +177,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--oracle", action="store_true", help="every other trial runs the tuner's accuracy gate first")
     ap.add_argument("--kernels", action="store_true", help="per-kernel device ms of one profiled call per trial")
+    ap.add_argument("--host", action="store_true",
+                    help="host ms per call with the GPU busy ahead of it, and where it goes (CPU profile)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the pads' sizes")
     a = ap.parse_args()
     if a.trials < 2:
@@ -152,7 +191,7 @@ def main() -> None:
     for D, T, gate in cells:
         rows = []
         for i in range(a.trials):
-            row = trial(D, T, gate, i, a.oracle and i % 2 == 1, a.kernels, rng)
+            row = trial(D, T, gate, i, a.oracle and i % 2 == 1, a.kernels, rng, a.host)
             emit(row)
             rows.append(row)
         meds = [r["ms"] for r in rows]
