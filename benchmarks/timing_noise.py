@@ -1,7 +1,7 @@
 """Does one fwd+bwd's time depend on the trial?  The public call, repeated in trials of fresh allocations.
 
     python benchmarks/timing_noise.py [--cells 64:2048:0,64:2048:1,64:4096:0,128:4096:0] [--trials 6]
-                                      [--oracle] [--kernels] [--host]
+                                      [--oracle] [--kernels] [--host [--host-stacks]]
 
 A tune's trials of one config at D64 PaTH took 8.57 and 10.54 ms (T 2K), 12.30 and 10.40 (T 4K), each trial's
 p20-p80 within 1 %: the time moves between trials, not inside one.  This times ``pathtune.path_attention``
@@ -130,26 +130,32 @@ def host_ms(fn, calls: int = 4) -> float:
     return round(out, 3)
 
 
-def host_ops(fn) -> dict:
+def host_ops(fn, stacks: bool = False) -> dict:
     """Where one call's host time goes (the GPU kept busy ahead of it): the CPU operators and driver calls with the
-    most self time, and the launches' count and total."""
+    most self time, and the launches' count and total; with ``stacks`` also the Python frames (five innermost)
+    under which the most self time was spent."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     torch.cuda._sleep(int(3e9))
-    with profile(activities=[ProfilerActivity.CPU]) as p:
+    with profile(activities=[ProfilerActivity.CPU], with_stack=stacks) as p:
         fn()
     torch.cuda.synchronize()
     ev = p.key_averages()
     launches = [e for e in ev if "LaunchKernel" in e.key]
     top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:14]
-    return dict(launch_calls=sum(e.count for e in launches),
-                launch_ms=round(sum(e.self_cpu_time_total for e in launches) / 1000, 3),
-                top_self_ms=[(e.key[:48], round(e.self_cpu_time_total / 1000, 3), e.count) for e in top])
+    out = dict(launch_calls=sum(e.count for e in launches),
+               launch_ms=round(sum(e.self_cpu_time_total for e in launches) / 1000, 3),
+               top_self_ms=[(e.key[:48], round(e.self_cpu_time_total / 1000, 3), e.count) for e in top])
+    if stacks:
+        by_stack = sorted(p.key_averages(group_by_stack_n=5), key=lambda e: -e.self_cpu_time_total)[:25]
+        out["top_stacks"] = [(e.key[:48], round(e.self_cpu_time_total / 1000, 3), e.count, list(e.stack)[:5])
+                             for e in by_stack]
+    return out
 
 
 def trial(D: int, T: int, gate: bool, index: int, oracle: bool, kernels: bool, rng: random.Random,
-          host: bool = False) -> dict:
+          host: bool = False, stacks: bool = False) -> dict:
     pad_bytes = rng.randrange(0, 64 << 20, 512)
     pad = torch.empty(max(pad_bytes, 512), dtype=torch.uint8, device="cuda")
     if oracle:
@@ -165,7 +171,7 @@ def trial(D: int, T: int, gate: bool, index: int, oracle: bool, kernels: bool, r
         row["kernels"] = kernel_ms(fn)
     if host:
         row["host_ms"] = host_ms(fn)
-        row["host_ops"] = host_ops(fn)
+        row["host_ops"] = host_ops(fn, stacks)
     del fn, pad
     torch.cuda.empty_cache()
     return row
@@ -179,6 +185,7 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true", help="per-kernel device ms of one profiled call per trial")
     ap.add_argument("--host", action="store_true",
                     help="host ms per call with the GPU busy ahead of it, and where it goes (CPU profile)")
+    ap.add_argument("--host-stacks", action="store_true", help="with --host: also the Python frames of the host time")
     ap.add_argument("--seed", type=int, default=0, help="seed of the pads' sizes")
     a = ap.parse_args()
     if a.trials < 2:
@@ -191,7 +198,7 @@ def main() -> None:
     for D, T, gate in cells:
         rows = []
         for i in range(a.trials):
-            row = trial(D, T, gate, i, a.oracle and i % 2 == 1, a.kernels, rng, a.host)
+            row = trial(D, T, gate, i, a.oracle and i % 2 == 1, a.kernels, rng, a.host, a.host_stacks)
             emit(row)
             rows.append(row)
         meds = [r["ms"] for r in rows]
