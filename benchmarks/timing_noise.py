@@ -2,6 +2,7 @@
 
     python benchmarks/timing_noise.py [--cells 64:2048:0,64:2048:1,64:4096:0,128:4096:0] [--trials 6]
                                       [--oracle] [--kernels] [--host [--host-stacks]]
+                                      [--gc on|off|alternate]
 
 A tune's trials of one config at D64 PaTH took 8.57 and 10.54 ms (T 2K), 12.30 and 10.40 (T 4K), each trial's
 p20-p80 within 1 %: the time moves between trials, not inside one.  This times ``pathtune.path_attention``
@@ -11,6 +12,8 @@ backward at B * T = 32768 in ``--trials`` trials per cell (D:T:gate), each one a
 * a pad tensor of a random size (0-64 MiB, random 512-byte offset) allocated first, so that the trial's inputs
   and the call's buffers land at other addresses than the trial before's;
 * fresh inputs of the same seed (the same values every trial, as the tuner's);
+* with ``--gc off`` (or ``alternate``: every other trial) the cyclic garbage collector is off inside the timed
+  loop, as ``timeit`` times;
 * with ``--oracle``, every other trial runs the tuner's accuracy gate first (the float64 naive reference,
   forward and backward, of two kv heads at T 2048), the rest do not;
 * ``triton.testing.do_bench`` p20 / median / p80 (warmup 25, rep 100: the tuner's), nvidia-smi's SM clock, power,
@@ -24,6 +27,7 @@ Rows (JSON lines, and $OUT/timing_noise.json as it goes): one per trial, then on
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -155,7 +159,7 @@ def host_ops(fn, stacks: bool = False) -> dict:
 
 
 def trial(D: int, T: int, gate: bool, index: int, oracle: bool, kernels: bool, rng: random.Random,
-          host: bool = False, stacks: bool = False) -> dict:
+          host: bool = False, stacks: bool = False, gc_off: bool = False) -> dict:
     pad_bytes = rng.randrange(0, 64 << 20, 512)
     pad = torch.empty(max(pad_bytes, 512), dtype=torch.uint8, device="cuda")
     if oracle:
@@ -164,9 +168,16 @@ def trial(D: int, T: int, gate: bool, index: int, oracle: bool, kernels: bool, r
     fn()
     torch.cuda.synchronize()
     before = gpu_state()
-    p20, med, p80 = triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=[0.2, 0.5, 0.8])
-    row = dict(kind="trial", D=D, T=T, gate=gate, trial=index, after_oracle=oracle, pad_bytes=pad_bytes,
-               ms=round(med, 4), p20=round(p20, 4), p80=round(p80, 4), gpu_before=before, gpu_after=gpu_state())
+    if gc_off:            # as timeit times: no cyclic garbage collection inside the timed loop
+        gc.collect()
+        gc.disable()
+    try:
+        p20, med, p80 = triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=[0.2, 0.5, 0.8])
+    finally:
+        gc.enable()
+    row = dict(kind="trial", D=D, T=T, gate=gate, trial=index, after_oracle=oracle, gc_off=gc_off,
+               pad_bytes=pad_bytes, ms=round(med, 4), p20=round(p20, 4), p80=round(p80, 4), gpu_before=before,
+               gpu_after=gpu_state())
     if kernels:
         row["kernels"] = kernel_ms(fn)
     if host:
@@ -185,7 +196,11 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true", help="per-kernel device ms of one profiled call per trial")
     ap.add_argument("--host", action="store_true",
                     help="host ms per call with the GPU busy ahead of it, and where it goes (CPU profile)")
-    ap.add_argument("--host-stacks", action="store_true", help="with --host: also the Python frames of the host time")
+    ap.add_argument("--host-stacks", action="store_true",
+                    help="with --host: also the Python frames of the host time (each cell's first trial)")
+    ap.add_argument("--gc", choices=("on", "off", "alternate"), default="on",
+                    help="Python's garbage collector inside the timed loop: on (as users run), off (as timeit times), "
+                         "or off in every other trial")
     ap.add_argument("--seed", type=int, default=0, help="seed of the pads' sizes")
     a = ap.parse_args()
     if a.trials < 2:
@@ -198,7 +213,8 @@ def main() -> None:
     for D, T, gate in cells:
         rows = []
         for i in range(a.trials):
-            row = trial(D, T, gate, i, a.oracle and i % 2 == 1, a.kernels, rng, a.host, a.host_stacks)
+            row = trial(D, T, gate, i, a.oracle and i % 2 == 1, a.kernels, rng, a.host, a.host_stacks and i == 0,
+                        a.gc == "off" or (a.gc == "alternate" and i % 2 == 1))
             emit(row)
             rows.append(row)
         meds = [r["ms"] for r in rows]
