@@ -104,8 +104,23 @@ def _forward_table(doc: dict) -> list[str]:
                                                          f"{r['errors'].get('o', float('nan')):.1e}"))
 
 
-def forward_section(path: Path, doc: dict) -> list[str]:
-    return ["## Forward", ""] + _forward_table(doc) + [""] + _source(path, doc)
+_OLDER_SHAPES = "Shapes the newer runs above did not time, from an older run:"
+
+
+def _merged_tables(runs, table) -> list[str]:
+    """``table`` of each of ``runs`` (``_newest_cells``: newest first, each cut to the shapes no newer run timed)
+    with its source, the older ones under a line that says so."""
+    out: list[str] = []
+    for i, (path, doc) in enumerate(runs):
+        if i:
+            out += ["", _OLDER_SHAPES, ""]
+        out += table(doc) + [""] + _source(path, doc)
+    return out
+
+
+def forward_section(runs) -> list[str]:
+    """The forward table of the newest bench, then older benches' rows for the shapes it did not time."""
+    return ["## Forward", ""] + _merged_tables(runs, _forward_table)
 
 
 def _worst_grad(r) -> str:
@@ -120,8 +135,9 @@ def _training_table(doc: dict) -> list[str]:
     return out + _timing_rows(doc, "fb", lambda r: ("", _worst_grad(r)))
 
 
-def training_section(path: Path, doc: dict) -> list[str]:
-    return ["## Forward + backward", ""] + _training_table(doc) + [""] + _source(path, doc)
+def training_section(runs) -> list[str]:
+    """The forward + backward table of the newest bench, then older benches' rows for the shapes it did not time."""
+    return ["## Forward + backward", ""] + _merged_tables(runs, _training_table)
 
 
 def _stamp(path: Path) -> str:
@@ -294,7 +310,7 @@ def other_gpus_section(benches, probes=(), fwd_probes=()) -> list[str]:
         out += [f"### {gpu}", ""]
         for i, (path, doc) in enumerate(runs.get(gpu, [])):
             if i:
-                out += ["", "Shapes the newer runs above did not time, from an older run:", ""]
+                out += ["", _OLDER_SHAPES, ""]
             out += ["Forward:", ""] + _forward_table(doc)
             if any("pathtune_fb" in r["times"] for r in doc["rows"]):
                 out += ["", "Forward + backward:", ""] + _training_table(doc)
@@ -479,13 +495,16 @@ def render() -> str:
     probe = _load("*-fwd-probe.json")
     changes = _load("*-kernel-probe.json")
     parts = [HEADER]
-    fwd = _newest(bench, _has_forward)
+    # the newest bench's shapes, then older benches' for the shapes it did not time (a run of some lengths or head
+    # dims only hides nothing of an older complete one)
+    fwd = _newest_cells(bench, _has_forward)
     if fwd:
-        parts.append("\n".join(forward_section(*fwd)) + "\n")
-    fb = _newest(bench, lambda r: "pathtune_fb" in r["times"])
+        parts.append("\n".join(forward_section(fwd)) + "\n")
+    fb = _newest_cells(bench, lambda r: "pathtune_fb" in r["times"])
     if fb:
-        parts.append("\n".join(training_section(*fb)) + "\n")
-    newer = [f for f in partial if not (fwd or fb) or _stamp(f[0]) > max(_stamp(x[0]) for x in (fwd, fb) if x)]
+        parts.append("\n".join(training_section(fb)) + "\n")
+    newest = [runs[0] for runs in (fwd, fb) if runs]
+    newer = [f for f in partial if not newest or _stamp(f[0]) > max(_stamp(x[0]) for x in newest)]
     if newer:
         parts.append("\n".join(partial_section(*newer[-1])) + "\n")
     # a memory run may time only some points: its own file name (``*-memory-*.json``) keeps it out of the
