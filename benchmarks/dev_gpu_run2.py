@@ -218,20 +218,21 @@ def range_budgets(budgets=None, shapes=((64, 16, 4096), (128, 8, 4096), (64, 16,
         torch.cuda.empty_cache()
 
 
-def _kernel_times(fn):
-    """Per-kernel device ms of one call of fn (profiled after two warm calls)."""
+def kernel_times(fn, warm: int = 2, top: int | None = None) -> list[tuple[str, float, int]]:
+    """(kernel name, device ms, launches) of one call of fn, slowest first (the ``top`` slowest; None: all),
+    profiled after ``warm`` calls."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
-    for _ in range(2):
+    for _ in range(warm):
         fn()
     torch.cuda.synchronize()
     with prof(activities=[ProfilerActivity.CUDA]) as p:
         fn()
         torch.cuda.synchronize()
-    rows = [(e.key[:40], round(e.device_time_total / 1000, 3), e.count) for e in p.key_averages()
+    rows = [(e.key[:48], round(e.device_time_total / 1000, 3), e.count) for e in p.key_averages()
             if e.device_time_total > 0]
     rows.sort(key=lambda r: -r[1])
-    return rows
+    return rows[:top]
 
 
 SWEEP = [
@@ -267,7 +268,7 @@ def sweep(D=64, H=16, T=16384, gate=True, changes=None, shipped=False):
             torch.cuda.synchronize()
             tf = triton.testing.do_bench(fwd, warmup=10, rep=50, return_mode="median")
             tfb = triton.testing.do_bench(fb, warmup=5, rep=30, return_mode="median")
-            rows = _kernel_times(fb)
+            rows = kernel_times(fb)
             emit(dict(kind="sweep", D=D, T=T, B=B, H=H, gate=gate, change=change, f=tf, fb=tfb,
                       secs=round(time.time() - t0, 1), kernels=rows[:24]))
         except Exception as exc:

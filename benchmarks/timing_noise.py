@@ -37,6 +37,7 @@ import time
 
 import torch
 import triton
+from dev_gpu_run2 import kernel_times  # benchmarks/ is on sys.path when run as a script
 
 from pathtune import path_attention
 from pathtune.tuning.bench import make_inputs
@@ -108,19 +109,6 @@ def gpu_state() -> dict:
         return {}
 
 
-def kernel_ms(fn) -> list[tuple[str, float, int]]:
-    """Device ms per kernel name of one profiled call of fn."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        fn()
-        torch.cuda.synchronize()
-    rows = [(e.key[:48], round(e.device_time_total / 1000, 3), e.count) for e in p.key_averages()
-            if e.device_time_total > 0]
-    return sorted(rows, key=lambda r: -r[1])[:16]
-
-
 def host_ms(fn, calls: int = 4) -> float:
     """Host ms per call of fn with the GPU kept busy ahead of it (a sleep kernel queued first), so that no call
     waits for the device: what the host alone spends on a call (launches, Python, autograd, allocations)."""
@@ -179,7 +167,7 @@ def trial(D: int, T: int, gate: bool, index: int, oracle: bool, kernels: bool, r
                pad_bytes=pad_bytes, ms=round(med, 4), p20=round(p20, 4), p80=round(p80, 4), gpu_before=before,
                gpu_after=gpu_state())
     if kernels:
-        row["kernels"] = kernel_ms(fn)
+        row["kernels"] = kernel_times(fn, warm=0, top=16)
     if host:
         row["host_ms"] = host_ms(fn)
         row["host_ops"] = host_ops(fn, stacks)
