@@ -17,10 +17,11 @@ For every (D, T, gate) at B*T = 32768 tokens (H = 16 at D <= 64, else 8), bf16, 
     shipped ones, and the ratio to the shipped call;
   - per-kernel device ms of one public call (torch profiler), host->device copies and syncs per call;
   - the forward's relative error against the float64 oracle on the first 2048 tokens of batch 0.
-With ``--host``: instead, one small host-bound call (B = 1, T = 512, H = 8, D = 64, FoX): the public
+With ``--host``: instead, one small host-bound call (B = 1, T = 512, H = 8, D = 64, FoX; ``--host-shape B,T,H,D``
+another shape, e.g. 16,2048,16,64 for a training step at B * T = 32K): the public
 call's wall time next to SDPA's, its replay from a CUDA graph (GPU time only), and the top functions
 of a cProfile of 200 calls; ``--launch-candidate FILE`` (a benchmarks/variants/ repeat launcher, e.g.
-launch_int_pointers.py) times that call and a forward + backward at the same shape with it in place, beside
+launch_lean.py) times that call and a forward + backward at the same shape with it in place, beside
 the shipped launcher.
 JSON lines to stdout and to $OUT/fwd_probe.json (rewritten after every row).
 """
@@ -207,9 +208,14 @@ def main() -> None:
     ap.add_argument("--host", action="store_true", help="only the small host-bound call (see above)")
     ap.add_argument("--launch-candidate", default=None,
                     help="FILE (with --host): a benchmarks/variants/ repeat-launcher module timed beside the shipped")
+    ap.add_argument("--host-shape", default="1,512,8,64",
+                    help="B,T,H,D of the --host call (e.g. 16,2048,16,64: a training step at B*T = 32K)")
     args = ap.parse_args()
     if args.host:
-        host_profile(launch_candidate=args.launch_candidate)
+        shape = tuple(int(x) for x in args.host_shape.split(",") if x.strip().isdigit())
+        if len(shape) != 4:
+            raise SystemExit(f"--host-shape {args.host_shape!r}: give B,T,H,D as four integers, e.g. 1,512,8,64")
+        host_profile(shape, launch_candidate=args.launch_candidate)
         return
 
     import pathtune

@@ -24,6 +24,7 @@ from repo_scripts import load_benchmark_script
 # candidates (benchmarks/variants/) whose repeat launches pass data pointers as ints
 DECODE_INT_POINTERS = "benchmarks/variants/decode_int_pointers.py"
 LAUNCH_INT_POINTERS = "benchmarks/variants/launch_int_pointers.py"
+LAUNCH_LEAN = "benchmarks/variants/launch_lean.py"
 
 
 def _kernel(a_ptr, b_ptr, n, X: tl.constexpr, Y: tl.constexpr, Z: tl.constexpr = 7):
@@ -291,6 +292,55 @@ def test_candidate_repeat_launch_passes_int_pointers(monkeypatch, candidate):
     assert ints == candidate
     launch[(4, 2)](a2[1:], b2, 48, X=1, Y=2, num_warps=4)         # unaligned: the JIT's call, with tensors
     assert jit.log[-1][0] == "jit" and isinstance(jit.log[-1][2][0], torch.Tensor)
+
+
+def test_lean_candidate_repeats_with_int_pointers_and_sends_other_specialisations_to_the_jit(monkeypatch):
+    """The lean candidate: the first call of a key goes through the JIT with the tensors, its repeat to the kept
+    compiled kernel with each tensor as its data pointer and the constexprs in parameter order; another grid, an
+    unaligned pointer, another int class, constexpr, option or keyword order, or an unhashable constexpr go through
+    the JIT (a new keyword order is a key of its own, launched right)."""
+    cand = load_benchmark_script(monkeypatch, LAUNCH_LEAN)
+    jit = _Jit()
+    launch = cand.LeanRepeatLaunch(jit)
+    a, b = torch.zeros(16), torch.zeros(16)
+    launch[(4, 2)](a, b, 32, X=1, Y=2, num_warps=4)
+    assert jit.log[-1] == ("jit", (4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=4))
+    a2, b2 = torch.zeros(16), torch.zeros(16)
+    launch[(4, 2)](a2, b2, 48, X=1, Y=2, num_warps=4)
+    assert jit.log[-1] == ("direct", (4, 2, 1), (a2.data_ptr(), b2.data_ptr(), 48, 1, 2, 7)) and launch.hits == 1
+    for grid, args, kw in (((4, 3), (a, b, 32), dict(X=1, Y=2, num_warps=4)),
+                           ((4, 2), (a[1:], b, 32), dict(X=1, Y=2, num_warps=4)),
+                           ((4, 2), (a, b, 33), dict(X=1, Y=2, num_warps=4)),
+                           ((4, 2), (a, b, 32), dict(X=1, Y=3, num_warps=4)),
+                           ((4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=8)),
+                           ((4, 2), (a.double(), b, 32), dict(X=1, Y=2, num_warps=4)),
+                           ((4, 2), (a, b, 32), dict(Y=2, X=1, num_warps=4))):
+        launch[grid](*args, **kw)
+        assert jit.log[-1][0] == "jit", (grid, kw)
+    assert launch.hits == 1
+    launch[(4, 2)](a2, b2, 48, Y=2, X=1, num_warps=4)                # the new order's repeat: same constexprs
+    assert jit.log[-1] == ("direct", (4, 2, 1), (a2.data_ptr(), b2.data_ptr(), 48, 1, 2, 7)) and launch.hits == 2
+    launch[(1,)](a, b, 32, X=[1], Y=2)                              # an unhashable constexpr: the JIT's call
+    assert jit.log[-1][0] == "jit"
+
+
+def test_lean_candidate_signature_is_at_least_as_fine_as_spec_key(monkeypatch):
+    """Any two arguments ``spec_key`` tells apart get different signatures from the lean candidate, which hands each
+    tensor over as its data pointer and everything else as it is; a kind neither covers gives no signature."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    cand = load_benchmark_script(monkeypatch, LAUNCH_LEAN)
+    t = torch.zeros(64, 64, dtype=torch.bfloat16)
+    f = torch.zeros(64, 64, dtype=torch.float32)
+    args = [t, t[1:], t.view(-1)[8:], f, f.view(-1)[1:], 0, 1, 2, 16, 17, -16, (1 << 31) + 3, 1 << 40, 0.5, True, False,
+            None, TensorDescriptor.from_tensor(t, [16, 16]), TensorDescriptor.from_tensor(t, [32, 16])]
+    for i, x in enumerate(args):
+        sx, out = cand.signature_and_args((x,))
+        assert out == ((x.data_ptr(),) if isinstance(x, torch.Tensor) else (x,))
+        for y in args[i + 1:]:
+            if launch_mod.spec_key((x,)) != launch_mod.spec_key((y,)):
+                assert sx != cand.signature_and_args((y,))[0], (x, y)
+    assert cand.signature_and_args((t, 3, object()))[0] is None
 
 
 def test_candidate_launcher_in_place_swaps_and_restores(monkeypatch):
