@@ -480,3 +480,34 @@ def test_gpu_repeat_launches_of_fwd_bwd_equal_jit_launches(monkeypatch, gate):
     for a, b, c in zip(jit[1:], first[1:], second[1:]):
         for x in (b, c):
             assert float((x.double() - a.double()).norm() / a.double().norm()) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", [False, True])
+def test_gpu_lean_candidate_fwd_bwd_equals_the_shipped_launches(monkeypatch, gate):
+    """A forward + backward (several token ranges) through the lean candidate's repeats (int pointers, the compiled
+    launcher on the current stream) equals the same through the shipped repeat path: o bit for bit, the gradients
+    up to the order of the backward's atomic adds; and the candidate's repeats ran."""
+    import pathtune.codegen.triton.backward as bwd_mod
+    from pathtune.codegen.triton import path_attention_triton
+
+    cand = load_benchmark_script(monkeypatch, LAUNCH_LEAN)
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    xs = [x.requires_grad_() if x is not None else None for x in _inputs(2, 2500, 4, 4, 64, gate, gen)]
+    do = torch.randn(2, 2500, 4, 64, device="cuda", generator=gen).bfloat16()
+    monkeypatch.setattr(bwd_mod, "_range_budget", lambda params: 1 << 20)    # several token ranges
+
+    def run():
+        o, _ = path_attention_triton(*xs)
+        live = [x for x in xs if x is not None]
+        return [o, *torch.autograd.grad(o, live, do)]
+
+    shipped = run()
+    with cand.in_place():
+        run()                                       # the first call of each key: the JIT
+        lean = run()
+        hits = sum(r.hits for r in launch_mod._REPEAT.values())
+    assert hits >= 10
+    assert torch.equal(lean[0], shipped[0])
+    for a, b in zip(shipped[1:], lean[1:]):
+        assert float((b.double() - a.double()).norm() / a.double().norm()) < 2e-3
