@@ -112,6 +112,23 @@ def swapped(module, name: str, kernel):
         setattr(module, name, real)
 
 
+@contextlib.contextmanager
+def repeat_launcher_in_place(cls):
+    """Every ``compiled(kernel)`` launch of the Triton launchers through repeat-launcher class ``cls`` (a candidate
+    for codegen/triton/launch.py's ``_RepeatLaunch``) inside the block; the kept launchers are forgotten on the way
+    in and out, so that each side compiles its own repeats."""
+    import pathtune.codegen.triton.launch as launch_mod
+
+    shipped = launch_mod._RepeatLaunch
+    launch_mod._RepeatLaunch = cls
+    launch_mod._REPEAT.clear()
+    try:
+        yield
+    finally:
+        launch_mod._RepeatLaunch = shipped
+        launch_mod._REPEAT.clear()
+
+
 class RegriddedKernel:
     """A kernel that takes the shipped launcher's ``kernel[grid](...)`` and launches on ``regrid(grid)`` instead (a
     candidate whose programs split the work another way); its other attributes are the kernel's."""

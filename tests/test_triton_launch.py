@@ -450,26 +450,32 @@ def test_gpu_unaligned_input_goes_through_the_jit_and_is_right():
     assert torch.equal(o_odd, dec.path_decode_triton(*xs, b))
 
 
+def _fwd_bwd_over_ranges(monkeypatch, gate: bool, seed: int):
+    """A callable returning [o, *gradients] of one fwd+bwd through the Triton launchers at the heuristic config, on
+    fixed CUDA inputs (the shapes of tests/test_triton_gpu.py's CUDA-graph tests: compiled kernels shared), the
+    backward split into several token ranges."""
+    import pathtune.codegen.triton.backward as bwd_mod
+    from pathtune.codegen.triton import path_attention_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    xs = [x.requires_grad_() if x is not None else None for x in _inputs(2, 2500, 4, 4, 64, gate, gen)]
+    do = torch.randn(2, 2500, 4, 64, device="cuda", generator=gen).bfloat16()
+    monkeypatch.setattr(bwd_mod, "_range_budget", lambda params: 1 << 20)
+
+    def run():
+        o, _ = path_attention_triton(*xs)
+        live = [x for x in xs if x is not None]
+        return [o, *torch.autograd.grad(o, live, do)]
+    return run
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("gate", [False, True])
 def test_gpu_repeat_launches_of_fwd_bwd_equal_jit_launches(monkeypatch, gate):
     """A forward + backward (several token ranges) twice through the repeat path (the second call's launches skip
     the JIT), then with it switched off: o equal bit for bit, the gradients up to the order of the backward's
     atomic adds."""
-    import pathtune.codegen.triton.backward as bwd_mod
-    from pathtune.codegen.triton import path_attention_triton
-
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    # the heuristic config at the shapes of tests/test_triton_gpu.py's CUDA-graph tests (compiled kernels shared)
-    xs = [x.requires_grad_() if x is not None else None for x in _inputs(2, 2500, 4, 4, 64, gate, gen)]
-    do = torch.randn(2, 2500, 4, 64, device="cuda", generator=gen).bfloat16()
-    monkeypatch.setattr(bwd_mod, "_range_budget", lambda params: 1 << 20)    # several token ranges
-
-    def run():
-        o, _ = path_attention_triton(*xs)
-        live = [x for x in xs if x is not None]
-        return [o, *torch.autograd.grad(o, live, do)]
-
+    run = _fwd_bwd_over_ranges(monkeypatch, gate, seed=11)
     hits = launch_mod.repeat_hits()
     first, second = run(), run()
     assert launch_mod.repeat_hits() - hits >= 10
@@ -488,20 +494,8 @@ def test_gpu_lean_candidate_fwd_bwd_equals_the_shipped_launches(monkeypatch, gat
     """A forward + backward (several token ranges) through the lean candidate's repeats (int pointers, the compiled
     launcher on the current stream) equals the same through the shipped repeat path: o bit for bit, the gradients
     up to the order of the backward's atomic adds; and the candidate's repeats ran."""
-    import pathtune.codegen.triton.backward as bwd_mod
-    from pathtune.codegen.triton import path_attention_triton
-
     cand = load_benchmark_script(monkeypatch, LAUNCH_LEAN)
-    gen = torch.Generator(device="cuda").manual_seed(12)
-    xs = [x.requires_grad_() if x is not None else None for x in _inputs(2, 2500, 4, 4, 64, gate, gen)]
-    do = torch.randn(2, 2500, 4, 64, device="cuda", generator=gen).bfloat16()
-    monkeypatch.setattr(bwd_mod, "_range_budget", lambda params: 1 << 20)    # several token ranges
-
-    def run():
-        o, _ = path_attention_triton(*xs)
-        live = [x for x in xs if x is not None]
-        return [o, *torch.autograd.grad(o, live, do)]
-
+    run = _fwd_bwd_over_ranges(monkeypatch, gate, seed=12)
     shipped = run()
     with cand.in_place():
         run()                                       # the first call of each key: the JIT

@@ -17,7 +17,6 @@ tests/test_triton_launch.py checks what it launches with.
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import torch
 import pathtune.codegen.triton.launch as launch_mod
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # benchmarks/: kernel_variants
-from kernel_variants import load_variant_module, module_source  # noqa: E402
+from kernel_variants import load_variant_module, module_source, repeat_launcher_in_place  # noqa: E402
 
 
 def pointer_args(args) -> tuple:
@@ -43,15 +42,6 @@ module.pointer_args = pointer_args      # the replaced line's helper, looked up 
 RepeatLaunch = module._RepeatLaunch
 
 
-@contextlib.contextmanager
 def in_place(cls=None):
-    """Every ``compiled(kernel)`` launch through ``cls`` (default: this module's ``RepeatLaunch``) while inside (the
-    kept launchers forgotten on the way in and out, so that each side compiles its own repeats)."""
-    shipped = launch_mod._RepeatLaunch
-    launch_mod._RepeatLaunch = cls or RepeatLaunch
-    launch_mod._REPEAT.clear()
-    try:
-        yield
-    finally:
-        launch_mod._RepeatLaunch = shipped
-        launch_mod._REPEAT.clear()
+    """Every ``compiled(kernel)`` launch through ``cls`` (default: this module's ``RepeatLaunch``) while inside."""
+    return repeat_launcher_in_place(cls or RepeatLaunch)

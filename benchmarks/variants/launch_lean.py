@@ -27,13 +27,17 @@ tests/test_triton_launch.py checks what it launches with.
 """
 from __future__ import annotations
 
-import contextlib
+import sys
 import time
+from pathlib import Path
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import pathtune.codegen.triton.launch as launch_mod
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # benchmarks/: kernel_variants
+from kernel_variants import repeat_launcher_in_place  # noqa: E402
 
 _I32_LO, _I32_HI, _I64_HI = -(1 << 31), 1 << 31, 1 << 63
 
@@ -128,18 +132,9 @@ class LeanRepeatLaunch:
         return launch
 
 
-@contextlib.contextmanager
 def in_place(cls=LeanRepeatLaunch):
-    """Every ``compiled(kernel)`` launch through ``cls`` while inside (the kept launchers forgotten on the way in and
-    out, so that each side compiles its own repeats)."""
-    shipped = launch_mod._RepeatLaunch
-    launch_mod._RepeatLaunch = cls
-    launch_mod._REPEAT.clear()
-    try:
-        yield
-    finally:
-        launch_mod._RepeatLaunch = shipped
-        launch_mod._REPEAT.clear()
+    """Every ``compiled(kernel)`` launch through ``cls`` (default: ``LeanRepeatLaunch``) while inside."""
+    return repeat_launcher_in_place(cls)
 
 
 def host_us_per_repeat(cls, n: int = 20000, runtime_args: int = 22, constexprs: int = 24) -> float:
