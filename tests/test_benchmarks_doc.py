@@ -233,6 +233,29 @@ def test_another_gpus_older_run_shows_only_the_shapes_its_newer_runs_did_not_tim
     assert "Source: `benchmarks/results/H100-20260101T000000Z-bench-fwd-bwd.json`" in older
 
 
+def test_the_reference_tables_keep_an_older_runs_shapes_that_the_newest_run_did_not_time(tmp_path, monkeypatch):
+    """The forward and forward + backward tables: the newest bench's rows first (here D128 T 4K only), then an older
+    complete run's rows for the shapes it did not time (T 16K), each with its own source; the older run's T 4K row,
+    timed again since, is not shown."""
+    import json
+
+    report, doc = _synthetic(tmp_path, monkeypatch, "pathtune bench --json b.json")
+    row = _bench_row(128, 4096, 8, 8, pathtune_f=1.6, sdpa_flash_f=0.9, pathtune_fb=12.0, sdpa_flash_fb=3.4)
+    long_row = _bench_row(128, 16384, 2, 8, pathtune_f=3.8, sdpa_flash_f=3.3, pathtune_fb=27.0, sdpa_flash_fb=12.0)
+    (tmp_path / "H200-20260101T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(
+        doc, rows=[dict(row, times=dict(row["times"], pathtune_f=1.7, pathtune_fb=13.0)), long_row])))
+    (tmp_path / "H200-20260103T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(doc, rows=[row])))
+    text = report.render()
+    forward = text.split("## Forward + backward")[0].split("## Forward")[1]
+    training = text.split("## Forward + backward")[1]
+    for section, new, old_shape, retimed in ((forward, "**1.600**", "**3.800**", "**1.700**"),
+                                             (training, "**12.000**", "**27.000**", "**13.000**")):
+        newer, older = section.split("Shapes the newer runs above did not time")
+        assert new in newer and "Source: `benchmarks/results/H200-20260103T000000Z-bench-fwd-bwd.json`" in newer
+        assert old_shape in older and retimed not in section
+        assert "Source: `benchmarks/results/H200-20260101T000000Z-bench-fwd-bwd.json`" in older
+
+
 def test_another_gpus_forward_profile_goes_under_its_own_heading(tmp_path, monkeypatch):
     """A fwd_probe.py profile on another GPU shows under "Other GPUs" as that GPU's "Where one forward's time goes",
     with TFLOP/s from each row's recorded super-chunk; the reference section keeps the reference GPU's profile."""
