@@ -7,8 +7,9 @@
 #   bash benchmarks/gpu_session.sh STEP[:SECONDS] ...        (in the repo root on the GPU host)
 #
 # Steps (each bounded by its SECONDS, default in brackets):
-#   tests [240]     pytest -m gpu over the Triton matrix, decode, dispatch, layer and TVM tests, 6 workers (the
-#                   TVM ones run the carried build/tvm_bench and build/tvm_decode_bench, with tvm_ffi importable)
+#   tests [240]     pytest -m gpu over the Triton matrix, decode, dispatch, layer, launch and TVM tests, 6 workers
+#                   (TESTS_K: a pytest -k expression, e.g. "lean"; the TVM ones run the carried build/tvm_bench and
+#                   build/tvm_decode_bench, with tvm_ffi importable)
 #   fwdtests [180]  pytest -m gpu tests/test_triton_gpu.py: the Triton forward / backward matrix vs the float64 oracle
 #                   (FWDTESTS_K: a pytest -k expression, e.g. "D32 or D64-bfloat16-4q4kv-fox", for some cases only)
 #   decodetests [120] pytest -m gpu over the decode tests (static cache, graph capture, Triton step, lazy rotation,
@@ -196,7 +197,8 @@ run_steps() {  # the steps of one lane, in order, with S set
                        python3 -m pytest -q -m gpu -p no:cacheprovider -n 6 \
                        "$REPO/tests/test_triton_gpu.py" "$REPO/tests/test_triton_decode.py" \
                        "$REPO/tests/test_runtime_dispatch.py" "$REPO/tests/test_layer.py" \
-                       "$REPO/tests/test_decode_dispatch.py" "$REPO/tests/test_tvm_gpu.py" -rA ;;
+                       "$REPO/tests/test_decode_dispatch.py" "$REPO/tests/test_tvm_gpu.py" \
+                       "$REPO/tests/test_triton_launch.py" ${TESTS_K:+-k "$TESTS_K"} -rA ;;
             # 8 workers: the matrix is bound by cold compiles (ptxas on the host's 16 cores), not by the GPU
             fwdtests) run_step fwdtests "${secs:-180}" python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 \
                           "$REPO/tests/test_triton_gpu.py" ${FWDTESTS_K:+-k "$FWDTESTS_K"} -rA ;;
