@@ -4,8 +4,8 @@
                                       [--oracle] [--kernels] [--host [--host-stacks]]
                                       [--gc on|off|alternate]
 
-A tune's trials of one config at D64 PaTH took 8.57 and 10.54 ms (T 2K), 12.30 and 10.40 (T 4K), each trial's
-p20-p80 within 1 %: the time moves between trials, not inside one.  This times ``pathtune.path_attention``
+Tune trials of one config can differ by up to ~20 % at D64 while each trial's p20-p80 stays within 1 % (the time
+moves between trials, not inside one; benchmarks/NOTES.md, Records).  This times ``pathtune.path_attention``
 (``backend="auto"``, what the records serve; set ``PATHTUNE_DB_URL=`` for the shipped records alone) forward +
 backward at B * T = 32768 in ``--trials`` trials per cell (D:T:gate), each one as the tuner's trial is made:
 
