@@ -100,7 +100,6 @@ class LeanRepeatLaunch:
         self.kernel = kernel
         self.launcher = launch_mod.KernelLauncher(self, "kernel")
         self._fast: dict = {}        # (grid, keyword items, signature) -> (kernel object, direct launch, constexprs)
-        self.hits = 0
 
     def __getitem__(self, grid):
         grid = tuple(grid)
@@ -115,8 +114,7 @@ class LeanRepeatLaunch:
                 except TypeError:        # an unhashable constexpr or option: this call through the JIT
                     hit, key = None, None
                 if hit is not None and hit[0] is self.kernel and not getattr(self.kernel, "pre_run_hooks", None):
-                    self.hits += 1
-                    self.launcher.hits += 1
+                    self.launcher.hits += 1      # what launch.repeat_hits() counts
                     hit[1](*ptr_args, *hit[2])
                     return None
             lau = self.launcher
