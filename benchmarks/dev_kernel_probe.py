@@ -103,7 +103,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
     with Capture(bwd_mod, "bwd_transport_chain_kernel") as trc, Capture(bwd_mod, "bwd_transport_grads_kernel") as trg, \
             Capture(bwd_mod, "bwd_intra_walk_kernel") as ia, Capture(bwd_mod, "bwd_intra_diag_kernel") as ib, \
             Capture(bwd_mod, "bwd_inter_dkv_kernel") as dkv, Capture(bwd_mod, "bwd_inter_dq_kernel") as dqk, \
-            Capture(fwd_mod, "ut_chunk_kernel") as utc, \
+            Capture(fwd_mod, "ut_chunk_kernel") as utc, Capture(bwd_mod, "ut_recompute_kernel") as utr, \
             Capture(fwd_mod, "ut_apply_kernel") as uta, Capture(fwd_mod, "ut_diag_inverse_kernel") as utd, \
             Capture(bwd_mod, "ut_bwd_chunk_kernel") as ubc, Capture(bwd_mod, "ut_bwd_apply_kernel") as uba, \
             Capture(bwd_mod, "bwd_prep_kernel") as prep:
@@ -112,8 +112,12 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
         torch.cuda.synchronize()
     base = dict(D=D, H=H, T=T, B=B, gate=gate)
 
-    # the UT stage's three kernels: warps and the products' precision (knob ut_precision)
-    for cap, name in ((utd, "ut_diag_inverse"), (utc, "ut_chunk"), (uta, "ut_apply")) if "ut" in only else ():
+    # the backward's UT stage (one launch a range from padded head dim 64, else three): warps and the products'
+    # precision (knob ut_precision)
+    for cap, name in ((utr, "ut_recompute"), (utd, "ut_diag_inverse"), (utc, "ut_chunk"), (uta, "ut_apply")) \
+            if "ut" in only else ():
+        if not cap.calls:
+            continue
         grid, args, kw = cap.calls[0]
         emit(dict(base, kernel=name, variant=f"as is (warps {kw['num_warps']}, UP {kw.get('UP')})",
                   ms=time_launch(cap.real, grid, args, kw)))
@@ -299,8 +303,8 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                       ms=time_launch(dqk.real, grid, args, dict(kw, USE_GATE=False))))
         time_candidates(base, "bwd_inter_dq_kernel", dqk, dq_v2)
     if "utbwd" in only:
-        ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src, utd.calls[0], caps, ut_v2)
-    if "variants" in only:
+        ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src, utd.calls[0] if utd.calls else None, caps, ut_v2)
+    if "variants" in only and utd.calls:     # the three-launch UT stage's diagonal kernel (padded head dims < 64)
         source_variants(base, utd.calls[0])
     if "e2e" in only:
         fn = lambda: torch.autograd.grad(path_attention_triton(*xs[:5], xs[5] if gate else None)[0], xs, do)  # noqa: E731
@@ -528,7 +532,10 @@ def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call, caps=(), ut
         except Exception as exc:     # a candidate that fails to build or launch is a result too
             row = dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
         emit(dict(base, kernel="ut_bwd_chunk", variant=f"candidate {os.path.basename(path)}", **row))
-    if old_ut_src:
+    if old_ut_src and diag_call is None:
+        emit(dict(base, kernel="ut_bwd_chunk", variant="older kernel recomputing the inverse",
+                  ms="not timed: it reads the three-launch UT stage's scratch tiles (padded head dims under 64)"))
+    elif old_ut_src:
         old = load_variant(old_ut_src, "ut_bwd_chunk_kernel", f"ut_old_{base['D']}_{int(base['gate'])}")
         w, beta, k, du, dkt, dm, _a, cc, dbeta, ct0, cs, se = ca
         scratch = diag_call[1][2]

@@ -2,12 +2,13 @@
 
 Reads the rows of the ``profile`` step (``benchmarks/dev_gpu_run2.py profile4k``: device ms per kernel
 name, summed over its launches) and divides by a count of the kernel's matrix-product work at that
-shape, derived from the kernel code: 2*m*n*k per product, for the whole token stream (the backward's
-per-range launches together cover it once; the UT stage runs three full passes per fwd+bwd: the
-forward's and the backward's prepare_state in one launch each (``ut_fused_kernel``, padded head dims
->= 64), the per-range recompute in three).  Counted: logical FLOPs of
-the products; tf32x3 products count once (the hardware does three), elementwise work (exp2, masks)
-not at all; the super-chunk-local kernels assume full super-chunks and chunks.
+shape, derived from the kernel code: 2*m*n*k per product, for the whole token stream.  The backward's
+per-range launches together cover the stream once; a kernel of ``WHOLE_STREAM_LAUNCHES`` covers it at every
+launch (the forward's UT stage and transport, which the backward's own prepare_state repeats under
+bwd_forward_state recompute), so its count is per launch and ``table`` multiplies it by the launches.  The
+backward's per-range UT recompute is one launch a range from padded head dim 64 (``ut_recompute_kernel``), three
+below.  Counted: logical FLOPs of the products; tf32x3 products count once (the hardware does three),
+elementwise work (exp2, masks) not at all; the super-chunk-local kernels assume full super-chunks and chunks.
 
     python benchmarks/kernel_flops.py PROFILE.json [--chunk 64 --superchunk 1024 --block-n 64]
     python benchmarks/kernel_flops.py fwd_probe.json --forward     # one forward (benchmarks/fwd_probe.py rows)
@@ -17,12 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 
+# kernels each of whose launches covers the whole token stream: kernel_flops counts one launch
+WHOLE_STREAM_LAUNCHES = ("ut_fused_kernel", "superchunk_transport_kernel")
 
-def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN: int = 64,
-                 forward_only: bool = False) -> dict[str, float]:
-    """FLOPs of one fwd+bwd per kernel name (DV = D, HQ = H, dense batch of B sequences of T); with
-    ``forward_only`` of one forward (one UT pass, one transport).  A super-chunk longer than the sequence spans
-    the sequence."""
+
+def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN: int = 64) -> dict[str, float]:
+    """FLOPs per kernel name of one fwd+bwd (DV = D, HQ = H, dense batch of B sequences of T), those of
+    ``WHOLE_STREAM_LAUNCHES`` per launch.  A super-chunk longer than the sequence spans the sequence."""
     S = min(S, T)
     N = B * T                       # tokens
     n_chunk = N // C                # UT chunks
@@ -34,13 +36,15 @@ def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN:
     cc = 2 * C * C * D                          # one C x C x D product
     c3 = 2 * C ** 3
     f = {}
-    # UT stage: the one-launch kernel of prepare_state (forward, backward) and the backward's per-range recompute
-    f["ut_fused_kernel"] = 2 * H * n_chunk * (4 * cc + 5 * c3)           # W W^T, W K^T, A W, M^T W; inverse (4), M
+    # UT stage: the one-launch kernel of prepare_state (one launch) and the backward's per-range recompute (one
+    # launch a range, the same products; or the three below at padded head dims under 64)
+    f["ut_fused_kernel"] = H * n_chunk * (4 * cc + 5 * c3)               # W W^T, W K^T, A W, M^T W; inverse (4), M
+    f["ut_recompute_kernel"] = f["ut_fused_kernel"]
     f["ut_diag_inverse_kernel"] = H * n_chunk * (C // 16) * 2 * 16 * 16 * D
     f["ut_chunk_kernel"] = H * n_chunk * (2 * cc + 5 * c3)              # W W^T, W K^T; inverse (4), M
     f["ut_apply_kernel"] = H * n_chunk * 2 * cc                         # U = A W, K~ = K - M^T W
-    # forward super-chunk transport, twice (forward and the backward's prepare_state)
-    f["superchunk_transport_kernel"] = 2 * H * with_transport * s * 3 * 2 * C * D * D
+    # forward super-chunk transport (one launch)
+    f["superchunk_transport_kernel"] = H * with_transport * s * 3 * 2 * C * D * D
     # forward scan
     f["scan_intra_kernel"] = H * n_chunk * (4 * cc + c3 + mean_ci * 4 * cc)
     f["scan_inter_kernel"] = H * pairs * S * (4 * S * D + 2 * D * D)
@@ -61,9 +65,6 @@ def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN:
     f["ut_bwd_chunk_kernel"] = H * n_chunk * (4 * cc + 5 * c3)
     f["ut_bwd_apply_kernel"] = H * n_chunk * 5 * cc
     f["ut_bwd_kernel"] = f["ut_bwd_chunk_kernel"] + f["ut_bwd_apply_kernel"]     # the UT backward as one kernel
-    if forward_only:
-        f["ut_fused_kernel"] /= 2
-        f["superchunk_transport_kernel"] /= 2
     return f
 
 
@@ -92,13 +93,13 @@ def table(profile_rows: list[dict], C: int, S: int, BN: int, forward_only: bool 
         else:
             kernels = r["kernels"]
         chunk = int((r.get("config") or {}).get("chunk_size") or C)
-        flops = kernel_flops(r["D"], r["T"], r["B"], r["H"], chunk, row_superchunk(r, kernels, S), BN,
-                             forward_only)
+        flops = kernel_flops(r["D"], r["T"], r["B"], r["H"], chunk, row_superchunk(r, kernels, S), BN)
         for name, ms, launches in kernels:
             key = name.split("(")[0].strip()
             if key in flops and ms > 0:
+                work = flops[key] * (launches if key in WHOLE_STREAM_LAUNCHES else 1)
                 out.append(dict(D=r["D"], T=r["T"], gate=r["gate"], kernel=key, launches=launches, ms=ms,
-                                gflop=flops[key] / 1e9, tflops=flops[key] / (ms * 1e-3) / 1e12))
+                                gflop=work / 1e9, tflops=work / (ms * 1e-3) / 1e12))
     return out
 
 

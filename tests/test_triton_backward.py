@@ -488,21 +488,23 @@ def test_ranged_backward_starts_from_the_forwards_compact_state(monkeypatch, gat
 
 
 @pytest.mark.parametrize("mode", ["keep", "keep_inter"])
-@pytest.mark.parametrize("dtype,ranged,varlen,gate", [(F16, True, False, True), (F16, False, False, False),
-                                                        (F32, False, True, True), (F16, True, True, False)],
-                         ids=["fp16-ranged-gate", "fp16-one-range", "fp32-varlen-gate", "fp16-ranged-varlen"])
+@pytest.mark.parametrize("dtype,ranged,varlen,gate,D", [
+    (F16, True, False, True, 16), (F16, False, False, False, 16), (F32, False, True, True, 16),
+    (F16, True, True, False, 16), (F16, True, False, True, 64)],
+    ids=["fp16-ranged-gate", "fp16-one-range", "fp32-varlen-gate", "fp16-ranged-varlen", "fp16-ranged-gate-D64"])
 def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, spy_launches, dtype, ranged, varlen, gate,
-                                                           mode):
+                                                           D, mode):
     """bwd_forward_state keep: the forward op returns its compact state, autograd keeps it, and the
     backward reads it instead of running the UT stage and the transport again; keep_inter: the forward's
     queries at their super-chunk start, transported keys and transitions, and the backward's inter stages read
     them while its per-range stages recompute U, K~, M (in either mode no ``backward_state`` call, no query
     chain in ``bwd_prep_kernel``); under keep every range reads its rows of the kept U, K~, M and w copy and
-    recomputes only A and M (no ``ut_forward`` in the backward).  Where the recompute would build
+    recomputes only A and M (no U, K~ recompute in the backward).  Where the recompute would build
     the same state (token ranges, or a float32 scan) the gradients are bitwise the recompute's; in one range of a
     16-bit scan the recompute reads a float32 state and the kept one is 16-bit: both match the oracle.  Varlen: the
     kept transitions tensor has rows for the most super-chunks the sequence count allows."""
-    inputs, do = make_inputs(453, B=1 if varlen else 2, T=150 if varlen else 100, HQ=4, H=2, dtype=dtype, gate=gate)
+    inputs, do = make_inputs(453 + D, B=1 if varlen else 2, T=150 if varlen else 100, HQ=4, H=2, D=D, DV=D,
+                             dtype=dtype, gate=gate)
     kw = dict(cu_seqlens=torch.tensor([0, 20, 21, 101, 150])) if varlen else {}
     _ranges(monkeypatch, ranged)
     calls = []
@@ -511,9 +513,10 @@ def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, spy_laun
     chains = spy_launches(tri_backward, "bwd_prep_kernel", lambda grid, kw: kw["CHAIN"])   # the query chain walked
     recomputed = kernel_grads(inputs, do, params(dtype, bwd_forward_state="recompute"), **kw)
     assert calls == [1] and chains == [True]
-    recomputes = []       # the backward's per-range U, K~, M recompute (the three-launch UT stage)
-    real_ut = tri_backward.ut_forward
-    monkeypatch.setattr(tri_backward, "ut_forward", lambda *a, **k: recomputes.append(1) or real_ut(*a, **k))
+    recomputes = []       # the backward's per-range U, K~, M recompute (A and M alone are not counted)
+    real_ut = tri_backward.ut_recompute
+    monkeypatch.setattr(tri_backward, "ut_recompute",
+                        lambda *a, **k: (k.get("write_uk", True) and recomputes.append(1)) or real_ut(*a, **k))
     counts = _range_counts(monkeypatch)
     kept = kernel_grads(inputs, do, params(dtype, bwd_forward_state=mode), **kw)
     assert calls == [1] and chains == [True, False]         # the kept state: nothing recomputed before the ranges
@@ -525,6 +528,44 @@ def test_kept_forward_state_gives_the_recomputed_gradients(monkeypatch, spy_laun
             if b is not None:
                 assert torch.equal(a, b), name
     check(kept, oracle_grads(inputs, do, **kw), TOL[dtype])
+
+
+@pytest.mark.parametrize("out_dtype,D,C,diag_block",
+                         [(torch.bfloat16, 64, 64, 16), (F16, 40, 16, 8), (F32, 64, 32, 16)],
+                         ids=["bf16-D64", "fp16-D40", "fp32-D64"])
+def test_ut_recompute_is_the_forward_stage_plus_a(out_dtype, D, C, diag_block):
+    """The backward's one-launch UT stage (``ut_recompute``, padded head dims from 64): u, K~, m and w's copy equal
+    to the forward's fused stage's for a state of the same type, bit for bit (a token range's recompute is the
+    forward's state); A = T^{-1} diag(beta) against float64 and against the three-launch stage's A; with
+    ``write_uk`` off (a range reading a kept state) the same m and A bit for bit.  A partial last chunk; D = 40 masks
+    columns of its padded 64."""
+    from pathtune.codegen.triton._layout import build_tables
+    from pathtune.codegen.triton.forward import ut_forward, ut_fused
+    from pathtune.runtime.reference.blockwise import ut_transform
+
+    T, H = 2 * C + 5, 2
+    gen = torch.Generator().manual_seed(D + C)
+    w = F.normalize(torch.randn(T, H, D, generator=gen), dim=-1).to(F16 if out_dtype == F16 else torch.bfloat16)
+    k = torch.randn(T, H, D, generator=gen).to(w.dtype)
+    beta = 1.5 + 0.5 * torch.rand(T, H, generator=gen)
+    p = params(F32, chunk_size=C, superchunk_size=2 * C, ut_diag_block=diag_block)
+    tables = build_tables(1, T, None, C, 2 * C, torch.device("cpu"), block_m=p.block_m)
+    u, kt, m, a, wd = tri_backward.ut_recompute(k, w, beta, tables, H, D, C, p, out_dtype)
+    fu, fkt, fm, fwd_w = ut_fused(k, w, beta, tables, H, D, C, p, out_dtype=out_dtype, write_w=out_dtype != F32)
+    assert u.dtype == kt.dtype == out_dtype and m.dtype == a.dtype == F32
+    for mine, forward in ((u, fu), (kt, fkt), (m, fm), (wd, fwd_w)):
+        assert (mine is None and forward is None) or torch.equal(mine, forward)
+    *_, a3, _ = ut_forward(k, w, beta, tables, H, D, C, p, keep_a=True)
+    for c0 in range(0, T, C):
+        sl = slice(c0, min(c0 + C, T))
+        n = sl.stop - sl.start
+        for h in range(H):
+            ref, _ = ut_transform(w[sl, h].to(F64), beta[sl, h].to(F64))
+            assert rel(a[sl, h, :n], ref) < 1e-5 and rel(a[sl, h, :n], a3[sl, h, :n]) < 1e-5
+    none_u, none_kt, m2, a2, none_w = tri_backward.ut_recompute(k, w, beta, tables, H, D, C, p, out_dtype,
+                                                                write_uk=False)
+    assert none_u is None and none_kt is None and none_w is None
+    assert torch.equal(m2, m) and torch.equal(a2, a)
 
 
 def test_range_budget():

@@ -188,8 +188,8 @@ def test_kernel_compiles_and_fits_sm90_d256(compiled, name):
 # dims' configs: 64 rows or more per program, 4 or 8 warps, 16-bit or tf32 operands).  Not listed, by design:
 # the 16 x 16 diagonal inverses on one warp, the transport backward (32-row tiles of the D x D chain), the D = 128
 # chain's row kernel and the gate gradient (no products).
-WGMMA_ONLY = ("ut_fused_kernel", "ut_chunk_kernel", "ut_apply_kernel", "superchunk_transport_kernel",
-              "scan_intra_kernel", "scan_inter_kernel",
+WGMMA_ONLY = ("ut_fused_kernel", "ut_recompute_kernel", "ut_chunk_kernel", "ut_apply_kernel",
+              "superchunk_transport_kernel", "scan_intra_kernel", "scan_inter_kernel",
               "bwd_prep_kernel", "bwd_inter_dq_kernel", "bwd_inter_dkv_kernel", "bwd_pair_transitions_kernel",
               "bwd_intra_walk_kernel", "bwd_intra_walk_kernel#2", "bwd_intra_diag_kernel", "ut_bwd_chunk_kernel",
               "ut_bwd_apply_kernel")

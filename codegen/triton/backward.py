@@ -33,6 +33,7 @@ from typing import Optional
 
 import torch
 import triton
+import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .._knobs import resolve_json, spec_default
@@ -53,6 +54,8 @@ from .bwd_prep import bwd_prep_kernel
 from .forward import (
     _LOG2E,
     UT_COLUMN_BLOCK,
+    UT_FUSED_MIN_BD,
+    UT_NUM_WARPS,
     ForwardState,
     _tokens,
     config_error,
@@ -61,12 +64,20 @@ from .forward import (
     state_from_kept,
     state_tables,
     transition_column_block,
+    ut_apply_mode,
     ut_chunk_state,
     ut_forward,
 )
 from .launch import compiled
 from .params import TritonParams
-from .ut_bwd import CC_TILES, UT_BWD_APPLY_WARPS, UT_BWD_CHUNK_WARPS, ut_bwd_apply_kernel, ut_bwd_chunk_kernel
+from .ut_bwd import (
+    CC_TILES,
+    UT_BWD_APPLY_WARPS,
+    UT_BWD_CHUNK_WARPS,
+    ut_bwd_apply_kernel,
+    ut_bwd_chunk_kernel,
+    ut_recompute_kernel,
+)
 
 GATE_GRAD_SPAN = 256    # tokens per program of gate_grad_kernel (H200, 32K tokens x 16 heads: 0.055 -> 0.039 ms)
 
@@ -589,8 +600,7 @@ def path_attention_bwd(
         r = slice(a, b)
         nr = b - a
         if recompute:   # A stays for the UT backward, which reads A and M instead of inverting again
-            u, ktil, m, amat, wd = ut_forward(kt_in[r], wt[r], bt[r], tr, H, D, C, params, out_dtype=range_dtype,
-                                              write_w=range_dtype != torch.float32, keep_a=True)
+            u, ktil, m, amat, wd = ut_recompute(kt_in[r], wt[r], bt[r], tr, H, D, C, params, range_dtype)
             wd = wt[r] if wd is None else wd
         else:       # the state's rows of the range (its 16-bit copy of w, where it has one)
             u, ktil, m, amat = state.u[r], state.kt[r], state.m[r], None
@@ -641,7 +651,7 @@ def path_attention_bwd(
         if not recompute:   # A and M of the UT backward, in the same operations as the recompute's
             if b == N:      # the last range: the state's u, K~, m are dead
                 state.u = state.kt = state.m = state.wd = None
-            amat, m = ut_chunk_state(kt_in[r], wt[r], bt[r], tr, H, D, C, params)
+            _, _, m, amat, _ = ut_recompute(kt_in[r], wt[r], bt[r], tr, H, D, C, params, range_dtype, write_uk=False)
         # 7. the UT backward: C x C gradients per chunk, then dw, dk per column block
         cc = torch.empty(nr, H, CC_TILES, C, **f32)
         udb = min(BD, UT_COLUMN_BLOCK)
@@ -665,6 +675,51 @@ def path_attention_bwd(
     dg = _gate_grad(dc, tb, (B, T, HQ)).to(g.dtype).contiguous() if use_gate else None
     return (dq.view(B, T, HQ, D), dk.view(B, T, H, D), dv.view(B, T, H, DV),
             dw.view(B, T, H, D), dbeta.view(B, T, H), dg)
+
+
+_TL_TYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def fused_ut_recompute(BD: int) -> bool:
+    """Whether a token range's UT stage is rebuilt in one launch (``ut_recompute_kernel``): from padded head dim
+    ``UT_FUSED_MIN_BD``, where the forward's is fused too; below, the three-launch stage."""
+    return BD >= UT_FUSED_MIN_BD
+
+
+def ut_recompute(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams,
+                 out_dtype: torch.dtype, write_uk: bool = True):
+    """The UT stage of a token range for the backward: (u, K~, m, A, w copy).  u, K~ in ``out_dtype`` ([N, H, D];
+    None without ``write_uk``), m and A ([N, H, C] float32; A for ``ut_bwd_chunk_kernel``), and w in a 16-bit
+    ``out_dtype`` (None otherwise, and without ``write_uk``).
+
+    One launch (``ut_recompute_kernel``, where ``fused_ut_recompute``), in the operations of the forward's fused
+    stage for a state of ``out_dtype``: a 16-bit state is the forward's bit for bit, and a kept state's A and M
+    (``write_uk`` off) are the recompute's.  Else the three-launch stage (``ut_forward``)."""
+    N = kt_in.shape[0]
+    dev = kt_in.device
+    op16 = out_dtype in (torch.float16, torch.bfloat16)
+    BD = padded_dim(D)
+    if not fused_ut_recompute(BD):
+        if not write_uk:
+            a, m = ut_chunk_state(kt_in, wt, bt, tables, H, D, C, params)
+            return None, None, m, a, None
+        u, ktil, m, a, wd = ut_forward(kt_in, wt, bt, tables, H, D, C, params, out_dtype=out_dtype, write_w=op16,
+                                       keep_a=True)
+        return u, ktil, m, a, wd
+    m, a = torch.empty(2, N, H, C, device=dev, dtype=torch.float32).unbind(0)
+    u = ktil = wd = None
+    if write_uk:
+        u, ktil, *wd = torch.empty(3 if op16 else 2, N, H, D, device=dev, dtype=out_dtype).unbind(0)
+        wd = wd[0] if op16 else None
+    compiled(ut_recompute_kernel)[(tables.n_chunks, H)](
+        wt, bt, kt_in, wt if u is None else u, wt if ktil is None else ktil, wt if wd is None else wd, m, a,
+        tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
+        H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
+        AP=ut_apply_mode(params, out_dtype), OPDT=_TL_TYPES[out_dtype] if op16 else tl.float32,
+        WRITE_UK=write_uk, WRITE_W=wd is not None, INTERP=interpreting(), SB=params.ut_diag_block,
+        num_warps=UT_NUM_WARPS, num_stages=1,
+    )
+    return u, ktil, m, a, wd
 
 
 def _range_dv(dv: torch.Tensor, r: slice) -> torch.Tensor:

@@ -240,7 +240,13 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .scan_fwd import scan_inter_kernel, scan_intra_kernel
     from .transport import superchunk_transport_kernel
     from .ut import ut_apply_kernel, ut_chunk_kernel, ut_diag_inverse_kernel, ut_fused_kernel
-    from .ut_bwd import UT_BWD_APPLY_WARPS, UT_BWD_CHUNK_WARPS, ut_bwd_apply_kernel, ut_bwd_chunk_kernel
+    from .ut_bwd import (
+        UT_BWD_APPLY_WARPS,
+        UT_BWD_CHUNK_WARPS,
+        ut_bwd_apply_kernel,
+        ut_bwd_chunk_kernel,
+        ut_recompute_kernel,
+    )
 
     io = f"*{dtype}"
     scan = {tl.float16: "*fp16", tl.bfloat16: "*bf16", tl.float32: "*fp32"}[params.scan_dtype]
@@ -299,11 +305,17 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     # bwd_intra's kernels run at least 64 wide (backward.path_attention_bwd: head dims under 64 on masked tiles)
     intra = dict(common, BD=max(BD, 64), BDV=max(BDV, 64), **bflags)
     return [
-        # the forward's UT stage: one launch (the backward's per-range recompute keeps the three below)
+        # the forward's UT stage: one launch, and the backward's per-range recompute of it (plus A); the three
+        # launches below run both at padded head dims under 64
         (ut_fused_kernel, dict(sig, k_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),
          dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
               AP=ut_apply_mode(params, params.scan_torch_dtype),
               OP16=params.scan_dtype != tl.float32, WRITE_W=True, INTERP=False, SB=params.ut_diag_block),
+         UT_NUM_WARPS, 1),
+        (ut_recompute_kernel, dict(sig, k_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),
+         dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
+              AP=ut_apply_mode(params, params.scan_torch_dtype), OPDT=params.scan_dtype, WRITE_UK=True,
+              WRITE_W=params.scan_dtype != tl.float32, INTERP=False, SB=params.ut_diag_block),
          UT_NUM_WARPS, 1),
         (ut_diag_inverse_kernel, sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C,
                                            BETA_MAX=params.beta_max, UP=params.ut_precision), 1, 1),

@@ -2,8 +2,9 @@
 
 Which variant runs is decided by the launchers for the call's head dims and length (``forward.py``:
 the fused UT stage from padded head dim ``UT_FUSED_MIN_BD``, column-blocked transitions above
-``TRANSITION_BLOCKED_ABOVE``; ``backward.py``: the one-program chain up to ``CHAIN_KERNEL_MAX_BD``, per-range
-recomputation above the memory budget ``bwd_range_budget_mib``).  Checked against the spec by
+``TRANSITION_BLOCKED_ABOVE``; ``backward.py``: its per-range UT recompute fused from the same head dim, the
+one-program chain up to ``CHAIN_KERNEL_MAX_BD``, per-range recomputation above the memory budget
+``bwd_range_budget_mib``).  Checked against the spec by
 tests/test_stage_registry.py.  Runs no kernel: not part of any pass's source hash.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ REGISTRY.implement("householder_chain", "recurrent", DECODE, _T + "decode:path_d
                    _T + "decode:decode_kernel")
 
 REGISTRY.implement("ut_inverse", "fused", FWD, _T + "forward:ut_fused", _T + "ut:ut_fused_kernel")
+REGISTRY.implement("ut_inverse", "fused", BWD, _T + "backward:ut_recompute", _T + "ut_bwd:ut_recompute_kernel")
 REGISTRY.implement("ut_inverse", "split", FWD + BWD, _T + "forward:ut_forward", _T + "ut:ut_diag_inverse_kernel",
                    _T + "ut:ut_chunk_kernel", _T + "ut:ut_apply_kernel")
 REGISTRY.implement("ut_inverse", "state_stored", BWD, _T + "forward:prepare_state", _T + "forward:ForwardState")

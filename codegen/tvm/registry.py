@@ -25,7 +25,7 @@ REGISTRY.implement("ut_inverse", "fused", FWD, _V + "stir_ut:ut_func")
 REGISTRY.unsupported("ut_inverse", "split", FWD,
                      "the TVM UT stage is one kernel per chunk (stir_ut.ut_func: variant fused); it has no "
                      "three-launch form")
-for _variant in ("split", "state_stored", "state_recomputed", "state_kept", "inter_state_kept"):
+for _variant in ("fused", "split", "state_stored", "state_recomputed", "state_kept", "inter_state_kept"):
     REGISTRY.unsupported("ut_inverse", _variant, BWD, NO_BACKWARD)
 
 REGISTRY.unsupported("blockwise_scan", "intra_inter_kernels", FWD,
