@@ -248,6 +248,27 @@ def test_spec_key_is_at_least_as_fine_as_tritons_specialisation():
     assert launch_mod.spec_key((t, 3, object())) is None
 
 
+def _first_call_then_repeat(launch, jit):
+    """A key's first call (through the JIT, with the tensors) and its repeat with new tensors of the same kind; returns
+    the first call's tensors and the repeat's, the repeat's launch in ``jit.log[-1]``."""
+    a, b = torch.zeros(16), torch.zeros(16)
+    launch[(4, 2)](a, b, 32, X=1, Y=2, num_warps=4)
+    assert jit.log[-1] == ("jit", (4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=4))
+    a2, b2 = torch.zeros(16), torch.zeros(16)
+    launch[(4, 2)](a2, b2, 48, X=1, Y=2, num_warps=4)               # 48: a multiple of 16 again
+    return a, b, a2, b2
+
+
+def _other_specialisations(a, b) -> list:
+    """(grid, args, kwargs) of calls that differ from the first call of ``_first_call_then_repeat`` in the grid, a
+    pointer's alignment, an int's class, a constexpr or an option: each a key of its own, for the JIT."""
+    return [((4, 3), (a, b, 32), dict(X=1, Y=2, num_warps=4)),
+            ((4, 2), (a[1:], b, 32), dict(X=1, Y=2, num_warps=4)),
+            ((4, 2), (a, b, 33), dict(X=1, Y=2, num_warps=4)),
+            ((4, 2), (a, b, 32), dict(X=1, Y=3, num_warps=4)),
+            ((4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=8))]
+
+
 def test_repeat_launch_repeats_a_specialisation_and_sends_others_to_the_jit():
     """The repeat path around a stand-in JIT function: the first call of a (grid, specialisation, constexprs,
     options) goes through the JIT, its repeat (new tensors, same kind) to the kept compiled kernel with the
@@ -255,17 +276,9 @@ def test_repeat_launch_repeats_a_specialisation_and_sends_others_to_the_jit():
     JIT."""
     jit = _Jit()
     launch = launch_mod._RepeatLaunch(jit)
-    a, b = torch.zeros(16), torch.zeros(16)
-    launch[(4, 2)](a, b, 32, X=1, Y=2, num_warps=4)
-    assert jit.log[-1] == ("jit", (4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=4))
-    a2, b2 = torch.zeros(16), torch.zeros(16)
-    launch[(4, 2)](a2, b2, 48, X=1, Y=2, num_warps=4)               # 48: a multiple of 16 again
+    a, b, a2, b2 = _first_call_then_repeat(launch, jit)
     assert jit.log[-1] == ("direct", (4, 2, 1), (a2, b2, 48, 1, 2, 7)) and launch.launcher.hits == 1
-    for grid, args, kw in (((4, 3), (a, b, 32), dict(X=1, Y=2, num_warps=4)),
-                           ((4, 2), (a[1:], b, 32), dict(X=1, Y=2, num_warps=4)),
-                           ((4, 2), (a, b, 33), dict(X=1, Y=2, num_warps=4)),
-                           ((4, 2), (a, b, 32), dict(X=1, Y=3, num_warps=4)),
-                           ((4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=8))):
+    for grid, args, kw in _other_specialisations(a, b):
         launch[grid](*args, **kw)
         assert jit.log[-1][0] == "jit", (grid, kw)
     assert launch.launcher.hits == 1
@@ -281,11 +294,7 @@ def test_candidate_repeat_launch_passes_int_pointers(monkeypatch, candidate):
     cls = cand.RepeatLaunch if candidate else launch_mod._RepeatLaunch
     jit = _Jit()
     launch = cls(jit)
-    a, b = torch.zeros(16), torch.zeros(16)
-    launch[(4, 2)](a, b, 32, X=1, Y=2, num_warps=4)
-    assert jit.log[-1] == ("jit", (4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=4))
-    a2, b2 = torch.zeros(16), torch.zeros(16)
-    launch[(4, 2)](a2, b2, 48, X=1, Y=2, num_warps=4)
+    a, b, a2, b2 = _first_call_then_repeat(launch, jit)
     kind, grid, args = jit.log[-1]
     assert kind == "direct" and grid == (4, 2, 1) and args[2:] == (48, 1, 2, 7)
     ints = all(type(x) is int for x in args[:2]) and args[:2] == (a2.data_ptr(), b2.data_ptr())
@@ -302,20 +311,11 @@ def test_lean_candidate_repeats_with_int_pointers_and_sends_other_specialisation
     cand = load_benchmark_script(monkeypatch, LAUNCH_LEAN)
     jit = _Jit()
     launch = cand.LeanRepeatLaunch(jit)
-    a, b = torch.zeros(16), torch.zeros(16)
-    launch[(4, 2)](a, b, 32, X=1, Y=2, num_warps=4)
-    assert jit.log[-1] == ("jit", (4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=4))
-    a2, b2 = torch.zeros(16), torch.zeros(16)
-    launch[(4, 2)](a2, b2, 48, X=1, Y=2, num_warps=4)
+    a, b, a2, b2 = _first_call_then_repeat(launch, jit)
     assert jit.log[-1] == ("direct", (4, 2, 1), (a2.data_ptr(), b2.data_ptr(), 48, 1, 2, 7))
     assert launch.launcher.hits == 1
-    for grid, args, kw in (((4, 3), (a, b, 32), dict(X=1, Y=2, num_warps=4)),
-                           ((4, 2), (a[1:], b, 32), dict(X=1, Y=2, num_warps=4)),
-                           ((4, 2), (a, b, 33), dict(X=1, Y=2, num_warps=4)),
-                           ((4, 2), (a, b, 32), dict(X=1, Y=3, num_warps=4)),
-                           ((4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=8)),
-                           ((4, 2), (a.double(), b, 32), dict(X=1, Y=2, num_warps=4)),
-                           ((4, 2), (a, b, 32), dict(Y=2, X=1, num_warps=4))):
+    for grid, args, kw in _other_specialisations(a, b) + [((4, 2), (a.double(), b, 32), dict(X=1, Y=2, num_warps=4)),
+                                                          ((4, 2), (a, b, 32), dict(Y=2, X=1, num_warps=4))]:
         launch[grid](*args, **kw)
         assert jit.log[-1][0] == "jit", (grid, kw)
     assert launch.launcher.hits == 1
