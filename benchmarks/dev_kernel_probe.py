@@ -106,10 +106,15 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
             Capture(fwd_mod, "ut_chunk_kernel") as utc, Capture(bwd_mod, "ut_recompute_kernel") as utr, \
             Capture(fwd_mod, "ut_apply_kernel") as uta, Capture(fwd_mod, "ut_diag_inverse_kernel") as utd, \
             Capture(bwd_mod, "ut_bwd_chunk_kernel") as ubc, Capture(bwd_mod, "ut_bwd_apply_kernel") as uba, \
-            Capture(bwd_mod, "bwd_prep_kernel") as prep:
+            Capture(bwd_mod, "ut_bwd_kernel") as ubf, Capture(bwd_mod, "bwd_prep_kernel") as prep:
         o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None)
         torch.autograd.grad(o, xs, do)
         torch.cuda.synchronize()
+        if "utbwd" in only and not ubc.calls:     # the UT backward ran fused: capture the two-kernel path too
+            with swapped(bwd_mod, "fused_ut_backward", lambda *a, **k: False):
+                o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None)
+                torch.autograd.grad(o, xs, do)
+                torch.cuda.synchronize()
     base = dict(D=D, H=H, T=T, B=B, gate=gate)
 
     # the backward's UT stage (one launch a range from padded head dim 64, else three): warps and the products'
@@ -303,7 +308,8 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                       ms=time_launch(dqk.real, grid, args, dict(kw, USE_GATE=False))))
         time_candidates(base, "bwd_inter_dq_kernel", dqk, dq_v2)
     if "utbwd" in only:
-        ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src, utd.calls[0] if utd.calls else None, caps, ut_v2)
+        ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src, utd.calls[0] if utd.calls else None, caps, ut_v2,
+                    ubf.calls[0] if ubf.calls else None)
     if "variants" in only and utd.calls:     # the three-launch UT stage's diagonal kernel (padded head dims < 64)
         source_variants(base, utd.calls[0])
     if "e2e" in only:
@@ -510,8 +516,9 @@ def source_variants(base, diag_call):
         emit(dict(base, kernel=kernel, variant=what, ms=time_launch(var, grid, args, dict(kw, **kw_change))))
 
 
-def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call, caps=(), ut_v2=()):
-    """The UT backward as two kernels (chunk, apply) and their variants; an older chunk kernel that
+def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call, caps=(), ut_v2=(), fused_call=None):
+    """The UT backward as two kernels (chunk, apply) and their variants, and as one (``fused_call``: the range's
+    ``ut_bwd_kernel`` launch, at its warps and the other count); an older chunk kernel that
     recomputes the inverse (``diag_call``: the range's ``ut_diag_inverse_kernel`` launch, its scratch); candidate
     chunk kernels of the shipped signature (``ut_v2``: their files) on the captured launch."""
     (cg, ca, ckw), (ag, aa, akw) = chunk_call, apply_call
@@ -520,6 +527,12 @@ def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call, caps=(), ut
     emit(dict(base, kernel="ut_bwd_chunk", variant=f"as is (warps {ckw['num_warps']}, UP {ckw['UP']})", ms=t_chunk))
     emit(dict(base, kernel="ut_bwd_apply", variant=f"as is (warps {akw['num_warps']})", ms=t_apply))
     emit(dict(base, kernel="ut_bwd sum", variant="chunk + apply (host default)", ms=round(t_chunk + t_apply, 4)))
+    if fused_call is not None:
+        fg, fa, fkw = fused_call
+        for nw in dict.fromkeys((fkw["num_warps"], 4, 8)):
+            ms = time_launch(bwd_mod.ut_bwd_kernel, fg, fa, dict(fkw, num_warps=nw))
+            emit(dict(base, kernel="ut_bwd (one kernel)", variant=f"warps {nw}", ms=ms,
+                      over_two_kernels=round(ms / (t_chunk + t_apply), 3)))
     for change in (dict(num_warps=4), dict(num_warps=16), dict(UP="tf32"), *(dict(maxnreg=c) for c in caps)):
         emit(dict(base, kernel="ut_bwd_chunk", variant=str(change),
                   ms=time_launch(bwd_mod.ut_bwd_chunk_kernel, cg, ca, dict(ckw, **change))))

@@ -568,6 +568,32 @@ def test_ut_recompute_is_the_forward_stage_plus_a(out_dtype, D, C, diag_block):
     assert torch.equal(m2, m) and torch.equal(a2, a)
 
 
+@pytest.mark.parametrize("D,HQ,H,lens", [(64, 4, 2, None), (128, 2, 2, [20, 21, 100]), (32, 2, 1, None)])
+def test_ut_backward_in_one_kernel_gives_the_two_kernel_gradients(monkeypatch, spy_launches, D, HQ, H, lens):
+    """``ut_bwd_kernel`` (the UT backward of a chunk in one program, its C x C tiles in registers) computes what
+    ``ut_bwd_chunk_kernel`` + ``ut_bwd_apply_kernel`` compute through their float32 buffer, in the same operations:
+    the gradients are bitwise equal (one column block at D 64, two at D 128 with varlen and a partial chunk, a padded
+    head dim under 64), and match the oracle."""
+    kw = {}
+    if lens:
+        inputs, do = make_inputs(610 + D, B=1, T=sum(lens), HQ=HQ, H=H, D=D, DV=D, gate=True)
+        kw = dict(cu_seqlens=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()]))
+    else:
+        inputs, do = make_inputs(610 + D, B=2, T=80, HQ=HQ, H=H, D=D, DV=D, gate=True)
+    p = params(bwd_range_budget_mib=0)
+    one = spy_launches(tri_backward, "ut_bwd_kernel")
+    two = spy_launches(tri_backward, "ut_bwd_chunk_kernel")
+    fused = kernel_grads(inputs, do, p, **kw)
+    assert len(one) == 1 and not two
+    monkeypatch.setattr(tri_backward, "fused_ut_backward", lambda BD: False)
+    split = kernel_grads(inputs, do, p, **kw)
+    assert len(one) == 1 and len(two) == 1
+    for name, a, b in zip(NAMES, fused, split):
+        if b is not None:
+            assert torch.equal(a, b), name
+    check(fused, oracle_grads(inputs, do, **kw), TOL[F32])
+
+
 def test_range_budget():
     """bwd_range_budget_mib, the spec's memory knob (default 256 MiB: 8 ranges at the tuner's 32768 tokens, D=64,
     H=16, bwd_intra's chain-state slots and the transport backward's stored states and gradients included; the

@@ -74,8 +74,10 @@ from .ut_bwd import (
     CC_TILES,
     UT_BWD_APPLY_WARPS,
     UT_BWD_CHUNK_WARPS,
+    UT_BWD_WARPS,
     ut_bwd_apply_kernel,
     ut_bwd_chunk_kernel,
+    ut_bwd_kernel,
     ut_recompute_kernel,
 )
 
@@ -653,20 +655,27 @@ def path_attention_bwd(
                 state.u = state.kt = state.m = state.wd = None
             _, _, m, amat, _ = ut_recompute(kt_in[r], wt[r], bt[r], tr, H, D, C, params, range_dtype, write_uk=False)
         # 7. the UT backward: C x C gradients per chunk, then dw, dk per column block
-        cc = torch.empty(nr, H, CC_TILES, C, **f32)
         udb = min(BD, UT_COLUMN_BLOCK)
         uk = dict(H=H, D=D, DB=udb, C=C, GP=params.ut_grad_precision, num_stages=1)
-        compiled(ut_bwd_chunk_kernel)[(tr.n_chunks, H)](
-            wt[r], bt[r], kt_in[r], du, dkt, dm, amat, cc, dbeta[r],
-            tr.chunk_tok0, tr.chunk_seq, tr.seq_end,
-            BD=BD, BETA_MAX=params.beta_max, UP=params.ut_precision, num_warps=UT_BWD_CHUNK_WARPS, **uk,
-        )
-        del dm
-        compiled(ut_bwd_apply_kernel)[(tr.n_chunks, H, BD // udb)](
-            wt[r], kt_in[r], du, dkt, dw_acc, dk_acc, amat, m, cc, dw[r], dk[r],
-            tr.chunk_tok0, tr.chunk_seq, tr.seq_end, num_warps=UT_BWD_APPLY_WARPS, **uk,
-        )
-        del cc, amat, m, dkt, dw_acc, du, dk_acc
+        if fused_ut_backward(BD):
+            compiled(ut_bwd_kernel)[(tr.n_chunks, H)](
+                wt[r], bt[r], kt_in[r], du, dkt, dm, dw_acc, dk_acc, amat, m, dw[r], dk[r], dbeta[r],
+                tr.chunk_tok0, tr.chunk_seq, tr.seq_end,
+                BD=BD, BETA_MAX=params.beta_max, UP=params.ut_precision, num_warps=UT_BWD_WARPS, **uk,
+            )
+        else:
+            cc = torch.empty(nr, H, CC_TILES, C, **f32)
+            compiled(ut_bwd_chunk_kernel)[(tr.n_chunks, H)](
+                wt[r], bt[r], kt_in[r], du, dkt, dm, amat, cc, dbeta[r],
+                tr.chunk_tok0, tr.chunk_seq, tr.seq_end,
+                BD=BD, BETA_MAX=params.beta_max, UP=params.ut_precision, num_warps=UT_BWD_CHUNK_WARPS, **uk,
+            )
+            compiled(ut_bwd_apply_kernel)[(tr.n_chunks, H, BD // udb)](
+                wt[r], kt_in[r], du, dkt, dw_acc, dk_acc, amat, m, cc, dw[r], dk[r],
+                tr.chunk_tok0, tr.chunk_seq, tr.seq_end, num_warps=UT_BWD_APPLY_WARPS, **uk,
+            )
+            del cc
+        del dm, amat, m, dkt, dw_acc, du, dk_acc
     del dy, delta
     if multi:
         del dkj, dwhat
@@ -678,6 +687,13 @@ def path_attention_bwd(
 
 
 _TL_TYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def fused_ut_backward(BD: int) -> bool:
+    """Whether the UT backward runs as one kernel per (chunk, kv head) (``ut_bwd_kernel``: the C x C tiles stay
+    in registers) rather than ``ut_bwd_chunk_kernel`` + ``ut_bwd_apply_kernel`` (the tiles through a float32
+    buffer), at padded head dim BD."""
+    return True
 
 
 def fused_ut_recompute(BD: int) -> bool:
