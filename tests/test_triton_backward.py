@@ -568,32 +568,6 @@ def test_ut_recompute_is_the_forward_stage_plus_a(out_dtype, D, C, diag_block):
     assert torch.equal(m2, m) and torch.equal(a2, a)
 
 
-@pytest.mark.parametrize("D,HQ,H,lens", [(64, 4, 2, None), (128, 2, 2, [20, 21, 100]), (32, 2, 1, None)])
-def test_ut_backward_in_one_kernel_gives_the_two_kernel_gradients(monkeypatch, spy_launches, D, HQ, H, lens):
-    """``ut_bwd_kernel`` (the UT backward of a chunk in one program, its C x C tiles in registers) computes what
-    ``ut_bwd_chunk_kernel`` + ``ut_bwd_apply_kernel`` compute through their float32 buffer, in the same operations:
-    the gradients are bitwise equal (one column block at D 64, two at D 128 with varlen and a partial chunk, a padded
-    head dim under 64), and match the oracle."""
-    kw = {}
-    if lens:
-        inputs, do = make_inputs(610 + D, B=1, T=sum(lens), HQ=HQ, H=H, D=D, DV=D, gate=True)
-        kw = dict(cu_seqlens=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()]))
-    else:
-        inputs, do = make_inputs(610 + D, B=2, T=80, HQ=HQ, H=H, D=D, DV=D, gate=True)
-    p = params(bwd_range_budget_mib=0)
-    one = spy_launches(tri_backward, "ut_bwd_kernel")
-    two = spy_launches(tri_backward, "ut_bwd_chunk_kernel")
-    fused = kernel_grads(inputs, do, p, **kw)
-    assert len(one) == 1 and not two
-    monkeypatch.setattr(tri_backward, "fused_ut_backward", lambda BD: False)
-    split = kernel_grads(inputs, do, p, **kw)
-    assert len(one) == 1 and len(two) == 1
-    for name, a, b in zip(NAMES, fused, split):
-        if b is not None:
-            assert torch.equal(a, b), name
-    check(fused, oracle_grads(inputs, do, **kw), TOL[F32])
-
-
 def test_range_budget():
     """bwd_range_budget_mib, the spec's memory knob (default 256 MiB: 8 ranges at the tuner's 32768 tokens, D=64,
     H=16, bwd_intra's chain-state slots and the transport backward's stored states and gradients included; the
@@ -635,24 +609,17 @@ def test_range_budget_reaches_the_backward_through_the_config(monkeypatch):
             assert torch.equal(a, b), name
 
 
-def test_range_budget_counts_the_ut_backward_tiles_where_larger():
-    """The UT backward's C x C tiles (CC_TILES x C float32 per kv head and token) are allocated after u, K~,
-    w's copy (scan dtype), the float32 copy of dV's rows and bwd_intra's chain states are freed (m lives on for
-    the UT backward): the range size counts whichever of the two is larger."""
-    from pathtune.codegen.triton.ut_bwd import CC_TILES
-
+def test_range_budget_counts_the_per_range_buffers():
+    """A range's working set per token: float32 m, A, the accumulators dK~, dW, dU, dK and dM, u, K~ and w's copy
+    in the scan dtype, the float32 copy of dV's rows and bwd_intra's chain states (the transport's states
+    with more super-chunks than one); the UT backward adds no buffer of its own."""
     H, C = 4, 64
-    shared = lambda D: 4 * H * (C + 4 * D + C)           # noqa: E731  A, accumulators, dM (no transport)
-    # narrow heads, short super-chunks: the tiles outweigh u, K~, m and the chain states
-    D, S = 16, 128
-    intra = H * (3 * D * 2 + 4 * C + 4 * D) + H * (S // (2 * C)) * 64 * 2
-    assert 4 * H * (CC_TILES + 1) * C > intra
-    assert tri_backward._phase2_bytes_per_token(H, D, C, S, False) == shared(D) + 4 * H * (CC_TILES + 1) * C
-    # the tuned shapes: the intra stage is the larger
-    D, S = 64, 1024
-    intra = H * (3 * D * 2 + 4 * C + 4 * D) + H * (S // (2 * C)) * 64 * 2
-    assert intra > 4 * H * (CC_TILES + 1) * C
-    assert tri_backward._phase2_bytes_per_token(H, D, C, S, False) == shared(D) + intra
+    for D, S, scan_bytes in ((16, 128, 2), (64, 1024, 2), (128, 1024, 4)):
+        shared = 4 * H * (C + 4 * D + C)
+        intra = H * (3 * D * scan_bytes + 4 * C + 4 * D) + H * (S // (2 * C)) * max(D, 64) * scan_bytes
+        assert tri_backward._phase2_bytes_per_token(H, D, C, S, False, scan_bytes=scan_bytes) == shared + intra
+        assert (tri_backward._phase2_bytes_per_token(H, D, C, S, True, scan_bytes=scan_bytes)
+                == shared + intra + 4 * H * 2 * D * D // C)
 
 
 # ----------------------------------------------------------------------------- blocked super-chunk chain kernels
