@@ -8,17 +8,14 @@ launches add into buffers that already hold results, so nothing here checks valu
 
     python benchmarks/dev_kernel_probe.py [--D 64,128] [--T 4096[,16384]] [--gates 1,0]
                           [--only ut,transport,intra,prep,dkv,dq,utbwd,variants,e2e,prepwarps,gatecumsum,keepstate]
-                          [--old-intra FILE] [--old-ut-bwd FILE] [--intra-v2 FILE[,FILE]] [--dkv-v2 FILE[,FILE]]
+                          [--old-intra FILE] [--intra-v2 FILE[,FILE]] [--dkv-v2 FILE[,FILE]]
                           [--dq-v2 FILE[,FILE]]
                           [--transport-v2 FILE[,FILE]] [--ut-bwd-v2 FILE[,FILE]]
 
 ``--old-intra FILE``: a bwd_intra.py of an earlier commit (``git show REV:codegen/triton/bwd_intra.py``),
 timed on the walk kernel's arguments (without its newer trailing ones)
-beside this tree's walk + diagonal kernels.  ``--old-ut-bwd FILE``: a ut_bwd.py whose
-``ut_bwd_chunk_kernel`` recomputes the inverse from the diagonal blocks' scratch tiles
-(``git show 4664bfe:codegen/triton/ut_bwd.py``), timed beside this tree's (which reads A and M) on the
-same range, with the scratch tiles of that range's ``ut_diag_inverse_kernel`` launch (``utbwd``: chunk +
-apply kernels, their warps, and the chunk kernel at tf32).  ``--intra-v2 FILE[,FILE]``: candidate modules with a
+beside this tree's walk + diagonal kernels.  ``utbwd``: the UT backward's kernel at its warps, the other count
+(4 / 8) and, where it runs tf32x3, at tf32.  ``--intra-v2 FILE[,FILE]``: candidate modules with a
 ``bwd_intra_walk_kernel`` and / or ``bwd_intra_diag_kernel`` of this tree's signature, each timed on its
 kernel's captured arguments at the launch's warps and the other count (4 / 8) (``--old-intra``: a one-kernel
 file; one that still has ``xs_ptr`` gets it); with ``prep``, their ``bwd_prep_kernel`` too.
@@ -30,7 +27,7 @@ gate; ``--dq-v2 FILE[,FILE]``: candidate modules with a ``bwd_inter_dq_kernel`` 
 the captured launch.  ``--transport-v2 FILE[,FILE]``: candidate modules with a
 ``bwd_transport_chain_kernel`` and / or ``bwd_transport_grads_kernel`` taking the shipped arguments and the
 launcher's grid (a wrapper may launch it on its own grid), each timed on its captured launch. ``--ut-bwd-v2
-FILE[,FILE]`` (with ``utbwd``): candidate modules with a ``ut_bwd_chunk_kernel`` of the shipped signature and grid,
+FILE[,FILE]`` (with ``utbwd``): candidate modules with a ``ut_bwd_kernel`` of the shipped signature and grid,
 timed on the captured launch.  ``--maxnreg 168,128``: the transport and UT backward kernels also under those
 register caps (Triton's ``maxnreg``: more programs per multiprocessor).
 ``e2e``: one fwd+bwd through autograd, and with each candidate module of ``--intra-v2`` / ``--dkv-v2`` / ``--dq-v2``
@@ -94,7 +91,7 @@ DKV_GATE_PARTS = (
 )
 
 
-def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), dkv_v2=(), transport_v2=(),
+def run_case(D, H, T, gate, old_intra_src, only, intra_v2=(), dkv_v2=(), transport_v2=(),
              caps=(), ut_v2=(), configs=(), launcher_off=(), dq_v2=(), launcher_on=()):
     B = 32768 // T
     q, k, v, w, beta, g = make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0, dtype=torch.bfloat16)
@@ -105,8 +102,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
             Capture(bwd_mod, "bwd_inter_dkv_kernel") as dkv, Capture(bwd_mod, "bwd_inter_dq_kernel") as dqk, \
             Capture(fwd_mod, "ut_chunk_kernel") as utc, Capture(bwd_mod, "ut_recompute_kernel") as utr, \
             Capture(fwd_mod, "ut_apply_kernel") as uta, Capture(fwd_mod, "ut_diag_inverse_kernel") as utd, \
-            Capture(bwd_mod, "ut_bwd_chunk_kernel") as ubc, Capture(bwd_mod, "ut_bwd_apply_kernel") as uba, \
-            Capture(bwd_mod, "bwd_prep_kernel") as prep:
+            Capture(bwd_mod, "ut_bwd_kernel") as ubk, Capture(bwd_mod, "bwd_prep_kernel") as prep:
         o, _ = path_attention_triton(*xs[:5], xs[5] if gate else None)
         torch.autograd.grad(o, xs, do)
         torch.cuda.synchronize()
@@ -303,7 +299,7 @@ def run_case(D, H, T, gate, old_intra_src, only, old_ut_src=None, intra_v2=(), d
                       ms=time_launch(dqk.real, grid, args, dict(kw, USE_GATE=False))))
         time_candidates(base, "bwd_inter_dq_kernel", dqk, dq_v2)
     if "utbwd" in only:
-        ut_backward(base, ubc.calls[0], uba.calls[0], old_ut_src, utd.calls[0] if utd.calls else None, caps, ut_v2)
+        ut_backward(base, ubk.calls[0], caps, ut_v2)
     if "variants" in only and utd.calls:     # the three-launch UT stage's diagonal kernel (padded head dims < 64)
         source_variants(base, utd.calls[0])
     if "e2e" in only:
@@ -510,38 +506,23 @@ def source_variants(base, diag_call):
         emit(dict(base, kernel=kernel, variant=what, ms=time_launch(var, grid, args, dict(kw, **kw_change))))
 
 
-def ut_backward(base, chunk_call, apply_call, old_ut_src, diag_call, caps=(), ut_v2=()):
-    """The UT backward as two kernels (chunk, apply) and their variants; an older chunk kernel that
-    recomputes the inverse (``diag_call``: the range's ``ut_diag_inverse_kernel`` launch, its scratch); candidate
-    chunk kernels of the shipped signature (``ut_v2``: their files) on the captured launch."""
-    (cg, ca, ckw), (ag, aa, akw) = chunk_call, apply_call
-    t_chunk = time_launch(bwd_mod.ut_bwd_chunk_kernel, cg, ca, ckw)
-    t_apply = time_launch(bwd_mod.ut_bwd_apply_kernel, ag, aa, akw)
-    emit(dict(base, kernel="ut_bwd_chunk", variant=f"as is (warps {ckw['num_warps']}, UP {ckw['UP']})", ms=t_chunk))
-    emit(dict(base, kernel="ut_bwd_apply", variant=f"as is (warps {akw['num_warps']})", ms=t_apply))
-    emit(dict(base, kernel="ut_bwd sum", variant="chunk + apply (host default)", ms=round(t_chunk + t_apply, 4)))
-    for change in (dict(num_warps=4), dict(num_warps=16), dict(UP="tf32"), *(dict(maxnreg=c) for c in caps)):
-        emit(dict(base, kernel="ut_bwd_chunk", variant=str(change),
-                  ms=time_launch(bwd_mod.ut_bwd_chunk_kernel, cg, ca, dict(ckw, **change))))
-    emit(dict(base, kernel="ut_bwd_apply", variant="warps 8",
-              ms=time_launch(bwd_mod.ut_bwd_apply_kernel, ag, aa, dict(akw, num_warps=8))))
+def ut_backward(base, call, caps=(), ut_v2=()):
+    """The UT backward's kernel on its captured launch: at its warps, the other count, tf32 for a tf32x3 stage and
+    under the register caps ``caps``; candidate kernels of the shipped signature (``ut_v2``: their files)."""
+    grid, args, kw = call
+    t = time_launch(bwd_mod.ut_bwd_kernel, grid, args, kw)
+    emit(dict(base, kernel="ut_bwd", variant=f"as is (warps {kw['num_warps']}, UP {kw['UP']})", ms=t))
+    changes = [dict(num_warps=8 if kw["num_warps"] == 4 else 4)] + ([dict(UP="tf32")] if kw["UP"] != "tf32" else [])
+    for change in changes + [dict(maxnreg=c) for c in caps]:
+        emit(dict(base, kernel="ut_bwd", variant=str(change),
+                  ms=time_launch(bwd_mod.ut_bwd_kernel, grid, args, dict(kw, **change))))
     for path in ut_v2:
         try:
-            ms = time_launch(load_candidate(path, "ut_bwd_chunk_kernel"), cg, ca, ckw)
-            row = dict(ms=ms, over_shipped=round(ms / t_chunk, 3))
+            ms = time_launch(load_candidate(path, "ut_bwd_kernel"), grid, args, kw)
+            row = dict(ms=ms, over_shipped=round(ms / t, 3))
         except Exception as exc:     # a candidate that fails to build or launch is a result too
             row = dict(ms=f"{type(exc).__name__}: {str(exc)[:200]}")
-        emit(dict(base, kernel="ut_bwd_chunk", variant=f"candidate {os.path.basename(path)}", **row))
-    if old_ut_src and diag_call is None:
-        emit(dict(base, kernel="ut_bwd_chunk", variant="older kernel recomputing the inverse",
-                  ms="not timed: it reads the three-launch UT stage's scratch tiles (padded head dims under 64)"))
-    elif old_ut_src:
-        old = load_variant(old_ut_src, "ut_bwd_chunk_kernel", f"ut_old_{base['D']}_{int(base['gate'])}")
-        w, beta, k, du, dkt, dm, _a, cc, dbeta, ct0, cs, se = ca
-        scratch = diag_call[1][2]
-        t_old = time_launch(old, cg, (w, beta, k, du, dkt, dm, scratch, cc, dbeta, ct0, cs, se), ckw)
-        emit(dict(base, kernel="ut_bwd_chunk", variant="older kernel recomputing the inverse", ms=t_old,
-                  new_over_old=round(t_chunk / t_old, 3)))
+        emit(dict(base, kernel="ut_bwd", variant=f"candidate {os.path.basename(path)}", **row))
 
 
 def main():
@@ -551,7 +532,6 @@ def main():
     ap.add_argument("--old-intra", default=None)
     ap.add_argument("--gates", default="1,0")
     ap.add_argument("--only", default="ut,transport,intra,prep,dkv,utbwd,variants,e2e")
-    ap.add_argument("--old-ut-bwd", default=None)
     ap.add_argument("--intra-v2", default="", help="candidate bwd_intra files (comma-separated), shipped signature")
     ap.add_argument("--dkv-v2", default="", help="candidate bwd_inter_dkv files (comma-separated), shipped signature")
     ap.add_argument("--dq-v2", default="", help="candidate bwd_inter_dq files (comma-separated), shipped signature")
@@ -560,7 +540,7 @@ def main():
     ap.add_argument("--transport-v2", default="",
                     help="candidate bwd_transport_chain files (comma-separated): shipped arguments, launcher's grid")
     ap.add_argument("--ut-bwd-v2", default="",
-                    help="candidate ut_bwd_chunk_kernel files (comma-separated), shipped signature and grid")
+                    help="candidate ut_bwd_kernel files (comma-separated), shipped signature and grid")
     ap.add_argument("--configs", default="",
                     help="e2e: knob configs (JSON objects separated by ';') timed over the heuristic config, e.g. "
                          '\'{"bwd_transition_precision": "fp16"}\'')
@@ -572,7 +552,6 @@ def main():
                          "True")
     a = ap.parse_args()
     old_src = open(a.old_intra).read() if a.old_intra else None
-    old_ut_src = open(a.old_ut_bwd).read() if a.old_ut_bwd else None
     only = set(a.only.split(","))
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     for T in (int(x) for x in a.T.split(",")):
@@ -580,7 +559,7 @@ def main():
             H = 16 if D <= 64 else 8
             for gate in (bool(int(x)) for x in a.gates.split(",")):
                 try:
-                    run_case(D, H, T, gate, old_src, only, old_ut_src,
+                    run_case(D, H, T, gate, old_src, only,
                              tuple(x for x in a.intra_v2.split(",") if x), tuple(x for x in a.dkv_v2.split(",") if x),
                              tuple(x for x in a.transport_v2.split(",") if x),
                              tuple(int(x) for x in a.maxnreg.split(",") if x),

@@ -59,12 +59,12 @@ def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN:
     # diagonal tile's kernel
     f["bwd_intra_walk_kernel"] = H * n_chunk * (2 * cc + max(mean_ci - 1, 0) * 2 * cc + mean_ci * 10 * cc)
     f["bwd_intra_diag_kernel"] = H * n_chunk * (10 * cc + 3 * c3)
-    # UT backward: the chunk kernel's W W^T, W K^T, W dK~^T, dU W^T and nine C x C x C products (inverse (4), M,
-    # dL, dA, dT (2)); the apply kernel's five C x C x D products for dW, dK
-    # W W^T, W K^T, W dK~^T, dU W^T; T^{-1} = I - A strictLower(W W^T), dL, dA, dT (two); A and M are read
+    # UT backward (ut_bwd_kernel): W W^T, W K^T, W dK~^T, dU W^T; T^{-1} = I - A strictLower(W W^T), dL, dA, dT
+    # (two), A and M read; then five C x C x D products for dW, dK.  Older profiles split it into a chunk kernel
+    # (the C x C part) and an apply kernel (dW, dK)
     f["ut_bwd_chunk_kernel"] = H * n_chunk * (4 * cc + 5 * c3)
     f["ut_bwd_apply_kernel"] = H * n_chunk * 5 * cc
-    f["ut_bwd_kernel"] = f["ut_bwd_chunk_kernel"] + f["ut_bwd_apply_kernel"]     # the UT backward as one kernel
+    f["ut_bwd_kernel"] = f["ut_bwd_chunk_kernel"] + f["ut_bwd_apply_kernel"]
     return f
 
 

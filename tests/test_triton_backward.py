@@ -609,24 +609,17 @@ def test_range_budget_reaches_the_backward_through_the_config(monkeypatch):
             assert torch.equal(a, b), name
 
 
-def test_range_budget_counts_the_ut_backward_tiles_where_larger():
-    """The UT backward's C x C tiles (CC_TILES x C float32 per kv head and token) are allocated after u, K~,
-    w's copy (scan dtype), the float32 copy of dV's rows and bwd_intra's chain states are freed (m lives on for
-    the UT backward): the range size counts whichever of the two is larger."""
-    from pathtune.codegen.triton.ut_bwd import CC_TILES
-
+def test_range_budget_counts_the_per_range_buffers():
+    """A range's working set per token: float32 m, A, the accumulators dK~, dW, dU, dK and dM, u, K~ and w's copy
+    in the scan dtype, the float32 copy of dV's rows and bwd_intra's chain states (the transport's states
+    with more super-chunks than one); the UT backward adds no buffer of its own."""
     H, C = 4, 64
-    shared = lambda D: 4 * H * (C + 4 * D + C)           # noqa: E731  A, accumulators, dM (no transport)
-    # narrow heads, short super-chunks: the tiles outweigh u, K~, m and the chain states
-    D, S = 16, 128
-    intra = H * (3 * D * 2 + 4 * C + 4 * D) + H * (S // (2 * C)) * 64 * 2
-    assert 4 * H * (CC_TILES + 1) * C > intra
-    assert tri_backward._phase2_bytes_per_token(H, D, C, S, False) == shared(D) + 4 * H * (CC_TILES + 1) * C
-    # the tuned shapes: the intra stage is the larger
-    D, S = 64, 1024
-    intra = H * (3 * D * 2 + 4 * C + 4 * D) + H * (S // (2 * C)) * 64 * 2
-    assert intra > 4 * H * (CC_TILES + 1) * C
-    assert tri_backward._phase2_bytes_per_token(H, D, C, S, False) == shared(D) + intra
+    for D, S, scan_bytes in ((16, 128, 2), (64, 1024, 2), (128, 1024, 4)):
+        shared = 4 * H * (C + 4 * D + C)
+        intra = H * (3 * D * scan_bytes + 4 * C + 4 * D) + H * (S // (2 * C)) * max(D, 64) * scan_bytes
+        assert tri_backward._phase2_bytes_per_token(H, D, C, S, False, scan_bytes=scan_bytes) == shared + intra
+        assert (tri_backward._phase2_bytes_per_token(H, D, C, S, True, scan_bytes=scan_bytes)
+                == shared + intra + 4 * H * 2 * D * D // C)
 
 
 # ----------------------------------------------------------------------------- blocked super-chunk chain kernels

@@ -191,8 +191,7 @@ def test_kernel_compiles_and_fits_sm90_d256(compiled, name):
 WGMMA_ONLY = ("ut_fused_kernel", "ut_recompute_kernel", "ut_chunk_kernel", "ut_apply_kernel",
               "superchunk_transport_kernel", "scan_intra_kernel", "scan_inter_kernel",
               "bwd_prep_kernel", "bwd_inter_dq_kernel", "bwd_inter_dkv_kernel", "bwd_pair_transitions_kernel",
-              "bwd_intra_walk_kernel", "bwd_intra_walk_kernel#2", "bwd_intra_diag_kernel", "ut_bwd_chunk_kernel",
-              "ut_bwd_apply_kernel")
+              "bwd_intra_walk_kernel", "bwd_intra_walk_kernel#2", "bwd_intra_diag_kernel", "ut_bwd_kernel")
 
 
 @pytest.mark.parametrize("D", (64, 128))

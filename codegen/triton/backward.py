@@ -70,14 +70,7 @@ from .forward import (
 )
 from .launch import compiled
 from .params import TritonParams
-from .ut_bwd import (
-    CC_TILES,
-    UT_BWD_APPLY_WARPS,
-    UT_BWD_CHUNK_WARPS,
-    ut_bwd_apply_kernel,
-    ut_bwd_chunk_kernel,
-    ut_recompute_kernel,
-)
+from .ut_bwd import UT_BWD_WARPS, ut_bwd_kernel, ut_recompute_kernel
 
 GATE_GRAD_SPAN = 256    # tokens per program of gate_grad_kernel (H200, 32K tokens x 16 heads: 0.055 -> 0.039 ms)
 
@@ -323,13 +316,12 @@ def _phase2_bytes_per_token(H: int, D: int, C: int, S: int, multi: bool, HQ: int
     dK~, dW, dU, dK (D wide) and the transport's states and their gradients per kv head; u, K~ and w's copy
     in the scan dtype, dM (C wide, float32) and the float32 copy of dV's rows (DV wide, default D) per kv
     head, and per query head (HQ, default H) bwd_intra's chain states (S // (2C) slots of its 64-or-wider
-    tiles, scan dtype).  The UT backward's C x C tiles (CC_TILES x C float32 per kv head) live with m after
-    u, K~, w's copy, dV's rows and the chain states are freed: they count where they are larger."""
+    tiles, scan dtype).  The UT backward allocates nothing of its own (its C x C tiles live in registers)."""
     BD = padded_dim(D)
     per_head = C + 4 * D + C + (2 * BD * BD // C if multi else 0)
     states = (HQ or H) * (S // (2 * C)) * max(BD, 64) * scan_bytes
     intra = H * (3 * D * scan_bytes + 4 * C + 4 * (DV or D)) + states
-    return 4 * H * per_head + max(intra, 4 * H * (CC_TILES + 1) * C)
+    return 4 * H * per_head + intra
 
 
 def _range_count(tb: SequenceTables, N: int, H: int, HQ: int, D: int, params: TritonParams,
@@ -652,21 +644,14 @@ def path_attention_bwd(
             if b == N:      # the last range: the state's u, K~, m are dead
                 state.u = state.kt = state.m = state.wd = None
             _, _, m, amat, _ = ut_recompute(kt_in[r], wt[r], bt[r], tr, H, D, C, params, range_dtype, write_uk=False)
-        # 7. the UT backward: C x C gradients per chunk, then dw, dk per column block
-        cc = torch.empty(nr, H, CC_TILES, C, **f32)
-        udb = min(BD, UT_COLUMN_BLOCK)
-        uk = dict(H=H, D=D, DB=udb, C=C, GP=params.ut_grad_precision, num_stages=1)
-        compiled(ut_bwd_chunk_kernel)[(tr.n_chunks, H)](
-            wt[r], bt[r], kt_in[r], du, dkt, dm, amat, cc, dbeta[r],
+        # 7. the UT backward, one program per chunk and kv head: dbeta, then dw, dk per column block
+        compiled(ut_bwd_kernel)[(tr.n_chunks, H)](
+            wt[r], bt[r], kt_in[r], du, dkt, dm, dw_acc, dk_acc, amat, m, dw[r], dk[r], dbeta[r],
             tr.chunk_tok0, tr.chunk_seq, tr.seq_end,
-            BD=BD, BETA_MAX=params.beta_max, UP=params.ut_precision, num_warps=UT_BWD_CHUNK_WARPS, **uk,
+            H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
+            GP=params.ut_grad_precision, num_warps=UT_BWD_WARPS, num_stages=1,
         )
-        del dm
-        compiled(ut_bwd_apply_kernel)[(tr.n_chunks, H, BD // udb)](
-            wt[r], kt_in[r], du, dkt, dw_acc, dk_acc, amat, m, cc, dw[r], dk[r],
-            tr.chunk_tok0, tr.chunk_seq, tr.seq_end, num_warps=UT_BWD_APPLY_WARPS, **uk,
-        )
-        del cc, amat, m, dkt, dw_acc, du, dk_acc
+        del dm, amat, m, dkt, dw_acc, du, dk_acc
     del dy, delta
     if multi:
         del dkj, dwhat
@@ -689,7 +674,7 @@ def fused_ut_recompute(BD: int) -> bool:
 def ut_recompute(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, params: TritonParams,
                  out_dtype: torch.dtype, write_uk: bool = True):
     """The UT stage of a token range for the backward: (u, K~, m, A, w copy).  u, K~ in ``out_dtype`` ([N, H, D];
-    None without ``write_uk``), m and A ([N, H, C] float32; A for ``ut_bwd_chunk_kernel``), and w in a 16-bit
+    None without ``write_uk``), m and A ([N, H, C] float32; A for ``ut_bwd_kernel``), and w in a 16-bit
     ``out_dtype`` (None otherwise, and without ``write_uk``).
 
     One launch (``ut_recompute_kernel``, where ``fused_ut_recompute``), in the operations of the forward's fused

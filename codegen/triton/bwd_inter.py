@@ -117,31 +117,27 @@ def bwd_inter_dq_kernel(
             dpair = d[:, None] * BD + d[None, :]
             ymask = rmask[:, None] & dmask
             Yd = Y.to(DT)
-            if USE_GATE:
-                # each super-chunk's share added into the program's own rows of dy (stored at the first,
-                # read-modify-written after) instead of a C x BD float32 dY live through every key step, where
-                # the gated step's tiles peak: offline sm_90 at D 128 the gated kernel spills 108 B per thread
-                # instead of 472 (none in the key loop); H100 0.91-0.95x its time.  Without the gate the
-                # register tile costs less than the round trips (the in-memory form 1.11-1.13x there).
-                for step in range(0, sc_idx):
-                    jj = sc_idx - 1 - step
-                    om_base = om_ptr + ((pair_base + sc_idx * n_sc_seq + jj) * H + h) * BD * BD
-                    Zd = mm(Yd, tl.load(om_base + dpair).to(DT), INTERP).to(DT)
-                    dZ = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, s0 + jj * S, h, qk_scale, gate_scale,
-                                  H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP)
-                    upd = mm(dZ.to(DT), tl.trans(tl.load(om_base + dpair).to(DT)), INTERP) * scale
+            # with the gate each super-chunk's share is added into the program's own rows of dy (stored at the
+            # first, read-modify-written after) instead of a C x BD float32 dY live through every key step, where
+            # the gated step's tiles peak: offline sm_90 at D 128 the gated kernel spills 108 B per thread
+            # instead of 472 (none in the key loop); H100 0.91-0.95x its time.  Without the gate the register
+            # tile costs less than the round trips (the in-memory form 1.11-1.13x there).
+            dY = tl.zeros((C, BD), dtype=tl.float32)
+            for step in range(0, sc_idx):
+                jj = sc_idx - 1 - step
+                om_base = om_ptr + ((pair_base + sc_idx * n_sc_seq + jj) * H + h) * BD * BD
+                Zd = mm(Yd, tl.load(om_base + dpair).to(DT), INTERP).to(DT)
+                dZ = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, s0 + jj * S, h, qk_scale, gate_scale,
+                              H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP)
+                upd = mm(dZ.to(DT), tl.trans(tl.load(om_base + dpair).to(DT)), INTERP)
+                if USE_GATE:
+                    upd = upd * scale
                     if step > 0:
                         upd += tl.load(dy_ptr + qoff, mask=ymask, other=0.0)
                     tl.store(dy_ptr + qoff, upd, mask=ymask)
-            else:
-                dY = tl.zeros((C, BD), dtype=tl.float32)
-                for step in range(0, sc_idx):
-                    jj = sc_idx - 1 - step
-                    om_base = om_ptr + ((pair_base + sc_idx * n_sc_seq + jj) * H + h) * BD * BD
-                    Zd = mm(Yd, tl.load(om_base + dpair).to(DT), INTERP).to(DT)
-                    dZ = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, s0 + jj * S, h, qk_scale, gate_scale,
-                                  H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP)
-                    dY += mm(dZ.to(DT), tl.trans(tl.load(om_base + dpair).to(DT)), INTERP)
+                else:
+                    dY += upd
+            if not USE_GATE:
                 tl.store(dy_ptr + qoff, dY * scale, mask=ymask)
         else:
             pair_base = tl.load(seq_pair_base + sid)

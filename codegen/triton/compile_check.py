@@ -240,13 +240,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .scan_fwd import scan_inter_kernel, scan_intra_kernel
     from .transport import superchunk_transport_kernel
     from .ut import ut_apply_kernel, ut_chunk_kernel, ut_diag_inverse_kernel, ut_fused_kernel
-    from .ut_bwd import (
-        UT_BWD_APPLY_WARPS,
-        UT_BWD_CHUNK_WARPS,
-        ut_bwd_apply_kernel,
-        ut_bwd_chunk_kernel,
-        ut_recompute_kernel,
-    )
+    from .ut_bwd import UT_BWD_WARPS, ut_bwd_kernel, ut_recompute_kernel
 
     io = f"*{dtype}"
     scan = {tl.float16: "*fp16", tl.bfloat16: "*bf16", tl.float32: "*fp32"}[params.scan_dtype]
@@ -365,10 +359,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (bwd_intra_walk_kernel, dict(range_sig, u_ptr=_PTR_F32, kt_ptr=_PTR_F32, w_ptr=_PTR_F32),
          intra, params.bwd_num_warps, intra_walk_stages(BD, 4)),
         (bwd_intra_diag_kernel, range_sig, intra, params.bwd_num_warps, 1),
-        (ut_bwd_chunk_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
-                                           UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_CHUNK_WARPS, 1),
-        (ut_bwd_apply_kernel, ut_sig, dict(H=H, D=D, DB=min(BD, UT_COLUMN_BLOCK), C=C, GP=params.ut_grad_precision),
-         UT_BWD_APPLY_WARPS, 1),
+        (ut_bwd_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
+                                     UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_WARPS, 1),
     ]
 
 

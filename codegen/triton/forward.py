@@ -190,7 +190,7 @@ def ut_forward(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, pa
                out_dtype: torch.dtype = torch.float32, write_w: bool = False, keep_a: bool = False):
     """Stage ut_inverse over the chunks of ``tables`` in three launches: u, K~ ([N, H, D], ``out_dtype``),
     m ([N, H, C], float32), with ``keep_a`` A ([N, H, C] float32, which the backward's
-    ``ut_bwd_chunk_kernel`` reads; else None) and, with ``write_w``, w in ``out_dtype`` (else None).
+    ``ut_bwd_kernel`` reads; else None) and, with ``write_w``, w in ``out_dtype`` (else None).
 
     The token-major inputs may be a token range of a longer stream (``tables`` rebased to it).
     """
