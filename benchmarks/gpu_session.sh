@@ -48,6 +48,8 @@
 #   fwdprobe [300]  benchmarks/fwd_probe.py $FWDPROBE_ARGS: the forward vs SDPA / fla, per-kernel profile, knob variants
 #   kprobe [150]    benchmarks/dev_kernel_probe.py $KPROBE_ARGS: single launches of one fwd+bwd timed next to
 #                   variants of their kernels (warps, precision, an older bwd_intra file)
+#   precprobe [200] benchmarks/precision_probe.py $PRECPROBE_ARGS: the accuracy gate's errors and fwd+bwd time with the
+#                   UT stage at tf32x3, tf32, and tf32 with one group of its products at tf32x3
 #   noise [200]     benchmarks/timing_noise.py $NOISE_ARGS: one fwd+bwd of the public call timed in repeated trials of
 #                   fresh allocations (the tuner's way), to see whether and where a trial's time moves
 #   ncu [150]       Nsight Compute over benchmarks/ncu_step.py $NCUSTEP_ARGS (default --D 128 --T 4096: two fwd+bwd
@@ -281,6 +283,8 @@ run_steps() {  # the steps of one lane, in order, with S set
                            --out "$S/scan_probe.json" ;;
             fwdprobe) run_step fwdprobe "${secs:-300}" env OUT="$S" python3 "$REPO/benchmarks/fwd_probe.py" ${FWDPROBE_ARGS:-} ;;
             kprobe) run_step kprobe "${secs:-150}" env OUT="$S" python3 "$REPO/benchmarks/dev_kernel_probe.py" ${KPROBE_ARGS:-} ;;
+            precprobe) run_step precprobe "${secs:-200}" env OUT="$S" python3 "$REPO/benchmarks/precision_probe.py" \
+                       ${PRECPROBE_ARGS:-} ;;
             noise) run_step noise "${secs:-200}" env OUT="$S" python3 "$REPO/benchmarks/timing_noise.py" ${NOISE_ARGS:-} ;;
             ncu) run_step ncu "${secs:-150}" ncu --kernel-name "regex:${NCU_KERNELS:-bwd_intra_diag}" \
                      --launch-skip "${NCU_SKIP:-8}" --launch-count "${NCU_COUNT:-1}" \

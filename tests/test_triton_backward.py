@@ -839,6 +839,21 @@ def test_kernel_probe_gate_parts_still_apply(monkeypatch):
         assert kernel.arg_names == tri_backward.bwd_inter_dkv_kernel.arg_names, tag
 
 
+def test_precision_probe_variants_still_apply(monkeypatch):
+    """benchmarks/precision_probe.py's variants (one group of UT products at tf32x3, the diagonal tile's Q W^T M on
+    fp16 operands) are text replacements of this tree's ut.py / ut_bwd.py / bwd_intra.py: each must still find its
+    text and build a kernel with the shipped one's arguments, and each must change the kernel's code."""
+    from repo_scripts import load_benchmark_script
+
+    probe = load_benchmark_script(monkeypatch, "benchmarks/precision_probe.py")
+    for name, parts in probe.VARIANTS.items():
+        for module, launcher, kernel, edits in parts:
+            src = probe.module_source(module)
+            built = probe.load_variant(src, kernel, f"test_precision_{name}_{kernel}", edits)
+            assert built.arg_names == getattr(launcher, kernel).arg_names, (name, kernel)
+            assert all(new not in src for _old, new in edits), (name, kernel)
+
+
 @pytest.mark.parametrize("rows", [16])
 def test_transport_backward_at_fewer_rows_per_program(monkeypatch, spy_launches, rows):
     """The transport backward's two kernels take any power-of-two ROWS >= 16 (rows of the suffix product per
