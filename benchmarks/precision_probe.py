@@ -60,6 +60,9 @@ VARIANTS = {
                      "s = mm(Q, tl.trans(K), INTERP) - mm(QW.to(tl.float16), M.to(tl.float16), INTERP)")])],
 }
 
+LABELS = {"inverse": "the inverse's merges at tf32x3", "m": "M at tf32x3", "tinv": "the backward's T^-1 at tf32x3",
+          "diag_fp16": "the backward's diagonal Q W^T M on fp16 operands"}
+
 
 def emit(row):
     print(json.dumps(row), flush=True)
@@ -96,7 +99,7 @@ def run_case(D: int, H: int, T: int, gate: bool, variants: list[str]) -> None:
             o = path_attention_triton(*xs[:5], xs[5] if gate else None, config=params)[0]
             return torch.autograd.grad(o, xs, do)
 
-        label = f"ut_precision {up}" + (f", {variant} at tf32x3" if variant else "")
+        label = f"ut_precision {up}" + (f", {LABELS[variant]}" if variant else "")
         try:
             with variant_context(variant, f"{variant}_{D}_{int(gate)}") if variant else contextlib.nullcontext():
                 errors = oracle_errors(run, gate_xs, backward=True, heads=oracle_kv_heads(H, 2), seed=12)
