@@ -353,6 +353,25 @@ def test_last_superchunk_transition_is_zero_and_backward_warns_nothing():
 
 # ----------------------------------------------------------------------------- lse as an output
 
+@pytest.mark.parametrize("S,bound", [(128, 1e-5), (32, 2e-3)], ids=["one-superchunk", "superchunks-of-32"])
+def test_gate_grad_vanishes_at_every_sequence_start(S, bound):
+    """g at a sequence's first token enters every row's cumsum c alike, so the logits' biases c_i - c_j never see
+    it: its exact gradient is 0.  dg there is the sum of dc over the whole sequence, row sums of dS minus column
+    sums, which cancel only as far as both sides come from the same computed dS.  Inside a super-chunk they do
+    (the walk and the diagonal tile add both sides of every dS tile they form: 1.3e-7 of max |dg| in the first
+    case); a query side taken as d lse, which the row sums equal in exact arithmetic, leaves the rounding error
+    of the fp16 output in delta summed over the sequence (8.4e-4 there, 7.9e-4 in the second case).  Across
+    super-chunks the key side comes from bwd_inter_dkv's own recomputation of dS, so the two sides agree to its
+    16-bit rounding only (3.5e-4).  Varlen with a one-token sequence, GQA, fp16, UT chunks of 16."""
+    lens = (70, 1, 97)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    inputs, do = make_inputs(420, T=sum(lens), HQ=4, H=2, gate=True, dtype=F16)
+    dg = kernel_grads(inputs, do, params(F16, superchunk_size=S), cu_seqlens=cu)[5].to(F64)[0]       # [T, HQ]
+    worst = (dg[cu[:-1].long()].abs().max() / dg.abs().max()).item()
+    print(f"|dg| at the sequence starts / max |dg|: {worst:.2e}")
+    assert worst < bound, f"dg at the sequence starts is {worst:.2e} of max |dg| (0 in exact arithmetic)"
+
+
 def test_backward_through_lse():
     """A loss that uses lse: either its gradients match the oracle or backward refuses loudly."""
     inputs, do = make_inputs(390, T=64, gate=True)

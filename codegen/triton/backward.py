@@ -1,12 +1,11 @@
 """Host side of the Triton backward: seven stages, every buffer O(T) per head.
 
 Order (each stage only reads what earlier ones wrote):
-  1. bwd_prep          Y (queries at their super-chunk start), delta = rowsum(dO * O) - dlse, and the
-                       query side of dc (dlse: a query row's dS sums to it)
+  1. bwd_prep          Y (queries at their super-chunk start), delta = rowsum(dO * O) - dlse
   3. bwd_inter_dkv     dKJ, inter part of dV, dOm per super-chunk pair, key side of dc
   4. superchunk chain  dWhat from dOm (``superchunk_chain``: one kernel per sequence up to padded
                        head dim 64, two blocked kernels per super-chunk above)
-  2. bwd_inter_dq      dY from all earlier super-chunks (after 3-4: dOm is
+  2. bwd_inter_dq      dY and the query side of dc from all earlier super-chunks (after 3-4: dOm is
                        freed before dY is allocated; wide head dims, padded D above 128: 3 and 2
                        run column-blocked on every pair's Om_{I,J}, computed before 3 by
                        ``superchunk_pairs`` (one kernel), as large as dOm, freed after 2)
@@ -14,7 +13,7 @@ Order (each stage only reads what earlier ones wrote):
                        per-chunk kernel summing their products)
   6. bwd_intra         dq (final) and the chunk-level dK~, dU, dW, dM, dK, dV, dc inside super-chunks
                        (two kernels: the walk over earlier chunks, then the diagonal tile)
-  7. ut_bwd            dw, dk, dbeta through the UT transform (C x C chunk kernel, then per column block)
+  7. ut_bwd            dw, dk, dbeta through the UT transform (one kernel: the C x C tiles, then per column block)
 then dg = reverse cumsum of dc per sequence (``gate_grad_kernel``).  Stages 5-7 only touch rows of
 one super-chunk; on long inputs they run per token range of super-chunks (see
 ``path_attention_bwd``), which bounds the extra peak memory (``benchmarks/memory_probe.py``: 0.91
@@ -523,9 +522,9 @@ def path_attention_bwd(
     delta, dc = _zeros([(N, HQ), (HQ, N)], torch.float32, dev)
     dlse_t = _tokens(dlse).float() if dlse is not None else delta
     compiled(bwd_prep_kernel)[(tb.n_chunks * HQ,)](     # query heads fastest (_ops.chunk_and_head)
-        qt, wt, state.u if chain else wt, ot, dot_, dlse_t, y if chain else delta, delta, dc,
-        tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, gate_nat, N,
-        INTERP=interp, HAS_DLSE=dlse is not None, USE_GATE=use_gate, CHAIN=chain, num_warps=params.bwd_num_warps,
+        qt, wt, state.u if chain else wt, ot, dot_, dlse_t, y if chain else delta, delta,
+        tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end,
+        INTERP=interp, HAS_DLSE=dlse is not None, CHAIN=chain, num_warps=params.bwd_num_warps,
         num_stages=1, **common,
     )
     del dlse_t
@@ -570,9 +569,9 @@ def path_attention_bwd(
         dy = _carve([(N, HQ, D)], torch.float32, dev, zero=DB < BD)[0]
         z = torch.empty(N, HQ, D, device=dev, dtype=y.dtype) if DB < BD else dy
         compiled(bwd_inter_dq_kernel)[(tb.n_chunks, HQ)](
-            y, state.kj, vt, gc, dot_, lset, delta, dy, om, z,
+            y, state.kj, vt, gc, dot_, lset, delta, dy, om, z, dc,
             tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
-            tb.n_chunks, qk_scale, gate_scale, scale, N,
+            tb.n_chunks, qk_scale, gate_scale, scale, gate_nat, N,
             BLOCK_N=BN, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
             num_warps=params.bwd_inter_num_warps, num_stages=params.bwd_num_stages, **common,
         )

@@ -49,14 +49,17 @@ from .bwd_chain import _chain_prologue
 def _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, key0, h, qk_scale, gate_scale,
              H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
              S: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr):
-    """dZ = dS KJ of the program's queries (Zd: carried into the frame of the earlier super-chunk whose S keys
-    start at token key0) over those keys, BLOCK_N a step: the float32 C x BD tile of that super-chunk."""
+    """(dZ, dS row sums): dZ = dS KJ of the program's queries (Zd: carried into the frame of the earlier
+    super-chunk whose S keys start at token key0) over those keys, BLOCK_N a step: the float32 C x BD tile of
+    that super-chunk; with the gate also each query row's sum of dS over those keys (the query side of dc),
+    else zeros."""
     d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
     rn = tl.arange(0, BLOCK_N)
     dmask = (d < D)[None, :]
     dvmask = (dv < DV)[None, :]
     dZ = tl.zeros((C, BD), dtype=tl.float32)
+    rs = tl.zeros((C,), dtype=tl.float32)
     for t0 in range(0, S, BLOCK_N):
         krows = (key0 + t0 + rn).to(tl.int64)
         KJ = tl.load(kj_ptr + (krows[:, None] * H + h) * D + d[None, :], mask=dmask, other=0.0).to(DT)
@@ -67,16 +70,18 @@ def _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, key0, h, qk_scale, gate_s
         p = tl.exp2(s - lse2[:, None])
         dp = mm(dO, tl.trans(Vt), INTERP)
         ds = p * (dp - delta[:, None])
+        if USE_GATE:
+            rs += tl.sum(ds, axis=1)
         dZ += mm(ds.to(DT), KJ, INTERP)
-    return dZ
+    return dZ, rs
 
 
 @triton.jit
 def bwd_inter_dq_kernel(
     y_ptr, kj_ptr, v_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
-    dy_ptr, om_ptr, z_ptr,
+    dy_ptr, om_ptr, z_ptr, dc_ptr,
     chunk_tok0, chunk_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
-    n_chunks, qk_scale, gate_scale, scale, gc_hs,
+    n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
@@ -85,8 +90,9 @@ def bwd_inter_dq_kernel(
     # DB < BD: z_ptr [N, HQ, D] (scan dtype) is the scratch of Z = Y Om for this program's rows and
     # dy (zero-filled) accumulates in place; DB == BD: z_ptr unused, and every row of dy is stored here
     # (zeros in a sequence's first super-chunk: the launcher does not memset it).
-    # gc_ptr [HQ, gc_hs] float32 head-major: a head's gates contiguous.  No gate gradient here: a query
-    # row's sum of dS over its keys is d lse_i (bwd_prep_kernel stores it), the key side is bwd_inter_dkv's.
+    # gc_ptr, dc_ptr [HQ, gc_hs] float32 head-major: a head's gates contiguous.  With the gate the program adds
+    # its query rows' sums of dS over every earlier super-chunk's keys to dc (the query side; the key side is
+    # bwd_inter_dkv's, which ran before: no other program of this launch touches these rows of dc).
     n = n_chunks - 1 - tl.program_id(0)
     hq = tl.program_id(1)
     h = hq // (HQ // H)
@@ -123,12 +129,14 @@ def bwd_inter_dq_kernel(
             # instead of 472 (none in the key loop); H100 0.91-0.95x its time.  Without the gate the register
             # tile costs less than the round trips (the in-memory form 1.11-1.13x there).
             dY = tl.zeros((C, BD), dtype=tl.float32)
+            rs = tl.zeros((C,), dtype=tl.float32)
             for step in range(0, sc_idx):
                 jj = sc_idx - 1 - step
                 om_base = om_ptr + ((pair_base + sc_idx * n_sc_seq + jj) * H + h) * BD * BD
                 Zd = mm(Yd, tl.load(om_base + dpair).to(DT), INTERP).to(DT)
-                dZ = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, s0 + jj * S, h, qk_scale, gate_scale,
-                              H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP)
+                dZ, rs_j = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, s0 + jj * S, h, qk_scale, gate_scale,
+                                    H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP)
+                rs += rs_j
                 upd = mm(dZ.to(DT), tl.trans(tl.load(om_base + dpair).to(DT)), INTERP)
                 if USE_GATE:
                     upd = upd * scale
@@ -140,6 +148,7 @@ def bwd_inter_dq_kernel(
             if not USE_GATE:
                 tl.store(dy_ptr + qoff, dY * scale, mask=ymask)
         else:
+            rs = tl.zeros((C,), dtype=tl.float32)
             pair_base = tl.load(seq_pair_base + sid)
             n_sc_seq = (send - s0 + S - 1) // S
             qrow = (rows * HQ + hq) * D
@@ -155,8 +164,9 @@ def bwd_inter_dq_kernel(
                                  mask=rmask[:, None] & (e < D)[None, :])
                 tl.debug_barrier()
                 Zd = tl.load(z_ptr + qoff, mask=rmask[:, None] & dmask, other=0.0)
-                dZ = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, s0 + jj * S, h, qk_scale, gate_scale,
-                              H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP)
+                dZ, rs_j = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, s0 + jj * S, h, qk_scale, gate_scale,
+                                    H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP)
+                rs += rs_j
                 for cb in tl.static_range(BD // DB):
                     if cb * DB < D:
                         e = cb * DB + tl.arange(0, DB)
@@ -165,6 +175,9 @@ def bwd_inter_dq_kernel(
                         ymask = rmask[:, None] & (e < D)[None, :]
                         upd = tl.dot(dZ, tl.trans(OmR), input_precision=TP) * scale
                         tl.store(yptr, tl.load(yptr, mask=ymask, other=0.0) + upd, mask=ymask)
+        if USE_GATE:
+            dcq = dc_ptr + hq.to(tl.int64) * gc_hs + rows
+            tl.store(dcq, tl.load(dcq, mask=rmask, other=0.0) + rs * gate_nat, mask=rmask)
     elif DB == BD:  # a sequence's first super-chunk has no earlier keys: dY = 0 (dy is not memset at DB == BD)
         r0 = tl.arange(0, C)
         d0 = tl.arange(0, BD)

@@ -3,10 +3,9 @@
 Computes delta = rowsum(dO * O) - dlse, the FlashAttention softmax-gradient term (dlse: the gradient of the
 returned log-sum-exp, when the loss uses it), and with CHAIN recomputes Y_c, the chunk's queries carried to
 the START of their super-chunk (Y = Q~_c P_{c-1} ... P_first, exactly the scan state when the forward leaves
-the super-chunk; without CHAIN the backward reads the forward's own, or needs none).  With the gate, dlse is
-also the query side of dc: sum_j dS_ij = rowsum(P (dP - delta)) = d lse_i for every query row (softmax rows
-are shift invariant), so the backward's other kernels add only the key side and this kernel stores
-dc_i = d lse_i (x gate_nat) into the zeroed dc before them.
+the super-chunk; without CHAIN the backward reads the forward's own, or needs none).  The gate gradient dc
+is not touched here: both of its sides are sums of the dS tiles the later kernels compute (see
+``backward.py``).
 """
 from __future__ import annotations
 
@@ -19,12 +18,11 @@ from ._ops import chunk_and_head, mm, tile_of
 @triton.jit
 def bwd_prep_kernel(
     q_ptr, w_ptr, u_ptr, o_ptr, do_ptr, dlse_ptr,
-    y_ptr, delta_ptr, dc_ptr,
-    chunk_tok0, chunk_seq, seq_start, seq_end, gate_nat, dc_hs,
+    y_ptr, delta_ptr,
+    chunk_tok0, chunk_seq, seq_start, seq_end,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
-    DT: tl.constexpr, INTERP: tl.constexpr, HAS_DLSE: tl.constexpr, USE_GATE: tl.constexpr,
-    CHAIN: tl.constexpr = True,
+    DT: tl.constexpr, INTERP: tl.constexpr, HAS_DLSE: tl.constexpr, CHAIN: tl.constexpr = True,
 ):
     n, hq = chunk_and_head(HQ)
     h = hq // (HQ // H)
@@ -46,8 +44,6 @@ def bwd_prep_kernel(
         # d lse_i / d S_ij = p_ij, so a gradient on lse enters dS = p (dp - delta) as -dlse in delta
         dlse = tl.load(dlse_ptr + rows * HQ + hq, mask=rmask, other=0.0)
         delta -= dlse
-        if USE_GATE:    # dc [HQ, dc_hs] head-major: the query side of every row's gate gradient
-            tl.store(dc_ptr + hq.to(tl.int64) * dc_hs + rows, dlse * gate_nat, mask=rmask)
     tl.store(delta_ptr + rows * HQ + hq, delta, mask=rmask)
     if CHAIN:
         _queries_at_superchunk_start(q_ptr, w_ptr, u_ptr, y_ptr, rows, rmask, hq, h, c_idx, first, s0,

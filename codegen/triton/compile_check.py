@@ -326,7 +326,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
                                                 BLOCK_M=query_block(params), BLOCK_N=params.block_n, DB=DB, **flags),
          params.inter_num_warps, params.num_stages),
         # with its query chain (the backward's own Y: bwd_forward_state recompute)
-        (bwd_prep_kernel, sig, dict(common, INTERP=False, HAS_DLSE=True, USE_GATE=gate, CHAIN=True),
+        (bwd_prep_kernel, sig, dict(common, INTERP=False, HAS_DLSE=True, CHAIN=True),
          params.bwd_num_warps, 1),
         (bwd_inter_dq_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags),
          params.bwd_inter_num_warps, params.bwd_num_stages),
