@@ -15,19 +15,28 @@ by text replacements of ut.py / ut_bwd.py swapped into the launchers (``kernel_v
   are the forward's.
 
     python benchmarks/precision_probe.py [--D 128] [--gates 1] [--T 4096] [--variants inverse,m,tinv,diag_fp16]
+    python benchmarks/precision_probe.py --cpu [--seeds 11,13] ...     # no GPU: the gate only, ~2 min a case
 
 JSON rows on stdout and in $OUT/precision_probe.json: the errors of o and every gradient, each over its tolerance
-flagged, and ms.
+flagged, and ms.  ``--cpu`` runs the gate in Triton's interpreter with the GPU's roundings
+(``gpu_roundings.py``: bf16 casts to nearest even, one-pass tf32 products on truncated operands) and times
+nothing; ``--seeds`` draws the gate's inputs from other seeds too (the tuner's is 11): dg's error moves by 2-3x
+between input draws.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
+import sys
 
-import torch
-import triton
+if "--cpu" in sys.argv:     # before the kernels are imported: Triton picks interpreter or compiler then
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
 from kernel_variants import load_variant, module_source, swapped  # noqa: E402  (benchmarks/ is the script's folder)
 
 import pathtune.codegen.triton.backward as bwd_mod
@@ -37,6 +46,7 @@ import pathtune.codegen.triton.ut as ut_mod
 import pathtune.codegen.triton.ut_bwd as ut_bwd_mod
 from pathtune.codegen.triton import path_attention_triton
 from pathtune.specs import load_spec
+from pathtune.tuning import measure
 from pathtune.tuning.bench import make_inputs
 from pathtune.tuning.measure import oracle_errors, oracle_kv_heads, over_tolerance, triton_params
 
@@ -80,34 +90,54 @@ def variant_context(name: str, tag: str):
     return stack
 
 
-def run_case(D: int, H: int, T: int, gate: bool, variants: list[str]) -> None:
+def run_case(D: int, H: int, T: int, gate: bool, variants: list[str], *, device: str, seeds: list[int]) -> None:
+    """The gate's errors on the inputs of each seed and, on a GPU, one fwd+bwd's time, per case."""
     tol = load_spec().numerics.accuracy.tolerances
-    gate_xs = make_inputs(1, GATE_TOKENS, H, H, D, D, gate, device="cuda", seed=11, dtype=torch.bfloat16)
-    B = 32768 // T
-    xs = [x.requires_grad_() for x in make_inputs(B, T, H, H, D, D, gate, device="cuda", seed=0,
-                                                  dtype=torch.bfloat16) if x is not None]
-    do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-    base = dict(D=D, H=H, T=T, gate=gate)
+    timed = device == "cuda"
+    if timed:
+        B = 32768 // T
+        xs = [x.requires_grad_() for x in make_inputs(B, T, H, H, D, D, gate, device=device, seed=0,
+                                                      dtype=torch.bfloat16) if x is not None]
+        do = torch.randn(B, T, H, D, device=device, dtype=torch.bfloat16)
     cases = [("tf32x3", None), ("tf32", None)] + [("tf32", v) for v in variants]
-    for up, variant in cases:
-        params = triton_params({"ut_precision": up}, D, D, "bwd")
+    for seed in seeds:
+        gate_xs = make_inputs(1, GATE_TOKENS, H, H, D, D, gate, device=device, seed=seed, dtype=torch.bfloat16)
+        base = dict(D=D, H=H, T=T, gate=gate, gate_seed=seed, device=device)
+        for up, variant in cases:
+            params = triton_params({"ut_precision": up}, D, D, "bwd")
 
-        def run(q, k, v, w, beta, g, params=params):
-            return path_attention_triton(q, k, v, w, beta, g, config=params)[0]
+            def run(q, k, v, w, beta, g, params=params):
+                return path_attention_triton(q, k, v, w, beta, g, config=params)[0]
 
-        def step(params=params):
-            o = path_attention_triton(*xs[:5], xs[5] if gate else None, config=params)[0]
-            return torch.autograd.grad(o, xs, do)
+            def step(params=params):
+                o = path_attention_triton(*xs[:5], xs[5] if gate else None, config=params)[0]
+                return torch.autograd.grad(o, xs, do)
 
-        label = f"ut_precision {up}" + (f", {LABELS[variant]}" if variant else "")
-        try:
-            with variant_context(variant, f"{variant}_{D}_{int(gate)}") if variant else contextlib.nullcontext():
-                errors = oracle_errors(run, gate_xs, backward=True, heads=oracle_kv_heads(H, 2), seed=12)
-                ms = round(triton.testing.do_bench(step, warmup=3, rep=30, return_mode="median"), 3)
-            emit(dict(base, variant=label, ms=ms, errors={k: round(v, 5) for k, v in errors.items()},
-                      over_tolerance=over_tolerance(errors, tol)))
-        except Exception as exc:     # a variant that fails to build or launch is a result too
-            emit(dict(base, variant=label, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+            label = f"ut_precision {up}" + (f", {LABELS[variant]}" if variant else "")
+            try:
+                with variant_context(variant, f"{variant}_{D}_{int(gate)}") if variant else contextlib.nullcontext():
+                    errors = oracle_errors(run, gate_xs, backward=True, heads=oracle_kv_heads(H, 2), seed=12)
+                    ms = round(triton.testing.do_bench(step, warmup=3, rep=30, return_mode="median"), 3) \
+                        if timed else None
+                emit(dict(base, variant=label, ms=ms, errors={k: round(v, 5) for k, v in errors.items()},
+                          over_tolerance=over_tolerance(errors, tol)))
+            except Exception as exc:     # a variant that fails to build or launch is a result too
+                emit(dict(base, variant=label, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+
+
+def _oracle_once(oracle):
+    """``oracle`` (measure.oracle_by_kv_head) computed once per input set and heads: the cases of one draw share
+    it (on the CPU it is ~25 s of a case's ~2 min)."""
+    memo: dict = {}
+
+    @functools.wraps(oracle)
+    def once(xs, heads, do=None, **kw):
+        key = (tuple(id(x) for x in xs), tuple(heads), id(do) if do is None else do.sum().item())
+        if key not in memo:
+            memo.clear()
+            memo[key] = oracle(xs, heads, do, **kw)
+        return memo[key]
+    return once
 
 
 def main():
@@ -116,16 +146,30 @@ def main():
     ap.add_argument("--T", default="4096", help="sequence lengths of the timed fwd+bwd (B = 32768 / T)")
     ap.add_argument("--gates", default="1", help="1: PaTH-FoX, 0: PaTH (comma-separated)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--seeds", default="11", help="seeds of the gate's inputs (the tuner's: 11)")
+    ap.add_argument("--cpu", action="store_true", help="no GPU: the gate in the interpreter with the GPU's roundings")
     a = ap.parse_args()
     variants = [v for v in a.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variant(s) {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
-    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    if a.cpu:
+        import gpu_roundings  # benchmarks/ is the script's folder
+
+        gpu_roundings.install()
+        device = "cpu"
+        print("CPU interpreter with the GPU's roundings", torch.__version__, triton.__version__, flush=True)
+    elif not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU: run with --cpu for the gate's errors in the interpreter (nothing is timed)")
+    else:
+        device = "cuda"
+        print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    measure.oracle_by_kv_head = _oracle_once(measure.oracle_by_kv_head)
+    seeds = [int(x) for x in a.seeds.split(",")]
     for T in (int(x) for x in a.T.split(",")):
         for D in (int(x) for x in a.D.split(",")):
             for gate in (bool(int(x)) for x in a.gates.split(",")):
-                run_case(D, 16 if D <= 64 else 8, T, gate, variants)
+                run_case(D, 16 if D <= 64 else 8, T, gate, variants, device=device, seeds=seeds)
 
 
 if __name__ == "__main__":
