@@ -14,8 +14,9 @@ chunk of I (and every query head of a GQA group): they are added with atomics.  
 per super-chunk owned them without atomics but left the H200 with 512 serial programs at
 32K tokens: 12.9 ms, the largest cost of the backward at T=4096.)  Both sides of dc are sums of
 the same dS tiles: a key's column sums (atomics, as above) and a query row's row sums over its keys of this
-super-chunk (one atomic add per program, of the walk's and the diagonal tile's sums), so that the query
-rows' part of dg = sum over i >= l of (row sum - column sum) is exactly the cross-term sum of these dS values.
+super-chunk (one atomic vector add a walk step and one in the diagonal tile: summed in registers over the walk
+instead, offline sm_90 spilled 1328 B per thread at D 128 against 792), so that dg = sum over i >= l of
+(row sum - column sum) is exactly the cross-term sum of these dS values.
 (The query side as d lse_i, which the row sums equal in exact arithmetic, left dg the rounding error of o in
 delta summed over the rest of the sequence: 83 % of dg's error at D 128, T 2K.)
 """
