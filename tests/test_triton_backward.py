@@ -351,7 +351,7 @@ def test_last_superchunk_transition_is_zero_and_backward_warns_nothing():
     assert all(torch.isfinite(x).all() for x in grads)
 
 
-# ----------------------------------------------------------------------------- lse as an output
+# ----------------------------------------------------------------------------- the gate gradient's two sides
 
 @pytest.mark.parametrize("S,bound", [(128, 1e-5), (32, 2e-3)], ids=["one-superchunk", "superchunks-of-32"])
 def test_gate_grad_vanishes_at_every_sequence_start(S, bound):
@@ -371,6 +371,8 @@ def test_gate_grad_vanishes_at_every_sequence_start(S, bound):
     print(f"|dg| at the sequence starts / max |dg|: {worst:.2e}")
     assert worst < bound, f"dg at the sequence starts is {worst:.2e} of max |dg| (0 in exact arithmetic)"
 
+
+# ----------------------------------------------------------------------------- lse as an output
 
 def test_backward_through_lse():
     """A loss that uses lse: either its gradients match the oracle or backward refuses loudly."""
