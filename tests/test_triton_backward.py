@@ -1020,6 +1020,42 @@ def test_chunks_fastest_order_candidate(monkeypatch, dtype, ranged):
     assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
 
 
+@pytest.mark.parametrize("dtype,ranged,gate", [(F32, False, True), (F16, True, True), (F32, True, False)],
+                         ids=["fp32-one-range-fox", "fp16-ranged-fox", "fp32-ranged-path"])
+def test_walk_pairs_candidate(monkeypatch, dtype, ranged, gate):
+    """benchmarks/variants/walk_pairs.py (two query chunks per walk program, stacked into one tile) in the walk's
+    place: the shipped gradients up to rounding and the oracle's, over packed sequences whose super-chunks hold
+    four, three, two and one chunks with partial last chunks (pairs, a lone last chunk, a pair cut by the
+    sequence's end), GQA; swapped in as the kernel probe's ``e2e`` does (at the launch its ``LAUNCH_OPTIONS``
+    names).  Without the upper chain's extra step masked for the lower chain it is caught."""
+    from repo_scripts import load_benchmark_script
+
+    path = "benchmarks/variants/walk_pairs.py"
+    cand = _candidate(monkeypatch, path)
+    probe = load_benchmark_script(monkeypatch, "benchmarks/dev_kernel_probe.py")
+    swap = probe.launcher_kernels(path, tri_backward)
+    assert list(swap) == ["bwd_intra_walk_kernel"] and swap["bwd_intra_walk_kernel"].options == \
+        cand.LAUNCH_OPTIONS["bwd_intra_walk_kernel"]
+    lens = (90, 1, 79, 112)
+    inputs, do = make_inputs(631, B=1, T=sum(lens), HQ=4, H=2, dtype=dtype, gate=gate)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    p = params(dtype, superchunk_size=64)
+    _ranges(monkeypatch, ranged)
+    shipped = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", swap["bwd_intra_walk_kernel"])
+    got = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    for name, a, b in zip(NAMES, got, shipped):
+        if b is not None:
+            assert rel(a, b) < (1e-5 if dtype == F32 else 2e-3), (name, rel(a, b))
+    check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
+    kv = load_benchmark_script(monkeypatch, "benchmarks/kernel_variants.py")
+    mutant = kv.load_variant_module(kv.module_source(cand), "walk_pairs_unmasked",
+                                    [("    if LAST:\n", "    if False:\n")])
+    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", mutant.bwd_intra_walk_kernel)
+    bad = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+
+
 @pytest.mark.parametrize("ranged,varlen", [(False, True), (True, False)], ids=["one-range-varlen", "ranged-dense"])
 def test_transport_gradients_fill_their_unzeroed_buffers(monkeypatch, ranged, varlen):
     """dK~, dW, dU of a token range and dY are carved without a memset: the transport backward stores every row of
