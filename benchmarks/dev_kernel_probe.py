@@ -18,9 +18,7 @@ beside this tree's walk + diagonal kernels.  ``utbwd``: the UT backward's kernel
 (4 / 8) and, where it runs tf32x3, at tf32.  ``--intra-v2 FILE[,FILE]``: candidate modules with a
 ``bwd_intra_walk_kernel`` and / or ``bwd_intra_diag_kernel`` of this tree's signature, each timed on its
 kernel's captured arguments at the launch's warps and the other count (4 / 8) (``--old-intra``: a one-kernel
-file; one that still has ``xs_ptr`` gets it), and at the launch options a module's ``LAUNCH_OPTIONS`` dict names
-for the kernel (e.g. ``{"bwd_intra_walk_kernel": {"num_warps": 8, "num_stages": 1}}``, which ``e2e`` launches it
-with too); with ``prep``, their ``bwd_prep_kernel`` too.
+file; one that still has ``xs_ptr`` gets it); with ``prep``, their ``bwd_prep_kernel`` too.
 ``dkv`` with the gate: bwd_inter_dkv_kernel without the gate, with its key-side sums taken the other way
 (``backward.gate_sums_by_mma``), and with one half of the gate's work dropped (its key-side row sums, its logit
 bias; timing only).  ``--dkv-v2 FILE[,FILE]``: candidate modules with a ``bwd_inter_dkv_kernel`` of this tree's
@@ -54,15 +52,7 @@ import os
 import torch
 import triton
 from fwd_probe import host_ms  # noqa: E402  (the host time per call of queued calls)
-from kernel_variants import (  # noqa: E402  (benchmarks/ is the script's folder)
-    Capture,
-    FixedLaunch,
-    candidate_kernels,
-    load_candidate,
-    load_variant,
-    module_source,
-    swapped,
-)
+from kernel_variants import Capture, candidate_kernels, load_candidate, load_variant, module_source, swapped  # noqa: E402  (benchmarks/ is the script's folder)
 
 import pathtune.codegen.triton.backward as bwd_mod
 import pathtune.codegen.triton.bwd_inter as inter_mod
@@ -230,22 +220,17 @@ def run_case(D, H, T, gate, old_intra_src, only, intra_v2=(), dkv_v2=(), transpo
             emit(dict(base, kernel="bwd_intra", variant=f"candidate {os.path.basename(path)}",
                       ms=f"{type(exc).__name__}: {str(exc)[:200]}"))
             continue
-        own = candidate_kernels(path, ("LAUNCH_OPTIONS",)).get("LAUNCH_OPTIONS", {})
         for cap, name in ((ia, "bwd_intra_walk_kernel"), (ib, "bwd_intra_diag_kernel")):
             if name not in found:
                 continue
             cand = found[name]
             grid, args, kw = cap.calls[0]
-            # the launch's warps and the other count, and the launch the candidate names for itself
-            launches = [{"num_warps": nw} for nw in (kw["num_warps"], 8 if kw["num_warps"] == 4 else 4)]
-            launches += [own[name]] if name in own else []
-            for opts in launches:
+            for nw in (kw["num_warps"], 8 if kw["num_warps"] == 4 else 4):   # the launch's warps and the other
                 try:
-                    ms = time_launch(cand, grid, args, dict(kw, **opts))
+                    ms = time_launch(cand, grid, args, dict(kw, num_warps=nw))
                 except Exception as exc:   # a candidate that fails to launch is a result too
                     ms = f"{type(exc).__name__}: {str(exc)[:200]}"
-                label = ", ".join(f"{k.removeprefix('num_')} {v}" for k, v in opts.items())
-                emit(dict(base, kernel=name[:-7], variant=f"candidate {os.path.basename(path)} ({label})", ms=ms))
+                emit(dict(base, kernel=name[:-7], variant=f"candidate {os.path.basename(path)} (warps {nw})", ms=ms))
 
     # bwd_prep (the queries carried to their super-chunk start, delta, the gate's d lse): its warps, which the
     # bwd_num_warps knob shares with the bwd_intra kernels
@@ -395,12 +380,9 @@ def grad_differences(grads, shipped) -> dict:
 
 def launcher_kernels(path: str, module) -> dict:
     """{name: kernel} of the jitted kernels launcher ``module`` (forward.py / backward.py) calls that the candidate
-    module ``path`` defines too (``e2e``: swapped in together); a kernel its ``LAUNCH_OPTIONS`` names launches with
-    those options (warps, stages) instead of the launcher's."""
+    module ``path`` defines too (``e2e``: swapped in together)."""
     names = [name for name in dir(module) if name.endswith("_kernel") and not name.startswith("_")]
-    found = candidate_kernels(path, names + ["LAUNCH_OPTIONS"])
-    own = found.pop("LAUNCH_OPTIONS", {})
-    return {name: FixedLaunch(kernel, own[name]) if name in own else kernel for name, kernel in found.items()}
+    return candidate_kernels(path, names)
 
 
 def kept_state_e2e(base, xs, do, gate):

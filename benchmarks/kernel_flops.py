@@ -58,6 +58,9 @@ def kernel_flops(D: int, T: int, B: int, H: int, C: int = 64, S: int = 1024, BN:
     # bwd_intra: the walk (the states pass, ten products per (query chunk, earlier key chunk)) and the
     # diagonal tile's kernel
     f["bwd_intra_walk_kernel"] = H * n_chunk * (2 * cc + max(mean_ci - 1, 0) * 2 * cc + mean_ci * 10 * cc)
+    # the walk of two query chunks per program (bwd_walk_chunks 2) runs the same products on 2C-row tiles, plus, per
+    # pair, the lower chain's masked half at the upper chain's extra step (ten products) and transition (two)
+    f["bwd_intra_walk_pairs_kernel"] = f["bwd_intra_walk_kernel"] + H * (n_chunk / 2) * 12 * cc
     f["bwd_intra_diag_kernel"] = H * n_chunk * (10 * cc + 3 * c3)
     # UT backward (ut_bwd_kernel): W W^T, W K^T, W dK~^T, dU W^T; T^{-1} = I - A strictLower(W W^T), dL, dA, dT
     # (two), A and M read; then five C x C x D products for dW, dK.  Older profiles split it into a chunk kernel

@@ -141,20 +141,3 @@ class RegriddedKernel:
 
     def __getitem__(self, grid):
         return self.kernel[self.regrid(tuple(grid))]
-
-
-class FixedLaunch:
-    """A kernel that takes the shipped launcher's ``kernel[grid](...)`` and launches with the launch options
-    ``options`` (``num_warps``, ``num_stages``) over the launcher's: a candidate meant for another launch (its
-    module's ``LAUNCH_OPTIONS``); its other attributes are the kernel's."""
-
-    def __init__(self, kernel, options: dict) -> None:
-        self.kernel, self.options = kernel, dict(options)
-
-    def __getattr__(self, attr):
-        return getattr(self.kernel, attr)
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-        return lambda *args, **kw: launch(*args, **{**kw, **self.options})
-

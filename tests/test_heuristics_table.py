@@ -66,7 +66,7 @@ def test_heuristic_knobs_are_pinned(dims):
 # knobs that only one pass's params class holds (a pass-only knob keys that pass's source hash alone): the decode
 # pass's and the backward's, with their spec defaults
 DECODE_ONLY = {"decode_frame_bound": 0}
-BWD_ONLY = {"bwd_dkv_block_n": 0, "bwd_dkv_num_warps": 0}
+BWD_ONLY = {"bwd_dkv_block_n": 0, "bwd_dkv_num_warps": 0, "bwd_walk_chunks": 1}
 
 
 @pytest.mark.parametrize("dims", sorted(EXPECTED, key=lambda k: (k[0], k[1] or 0)), ids=str)

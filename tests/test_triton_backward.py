@@ -1022,38 +1022,47 @@ def test_chunks_fastest_order_candidate(monkeypatch, dtype, ranged):
 
 @pytest.mark.parametrize("dtype,ranged,gate", [(F32, False, True), (F16, True, True), (F32, True, False)],
                          ids=["fp32-one-range-fox", "fp16-ranged-fox", "fp32-ranged-path"])
-def test_walk_pairs_candidate(monkeypatch, dtype, ranged, gate):
-    """benchmarks/variants/walk_pairs.py (two query chunks per walk program, stacked into one tile) in the walk's
-    place: the shipped gradients up to rounding and the oracle's, over packed sequences whose super-chunks hold
-    four, three, two and one chunks with partial last chunks (pairs, a lone last chunk, a pair cut by the
-    sequence's end), GQA; swapped in as the kernel probe's ``e2e`` does (at the launch its ``LAUNCH_OPTIONS``
-    names).  Without the upper chain's extra step masked for the lower chain it is caught."""
+def test_walk_of_two_chunks_per_program(monkeypatch, spy_launches, dtype, ranged, gate):
+    """bwd_walk_chunks 2 (two query chunks per walk program, stacked into one tile): the gradients of one chunk per
+    program up to rounding, and the oracle's, over packed sequences whose super-chunks hold four, three, two and
+    one chunks with partial last chunks (pairs, a lone last chunk, a pair cut by the sequence's end), GQA; the
+    pairs kernel is what runs.  Without the upper chain's extra step masked for the lower chain it is caught."""
+    import pathtune.codegen.triton.bwd_intra as intra_mod
     from repo_scripts import load_benchmark_script
 
-    path = "benchmarks/variants/walk_pairs.py"
-    cand = _candidate(monkeypatch, path)
-    probe = load_benchmark_script(monkeypatch, "benchmarks/dev_kernel_probe.py")
-    swap = probe.launcher_kernels(path, tri_backward)
-    assert list(swap) == ["bwd_intra_walk_kernel"] and swap["bwd_intra_walk_kernel"].options == \
-        cand.LAUNCH_OPTIONS["bwd_intra_walk_kernel"]
     lens = (90, 1, 79, 112)
     inputs, do = make_inputs(631, B=1, T=sum(lens), HQ=4, H=2, dtype=dtype, gate=gate)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    p = params(dtype, superchunk_size=64)
     _ranges(monkeypatch, ranged)
-    shipped = kernel_grads(inputs, do, p, cu_seqlens=cu)
-    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", swap["bwd_intra_walk_kernel"])
+    shipped = kernel_grads(inputs, do, params(dtype, superchunk_size=64), cu_seqlens=cu)
+    p = params(dtype, superchunk_size=64, bwd_walk_chunks=2)
+    pairs = spy_launches(tri_backward, "bwd_intra_walk_pairs_kernel")
+    single = spy_launches(tri_backward, "bwd_intra_walk_kernel")
     got = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    assert pairs and not single, (pairs, single)
     for name, a, b in zip(NAMES, got, shipped):
         if b is not None:
             assert rel(a, b) < (1e-5 if dtype == F32 else 2e-3), (name, rel(a, b))
     check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
     kv = load_benchmark_script(monkeypatch, "benchmarks/kernel_variants.py")
-    mutant = kv.load_variant_module(kv.module_source(cand), "walk_pairs_unmasked",
-                                    [("    if LAST:\n", "    if False:\n")])
-    monkeypatch.setattr(tri_backward, "bwd_intra_walk_kernel", mutant.bwd_intra_walk_kernel)
+    mutant = kv.load_variant(kv.module_source(intra_mod), "bwd_intra_walk_pairs_kernel", "walk_pairs_unmasked",
+                             [("    if LAST:\n", "    if False:\n")])
+    monkeypatch.setattr(tri_backward, "bwd_intra_walk_pairs_kernel", mutant)
     bad = kernel_grads(inputs, do, p, cu_seqlens=cu)
     assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+
+
+def test_walk_launch_follows_the_knob():
+    """backward.intra_walk_launch: bwd_walk_chunks 2 runs the pairs walk on 8 warps and one stage up to padded head
+    dim 128 (whatever bwd_num_warps says), one chunk per program above it and at 1; params without the bwd knobs
+    take the spec default (1)."""
+    B = tri_backward
+    two = B.TritonBwdParams(bwd_walk_chunks=2, bwd_num_warps=4)
+    assert B.intra_walk_launch(two, 64, 2) == (B.bwd_intra_walk_pairs_kernel, 8, 1)
+    assert B.intra_walk_launch(two, 128, 4) == (B.bwd_intra_walk_pairs_kernel, 8, 1)
+    assert B.intra_walk_launch(two, 256, 2) == (B.bwd_intra_walk_kernel, 4, B.intra_walk_stages(256, 2))
+    for one in (B.TritonBwdParams(bwd_num_warps=8), TritonParams(bwd_num_warps=8)):
+        assert B.intra_walk_launch(one, 128, 2) == (B.bwd_intra_walk_kernel, 8, B.intra_walk_stages(128, 2))
 
 
 @pytest.mark.parametrize("ranged,varlen", [(False, True), (True, False)], ids=["one-range-varlen", "ranged-dense"])

@@ -175,8 +175,8 @@ def test_kernel_compiles_and_fits_sm90_d256(compiled, name):
     bwd_inter_dq 606208 -> 147456, bwd_inter_dkv 688128 -> 147456)."""
     if name not in compiled[256]:
         # launched for narrower head dims only (the one-program chain up to 64, the 16-bit pair
-        # transitions up to 128)
-        assert name in ("bwd_superchunk_chain_kernel", "bwd_pair_transitions_kernel")
+        # transitions and the walk of two query chunks per program up to 128)
+        assert name in ("bwd_superchunk_chain_kernel", "bwd_pair_transitions_kernel", "bwd_intra_walk_pairs_kernel")
         pytest.skip(f"compile_check does not list {name} for D=256")
     r = compiled[256][name]
     assert r["ok"], f"{name} (D=256) does not compile for sm_90: {r['error']}"
@@ -191,7 +191,8 @@ def test_kernel_compiles_and_fits_sm90_d256(compiled, name):
 WGMMA_ONLY = ("ut_fused_kernel", "ut_recompute_kernel", "ut_chunk_kernel", "ut_apply_kernel",
               "superchunk_transport_kernel", "scan_intra_kernel", "scan_inter_kernel",
               "bwd_prep_kernel", "bwd_inter_dq_kernel", "bwd_inter_dkv_kernel", "bwd_pair_transitions_kernel",
-              "bwd_intra_walk_kernel", "bwd_intra_walk_kernel#2", "bwd_intra_diag_kernel", "ut_bwd_kernel")
+              "bwd_intra_walk_kernel", "bwd_intra_walk_kernel#2", "bwd_intra_walk_pairs_kernel",
+              "bwd_intra_diag_kernel", "ut_bwd_kernel")
 
 
 @pytest.mark.parametrize("D", (64, 128))

@@ -48,7 +48,7 @@ from .bwd_chain import (
     gate_grad_kernel,
 )
 from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel, bwd_pair_transitions_kernel
-from .bwd_intra import bwd_intra_diag_kernel, bwd_intra_walk_kernel
+from .bwd_intra import bwd_intra_diag_kernel, bwd_intra_walk_kernel, bwd_intra_walk_pairs_kernel
 from .bwd_prep import bwd_prep_kernel
 from .forward import (
     _LOG2E,
@@ -267,6 +267,18 @@ def intra_walk_stages(BD: int, operand_bytes: int) -> int:
     return 2 if max(BD, 64) * operand_bytes <= 256 else 1
 
 
+def intra_walk_launch(params: TritonParams, BD: int, operand_bytes: int):
+    """(kernel, warps, stages) of the walk inside a super-chunk at padded head dim BD with K~ / W / U elements of
+    ``operand_bytes``: ``bwd_walk_chunks`` 2 (params without the bwd knobs take its spec default) runs two query
+    chunks per program stacked, on two warpgroups and one pipelining stage (two need 279 KB of shared memory at
+    D 128), up to padded head dim 128; else one chunk per program at ``bwd_num_warps`` and
+    ``intra_walk_stages``."""
+    chunks = getattr(params, "bwd_walk_chunks", TritonBwdParams.bwd_walk_chunks)
+    if chunks == 2 and BD <= 128:
+        return bwd_intra_walk_pairs_kernel, 8, 1
+    return bwd_intra_walk_kernel, params.bwd_num_warps, intra_walk_stages(BD, operand_bytes)
+
+
 def gate_sums_by_mma(BD: int) -> bool:
     """Whether ``bwd_inter_dkv_kernel`` takes the FoX gate's key-side sums (row sums of dS^T, every step of
     its walk) from a tensor-core product with a ones column (True) or a row reduction (False), at padded
@@ -284,6 +296,7 @@ class TritonBwdParams(TritonParams):
     bwd_dkv_block_n: int = spec_default("bwd_dkv_block_n")
     bwd_dkv_num_warps: int = spec_default("bwd_dkv_num_warps")
     bwd_range_budget_mib: int = spec_default("bwd_range_budget_mib")
+    bwd_walk_chunks: int = spec_default("bwd_walk_chunks")
 
 
 def dkv_launch(params: TritonParams) -> tuple[int, int]:
@@ -632,8 +645,9 @@ def path_attention_bwd(
         intra_kw = dict(common, BD=max(BD, 64), BDV=max(BDV, 64), TP=tp, USE_GATE=use_gate, INTERP=interp,
                         num_warps=params.bwd_num_warps, num_stages=1)
         # the walk leaves its carried query gradient in dy[r] for the diagonal tile's kernel
-        compiled(bwd_intra_walk_kernel)[(tr.n_chunks * HQ,)](*intra_args, **dict(intra_kw, num_stages=intra_walk_stages(
-            BD, max(u.element_size(), ktil.element_size(), wd.element_size()))))
+        walk, walk_warps, walk_stages = intra_walk_launch(
+            params, BD, max(u.element_size(), ktil.element_size(), wd.element_size()))
+        compiled(walk)[(tr.n_chunks * HQ,)](*intra_args, **dict(intra_kw, num_warps=walk_warps, num_stages=walk_stages))
         compiled(bwd_intra_diag_kernel)[(tr.n_chunks * HQ,)](*intra_args, **intra_kw)
         if dv_r.dtype != dv.dtype:
             dv[r].copy_(dv_r)

@@ -19,6 +19,17 @@ instead, offline sm_90 spilled 1328 B per thread at D 128 against 792), so that 
 (row sum - column sum) is exactly the cross-term sum of these dS values.
 (The query side as d lse_i, which the row sums equal in exact arithmetic, left dg the rounding error of o in
 delta summed over the rest of the sequence: 83 % of dg's error at D 128, T 2K.)
+
+``bwd_intra_walk_pairs_kernel`` (the knob bwd_walk_chunks 2) walks two query chunks per program: positions 2p and
+2p + 1 of a super-chunk (adjacent tokens) stacked as one tile of 2C rows, their chains being independent rows.
+Each step's query-side products run on 2C rows (two warpgroups at 8 warps) and the key-side ones reduce over both
+chains inside the product (K = 2C), so a key chunk's gradients are added once per pair: half the atomic traffic
+per query row (offline at D 128, sm_90: also 0.86x the instructions and 0.28x the local memory traffic per query
+row of the one-chunk walk, PaTH-FoX).  The pair walks m = 0 .. 2p; at m = 2p (the lower chain's own chunk, the
+diagonal kernel's) the lower rows are masked out of p and keep their G.  Its chain states use the two chunks'
+scratch slots (adjacent: 4p + 1 slots from chunk 2p's first): 2C-row blocks for m < 2p, the upper chain's C rows
+at m = 2p.  The programs of odd positions end at once (same grid and arguments as the one-chunk walk); a last
+chunk without a partner (an odd chunk count, or the sequence's end) walks alone with the upper rows masked.
 """
 from __future__ import annotations
 
@@ -78,6 +89,68 @@ def _row_stats(do_ptr, lse_ptr, delta_ptr, gc_h, rows, rmask, dvmask, hq, gate_s
 
 
 @triton.jit
+def _transition(X, w_ptr, u_ptr, t0, h, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr,
+                DT: tl.constexpr, INTERP: tl.constexpr):
+    """X P_m = X - (X W_m^T) U_m for the chunk of tokens t0 .. t0 + C."""
+    r = tl.arange(0, C)
+    d = tl.arange(0, BD)
+    dmask = (d < D)[None, :]
+    toff = (((t0 + r).to(tl.int64))[:, None] * H + h) * D + d[None, :]
+    Wt = tl.load(w_ptr + toff, mask=dmask, other=0.0).to(DT)
+    Ut = tl.load(u_ptr + toff, mask=dmask, other=0.0).to(DT)
+    return X - mm(mm(X.to(DT), tl.trans(Wt), INTERP).to(DT), Ut, INTERP)
+
+
+@triton.jit
+def _walk_step(G, Xd, act, LAST: tl.constexpr, k0, dO, lse2, delta, h, hq, rows,
+               v_ptr, w_ptr, u_ptr, kt_ptr, gc_h, dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_h,
+               qk_scale, gate_scale, scale, gate_nat,
+               H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+               C: tl.constexpr, DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr):
+    """One step of a walk over key chunk k0 .. k0 + C for the query rows of Xd (one chunk, or two stacked): the key
+    side's gradients added, the carried G returned.  ``act``: the rows with a step here (their X rows, zero
+    elsewhere, come in Xd); LAST: rows outside it keep their G (the lower chain at the upper one's extra step)."""
+    r = tl.arange(0, C)
+    d = tl.arange(0, BD)
+    dv = tl.arange(0, BDV)
+    dmask = (d < D)[None, :]
+    dvmask = (dv < DV)[None, :]
+    krows = (k0 + r).to(tl.int64)
+    kof = (krows[:, None] * H + h) * D + d[None, :]
+    kvof = (krows[:, None] * H + h) * DV + dv[None, :]
+    Kt = tl.load(kt_ptr + kof, mask=dmask, other=0.0).to(DT)
+    Wm = tl.load(w_ptr + kof, mask=dmask, other=0.0).to(DT)
+    Um = tl.load(u_ptr + kof, mask=dmask, other=0.0).to(DT)
+    Vm = tl.load(v_ptr + kvof, mask=dvmask, other=0.0)
+    Gd = G.to(DT)
+    # the chain step X_{m-1} = X_m - (X_m W_m^T) U_m, G = dX_{m-1}; each product's atomic add follows it, so that no
+    # finished C x D gradient stays live through the next products.  Rows without a step have Xd = 0, so their G
+    # enters no key-side product (dU through Yl, dW through Xd)
+    Yl = mm(Xd, tl.trans(Wm), INTERP)
+    _acc(du_ptr + kof, -mm(tl.trans(Yl.to(DT)), Gd, INTERP), dmask)
+    dYl = (-mm(Gd, tl.trans(Um), INTERP)).to(DT)
+    _acc(dw_ptr + kof, mm(tl.trans(dYl), Xd, INTERP), dmask)
+    dX = G + mm(dYl, Wm, INTERP)
+    # logits of key chunk m
+    s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
+    if USE_GATE:    # the key's gate offset (the query's is in lse2: _row_stats)
+        s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
+    p = tl.where(act[:, None], tl.exp2(s - lse2[:, None]), 0.0)
+    _acc(dv_ptr + kvof, mm(tl.trans(p).to(Vm.dtype), dO, INTERP), dvmask)
+    dp = mm(dO, tl.trans(Vm), INTERP)
+    ds = p * (dp - delta[:, None])
+    dsd = (ds * scale).to(DT)
+    dX += mm(dsd, Kt, INTERP)
+    _acc(dkt_ptr + kof, mm(tl.trans(dsd), Xd, INTERP), dmask)
+    if USE_GATE:
+        _acc(dc_h + krows, -tl.sum(ds, axis=0) * gate_nat)
+        _acc(dc_h + rows, tl.sum(ds, axis=1) * gate_nat, act)
+    if LAST:
+        dX = tl.where(act[:, None], dX, G)
+    return dX
+
+
+@triton.jit
 def bwd_intra_walk_kernel(
     q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
     dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr,
@@ -91,7 +164,6 @@ def bwd_intra_walk_kernel(
         chunk_tok0, chunk_seq, seq_start, seq_end, HQ, H, D, DV, BD, BDV, C, S)
     r = tl.arange(0, C)
     d = tl.arange(0, BD)
-    dv = tl.arange(0, BDV)
     causal = r[:, None] >= r[None, :]
     gc_h = gc_ptr + hq.to(tl.int64) * gc_hs     # gc, dc [HQ, gc_hs] head-major: this head's rows
     dc_h = dc_ptr + hq.to(tl.int64) * gc_hs
@@ -113,47 +185,109 @@ def bwd_intra_walk_kernel(
         tm = ci - 1 - t
         tl.store(xs + tm * C * BD + xso, X.to(DT))
         if t < ci - 1:
-            trows = (tokI + tm * C + r).to(tl.int64)
-            toff = (trows[:, None] * H + h) * D + d[None, :]
-            Wt = tl.load(w_ptr + toff, mask=dmask, other=0.0).to(DT)
-            Ut = tl.load(u_ptr + toff, mask=dmask, other=0.0).to(DT)
-            X = X - mm(mm(X.to(DT), tl.trans(Wt), INTERP).to(DT), Ut, INTERP)
+            X = _transition(X, w_ptr, u_ptr, tokI + tm * C, h, H, D, BD, C, DT, INTERP)
     tl.debug_barrier()
     G = tl.load(dy_ptr + qoff, mask=m2, other=0.0)
     for mi in range(0, ci):
-        Xd = tl.load(xs + mi * C * BD + xso)
-        krows = (tokI + mi * C + r).to(tl.int64)
-        kof = (krows[:, None] * H + h) * D + d[None, :]
-        kvof = (krows[:, None] * H + h) * DV + dv[None, :]
-        Kt = tl.load(kt_ptr + kof, mask=dmask, other=0.0).to(DT)
-        Wm = tl.load(w_ptr + kof, mask=dmask, other=0.0).to(DT)
-        Um = tl.load(u_ptr + kof, mask=dmask, other=0.0).to(DT)
-        Vm = tl.load(v_ptr + kvof, mask=dvmask, other=0.0)
-        Gd = G.to(DT)
-        # chain step X_{m-1} = X_m - (X_m W_m^T) U_m, G = dX_{m-1}; each product's atomic add follows
-        # it, so that no finished C x D gradient stays live through the next products
-        Yl = mm(Xd, tl.trans(Wm), INTERP)
-        _acc(du_ptr + kof, -mm(tl.trans(Yl.to(DT)), Gd, INTERP), dmask)
-        dYl = (-mm(Gd, tl.trans(Um), INTERP)).to(DT)
-        _acc(dw_ptr + kof, mm(tl.trans(dYl), Xd, INTERP), dmask)
-        dX = G + mm(dYl, Wm, INTERP)
-        # logits of key chunk m
-        s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
-        if USE_GATE:    # the key's gate offset (the query's is in lse2: _row_stats)
-            s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
-        p = tl.where(rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
-        _acc(dv_ptr + kvof, mm(tl.trans(p).to(Vm.dtype), dO, INTERP), dvmask)
-        dp = mm(dO, tl.trans(Vm), INTERP)
-        ds = p * (dp - delta[:, None])
-        dsd = (ds * scale).to(DT)
-        dX += mm(dsd, Kt, INTERP)
-        _acc(dkt_ptr + kof, mm(tl.trans(dsd), Xd, INTERP), dmask)
-        if USE_GATE:
-            _acc(dc_h + krows, -tl.sum(ds, axis=0) * gate_nat)
-            _acc(dc_h + rows, tl.sum(ds, axis=1) * gate_nat, rmask)
-        G = dX
+        G = _walk_step(G, tl.load(xs + mi * C * BD + xso), rmask, False, tokI + mi * C, dO, lse2, delta, h, hq,
+                       rows, v_ptr, w_ptr, u_ptr, kt_ptr, gc_h, dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_h,
+                       qk_scale, gate_scale, scale, gate_nat, H, D, DV, BD, BDV, C, DT, USE_GATE, INTERP)
     # G to the diagonal kernel in dY's storage (this program's tile, read above)
     tl.store(dy_ptr + qoff, G, mask=m2 & (ci > 0))
+
+
+@triton.jit
+def _pair_walk(
+    q_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
+    dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_ptr, xs_ptr,
+    n, hq, tok0, send, ci, n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
+    HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
+    DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+):
+    """The walk of the query chunks at positions ci (even) and ci + 1 of their super-chunk, stacked (module
+    docstring)."""
+    h = hq // (HQ // H)
+    R2: tl.constexpr = 2 * C
+    r2 = tl.arange(0, R2)
+    d = tl.arange(0, BD)
+    dv = tl.arange(0, BDV)
+    dmask = (d < D)[None, :]
+    dvmask = (dv < DV)[None, :]
+    lower = r2 < C                       # rows of chunk position ci; the others are position ci + 1's
+    # the upper chunk exists: inside the super-chunk and the sequence (then chunk ci is whole, and its rows can be
+    # loaded as a key chunk without row masks)
+    has_upper = (ci + 1 < S // C) & (tok0 + C < send)
+    rows = (tok0 + r2).to(tl.int64)
+    rmask = (rows < send) & (lower | has_upper)
+    m2 = rmask[:, None] & dmask
+    qoff = (rows[:, None] * HQ + hq) * D + d[None, :]
+    koff = (rows[:, None] * H + h) * D + d[None, :]
+    tokI = tok0 - ci * C
+    gc_h = gc_ptr + hq.to(tl.int64) * gc_hs
+    dc_h = dc_ptr + hq.to(tl.int64) * gc_hs
+    dO, lse2, delta, cq_s = _row_stats(do_ptr, lse_ptr, delta_ptr, gc_h, rows, rmask, dvmask, hq, gate_scale,
+                                       HQ, DV, BDV, USE_GATE)
+    # each chunk's boundary adjustment Q~ = Q - tril(Q W^T) U, on the stacked tile (the causal mask keeps the two
+    # chunks apart)
+    Q = tl.load(q_ptr + qoff, mask=m2, other=0.0).to(DT)
+    Wc = tl.load(w_ptr + koff, mask=m2, other=0.0).to(DT)
+    Uc = tl.load(u_ptr + koff, mask=m2, other=0.0).to(DT)
+    same = (r2[:, None] // C == r2[None, :] // C) & (r2[:, None] >= r2[None, :])
+    QW = tl.where(same, mm(Q, tl.trans(Wc), INTERP), 0.0)
+    X = Q.to(tl.float32) - mm(QW.to(DT), Uc, INTERP)
+    # the pair's scratch: chunk ci's slots and chunk ci + 1's, adjacent (2 ci + 1 slots of C rows): the stacked
+    # state of step m < ci in slots 2m, 2m + 1, the upper chain's state of step ci in slot 2 ci
+    slot0 = (hq * n_chunks + n - ci).to(tl.int64) * (S // (2 * C)) + ci * (ci - 1) // 2
+    xs = xs_ptr + slot0 * C * BD
+    xso = r2[:, None] * BD + d[None, :]
+    # step ci: the upper chain's state alone (slot 2 ci); the lower chain starts at ci - 1 from its own Q~
+    tl.store(xs + (2 * ci * C - C) * BD + xso, X.to(DT), mask=((~lower) & has_upper)[:, None])
+    if (ci > 0) & has_upper:
+        X = tl.where(lower[:, None], X, _transition(X, w_ptr, u_ptr, tokI + ci * C, h, H, D, BD, C, DT, INTERP))
+    for t in range(1, ci + 1):
+        tm = ci - t
+        tl.store(xs + 2 * tm * C * BD + xso, X.to(DT))
+        if tm > 0:
+            X = _transition(X, w_ptr, u_ptr, tokI + tm * C, h, H, D, BD, C, DT, INTERP)
+    tl.debug_barrier()
+    G = tl.load(dy_ptr + qoff, mask=m2, other=0.0)
+    for mi in range(0, ci):      # both chains step (rows past the sequence's end stay zero)
+        G = _walk_step(G, tl.load(xs + 2 * mi * C * BD + xso), rmask, False, tokI + mi * C, dO, lse2, delta, h, hq,
+                  rows, v_ptr, w_ptr, u_ptr, kt_ptr, gc_h, dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_h,
+                  qk_scale, gate_scale, scale, gate_nat, H, D, DV, BD, BDV, C, DT, USE_GATE, INTERP)
+    if has_upper:    # step ci: the upper chain only
+        act = rmask & ~lower
+        Xd = tl.load(xs + (2 * ci * C - C) * BD + xso, mask=act[:, None], other=0.0)
+        G = _walk_step(G, Xd, act, True, tokI + ci * C, dO, lse2, delta, h, hq,
+                  rows, v_ptr, w_ptr, u_ptr, kt_ptr, gc_h, dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_h,
+                  qk_scale, gate_scale, scale, gate_nat, H, D, DV, BD, BDV, C, DT, USE_GATE, INTERP)
+    # both chains' carried gradients to the diagonal kernel in dY's storage (a chain without steps stores back what
+    # it read)
+    tl.store(dy_ptr + qoff, G, mask=m2)
+
+
+@triton.jit
+def bwd_intra_walk_pairs_kernel(
+    q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dw_ptr, du_ptr, dm_ptr, dkt_ptr, dc_ptr, xs_ptr,
+    chunk_tok0, chunk_seq, seq_start, seq_end,
+    n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
+    HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
+    DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+):
+    """``bwd_intra_walk_kernel`` for two query chunks at once (bwd_walk_chunks 2; module docstring): on the same
+    grid, the program of an even chunk position walks its chunk and the next one stacked, that of an odd one
+    ends at once."""
+    n, hq = chunk_and_head(HQ)
+    tok0, _sid, s0, send = tile_of(n, chunk_tok0, chunk_seq, seq_start, seq_end)
+    ci = ((tok0 - s0) // C) % (S // C)
+    if ci % 2 == 0:
+        _pair_walk(q_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
+                   dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_ptr, xs_ptr,
+                   n, hq, tok0, send, ci, n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
+                   HQ, H, D, DV, BD, BDV, C, S, DT, USE_GATE, INTERP)
 
 
 @triton.jit

@@ -206,12 +206,13 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .backward import (
         CHAIN_KERNEL_MAX_BD,
         GATE_GRAD_SPAN,
+        TritonBwdParams,
         chain_blocks,
         dkv_launch,
         dkv_query_step,
         float_transition_mode,
         gate_sums_by_mma,
-        intra_walk_stages,
+        intra_walk_launch,
         transport_backward_rows,
         transport_launch,
     )
@@ -225,7 +226,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         gate_grad_kernel,
     )
     from .bwd_inter import bwd_inter_dkv_kernel, bwd_inter_dq_kernel, bwd_pair_transitions_kernel
-    from .bwd_intra import bwd_intra_diag_kernel, bwd_intra_walk_kernel
+    from .bwd_intra import bwd_intra_diag_kernel
     from .bwd_prep import bwd_prep_kernel
     from .forward import (
         UT_COLUMN_BLOCK,
@@ -298,6 +299,10 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     gate_bh = min(next_pow2(HQ), 16)     # as backward._gate_grad launches it
     # bwd_intra's kernels run at least 64 wide (backward.path_attention_bwd: head dims under 64 on masked tiles)
     intra = dict(common, BD=max(BD, 64), BDV=max(BDV, 64), **bflags)
+    scan_bytes = params.scan_dtype.primitive_bitwidth // 8
+    walk, walk_warps, walk_stages = intra_walk_launch(params, BD, scan_bytes)
+    walk32, walk32_warps, walk32_stages = intra_walk_launch(params, BD, 4)
+    pairs, pairs_warps, pairs_stages = intra_walk_launch(TritonBwdParams(bwd_walk_chunks=2), BD, scan_bytes)
     return [
         # the forward's UT stage: one launch, and the backward's per-range recompute of it (plus A); the three
         # launches below run both at padded head dims under 64
@@ -353,11 +358,11 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          transport_chain_stages),
         (bwd_transport_grads_kernel, dict(range_sig, w_ptr=_PTR_F32, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=bwd_rows, TP=btp_transport), transport_grads_warps, 1),
-        (bwd_intra_walk_kernel, range_sig, intra, params.bwd_num_warps,
-         intra_walk_stages(BD, params.scan_dtype.primitive_bitwidth // 8)),
+        (walk, range_sig, intra, walk_warps, walk_stages),
         # a single range with the forward's float32 state (backward.path_attention_bwd: no recompute)
-        (bwd_intra_walk_kernel, dict(range_sig, u_ptr=_PTR_F32, kt_ptr=_PTR_F32, w_ptr=_PTR_F32),
-         intra, params.bwd_num_warps, intra_walk_stages(BD, 4)),
+        (walk32, dict(range_sig, u_ptr=_PTR_F32, kt_ptr=_PTR_F32, w_ptr=_PTR_F32), intra, walk32_warps, walk32_stages),
+        # the walk of two query chunks per program (bwd_walk_chunks 2) where the config runs one and it can run
+        *([(pairs, range_sig, intra, pairs_warps, pairs_stages)] if pairs not in (walk, walk32) else []),
         (bwd_intra_diag_kernel, range_sig, intra, params.bwd_num_warps, 1),
         (ut_bwd_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                      UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_WARPS, 1),
