@@ -254,14 +254,14 @@ def _pair_walk(
     G = tl.load(dy_ptr + qoff, mask=m2, other=0.0)
     for mi in range(0, ci):      # both chains step (rows past the sequence's end stay zero)
         G = _walk_step(G, tl.load(xs + 2 * mi * C * BD + xso), rmask, False, tokI + mi * C, dO, lse2, delta, h, hq,
-                  rows, v_ptr, w_ptr, u_ptr, kt_ptr, gc_h, dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_h,
-                  qk_scale, gate_scale, scale, gate_nat, H, D, DV, BD, BDV, C, DT, USE_GATE, INTERP)
+                       rows, v_ptr, w_ptr, u_ptr, kt_ptr, gc_h, dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_h,
+                       qk_scale, gate_scale, scale, gate_nat, H, D, DV, BD, BDV, C, DT, USE_GATE, INTERP)
     if has_upper:    # step ci: the upper chain only
         act = rmask & ~lower
         Xd = tl.load(xs + (2 * ci * C - C) * BD + xso, mask=act[:, None], other=0.0)
         G = _walk_step(G, Xd, act, True, tokI + ci * C, dO, lse2, delta, h, hq,
-                  rows, v_ptr, w_ptr, u_ptr, kt_ptr, gc_h, dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_h,
-                  qk_scale, gate_scale, scale, gate_nat, H, D, DV, BD, BDV, C, DT, USE_GATE, INTERP)
+                       rows, v_ptr, w_ptr, u_ptr, kt_ptr, gc_h, dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_h,
+                       qk_scale, gate_scale, scale, gate_nat, H, D, DV, BD, BDV, C, DT, USE_GATE, INTERP)
     # both chains' carried gradients to the diagonal kernel in dY's storage (a chain without steps stores back what
     # it read)
     tl.store(dy_ptr + qoff, G, mask=m2)
