@@ -1055,7 +1055,7 @@ def test_walk_of_two_chunks_per_program(monkeypatch, spy_launches, dtype, ranged
 def test_walk_launch_follows_the_knob():
     """backward.intra_walk_launch: bwd_walk_chunks 2 runs the pairs walk on 8 warps and one stage up to padded head
     dim 128 (whatever bwd_num_warps says), one chunk per program above it and at 1; params without the bwd knobs
-    take the spec default (1)."""
+    take the spec default (1); other values fail when the params are built."""
     B = tri_backward
     two = B.TritonBwdParams(bwd_walk_chunks=2, bwd_num_warps=4)
     assert B.intra_walk_launch(two, 64, 2) == (B.bwd_intra_walk_pairs_kernel, 8, 1)
@@ -1063,6 +1063,8 @@ def test_walk_launch_follows_the_knob():
     assert B.intra_walk_launch(two, 256, 2) == (B.bwd_intra_walk_kernel, 4, B.intra_walk_stages(256, 2))
     for one in (B.TritonBwdParams(bwd_num_warps=8), TritonParams(bwd_num_warps=8)):
         assert B.intra_walk_launch(one, 128, 2) == (B.bwd_intra_walk_kernel, 8, B.intra_walk_stages(128, 2))
+    with pytest.raises(ValueError, match="bwd_walk_chunks must be 1 or 2"):
+        B.TritonBwdParams(bwd_walk_chunks=3)
 
 
 @pytest.mark.parametrize("ranged,varlen", [(False, True), (True, False)], ids=["one-range-varlen", "ranged-dense"])

@@ -298,6 +298,12 @@ class TritonBwdParams(TritonParams):
     bwd_range_budget_mib: int = spec_default("bwd_range_budget_mib")
     bwd_walk_chunks: int = spec_default("bwd_walk_chunks")
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.bwd_walk_chunks not in (1, 2):     # the walks there are (intra_walk_launch)
+            raise ValueError(f"bwd_walk_chunks must be 1 or 2 (query chunks per program of the backward's walk), "
+                             f"got {self.bwd_walk_chunks!r}")
+
 
 def dkv_launch(params: TritonParams) -> tuple[int, int]:
     """(key tile, warps) of ``bwd_inter_dkv_kernel``: ``bwd_dkv_block_n`` / ``bwd_dkv_num_warps``, where 0 (their
