@@ -106,6 +106,20 @@ def test_transport_backward_on_16_bit_operands_matches_float64_oracle(case, rang
                                       bwd_range_budget_mib=range_mib), seed=D * 19 + HQ + H)
 
 
+@pytest.mark.parametrize("case,range_mib", [((64, 64, torch.bfloat16, 4, 2, True, (700, 1, 1093, 300)), 1),
+                                             ((128, 128, torch.bfloat16, 4, 4, True, None), 0),
+                                             ((128, 128, torch.float16, 8, 4, False, (517, 64, 719)), 1)],
+                         ids=["D64-varlen-fox-ranged", "D128-fox-one-range", "D128-fp16-gqa-path-varlen-ranged"])
+def test_walk_of_two_chunks_per_program_matches_float64_oracle(case, range_mib):
+    """bwd_walk_chunks 2 (the walk inside a super-chunk on two query chunks per program, 8 warps): forward and
+    gradients within the spec's tolerances, ranged and in one range, with sequences whose super-chunks end on an
+    odd chunk count and inside a chunk."""
+    D, DV, dt, HQ, H, gate, lens = case
+    _check_against_oracle(D, DV, dt, HQ, H, gate, lens, B=1 if lens else 2, T=sum(lens) if lens else 1300,
+                          config=dict(superchunk_size=512, bwd_walk_chunks=2, bwd_range_budget_mib=range_mib),
+                          seed=D * 23 + HQ + H)
+
+
 def _check_against_oracle(D, DV, dt, HQ, H, gate, lens, *, B, T, config, seed, checkpoint_steps=None):
     from pathtune.codegen.triton import path_attention_triton
     from pathtune.tuning.measure import oracle_by_kv_head
