@@ -45,15 +45,22 @@ def _acc(ptr, val, mask=None):
 
 
 @triton.jit
+def _chunk_position(chunk_tok0, chunk_seq, seq_start, seq_end, HQ: tl.constexpr, C: tl.constexpr, S: tl.constexpr):
+    """This program's query chunk n and head hq, the chunk's first token, its sequence's end and ci, the chunk's
+    position in its super-chunk."""
+    n, hq = chunk_and_head(HQ)
+    tok0, _sid, s0, send = tile_of(n, chunk_tok0, chunk_seq, seq_start, seq_end)
+    return n, hq, tok0, send, ((tok0 - s0) // C) % (S // C)
+
+
+@triton.jit
 def _program_tile(chunk_tok0, chunk_seq, seq_start, seq_end,
                   HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                   BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr):
     """This program's query chunk and head: (hq, h, ci = the chunk's position in its super-chunk, tokI =
     the super-chunk's first token, rows, rmask, dmask, dvmask, m2, koff, qoff, voff)."""
-    n, hq = chunk_and_head(HQ)
+    n, hq, tok0, send, ci = _chunk_position(chunk_tok0, chunk_seq, seq_start, seq_end, HQ, C, S)
     h = hq // (HQ // H)
-    tok0, sid, s0, send = tile_of(n, chunk_tok0, chunk_seq, seq_start, seq_end)
-    ci = ((tok0 - s0) // C) % (S // C)
     tokI = tok0 - ci * C
     r = tl.arange(0, C)
     d = tl.arange(0, BD)
@@ -280,9 +287,7 @@ def bwd_intra_walk_pairs_kernel(
     """``bwd_intra_walk_kernel`` for two query chunks at once (bwd_walk_chunks 2; module docstring): on the same
     grid, the program of an even chunk position walks its chunk and the next one stacked, that of an odd one
     ends at once."""
-    n, hq = chunk_and_head(HQ)
-    tok0, _sid, s0, send = tile_of(n, chunk_tok0, chunk_seq, seq_start, seq_end)
-    ci = ((tok0 - s0) // C) % (S // C)
+    n, hq, tok0, send, ci = _chunk_position(chunk_tok0, chunk_seq, seq_start, seq_end, HQ, C, S)
     if ci % 2 == 0:
         _pair_walk(q_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
                    dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_ptr, xs_ptr,
