@@ -219,7 +219,7 @@ def main() -> None:
         return
 
     import pathtune
-    from pathtune.codegen.triton import TritonParams
+    from pathtune.codegen._knobs import resolve
     from pathtune.codegen.triton.forward import path_attention_fwd
     from pathtune.runtime.dispatch import get_dispatcher
     from pathtune.runtime.reference import naive_path_attention
@@ -243,18 +243,18 @@ def main() -> None:
                 row["sdpa_flash"] = bench(sdpa) if sdpa else None
                 fla = None if args.no_fla else fla_path_callable(q, k, v, w, beta, g)
                 row["fla"] = bench(fla) if fla else None
+                # the forward's params class (TritonFwdParams: its own knobs too, e.g. gate_bias for --variants)
                 if args.config == "auto":
                     backend = "auto"
-                    base = TritonParams.heuristic(D, D)
+                    base = resolve("triton", "fwd", None, (D, D))
                     # the config the public call runs (what the dispatcher picks): kernel_flops counts its work
                     plan = get_dispatcher().plan(q.device, D, D, H, H, "bfloat16", gate, T, B, False)
                     row["config"] = json.loads(plan.params_json)
                     row["dispatch"] = plan.describe()
                 elif args.config == "heuristic":
-                    backend, base = "triton", TritonParams.heuristic(D, D)
+                    backend, base = "triton", resolve("triton", "fwd", None, (D, D))
                 else:
-                    backend, base = "triton", TritonParams.from_config(json.loads(args.config),
-                                                                       TritonParams.heuristic(D, D))
+                    backend, base = "triton", resolve("triton", "fwd", json.loads(args.config), (D, D))
                 if "config" not in row:
                     row["config"] = json.loads(base.to_json())
 

@@ -32,7 +32,7 @@ from pathtune.tuning.inputs import HEADS_FOR_DIM, TOKENS, make_inputs  # noqa: E
 # per shipped kernel: its outputs and the inputs it overwrites (argument positions)
 KERNELS = {
     "scan_intra_kernel": dict(outputs={"o_part": 7, "lse": 8, "x": 9}, inplace=()),
-    "scan_inter_kernel": dict(outputs={"o": 6, "lse": 7}, inplace=(0, 7)),     # x, and lse (partial in, final out)
+    "scan_inter_kernel": dict(outputs={"o": 7, "lse": 8}, inplace=(0, 8)),     # x, and lse (partial in, final out)
 }
 
 

@@ -118,6 +118,7 @@ def check_params(obj: Any, backend: str) -> None:
 # A pass whose kernels read knobs no other pass reads may declare them in a subclass of its backend's params
 # class, in its own (source-hashed) module, so that such a knob touches only that pass's sources and records.
 _PASS_PARAMS = {("triton", "decode"): ("pathtune.codegen.triton.decode", "TritonDecodeParams"),
+                ("triton", "fwd"): ("pathtune.codegen.triton.forward", "TritonFwdParams"),
                 ("triton", "bwd"): ("pathtune.codegen.triton.backward", "TritonBwdParams")}
 
 

@@ -563,6 +563,56 @@ def test_inter_key_loads_tma_or_block_pointers(spy_launches, D, DV, offset, tma)
     assert seen == [tma], seen
 
 
+def _far_gates(g, lens):
+    """g with the first four tokens of each packed sequence forgetting hard (log gate -60): the gate cumsums, and
+    so the keys' logit offsets, then sit ~ -240 away from zero (a bf16 copy of one is off by up to 1) while a
+    query's offset minus its keys' stays small, so every later key keeps its weight."""
+    g = g.clone()
+    start = 0
+    for n in lens:
+        g[:, start:start + min(n, 4)] = -60.0
+        start += n
+    return g
+
+
+@pytest.mark.parametrize("dtype,D,DV,offset,tma", [(F32, 32, 32, 0, True), (F16, 32, 32, 0, True),
+                                                   (F32, 24, 32, 0, False), (F32, 32, 32, 1, False)],
+                         ids=["tma", "fp16-tma", "D24-block-pointers", "v-misaligned-block-pointers"])
+def test_gate_offsets_by_product(monkeypatch, spy_launches, dtype, D, DV, offset, tma):
+    """gate_bias product: ``gate_parts_kernel`` writes the keys' gate offsets as three bf16 parts and both scans add
+    them by a K = 16 product (TMA or pointer loads of the parts, as of their key tiles).  With offsets far from
+    zero (``_far_gates``; packed sequences, GQA, three super-chunks in the longest): the oracle's o and lse, and the
+    subtracting kernels' o to float32 rounding.  Parts holding the high part alone are caught."""
+    import pathtune.codegen.triton.forward as tri_forward
+    import pathtune.codegen.triton.gate_bias as tri_gate
+    from repo_scripts import load_benchmark_script
+
+    lens = (70, 9, 41)
+    seen = spy_launches(tri_forward, "scan_inter_kernel", lambda grid, kw: (kw["TMA"], kw["GATE_MMA"]))
+    seen_intra = spy_launches(tri_forward, "scan_intra_kernel", lambda grid, kw: kw["GATE_MMA"])
+    q, k, v, w, beta, g = make_inputs(240 + D + DV + offset, B=1, T=sum(lens), HQ=4, H=2, D=D, DV=DV, dtype=dtype,
+                                      gate=True)
+    g = _far_gates(g, lens)
+    if offset:
+        v = _misaligned_copy(v, offset)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    x = (q, k, v, w, beta, g)
+    product = {**params(dtype).__dict__, "gate_bias": "product"}
+    o, lse = run(x, product, cu_seqlens=cu)
+    o_ref, lse_ref = oracle(*x, cu_seqlens=cu)
+    check(o, lse, o_ref, lse_ref, TOL[dtype])
+    assert seen == [(tma, True)] and seen_intra == [True], (seen, seen_intra)
+    o_sub, lse_sub = run(x, {**product, "gate_bias": "subtract"}, cu_seqlens=cu)
+    assert rel(o, o_sub) < TOL[dtype] and rel(lse, lse_sub) < TOL[dtype]
+    assert seen[-1] == (tma, False) and seen_intra[-1] is False
+    kv = load_benchmark_script(monkeypatch, "benchmarks/kernel_variants.py")
+    mutant = kv.load_variant_module(kv.module_source(tri_gate), "gate_parts_hi_only", [(
+        "bias_parts(x), mask", "bias_parts(x.to(tl.bfloat16).to(tl.float32)), mask")])
+    monkeypatch.setattr(tri_forward, "gate_parts_kernel", mutant.gate_parts_kernel)
+    o_bad, _ = run(x, product, cu_seqlens=cu)
+    assert rel(o_bad, o_ref) > 4 * TOL[dtype]      # fails the oracle check above with a margin (fp16: 6.8x)
+
+
 def test_transition_column_block():
     """Padded head dims up to 128 keep one BD x BD transition product (DB == BD: the code path the
     D <= 128 kernels always had); 256 (D = 192 and 256) runs column blocks of 64."""
@@ -726,39 +776,3 @@ def test_candidate_ut_stage_with_fp16_m_gives_the_shipped_forward(monkeypatch, d
                         kv.load_variant_module(kv.module_source(cand.ut_mod), "ut_m16_narrow", narrow).ut_fused_kernel)
     o2, _ = path_attention_triton(*x, config=p, **cu)
     assert not (torch.isfinite(o2).all() and rel(o2, o0) < CAUGHT)
-
-
-@pytest.mark.parametrize("placement", ["inside_scale", "outside_scale", None],
-                         ids=["gate-inside", "gate-outside", "nogate"])
-def test_candidate_scans_with_fused_gate_give_the_shipped_forward(monkeypatch, placement):
-    """benchmarks/variants/scan_gate_fma.py: both scans with the gate offsets in one fused multiply-add and the
-    softmax scale folded into exp2 (scan_intra's walk in a per-row frame) give the shipped forward's o and lse to
-    float32 rounding (packed sequences of several super-chunks, GQA), under either gate placement and without a
-    gate; with the offsets left unscaled under outside_scale, or the intra walk's frame not left before lse is
-    stored, it is caught."""
-    from pathtune.codegen.triton import forward as fwd
-    from repo_scripts import load_benchmark_script
-
-    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/scan_gate_fma.py")
-    kv = sys.modules["kernel_variants"]
-    cu = dict(cu_seqlens=torch.tensor((0, 70, 71, 150), dtype=torch.int32),
-              **({"gate_placement": placement} if placement else {}))
-    x = make_inputs(741, B=1, T=150, HQ=4, H=2, D=16, DV=16, gate=placement is not None)
-    p = params()
-    o0, l0 = run(x, p, **cu)
-
-    def swap(mod):
-        monkeypatch.setattr(fwd, "scan_intra_kernel", mod.scan_intra_kernel)
-        monkeypatch.setattr(fwd, "scan_inter_kernel", mod.scan_inter_kernel)
-
-    swap(cand)
-    o1, l1 = run(x, p, **cu)
-    assert rel(o1, o0) < 1e-6 and rel(l1, l0) < 1e-6
-    check(o1, l1, *oracle(*x, **cu), TOL[F32])
-    if placement == "outside_scale":
-        for tag, edits in (("unscaled", [(old, new.replace("-gate_ratio", "-1.0"))
-                                         for old, new in cand.INTRA_FRAME + cand.INTER_FMA]),
-                           ("frame_kept", cand.INTRA_FRAME[:2] + cand.INTER_FMA)):
-            swap(kv.load_variant_module(kv.module_source(cand.scan_mod), f"scan_gate_fma_{tag}", edits))
-            o2, l2 = path_attention_triton(*x, config=p, **cu)
-            assert max(rel(o2, o0), rel(l2, l0)) > CAUGHT, tag

@@ -120,6 +120,20 @@ def test_walk_of_two_chunks_per_program_matches_float64_oracle(case, range_mib):
                           seed=D * 23 + HQ + H)
 
 
+@pytest.mark.parametrize("case,config", [
+    ((64, 64, torch.bfloat16, 4, 2, True, (700, 1, 1093, 300)), dict(superchunk_size=256)),
+    ((128, 128, torch.bfloat16, 4, 4, True, None), dict(superchunk_size=256, num_stages=2)),
+    ((128, 128, torch.float16, 8, 4, True, (517, 64, 719)), dict(superchunk_size=256, num_stages=2, block_n=64))],
+    ids=["D64-varlen-gqa", "D128", "D128-fp16-gqa-varlen-block64"])
+def test_gate_offsets_by_product_match_float64_oracle(case, config):
+    """gate_bias product (the FoX gate's key offsets by a K = 16 product of their bf16 parts in the forward's scan
+    between super-chunks; num_stages 2 at D 128, where three stages do not fit with the parts): forward and
+    gradients within the spec's tolerances, with several super-chunks per sequence."""
+    D, DV, dt, HQ, H, gate, lens = case
+    _check_against_oracle(D, DV, dt, HQ, H, gate, lens, B=1 if lens else 2, T=sum(lens) if lens else 1300,
+                          config=dict(config, gate_bias="product"), seed=D * 29 + HQ + H)
+
+
 def _check_against_oracle(D, DV, dt, HQ, H, gate, lens, *, B, T, config, seed, checkpoint_steps=None):
     from pathtune.codegen.triton import path_attention_triton
     from pathtune.tuning.measure import oracle_by_kv_head

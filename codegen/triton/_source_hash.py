@@ -27,8 +27,8 @@ __all__ = ["NOT_HASHED", "PASS_SOURCES", "SHARED_SOURCES", "canonical_source", "
 # every record.  autograd imports backward (the custom op's registered backward), which a forward never runs.
 SHARED_SOURCES = ("__init__", "_ops", "launch", "params")
 PASS_SOURCES = {
-    "fwd": ("autograd", "forward", "_layout", "scan_fwd", "transport", "ut"),
-    "bwd": ("autograd", "forward", "_layout", "scan_fwd", "transport", "ut",
+    "fwd": ("autograd", "forward", "_layout", "gate_bias", "scan_fwd", "transport", "ut"),
+    "bwd": ("autograd", "forward", "_layout", "gate_bias", "scan_fwd", "transport", "ut",
             "backward", "bwd_chain", "bwd_inter", "bwd_intra", "bwd_prep", "ut_bwd"),
     "decode": ("decode",),
 }
@@ -40,7 +40,6 @@ NOT_HASHED = ("compile_check", "heuristics", "registry", "_source_hash")
 # While a pass's sources hash as that tree's, the records keep their key; the first statement edit retires them
 # (and its entry leaves this map).
 _BYTE_HASH_RECORDS = {
-    "fwd": ("e99adafcb7894674", "9e1b3103e9876350"),
     "decode": ("1f84fef4fb66182d", "88d4f2c0d2f50df7"),
 }
 

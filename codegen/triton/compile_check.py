@@ -201,8 +201,9 @@ SMEM_LIMIT_SM90 = 232448  # bytes of dynamic shared memory a block may opt in to
 
 
 def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16", gate: bool = True,
-                    heads: int = 16, group: int = 1):
-    """(fn, signature, constexprs, num_warps, num_stages) of every forward and backward launch."""
+                    heads: int = 16, group: int = 1, fwd_params: TritonParams | None = None):
+    """(fn, signature, constexprs, num_warps, num_stages) of every forward and backward launch; ``fwd_params``
+    (default ``params``): the params of the forward's own knobs (``TritonFwdParams``: gate_bias)."""
     from .backward import (
         CHAIN_KERNEL_MAX_BD,
         GATE_GRAD_SPAN,
@@ -229,8 +230,10 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .bwd_intra import bwd_intra_diag_kernel
     from .bwd_prep import bwd_prep_kernel
     from .forward import (
+        GATE_PARTS_BLOCK,
         UT_COLUMN_BLOCK,
         UT_NUM_WARPS,
+        gate_by_product,
         inter_tma_shapes,
         intra_walk_tma_shapes,
         query_block,
@@ -238,6 +241,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         transport_rows,
         ut_apply_mode,
     )
+    from .gate_bias import gate_parts_kernel
     from .scan_fwd import scan_inter_kernel, scan_intra_kernel
     from .transport import superchunk_transport_kernel
     from .ut import ut_apply_kernel, ut_chunk_kernel, ut_diag_inverse_kernel, ut_fused_kernel
@@ -290,6 +294,13 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     if intra_tma:
         intra_fwd_sig.update({n: f"tensordesc<{scan[1:]}[{C}, {D}]>" for n in ("kt_walk", "w_walk", "u_walk")},
                              v_walk=f"tensordesc<{dtype}[{C}, {DV}]>")
+    # gate_bias product: both scans read the gate's bf16 parts (by TMA where their key tiles come by TMA)
+    parts = gate_by_product(fwd_params or params, gate)
+    intra_fwd_sig["gp_walk"] = inter_fwd_sig["gp_ptr"] = "*bf16"
+    if parts and intra_tma:
+        intra_fwd_sig["gp_walk"] = f"tensordesc<bf16[{C}, 16]>"
+    if parts and tma:
+        inter_fwd_sig.update(gp_ptr=f"tensordesc<bf16[{params.block_n}, 16]>")
     if tma:
         inter_fwd_sig.update(kj_ptr=f"tensordesc<{scan[1:]}[{params.block_n}, {D}]>",
                              v_ptr=f"tensordesc<{dtype}[{params.block_n}, {DV}]>")
@@ -324,11 +335,15 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          dict(H=H, D=D, DB=min(BD, UT_COLUMN_BLOCK), C=C, UP=params.ut_precision, WRITE_W=True), UT_NUM_WARPS, 1),
         (superchunk_transport_kernel, fwd_sig, dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=rows, DT=params.scan_dtype,
                                                     TP=tp, INTERP=False), 4, 1),
+        # gate_bias product: the gate's bf16 parts, once per forward
+        *([(gate_parts_kernel, dict(gc_ptr=_PTR_F32, gp_ptr="*bf16", n="i32", scale="fp32"),
+            dict(BLOCK=GATE_PARTS_BLOCK), 4, 1)] if parts else []),
         (scan_intra_kernel, intra_fwd_sig,
          dict(common, WRITE_X=True, TMA=intra_tma, WALK_STAGES=params.intra_num_stages,
-              WRITE_Y=params.bwd_forward_state != "recompute", **flags), params.num_warps, 1),
+              WRITE_Y=params.bwd_forward_state != "recompute", GATE_MMA=parts, **flags), params.num_warps, 1),
         (scan_inter_kernel, inter_fwd_sig, dict({k: v for k, v in common.items() if k != 'C'}, TMA=tma,
-                                                BLOCK_M=query_block(params), BLOCK_N=params.block_n, DB=DB, **flags),
+                                                BLOCK_M=query_block(params), BLOCK_N=params.block_n, DB=DB,
+                                                GATE_MMA=parts, **flags),
          params.inter_num_warps, params.num_stages),
         # with its query chain (the backward's own Y: bwd_forward_state recompute)
         (bwd_prep_kernel, sig, dict(common, INTERP=False, HAS_DLSE=True, CHAIN=True),
@@ -398,10 +413,12 @@ def main(argv=None):
 
     # the config a call of this head dim runs without a record: the spec's per-head-dim defaults (the bwd pass's
     # params: every knob the forward reads, and the backward's own)
-    params = resolve("triton", "bwd", json.loads(args.config) if args.config else None, (args.head_dim, args.head_dim))
+    config = json.loads(args.config) if args.config else None
+    params = resolve("triton", "bwd", config, (args.head_dim, args.head_dim))
+    fwd_params = resolve("triton", "fwd", config, (args.head_dim, args.head_dim))
     launches = []
     if args.pass_ in ("all", "fwd"):
-        launches += forward_kernels(params, args.head_dim, args.head_dim, gate=gate)
+        launches += forward_kernels(params, args.head_dim, args.head_dim, gate=gate, fwd_params=fwd_params)
     if args.pass_ in ("all", "decode"):
         # one token, MHA (row-reduction path) and 4- and 16-token GQA steps (tensor-core path); every
         # flush rotates the keys in a second pass in compact WY form

@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+import triton
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .._knobs import resolve_json
+from .._knobs import resolve_json, spec_default
 from ._layout import SequenceTables, build_tables, gate_cumsum
 from ._ops import interpreting, padded_dim
+from .gate_bias import gate_parts_kernel
 from .launch import compiled
 from .params import TritonParams
 from .scan_fwd import scan_inter_kernel, scan_intra_kernel
@@ -138,6 +141,41 @@ def has_kept_state(kept: list[torch.Tensor]) -> bool:
     """Whether the forward op's kept list holds a state (bwd_forward_state keep / keep_inter: the transported
     keys are there whatever the length), not only placeholders."""
     return bool(kept) and kept[KEPT_STATE_FIELDS.index("kj")].numel() > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonFwdParams(TritonParams):
+    """``TritonParams`` plus the knobs only the forward reads (declared here, so that they key the fwd pass's
+    source hash alone); ``resolve("triton", "fwd", ...)`` builds it (``codegen/_knobs.py``)."""
+
+    gate_bias: str = spec_default("gate_bias")
+
+
+def gate_by_product(params: TritonParams, gated: bool) -> bool:
+    """Whether the forward's scans add the gate's key offsets by a K = 16 product of their bf16 parts (knob
+    ``gate_bias`` product; params without the fwd knobs take its spec default): only with a gate."""
+    return gated and getattr(params, "gate_bias", TritonFwdParams.gate_bias) == "product"
+
+
+GATE_PARTS_BLOCK = 1024     # gate cumsum entries per program of gate_parts_kernel
+
+
+def gate_parts(gc: torch.Tensor, ratio: float) -> torch.Tensor:
+    """The keys' logit offsets x = gc * ratio (ratio = -gate_scale / qk_scale) as ``gate_bias.bias_parts``: [HQ, N,
+    16] bfloat16 from the head-major gate cumsum gc [HQ, N], one launch of ``gate_parts_kernel``."""
+    gp = torch.empty(*gc.shape, 16, device=gc.device, dtype=torch.bfloat16)
+    n = gc.numel()
+    compiled(gate_parts_kernel)[(triton.cdiv(n, GATE_PARTS_BLOCK),)](gc, gp, n, ratio, BLOCK=GATE_PARTS_BLOCK,
+                                                                     num_warps=4)
+    return gp
+
+
+def gate_parts_operand(gp: torch.Tensor, rows: int, tma: bool):
+    """The gate parts [HQ, N, 16] as a scan reads them: a tensor descriptor over their [HQ * N, 16] view with [rows,
+    16] blocks when the scan's key tiles come by TMA, else the tensor."""
+    if tma:
+        return TensorDescriptor.from_tensor(gp.view(-1, 16), [rows, 16])
+    return gp
 
 
 def query_block(params: TritonParams) -> int:
@@ -421,30 +459,35 @@ def path_attention_fwd(
     if kept and keeps_queries(T, S):
         state.y = torch.empty(N, HQ, D, device=dev, dtype=kj.dtype)
     gc_arg = gc if gc is not None else lse
+    # gate_bias product: the keys' offsets as bf16 parts, added by a product in both scans
+    parts = gate_by_product(params, g is not None)
+    gp = gate_parts(gc, -gate_scale / (scale * _LOG2E)) if parts else lse
     *walk, walk_tma = intra_walk_operands(ktil, wt, u, vt, C, D, DV, BD, BDV)
+    gp_walk = gate_parts_operand(gp, C, walk_tma) if parts else lse
     # one program per (chunk, query head) on a flat grid, query heads fastest (_ops.chunk_and_head)
     compiled(scan_intra_kernel)[(tables.n_chunks * HQ,)](
         qt, kt_in, vt, wt, u, m, gc_arg,
-        o_part, lse, x, state.y if write_y else lse, *walk,
+        o_part, lse, x, state.y if write_y else lse, *walk, gp_walk,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_start, tables.seq_end,
         scale * _LOG2E, gate_scale, N,
         HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, C=C, S=S,
         DT=dt, TP=params.transition_precision, USE_GATE=g is not None, WRITE_X=inter, INTERP=interp,
-        TMA=walk_tma, WALK_STAGES=params.intra_num_stages, WRITE_Y=write_y,
+        TMA=walk_tma, WALK_STAGES=params.intra_num_stages, WRITE_Y=write_y, GATE_MMA=parts,
         # the kernel-wide pipeliner stays off: it doubles the shared memory of the diagonal tile's operands
         num_warps=params.num_warps, num_stages=1,
     )
     state.join()
     if inter:
         kj_arg, v_arg, tma = inter_operands(kj, vt, params.block_n, D, DV, BD, BDV)
+        gp_arg = gate_parts_operand(gp, params.block_n, tma) if parts else gp
         compiled(scan_inter_kernel)[(tables.n_blocks, HQ)](
-            x, kj_arg, v_arg, what, gc_arg, o_part,
+            x, kj_arg, v_arg, what, gc_arg, gp_arg, o_part,
             o, lse,
             tables.blk_tok0, tables.blk_seq, tables.seq_start, tables.seq_end, tables.seq_sc_base,
             tables.n_blocks, scale * _LOG2E, gate_scale, N,
             HQ=HQ, H=H, D=D, DV=DV, BD=BD, BDV=BDV, BLOCK_M=query_block(params), S=S, BLOCK_N=params.block_n,
             DB=transition_column_block(BD), DT=dt, TP=params.transition_precision, USE_GATE=g is not None,
-            INTERP=interp, TMA=tma,
+            INTERP=interp, TMA=tma, GATE_MMA=parts,
             num_warps=params.inter_num_warps, num_stages=params.num_stages,
         )
     return o.view(B, T, HQ, DV), lse.view(B, T, HQ), state
@@ -468,7 +511,7 @@ def config_error(exc: Exception, q: torch.Tensor, v: torch.Tensor, config_json: 
         f"--config JSON` reports a config's shared memory per kernel without a GPU.")
 
 
-def forward_params(config_json: str, q: torch.Tensor, v: torch.Tensor) -> TritonParams:
+def forward_params(config_json: str, q: torch.Tensor, v: torch.Tensor) -> TritonFwdParams:
     """The custom op's config (a complete spec Config as JSON) -> kernel params: the one representation
     change (``_knobs.resolve_json``, cached per config text and head dims)."""
     return resolve_json("triton", "fwd", config_json, int(q.shape[-1]), int(v.shape[-1]))

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ._ops import chunk_and_head, mm, tdot, tile_of
+from .gate_bias import add_product, bias_ones
 
 
 @triton.jit
@@ -61,13 +62,14 @@ def _softmax_step_scaled(s, m_i, l_i, acc, v, qk_scale, INTERP: tl.constexpr):
 def scan_intra_kernel(
     q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, m_ptr, gc_ptr,
     o_ptr, lse_ptr, x_ptr, y_ptr,
-    kt_walk, w_walk, u_walk, v_walk,
+    kt_walk, w_walk, u_walk, v_walk, gp_walk,
     chunk_tok0, chunk_seq, seq_start, seq_end,
     qk_scale, gate_scale, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, WRITE_X: tl.constexpr,
     INTERP: tl.constexpr, TMA: tl.constexpr = False, WALK_STAGES: tl.constexpr = 1, WRITE_Y: tl.constexpr = False,
+    GATE_MMA: tl.constexpr = False,
 ):
     """One UT chunk of queries: its diagonal tile, then the walk over the earlier chunks of its super-chunk.
 
@@ -78,6 +80,10 @@ def scan_intra_kernel(
     WALK_STAGES (knob ``intra_num_stages``): software-pipelining stages of the walk's loads.  WRITE_Y: also
     store the queries carried to the start of their super-chunk in y's type (what the inter kernel starts from,
     X, rounded once): the backward's inter-super-chunk stages read them (bwd_forward_state keep_inter / keep).
+    GATE_MMA (gate_bias product): the walk takes the keys' gate offsets from their bf16 parts gp_walk [HQ, gc_hs, 16]
+    (``gate_bias``; with TMA a tensor descriptor over its [HQ * gc_hs, 16] view with [C, 16] blocks) by a K = 16
+    product, in the frame without the query's offset (its running max shifted by -c_q after the diagonal tile and
+    back before the lse is stored), so that a walk step is the ungated one.
     """
     n, hq = chunk_and_head(HQ)
     h = hq // (HQ // H)
@@ -118,6 +124,10 @@ def scan_intra_kernel(
     p = tl.exp2(s - m_i[:, None])
     l_i = tl.sum(p, axis=1)
     acc = mm(p.to(V.dtype), V, INTERP)
+    if USE_GATE and GATE_MMA:
+        m_i = m_i - c_q * gate_scale        # the walk's frame: without the query's offset
+        ones = bias_ones(C)
+        gp_h = hq.to(tl.int64) * gc_hs
 
     # 2. earlier chunks of this super-chunk, right to left (chunk-level low-rank transitions)
     for step in tl.range(0, c_idx - first_chunk_of_sc, num_stages=WALK_STAGES):
@@ -136,14 +146,24 @@ def scan_intra_kernel(
             Um = tl.load(u_walk + kof, mask=dmask, other=0.0).to(DT)
             Vm = tl.load(v_walk + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
         Xd = X.to(DT)
-        s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
-        if USE_GATE:
-            c_k = tl.load(gc_h + krows)
-            s += (c_q[:, None] - c_k[None, :]) * gate_scale
-        m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, Vm, INTERP)
+        if USE_GATE and GATE_MMA:
+            if TMA:
+                P = gp_walk.load([(gp_h + s0 + cc * C).to(tl.int32), 0])
+            else:
+                P = tl.load(gp_walk + (gp_h + krows)[:, None] * 16 + tl.arange(0, 16)[None, :])
+            s = add_product(mm(ones, tl.trans(P), INTERP), Xd, tl.trans(Kt), INTERP)
+            m_i, l_i, acc = _softmax_step_scaled(s, m_i, l_i, acc, Vm, qk_scale, INTERP)
+        else:
+            s = mm(Xd, tl.trans(Kt), INTERP) * qk_scale
+            if USE_GATE:
+                c_k = tl.load(gc_h + krows)
+                s += (c_q[:, None] - c_k[None, :]) * gate_scale
+            m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, Vm, INTERP)
         XW = mm(Xd, tl.trans(Wm), INTERP)
         X = X - mm(XW.to(DT), Um, INTERP)
 
+    if USE_GATE and GATE_MMA:
+        m_i = m_i + c_q * gate_scale
     o = acc / l_i[:, None]
     tl.store(o_ptr + (rows[:, None] * HQ + hq) * DV + dv[None, :], o.to(o_ptr.dtype.element_ty),
              mask=rmask[:, None] & dvmask)
@@ -157,28 +177,24 @@ def scan_intra_kernel(
 
 @triton.jit
 def scan_inter_kernel(
-    x_ptr, kj_ptr, v_ptr, what_ptr, gc_ptr, o_part_ptr,
+    x_ptr, kj_ptr, v_ptr, what_ptr, gc_ptr, gp_ptr, o_part_ptr,
     o_ptr, lse_ptr,
     blk_tok0, blk_seq, seq_start, seq_end, seq_sc_base,
     n_blocks, qk_scale, gate_scale, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
-    TMA: tl.constexpr = False,
+    TMA: tl.constexpr = False, GATE_MMA: tl.constexpr = False,
 ):
     """Merge the earlier super-chunks into the partial softmax of ``scan_intra_kernel``.
 
     o_part (float32) and lse hold the partial result; o (q's dtype) and lse receive the final one.
     x [N, HQ, D] float32 holds the queries at the start of their super-chunk; it is overwritten.
     gc [HQ, gc_hs] float32, head-major: the gates of a key tile are contiguous.
-    Blocks of the first super-chunk of a sequence only convert o_part to o.
-    DB (``forward.transition_column_block``): DB == BD multiplies X by the whole BD x BD What_J;
-    DB < BD (wide head dims) writes X What_J one DB-column block at a time, each from the full X
-    (read before the first write) and a BD x DB block of What_J.
-    TMA: kj_ptr and v_ptr are tensor descriptors over the [N, H * D] / [N, H * DV] views with blocks
-    [BLOCK_N, D] / [BLOCK_N, DV] (``forward.inter_operands``; D == BD, DV == BDV): the key and value
-    tiles arrive by TMA copies, no address tiles in registers and no masks (a super-chunk J < I lies
-    wholly inside the sequence); else block pointers.
+    GATE_MMA (gate_bias product): the keys' offsets come as bf16 parts gp [HQ, gc_hs, 16] (``gate_bias``; with
+    TMA a tensor descriptor over its [HQ * gc_hs, 16] view with [BLOCK_N, 16] blocks) and enter each logit tile
+    as a K = 16 product with ones that the tile's X KJ^T product accumulates onto: the loop then does the
+    ungated softmax step, no per-logit subtraction and no offset loads in the accumulator's column layout.
     """
     n = n_blocks - 1 - tl.program_id(0)     # latest blocks (most super-chunks to scan) first
     hq = tl.program_id(1)
@@ -208,6 +224,9 @@ def scan_inter_kernel(
             gc_h = gc_ptr + hq.to(tl.int64) * gc_hs
             c_q = tl.load(gc_h + tok0 + r, mask=rmask, other=0.0)
             m_i = m_i - c_q * gate_scale
+            if GATE_MMA:
+                ones = bias_ones(BLOCK_M)
+                gp_h = hq.to(tl.int64) * gc_hs
         rn = tl.arange(0, BLOCK_N)
         for step in range(0, sc_idx):
             jj = sc_idx - 1 - step
@@ -228,12 +247,22 @@ def scan_inter_kernel(
                     Vt = tl.load(v_blk, boundary_check=(1,), padding_option="zero")
                     k_blk = tl.advance(k_blk, (BLOCK_N, 0))
                     v_blk = tl.advance(v_blk, (BLOCK_N, 0))
-                sj = mm(Xd, tl.trans(KJ), INTERP)
-                if USE_GATE:
+                if USE_GATE and GATE_MMA:
+                    # the keys' gate offsets as a K = 16 product of their bf16 parts (gate_bias), the logits'
+                    # product accumulated onto it
+                    if TMA:
+                        P = gp_ptr.load([(gp_h + k0 + t0).to(tl.int32), 0])
+                    else:
+                        P = tl.load(gp_ptr + (gp_h + k0 + t0 + rn)[:, None] * 16 + tl.arange(0, 16)[None, :])
+                    sj = add_product(mm(ones, tl.trans(P), INTERP), Xd, tl.trans(KJ), INTERP)
+                    m_i, l_i, acc = _softmax_step_scaled(sj, m_i, l_i, acc, Vt, qk_scale, INTERP)
+                elif USE_GATE:
+                    sj = mm(Xd, tl.trans(KJ), INTERP)
                     c_kj = tl.load(gc_h + (k0 + t0) + rn)
                     m_i, l_i, acc = _softmax_step(sj * qk_scale - (c_kj * gate_scale)[None, :], m_i, l_i, acc,
                                                   Vt, INTERP)
                 else:
+                    sj = mm(Xd, tl.trans(KJ), INTERP)
                     m_i, l_i, acc = _softmax_step_scaled(sj, m_i, l_i, acc, Vt, qk_scale, INTERP)
             if jj > 0:
                 d = tl.arange(0, BD)
