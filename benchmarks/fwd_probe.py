@@ -20,9 +20,9 @@ For every (D, T, gate) at B*T = 32768 tokens (H = 16 at D <= 64, else 8), bf16, 
 With ``--host``: instead, one small host-bound call (B = 1, T = 512, H = 8, D = 64, FoX; ``--host-shape B,T,H,D``
 another shape, e.g. 16,2048,16,64 for a training step at B * T = 32K): the public
 call's wall time next to SDPA's, its replay from a CUDA graph (GPU time only), and the top functions
-of a cProfile of 200 calls; ``--launch-candidate FILE`` (a benchmarks/variants/ repeat launcher, e.g.
-launch_lean.py) times that call and a forward + backward at the same shape with it in place, beside
-the shipped launcher.
+of a cProfile of 200 calls; ``--launch-candidate FILE`` (a benchmarks/variants/ module whose ``in_place()`` puts a
+repeat-launcher class in ``launch._RepeatLaunch``'s place, ``kernel_variants.repeat_launcher_in_place``) times that
+call and a forward + backward at the same shape with it in place, beside the shipped launcher.
 JSON lines to stdout and to $OUT/fwd_probe.json (rewritten after every row).
 """
 from __future__ import annotations

@@ -287,9 +287,13 @@ def test_decode_probe_cpu_smoke(tmp_path):
     candidate.write_text("from kernel_variants import load_variant, module_source\n"
                          "import pathtune.codegen.triton.decode as decode\n"
                          "decode_kernel = load_variant(module_source(decode), 'decode_kernel', 'decode_same')\n")
+    step = tmp_path / "decode_step_same.py"     # the shipped step class rebuilt as a variant
+    step.write_text("from kernel_variants import load_variant, module_source\n"
+                    "import pathtune.codegen.triton.decode as decode\n"
+                    "TritonDecodeStep = load_variant(module_source(decode), 'TritonDecodeStep', 'decode_step_same')\n")
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_probe.py"), "--cpu-smoke",
                           "--budget-s", "600", "--candidate-decode", str(candidate), "--repeats", "2",
-                          "--candidate-step", "benchmarks/variants/decode_int_pointers.py",
+                          "--candidate-step", str(step),
                           "--out", str(out)],
                          capture_output=True, text=True, timeout=900,
                          cwd=ROOT, env={**__import__("os").environ, "TRITON_INTERPRET": "1"})

@@ -103,24 +103,6 @@ def test_canonical_source_keeps_code_that_looks_like_a_comment():
     assert canonical_source(text) == 'def f():\n    s = "# not a comment"\n    "a bare string"\n    return s'
 
 
-def test_records_of_the_byte_hash_stay_current_until_a_statement_changes(copy_of_sources):
-    """Records made before the hash left comments out carry the hash of the files' bytes: the tree that
-    introduced the code hash returns those (its statements are theirs), a comment edit keeps them, the first
-    statement edit gives the code hash (the records retire)."""
-    for pass_, (code, legacy) in sh._BYTE_HASH_RECORDS.items():
-        assert sh._code_hash(pass_) == code, pass_        # this tree is the one the map was made from
-        assert tri.source_hash(pass_) == legacy
-    with open(copy_of_sources / "decode.py", "a") as fh:
-        fh.write("\n# a comment\n")
-    assert tri.source_hash("decode") == sh._BYTE_HASH_RECORDS["decode"][1]
-    with open(copy_of_sources / "decode.py", "a") as fh:
-        fh.write("\n_EDITED = 1\n")
-    assert tri.source_hash("decode") == sh._code_hash("decode") != sh._BYTE_HASH_RECORDS["decode"][1]
-    for pass_, (_, legacy) in sh._BYTE_HASH_RECORDS.items():
-        if pass_ != "decode":      # a decode.py statement retires no other pass's records
-            assert tri.source_hash(pass_) == legacy
-
-
 def test_source_hash_default_is_all_files_and_passes_are_checked():
     assert [p.name for p in tri.source_files()] == sorted(
         p.name for p in Path(tri.__file__).parent.glob("*.py")

@@ -3,10 +3,11 @@
 CPU: ``KernelLauncher``'s bookkeeping against a stand-in JIT function whose ``[grid]`` returns a compiled-kernel
 object (the first call of a key goes through the JIT, later ones to the kept launcher with the constexprs in
 the kernel's parameter order; no key, an unaligned pointer, a JIT pre-run hook or a stand-in kernel put in
-the module sends a call to the JIT; at most ``MAX_KEYS`` kept), the real decode kernel's parameter split;
-``spec_key`` against Triton's own specialisation; ``compiled``'s keyed repeats and that every forward / backward
-launch goes through it.  GPU (``-m gpu``): decode steps and a fwd+bwd through the repeat path equal the same
-through the JIT, and an unaligned input is launched through the JIT.
+the module sends a call to the JIT; at most ``MAX_KEYS`` kept), the real decode kernel's parameter split and its
+step's int-pointer repeats; ``signature_and_args`` against Triton's own specialisation; ``compiled``'s keyed
+repeats (int pointers) and that every forward / backward launch goes through it.  GPU (``-m gpu``): decode steps
+and a fwd+bwd through the repeat path equal the same through the JIT, and an unaligned input is launched through
+the JIT.
 """
 from __future__ import annotations
 
@@ -18,13 +19,7 @@ import triton.language as tl
 from triton.compiler import CompiledKernel
 
 from pathtune.codegen.triton import launch as launch_mod
-from pathtune.codegen.triton.launch import KernelLauncher, tensor_key
-from repo_scripts import load_benchmark_script
-
-# candidates (benchmarks/variants/) whose repeat launches pass data pointers as ints
-DECODE_INT_POINTERS = "benchmarks/variants/decode_int_pointers.py"
-LAUNCH_INT_POINTERS = "benchmarks/variants/launch_int_pointers.py"
-LAUNCH_LEAN = "benchmarks/variants/launch_lean.py"
+from pathtune.codegen.triton.launch import KernelLauncher, pointers_and_key
 
 
 def _kernel(a_ptr, b_ptr, n, X: tl.constexpr, Y: tl.constexpr, Z: tl.constexpr = 7):
@@ -116,17 +111,7 @@ def test_wrong_argument_count_and_constexpr_before_a_runtime_parameter_are_refus
         _launcher(jit)
 
 
-def test_tensor_key_is_the_dtypes_only_when_every_pointer_is_16_byte_aligned():
-    a = torch.zeros(64, dtype=torch.float32)
-    b = torch.zeros(8, dtype=torch.bfloat16)
-    assert tensor_key([a, b]) == (torch.float32, torch.bfloat16)
-    assert tensor_key([a[4:], b]) == (torch.float32, torch.bfloat16)    # 16 bytes in
-    assert tensor_key([a[1:], b]) is None                                 # 4 bytes in: the JIT's call
-
-
-def test_candidate_pointers_and_key_is_the_pointers_and_the_dtypes_when_every_pointer_is_16_byte_aligned(
-        monkeypatch):
-    pointers_and_key = load_benchmark_script(monkeypatch, DECODE_INT_POINTERS).pointers_and_key
+def test_pointers_and_key_is_the_pointers_and_the_dtypes_when_every_pointer_is_16_byte_aligned():
     a = torch.zeros(64, dtype=torch.float32)
     b = torch.zeros(8, dtype=torch.bfloat16)
     assert pointers_and_key([a, b]) == ((a.data_ptr(), b.data_ptr()), (torch.float32, torch.bfloat16))
@@ -192,16 +177,12 @@ def _int_pointer_launches_hold(first, kept, q):
 
 
 @pytest.mark.parametrize("gate", [False, True])
-def test_candidate_decode_step_repeats_with_int_pointers_and_calls_the_jit_with_tensors(monkeypatch, gate):
-    """The int-pointer candidate's prepared step hands a repeat the data pointers of its 20 tensors as ints (then the
-    scalars) and the JIT's call the tensors themselves, in the kernel's runtime order; a q 2 bytes into its storage
-    gives no key.  The shipped step (tensors on a repeat) fails the int check."""
-    from pathtune.codegen.triton import decode as shipped
+def test_decode_step_repeats_with_int_pointers_and_calls_the_jit_with_tensors(gate):
+    """A prepared step hands a repeat the data pointers of its 20 tensors as ints (then the scalars) and the JIT's
+    call the tensors themselves, in the kernel's runtime order; a q 2 bytes into its storage gives no key."""
+    from pathtune.codegen.triton import decode
 
-    candidate = load_benchmark_script(monkeypatch, DECODE_INT_POINTERS).module
-    _int_pointer_launches_hold(*_launches_of_a_step(candidate, gate))
-    with pytest.raises(AssertionError):
-        _int_pointer_launches_hold(*_launches_of_a_step(shipped, gate))
+    _int_pointer_launches_hold(*_launches_of_a_step(decode, gate))
 
 
 def test_decode_kernel_runtime_parameters_precede_its_constexprs():
@@ -224,10 +205,11 @@ def test_at_most_max_keys_compiled_kernels_are_kept(monkeypatch):
 
 # ---- compiled(kernel): the forward / backward launchers' repeat path -------------------------------------------
 
-def test_spec_key_is_at_least_as_fine_as_tritons_specialisation():
+def test_signature_is_at_least_as_fine_as_tritons_specialisation():
     """Any two arguments Triton's runtime specialisation tells apart (``native_specialize_impl``: dtype and 16-byte
-    alignment of a pointer, an int's value class and width, a descriptor's block) get different keys; arguments of a
-    kind the key does not cover give no key (the JIT's call)."""
+    alignment of a pointer, an int's value class and width, a descriptor's block) get different signatures from
+    ``signature_and_args``, which hands each tensor over as its data pointer and everything else as it is;
+    arguments of a kind it does not cover give no signature (the JIT's call)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
     from triton.runtime.jit import native_specialize_impl
@@ -241,11 +223,13 @@ def test_spec_key_is_at_least_as_fine_as_tritons_specialisation():
             TensorDescriptor.from_tensor(t, [16, 16]), TensorDescriptor.from_tensor(t, [32, 16]),
             TensorDescriptor.from_tensor(f, [16, 16])]
     for i, a in enumerate(args):
+        sa, out = launch_mod.signature_and_args((a,))
+        assert out == ((a.data_ptr(),) if isinstance(a, torch.Tensor) else (a,))
         for b in args[i + 1:]:
             if native_specialize_impl(backend, a, False, True, True) != native_specialize_impl(backend, b, False,
                                                                                                True, True):
-                assert launch_mod.spec_key((a,)) != launch_mod.spec_key((b,)), (a, b)
-    assert launch_mod.spec_key((t, 3, object())) is None
+                assert sa != launch_mod.signature_and_args((b,))[0], (a, b)
+    assert launch_mod.signature_and_args((t, 3, object()))[0] is None
 
 
 def _first_call_then_repeat(launch, jit):
@@ -269,55 +253,21 @@ def _other_specialisations(a, b) -> list:
             ((4, 2), (a, b, 32), dict(X=1, Y=2, num_warps=8))]
 
 
-def test_repeat_launch_repeats_a_specialisation_and_sends_others_to_the_jit():
-    """The repeat path around a stand-in JIT function: the first call of a (grid, specialisation, constexprs,
-    options) goes through the JIT, its repeat (new tensors, same kind) to the kept compiled kernel with the
-    constexprs in parameter order; another grid, an unaligned pointer, another int class or options go through the
-    JIT."""
+def test_repeat_launch_repeats_with_int_pointers_and_sends_other_specialisations_to_the_jit():
+    """The repeat path around a stand-in JIT function: the first call of a key goes through the JIT with the
+    tensors, its repeat (new tensors, same kind) to the kept compiled kernel with each tensor as its data pointer and
+    the constexprs in parameter order; another grid, an unaligned pointer, another dtype, int class, constexpr,
+    option or keyword order, or an unhashable constexpr go through the JIT (a new keyword order is a key of its own,
+    launched right)."""
     jit = _Jit()
     launch = launch_mod._RepeatLaunch(jit)
-    a, b, a2, b2 = _first_call_then_repeat(launch, jit)
-    assert jit.log[-1] == ("direct", (4, 2, 1), (a2, b2, 48, 1, 2, 7)) and launch.launcher.hits == 1
-    for grid, args, kw in _other_specialisations(a, b):
-        launch[grid](*args, **kw)
-        assert jit.log[-1][0] == "jit", (grid, kw)
-    assert launch.launcher.hits == 1
-    launch[(1,)](a, b, 32, X=[1], Y=2)                              # an unhashable constexpr: the JIT's call
-    assert jit.log[-1][0] == "jit"
-
-
-@pytest.mark.parametrize("candidate", [True, False], ids=["int-pointers", "shipped"])
-def test_candidate_repeat_launch_passes_int_pointers(monkeypatch, candidate):
-    """The int-pointer candidate's repeat hands the compiled launcher each tensor's data pointer (ints and None
-    as they are), the JIT's call the tensors; the shipped repeat (tensors) fails the check."""
-    cand = load_benchmark_script(monkeypatch, LAUNCH_INT_POINTERS)
-    cls = cand.RepeatLaunch if candidate else launch_mod._RepeatLaunch
-    jit = _Jit()
-    launch = cls(jit)
-    a, b, a2, b2 = _first_call_then_repeat(launch, jit)
-    kind, grid, args = jit.log[-1]
-    assert kind == "direct" and grid == (4, 2, 1) and args[2:] == (48, 1, 2, 7)
-    ints = all(type(x) is int for x in args[:2]) and args[:2] == (a2.data_ptr(), b2.data_ptr())
-    assert ints == candidate
-    launch[(4, 2)](a2[1:], b2, 48, X=1, Y=2, num_warps=4)         # unaligned: the JIT's call, with tensors
-    assert jit.log[-1][0] == "jit" and isinstance(jit.log[-1][2][0], torch.Tensor)
-
-
-def test_lean_candidate_repeats_with_int_pointers_and_sends_other_specialisations_to_the_jit(monkeypatch):
-    """The lean candidate: the first call of a key goes through the JIT with the tensors, its repeat to the kept
-    compiled kernel with each tensor as its data pointer and the constexprs in parameter order; another grid, an
-    unaligned pointer, another int class, constexpr, option or keyword order, or an unhashable constexpr go through
-    the JIT (a new keyword order is a key of its own, launched right)."""
-    cand = load_benchmark_script(monkeypatch, LAUNCH_LEAN)
-    jit = _Jit()
-    launch = cand.LeanRepeatLaunch(jit)
     a, b, a2, b2 = _first_call_then_repeat(launch, jit)
     assert jit.log[-1] == ("direct", (4, 2, 1), (a2.data_ptr(), b2.data_ptr(), 48, 1, 2, 7))
     assert launch.launcher.hits == 1
     for grid, args, kw in _other_specialisations(a, b) + [((4, 2), (a.double(), b, 32), dict(X=1, Y=2, num_warps=4)),
                                                           ((4, 2), (a, b, 32), dict(Y=2, X=1, num_warps=4))]:
         launch[grid](*args, **kw)
-        assert jit.log[-1][0] == "jit", (grid, kw)
+        assert jit.log[-1][0] == "jit" and isinstance(jit.log[-1][2][0], torch.Tensor), (grid, kw)
     assert launch.launcher.hits == 1
     launch[(4, 2)](a2, b2, 48, Y=2, X=1, num_warps=4)                # the new order's repeat: same constexprs
     assert jit.log[-1] == ("direct", (4, 2, 1), (a2.data_ptr(), b2.data_ptr(), 48, 1, 2, 7))
@@ -326,33 +276,23 @@ def test_lean_candidate_repeats_with_int_pointers_and_sends_other_specialisation
     assert jit.log[-1][0] == "jit"
 
 
-def test_lean_candidate_signature_is_at_least_as_fine_as_spec_key(monkeypatch):
-    """Any two arguments ``spec_key`` tells apart get different signatures from the lean candidate, which hands each
-    tensor over as its data pointer and everything else as it is; a kind neither covers gives no signature."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
+def test_repeat_launcher_in_place_swaps_and_restores():
+    """``kernel_variants.repeat_launcher_in_place(cls)`` (what a probe's ``--launch-candidate`` module uses):
+    ``compiled`` builds ``cls`` launchers inside, the shipped ones after."""
+    import sys
+    from pathlib import Path
 
-    cand = load_benchmark_script(monkeypatch, LAUNCH_LEAN)
-    t = torch.zeros(64, 64, dtype=torch.bfloat16)
-    f = torch.zeros(64, 64, dtype=torch.float32)
-    args = [t, t[1:], t.view(-1)[8:], f, f.view(-1)[1:], 0, 1, 2, 16, 17, -16, (1 << 31) + 3, 1 << 40, 0.5, True, False,
-            None, TensorDescriptor.from_tensor(t, [16, 16]), TensorDescriptor.from_tensor(t, [32, 16])]
-    for i, x in enumerate(args):
-        sx, out = cand.signature_and_args((x,))
-        assert out == ((x.data_ptr(),) if isinstance(x, torch.Tensor) else (x,))
-        for y in args[i + 1:]:
-            if launch_mod.spec_key((x,)) != launch_mod.spec_key((y,)):
-                assert sx != cand.signature_and_args((y,))[0], (x, y)
-    assert cand.signature_and_args((t, 3, object()))[0] is None
-
-
-def test_candidate_launcher_in_place_swaps_and_restores(monkeypatch):
-    """``in_place()``: ``compiled`` builds the candidate's launchers inside, the shipped ones after."""
     from triton.runtime.jit import JITFunction
 
-    cand = load_benchmark_script(monkeypatch, LAUNCH_INT_POINTERS)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from kernel_variants import repeat_launcher_in_place
+
+    class Other(launch_mod._RepeatLaunch):
+        pass
+
     jf = JITFunction(_kernel)
-    with cand.in_place():
-        assert type(launch_mod.compiled(jf)) is cand.RepeatLaunch
+    with repeat_launcher_in_place(Other):
+        assert type(launch_mod.compiled(jf)) is Other
     assert type(launch_mod.compiled(jf)) is launch_mod._RepeatLaunch
 
 
@@ -444,7 +384,7 @@ def test_gpu_unaligned_input_goes_through_the_jit_and_is_right():
     flat = torch.empty(xs[0].numel() + 1, device="cuda", dtype=torch.bfloat16)
     q_odd = flat[1:].view_as(xs[0])
     q_odd.copy_(xs[0])
-    assert tensor_key([q_odd]) is None
+    assert pointers_and_key([q_odd])[1] is None
     step = dec.prepare(*xs, a)
     hits = step._launch.hits
     o_odd = dec.path_decode_triton(q_odd, *xs[1:], a)
@@ -488,22 +428,3 @@ def test_gpu_repeat_launches_of_fwd_bwd_equal_jit_launches(monkeypatch, gate):
     for a, b, c in zip(jit[1:], first[1:], second[1:]):
         for x in (b, c):
             assert float((x.double() - a.double()).norm() / a.double().norm()) < 2e-3
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("gate", [False, True])
-def test_gpu_lean_candidate_fwd_bwd_equals_the_shipped_launches(monkeypatch, gate):
-    """A forward + backward (several token ranges) through the lean candidate's repeats (int pointers, the compiled
-    launcher on the current stream) equals the same through the shipped repeat path: o bit for bit, the gradients
-    up to the order of the backward's atomic adds; and the candidate's repeats ran."""
-    cand = load_benchmark_script(monkeypatch, LAUNCH_LEAN)
-    run = _fwd_bwd_over_ranges(monkeypatch, gate, seed=12)
-    shipped = run()
-    with cand.in_place():
-        run()                                       # the first call of each key: the JIT
-        lean = run()
-        hits = launch_mod.repeat_hits()
-    assert hits >= 10
-    assert torch.equal(lean[0], shipped[0])
-    for a, b in zip(shipped[1:], lean[1:]):
-        assert float((b.double() - a.double()).norm() / a.double().norm()) < 2e-3

@@ -34,16 +34,6 @@ PASS_SOURCES = {
 }
 NOT_HASHED = ("compile_check", "heuristics", "registry", "_source_hash")
 
-# The records of the kernels measured before the hash left comments and docstrings out carry the hash of
-# the files' bytes.  The tree that introduced this hash has the same statements as the tree those records
-# measured (only the hashing moved here): per pass, (this hash of that tree, the byte hash its records carry).
-# While a pass's sources hash as that tree's, the records keep their key; the first statement edit retires them
-# (and its entry leaves this map).
-_BYTE_HASH_RECORDS = {
-    "decode": ("1f84fef4fb66182d", "88d4f2c0d2f50df7"),
-}
-
-
 def _folder() -> Path:
     # the package's own __file__ (tests point it at a copy of the folder)
     return Path(sys.modules[__package__].__file__).parent
@@ -115,6 +105,4 @@ def source_hash(pass_: str | None = None) -> str:
 
     A measurement recorded under another hash was taken with different kernel code and is not served to
     the dispatcher.  Comments and docstrings do not count (``canonical_source``)."""
-    code = _code_hash(pass_)
-    compat = _BYTE_HASH_RECORDS.get(pass_)
-    return compat[1] if compat is not None and compat[0] == code else code
+    return _code_hash(pass_)

@@ -80,7 +80,7 @@ from pathtune.codegen.kv_cache import PaTHKVCache
 from pathtune.specs import load_spec
 
 from ._ops import interpreting, mm, next_pow2, padded_dim
-from .launch import KernelLauncher, tensor_key
+from .launch import KernelLauncher, pointers_and_key
 from .params import TritonParams
 
 __all__ = ["decode_kernel", "path_decode_triton", "path_prefill_triton",
@@ -852,12 +852,14 @@ class TritonDecodeStep:
         tensors = (q, k, v, w, beta, gg, cache.k_buffer, cache.v, m_part if c is None else c, ch, cache.state_tensor,
                    pw, pb, phi, m_part, l_part, acc_part, o, lse, cache.arrival_counters)
         WS = pw.shape[1]
-        key = tensor_key(tensors)
+        ptrs, key = pointers_and_key(tensors)
         if key is not None:   # what the compiled kernel depends on besides the geometry's constants
             key = (key, max_len, WS, return_lse, torch.cuda.current_device() if q.is_cuda else -1)
-        args = (*tensors, max_len, splits, self.qk_scale, self.gate_scale)
-        if not self._launch.repeat(key, args):
-            self._launch(grid, args, dict(const, WS=WS, STORE_LSE=return_lse), self._options, key)
+        scalars = (max_len, splits, self.qk_scale, self.gate_scale)
+        # a repeat hands the compiled launcher the data pointers as ints; the JIT's call takes the tensors, whose
+        # types and alignment it specialises on
+        if not self._launch.repeat(key, (*ptrs, *scalars)):
+            self._launch(grid, (*tensors, *scalars), dict(const, WS=WS, STORE_LSE=return_lse), self._options, key)
         cache.advanced(TN, window=self.window, frame_bound=self.frame_bound, frame_align=FRAME_ALIGN)
         return (o, lse) if return_lse else o
 

@@ -1,4 +1,4 @@
-"""Repeat launches that skip the JIT's argument binding.
+"""Repeat launches that skip the JIT's argument binding and Triton's per-launch wrappers.
 
 ``fn[grid](*args, **constexprs)`` binds every argument, recomputes the specialisation key (dtype and 16-byte
 alignment of each pointer, the ints' value classes), looks the compiled kernel up and only then calls its
@@ -7,18 +7,22 @@ launcher: on an H200 host ~50-60 us per launch for a kernel of ~20 runtime argum
 decode step one: without this the host, not the GPU, sets the pace of small calls.
 
 ``KernelLauncher`` launches through the JIT the first time a caller's key is seen and keeps the compiled kernel
-the JIT returned; later calls with the same key go to that kernel's launcher (``CompiledKernel[grid]``, which
-still reads the current device and stream and runs Triton's launch hooks per call, so profilers, stream contexts
-and CUDA-graph capture see a normal launch).  The key is the caller's promise: two calls with equal keys have the
-same grid, constexprs, launch options and runtime specialisation.  The decode step builds its key from its own
-geometry (``tensor_key`` gives the tensors' share); ``compiled(kernel)`` computes it from the arguments
-(``spec_key``: at least as fine as Triton's runtime specialisation) for the forward and backward launchers.
-Under the interpreter, for a stand-in kernel (a test's spy, a probe's candidate), or with JIT pre-run hooks
-installed, every call goes through the JIT.
+the JIT returned; later calls with the same key go to that kernel's launcher (``CompiledKernel.run``) on the
+current device's current stream, with each tensor handed over as its data pointer (an int, which Triton's
+launcher takes as it is, where a tensor costs it a method call and a driver query per pointer).  With Triton's
+launch hooks installed (a profiler) a repeat goes through the compiled kernel's ``[grid]`` runner instead, which
+runs them.  The key is the caller's promise: two calls with equal keys have the same grid, constexprs, launch
+options and runtime specialisation.  The decode step builds its key from its own geometry
+(``pointers_and_key`` gives the tensors' share); ``compiled(kernel)`` computes it from the arguments
+(``signature_and_args``: at least as fine as Triton's runtime specialisation, in the same pass that turns the
+tensors into pointers) for the forward and backward launchers.  Under the interpreter, for a stand-in kernel (a
+test's spy, a probe's candidate), or with JIT pre-run hooks installed, every call goes through the JIT.
 """
 from __future__ import annotations
 
+import functools
 import inspect
+import operator
 from typing import Any, Hashable, Optional, Sequence
 
 import torch
@@ -29,41 +33,46 @@ MAX_KEYS = 256
 """Compiled kernels kept per launcher (a varlen layout gives a new grid per call: the oldest key goes first)."""
 
 _I32 = (-(1 << 31), 1 << 31)
+_DATA_PTR, _DTYPE = torch.Tensor.data_ptr, operator.attrgetter("dtype")
 
 
-def tensor_key(tensors: Sequence[torch.Tensor]) -> Optional[tuple]:
-    """The dtypes of ``tensors`` when every data pointer is 16-byte aligned (what Triton specialises a pointer
-    on), else None (Triton then compiles for the unaligned pointers: leave that call to the JIT)."""
-    ptrs = 0
-    for t in tensors:
-        ptrs |= t.data_ptr()
-    if ptrs & 15:
-        return None
-    return tuple(t.dtype for t in tensors)
+def pointers_and_key(tensors: Sequence[torch.Tensor]) -> tuple[tuple, Optional[tuple]]:
+    """(the data pointers of ``tensors`` as ints, their dtypes or None): the dtypes when every pointer is 16-byte
+    aligned (what Triton specialises a pointer on), else None (Triton then compiles for the unaligned pointers:
+    leave that call to the JIT)."""
+    ptrs = tuple(map(_DATA_PTR, tensors))
+    aligned = not functools.reduce(operator.or_, ptrs, 0) & 15
+    return ptrs, (tuple(map(_DTYPE, tensors)) if aligned else None)
 
 
-def spec_key(args: Sequence) -> Optional[tuple]:
-    """What Triton specialises the runtime arguments ``args`` on, at least: per tensor its dtype, device and
+def signature_and_args(args: Sequence) -> tuple[Optional[tuple], tuple]:
+    """(what Triton specialises the runtime arguments ``args`` on, at least: per tensor its dtype, device and
     whether it is 16-byte aligned, per int whether it is 1, a multiple of 16, within int32 and beyond int64, per
-    tensor descriptor its dtype, block, device and padding; None where an argument is of a kind this does not
-    cover (that call goes through the JIT)."""
-    out = []
+    tensor descriptor its dtype, block, device and padding, per bool its value; None where an argument is of a kind
+    this does not cover (that call goes through the JIT)) and ``args`` with every tensor replaced by its data
+    pointer, in one pass."""
+    sig, out = [], []
     for a in args:
-        if isinstance(a, torch.Tensor):
-            out.append((a.dtype, a.data_ptr() & 15 == 0, a.device))
-        elif isinstance(a, bool):
-            out.append(("b", a))
-        elif isinstance(a, int):
-            out.append((a == 1, a & 15 == 0, _I32[0] <= a < _I32[1], a >= 1 << 63))
-        elif isinstance(a, float):
-            out.append("f")
-        elif isinstance(a, TensorDescriptor):
-            out.append((a.base.dtype, tuple(a.block_shape), a.base.device, getattr(a, "padding", None)))
+        t = type(a)
+        if t is torch.Tensor or isinstance(a, torch.Tensor):
+            p = a.data_ptr()
+            sig.append((a.dtype, p & 15 == 0, a.device))
+            out.append(p)
+            continue
+        if t is bool:
+            sig.append(("b", a))
+        elif t is int:
+            sig.append((a == 1, a & 15 == 0, _I32[0] <= a < _I32[1], a >= 1 << 63))
+        elif t is float:
+            sig.append("f")
         elif a is None:
-            out.append(None)
+            sig.append(None)
+        elif isinstance(a, TensorDescriptor):
+            sig.append((a.base.dtype, tuple(a.block_shape), a.base.device, getattr(a, "padding", None)))
         else:
-            return None
-    return tuple(out)
+            return None, tuple(args)
+        out.append(a)
+    return tuple(sig), tuple(out)
 
 
 def _compiled_type():
@@ -74,12 +83,36 @@ def _compiled_type():
     return CompiledKernel
 
 
+def _hooks_installed() -> bool:
+    from triton import knobs
+    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+
+
+def _direct_runner(kernel, grid: tuple):
+    """A callable launching the compiled ``kernel`` on ``grid`` (three dims) with its runtime and constexpr
+    arguments: its launcher itself on the current device's current stream, or its ``[grid]`` runner where it is
+    not a Triton ``CompiledKernel`` with a loaded function, or while launch hooks are installed."""
+    runner = kernel[grid]
+    run, function, meta = (getattr(kernel, n, None) for n in ("run", "function", "packed_metadata"))
+    if run is None or function is None or not torch.cuda.is_available():
+        return runner
+    gx, gy, gz = grid
+    current_device, raw_stream = torch.cuda.current_device, torch._C._cuda_getCurrentRawStream
+
+    def direct(*args):
+        if _hooks_installed():
+            return runner(*args)
+        run(gx, gy, gz, raw_stream(current_device()), function, meta, None, None, None, *args)
+    return direct
+
+
 class KernelLauncher:
     """Launches of the kernel ``getattr(module, name)`` (a ``triton.jit`` function, looked up per call so that a
     stand-in put there by a test or a probe sees the launches): ``launcher.repeat(key, args) or launcher(grid,
     args, constexprs, options, key)``.  ``args``: the runtime arguments, positional in the kernel's order (its
     constexpr parameters must all come after them); ``constexprs``: their values; ``options``: num_warps,
-    num_stages.  ``key`` None: always through the JIT.  ``hits`` counts the launches that skipped it; at most
+    num_stages.  A repeat takes the tensors as their data pointers (``pointers_and_key``), the JIT's call the
+    tensors.  ``key`` None: always through the JIT.  ``hits`` counts the launches that skipped it; at most
     ``MAX_KEYS`` compiled kernels are kept."""
 
     def __init__(self, module, name: str) -> None:
@@ -134,15 +167,17 @@ class KernelLauncher:
         kernel = fn[grid](*args, **constexprs, **options)
         if key is not None and isinstance(kernel, _compiled_type()):
             if len(self._fast) >= MAX_KEYS:
-                self._fast.pop(next(iter(self._fast)))
+                self._fast.pop(next(iter(self._fast)), None)
             g = tuple(grid) + (1,) * (3 - len(grid))
-            self._fast[key] = (fn, kernel[g], self.constexpr_values(constexprs))
+            self._fast[key] = (fn, _direct_runner(kernel, g), self.constexpr_values(constexprs))
         return kernel
 
 
 class _RepeatLaunch:
     """``[grid](*runtime_args, **constexprs_and_options)``, the JIT's calling convention, for one ``triton.jit``
-    kernel, through a ``KernelLauncher`` keyed by ``spec_key``."""
+    kernel, through a ``KernelLauncher`` keyed by (grid, the keywords as passed, ``signature_and_args``): a call site
+    passes its keywords in one order, so a repeat needs no split of them (another order is another key: a miss,
+    not an error), and the signature and the pointer arguments come from one pass over the arguments."""
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel
@@ -153,15 +188,15 @@ class _RepeatLaunch:
 
         def launch(*args, **kw):
             lau = self.launcher
-            constexprs = {n: v for n, v in kw.items() if n in lau.constexpr_names}
-            options = {n: v for n, v in kw.items() if n not in lau.constexpr_names}
-            spec = spec_key(args)
-            key = None if spec is None else (grid, spec, tuple(constexprs.items()), tuple(options.items()))
+            sig, ptr_args = signature_and_args(args)
+            key = None if sig is None else (grid, tuple(kw.items()), sig)
             try:
-                if lau.repeat(key, args):
+                if lau.repeat(key, ptr_args):
                     return None
             except TypeError:     # an unhashable constexpr or option: this call through the JIT
                 key = None
+            constexprs = {n: v for n, v in kw.items() if n in lau.constexpr_names}
+            options = {n: v for n, v in kw.items() if n not in lau.constexpr_names}
             return lau(grid, args, constexprs, options, key)
         return launch
 
