@@ -12,7 +12,8 @@ from pathtune.codegen.triton.heuristics import heuristic_knobs
 from pathtune.codegen.triton.params import TritonParams
 
 NARROW = {"block_n": 128, "decode_block_n": 256, "transition_precision": "fp16", "ut_diag_block": 8,
-          "intra_num_stages": 2, "ut_precision": "tf32", "bwd_transition_precision": "tf32", "decode_frame_bound": 2048}
+          "intra_num_stages": 2, "ut_precision": "tf32", "bwd_transition_precision": "tf32", "decode_frame_bound": 2048,
+          "gate_bias": "product"}
 MEDIUM = {"block_n": 128, "bwd_num_stages": 1, "bwd_transition_precision": "fp16",
           "num_stages": 3, "num_warps": 4, "transition_precision": "fp16", "bwd_dkv_block_n": 128,
           "bwd_dkv_num_warps": 8}
@@ -64,9 +65,10 @@ def test_heuristic_knobs_are_pinned(dims):
 
 
 # knobs that only one pass's params class holds (a pass-only knob keys that pass's source hash alone): the decode
-# pass's and the backward's, with their spec defaults
+# pass's, the backward's and the forward's, with their spec defaults
 DECODE_ONLY = {"decode_frame_bound": 0}
 BWD_ONLY = {"bwd_dkv_block_n": 0, "bwd_dkv_num_warps": 0, "bwd_walk_chunks": 1}
+FWD_ONLY = {"gate_bias": "subtract"}
 
 
 @pytest.mark.parametrize("dims", sorted(EXPECTED, key=lambda k: (k[0], k[1] or 0)), ids=str)
@@ -75,8 +77,9 @@ def test_heuristic_params_are_pinned(dims):
 
     head_dim, head_dim_v = dims
     got = asdict(TritonParams.heuristic(head_dim, head_dim_v))
-    assert got == {k: v for k, v in {**BASE, **EXPECTED[dims]}.items() if k not in DECODE_ONLY and k not in BWD_ONLY}
-    for pass_, only in (("decode", DECODE_ONLY), ("bwd", BWD_ONLY)):
+    assert got == {k: v for k, v in {**BASE, **EXPECTED[dims]}.items()
+                   if k not in DECODE_ONLY and k not in BWD_ONLY and k not in FWD_ONLY}
+    for pass_, only in (("decode", DECODE_ONLY), ("bwd", BWD_ONLY), ("fwd", FWD_ONLY)):
         params = resolve("triton", pass_, None, (head_dim, head_dim_v or head_dim))
         for knob, default in only.items():
             assert getattr(params, knob) == EXPECTED[dims].get(knob, default), (pass_, knob)

@@ -198,12 +198,10 @@ def test_pack_default_then_heuristic(env, db_url):
     assert (p.source, p.fwd.config) == ("default", fwd_cfg(num_warps=8))
     p = plan(dispatcher(env, db_url, None))
     assert p.source == "heuristic"
-    from pathtune.codegen.triton import TritonParams
-
-    # the plan carries the untuned config (spec spelling); the op resolves it to the heuristic params (a
-    # forward-only plan: bwd_forward_state recompute, no state kept for a backward)
+    # the plan carries the untuned config (spec spelling); the op resolves it to the forward's params of the head
+    # dim's untuned config (a forward-only plan: bwd_forward_state recompute, no state kept for a backward)
     assert resolve("triton", "fwd", json.loads(p.params_json), (64, 64)) == dataclasses.replace(
-        TritonParams.heuristic(64, 64), bwd_forward_state="recompute")
+        resolve("triton", "fwd", None, (64, 64)), bwd_forward_state="recompute")
     assert plan(dispatcher(env, db_url, None), head_dim=128, head_dim_v=128).fwd.config == fwd_cfg(chunk_size=32)
 
 
