@@ -267,6 +267,35 @@ def test_gate_offsets_by_product_leave_the_scans_loops_ungated(D):
         assert prod["loops"][0] < sub["loops"][0] and prod["loops"][0] <= 1.06 * plain["loops"][0], (name, r)
 
 
+_PRECOMPILE_CHILD = textwrap.dedent("""
+    import json
+    from pathtune.tuning.bundle import precompile_triton
+    from pathtune.tuning.measure import MeasureTask
+
+    wl = dict(head_dim=128, head_dim_v=128, heads_q=8, heads_kv=8, dtype="bfloat16", use_gate=True)
+    out = {}
+    for stages in (3, 2):
+        task = MeasureTask(pass_="fwd", backend="triton", workload=wl,
+                           config=dict(gate_bias="product", num_stages=stages), batch=8, seq_len=4096)
+        out[stages] = precompile_triton(task)
+    print("RESULT " + json.dumps(out), flush=True)
+""")
+
+
+def test_split_flow_precompile_sees_the_gate_products_shared_memory():
+    """``tuning.bundle.precompile_triton`` builds a fwd candidate's kernels with its forward knobs: gate_bias product
+    at D 128 on three pipelining stages needs 245 KB of shared memory in scan_inter (a pre-measured
+    ``out_of_resources`` naming that kernel), on two it fits (no verdict, the GPU host measures it)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _PRECOMPILE_CHILD], env=env, capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT_S)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    r = json.loads(lines[-1][len("RESULT "):])
+    assert r["3"]["status"] == "out_of_resources" and "scan_inter_kernel" in r["3"]["message"], r
+    assert r["2"] is None, r
+
+
 def test_mma_loops_finds_the_innermost_product_loops():
     """compile_check.mma_loops: a loop is a backward branch and its body; only loops running a product count, the
     innermost of nested ones, and a retry path that branches back into a loop's body from past the kernel's end

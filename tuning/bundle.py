@@ -61,8 +61,11 @@ def precompile_triton(task: MeasureTask) -> Optional[dict]:
         launches = compile_check.decode_kernels(params, wl["head_dim"], wl["head_dim_v"], dtype=dtype,
                                                 gate=wl["use_gate"], heads=wl["heads_kv"], group=group)
     else:
+        # the forward's own knobs (gate_bias) as the task's forward runs them: the fwd params of its config
+        fwd = triton_params(task.config, wl["head_dim"], wl["head_dim_v"], "fwd")
         launches = compile_check.forward_kernels(params, wl["head_dim"], wl["head_dim_v"], dtype=dtype,
-                                                 gate=wl["use_gate"], heads=wl["heads_kv"], group=group)
+                                                 gate=wl["use_gate"], heads=wl["heads_kv"], group=group,
+                                                 fwd_params=fwd)
     for fn, sig, const, nw, ns in launches:
         name = fn.fn.__name__
         if task.pass_ == "fwd" and (name.startswith("bwd_") or name.startswith("ut_bwd_")):
