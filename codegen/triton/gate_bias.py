@@ -43,8 +43,9 @@ def bias_ones(N: tl.constexpr):
 
 @triton.jit
 def add_product(acc, a, b, INTERP: tl.constexpr):
-    """acc + a @ b for bf16 a, b (K = 16), accumulated in the MMA's float32 registers on the GPU; the
-    interpreter (whose bf16 products are not the GPU's) multiplies them widened to float32, which is exact here."""
+    """acc + a @ b for 16-bit a, b (the ones and parts of K = 16, or the scan's operands), accumulated in the MMA's
+    float32 registers on the GPU; the interpreter (whose bf16 products are not the GPU's) multiplies them widened to
+    float32, where a product of two 16-bit numbers is exact."""
     if INTERP:
         return acc + tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:

@@ -195,6 +195,14 @@ def scan_inter_kernel(
     TMA a tensor descriptor over its [HQ * gc_hs, 16] view with [BLOCK_N, 16] blocks) and enter each logit tile
     as a K = 16 product with ones that the tile's X KJ^T product accumulates onto: the loop then does the
     ungated softmax step, no per-logit subtraction and no offset loads in the accumulator's column layout.
+    Blocks of the first super-chunk of a sequence only convert o_part to o.
+    DB (``forward.transition_column_block``): DB == BD multiplies X by the whole BD x BD What_J;
+    DB < BD (wide head dims) writes X What_J one DB-column block at a time, each from the full X
+    (read before the first write) and a BD x DB block of What_J.
+    TMA: kj_ptr and v_ptr are tensor descriptors over the [N, H * D] / [N, H * DV] views with blocks
+    [BLOCK_N, D] / [BLOCK_N, DV] (``forward.inter_operands``; D == BD, DV == BDV): the key and value
+    tiles arrive by TMA copies, no address tiles in registers and no masks (a super-chunk J < I lies
+    wholly inside the sequence); else block pointers.
     """
     n = n_blocks - 1 - tl.program_id(0)     # latest blocks (most super-chunks to scan) first
     hq = tl.program_id(1)
