@@ -419,16 +419,16 @@ def decode_section(path: Path, doc: dict, timing: str = "eager") -> list[str]:
 def decode_steps_section(files: list, level: str = "##") -> list[str]:
     """The public decode step for 1, 4 and 16 new tokens (decode_probe.py): a step without a flush, the
     flush step, the amortized step over a flush cycle, beside SDPA flash over the same query count.  ``files``:
-    the probes' (path, doc), oldest first; each token count's rows come from the newest file that timed it (a
-    probe run with --tokens times only some).  ``level``: the heading's markdown level."""
+    the probes' (path, doc), oldest first; each row (head dim, cache, gate, token count) comes from the newest
+    file that timed it (a probe run with --tokens or --quick times only some), and the sources say which rows
+    each gave.  ``level``: the heading's markdown level."""
     newest: dict = {}
     for path, doc in files:
-        for n in {r["tokens"] for r in doc.get("steps", []) if "pathtune_net_ms" in r}:
-            newest[n] = (path, doc)
-    used = sorted({id(d): (p, d) for p, d in newest.values()}.values(), key=lambda f: f[0].name)
-    steps = sorted((r for n, (_p, d) in newest.items() for r in d["steps"]
-                    if r["tokens"] == n and "pathtune_net_ms" in r),
-                   key=lambda r: (r["D"], r["cache_len"], r["gate"], r["tokens"]))
+        for r in doc.get("steps", []):
+            if "pathtune_net_ms" in r:
+                newest[(r["D"], r["cache_len"], r["gate"], r["tokens"])] = (path, doc, r)
+    used = sorted({id(d): (p, d) for p, d, _r in newest.values()}.values(), key=lambda f: f[0].name)
+    steps = [newest[shape][2] for shape in sorted(newest)]
     # --old-decode runs also time an older decode kernel on the same steps: its flush step and amortized step
     before = any("old_amortized_ms" in r for r in steps)
     # --repeats runs time each row several times: the median of the rounds' ratios, with their range
@@ -459,9 +459,17 @@ def decode_steps_section(files: list, level: str = "##") -> list[str]:
                 "larger than the call's work on that row), so the row's step, flush and amortized times measure "
                 "nothing; rerun the probe for it."]
     for path, doc in used:
-        counts = ", ".join(str(n) for n in sorted(n for n, (_p, d) in newest.items() if d is doc))
         src = _source(path, doc)
-        out += ["", f"{'Rows of' if len(used) > 1 else 'All rows,'} {counts} token(s) a call. {src[0]}"] + src[1:]
+        mine = sorted(shape for shape, (_p, d, _r) in newest.items() if d is doc)
+        counts = ", ".join(str(n) for n in sorted({shape[3] for shape in mine}))
+        if len(used) == 1:
+            out += ["", f"All rows, {counts} token(s) a call. {src[0]}"] + src[1:]
+            continue
+        caches: dict = {}
+        for shape in mine:
+            caches.setdefault(shape[0], set()).add(shape[1])
+        where = "; ".join(f"D {d_} at cache {', '.join(map(str, sorted(cs)))}" for d_, cs in sorted(caches.items()))
+        out += ["", f"Rows of {where} ({counts} token(s) a call). {src[0]}"] + src[1:]
     return out
 
 

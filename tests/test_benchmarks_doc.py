@@ -86,8 +86,32 @@ def test_decode_steps_rows_come_from_the_newest_probe_of_each_token_count():
     assert [ln.split(" | ")[3] for ln in table] == ["1", "4"]
     assert "| 1.05× |" in table[0] and "| 1.20× |" in table[1]
     text = "\n".join(lines)
-    assert "Rows of 4 token(s) a call. Source: `benchmarks/results/H200-1-decode-probe.json`" in text
-    assert "Rows of 1 token(s) a call. Source: `benchmarks/results/H200-2-decode-probe.json`" in text
+    assert ("Rows of D 64 at cache 4096 (4 token(s) a call). Source: `benchmarks/results/H200-1-decode-probe.json`"
+            in text)
+    assert ("Rows of D 64 at cache 4096 (1 token(s) a call). Source: `benchmarks/results/H200-2-decode-probe.json`"
+            in text)
+
+
+def test_decode_step_rows_of_a_partial_probe_keep_the_older_probes_other_shapes():
+    """A newer probe of some shapes only (--quick: D 64 at cache 4K) replaces those rows; the other shapes keep
+    the older probe's rows, and each source says which rows it gave."""
+    report = _report()
+    row = dict(D=64, cache_len=4096, gate=False, tokens=1, pathtune_net_ms=0.06, flush_net_ms=0.18,
+               amortized_ms=0.07, sdpa_ms=0.05, x_sdpa_amortized=1.4, graph_x_sdpa_graph=1.1)
+    base = dict(gpu="NVIDIA H100", software="torch", notes="synthetic")
+    full = dict(base, command="python benchmarks/decode_probe.py --out a.json",
+                steps=[row, dict(row, D=128, x_sdpa_amortized=1.3), dict(row, cache_len=32768, x_sdpa_amortized=1.1)])
+    quick = dict(base, command="python benchmarks/decode_probe.py --quick --out b.json",
+                 steps=[dict(row, x_sdpa_amortized=0.95)])
+    lines = report.decode_steps_section([(Path("H100-1-decode-probe.json"), full),
+                                         (Path("H100-2-decode-probe.json"), quick)])
+    table = [ln for ln in lines if ln.startswith("| ")][1:]
+    assert [(ln.split(" | ")[0], ln.split(" | ")[1], ln.split(" | ")[8]) for ln in table] == [
+        ("| 64", "4096", "0.95×"), ("| 64", "32768", "1.10×"), ("| 128", "4096", "1.30×")]
+    text = "\n".join(lines)
+    assert ("Rows of D 64 at cache 32768; D 128 at cache 4096 (1 token(s) a call). "
+            "Source: `benchmarks/results/H100-1") in text
+    assert "Rows of D 64 at cache 4096 (1 token(s) a call). Source: `benchmarks/results/H100-2" in text
 
 
 def test_graph_timed_decode_rows_get_their_own_table():
