@@ -44,9 +44,9 @@ ROWS: list[dict] = []
 
 
 # the forward launcher's kernels (codegen/triton/forward.py names) a candidate module may replace, and the UT stage's
-# launcher function (a candidate that changes what the stage stores, e.g. variants/ut_m16.py)
+# launcher function and M's type (a candidate that changes what the stage stores, e.g. variants/ut_m_float32.py)
 FORWARD_KERNELS = ("ut_fused_kernel", "superchunk_transport_kernel", "scan_intra_kernel", "scan_inter_kernel",
-                   "ut_fused")
+                   "ut_fused", "ut_state_m_dtype")
 
 
 def forward_candidate(file: str) -> dict:

@@ -7,7 +7,7 @@ the float64 oracle; ``tuning.measure.oracle_errors``) and times one fwd+bwd (B *
 the untuned config at ``ut_precision`` tf32x3, at tf32, and at tf32 with one group of products put back to tf32x3
 by text replacements of ut.py / ut_bwd.py swapped into the launchers (``kernel_variants``):
 
-* ``inverse``: the block merges of the inverse (forward and the backward's per-range recompute: the same code);
+* ``inverse``: the block merges of the inverse (forward and the backward's per-range recompute: one body);
 * ``m``: M = A strictLower(W K^T) (forward and recompute);
 * ``tinv``: the UT backward's T^{-1} = I - A strictLower(W W^T);
 * ``diag_fp16``: no UT product; the backward's diagonal tile takes Q W^T M on fp16 operands, as the forward's scan
@@ -60,8 +60,8 @@ _INVERSE = ("A = _finish_inverse(N, Dinv, C, UP, SB) * beta[None, :]",
 _M = ("M = _pdot(A, tl.where(strict, L, 0.0), UP)", 'M = _pdot(A, tl.where(strict, L, 0.0), "tf32x3")')
 VARIANTS = {
     "inverse": [(ut_mod, fwd_mod, "ut_fused_kernel", [_INVERSE]),
-                (ut_bwd_mod, bwd_mod, "ut_recompute_kernel", [_INVERSE])],
-    "m": [(ut_mod, fwd_mod, "ut_fused_kernel", [_M]), (ut_bwd_mod, bwd_mod, "ut_recompute_kernel", [_M])],
+                (ut_mod, bwd_mod, "ut_recompute_kernel", [_INVERSE])],
+    "m": [(ut_mod, fwd_mod, "ut_fused_kernel", [_M]), (ut_mod, bwd_mod, "ut_recompute_kernel", [_M])],
     "tinv": [(ut_bwd_mod, bwd_mod, "ut_bwd_kernel",
               [("tl.where(r[:, None] == r[None, :], 1.0, 0.0) - _pdot(A, tl.where(strict, Gm, 0.0), UP)",
                 'tl.where(r[:, None] == r[None, :], 1.0, 0.0) - _pdot(A, tl.where(strict, Gm, 0.0), "tf32x3")')])],

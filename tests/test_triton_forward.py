@@ -17,6 +17,7 @@ the oracle without the gate / with the other gate placement / with unclipped bet
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -663,7 +664,6 @@ def test_ut_stage_compiles_under_a_register_cap_for_sm90():
     """compile_kernel's ``maxnreg`` (the kernel probe's --maxnreg): the UT stage at ut_precision tf32 compiles for
     sm_90 under caps of 168 and 128 registers, within them (3 or 4 programs per multiprocessor instead of 2)."""
     import subprocess
-    import sys
     import textwrap
 
     ptxas = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "ptxas")
@@ -739,40 +739,45 @@ def test_transport_runs_64_row_programs(monkeypatch, spy_launches):
     assert not torch.isfinite(o2).all() or rel(o2, o0) > CAUGHT
 
 
+@pytest.mark.parametrize("dtype,tp,m16", [(F16, "fp16", F16), (BF16, "bf16", BF16), (BF16, "fp16", F16)])
 @pytest.mark.parametrize("diag_block", [8, 16])
-def test_candidate_ut_stage_with_fp16_m_gives_the_shipped_forward(monkeypatch, diag_block):
-    """benchmarks/variants/ut_m16.py: the UT stage storing M in fp16 (the scan's transition_precision fp16 rounds it
-    to fp16 anyway) with the diagonal inverse's scratch in U's rows gives the shipped forward's o and lse bit for
-    bit (packed sequences of several super-chunks, GQA, the gate) and stores M as fp16; at transition_precision
-    tf32 it runs the shipped stage (float32 M).  Its scratch rows narrower than the diagonal blocks are caught."""
+def test_ut_stage_stores_m_in_the_scans_16bit_type(monkeypatch, dtype, tp, m16, diag_block):
+    """Where the scan rounds M to a 16-bit transition type anyway (transition_precision fp16 / bf16, a compact
+    state), the UT stage stores M in that type (``forward.ut_state_m_dtype``) with the diagonal inverse's scratch in
+    U's rows, and the forward's o and lse are those of a float32 M bit for bit (packed sequences of several
+    super-chunks, GQA, the gate); at tf32, and under bwd_forward_state keep (whose backward reads M as float32), M
+    stays float32.  Scratch rows narrower than the diagonal blocks are caught."""
     from pathtune.codegen.triton import forward as fwd
-    from repo_scripts import load_benchmark_script
 
-    cand = load_benchmark_script(monkeypatch, "benchmarks/variants/ut_m16.py")
-    cu = dict(cu_seqlens=torch.tensor((0, 70, 71, 150), dtype=torch.int32))
-    x = make_inputs(737, B=1, T=150, HQ=4, H=2, D=64, DV=64, dtype=F16, gate=True)
-    p = params(F16, superchunk_size=64, transition_precision="fp16", ut_diag_block=diag_block)
-    o0, l0 = run(x, p, **cu)
+    cu = torch.tensor((0, 70, 71, 150), dtype=torch.int32)
+    x = make_inputs(737, B=1, T=150, HQ=4, H=2, D=64, DV=64, dtype=dtype, gate=True)
+    p = params(dtype, superchunk_size=64, transition_precision=tp, ut_diag_block=diag_block)
     seen = []
+    real_ut_fused = fwd.ut_fused
 
-    def spy(launcher):
-        def ut_fused(*a, **kw):
-            out = launcher(*a, **kw)
-            seen.append(out[2].dtype)
-            return out
-        return ut_fused
+    def spy(*a, **kw):
+        out = real_ut_fused(*a, **kw)
+        seen.append(out[2].dtype)
+        return out
 
-    monkeypatch.setattr(fwd, "ut_fused", spy(cand.ut_fused))
-    o1, l1 = run(x, p, **cu)
-    assert seen == [F16]
+    monkeypatch.setattr(fwd, "ut_fused", spy)
+    o1, l1 = run(x, p, cu_seqlens=cu)
+    assert seen == [m16]
+    check(o1, l1, *oracle(*x, cu_seqlens=cu), TOL[dtype])
+    with monkeypatch.context() as m:
+        m.setattr(fwd, "ut_state_m_dtype", lambda *a: F32)
+        o0, l0 = run(x, p, cu_seqlens=cu)
+    assert seen == [m16, F32]
     assert torch.equal(o1, o0) and torch.equal(l1, l0)
-    check(o1, l1, *oracle(*x, **cu), TOL[F16])
-    run(x, params(F16, superchunk_size=64, transition_precision="tf32", ut_diag_block=diag_block), **cu)
-    assert seen == [F16, F32]
-    kv = sys.modules["kernel_variants"]
-    narrow = [(old, new.replace("D * u_ptr.dtype.element_ty.primitive_bitwidth // 32", "SB // 2"))
-              for old, new in cand.SCRATCH_IN_U]
-    monkeypatch.setattr(cand.launcher, "ut_fused_m16_kernel",
-                        kv.load_variant_module(kv.module_source(cand.ut_mod), "ut_m16_narrow", narrow).ut_fused_kernel)
-    o2, _ = path_attention_triton(*x, config=p, **cu)
+    run(x, params(dtype, superchunk_size=64, transition_precision="tf32", ut_diag_block=diag_block), cu_seqlens=cu)
+    assert seen[-1] == F32
+    fwd.path_attention_fwd(*x, scale=64 ** -0.5, cu_seqlens=cu, params=dataclasses.replace(p, bwd_forward_state="keep"))
+    assert seen[-1] == F32
+    real_kernel = fwd.ut_fused_kernel
+
+    class NarrowScratch:    # half a diagonal block's words a row: the blocks of neighbouring rows overlap
+        def __getitem__(self, grid):
+            return lambda *a, **kw: real_kernel[grid](*a, **dict(kw, RS=diag_block // 2))
+    monkeypatch.setattr(fwd, "ut_fused_kernel", NarrowScratch())
+    o2, _ = path_attention_triton(*x, config=p, cu_seqlens=cu)
     assert not (torch.isfinite(o2).all() and rel(o2, o0) < CAUGHT)

@@ -32,7 +32,6 @@ from typing import Optional
 
 import torch
 import triton
-import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .._knobs import resolve_json, spec_default
@@ -66,10 +65,12 @@ from .forward import (
     ut_apply_mode,
     ut_chunk_state,
     ut_forward,
+    ut_operand_type,
 )
 from .launch import compiled
 from .params import TritonParams
-from .ut_bwd import UT_BWD_WARPS, ut_bwd_kernel, ut_recompute_kernel
+from .ut import ut_recompute_kernel
+from .ut_bwd import UT_BWD_WARPS, ut_bwd_kernel
 
 GATE_GRAD_SPAN = 256    # tokens per program of gate_grad_kernel (H200, 32K tokens x 16 heads: 0.055 -> 0.039 ms)
 
@@ -681,9 +682,6 @@ def path_attention_bwd(
             dw.view(B, T, H, D), dbeta.view(B, T, H), dg)
 
 
-_TL_TYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
-
-
 def fused_ut_recompute(BD: int) -> bool:
     """Whether a token range's UT stage is rebuilt in one launch (``ut_recompute_kernel``): from padded head dim
     ``UT_FUSED_MIN_BD``, where the forward's is fused too; below, the three-launch stage."""
@@ -719,7 +717,7 @@ def ut_recompute(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, 
         wt, bt, kt_in, wt if u is None else u, wt if ktil is None else ktil, wt if wd is None else wd, m, a,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
-        AP=ut_apply_mode(params, out_dtype), OPDT=_TL_TYPES[out_dtype] if op16 else tl.float32,
+        AP=ut_apply_mode(params, out_dtype), OPDT=ut_operand_type(out_dtype),
         WRITE_UK=write_uk, WRITE_W=wd is not None, INTERP=interpreting(), SB=params.ut_diag_block,
         num_warps=UT_NUM_WARPS, num_stages=1,
     )

@@ -204,6 +204,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
                     heads: int = 16, group: int = 1, fwd_params: TritonParams | None = None):
     """(fn, signature, constexprs, num_warps, num_stages) of every forward and backward launch; ``fwd_params``
     (default ``params``): the params of the forward's own knobs (``TritonFwdParams``: gate_bias)."""
+    import torch
+
     from .backward import (
         CHAIN_KERNEL_MAX_BD,
         GATE_GRAD_SPAN,
@@ -240,12 +242,14 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         transition_column_block,
         transport_rows,
         ut_apply_mode,
+        ut_operand_type,
+        ut_state_m_dtype,
     )
     from .gate_bias import gate_parts_kernel
     from .scan_fwd import scan_inter_kernel, scan_intra_kernel
     from .transport import superchunk_transport_kernel
-    from .ut import ut_apply_kernel, ut_chunk_kernel, ut_diag_inverse_kernel, ut_fused_kernel
-    from .ut_bwd import UT_BWD_WARPS, ut_bwd_kernel, ut_recompute_kernel
+    from .ut import ut_apply_kernel, ut_chunk_kernel, ut_diag_inverse_kernel, ut_fused_kernel, ut_recompute_kernel
+    from .ut_bwd import UT_BWD_WARPS, ut_bwd_kernel
 
     io = f"*{dtype}"
     scan = {tl.float16: "*fp16", tl.bfloat16: "*bf16", tl.float32: "*fp32"}[params.scan_dtype]
@@ -289,7 +293,10 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     tma = inter_tma_shapes(D, DV, BD, BDV)
     inter_fwd_sig = dict(sig, o_ptr=io)
     # scan_intra's walk reads K~, W, U and V as TMA blocks where forward.intra_walk_operands does
-    intra_fwd_sig = dict(fwd_sig, kt_walk=scan, w_walk=scan, u_walk=scan, v_walk=io, y_ptr=scan)
+    # M: float32, or the forward's 16-bit transition type (forward.ut_state_m_dtype), which scan_intra reads
+    m_dtype = ut_state_m_dtype(fwd_params or params, D, params.scan_torch_dtype)
+    m_scan = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[m_dtype]
+    intra_fwd_sig = dict(fwd_sig, kt_walk=scan, w_walk=scan, u_walk=scan, v_walk=io, y_ptr=scan, m_ptr=m_scan)
     intra_tma = intra_walk_tma_shapes(D, DV, BD, BDV)
     if intra_tma:
         intra_fwd_sig.update({n: f"tensordesc<{scan[1:]}[{C}, {D}]>" for n in ("kt_walk", "w_walk", "u_walk")},
@@ -317,10 +324,11 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     return [
         # the forward's UT stage: one launch, and the backward's per-range recompute of it (plus A); the three
         # launches below run both at padded head dims under 64
-        (ut_fused_kernel, dict(sig, k_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),
+        (ut_fused_kernel, dict(sig, k_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan, m_ptr=m_scan),
          dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
-              AP=ut_apply_mode(params, params.scan_torch_dtype),
-              OP16=params.scan_dtype != tl.float32, WRITE_W=True, INTERP=False, SB=params.ut_diag_block),
+              AP=ut_apply_mode(params, params.scan_torch_dtype), OPDT=ut_operand_type(params.scan_torch_dtype),
+              RS=C if m_dtype == torch.float32 else D * params.scan_torch_dtype.itemsize // 4,
+              WRITE_W=True, INTERP=False, SB=params.ut_diag_block),
          UT_NUM_WARPS, 1),
         (ut_recompute_kernel, dict(sig, k_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),
          dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,

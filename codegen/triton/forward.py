@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 import triton
+import triton.language as tl
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -263,6 +264,31 @@ def _is_16bit(dtype: torch.dtype) -> bool:
     return dtype in (torch.float16, torch.bfloat16)
 
 
+_TL_TYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+_TRANSITION_16BIT = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def ut_operand_type(out_dtype: torch.dtype):
+    """The type the one-launch UT stage (``ut._ut_stage``'s OPDT) takes w and k in for a state of ``out_dtype``:
+    that type when it is 16-bit (a compact state), else tl.float32 (w and k as loaded)."""
+    return _TL_TYPES[out_dtype] if _is_16bit(out_dtype) else tl.float32
+
+
+def ut_state_m_dtype(params: TritonParams, D: int, out_dtype: torch.dtype) -> torch.dtype:
+    """The element type of M in ``ut_fused``'s state of ``out_dtype``.  The forward's only reader of M is
+    scan_intra's diagonal tile, whose product ``tdot(QW, M, transition_precision)`` rounds M to fp16 / bf16 at a
+    16-bit transition_precision: then M is stored in that type (half its bytes written and read, the same o and
+    lse bit for bit), where the state is 16-bit (a compact forward's), not kept for the backward (under
+    bwd_forward_state keep its UT gradient kernels read M as float32) and U's rows can hold the inverse's float32
+    scratch (``ut_fused_kernel``: ut_diag_block words, rows 4-byte aligned).  Else float32."""
+    m16 = _TRANSITION_16BIT.get(params.transition_precision)
+    row_bytes = D * out_dtype.itemsize
+    if (m16 is None or not _is_16bit(out_dtype) or params.bwd_forward_state == "keep" or row_bytes % 4
+            or row_bytes < 4 * params.ut_diag_block):
+        return torch.float32
+    return m16
+
+
 # Padded head dims below this take the three-launch UT stage (ut_forward): on the H200 the fused
 # kernel's forward at D = 32 returned NaN (GPU only; the interpreter agrees with float64), not yet
 # root-caused.  At D = 32 the UT stage is a small part of the forward.
@@ -273,23 +299,24 @@ def ut_fused(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, para
              out_dtype: torch.dtype = torch.float32, write_w: bool = False, apply_mode: str | None = None,
              num_warps: int = UT_NUM_WARPS):
     """Stage ut_inverse in one launch (``ut_fused_kernel``): u, K~ ([N, H, D], ``out_dtype``), m
-    ([N, H, C], float32) and, with ``write_w``, w in ``out_dtype`` (else None).  A 16-bit
-    ``out_dtype`` rounds w and k to it first (``ut_fused_kernel``'s OP16), as the scan does.  The same outputs as
-    ``ut_forward`` without its scratch tiles (the backward's UT gradient kernels read those and keep
-    using ``ut_forward``)."""
+    ([N, H, C], ``ut_state_m_dtype``: float32, or the scan's 16-bit transition type) and, with ``write_w``, w in
+    ``out_dtype`` (else None).  A 16-bit ``out_dtype`` rounds w and k to it first (``ut_operand_type``), as the
+    scan does.  The same outputs as ``ut_forward`` (up to M's type) without its scratch tiles."""
     N = kt_in.shape[0]
     dev = kt_in.device
     u = torch.empty(N, H, D, device=dev, dtype=out_dtype)
     ktil = torch.empty(N, H, D, device=dev, dtype=out_dtype)
     wd = torch.empty(N, H, D, device=dev, dtype=out_dtype) if write_w else None
-    m = torch.empty(N, H, C, device=dev, dtype=torch.float32)
+    m = torch.empty(N, H, C, device=dev, dtype=ut_state_m_dtype(params, D, out_dtype))
+    # the diagonal inverse's float32 scratch: M's rows, or U's (seen as float32 words) where M is 16-bit
+    scratch, rs = (m, C) if m.dtype == torch.float32 else (u.view(torch.float32), D * out_dtype.itemsize // 4)
     BD = padded_dim(D)
     compiled(ut_fused_kernel)[(tables.n_chunks, H)](
-        wt, bt, kt_in, u, ktil, wd if write_w else u, m,
+        wt, bt, kt_in, u, ktil, wd if write_w else u, m, scratch,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
-        AP=apply_mode or ut_apply_mode(params, out_dtype), OP16=_is_16bit(out_dtype), WRITE_W=write_w,
-        INTERP=interpreting(), SB=params.ut_diag_block,
+        AP=apply_mode or ut_apply_mode(params, out_dtype), OPDT=ut_operand_type(out_dtype), RS=rs,
+        WRITE_W=write_w, INTERP=interpreting(), SB=params.ut_diag_block,
         num_warps=num_warps, num_stages=1,
     )
     return u, ktil, m, wd

@@ -21,7 +21,7 @@ REGISTRY.implement("householder_chain", "recurrent", DECODE, _T + "decode:path_d
                    _T + "decode:decode_kernel")
 
 REGISTRY.implement("ut_inverse", "fused", FWD, _T + "forward:ut_fused", _T + "ut:ut_fused_kernel")
-REGISTRY.implement("ut_inverse", "fused", BWD, _T + "backward:ut_recompute", _T + "ut_bwd:ut_recompute_kernel")
+REGISTRY.implement("ut_inverse", "fused", BWD, _T + "backward:ut_recompute", _T + "ut:ut_recompute_kernel")
 REGISTRY.implement("ut_inverse", "split", FWD + BWD, _T + "forward:ut_forward", _T + "ut:ut_diag_inverse_kernel",
                    _T + "ut:ut_chunk_kernel", _T + "ut:ut_apply_kernel")
 REGISTRY.implement("ut_inverse", "state_stored", BWD, _T + "forward:prepare_state", _T + "forward:ForwardState")

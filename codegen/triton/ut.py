@@ -7,7 +7,11 @@ For chunk m with rows W (C x D, unit-norm w), beta (C), K (C x D):
     M  = A strictLower(W K^T)                     used by the diagonal tile of the scan
     K~ = K - M^T W                                row j = (H_last ... H_{j+1} k_j)^T
 Outputs U, K~ ([N_tok, H, D]: float32 for the backward and the decode prefill, the scan's 16-bit type
-for a forward, whose scan and transport read them as 16-bit operands) and M (float32, [N_tok, H, C]).
+for a forward, whose scan and transport read them as 16-bit operands) and M ([N_tok, H, C]: float32, or for a
+forward whose scan rounds it to fp16 / bf16 anyway that type, ``forward.ut_state_m_dtype``).
+
+``ut_fused_kernel`` (the forward) and ``ut_recompute_kernel`` (the backward's per-range state, plus A) run one
+body, ``_ut_stage``.
 
 Two kernels: ``ut_chunk_kernel`` (the C x C work: W W^T and W K^T over column blocks, the inverse,
 A and M; A goes to a float32 [N_tok, H, C] buffer) and ``ut_apply_kernel`` (U and K~, one program per
@@ -165,16 +169,18 @@ def _finish_inverse(N, Dinv, C: tl.constexpr, UP: tl.constexpr, SB: tl.constexpr
 
 
 @triton.jit
-def _block_row(m_ptr, first, i, send, h, H: tl.constexpr, C: tl.constexpr, SB: tl.constexpr):
+def _block_row(scratch_ptr, first, i, send, h, H: tl.constexpr, SB: tl.constexpr, RS: tl.constexpr):
     """Row i of the SB x SB block of N that each of the chunk's rows belongs to ([C, SB]), read from the
-    first SB columns of m's rows (where ``_diagonal_block_inverses`` parks the blocks)."""
+    first SB float32 words of the scratch rows (RS words a (token, head) row) where ``_diagonal_block_inverses``
+    parks the blocks."""
     row_i = (first + i).to(tl.int64)
-    return tl.load(m_ptr + (row_i * H + h)[:, None] * C + tl.arange(0, SB)[None, :], mask=(row_i < send)[:, None],
-                   other=0.0)
+    return tl.load(scratch_ptr + (row_i * H + h)[:, None] * RS + tl.arange(0, SB)[None, :],
+                   mask=(row_i < send)[:, None], other=0.0)
 
 
 @triton.jit
-def _diagonal_block_inverses(N, m_ptr, tok0, send, h, H: tl.constexpr, C: tl.constexpr, SB: tl.constexpr):
+def _diagonal_block_inverses(N, scratch_ptr, tok0, send, h, H: tl.constexpr, C: tl.constexpr, SB: tl.constexpr,
+                             RS: tl.constexpr):
     """The inverses of the SB x SB diagonal blocks of I + N (N strictly lower, C x C float32), as a
     block-diagonal C x C tile, by forward substitution: the C / SB blocks advance together, one row per
     step (SB - 1 dependent steps).  Substitution rather than a product formula: (I - N)(I + N^2)(I + N^4)
@@ -182,44 +188,45 @@ def _diagonal_block_inverses(N, m_ptr, tok0, send, h, H: tl.constexpr, C: tl.con
     beta = 2.  SB (the spec's ut_diag_block) trades these serial steps, which set the kernel's time, for
     the merge products of ``_finish_inverse`` (two more per halving of SB).
 
-    Layout: the blocks of N go to the first SB columns of this chunk's rows of m (``m_ptr``, [N_tok, H, C]
-    float32; M overwrites them later).  The inverse is held transposed as a [C, SB] tile, ``it[b*SB + c, k]``
+    Layout: the blocks of N go to the first SB float32 words of this chunk's scratch rows (``scratch_ptr``, RS
+    words per (token, head): the float32 rows of m, [N_tok, H, C], or those of a 16-bit U seen as float32; M or U
+    overwrites them later).  The inverse is held transposed as a [C, SB] tile, ``it[b*SB + c, k]``
     = entry (k, c) of block b's inverse, so a step's product with row i of every block is a reduction over
     the tile's last axis, which stays inside one warp (shuffles, no barrier; a [C/SB, SB, SB] tile reduces
-    across the warps, through shared memory, at every step).  The rows of N a step needs come back from m
-    and do not depend on earlier steps.  The inverse returns to the C x C layout through the same columns
-    of m.  Rows outside ``send`` (past a sequence end) read back as 0: they only meet later rows of the
+    across the warps, through shared memory, at every step).  The rows of N a step needs come back from the
+    scratch and do not depend on earlier steps.  The inverse returns to the C x C layout through the same words.
+    Rows outside ``send`` (past a sequence end) read back as 0: they only meet later rows of the
     lower-triangular products."""
     r = tl.arange(0, C)
     k = tl.arange(0, SB)
     rows = (tok0 + r).to(tl.int64)
     rmask = rows < send
     blockdiag = (r // SB)[:, None] == (r // SB)[None, :]
-    tl.store(m_ptr + (rows[:, None] * H + h) * C + (r % SB)[None, :], N, mask=blockdiag & rmask[:, None])
+    tl.store(scratch_ptr + (rows[:, None] * H + h) * RS + (r % SB)[None, :], N, mask=blockdiag & rmask[:, None])
     tl.debug_barrier()
     first = tok0 + (r // SB) * SB           # first token row of the block row (b, c) belongs to
     it = tl.where((r % SB)[:, None] == k[None, :], 1.0, 0.0)
-    n_i = _block_row(m_ptr, first, 1, send, h, H, C, SB)
+    n_i = _block_row(scratch_ptr, first, 1, send, h, H, SB, RS)
     for i in tl.static_range(1, SB):
         corr = tl.sum(n_i * it, axis=1)
         it = tl.where(k[None, :] == i, it - corr[:, None], it)
         if i + 1 < SB:
-            n_i = _block_row(m_ptr, first, i + 1, send, h, H, C, SB)
+            n_i = _block_row(scratch_ptr, first, i + 1, send, h, H, SB, RS)
     tl.debug_barrier()                      # every row of N is read before the inverse overwrites it
     inv_rows = (first[:, None] + k[None, :]).to(tl.int64)
-    tl.store(m_ptr + (inv_rows * H + h) * C + (r % SB)[:, None], it, mask=inv_rows < send)
+    tl.store(scratch_ptr + (inv_rows * H + h) * RS + (r % SB)[:, None], it, mask=inv_rows < send)
     tl.debug_barrier()
-    return tl.load(m_ptr + (rows[:, None] * H + h) * C + (r % SB)[None, :],
+    return tl.load(scratch_ptr + (rows[:, None] * H + h) * RS + (r % SB)[None, :],
                    mask=blockdiag & rmask[:, None], other=0.0)
 
 
 @triton.jit
-def _operand(x, out_ptr, OP16: tl.constexpr):
-    """x rounded to out_ptr's element type when OP16, else as loaded."""
-    if OP16:
-        return x.to(out_ptr.dtype.element_ty)
-    else:
+def _operand(x, OPDT: tl.constexpr):
+    """x rounded to OPDT when that is a 16-bit type (a compact state's), else as loaded (tl.float32)."""
+    if OPDT == tl.float32:
         return x
+    else:
+        return x.to(OPDT)
 
 
 @triton.jit
@@ -323,27 +330,28 @@ def ut_apply_kernel(
 
 
 @triton.jit
-def ut_fused_kernel(
+def _ut_stage(
     w_ptr, beta_ptr, k_ptr,
-    u_ptr, kt_ptr, wd_ptr, m_ptr,
+    u_ptr, kt_ptr, wd_ptr, m_ptr, a_ptr, scratch_ptr,
     chunk_tok0, chunk_seq, seq_end,
     H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr, C: tl.constexpr,
-    BETA_MAX: tl.constexpr, UP: tl.constexpr, AP: tl.constexpr, OP16: tl.constexpr, WRITE_W: tl.constexpr,
-    INTERP: tl.constexpr, SB: tl.constexpr,
+    BETA_MAX: tl.constexpr, UP: tl.constexpr, AP: tl.constexpr, OPDT: tl.constexpr, RS: tl.constexpr,
+    WRITE_A: tl.constexpr, WRITE_UK: tl.constexpr, WRITE_W: tl.constexpr, INTERP: tl.constexpr, SB: tl.constexpr,
 ):
-    """The whole UT stage of one (chunk, kv head) in one program: the outputs of ut_diag_inverse,
-    ut_chunk and ut_apply (U, K~, M and the optional 16-bit copy of w) without their float32 A / M
-    round trip or scratch tile.
+    """The whole UT stage of one (chunk, kv head), program (n, h): the body of ``ut_fused_kernel`` (the forward)
+    and ``ut_recompute_kernel`` (the backward's per-range state), so that a recompute of a forward's state
+    equals it bit for bit.
 
-    W W^T and W K^T accumulate over DB-wide column blocks (``_gram``: exact on 16-bit tensor cores
-    for 16-bit inputs); the SB x SB diagonal inverses by substitution, each step inside one warp
-    (``_diagonal_block_inverses``), the block merges at UP; U = A W and K~ = K - M^T W per column
-    block at AP (``_apply``), re-reading the W / K column block (an L2 hit: the first loop just read
-    it) instead of keeping a C x D tile live.
+    W W^T and W K^T accumulate over DB-wide column blocks (``_gram``: exact on 16-bit tensor cores for 16-bit
+    operands); the SB x SB diagonal inverses by substitution, each step inside one warp, through the float32
+    scratch rows at ``scratch_ptr`` (RS words per (token, head); ``_diagonal_block_inverses``), the block merges
+    at UP; U = A W and K~ = K - M^T W per column block at AP (``_apply``), re-reading the W / K column block (an
+    L2 hit: the first loop just read it) instead of keeping a C x D tile live.  M is stored in m's element type.
 
-    OP16: w and k are rounded to the outputs' 16-bit type on load (a forward's compact state, whose
-    scan and transport read w and k in that type too): every product with them runs on 16-bit
-    tensor cores, exact up to that rounding."""
+    OPDT: the type w and k are taken in (``_operand``): a compact state's 16-bit type, so that every product
+    with them runs on 16-bit tensor cores, exact up to that rounding; tl.float32 for w and k as loaded.
+    WRITE_A: A = T^{-1} diag(beta) as float32 rows of a_ptr ([N_tok, H, C]; the UT backward reads them).
+    WRITE_UK: U, K~ (and with WRITE_W the copy of w in wd's type); without it only M (and A)."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     rows, rmask = _chunk_rows(n, chunk_tok0, chunk_seq, seq_end, C)
@@ -353,32 +361,74 @@ def ut_fused_kernel(
     Gm = tl.zeros((C, C), dtype=tl.float32)
     for d0 in tl.static_range(0, BD, DB):
         mask2 = rmask[:, None] & (d0 + db < D)[None, :]
-        W = _operand(tl.load(w_ptr + (rows[:, None] * H + h) * D + d0 + db[None, :], mask=mask2, other=0.0),
-                     u_ptr, OP16)
+        W = _operand(tl.load(w_ptr + (rows[:, None] * H + h) * D + d0 + db[None, :], mask=mask2, other=0.0), OPDT)
         Gm += _gram(W, W, UP, INTERP)
     beta = tl.minimum(tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32), BETA_MAX)
     strict = r[:, None] > r[None, :]
     N = tl.where(strict, beta[:, None] * Gm, 0.0)
-    Dinv = _diagonal_block_inverses(N, m_ptr, tl.load(chunk_tok0 + n), tl.load(seq_end + tl.load(chunk_seq + n)),
-                                    h, H, C, SB)
+    Dinv = _diagonal_block_inverses(N, scratch_ptr, tl.load(chunk_tok0 + n),
+                                    tl.load(seq_end + tl.load(chunk_seq + n)), h, H, C, SB, RS)
     A = _finish_inverse(N, Dinv, C, UP, SB) * beta[None, :]
+    coff = (rows[:, None] * H + h) * C + r[None, :]
+    if WRITE_A:
+        tl.store(a_ptr + coff, A, mask=rmask[:, None])
     # W K^T after the inverse, so that only one C x C accumulator is live through it
     L = tl.zeros((C, C), dtype=tl.float32)
     for d0 in tl.static_range(0, BD, DB):
         mask2 = rmask[:, None] & (d0 + db < D)[None, :]
         off = (rows[:, None] * H + h) * D + d0 + db[None, :]
-        L += _gram(_operand(tl.load(w_ptr + off, mask=mask2, other=0.0), u_ptr, OP16),
-                   _operand(tl.load(k_ptr + off, mask=mask2, other=0.0), u_ptr, OP16), UP, INTERP)
+        L += _gram(_operand(tl.load(w_ptr + off, mask=mask2, other=0.0), OPDT),
+                   _operand(tl.load(k_ptr + off, mask=mask2, other=0.0), OPDT), UP, INTERP)
     M = _pdot(A, tl.where(strict, L, 0.0), UP)
-    tl.debug_barrier()   # every thread has read its Dinv entries from m's rows before M overwrites them
-    tl.store(m_ptr + (rows[:, None] * H + h) * C + r[None, :], M, mask=rmask[:, None])
-    Mt = tl.trans(M)
-    for d0 in tl.static_range(0, BD, DB):
-        mask2 = rmask[:, None] & (d0 + db < D)[None, :]
-        off = (rows[:, None] * H + h) * D + d0 + db[None, :]
-        W = _operand(tl.load(w_ptr + off, mask=mask2, other=0.0), u_ptr, OP16)
-        K = _operand(tl.load(k_ptr + off, mask=mask2, other=0.0), u_ptr, OP16).to(tl.float32)
-        tl.store(u_ptr + off, _apply(A, W, UP, AP, INTERP).to(u_ptr.dtype.element_ty), mask=mask2)
-        tl.store(kt_ptr + off, (K - _apply(Mt, W, UP, AP, INTERP)).to(kt_ptr.dtype.element_ty), mask=mask2)
-        if WRITE_W:
-            tl.store(wd_ptr + off, W.to(wd_ptr.dtype.element_ty), mask=mask2)
+    tl.debug_barrier()   # every thread has read its Dinv entries from the scratch before M or U overwrites them
+    tl.store(m_ptr + coff, M.to(m_ptr.dtype.element_ty), mask=rmask[:, None])
+    if WRITE_UK:
+        Mt = tl.trans(M)
+        for d0 in tl.static_range(0, BD, DB):
+            mask2 = rmask[:, None] & (d0 + db < D)[None, :]
+            off = (rows[:, None] * H + h) * D + d0 + db[None, :]
+            W = _operand(tl.load(w_ptr + off, mask=mask2, other=0.0), OPDT)
+            K = _operand(tl.load(k_ptr + off, mask=mask2, other=0.0), OPDT).to(tl.float32)
+            tl.store(u_ptr + off, _apply(A, W, UP, AP, INTERP).to(u_ptr.dtype.element_ty), mask=mask2)
+            tl.store(kt_ptr + off, (K - _apply(Mt, W, UP, AP, INTERP)).to(kt_ptr.dtype.element_ty), mask=mask2)
+            if WRITE_W:
+                tl.store(wd_ptr + off, W.to(wd_ptr.dtype.element_ty), mask=mask2)
+
+
+@triton.jit
+def ut_fused_kernel(
+    w_ptr, beta_ptr, k_ptr,
+    u_ptr, kt_ptr, wd_ptr, m_ptr, scratch_ptr,
+    chunk_tok0, chunk_seq, seq_end,
+    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr, C: tl.constexpr,
+    BETA_MAX: tl.constexpr, UP: tl.constexpr, AP: tl.constexpr, OPDT: tl.constexpr, RS: tl.constexpr,
+    WRITE_W: tl.constexpr, INTERP: tl.constexpr, SB: tl.constexpr,
+):
+    """The forward's UT stage of one (chunk, kv head) in one program (``_ut_stage``): the outputs of
+    ut_diag_inverse, ut_chunk and ut_apply (U, K~, M and the optional copy of w) without their float32 A / M
+    round trip or scratch tile.  Grid (n_chunks, H).  M in m's element type: fp16 / bf16 where the scan rounds
+    it to that type anyway (``forward.ut_state_m_dtype``), and then the inverse's scratch rows are U's (RS = D / 2
+    float32 words a row, written before U is); else float32, and the scratch rows are M's (RS = C)."""
+    _ut_stage(w_ptr, beta_ptr, k_ptr, u_ptr, kt_ptr, wd_ptr, m_ptr, m_ptr, scratch_ptr,
+              chunk_tok0, chunk_seq, seq_end,
+              H, D, BD, DB, C, BETA_MAX, UP, AP, OPDT, RS, False, True, WRITE_W, INTERP, SB)
+
+
+@triton.jit
+def ut_recompute_kernel(
+    w_ptr, beta_ptr, k_ptr,
+    u_ptr, kt_ptr, wd_ptr, m_ptr, a_ptr,
+    chunk_tok0, chunk_seq, seq_end,
+    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr, C: tl.constexpr,
+    BETA_MAX: tl.constexpr, UP: tl.constexpr, AP: tl.constexpr, OPDT: tl.constexpr, WRITE_UK: tl.constexpr,
+    WRITE_W: tl.constexpr, INTERP: tl.constexpr, SB: tl.constexpr,
+):
+    """The backward's UT stage of one (chunk, kv head) in one program (``_ut_stage``, what the forward's
+    ``ut_fused_kernel`` computes), plus A = T^{-1} diag(beta) as float32 [N_tok, H, C] rows for ``ut_bwd_kernel``;
+    M float32, its rows the inverse's scratch.  Grid (n_chunks, H).
+
+    WRITE_UK: also U, K~ (and with WRITE_W the 16-bit copy of w) for the per-range stages; without it only
+    A and M (a range that reads a kept state's U, K~)."""
+    _ut_stage(w_ptr, beta_ptr, k_ptr, u_ptr, kt_ptr, wd_ptr, m_ptr, a_ptr, m_ptr,
+              chunk_tok0, chunk_seq, seq_end,
+              H, D, BD, DB, C, BETA_MAX, UP, AP, OPDT, C, True, WRITE_UK, WRITE_W, INTERP, SB)

@@ -1,7 +1,7 @@
 """Stage `ut_inverse` backward: from dU, dK~, dM (and the partial dW, dK the scan kernels
 accumulated) to the final dw, dk and dbeta of every UT chunk.
 
-``ut_recompute_kernel`` first rebuilds a token range's UT state in one launch (the forward's fused stage,
+``ut.ut_recompute_kernel`` first rebuilds a token range's UT state in one launch (the forward's fused stage,
 plus A; ``backward.ut_recompute``).  Then ``ut_bwd_kernel`` runs the whole UT backward of one (chunk, kv head)
 in one program.  Its C x C work (``_ut_grad_tiles``): the D-reductions W W^T, W K^T, W dK~^T, dU W^T over
 64-wide column blocks, A read from the recompute's rows, T^{-1} = I - A strictLower(W W^T) (one product:
@@ -23,77 +23,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .ut import _apply, _chunk_rows, _diagonal_block_inverses, _finish_inverse, _gram, _pdot
+from .ut import _chunk_rows, _pdot
 
 # warps, from compile_check for sm_90 (see the README's stage table)
 UT_BWD_WARPS = 4
-
-
-@triton.jit
-def _operand(x, OPDT: tl.constexpr):
-    """x in OPDT when that is a 16-bit type, else as loaded (``ut._operand``'s rounding, by type)."""
-    if OPDT == tl.float32:
-        return x
-    else:
-        return x.to(OPDT)
-
-
-@triton.jit
-def ut_recompute_kernel(
-    w_ptr, beta_ptr, k_ptr,
-    u_ptr, kt_ptr, wd_ptr, m_ptr, a_ptr,
-    chunk_tok0, chunk_seq, seq_end,
-    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr, C: tl.constexpr,
-    BETA_MAX: tl.constexpr, UP: tl.constexpr, AP: tl.constexpr, OPDT: tl.constexpr, WRITE_UK: tl.constexpr,
-    WRITE_W: tl.constexpr, INTERP: tl.constexpr, SB: tl.constexpr,
-):
-    """The backward's UT stage of one (chunk, kv head) in one program: what the forward's
-    ``ut_fused_kernel`` computes, in the same operations (so a recompute of a forward's state equals it
-    bit for bit), plus A = T^{-1} diag(beta) as float32 [N_tok, H, C] rows for ``ut_bwd_kernel``.
-
-    WRITE_UK: also U, K~ (and with WRITE_W the 16-bit copy of w) for the per-range stages; without it only
-    A and M (a range that reads a kept state's U, K~).  OPDT: the type w and k are taken in, the state's
-    16-bit type as the forward's compact state rounds them (``_operand``), or tl.float32 for w and k as
-    loaded."""
-    n = tl.program_id(0)
-    h = tl.program_id(1)
-    rows, rmask = _chunk_rows(n, chunk_tok0, chunk_seq, seq_end, C)
-    r = tl.arange(0, C)
-    db = tl.arange(0, DB)
-
-    Gm = tl.zeros((C, C), dtype=tl.float32)
-    for d0 in tl.static_range(0, BD, DB):
-        mask2 = rmask[:, None] & (d0 + db < D)[None, :]
-        W = _operand(tl.load(w_ptr + (rows[:, None] * H + h) * D + d0 + db[None, :], mask=mask2, other=0.0), OPDT)
-        Gm += _gram(W, W, UP, INTERP)
-    beta = tl.minimum(tl.load(beta_ptr + rows * H + h, mask=rmask, other=0.0).to(tl.float32), BETA_MAX)
-    strict = r[:, None] > r[None, :]
-    N = tl.where(strict, beta[:, None] * Gm, 0.0)
-    Dinv = _diagonal_block_inverses(N, m_ptr, tl.load(chunk_tok0 + n), tl.load(seq_end + tl.load(chunk_seq + n)),
-                                    h, H, C, SB)
-    A = _finish_inverse(N, Dinv, C, UP, SB) * beta[None, :]
-    coff = (rows[:, None] * H + h) * C + r[None, :]
-    tl.store(a_ptr + coff, A, mask=rmask[:, None])
-    L = tl.zeros((C, C), dtype=tl.float32)
-    for d0 in tl.static_range(0, BD, DB):
-        mask2 = rmask[:, None] & (d0 + db < D)[None, :]
-        off = (rows[:, None] * H + h) * D + d0 + db[None, :]
-        L += _gram(_operand(tl.load(w_ptr + off, mask=mask2, other=0.0), OPDT),
-                   _operand(tl.load(k_ptr + off, mask=mask2, other=0.0), OPDT), UP, INTERP)
-    M = _pdot(A, tl.where(strict, L, 0.0), UP)
-    tl.debug_barrier()   # every thread has read its Dinv entries from m's rows before M overwrites them
-    tl.store(m_ptr + coff, M, mask=rmask[:, None])
-    if WRITE_UK:
-        Mt = tl.trans(M)
-        for d0 in tl.static_range(0, BD, DB):
-            mask2 = rmask[:, None] & (d0 + db < D)[None, :]
-            off = (rows[:, None] * H + h) * D + d0 + db[None, :]
-            W = _operand(tl.load(w_ptr + off, mask=mask2, other=0.0), OPDT)
-            K = _operand(tl.load(k_ptr + off, mask=mask2, other=0.0), OPDT).to(tl.float32)
-            tl.store(u_ptr + off, _apply(A, W, UP, AP, INTERP).to(u_ptr.dtype.element_ty), mask=mask2)
-            tl.store(kt_ptr + off, (K - _apply(Mt, W, UP, AP, INTERP)).to(kt_ptr.dtype.element_ty), mask=mask2)
-            if WRITE_W:
-                tl.store(wd_ptr + off, W.to(wd_ptr.dtype.element_ty), mask=mask2)
 
 
 @triton.jit
