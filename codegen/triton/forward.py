@@ -486,9 +486,10 @@ def path_attention_fwd(
     if kept and keeps_queries(T, S):
         state.y = torch.empty(N, HQ, D, device=dev, dtype=kj.dtype)
     gc_arg = gc if gc is not None else lse
-    # gate_bias product: the keys' offsets as bf16 parts, added by a product in both scans
+    # gate_bias product: the keys' offsets as bf16 parts, added by a product in both scans (else both scans take
+    # lse for the parts' unused pointer)
     parts = gate_by_product(params, g is not None)
-    gp = gate_parts(gc, -gate_scale / (scale * _LOG2E)) if parts else lse
+    gp = gate_parts(gc, -gate_scale / (scale * _LOG2E)) if parts else None
     *walk, walk_tma = intra_walk_operands(ktil, wt, u, vt, C, D, DV, BD, BDV)
     gp_walk = gate_parts_operand(gp, C, walk_tma) if parts else lse
     # one program per (chunk, query head) on a flat grid, query heads fastest (_ops.chunk_and_head)
@@ -506,7 +507,7 @@ def path_attention_fwd(
     state.join()
     if inter:
         kj_arg, v_arg, tma = inter_operands(kj, vt, params.block_n, D, DV, BD, BDV)
-        gp_arg = gate_parts_operand(gp, params.block_n, tma) if parts else gp
+        gp_arg = gate_parts_operand(gp, params.block_n, tma) if parts else lse
         compiled(scan_inter_kernel)[(tables.n_blocks, HQ)](
             x, kj_arg, v_arg, what, gc_arg, gp_arg, o_part,
             o, lse,
