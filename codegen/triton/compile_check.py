@@ -204,8 +204,6 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
                     heads: int = 16, group: int = 1, fwd_params: TritonParams | None = None):
     """(fn, signature, constexprs, num_warps, num_stages) of every forward and backward launch; ``fwd_params``
     (default ``params``): the params of the forward's own knobs (``TritonFwdParams``: gate_bias)."""
-    import torch
-
     from .backward import (
         CHAIN_KERNEL_MAX_BD,
         GATE_GRAD_SPAN,
@@ -243,6 +241,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         transport_rows,
         ut_apply_mode,
         ut_operand_type,
+        ut_scratch_stride,
         ut_state_m_dtype,
     )
     from .gate_bias import gate_parts_kernel
@@ -252,7 +251,8 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     from .ut_bwd import UT_BWD_WARPS, ut_bwd_kernel
 
     io = f"*{dtype}"
-    scan = {tl.float16: "*fp16", tl.bfloat16: "*bf16", tl.float32: "*fp32"}[params.scan_dtype]
+    sig_of = {tl.float16: "*fp16", tl.bfloat16: "*bf16", tl.float32: "*fp32"}
+    scan = sig_of[params.scan_dtype]
     H, HQ = heads, heads * group
     C, S = params.chunk_size, params.superchunk_size
     BD, BDV = padded_dim(D), padded_dim(DV)
@@ -295,7 +295,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     # scan_intra's walk reads K~, W, U and V as TMA blocks where forward.intra_walk_operands does
     # M: float32, or the forward's 16-bit transition type (forward.ut_state_m_dtype), which scan_intra reads
     m_dtype = ut_state_m_dtype(fwd_params or params, D, params.scan_torch_dtype)
-    m_scan = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}[m_dtype]
+    m_scan = sig_of[ut_operand_type(m_dtype)]
     intra_fwd_sig = dict(fwd_sig, kt_walk=scan, w_walk=scan, u_walk=scan, v_walk=io, y_ptr=scan, m_ptr=m_scan)
     intra_tma = intra_walk_tma_shapes(D, DV, BD, BDV)
     if intra_tma:
@@ -327,7 +327,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         (ut_fused_kernel, dict(sig, k_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan, m_ptr=m_scan),
          dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
               AP=ut_apply_mode(params, params.scan_torch_dtype), OPDT=ut_operand_type(params.scan_torch_dtype),
-              RS=C if m_dtype == torch.float32 else D * params.scan_torch_dtype.itemsize // 4,
+              RS=ut_scratch_stride(m_dtype, C, D, params.scan_torch_dtype),
               WRITE_W=True, INTERP=False, SB=params.ut_diag_block),
          UT_NUM_WARPS, 1),
         (ut_recompute_kernel, dict(sig, k_ptr=io, u_ptr=scan, kt_ptr=scan, wd_ptr=scan),

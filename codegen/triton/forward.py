@@ -289,6 +289,12 @@ def ut_state_m_dtype(params: TritonParams, D: int, out_dtype: torch.dtype) -> to
     return m16
 
 
+def ut_scratch_stride(m_dtype: torch.dtype, C: int, D: int, out_dtype: torch.dtype) -> int:
+    """Float32 words per (token, head) row of ``ut_fused_kernel``'s inverse scratch (its RS): M's own rows (C) for a
+    float32 M, else U's rows of D ``out_dtype`` entries seen as float32 words."""
+    return C if m_dtype == torch.float32 else D * out_dtype.itemsize // 4
+
+
 # Padded head dims below this take the three-launch UT stage (ut_forward): on the H200 the fused
 # kernel's forward at D = 32 returned NaN (GPU only; the interpreter agrees with float64), not yet
 # root-caused.  At D = 32 the UT stage is a small part of the forward.
@@ -309,13 +315,14 @@ def ut_fused(kt_in, wt, bt, tables: SequenceTables, H: int, D: int, C: int, para
     wd = torch.empty(N, H, D, device=dev, dtype=out_dtype) if write_w else None
     m = torch.empty(N, H, C, device=dev, dtype=ut_state_m_dtype(params, D, out_dtype))
     # the diagonal inverse's float32 scratch: M's rows, or U's (seen as float32 words) where M is 16-bit
-    scratch, rs = (m, C) if m.dtype == torch.float32 else (u.view(torch.float32), D * out_dtype.itemsize // 4)
+    scratch = m if m.dtype == torch.float32 else u.view(torch.float32)
     BD = padded_dim(D)
     compiled(ut_fused_kernel)[(tables.n_chunks, H)](
         wt, bt, kt_in, u, ktil, wd if write_w else u, m, scratch,
         tables.chunk_tok0, tables.chunk_seq, tables.seq_end,
         H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max, UP=params.ut_precision,
-        AP=apply_mode or ut_apply_mode(params, out_dtype), OPDT=ut_operand_type(out_dtype), RS=rs,
+        AP=apply_mode or ut_apply_mode(params, out_dtype), OPDT=ut_operand_type(out_dtype),
+        RS=ut_scratch_stride(m.dtype, C, D, out_dtype),
         WRITE_W=write_w, INTERP=interpreting(), SB=params.ut_diag_block,
         num_warps=num_warps, num_stages=1,
     )
