@@ -16,13 +16,10 @@ cumsum for dg (both injected with monkeypatch, no file is edited), must be far f
 from __future__ import annotations
 
 import os
-import weakref
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -633,37 +630,18 @@ def test_range_budget_reaches_the_backward_through_the_config(monkeypatch):
             assert torch.equal(a, b), name
 
 
-class _FreshStorages(TorchDispatchMode):
-    """Peak bytes of the storages allocated while ``on`` (an op's output storage that none of its inputs holds: no
-    views, no in-place writes) that are still alive, tracked by weak references (freed when the last view goes)."""
-
-    def __init__(self):
-        super().__init__()
-        self.on, self.peak, self._live = False, 0, {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if self.on:
-            held = {a.untyped_storage().data_ptr() for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
-            for o in tree_leaves(out):
-                if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in held:
-                    st = o.untyped_storage()
-                    self._live[st.data_ptr()] = (st.nbytes(), weakref.ref(st))
-            self.peak = max(self.peak, sum(n for n, ref in self._live.values() if ref() is not None))
-        return out
-
-
 @pytest.mark.parametrize("D,S,HQ,H,dtype", [(16, 32, 4, 2, F16), (64, 64, 4, 2, F16), (128, 64, 2, 2, F16),
                                             (64, 64, 4, 2, F32), (32, 128, 4, 1, F16)],
                          ids=["D16", "D64", "D128-transport-bound", "D64-fp32", "D32-S128-walk-bound"])
 def test_range_budget_is_the_ranges_peak(monkeypatch, D, S, HQ, H, dtype):
     """The per-token count the range budget divides by (``_phase2_bytes_per_token``) bounds the range loop's real
     peak: with a budget of two super-chunks' count, the storages the backward allocates from its first range on
-    (every torch allocation, tracked until freed; the launches stubbed so that only the host's buffers count) peak
-    at most at that budget -- both where the transport backward's states set the peak and where the walk's chain
-    states do, for a 16-bit and a float32 scan.  The count adds those two, which are never alive together, so it
-    runs over the peak by their smaller share (here at most 1.5x): a buffer added to a range without
-    being counted fails the first bound."""
+    (every torch allocation, tracked until freed by benchmarks/memory_probe.py's ``LiveMemory`` at exact sizes;
+    the launches stubbed so that only the host's buffers count) peak at most at that budget -- both where the
+    transport backward's states set the peak and where the walk's chain states do, for a 16-bit and a float32
+    scan.  The count adds those two, which are never alive together, so it runs over the peak by their smaller
+    share (here at most 1.5x): a range buffer it misses fails the first bound once the peak outgrows that slack
+    (leaving out the transport's states does; the walk's float32 copy of dV's rows alone hides in it)."""
     inputs, do = make_inputs(460 + D, B=2, T=2 * S, HQ=HQ, H=H, D=D, DV=D, dtype=dtype, gate=True)
     q, k, v, w, beta, g = inputs
     p, scale = params(dtype, superchunk_size=S), D ** -0.5
@@ -672,18 +650,25 @@ def test_range_budget_is_the_ranges_peak(monkeypatch, D, S, HQ, H, dtype):
     per_token = tri_backward._phase2_bytes_per_token(H, D, p.chunk_size, S, True, HQ, p.scan_torch_dtype.itemsize, D)
     budget = 2 * S * per_token
     monkeypatch.setattr(tri_backward, "_range_budget", lambda params: budget)
+    from repo_scripts import load_benchmark_script
+
     counts = _range_counts(monkeypatch)
-    mode = _FreshStorages()
+    probe = load_benchmark_script(monkeypatch, "benchmarks/memory_probe.py")
+    mode = probe.LiveMemory(rounding=lambda nbytes: nbytes)
+    entered = []
     real_tables = tri_backward._range_tables
-    monkeypatch.setattr(tri_backward, "_range_tables", lambda *a: setattr(mode, "on", True) or real_tables(*a))
 
-    class _NoLaunch:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: None
+    def tables_then_count(*a):      # counting starts where the range loop does; the mode leaves with the call
+        entered.append(mode.__enter__())
+        return real_tables(*a)
 
-    monkeypatch.setattr(tri_backward, "compiled", lambda kernel: _NoLaunch())
-    with mode:
-        tri_backward.path_attention_bwd(do, q, k, v, w, beta, g, o, lse, state, scale=scale, params=p)
+    monkeypatch.setattr(tri_backward, "_range_tables", tables_then_count)
+    with probe.no_triton_launches():
+        try:
+            tri_backward.path_attention_bwd(do, q, k, v, w, beta, g, o, lse, state, scale=scale, params=p)
+        finally:
+            if entered:
+                mode.__exit__(None, None, None)
     assert counts == [2]
     assert budget / 1.5 <= mode.peak <= budget, (mode.peak, budget)
 
