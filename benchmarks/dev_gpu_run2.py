@@ -241,6 +241,10 @@ SWEEP = [
 ]
 
 
+GATE_PRODUCTS = [None, dict(bwd_gate_bias="product"), dict(bwd_gate_sums="product"),
+                 dict(bwd_gate_bias="product", bwd_gate_sums="product")]
+
+
 def sweep(D=64, H=16, T=16384, gate=True, changes=None, shipped=False):
     """Per-kernel profile of fwd+bwd for one-knob changes from the heuristic default (``shipped``: from the
     newest shipped bwd tune's config of the key at T 4K)."""
@@ -314,6 +318,11 @@ if __name__ == "__main__":
              "quick": lambda: bench(True),
              "nan": nan_long, "sweep": sweep, "ranges": range_budgets, "sweep4k": lambda: sweep(T=4096, changes=[None]),
              "sweep128": lambda: sweep(D=128, H=8),
+             # the FoX gate's work in the backward on tensor cores (dk / dv's key offsets: bwd_gate_bias; the walk's
+             # sums of dS: bwd_gate_sums) against the elementwise forms, at the shipped bwd configs, PaTH beside
+             "gateprod": lambda: [sweep(D=D, H=H, T=T, gate=gt, shipped=True, changes=ch) for D, H, T, gt, ch in (
+                 (128, 8, 4096, True, GATE_PRODUCTS), (128, 8, 4096, False, [None]),
+                 (64, 16, 16384, True, GATE_PRODUCTS), (64, 16, 16384, False, [None]))],
              # D = 128 backward knobs (its kernels spill at 4 warps: compile_check bwd_intra 4.4 KB, dkv 3.0 KB)
              "bwd128": lambda: sweep(D=128, H=8, T=4096, changes=[
                  None, dict(bwd_num_warps=8), dict(bwd_num_warps=8, bwd_num_stages=2), dict(superchunk_size=512),

@@ -87,7 +87,7 @@ DKV_GATE_PARTS = (
     ("nobias", "gate without its logit bias (timing only)",
      [("        if ROW_MASK:\n            lse2 -= tl.load(gc_h + rows, mask=rmask, other=0.0) * gate_scale\n"
        "        else:\n            lse2 -= tl.load(gc_h + rows) * gate_scale\n"
-       "        sT -= ck_s[:, None]\n", "        lse2 += 0.0\n")]),
+       "        if not GATE_MMA:\n            sT -= ck_s[:, None]\n", "        lse2 += 0.0\n")]),
 )
 
 

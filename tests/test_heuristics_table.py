@@ -67,7 +67,7 @@ def test_heuristic_knobs_are_pinned(dims):
 # knobs that only one pass's params class holds (a pass-only knob keys that pass's source hash alone): the decode
 # pass's, the backward's and the forward's, with their spec defaults
 DECODE_ONLY = {"decode_frame_bound": 0}
-BWD_ONLY = {"bwd_dkv_block_n": 0, "bwd_dkv_num_warps": 0, "bwd_walk_chunks": 1}
+BWD_ONLY = {"bwd_dkv_block_n": 0, "bwd_dkv_num_warps": 0, "bwd_walk_chunks": 1, "bwd_gate_bias": "subtract"}
 FWD_ONLY = {"gate_bias": "subtract"}
 
 

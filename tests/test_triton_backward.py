@@ -868,7 +868,7 @@ def test_key_side_steps_unmasked_inside_the_sequence_and_masked_at_its_end(monke
         shipped = kernel_grads(inputs, do, p, cu_seqlens=cu)
         check(shipped, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
     # mutant: the last step of a super-chunk unmasked like the others
-    tail = "USE_GATE, GATE_SUM_MMA, True, INTERP)"
+    tail = "USE_GATE, GATE_SUM_MMA, GATE_MMA, True, INTERP)"
     mutant = kv.load_variant_module(kv.module_source(tri_inter), "dkv_tail_unmasked",
                                     [(tail, tail.replace("True", "False"))])
     monkeypatch.setattr(tri_backward, "bwd_inter_dkv_kernel", mutant.bwd_inter_dkv_kernel)
@@ -1078,6 +1078,79 @@ def test_walk_of_two_chunks_per_program(monkeypatch, spy_launches, dtype, ranged
     mutant = kv.load_variant(kv.module_source(intra_mod), "bwd_intra_walk_pairs_kernel", "walk_pairs_unmasked",
                              [("    if LAST:\n", "    if False:\n")])
     monkeypatch.setattr(tri_backward, "bwd_intra_walk_pairs_kernel", mutant)
+    bad = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+def test_inter_kernels_add_the_gate_offsets_by_product(monkeypatch, spy_launches, dtype):
+    """bwd_gate_bias product: ``bwd_inter_dq_kernel`` and ``bwd_inter_dkv_kernel`` add the keys' gate offsets as one
+    more K = 16 step of the logits' product (their bf16 parts: dq reads them from the backward's copy, dkv builds
+    its key tile's): the gradients of the subtracting kernels up to rounding, and the oracle's, over packed
+    sequences of several super-chunks (the kernels between super-chunks run), GQA; the product path is what runs,
+    and only with a gate.  Parts of the wrong sign are caught in either kernel."""
+    import pathtune.codegen.triton.bwd_inter as inter_mod
+    from repo_scripts import load_benchmark_script
+
+    lens = (90, 1, 79, 112)
+    inputs, do = make_inputs(633, B=1, T=sum(lens), HQ=4, H=2, dtype=dtype, gate=True)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    shipped = kernel_grads(inputs, do, params(dtype), cu_seqlens=cu)
+    p = params(dtype, bwd_gate_bias="product")
+    flags = spy_launches(tri_backward, "bwd_inter_dkv_kernel", lambda grid, kw: kw["GATE_MMA"])
+    dq_flags = spy_launches(tri_backward, "bwd_inter_dq_kernel", lambda grid, kw: kw["GATE_MMA"])
+    got = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    assert flags == dq_flags == [True]
+    for name, a, b in zip(NAMES, got, shipped):
+        assert rel(a, b) < (1e-5 if dtype == F32 else 2e-3), (name, rel(a, b))
+    check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
+    kernel_grads(inputs[:5] + (None,), do, p, cu_seqlens=cu)
+    assert flags == dq_flags == [True, False]
+
+    def caught():
+        bad = kernel_grads(inputs, do, p, cu_seqlens=cu)
+        return max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
+
+    real_parts = tri_backward.gate_parts
+    with monkeypatch.context() as m:        # dq's parts of the wrong sign
+        m.setattr(tri_backward, "gate_parts", lambda gc, ratio: real_parts(gc, -ratio))
+        assert caught()
+    kv = load_benchmark_script(monkeypatch, "benchmarks/kernel_variants.py")
+    mutant = kv.load_variant(kv.module_source(inter_mod), "bwd_inter_dkv_kernel", "dkv_parts_sign",
+                             [("bias_parts(ck_s * (-1.0 / qk_scale))", "bias_parts(ck_s * (1.0 / qk_scale))")])
+    monkeypatch.setattr(tri_backward, "bwd_inter_dkv_kernel", mutant)
+    assert caught()
+
+
+@pytest.mark.parametrize("dtype,walk_chunks", [(F32, 1), (F16, 1), (F16, 2)], ids=["fp32", "fp16", "fp16-pairs"])
+def test_walk_sums_the_gate_by_product(monkeypatch, spy_launches, dtype, walk_chunks):
+    """bwd_gate_sums product: the walk inside a super-chunk takes the gate's sums of dS (a key's over the rows, a
+    query row's over the keys) from products of its 16-bit dS with a ones column: the reducing walk's gradients up
+    to that rounding (dg; the others unchanged), and the oracle's, over packed sequences with super-chunks of
+    several chunks, GQA, the one-chunk and the two-chunk walk; the flag reaches the walk, only with a gate.  Column
+    sums of the wrong sign are caught."""
+    import pathtune.codegen.triton.bwd_intra as intra_mod
+    from repo_scripts import load_benchmark_script
+
+    lens = (90, 1, 79, 112)
+    inputs, do = make_inputs(637, B=1, T=sum(lens), HQ=4, H=2, dtype=dtype, gate=True)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    base = dict(superchunk_size=64, bwd_walk_chunks=walk_chunks)
+    shipped = kernel_grads(inputs, do, params(dtype, **base), cu_seqlens=cu)
+    p = params(dtype, bwd_gate_sums="product", **base)
+    walk = "bwd_intra_walk_pairs_kernel" if walk_chunks == 2 else "bwd_intra_walk_kernel"
+    flags = spy_launches(tri_backward, walk, lambda grid, kw: kw["GATE_SUM_MMA"])
+    got = kernel_grads(inputs, do, p, cu_seqlens=cu)
+    assert flags == [True]
+    for name, a, b in zip(NAMES, got, shipped):
+        assert rel(a, b) < (1e-5 if dtype == F32 else 2e-3), (name, rel(a, b))
+    check(got, oracle_grads(inputs, do, cu_seqlens=cu), TOL[dtype])
+    kernel_grads(inputs[:5] + (None,), do, p, cu_seqlens=cu)
+    assert flags == [True, False]
+    kv = load_benchmark_script(monkeypatch, "benchmarks/kernel_variants.py")
+    mutant = kv.load_variant(kv.module_source(intra_mod), walk, "walk_gate_sums_sign",
+                             [("_acc(dc_h + krows, -tl.sum(mm(dsdT", "_acc(dc_h + krows, tl.sum(mm(dsdT")])
+    monkeypatch.setattr(tri_backward, walk, mutant)
     bad = kernel_grads(inputs, do, p, cu_seqlens=cu)
     assert max(rel(a, b) for a, b in zip(bad, shipped) if b is not None) > CAUGHT
 

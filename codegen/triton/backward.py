@@ -57,6 +57,7 @@ from .forward import (
     ForwardState,
     _tokens,
     config_error,
+    gate_parts,
     has_kept_state,
     prepare_state,
     state_from_kept,
@@ -298,12 +299,27 @@ class TritonBwdParams(TritonParams):
     bwd_dkv_num_warps: int = spec_default("bwd_dkv_num_warps")
     bwd_range_budget_mib: int = spec_default("bwd_range_budget_mib")
     bwd_walk_chunks: int = spec_default("bwd_walk_chunks")
+    bwd_gate_bias: str = spec_default("bwd_gate_bias")
+    bwd_gate_sums: str = spec_default("bwd_gate_sums")
 
     def __post_init__(self):
         super().__post_init__()
         if self.bwd_walk_chunks not in (1, 2):     # the walks there are (intra_walk_launch)
             raise ValueError(f"bwd_walk_chunks must be 1 or 2 (query chunks per program of the backward's walk), "
                              f"got {self.bwd_walk_chunks!r}")
+
+
+def inter_gate_by_product(params: TritonParams, gated: bool) -> bool:
+    """Whether the kernels between super-chunks (dq, dk / dv) add the gate's key offsets by a K = 16 product of their
+    bf16 parts (knob ``bwd_gate_bias`` product; params without the bwd knobs take its spec default): only with a
+    gate."""
+    return gated and getattr(params, "bwd_gate_bias", TritonBwdParams.bwd_gate_bias) == "product"
+
+
+def walk_gate_sums_by_product(params: TritonParams, gated: bool) -> bool:
+    """Whether the walk inside a super-chunk takes the gate's sums of dS by products with a ones column (knob
+    ``bwd_gate_sums`` product; params without the bwd knobs take its spec default): only with a gate."""
+    return gated and getattr(params, "bwd_gate_sums", TritonBwdParams.bwd_gate_sums) == "product"
 
 
 def dkv_launch(params: TritonParams) -> tuple[int, int]:
@@ -573,12 +589,13 @@ def path_attention_bwd(
                                                                                              scan_store)
         kz = torch.empty(N, H, D, device=dev, dtype=state.kj.dtype) if DB < BD else dkj
         dkv_n, dkv_warps = dkv_launch(params)
+        inter_parts = inter_gate_by_product(params, use_gate)
         compiled(bwd_inter_dkv_kernel)[(tb.n_sc * (S // dkv_n), H)](
             y, state.kj, vt, gc, dot_, lset, delta, dkj, dv, dom, dc, om, kz,
             tb.sc_tok0, tb.sc_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             qk_scale, gate_scale, scale, gate_nat, N,
             BLOCK_N=dkv_n, BLOCK_M=dkv_query_step(params), DB=DB, TP=tp, USE_GATE=use_gate,
-            GATE_SUM_MMA=gate_sums_by_mma(BD), INTERP=interp,
+            GATE_SUM_MMA=gate_sums_by_mma(BD), INTERP=interp, GATE_MMA=inter_parts,
             num_warps=dkv_warps, num_stages=params.bwd_num_stages, **common,
         )
         del kz
@@ -588,14 +605,16 @@ def path_attention_bwd(
         # (DB < BD) it adds into zeroed rows
         dy = _carve([(N, HQ, D)], torch.float32, dev, zero=DB < BD)[0]
         z = torch.empty(N, HQ, D, device=dev, dtype=y.dtype) if DB < BD else dy
+        # bwd_gate_bias product: the keys' gate offsets as bf16 parts [HQ, N, 16] for dq (dkv builds its own)
+        gp = gate_parts(gc, -gate_scale / qk_scale) if inter_parts else gc
         compiled(bwd_inter_dq_kernel)[(tb.n_chunks, HQ)](
-            y, state.kj, vt, gc, dot_, lset, delta, dy, om, z, dc,
+            y, state.kj, vt, gc, dot_, lset, delta, dy, om, z, dc, gp,
             tb.chunk_tok0, tb.chunk_seq, tb.seq_start, tb.seq_end, tb.seq_sc_base, tb.seq_pair_base,
             tb.n_chunks, qk_scale, gate_scale, scale, gate_nat, N,
-            BLOCK_N=BN, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp,
+            BLOCK_N=BN, DB=DB, TP=tp, USE_GATE=use_gate, INTERP=interp, GATE_MMA=inter_parts,
             num_warps=params.bwd_inter_num_warps, num_stages=params.bwd_num_stages, **common,
         )
-        del om, z
+        del om, z, gp
     else:
         dv = torch.zeros(N, H, DV, device=dev, dtype=v.dtype)
         dy = torch.zeros(N, HQ, D, **f32)
@@ -654,7 +673,9 @@ def path_attention_bwd(
         # the walk leaves its carried query gradient in dy[r] for the diagonal tile's kernel
         walk, walk_warps, walk_stages = intra_walk_launch(
             params, BD, max(u.element_size(), ktil.element_size(), wd.element_size()))
-        compiled(walk)[(tr.n_chunks * HQ,)](*intra_args, **dict(intra_kw, num_warps=walk_warps, num_stages=walk_stages))
+        walk_kw = dict(intra_kw, num_warps=walk_warps, num_stages=walk_stages,
+                       GATE_SUM_MMA=walk_gate_sums_by_product(params, use_gate))
+        compiled(walk)[(tr.n_chunks * HQ,)](*intra_args, **walk_kw)
         compiled(bwd_intra_diag_kernel)[(tr.n_chunks * HQ,)](*intra_args, **intra_kw)
         if dv_r.dtype != dv.dtype:
             dv[r].copy_(dv_r)

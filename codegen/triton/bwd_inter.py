@@ -16,7 +16,13 @@ Given lse and delta, p and dS of every tile are independent, so:
 Both add the FoX gate's contribution to dc (gradient of the gate cumsum).  The gate's logit bias
 (c_q - c_k) * gate_scale is folded into a per-query and a per-key offset: the query's part shifts its
 lse (lse2 - c_q * gate_scale, once per row), the key's part is one vector per key tile, so a gated
-logit costs one subtraction more than an ungated one instead of three operations.
+logit costs one subtraction more than an ungated one instead of three operations.  With GATE_MMA (the knob
+bwd_gate_bias product) the key's part is not subtracted either: it rides in the logits' tensor-core product as
+one more K = 16 step against its three bfloat16 parts (``gate_bias``), after which the step is the ungated one.
+dkv builds its key tile's parts once per program and query head (a key tile's offsets are the same at every
+step); dq, whose key tile changes every step, reads them from gp [HQ, N, 16] (``forward.gate_parts``, written
+once per backward): built per step they issued more instructions than they saved (offline sm_90 at D 64, 351 ->
+434 a step; read: 302).
 
 Neither kernel carries a transition.  Every pair's Om_{I,J} is formed once per backward, laid out
 like dOm ([n_pairs, H, BD, BD], entry pair_base + I * n_sc + J):
@@ -43,12 +49,14 @@ import triton.language as tl
 
 from ._ops import mm
 from .bwd_chain import _chain_prologue
+from .gate_bias import add_product, bias_ones, bias_parts, ones_column
 
 
 @triton.jit
-def _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, key0, h, qk_scale, gate_scale,
+def _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, gp_h, key0, h, qk_scale, gate_scale,
              H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr,
-             S: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr):
+             S: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+             GATE_MMA: tl.constexpr):
     """(dZ, dS row sums): dZ = dS KJ of the program's queries (Zd: carried into the frame of the earlier
     super-chunk whose S keys start at token key0) over those keys, BLOCK_N a step: the float32 C x BD tile of
     that super-chunk; with the gate also each query row's sum of dS over those keys (the query side of dc),
@@ -60,13 +68,19 @@ def _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, key0, h, qk_scale, gate_s
     dvmask = (dv < DV)[None, :]
     dZ = tl.zeros((C, BD), dtype=tl.float32)
     rs = tl.zeros((C,), dtype=tl.float32)
+    if USE_GATE and GATE_MMA:
+        ones = bias_ones(C)
     for t0 in range(0, S, BLOCK_N):
         krows = (key0 + t0 + rn).to(tl.int64)
         KJ = tl.load(kj_ptr + (krows[:, None] * H + h) * D + d[None, :], mask=dmask, other=0.0).to(DT)
         Vt = tl.load(v_ptr + (krows[:, None] * H + h) * DV + dv[None, :], mask=dvmask, other=0.0)
-        s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
-        if USE_GATE:
-            s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
+        if USE_GATE and GATE_MMA:   # the key offsets' bf16 parts (gp), then the logits' product onto them
+            P = tl.load(gp_h + krows[:, None] * 16 + tl.arange(0, 16)[None, :])
+            s = add_product(mm(ones, tl.trans(P), INTERP), Zd, tl.trans(KJ), INTERP) * qk_scale
+        else:
+            s = mm(Zd, tl.trans(KJ), INTERP) * qk_scale
+            if USE_GATE:
+                s -= (tl.load(gc_h + krows) * gate_scale)[None, :]
         p = tl.exp2(s - lse2[:, None])
         dp = mm(dO, tl.trans(Vt), INTERP)
         ds = p * (dp - delta[:, None])
@@ -79,12 +93,13 @@ def _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, key0, h, qk_scale, gate_s
 @triton.jit
 def bwd_inter_dq_kernel(
     y_ptr, kj_ptr, v_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr,
-    dy_ptr, om_ptr, z_ptr, dc_ptr,
+    dy_ptr, om_ptr, z_ptr, dc_ptr, gp_ptr,
     chunk_tok0, chunk_seq, seq_start, seq_end, seq_sc_base, seq_pair_base,
     n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+    GATE_MMA: tl.constexpr = False,
 ):
     # om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J} (scan dtype when DB == BD, else float32).
     # DB < BD: z_ptr [N, HQ, D] (scan dtype) is the scratch of Z = Y Om for this program's rows and
@@ -97,6 +112,7 @@ def bwd_inter_dq_kernel(
     hq = tl.program_id(1)
     h = hq // (HQ // H)
     gc_h = gc_ptr + hq.to(tl.int64) * gc_hs
+    gp_h = gp_ptr + hq.to(tl.int64) * gc_hs * 16     # GATE_MMA: the keys' offsets as bf16 parts [HQ, gc_hs, 16]
     tok0 = tl.load(chunk_tok0 + n)
     sid = tl.load(chunk_seq + n)
     s0 = tl.load(seq_start + sid)
@@ -134,8 +150,8 @@ def bwd_inter_dq_kernel(
                 jj = sc_idx - 1 - step
                 om_base = om_ptr + ((pair_base + sc_idx * n_sc_seq + jj) * H + h) * BD * BD
                 Zd = mm(Yd, tl.load(om_base + dpair).to(DT), INTERP).to(DT)
-                dZ, rs_j = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, s0 + jj * S, h, qk_scale, gate_scale,
-                                    H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP)
+                dZ, rs_j = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, gp_h, s0 + jj * S, h, qk_scale,
+                                    gate_scale, H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP, GATE_MMA)
                 rs += rs_j
                 upd = mm(dZ.to(DT), tl.trans(tl.load(om_base + dpair).to(DT)), INTERP)
                 if USE_GATE:
@@ -164,8 +180,8 @@ def bwd_inter_dq_kernel(
                                  mask=rmask[:, None] & (e < D)[None, :])
                 tl.debug_barrier()
                 Zd = tl.load(z_ptr + qoff, mask=rmask[:, None] & dmask, other=0.0)
-                dZ, rs_j = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, s0 + jj * S, h, qk_scale, gate_scale,
-                                    H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP)
+                dZ, rs_j = _dq_keys(Zd, dO, lse2, delta, kj_ptr, v_ptr, gc_h, gp_h, s0 + jj * S, h, qk_scale,
+                                    gate_scale, H, D, DV, BD, BDV, C, S, BLOCK_N, DT, USE_GATE, INTERP, GATE_MMA)
                 rs += rs_j
                 for cb in tl.static_range(BD // DB):
                     if cb * DB < D:
@@ -187,15 +203,16 @@ def bwd_inter_dq_kernel(
 
 
 @triton.jit
-def _dkv_step(KZ, Vt, ck_s, dV, dKZ, dck, ones, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h, row, send, hq, qk_scale,
-              gate_scale, HQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-              BLOCK_M: tl.constexpr, DT: tl.constexpr, USE_GATE: tl.constexpr, GATE_SUM_MMA: tl.constexpr,
-              ROW_MASK: tl.constexpr, INTERP: tl.constexpr):
+def _dkv_step(KZ, Vt, ck_s, Pk, dV, dKZ, dck, ones, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h, row, send, hq,
+              qk_scale, gate_scale, HQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+              BDV: tl.constexpr, BLOCK_M: tl.constexpr, DT: tl.constexpr, USE_GATE: tl.constexpr,
+              GATE_SUM_MMA: tl.constexpr, GATE_MMA: tl.constexpr, ROW_MASK: tl.constexpr, INTERP: tl.constexpr):
     """One step of ``_dkv_superchunk``: the BLOCK_M query rows from ``row``.  ROW_MASK: some of them may lie past
     the sequence's end (masked loads, p^T zeroed there); else every row is the sequence's, and the loads carry no
     predicates (and no column masks where D and DV are their own padded widths).  Masked loads cost the key-side
     loop a predicate and a zero fill per element: offline sm_90 at D 128, 908 SASS instructions a step gated
-    (760 ungated) against 563 (425) unmasked.  Returns (dV, dKZ, dck)."""
+    (760 ungated) against 563 (425) unmasked.  GATE_MMA: the key offsets come in the logits' product, from their
+    bf16 parts Pk [BLOCK_N, 16] (ck_s unused).  Returns (dV, dKZ, dck)."""
     r = tl.arange(0, BLOCK_M)
     d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
@@ -219,13 +236,17 @@ def _dkv_step(KZ, Vt, ck_s, dV, dKZ, dck, ones, y_ptr, do_ptr, lse_ptr, delta_pt
             dO = tl.load(do_ptr + ooff, mask=(dv < DV)[None, :], other=0.0)
         lse2 = tl.load(lse_ptr + rows * HQ + hq) * 1.4426950408889634
         delta = tl.load(delta_ptr + rows * HQ + hq)
-    sT = mm(KZ, tl.trans(Yd), INTERP) * qk_scale
+    if USE_GATE and GATE_MMA:
+        sT = add_product(mm(Pk, tl.trans(bias_ones(BLOCK_M)), INTERP), KZ, tl.trans(Yd), INTERP) * qk_scale
+    else:
+        sT = mm(KZ, tl.trans(Yd), INTERP) * qk_scale
     if USE_GATE:    # the gate's query offset in the rows' lse, its key offset per key row
         if ROW_MASK:
             lse2 -= tl.load(gc_h + rows, mask=rmask, other=0.0) * gate_scale
         else:
             lse2 -= tl.load(gc_h + rows) * gate_scale
-        sT -= ck_s[:, None]
+        if not GATE_MMA:
+            sT -= ck_s[:, None]
     pT = tl.exp2(sT - lse2[None, :])
     if ROW_MASK:
         pT = tl.where(rmask[None, :], pT, 0.0)
@@ -243,10 +264,10 @@ def _dkv_step(KZ, Vt, ck_s, dV, dKZ, dck, ones, y_ptr, do_ptr, lse_ptr, delta_pt
 
 
 @triton.jit
-def _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h, row0, send, hq, qk_scale,
+def _dkv_superchunk(KZ, Vt, ck_s, Pk, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h, row0, send, hq, qk_scale,
                     gate_scale, HQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
                     BDV: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                    DT: tl.constexpr, USE_GATE: tl.constexpr, GATE_SUM_MMA: tl.constexpr,
+                    DT: tl.constexpr, USE_GATE: tl.constexpr, GATE_SUM_MMA: tl.constexpr, GATE_MMA: tl.constexpr,
                     INTERP: tl.constexpr):
     """One key tile (KZ = its keys carried into the later super-chunk's frame, Vt its values, ck_s its gate
     cumsums times gate_scale) against the query rows of that super-chunk from row0 (S of them, fewer in a sequence's
@@ -254,22 +275,23 @@ def _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc
     s^T = KZ Y^T, then dV += p^T dO and dKZ += dS^T Y with p^T and dS^T as they are; the gate's
     key-side sums -sum_i dS_ij as row sums of dS^T: a row reduction per step into dck (BLOCK_N,), or with
     GATE_SUM_MMA the product dS^T E into dck (BLOCK_N, 16), E a ones column padded to the MMA's 16 columns
-    (``backward.gate_sums_by_mma``).  gc_h: head hq's row of the head-major gate cumsum.  The steps whose rows all
+    (``backward.gate_sums_by_mma``).  GATE_MMA: the key offsets from their bf16 parts Pk (``_dkv_step``).  gc_h: head
+    hq's row of the head-major gate cumsum.  The steps whose rows all
     lie inside the sequence load without masks; a sequence's last super-chunk ends with one masked step where its
     length is not a multiple of BLOCK_M.
     Returns (dV, dKZ of this super-chunk, dck)."""
     dKZ = tl.zeros((BLOCK_N, BD), dtype=tl.float32)
-    ones = ((tl.arange(0, BLOCK_M)[:, None] >= 0) & (tl.arange(0, 16)[None, :] == 0)).to(DT)
+    ones = ones_column(BLOCK_M, DT)
     n_rows = tl.minimum(send - row0, S)
     whole = n_rows - n_rows % BLOCK_M
     for m0 in range(0, whole, BLOCK_M):
-        dV, dKZ, dck = _dkv_step(KZ, Vt, ck_s, dV, dKZ, dck, ones, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h, row0 + m0,
-                                 send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV, BLOCK_M, DT, USE_GATE,
-                                 GATE_SUM_MMA, False, INTERP)
+        dV, dKZ, dck = _dkv_step(KZ, Vt, ck_s, Pk, dV, dKZ, dck, ones, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
+                                 row0 + m0, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV, BLOCK_M, DT, USE_GATE,
+                                 GATE_SUM_MMA, GATE_MMA, False, INTERP)
     if whole < n_rows:
-        dV, dKZ, dck = _dkv_step(KZ, Vt, ck_s, dV, dKZ, dck, ones, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
+        dV, dKZ, dck = _dkv_step(KZ, Vt, ck_s, Pk, dV, dKZ, dck, ones, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
                                  row0 + whole, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV, BLOCK_M, DT,
-                                 USE_GATE, GATE_SUM_MMA, True, INTERP)
+                                 USE_GATE, GATE_SUM_MMA, GATE_MMA, True, INTERP)
     return dV, dKZ, dck
 
 
@@ -283,7 +305,7 @@ def bwd_inter_dkv_kernel(
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     DB: tl.constexpr, DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, GATE_SUM_MMA: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, GATE_MMA: tl.constexpr = False,
 ):
     # om_ptr [n_pairs, H, BD, BD] holds every Om_{I,J} (scan dtype when DB == BD, else float32).
     # DB < BD: kz_ptr [N, H, D] (scan dtype) is the scratch of KZ = KJ Om^T for this program's key
@@ -334,6 +356,10 @@ def bwd_inter_dkv_kernel(
                 ck_s = tl.load(gc_h + krows) * gate_scale
             else:
                 ck_s = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            if USE_GATE and GATE_MMA:   # the key tile's offsets as bf16 parts, once for the whole walk
+                Pk = bias_parts(ck_s * (-1.0 / qk_scale))
+            else:
+                Pk = ck_s
             if GATE_SUM_MMA:    # the gate's key-side sums -sum_i dS_ij (column 0; _dkv_superchunk)
                 dck = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
             else:
@@ -343,9 +369,9 @@ def bwd_inter_dkv_kernel(
                 for il in range(jl + 1, n_sc_seq):
                     om_base = om_ptr + ((pair_base + il * n_sc_seq + jl) * H + h) * BD * BD
                     KZ = mm(KJd, tl.trans(tl.load(om_base + dpair).to(DT)), INTERP).to(DT)
-                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
+                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, ck_s, Pk, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
                                                    s0 + il * S, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV,
-                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, GATE_SUM_MMA, INTERP)
+                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, GATE_SUM_MMA, GATE_MMA, INTERP)
                     # dKJ read-modify-written per super-chunk (rows owned by this program; same layout
                     # for load and store) rather than a BLOCK_N x BD float32 tile live across the walk:
                     # on the H200 4.35 -> 3.76 ms at D=64 (4 warps, spilling), unchanged at D=128
@@ -370,9 +396,9 @@ def bwd_inter_dkv_kernel(
                                      mask=(e < D)[None, :])
                     tl.debug_barrier()
                     KZ = tl.load(kz_ptr + koff, mask=dmask, other=0.0)
-                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, ck_s, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
+                    dV, dKZ, dck = _dkv_superchunk(KZ, Vt, ck_s, Pk, dV, dck, y_ptr, do_ptr, lse_ptr, delta_ptr, gc_h,
                                                    s0 + il * S, send, hq, qk_scale, gate_scale, HQ, D, DV, BD, BDV,
-                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, GATE_SUM_MMA, INTERP)
+                                                   S, BLOCK_N, BLOCK_M, DT, USE_GATE, GATE_SUM_MMA, GATE_MMA, INTERP)
                     for cb in tl.static_range(BD // DB):
                         if cb * DB < D:
                             e = cb * DB + tl.arange(0, DB)

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from ._ops import chunk_and_head, mm, tile_of
+from .gate_bias import ones_column
 
 
 @triton.jit
@@ -113,10 +114,14 @@ def _walk_step(G, Xd, act, LAST: tl.constexpr, k0, dO, lse2, delta, h, hq, rows,
                v_ptr, w_ptr, u_ptr, kt_ptr, gc_h, dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_h,
                qk_scale, gate_scale, scale, gate_nat,
                H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-               C: tl.constexpr, DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr):
+               C: tl.constexpr, DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+               GATE_SUM_MMA: tl.constexpr = False):
     """One step of a walk over key chunk k0 .. k0 + C for the query rows of Xd (one chunk, or two stacked): the key
     side's gradients added, the carried G returned.  ``act``: the rows with a step here (their X rows, zero
-    elsewhere, come in Xd); LAST: rows outside it keep their G (the lower chain at the upper one's extra step)."""
+    elsewhere, come in Xd); LAST: rows outside it keep their G (the lower chain at the upper one's extra step).
+    GATE_SUM_MMA (knob bwd_gate_sums product): the gate's two sums of dS (over its rows for the keys, over its
+    columns for the queries) as products of the 16-bit dS the key-side products take with a ones column, instead of
+    two reductions across the tile's warps."""
     r = tl.arange(0, C)
     d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
@@ -148,10 +153,16 @@ def _walk_step(G, Xd, act, LAST: tl.constexpr, k0, dO, lse2, delta, h, hq, rows,
     ds = p * (dp - delta[:, None])
     dsd = (ds * scale).to(DT)
     dX += mm(dsd, Kt, INTERP)
-    _acc(dkt_ptr + kof, mm(tl.trans(dsd), Xd, INTERP), dmask)
+    dsdT = tl.trans(dsd)
+    _acc(dkt_ptr + kof, mm(dsdT, Xd, INTERP), dmask)
     if USE_GATE:
-        _acc(dc_h + krows, -tl.sum(ds, axis=0) * gate_nat)
-        _acc(dc_h + rows, tl.sum(ds, axis=1) * gate_nat, act)
+        if GATE_SUM_MMA:    # column 0 of dS^T E (column sums) and dS E (row sums), E a ones column; dsd is dS * scale
+            nat = gate_nat / scale
+            _acc(dc_h + krows, -tl.sum(mm(dsdT, ones_column(Xd.shape[0], DT), INTERP), axis=1) * nat)
+            _acc(dc_h + rows, tl.sum(mm(dsd, ones_column(C, DT), INTERP), axis=1) * nat, act)
+        else:
+            _acc(dc_h + krows, -tl.sum(ds, axis=0) * gate_nat)
+            _acc(dc_h + rows, tl.sum(ds, axis=1) * gate_nat, act)
     if LAST:
         dX = tl.where(act[:, None], dX, G)
     return dX
@@ -166,6 +177,7 @@ def bwd_intra_walk_kernel(
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+    GATE_SUM_MMA: tl.constexpr = False,
 ):
     n, hq, h, ci, tokI, rows, rmask, dmask, dvmask, m2, koff, qoff, voff = _program_tile(
         chunk_tok0, chunk_seq, seq_start, seq_end, HQ, H, D, DV, BD, BDV, C, S)
@@ -198,7 +210,8 @@ def bwd_intra_walk_kernel(
     for mi in range(0, ci):
         G = _walk_step(G, tl.load(xs + mi * C * BD + xso), rmask, False, tokI + mi * C, dO, lse2, delta, h, hq,
                        rows, v_ptr, w_ptr, u_ptr, kt_ptr, gc_h, dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_h,
-                       qk_scale, gate_scale, scale, gate_nat, H, D, DV, BD, BDV, C, DT, USE_GATE, INTERP)
+                       qk_scale, gate_scale, scale, gate_nat, H, D, DV, BD, BDV, C, DT, USE_GATE, INTERP,
+                       GATE_SUM_MMA)
     # G to the diagonal kernel in dY's storage (this program's tile, read above)
     tl.store(dy_ptr + qoff, G, mask=m2 & (ci > 0))
 
@@ -210,7 +223,7 @@ def _pair_walk(
     n, hq, tok0, send, ci, n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
-    DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+    DT: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr, GATE_SUM_MMA: tl.constexpr,
 ):
     """The walk of the query chunks at positions ci (even) and ci + 1 of their super-chunk, stacked (module
     docstring)."""
@@ -262,13 +275,15 @@ def _pair_walk(
     for mi in range(0, ci):      # both chains step (rows past the sequence's end stay zero)
         G = _walk_step(G, tl.load(xs + 2 * mi * C * BD + xso), rmask, False, tokI + mi * C, dO, lse2, delta, h, hq,
                        rows, v_ptr, w_ptr, u_ptr, kt_ptr, gc_h, dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_h,
-                       qk_scale, gate_scale, scale, gate_nat, H, D, DV, BD, BDV, C, DT, USE_GATE, INTERP)
+                       qk_scale, gate_scale, scale, gate_nat, H, D, DV, BD, BDV, C, DT, USE_GATE, INTERP,
+                       GATE_SUM_MMA)
     if has_upper:    # step ci: the upper chain only
         act = rmask & ~lower
         Xd = tl.load(xs + (2 * ci * C - C) * BD + xso, mask=act[:, None], other=0.0)
         G = _walk_step(G, Xd, act, True, tokI + ci * C, dO, lse2, delta, h, hq,
                        rows, v_ptr, w_ptr, u_ptr, kt_ptr, gc_h, dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_h,
-                       qk_scale, gate_scale, scale, gate_nat, H, D, DV, BD, BDV, C, DT, USE_GATE, INTERP)
+                       qk_scale, gate_scale, scale, gate_nat, H, D, DV, BD, BDV, C, DT, USE_GATE, INTERP,
+                       GATE_SUM_MMA)
     # both chains' carried gradients to the diagonal kernel in dY's storage (a chain without steps stores back what
     # it read)
     tl.store(dy_ptr + qoff, G, mask=m2)
@@ -283,6 +298,7 @@ def bwd_intra_walk_pairs_kernel(
     HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr, S: tl.constexpr,
     DT: tl.constexpr, TP: tl.constexpr, USE_GATE: tl.constexpr, INTERP: tl.constexpr,
+    GATE_SUM_MMA: tl.constexpr = False,
 ):
     """``bwd_intra_walk_kernel`` for two query chunks at once (bwd_walk_chunks 2; module docstring): on the same
     grid, the program of an even chunk position walks its chunk and the next one stacked, that of an odd one
@@ -292,7 +308,7 @@ def bwd_intra_walk_pairs_kernel(
         _pair_walk(q_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, gc_ptr, do_ptr, lse_ptr, delta_ptr, dy_ptr,
                    dv_ptr, dw_ptr, du_ptr, dkt_ptr, dc_ptr, xs_ptr,
                    n, hq, tok0, send, ci, n_chunks, qk_scale, gate_scale, scale, gate_nat, gc_hs,
-                   HQ, H, D, DV, BD, BDV, C, S, DT, USE_GATE, INTERP)
+                   HQ, H, D, DV, BD, BDV, C, S, DT, USE_GATE, INTERP, GATE_SUM_MMA)
 
 
 @triton.jit

@@ -213,9 +213,11 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         dkv_query_step,
         float_transition_mode,
         gate_sums_by_mma,
+        inter_gate_by_product,
         intra_walk_launch,
         transport_backward_rows,
         transport_launch,
+        walk_gate_sums_by_product,
     )
     from .bwd_chain import (
         bwd_chain_dwhat_kernel,
@@ -303,6 +305,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
                              v_walk=f"tensordesc<{dtype}[{C}, {DV}]>")
     # gate_bias product: both scans read the gate's bf16 parts (by TMA where their key tiles come by TMA)
     parts = gate_by_product(fwd_params or params, gate)
+    bwd_parts = inter_gate_by_product(params, gate)     # bwd_gate_bias product: dq reads the parts, dk / dv builds them
     intra_fwd_sig["gp_walk"] = inter_fwd_sig["gp_ptr"] = "*bf16"
     if parts and intra_tma:
         intra_fwd_sig["gp_walk"] = f"tensordesc<bf16[{C}, 16]>"
@@ -319,6 +322,7 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
     intra = dict(common, BD=max(BD, 64), BDV=max(BDV, 64), **bflags)
     scan_bytes = params.scan_dtype.primitive_bitwidth // 8
     walk, walk_warps, walk_stages = intra_walk_launch(params, BD, scan_bytes)
+    walk_flags = dict(intra, GATE_SUM_MMA=walk_gate_sums_by_product(params, gate))   # bwd_gate_sums
     walk32, walk32_warps, walk32_stages = intra_walk_launch(params, BD, 4)
     pairs, pairs_warps, pairs_stages = intra_walk_launch(TritonBwdParams(bwd_walk_chunks=2), BD, scan_bytes)
     return [
@@ -356,10 +360,12 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
         # with its query chain (the backward's own Y: bwd_forward_state recompute)
         (bwd_prep_kernel, sig, dict(common, INTERP=False, HAS_DLSE=True, CHAIN=True),
          params.bwd_num_warps, 1),
-        (bwd_inter_dq_kernel, inter_sig, dict(common, BLOCK_N=params.bwd_block_n, DB=DB, **bflags),
+        (bwd_inter_dq_kernel, dict(inter_sig, gp_ptr="*bf16"), dict(common, BLOCK_N=params.bwd_block_n, DB=DB,
+                                                                  GATE_MMA=bwd_parts, **bflags),
          params.bwd_inter_num_warps, params.bwd_num_stages),
         (bwd_inter_dkv_kernel, inter_sig, dict(common, BLOCK_N=dkv_block_n, BLOCK_M=dkv_query_step(params),
-                                               DB=DB, GATE_SUM_MMA=gate_sums_by_mma(BD), **bflags),
+                                               DB=DB, GATE_SUM_MMA=gate_sums_by_mma(BD), GATE_MMA=bwd_parts,
+                                               **bflags),
          dkv_warps, params.bwd_num_stages),
         # every pair's transition in the scan type, read by the two kernels above (padded head dims <= 128)
         *([(bwd_pair_transitions_kernel, inter_sig, dict(H=H, BD=BD, S=S, ROWS=min(BD, 64), TP=btp),
@@ -381,11 +387,12 @@ def forward_kernels(params: TritonParams, D: int, DV: int, *, dtype: str = "bf16
          transport_chain_stages),
         (bwd_transport_grads_kernel, dict(range_sig, w_ptr=_PTR_F32, suf_ptr=_PTR_F32, gs_ptr=_PTR_F32),
          dict(H=H, D=D, BD=BD, C=C, S=S, ROWS=bwd_rows, TP=btp_transport), transport_grads_warps, 1),
-        (walk, range_sig, intra, walk_warps, walk_stages),
+        (walk, range_sig, walk_flags, walk_warps, walk_stages),
         # a single range with the forward's float32 state (backward.path_attention_bwd: no recompute)
-        (walk32, dict(range_sig, u_ptr=_PTR_F32, kt_ptr=_PTR_F32, w_ptr=_PTR_F32), intra, walk32_warps, walk32_stages),
+        (walk32, dict(range_sig, u_ptr=_PTR_F32, kt_ptr=_PTR_F32, w_ptr=_PTR_F32), walk_flags, walk32_warps,
+         walk32_stages),
         # the walk of two query chunks per program (bwd_walk_chunks 2) where the config runs one and it can run
-        *([(pairs, range_sig, intra, pairs_warps, pairs_stages)] if pairs not in (walk, walk32) else []),
+        *([(pairs, range_sig, walk_flags, pairs_warps, pairs_stages)] if pairs not in (walk, walk32) else []),
         (bwd_intra_diag_kernel, range_sig, intra, params.bwd_num_warps, 1),
         (ut_bwd_kernel, ut_sig, dict(H=H, D=D, BD=BD, DB=min(BD, UT_COLUMN_BLOCK), C=C, BETA_MAX=params.beta_max,
                                      UP=params.ut_precision, GP=params.ut_grad_precision), UT_BWD_WARPS, 1),
