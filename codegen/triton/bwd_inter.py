@@ -49,7 +49,8 @@ import triton.language as tl
 
 from ._ops import mm
 from .bwd_chain import _chain_prologue
-from .gate_bias import add_product, bias_ones, bias_parts, ones_column
+from .bwd_intra import ones_column
+from .gate_bias import add_product, bias_ones, bias_parts
 
 
 @triton.jit

@@ -37,7 +37,14 @@ import triton
 import triton.language as tl
 
 from ._ops import chunk_and_head, mm, tile_of
-from .gate_bias import ones_column
+
+
+@triton.jit
+def ones_column(N: tl.constexpr, DT: tl.constexpr):
+    """An [N, 16] tile of DT with ones in column 0, zeros after: x @ ones_column(K, DT) holds x's row sums in its
+    column 0 (the backward's sums of dS for the gate gradient, on the MMA's 16 columns).  Here, not in
+    gate_bias.py, which the forward's records are keyed by."""
+    return ((tl.arange(0, N)[:, None] >= 0) & (tl.arange(0, 16)[None, :] == 0)).to(DT)
 
 
 @triton.jit

@@ -42,13 +42,6 @@ def bias_ones(N: tl.constexpr):
 
 
 @triton.jit
-def ones_column(N: tl.constexpr, DT: tl.constexpr):
-    """An [N, 16] tile of DT with ones in column 0, zeros after: x @ ones_column(K, DT) holds x's row sums in its
-    column 0 (the backward's sums of dS for the gate gradient, on the MMA's 16 columns)."""
-    return ((tl.arange(0, N)[:, None] >= 0) & (tl.arange(0, 16)[None, :] == 0)).to(DT)
-
-
-@triton.jit
 def add_product(acc, a, b, INTERP: tl.constexpr):
     """acc + a @ b for 16-bit a, b (the ones and parts of K = 16, or the scan's operands), accumulated in the MMA's
     float32 registers on the GPU; the interpreter (whose bf16 products are not the GPU's) multiplies them widened to
