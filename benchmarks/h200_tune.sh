@@ -27,6 +27,8 @@
 #           current kernels' winners of the same key on other GPUs), --seed-neighbours (12), --startup-trials (8):
 #           a short re-tune after a kernel edit measures the default and the retired winners only, e.g.
 #           SEED_NEIGHBOURS=0 STARTUP=0 BUDGET=5m,3
+#   REFINE  --refine N: after the seeded configs, up to N recombinations of their changes (the fastest one's
+#           changes undone one at a time, unions of two winners'), measured like seeds
 #
 # Re-running with the same OUT continues the studies (--resume) and never re-measures a config.
 set -euo pipefail
@@ -64,7 +66,7 @@ pathtune tune \
     --compile-workers "${COMPILE_WORKERS:-12}" ${SEED_CONFIG:+--seed-config "$SEED_CONFIG"} \
     ${SEED_RETIRED:+--seed-retired "$SEED_RETIRED"} ${SEED_NEIGHBOURS:+--seed-neighbours "$SEED_NEIGHBOURS"} \
     ${SEED_OTHER_GPUS:+--seed-other-gpus "$SEED_OTHER_GPUS"} \
-    ${STARTUP:+--startup-trials "$STARTUP"} \
+    ${STARTUP:+--startup-trials "$STARTUP"} ${REFINE:+--refine "$REFINE"} \
     --buckets "${BUCKETS:-2048,4096,8192,16384}" "$GATE_FLAG" \
     --budget "$BUDGET" --storage "sqlite:///$OUT/tune.sqlite3" --resume --seed 0 \
     --results-out "$RESULTS" --report-json "$OUT/h200_tune_report-$STAMP.json" 2>&1 | tee "$OUT/tune.log"

@@ -13,13 +13,14 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Any, Iterable, Optional, Sequence
 
 from pathtune.specs import KnobSpace, Spec, Workload
 from pathtune.specs.config import in_domain
 
-__all__ = ["default_config", "neighbour_configs", "seed_configs", "check_seed_configs", "TOKENS", "PASSES",
-           "BACKENDS", "TuneKey", "default_heads",
+__all__ = ["default_config", "neighbour_configs", "refine_configs", "seed_configs", "check_seed_configs", "TOKENS",
+           "PASSES", "BACKENDS", "TuneKey", "default_heads",
            "plan_keys", "study_name", "run_id_for", "make_sampler", "source_hash_for", "CODEGEN_VERSION"]
 
 TOKENS = 32768
@@ -189,6 +190,45 @@ def neighbour_configs(spec: Spec, key: TuneKey, centre: Any, limit: int) -> list
         candidate = centre.replace(**{name: value})
         if not space.validate(candidate, key.workload):
             out.append(candidate)
+    return out
+
+
+def refine_configs(spec: Spec, key: TuneKey, default: Any, measured: Sequence[tuple[Any, float]], limit: int) -> list:
+    """Up to ``limit`` valid configs not in ``measured`` that recombine what the seeded configs changed from
+    ``default`` (``measured``: (config, ms) of every config measured ok so far, the default's among them if it
+    passed; the tuner calls this once per study, after its seeded configs, ``--refine``):
+
+    * the fastest config's changes, each undone alone, when it changes two knobs or more: a seed of several
+      changes may carry one that costs (an H200 backward tune's fastest seed set three knobs; the one of them
+      measured alone was 0.7 % slower than the default, the other two 4 % faster);
+    * the union of two faster-than-the-default configs' changes (every config measured when the default failed),
+      fastest pairs first, where they do not set one knob two ways: two wins on different knobs often add up.
+    """
+    space = KnobSpace(spec, key.pass_)
+    base = default.to_dict()
+
+    def changes(config: Any) -> dict:
+        return {name: value for name, value in config.to_dict().items() if base.get(name) != value}
+
+    ranked = sorted(measured, key=lambda cm: (cm[1], cm[0].hash))
+    default_ms = next((ms for config, ms in ranked if not changes(config)), None)
+    candidates = []
+    if ranked and len(changes(ranked[0][0])) >= 2:
+        best = ranked[0][0]
+        candidates += [best.replace(**{name: base[name]}) for name in changes(best)]
+    winners = [changes(c) for c, ms in ranked if changes(c) and (default_ms is None or ms < default_ms)]
+    for i, j in sorted(combinations(range(len(winners)), 2), key=lambda ij: (ij[0] + ij[1], ij)):
+        a, b = winners[i], winners[j]
+        if all(a.get(name, value) == value for name, value in b.items()):
+            candidates.append(default.replace(**{**a, **b}))
+    seen = {config.hash for config, _ in measured}
+    out = []
+    for config in candidates:
+        if len(out) >= limit:
+            break
+        if config.hash not in seen and not space.validate(config, key.workload):
+            out.append(config)
+        seen.add(config.hash)
     return out
 
 

@@ -18,6 +18,9 @@
   The default, the user's seeds and the warm-start configs (retired and other GPUs') are measured first,
   whatever the budget: the
   batched loop puts them all in the key's first batch, the unbatched one runs them before its timed trials.
+  With ``refine`` > 0 a new study then also measures, whatever the budget, up to that many configs that
+  recombine what those changed from the default (``space.refine_configs``: the fastest one's changes undone
+  one at a time, unions of two winners' changes), once.
 * Ctrl-C once: the running trial finishes, is recorded and told, then the run stops. Ctrl-C twice:
   the running trial is abandoned (state FAIL, flagged ``interrupted``); ``--resume`` re-queues it.
 * Batched (``compile_workers`` > 0, the default on a CUDA host): per key, a batch of proposals is
@@ -46,6 +49,7 @@ from .space import (
     default_config,
     make_sampler,
     neighbour_configs,
+    refine_configs,
     run_id_for,
     seed_configs,
     source_hash_for,
@@ -186,6 +190,7 @@ class TuneOptions:
     seed_retired: int = 3              # ... and first (after the default) up to this many winners of retired sources
     seed_other_gpus: int = 0           # ... and up to this many winners of this key on other GPUs (current kernels)
     seed_configs: list = field(default_factory=list)   # user seeds {knob: value} applied on each key's default
+    refine: int = 0                    # then, once, up to this many recombinations of the seeded configs' changes
     command: Optional[str] = None
     results_out: Optional[Any] = None  # path: a results file rewritten after each record
     env_info: Optional[dict] = None    # the GPU host's collect_env() (split flow: the build host has no GPU)
@@ -501,7 +506,33 @@ class Tuner:
 
         return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
                    if t.user_attrs.get("seeded_default") or t.user_attrs.get("seeded_user")
-                   or t.user_attrs.get("seeded_retired") or t.user_attrs.get("seeded_other_gpu"))
+                   or t.user_attrs.get("seeded_retired") or t.user_attrs.get("seeded_other_gpu")
+                   or t.user_attrs.get("seeded_refine"))
+
+    def refine(self, study: Any, key: TuneKey) -> int:
+        """Once per study whose seeded configs are all measured (``opts.refine`` > 0): enqueue up to
+        ``opts.refine`` recombinations of what they changed from the default (``space.refine_configs``),
+        measured like seeds; how many."""
+        from optuna.trial import TrialState
+
+        from pathtune.specs import Config
+
+        if self.opts.refine <= 0 or study.user_attrs.get("refined") is not None or self._seeded_waiting(study):
+            return 0
+        measured = [(Config(t.user_attrs["config"]), t.value) for t in study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("status") == "ok" and t.user_attrs.get("config") is not None]
+        configs = refine_configs(self.spec, key, default_config(self.spec, key), measured, self.opts.refine)
+        for config in configs:
+            study.enqueue_trial(config.to_dict(), user_attrs={"seeded_refine": True}, skip_if_exists=True)
+        study.set_user_attr("refined", len(configs))
+        if configs:
+            self._note(f"{key.label}: refine: {len(configs)} recombination{'s' if len(configs) > 1 else ''} of the "
+                       f"seeded configs' changes, measured next: "
+                       + "; ".join(" ".join(f"{k}={v}" for k, v in sorted(c.to_dict().items())
+                                            if default_config(self.spec, key).to_dict().get(k) != v)
+                                   for c in configs))
+        return len(configs)
 
     def context(self, key: TuneKey, name: str, *, start_run: bool = True) -> KeyContext:
         """The objective's context of ``key``'s study ``name``; ``start_run``: also open its perf_db run (the
@@ -556,6 +587,10 @@ class Tuner:
             start = time.monotonic()
             if first:
                 study.optimize(Objective(ctx), n_trials=first, callbacks=[after_trial], catch=(),
+                               gc_after_trial=False)
+            refined = 0 if self.stop_requested or ctx.fatal else self.refine(study, key)
+            if refined:
+                study.optimize(Objective(ctx), n_trials=refined, callbacks=[after_trial], catch=(),
                                gc_after_trial=False)
             left = None if seconds is None else seconds - (time.monotonic() - start)
             complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
@@ -654,6 +689,8 @@ class Tuner:
                     self._abandon(study, trial, "not measured: its config's first trial was not measured")
                     continue
                 after_trial(study, study.tell(trial, objective.conclude(trial, stored)))
+            if self.refine(study, ctx.key):   # once, after the seeded configs: measured like them, whatever the budget
+                continue
             if empty_batches >= 3:       # every proposal pruned or already measured: the space is spent
                 break
             if seconds is not None and time.monotonic() - start >= seconds:
