@@ -103,3 +103,22 @@ def spy_launches(monkeypatch):
         monkeypatch.setattr(module, name, Spy())
         return seen
     return spy
+
+
+@pytest.fixture()
+def spec_copy(tmp_path, monkeypatch):
+    """A copy of the packaged spec in tmp_path (the tuner tests' --spec), with no shipped records, a private
+    cache, the fake cost model's call log (tests/tune_fake.py) in tmp_path and no PATHTUNE_DB_URL."""
+    import shutil
+    from pathlib import Path
+
+    import pathtune.specs
+
+    path = tmp_path / "spec.yaml"
+    shutil.copy(Path(pathtune.specs.__file__).parent / "path_attention.yaml", path)
+    (tmp_path / "no-shipped").mkdir()
+    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(tmp_path / "no-shipped"))
+    monkeypatch.setenv("PATHTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATHTUNE_FAKE_LOG", str(tmp_path / "calls.log"))
+    monkeypatch.delenv("PATHTUNE_DB_URL", raising=False)
+    return path

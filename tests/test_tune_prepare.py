@@ -124,20 +124,6 @@ class FakePreparer(tune_fake.FakePreparer):
         super().__init__(workers, fails=_num_warps_2_fails)
 
 
-@pytest.fixture()
-def spec_copy(tmp_path, monkeypatch):
-    import shutil
-
-    import pathtune.specs
-
-    path = tmp_path / "spec.yaml"
-    shutil.copy(Path(pathtune.specs.__file__).parent / "path_attention.yaml", path)
-    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(tmp_path / "no-shipped"))
-    monkeypatch.setenv("PATHTUNE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("PATHTUNE_FAKE_LOG", str(tmp_path / "calls.log"))
-    return path
-
-
 def _measured(tmp_path):
     path = tmp_path / "calls.log"
     lines = path.read_text().splitlines() if path.exists() else []

@@ -4,7 +4,6 @@ knob value a factor on the time; nothing here is a real measurement)."""
 from __future__ import annotations
 
 import math
-import shutil
 import sys
 from pathlib import Path
 
@@ -16,11 +15,9 @@ import tune_fake  # noqa: E402
 from pathtune.specs import load_spec  # noqa: E402
 from pathtune.tuning.space import default_config, plan_keys, refine_configs  # noqa: E402
 from pathtune.tuning.tuner import Budget, TuneOptions, Tuner  # noqa: E402
+from test_tune_warm import make_env  # noqa: E402
 
-ENV = {"gpu_name": "TEST-GPU", "gpu_count": 1, "compute_capability": "9.0", "sm_count": 132,
-       "gpu_memory_bytes": 150_000_000_000, "driver": "580.1", "cuda_runtime": "13.0", "ptxas": "12.8.93",
-       "torch": "2.11.0", "triton": "3.6.0", "tvm": None, "tvm_ffi": None, "pathtune": "0.1.0",
-       "python": "3.11.0", "platform": "test", "host": "test-host"}
+ENV = make_env()
 
 
 def _key(pass_="fwd"):
@@ -65,19 +62,6 @@ def test_a_union_the_constraints_forbid_is_skipped():
     d = default_config(spec, key)
     pairs, big = d.replace(bwd_walk_chunks=2), d.replace(chunk_size=128)    # two chunks per walk need C <= 64
     assert refine_configs(spec, key, d, [(d, 1.0), (pairs, 0.9), (big, 0.95)], 5) == []
-
-
-@pytest.fixture()
-def spec_copy(tmp_path, monkeypatch):
-    import pathtune.specs
-
-    path = tmp_path / "spec.yaml"
-    shutil.copy(Path(pathtune.specs.__file__).parent / "path_attention.yaml", path)
-    (tmp_path / "no-shipped").mkdir()
-    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(tmp_path / "no-shipped"))
-    monkeypatch.setenv("PATHTUNE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("PATHTUNE_DB_URL", raising=False)
-    return path
 
 
 def _run(url, spec_copy, refine, batched, resume=False):

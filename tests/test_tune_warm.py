@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import json
 import logging
-import shutil
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -43,20 +42,6 @@ ENV = make_env()
 
 
 FakePreparer = tune_fake.FakePreparer     # every config compiles
-
-
-@pytest.fixture()
-def spec_copy(tmp_path, monkeypatch):
-    import pathtune.specs
-
-    path = tmp_path / "spec.yaml"
-    shutil.copy(Path(pathtune.specs.__file__).parent / "path_attention.yaml", path)
-    (tmp_path / "no-shipped").mkdir()
-    monkeypatch.setenv("PATHTUNE_SHIPPED_DIR", str(tmp_path / "no-shipped"))
-    monkeypatch.setenv("PATHTUNE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("PATHTUNE_FAKE_LOG", str(tmp_path / "calls.log"))
-    monkeypatch.delenv("PATHTUNE_DB_URL", raising=False)
-    return path
 
 
 def _key(pass_="fwd", bucket=1024):
