@@ -75,3 +75,45 @@ def test_a_call_stopped_at_its_limit_still_packs_what_its_finished_steps_wrote(t
     assert res.returncode == 124, (res.returncode, res.stdout, res.stderr)
     with tarfile.open(tmp_path / "out" / "session.tgz") as tar:
         assert tar.extractfile("s/tune.log").read() == b"finished\n"
+
+
+def _call_folder(folder, files: dict, part_bytes=None):
+    """A device call's files_at folder: ``files`` {path under the cache: bytes} as gpu_session.sh packs them (a tar
+    of ./entry/file members, xz, split into tcache.txz.aa, .ab, ...)."""
+    import io
+    import lzma
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo("./" + name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    packed = lzma.compress(raw.getvalue())
+    step = part_bytes or len(packed)
+    folder.mkdir()
+    for n, i in enumerate(range(0, len(packed), step)):
+        (folder / f"tcache.txz.a{chr(ord('a') + n)}").write_bytes(packed[i:i + step])
+    return folder
+
+
+def test_merged_triton_caches_hold_every_calls_entries_the_later_one_winning(tmp_path):
+    from repo_scripts import load_script
+
+    mod = load_script("benchmarks/tcache/merge_tcache.py")
+    first = _call_folder(tmp_path / "1", {"aaa/k.cubin": b"old", "bbb/k.cubin": b"b"}, part_bytes=100)
+    second = _call_folder(tmp_path / "2", {"aaa/k.cubin": b"new", "ccc/k.json": b"{}"})
+    out = tmp_path / "tcache_in"
+    out.mkdir()
+    (out / "tcache.txz.zz").write_bytes(b"stale part")
+    assert mod.main([str(first), str(second), "--out", str(out)]) == 0
+    assert [p.name for p in sorted(out.glob("tcache.txz.*"))] == ["tcache.txz.aa"]
+    got = mod.read_entries(out)
+    assert {k: v[1] for k, v in got.items() if v[1] is not None} == {
+        "aaa/k.cubin": b"new", "bbb/k.cubin": b"b", "ccc/k.json": b"{}"}
+    with pytest.raises(SystemExit, match="no tcache.txz"):
+        mod.main([str(tmp_path / "1"), str(tmp_path), "--out", str(out)])
+    with pytest.raises(SystemExit, match="over --max-mib"):
+        mod.main([str(first), "--out", str(out), "--max-mib", "0.0001"])
+    assert mod.read_entries(out)["ccc/k.json"][1] == b"{}"     # a refused merge wrote nothing
