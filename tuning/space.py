@@ -210,13 +210,13 @@ def refine_configs(spec: Spec, key: TuneKey, default: Any, measured: Sequence[tu
     def changes(config: Any) -> dict:
         return {name: value for name, value in config.to_dict().items() if base.get(name) != value}
 
-    ranked = sorted(measured, key=lambda cm: (cm[1], cm[0].hash))
-    default_ms = next((ms for config, ms in ranked if not changes(config)), None)
+    ranked = [(config, ms, changes(config)) for config, ms in sorted(measured, key=lambda cm: (cm[1], cm[0].hash))]
+    default_ms = next((ms for _, ms, delta in ranked if not delta), None)
     candidates = []
-    if ranked and len(changes(ranked[0][0])) >= 2:
-        best = ranked[0][0]
-        candidates += [best.replace(**{name: base[name]}) for name in changes(best)]
-    winners = [changes(c) for c, ms in ranked if changes(c) and (default_ms is None or ms < default_ms)]
+    if ranked and len(ranked[0][2]) >= 2:
+        best, _, delta = ranked[0]
+        candidates += [best.replace(**{name: base[name]}) for name in delta]
+    winners = [delta for _, ms, delta in ranked if delta and (default_ms is None or ms < default_ms)]
     for i, j in sorted(combinations(range(len(winners)), 2), key=lambda ij: (ij[0] + ij[1], ij)):
         a, b = winners[i], winners[j]
         if all(a.get(name, value) == value for name, value in b.items()):

@@ -522,15 +522,16 @@ class Tuner:
         measured = [(Config(t.user_attrs["config"]), t.value) for t in study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE,))
             if t.user_attrs.get("status") == "ok" and t.user_attrs.get("config") is not None]
-        configs = refine_configs(self.spec, key, default_config(self.spec, key), measured, self.opts.refine)
+        default = default_config(self.spec, key)
+        configs = refine_configs(self.spec, key, default, measured, self.opts.refine)
         for config in configs:
             study.enqueue_trial(config.to_dict(), user_attrs={"seeded_refine": True}, skip_if_exists=True)
         study.set_user_attr("refined", len(configs))
         if configs:
+            base = default.to_dict()
             self._note(f"{key.label}: refine: {len(configs)} recombination{'s' if len(configs) > 1 else ''} of the "
                        f"seeded configs' changes, measured next: "
-                       + "; ".join(" ".join(f"{k}={v}" for k, v in sorted(c.to_dict().items())
-                                            if default_config(self.spec, key).to_dict().get(k) != v)
+                       + "; ".join(" ".join(f"{k}={v}" for k, v in sorted(c.to_dict().items()) if base.get(k) != v)
                                    for c in configs))
         return len(configs)
 
