@@ -8,6 +8,7 @@
 #
 # Steps (each bounded by its SECONDS, default in brackets):
 #   tests [240]     pytest -m gpu over the Triton matrix, decode, dispatch, layer, launch and TVM tests, 6 workers
+#                   (4 on a GPU under 120 GiB: six ran an 80 GiB H100 out of memory; TESTS_WORKERS sets it)
 #                   (TESTS_K: a pytest -k expression, e.g. "lean"; the TVM ones run the carried build/tvm_bench and
 #                   build/tvm_decode_bench, with tvm_ffi importable)
 #   fwdtests [180]  pytest -m gpu tests/test_triton_gpu.py: the Triton forward / backward matrix vs the float64 oracle
@@ -197,9 +198,12 @@ run_steps() {  # the steps of one lane, in order, with S set
         case "$step" in
             tests) # the TVM decode test runs when build/tvm_decode_bench is carried and skips (saying why) otherwise
                    decode_store=""; [ -d "$REPO/build/tvm_decode_bench" ] && decode_store="$REPO/build/tvm_decode_bench"
+                   # workers share one GPU and the largest cases hold 9-18 GiB each: six overfill an 80 GiB H100
+                   gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+                   workers="${TESTS_WORKERS:-$([ "${gpu_mib:-0}" -ge 120000 ] 2>/dev/null && echo 6 || echo 4)}"
                    run_step tests "${secs:-240}" env ${decode_store:+PATHTUNE_TVM_MODULES="$decode_store"} \
                        PATHTUNE_TVM_BENCH_MODULES="$REPO/build/tvm_bench" \
-                       python3 -m pytest -q -m gpu -p no:cacheprovider -n 6 \
+                       python3 -m pytest -q -m gpu -p no:cacheprovider -n "$workers" \
                        "$REPO/tests/test_triton_gpu.py" "$REPO/tests/test_triton_decode.py" \
                        "$REPO/tests/test_runtime_dispatch.py" "$REPO/tests/test_layer.py" \
                        "$REPO/tests/test_decode_dispatch.py" "$REPO/tests/test_tvm_gpu.py" \
