@@ -29,6 +29,8 @@
 #           SEED_NEIGHBOURS=0 STARTUP=0 BUDGET=5m,3
 #   REFINE  --refine N: after the seeded configs, up to N recombinations of their changes (the fastest one's
 #           changes undone one at a time, unions of two winners'), measured like seeds
+#   CONFIRM  --confirm N: after each study its N fastest configs re-timed in CONFIRM_ROUNDS (--confirm-rounds, 3)
+#           interleaved rounds, each draw recorded (near host-bound keys: one timing moves with host jitter)
 #
 # Re-running with the same OUT continues the studies (--resume) and never re-measures a config.
 set -euo pipefail
@@ -67,6 +69,7 @@ pathtune tune \
     ${SEED_RETIRED:+--seed-retired "$SEED_RETIRED"} ${SEED_NEIGHBOURS:+--seed-neighbours "$SEED_NEIGHBOURS"} \
     ${SEED_OTHER_GPUS:+--seed-other-gpus "$SEED_OTHER_GPUS"} \
     ${STARTUP:+--startup-trials "$STARTUP"} ${REFINE:+--refine "$REFINE"} \
+    ${CONFIRM:+--confirm "$CONFIRM"} ${CONFIRM_ROUNDS:+--confirm-rounds "$CONFIRM_ROUNDS"} \
     --buckets "${BUCKETS:-2048,4096,8192,16384}" "$GATE_FLAG" \
     --budget "$BUDGET" --storage "sqlite:///$OUT/tune.sqlite3" --resume --seed 0 \
     --results-out "$RESULTS" --report-json "$OUT/h200_tune_report-$STAMP.json" 2>&1 | tee "$OUT/tune.log"

@@ -24,7 +24,8 @@ from .measure import MeasureTask
 from .prepare import PREPARED
 from .space import TuneKey
 
-__all__ = ["KeyContext", "Objective", "PENALTY_MS", "trial_value", "mark_feasibility", "measurement_from"]
+__all__ = ["KeyContext", "Objective", "PENALTY_MS", "trial_value", "mark_feasibility", "measurement_from",
+           "sigint_deferred"]
 
 PENALTY_MS = 1.0e9          # value of an infeasible trial (never the best: its constraint is violated too)
 _MEASUREMENT_KEYS = ("status", "median_ms", "p20_ms", "p80_ms", "n_reps", "bench_method", "errors", "max_rel_err",
@@ -51,6 +52,17 @@ class KeyContext:
     fatal: Optional[str] = None
     measured: int = 0
     looked_up: int = 0
+
+    def store(self, config: Config, result: dict, *, run_id: str, trial_number: Optional[int]) -> Any:
+        """Record ``result`` (a measure() dict) of ``config`` in perf_db under ``run_id`` (a row another worker stored
+        first is kept) and in the results file; the Measurement recorded."""
+        m = measurement_from(result, study_name=self.study_name, trial_number=trial_number, command=self.command)
+        self.db.record(self.env_info, self.kernel, self.key.workload, config, m, run_id=run_id, on_conflict="skip")
+        self.measured += 1
+        if self.on_record is not None:
+            self.on_record({"env": self.env_info, "kernel": self.kernel, "workload": self.key.workload,
+                            "config": config, "measurement": m, "run_id": run_id})
+        return m
 
     def task(self, config: Config, trial_number: int) -> MeasureTask:
         return MeasureTask(pass_=self.key.pass_, backend=self.key.backend, workload=self.key.workload.to_dict(),
@@ -143,14 +155,8 @@ class Objective:
             source = "measured"
         # the measurement is stored before the trial is told: a worker killed in between loses
         # nothing (its stale trial is retried and finds the row); Ctrl-C waits for this block
-        with _sigint_deferred():
-            m = measurement_from(result, study_name=ctx.study_name, trial_number=trial.number, command=ctx.command)
-            ctx.db.record(ctx.env_info, ctx.kernel, ctx.key.workload, config, m, run_id=ctx.run_id,
-                          on_conflict="skip")
-            ctx.measured += 1
-            if ctx.on_record is not None:
-                ctx.on_record({"env": ctx.env_info, "kernel": ctx.kernel, "workload": ctx.key.workload,
-                               "config": config, "measurement": m, "run_id": ctx.run_id})
+        with sigint_deferred():
+            m = ctx.store(config, result, run_id=ctx.run_id, trial_number=trial.number)
         trial.set_user_attr("source", source)
         if prepared is not None and prepared.get("seconds") is not None:
             trial.set_user_attr("compile_seconds", round(float(prepared["seconds"]), 3))
@@ -162,7 +168,7 @@ class Objective:
         return stored if stored is not None else m.to_dict()
 
 
-class _sigint_deferred:
+class sigint_deferred:
     """Hold SIGINT during a few database writes (re-delivered afterwards); no-op off the main thread."""
 
     def __enter__(self) -> None:

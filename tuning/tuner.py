@@ -191,6 +191,8 @@ class TuneOptions:
     seed_other_gpus: int = 0           # ... and up to this many winners of this key on other GPUs (current kernels)
     seed_configs: list = field(default_factory=list)   # user seeds {knob: value} applied on each key's default
     refine: int = 0                    # then, once, up to this many recombinations of the seeded configs' changes
+    confirm: int = 0                   # after each study, its this many fastest configs re-timed (tuning.confirm) ...
+    confirm_rounds: int = 3            # ... in this many interleaved rounds
     command: Optional[str] = None
     results_out: Optional[Any] = None  # path: a results file rewritten after each record
     env_info: Optional[dict] = None    # the GPU host's collect_env() (split flow: the build host has no GPU)
@@ -217,6 +219,7 @@ class KeyResult:
     seeded_retired: Optional[int] = None   # warm-start configs the study was seeded with (None: not tried)
     previous_ms: Optional[float] = None    # the fastest ok time of this key under retired kernel sources, this GPU
     previous_source: Optional[str] = None  # ... and the source hash it ran
+    confirmed: Optional[int] = None        # configs re-timed by --confirm (None: no confirmation ran)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -239,7 +242,7 @@ class KeyResult:
                 "best_ms": self.best_ms, "best_config": self.best_config, "speedup": self.speedup,
                 "baseline_ms": self.baseline_ms, "skipped": self.skipped, "seeded_retired": self.seeded_retired,
                 "previous_ms": self.previous_ms, "previous_source": self.previous_source,
-                "vs_previous": self.vs_previous}
+                "vs_previous": self.vs_previous, "confirmed": self.confirmed}
 
 
 class Tuner:
@@ -509,19 +512,42 @@ class Tuner:
                    or t.user_attrs.get("seeded_retired") or t.user_attrs.get("seeded_other_gpu")
                    or t.user_attrs.get("seeded_refine"))
 
-    def refine(self, study: Any, key: TuneKey) -> int:
-        """Once per study whose seeded configs are all measured (``opts.refine`` > 0): enqueue up to
-        ``opts.refine`` recombinations of what they changed from the default (``space.refine_configs``),
-        measured like seeds; how many."""
+    @staticmethod
+    def _measured_ok(study: Any) -> list:
+        """(Config, ms) of the study's ok trials."""
         from optuna.trial import TrialState
 
         from pathtune.specs import Config
 
-        if self.opts.refine <= 0 or study.user_attrs.get("refined") is not None or self._seeded_waiting(study):
-            return 0
-        measured = [(Config(t.user_attrs["config"]), t.value) for t in study.get_trials(
+        return [(Config(t.user_attrs["config"]), t.value) for t in study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE,))
             if t.user_attrs.get("status") == "ok" and t.user_attrs.get("config") is not None]
+
+    def confirm(self, study: Any, ctx: KeyContext, result: KeyResult) -> None:
+        """``opts.confirm`` > 0: the study's fastest configs re-timed in interleaved rounds (``tuning.confirm``),
+        each draw recorded; a note says what the draws were and whether the winner moved."""
+        from .confirm import confirm_candidates, confirm_key, confirm_note
+
+        candidates = confirm_candidates(self._measured_ok(study), self.opts.confirm)
+        if not candidates:
+            self._note(f"{ctx.key.label}: confirm: fewer than two ok configs, nothing to re-time")
+            return
+
+        def start_run(run_id: str, notes: str) -> None:
+            self.db.start_run(command=self.opts.command, notes=notes, run_id=run_id)
+
+        done = confirm_key(ctx, candidates, self.opts.confirm_rounds, start_run=start_run,
+                           should_stop=lambda: self.stop_requested)
+        result.confirmed = len(candidates)
+        self._note(confirm_note(ctx.key.label, candidates, default_config(self.spec, ctx.key), done))
+
+    def refine(self, study: Any, key: TuneKey) -> int:
+        """Once per study whose seeded configs are all measured (``opts.refine`` > 0): enqueue up to
+        ``opts.refine`` recombinations of what they changed from the default (``space.refine_configs``),
+        measured like seeds; how many."""
+        if self.opts.refine <= 0 or study.user_attrs.get("refined") is not None or self._seeded_waiting(study):
+            return 0
+        measured = self._measured_ok(study)
         default = default_config(self.spec, key)
         configs = refine_configs(self.spec, key, default, measured, self.opts.refine)
         for config in configs:
@@ -601,6 +627,8 @@ class Tuner:
                 cap = None if budget.trials is None else 4 * budget.trials + 20
                 study.optimize(Objective(ctx), n_trials=cap, timeout=left, callbacks=capped, catch=(),
                                gc_after_trial=False)
+        if self.opts.confirm > 0 and not (self.stop_requested or ctx.fatal):
+            self.confirm(study, ctx, result)
         self.fatal = self.fatal or ctx.fatal
         result.measured, result.looked_up = ctx.measured, ctx.looked_up
         result.seeded_retired = study.user_attrs.get("retired_seeded")

@@ -102,6 +102,12 @@ REFINE = typer.Option(0, "--refine", min=0, metavar="N",
                            "up to N configs that recombine what they changed from the default: the fastest one's "
                            "changes undone one at a time, then the unions of two faster-than-default configs' "
                            "changes. Measured like the seeds, whatever the budget; once per study. 0: off.")
+CONFIRM = typer.Option(0, "--confirm", min=0, metavar="N",
+                       help="After each key's study, re-time its N fastest configs in --confirm-rounds interleaved "
+                            "rounds on fresh inputs (gate included), each round recorded as a run of its own: a "
+                            "config that lost to host jitter in its one timing gets more draws, and a note per key "
+                            "shows every draw and whether the winner moved. 0: off.")
+CONFIRM_ROUNDS = typer.Option(3, "--confirm-rounds", min=1, metavar="R", help="Rounds of --confirm.")
 RETIRED = typer.Option(3, "--seed-retired", min=0, metavar="K",
                        help="Warm start: a new study also measures, right after the default (in its first batch), "
                             "the K fastest distinct configs that perf_db and the shipped results hold for the same "
@@ -152,7 +158,7 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
              startup_trials: int, results_out: Optional[Path] = None, env_info: Optional[dict] = None,
              spec: Optional[Path] = None, compile_workers: Optional[int] = 0, seed_neighbours: int = 0,
              seed_retired: int = 0, seed_config: Optional[List[str]] = None, memory_knobs: bool = False,
-             seed_other_gpus: int = 0, refine: int = 0) -> Any:
+             seed_other_gpus: int = 0, refine: int = 0, confirm: int = 0, confirm_rounds: int = 3) -> Any:
     from pathtune.perf_db import resolve_url
     from pathtune.specs import SpecError, load_spec
     from pathtune.tuning.measure import load_measure_fn
@@ -186,7 +192,8 @@ def _options(storage: Optional[str], db: Optional[str], budget: str, seed: int, 
                        results_out=results_out, env_info=env_info, spec_path=spec,
                        compile_workers=compile_workers or 0, seed_neighbours=seed_neighbours,
                        seed_retired=seed_retired, seed_configs=_seed_configs(seed_config, loaded),
-                       memory_knobs=memory_knobs, seed_other_gpus=seed_other_gpus, refine=refine)
+                       memory_knobs=memory_knobs, seed_other_gpus=seed_other_gpus, refine=refine,
+                       confirm=confirm, confirm_rounds=confirm_rounds)
 
 
 def _filter_keys(keys: list, *, local: bool) -> list:
@@ -269,7 +276,7 @@ def tune(
     spec: Optional[Path] = SPEC, compile_workers: Optional[int] = COMPILE_WORKERS,
     seed_neighbours: int = NEIGHBOURS, seed_retired: int = RETIRED, seed_config: Optional[List[str]] = SEED_CONFIG,
     both_gates: bool = BOTH_GATES, memory_knobs: bool = MEMORY_KNOBS, seed_other_gpus: int = OTHER_GPUS,
-    refine: int = REFINE,
+    refine: int = REFINE, confirm: int = CONFIRM, confirm_rounds: int = CONFIRM_ROUNDS,
 ) -> None:
     """Tune every (pass, backend, head dim, dtype, length bucket) key on this GPU host (an Optuna study per key).
 
@@ -301,7 +308,8 @@ def tune(
     opts = _options(storage, db, budget, seed, worker, resume, measure_with, check_len, tol, heartbeat,
                     startup_trials, results_out, spec=spec, compile_workers=compile_workers,
                     seed_neighbours=seed_neighbours, seed_retired=seed_retired, seed_config=seed_config,
-                    memory_knobs=memory_knobs, seed_other_gpus=seed_other_gpus, refine=refine)
+                    memory_knobs=memory_knobs, seed_other_gpus=seed_other_gpus, refine=refine, confirm=confirm,
+                    confirm_rounds=confirm_rounds)
     tuner = Tuner(keys, opts)
     console.print(f"pathtune tune: {len(keys)} keys, budget {opts.budget}, storage {tuner.db.display_url}, "
                   f"gpu {tuner.env_info.get('gpu_name') or 'none (CPU: Triton interpreter)'}, "
