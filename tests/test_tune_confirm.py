@@ -16,7 +16,7 @@ from pathtune.perf_db import PerfDB  # noqa: E402
 from pathtune.specs import load_spec  # noqa: E402
 from pathtune.tuning import confirm as cf  # noqa: E402
 from pathtune.tuning.space import default_config, plan_keys  # noqa: E402
-from pathtune.tuning.tuner import Budget, TuneOptions, Tuner  # noqa: E402
+from pathtune.tuning.tuner import Budget  # noqa: E402
 from test_tune_warm import make_env  # noqa: E402
 
 SOURCE_HASH = "fake-jitter-v1"      # the tuner keys rows by the measuring module's SOURCE_HASH
@@ -57,15 +57,9 @@ def _configs(spec_copy):
 
 
 def _run(url, spec_copy, confirm, batched, rounds=3):
-    opts = TuneOptions(storage=url, budget=Budget(trials=2), measure_fn=measure, spec_path=spec_copy,
-                       startup_trials=0, heartbeat=None, env_info=ENV, seed_retired=0, seed_neighbours=0,
-                       seed_configs=SEEDS, confirm=confirm, confirm_rounds=rounds,
-                       preparer=tune_fake.FakePreparer(workers=2) if batched else None)
-    tuner = Tuner([_key()], opts)
-    notes: list[str] = []
-    tuner.on_note = notes.append
-    results = tuner.run()
-    tuner.close()
+    results, notes = tune_fake.run_tuner([_key()], url, spec_copy, ENV, measure_fn=measure, batched=batched,
+                                         budget=Budget(trials=2), seed_configs=SEEDS, confirm=confirm,
+                                         confirm_rounds=rounds)
     return results[0], notes
 
 
@@ -147,14 +141,8 @@ def test_a_draw_that_fails_its_gate_is_recorded_and_named(tmp_path, spec_copy):
 
 
 def test_confirm_skips_a_study_with_one_ok_config(tmp_path, spec_copy):
-    opts = TuneOptions(storage=f"sqlite:///{tmp_path / 'tune.sqlite3'}", budget=Budget(trials=1), measure_fn=measure,
-                       spec_path=spec_copy, startup_trials=0, heartbeat=None, env_info=ENV, seed_retired=0,
-                       seed_neighbours=0, confirm=3, preparer=tune_fake.FakePreparer(workers=1))
-    tuner = Tuner([_key()], opts)
-    notes: list[str] = []
-    tuner.on_note = notes.append
-    (result,) = tuner.run()
-    tuner.close()
+    (result,), notes = tune_fake.run_tuner([_key()], f"sqlite:///{tmp_path / 'tune.sqlite3'}", spec_copy, ENV,
+                                           measure_fn=measure, workers=1, budget=Budget(trials=1), confirm=3)
     assert result.confirmed is None and any("fewer than two ok configs" in n for n in notes)
     assert not [t for _, t in CALLS if t >= cf.CONFIRM_TRIAL_BASE]
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(HERE))
 import tune_fake  # noqa: E402
 from pathtune.specs import load_spec  # noqa: E402
 from pathtune.tuning.space import default_config, plan_keys, refine_configs  # noqa: E402
-from pathtune.tuning.tuner import Budget, TuneOptions, Tuner  # noqa: E402
+from pathtune.tuning.tuner import Budget  # noqa: E402
 from test_tune_warm import make_env  # noqa: E402
 
 ENV = make_env()
@@ -65,15 +65,8 @@ def test_a_union_the_constraints_forbid_is_skipped():
 
 
 def _run(url, spec_copy, refine, batched, resume=False):
-    opts = TuneOptions(storage=url, budget=Budget(trials=2), measure_fn=tune_fake.measure, spec_path=spec_copy,
-                       startup_trials=0, heartbeat=None, env_info=ENV, seed_retired=0, seed_neighbours=0,
-                       seed_configs=SEEDS, refine=refine, resume=resume,
-                       preparer=tune_fake.FakePreparer(workers=2) if batched else None)
-    tuner = Tuner([_key()], opts)
-    notes: list[str] = []
-    tuner.on_note = notes.append
-    results = tuner.run()
-    tuner.close()
+    results, notes = tune_fake.run_tuner([_key()], url, spec_copy, ENV, batched=batched, budget=Budget(trials=2),
+                                         seed_configs=SEEDS, refine=refine, resume=resume)
     return results[0], notes
 
 

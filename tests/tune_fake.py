@@ -98,3 +98,21 @@ class FakePreparer:
             out.append({"status": "compile_error", "message": message, "fatal": True} if message
                        else {"status": PREPARED, "seconds": 0.01})
         return out
+
+
+def run_tuner(keys, url, spec_path, env_info, *, measure_fn=None, batched=True, workers=2, **options):
+    """One in-process ``Tuner`` run of ``keys`` on ``url`` with this cost model (or ``measure_fn``): no start-up
+    trials, no retired or neighbour seeds unless ``options`` say so, compile batches of ``workers`` through
+    ``FakePreparer`` when ``batched``.  Returns (the key results, the tuner's notes)."""
+    from pathtune.tuning.tuner import TuneOptions, Tuner
+
+    settings = {"startup_trials": 0, "heartbeat": None, "seed_retired": 0, "seed_neighbours": 0, **options}
+    opts = TuneOptions(storage=url, measure_fn=measure_fn or measure, spec_path=spec_path, env_info=env_info,
+                       preparer=FakePreparer(workers=workers) if batched else None, **settings)
+    tuner = Tuner(keys, opts)
+    notes: list = []
+    tuner.on_note = notes.append
+    try:
+        return tuner.run(), notes
+    finally:
+        tuner.close()
