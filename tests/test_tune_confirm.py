@@ -168,3 +168,19 @@ def test_the_cli_confirms_and_its_results_file_carries_every_round(tmp_path):
     assert sum(1 for r in data["records"] if "-confirm-" in r["run_id"]) == 4
     with PerfDB(f"sqlite:///{tmp_path / 'other.sqlite3'}") as other:
         assert other.ingest(out).added == len(data["records"])
+
+
+def test_a_stop_ends_the_confirmation_between_draws(spec_copy):
+    from types import SimpleNamespace
+
+    d, (a, b, _c) = _configs(spec_copy)
+    stored, runs = [], []
+    ctx = SimpleNamespace(run_id="tune-x", study_name="s", fatal=None,
+                          measure_fn=lambda task: {"status": "ok", "median_ms": 1.0},
+                          task=lambda config, n: SimpleNamespace(config=config, trial_number=n),
+                          store=lambda config, result, run_id, trial_number: stored.append((run_id, trial_number)))
+    cands = [cf.ConfirmedConfig(c, 1.0) for c in (d, a, b)]
+    done = cf.confirm_key(ctx, cands, 3, start_run=lambda run_id, notes: runs.append(run_id),
+                          should_stop=lambda: len(stored) >= 4, stamp="T")
+    assert done == 1 and runs == ["tune-x-confirm-T-r1", "tune-x-confirm-T-r2"]
+    assert [n - cf.CONFIRM_TRIAL_BASE for _, n in stored] == [0, 1, 2, 4]     # round 2 starts with the second

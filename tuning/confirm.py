@@ -79,6 +79,8 @@ def confirm_key(ctx: Any, candidates: list[ConfirmedConfig], rounds: int, *,
         start_run(run_id, f"pathtune tune {ctx.study_name}: confirmation round {r + 1} of {rounds} "
                           f"({n} configs)")
         for i in round_order(n, r):
+            if should_stop():
+                break
             cand = candidates[i]
             trial_number = CONFIRM_TRIAL_BASE + r * n + i
             result = ctx.measure_fn(ctx.task(cand.config, trial_number))
