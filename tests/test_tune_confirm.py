@@ -163,8 +163,10 @@ def test_the_cli_confirms_and_its_results_file_carries_every_round(tmp_path):
     assert res.exit_code == 0, res.output
     assert ": confirm: 2 configs x 2 rounds:" in res.output
     data = json.loads(out.read_text())
-    confirm_runs = sorted(r["run_id"][-2:] for r in data["runs"] if "-confirm-" in r["run_id"])
-    assert confirm_runs == ["r1", "r2"]
+    confirm_runs = sorted((r["run_id"][-2:], r["notes"].split(": ")[-1]) for r in data["runs"]
+                          if "-confirm-" in r["run_id"])
+    assert confirm_runs == [("r1", "confirmation round 1 of 2 (2 configs)"),
+                            ("r2", "confirmation round 2 of 2 (2 configs)")]
     assert sum(1 for r in data["records"] if "-confirm-" in r["run_id"]) == 4
     with PerfDB(f"sqlite:///{tmp_path / 'other.sqlite3'}") as other:
         assert other.ingest(out).added == len(data["records"])

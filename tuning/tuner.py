@@ -535,6 +535,9 @@ class Tuner:
 
         def start_run(run_id: str, notes: str) -> None:
             self.db.start_run(command=self.opts.command, notes=notes, run_id=run_id)
+            # the results file's entry of the run carries the same notes (_on_record's default is the tune's)
+            self._runs.setdefault(run_id, {"run_id": run_id, "command": self.opts.command,
+                                           "host": self.env_info.get("host"), "notes": notes})
 
         done = confirm_key(ctx, candidates, self.opts.confirm_rounds, start_run=start_run,
                            should_stop=lambda: self.stop_requested)
