@@ -285,6 +285,9 @@ def tune(
     Subcommands `build` / `ingest` split proposing+compiling (no GPU) from measuring (GPU, no DB).
     """
     if ctx.invoked_subcommand is not None:
+        if confirm:
+            _fail(f"--confirm re-times configs in the process that tunes: run it without `{ctx.invoked_subcommand}` "
+                  "(the split flow's GPU host only measures a bundle)")
         return
     from pathtune.tuning.progress import TuneProgress
     from pathtune.tuning.tuner import StudyExistsError, Tuner
