@@ -255,6 +255,23 @@ def test_split_build_run_ingest(tmp_path):
     assert second and not (first & second)
 
 
+def test_split_flow_refuses_dropped_options_a_missing_file_and_a_missing_database(tmp_path):
+    from typer.testing import CliRunner
+
+    from pathtune.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["tune", "--confirm", "2", "--head-dim", "128", "ingest", "results.json"])
+    assert res.exit_code == 1 and "before `ingest` would be ignored" in res.output
+    assert "--confirm" in res.output and "--head-dim" in res.output
+    res = runner.invoke(app, ["tune", "ingest", str(tmp_path / "missing.json")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+    (tmp_path / "r.json").write_text("{}")
+    res = runner.invoke(app, ["tune", "ingest", str(tmp_path / "r.json"), "--storage",
+                              f"sqlite:///{tmp_path / 'none' / 'tune.sqlite3'}"])
+    assert res.exit_code == 1 and "no tuning database at" in res.output
+
+
 def test_new_study_starts_with_the_default_and_its_schedule_neighbours(tmp_path):
     """--seed-neighbours N: after the seeded default, a new study measures up to N configs that each
     change one schedule knob of it (adjacent domain values first), before any random proposal."""

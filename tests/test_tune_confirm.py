@@ -187,11 +187,3 @@ def test_a_stop_ends_the_confirmation_between_draws(spec_copy):
     assert done == 1 and runs == ["tune-x-confirm-T-r1", "tune-x-confirm-T-r2"]
     assert [n - cf.CONFIRM_TRIAL_BASE for _, n in stored] == [0, 1, 2, 4]     # round 2 starts with the second
 
-
-def test_confirm_with_a_split_flow_subcommand_is_refused():
-    from typer.testing import CliRunner
-
-    from pathtune.cli import app
-
-    res = CliRunner().invoke(app, ["tune", "--confirm", "2", "ingest", "results.json"])
-    assert res.exit_code == 1 and "--confirm re-times configs in the process that tunes" in res.output

@@ -259,6 +259,19 @@ def _report(results: list, json_path: Optional[Path]) -> None:
         console.print(f"wrote {json_path}", highlight=False)
 
 
+def _refuse_options_before(ctx: typer.Context) -> None:
+    """`pathtune tune OPTIONS build ...` would drop OPTIONS (the subcommands take their own): a one-line error."""
+    def on_command_line(name: str) -> bool:     # by name: typer's Context may come from its own copy of click
+        source = ctx.get_parameter_source(name)
+        return getattr(source, "name", None) == "COMMANDLINE"
+
+    given = [p.opts[0] for p in ctx.command.params if p.name and on_command_line(p.name)]
+    if given:
+        sub = ctx.invoked_subcommand
+        _fail(f"{', '.join(given)} before `{sub}` would be ignored: give them after it, as options of "
+              f"`pathtune tune {sub}` (see `pathtune tune {sub} --help`)")
+
+
 @tune_app.callback()
 def tune(
     ctx: typer.Context,
@@ -285,9 +298,7 @@ def tune(
     Subcommands `build` / `ingest` split proposing+compiling (no GPU) from measuring (GPU, no DB).
     """
     if ctx.invoked_subcommand is not None:
-        if confirm:
-            _fail(f"--confirm re-times configs in the process that tunes: run it without `{ctx.invoked_subcommand}` "
-                  "(the split flow's GPU host only measures a bundle)")
+        _refuse_options_before(ctx)
         return
     from pathtune.tuning.progress import TuneProgress
     from pathtune.tuning.tuner import StudyExistsError, Tuner
@@ -391,14 +402,22 @@ def build(
 
 @tune_app.command("ingest")
 def ingest(
-    results: List[Path] = typer.Argument(..., help="Results files written by the bundle runner."),
+    results: List[Path] = typer.Argument(..., exists=True, dir_okay=False, readable=True,
+                                         help="Results files written by the bundle runner."),
     storage: Optional[str] = STORAGE, db: Optional[str] = DB,
 ) -> None:
     """Store bundle results in perf_db and tell the waiting Optuna trials their values."""
     from pathtune.perf_db import PerfDBError, resolve_url
     from pathtune.tuning.bundle import ingest_results
 
-    url, _ = resolve_url(storage)
+    try:
+        url, _ = resolve_url(storage)
+    except PerfDBError as e:
+        _fail(str(e))
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:" \
+            and not Path(url.database).exists():
+        _fail(f"no tuning database at {url.database}: ingest into the one `pathtune tune build` proposed from "
+              "(the same --storage)")
     try:
         counts = ingest_results(results, url.render_as_string(hide_password=False), db,
                                 log=lambda s: _note(s))
