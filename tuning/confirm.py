@@ -17,6 +17,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from pathtune.specs import Config
 
+from .space import describe_changes
+
 __all__ = ["CONFIRM_TRIAL_BASE", "ConfirmedConfig", "confirm_candidates", "round_order", "confirm_key",
            "confirm_note"]
 
@@ -102,21 +104,16 @@ def confirm_key(ctx: Any, candidates: list[ConfirmedConfig], rounds: int, *,
 def confirm_note(label: str, candidates: list[ConfirmedConfig], default: Config, rounds_done: int) -> str:
     """One line per key: each candidate's study time and its draws, what changed from the default, and whether the
     confirmation moved the winner."""
-    base = default.to_dict()
-
-    def changes(c: Config) -> str:
-        diff = [f"{k}={v}" for k, v in sorted(c.to_dict().items()) if base.get(k) != v]
-        return " ".join(diff) or "the default"
-
     before = candidates[0]
     after = min(candidates, key=lambda c: c.best_ms)
     parts = []
     for c in candidates:
         draws = ", ".join("failed" if d is None else f"{d:.4g}" for d in c.draws)
-        parts.append(f"{changes(c.config)}: {c.first_ms:.4g} then [{draws}]")
+        parts.append(f"{describe_changes(c.config, default)}: {c.first_ms:.4g} then [{draws}]")
     verdict = ("the winner stands" if after is before else
-               f"the winner is now {changes(after.config)} ({after.best_ms:.4g} ms against {before.best_ms:.4g})")
-    failed = [f"{changes(c.config)} failed round {r} ({status}: {msg})"
+               f"the winner is now {describe_changes(after.config, default)} ({after.best_ms:.4g} ms against "
+               f"{before.best_ms:.4g})")
+    failed = [f"{describe_changes(c.config, default)} failed round {r} ({status}: {msg})"
               for c in candidates for r, status, msg in c.failures]
     text = f"{label}: confirm: {len(candidates)} configs x {rounds_done} rounds: " + "; ".join(parts) + f"; {verdict}"
     if failed:

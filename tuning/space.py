@@ -19,7 +19,8 @@ from typing import Any, Iterable, Optional, Sequence
 from pathtune.specs import KnobSpace, Spec, Workload
 from pathtune.specs.config import in_domain
 
-__all__ = ["default_config", "neighbour_configs", "refine_configs", "seed_configs", "check_seed_configs", "TOKENS",
+__all__ = ["default_config", "neighbour_configs", "refine_configs", "changed_knobs", "describe_changes",
+           "seed_configs", "check_seed_configs", "TOKENS",
            "PASSES", "BACKENDS", "TuneKey", "default_heads",
            "plan_keys", "study_name", "run_id_for", "make_sampler", "source_hash_for", "CODEGEN_VERSION"]
 
@@ -193,6 +194,17 @@ def neighbour_configs(spec: Spec, key: TuneKey, centre: Any, limit: int) -> list
     return out
 
 
+def changed_knobs(config: Any, default: Any) -> dict:
+    """{knob: value} of ``config`` where it differs from ``default`` (both Configs)."""
+    base = default.to_dict()
+    return {name: value for name, value in config.to_dict().items() if base.get(name) != value}
+
+
+def describe_changes(config: Any, default: Any) -> str:
+    """``config``'s changes from ``default`` as ``knob=value`` words in knob order, or "the default"."""
+    return " ".join(f"{k}={v}" for k, v in sorted(changed_knobs(config, default).items())) or "the default"
+
+
 def refine_configs(spec: Spec, key: TuneKey, default: Any, measured: Sequence[tuple[Any, float]], limit: int) -> list:
     """Up to ``limit`` valid configs not in ``measured`` that recombine what the seeded configs changed from
     ``default`` (``measured``: (config, ms) of every config measured ok so far, the default's among them if it
@@ -206,11 +218,8 @@ def refine_configs(spec: Spec, key: TuneKey, default: Any, measured: Sequence[tu
     """
     space = KnobSpace(spec, key.pass_)
     base = default.to_dict()
-
-    def changes(config: Any) -> dict:
-        return {name: value for name, value in config.to_dict().items() if base.get(name) != value}
-
-    ranked = [(config, ms, changes(config)) for config, ms in sorted(measured, key=lambda cm: (cm[1], cm[0].hash))]
+    ranked = [(config, ms, changed_knobs(config, default))
+              for config, ms in sorted(measured, key=lambda cm: (cm[1], cm[0].hash))]
     default_ms = next((ms for _, ms, delta in ranked if not delta), None)
     candidates = []
     if ranked and len(ranked[0][2]) >= 2:

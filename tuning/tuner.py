@@ -47,6 +47,7 @@ from .objective import PENALTY_MS, KeyContext, Objective
 from .space import (
     TuneKey,
     default_config,
+    describe_changes,
     make_sampler,
     neighbour_configs,
     refine_configs,
@@ -318,16 +319,19 @@ class Tuner:
 
     # -- results file ---------------------------------------------------------------------------------
 
+    def _results_run(self, run_id: str, notes: str) -> None:
+        """The results file's entry of ``run_id`` (its first notes stay)."""
+        self._runs.setdefault(run_id, {"run_id": run_id, "command": self.opts.command,
+                                       "host": self.env_info.get("host"), "notes": notes})
+
     def _on_record(self, rec: dict) -> None:
         if self.opts.results_out is None:
             return
         from pathtune.perf_db import results_record, write_results
 
-        run_id = rec["run_id"]
-        self._runs.setdefault(run_id, {"run_id": run_id, "command": self.opts.command,
-                                       "host": self.env_info.get("host"), "notes": "pathtune tune"})
+        self._results_run(rec["run_id"], "pathtune tune")
         self._records.append(results_record(rec["env"], rec["kernel"], rec["workload"], rec["config"],
-                                            rec["measurement"], run_id))
+                                            rec["measurement"], rec["run_id"]))
         write_results(self.opts.results_out, self._records, list(self._runs.values()))
 
     # -- one key --------------------------------------------------------------------------------------
@@ -535,9 +539,7 @@ class Tuner:
 
         def start_run(run_id: str, notes: str) -> None:
             self.db.start_run(command=self.opts.command, notes=notes, run_id=run_id)
-            # the results file's entry of the run carries the same notes (_on_record's default is the tune's)
-            self._runs.setdefault(run_id, {"run_id": run_id, "command": self.opts.command,
-                                           "host": self.env_info.get("host"), "notes": notes})
+            self._results_run(run_id, notes)     # the results file names the run as perf_db does
 
         done = confirm_key(ctx, candidates, self.opts.confirm_rounds, start_run=start_run,
                            should_stop=lambda: self.stop_requested)
@@ -557,11 +559,9 @@ class Tuner:
             study.enqueue_trial(config.to_dict(), user_attrs={"seeded_refine": True}, skip_if_exists=True)
         study.set_user_attr("refined", len(configs))
         if configs:
-            base = default.to_dict()
             self._note(f"{key.label}: refine: {len(configs)} recombination{'s' if len(configs) > 1 else ''} of the "
                        f"seeded configs' changes, measured next: "
-                       + "; ".join(" ".join(f"{k}={v}" for k, v in sorted(c.to_dict().items()) if base.get(k) != v)
-                                   for c in configs))
+                       + "; ".join(describe_changes(c, default) for c in configs))
         return len(configs)
 
     def context(self, key: TuneKey, name: str, *, start_run: bool = True) -> KeyContext:

@@ -408,15 +408,16 @@ def ingest(
 ) -> None:
     """Store bundle results in perf_db and tell the waiting Optuna trials their values."""
     from pathtune.perf_db import PerfDBError, resolve_url
+    from pathtune.perf_db._engine import sqlite_file
     from pathtune.tuning.bundle import ingest_results
 
     try:
         url, _ = resolve_url(storage)
     except PerfDBError as e:
         _fail(str(e))
-    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:" \
-            and not Path(url.database).exists():
-        _fail(f"no tuning database at {url.database}: ingest into the one `pathtune tune build` proposed from "
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
+        _fail(f"no tuning database at {path}: ingest into the one `pathtune tune build` proposed from "
               "(the same --storage)")
     try:
         counts = ingest_results(results, url.render_as_string(hide_password=False), db,
