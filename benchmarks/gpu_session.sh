@@ -199,7 +199,7 @@ run_steps() {  # the steps of one lane, in order, with S set
             tests) # the TVM decode test runs when build/tvm_decode_bench is carried and skips (saying why) otherwise
                    decode_store=""; [ -d "$REPO/build/tvm_decode_bench" ] && decode_store="$REPO/build/tvm_decode_bench"
                    # workers share one GPU and the largest cases hold 9-18 GiB each: six overfill an 80 GiB H100
-                   gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+                   gpu_mib=$(awk -F', ' 'NR == 1 { print $3 + 0 }' "$ROOT_S/gpu.txt" 2>/dev/null)   # "81559 MiB"
                    workers="${TESTS_WORKERS:-$([ "${gpu_mib:-0}" -ge 120000 ] 2>/dev/null && echo 6 || echo 4)}"
                    run_step tests "${secs:-240}" env ${decode_store:+PATHTUNE_TVM_MODULES="$decode_store"} \
                        PATHTUNE_TVM_BENCH_MODULES="$REPO/build/tvm_bench" \
