@@ -19,7 +19,9 @@
 #                   (JSON in s/$DECODEPROBE_JSON, default decode_probe.json)
 #   tvmtests [120]  pytest -m gpu tests/test_tvm_gpu.py: the TVM forward vs the float64 oracle (carry build/tvm_bench)
 #   bench [240]     pathtune bench (fwd, fwd+bwd vs SDPA flash/cuDNN and fla, same run) $BENCH_ARGS --record
-#                   (JSON in s/$BENCH_JSON, default bench.json: a second bench step of a lane names its own)
+#                   (JSON in s/$BENCH_JSON, default bench.json: a second bench step of a lane names its own; it
+#                   dispatches from the call's record database, so BENCH_ARGS with --config tuned are refused: the
+#                   tuned configs are benchtuned's, whose BENCH_ARGS may add e.g. --memory)
 #   decode [120]    pathtune bench --pass decode --record
 #   dsweep [240]    pathtune bench --pass decode --sweep --record (every decode knob config, or those of
 #                   DSWEEP_KNOBS, --sweep-knobs JSON: the full space takes ~200 s per row; DSWEEP_TOKENS,
@@ -176,6 +178,11 @@ _step_files() {  # "name mtime size" of every file at the top of $S, sorted
     (cd "$S" && find . -maxdepth 1 -type f -printf '%f %T@ %s\n' | sort)
 }
 
+_tuned_without_records() {  # BENCH_ARGS RECORD_DB: the args ask for --config tuned while the steps dispatch from
+    # the call's own record database (empty until a step records): every key would run its heuristic config
+    [[ " $1 " =~ [[:space:]]--config(=|[[:space:]]+)tuned[[:space:]] ]] && [ "${PATHTUNE_DB_URL:-}" = "$2" ]
+}
+
 run_steps() {  # the steps of one lane, in order, with S set
     # this call's database (it comes back): the steps record there; a PATHTUNE_DB_URL= word changes only what
     # the steps after it dispatch from
@@ -219,7 +226,13 @@ run_steps() {  # the steps of one lane, in order, with S set
                              --budget-s "$(( ${secs:-240} - 15 ))" ${DECODEPROBE_ARGS:-} --out "$S/${DECODEPROBE_JSON:-decode_probe.json}" ;;
             tvmtests) run_step tvmtests "${secs:-120}" env PATHTUNE_TVM_BENCH_MODULES="$REPO/build/tvm_bench" \
                           python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests/test_tvm_gpu.py" -rA ;;
-            bench) run_step bench "${secs:-240}" python3 -m pathtune.cli bench --head-dim "${HEAD_DIMS:-64,128}" ${BENCH_ARGS:-} \
+            bench) if _tuned_without_records "${BENCH_ARGS:-}" "$record_db"; then
+                       echo "== bench skipped: BENCH_ARGS ask for --config tuned, but this step dispatches from the call's" \
+                            "empty record database: use the benchtuned step (or a PATHTUNE_DB_URL= word before bench)" \
+                           | tee -a "$S/steps.txt"
+                       continue
+                   fi
+                   run_step bench "${secs:-240}" python3 -m pathtune.cli bench --head-dim "${HEAD_DIMS:-64,128}" ${BENCH_ARGS:-} \
                        --record --json "$S/${BENCH_JSON:-bench.json}" ;;
             decode) run_step decode "${secs:-120}" python3 -m pathtune.cli bench --pass decode --record \
                         --json "$S/decode.json" ;;

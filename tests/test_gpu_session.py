@@ -117,3 +117,24 @@ def test_merged_triton_caches_hold_every_calls_entries_the_later_one_winning(tmp
     with pytest.raises(SystemExit, match="over --max-mib"):
         mod.main([str(first), "--out", str(out), "--max-mib", "0.0001"])
     assert mod.read_entries(out)["ccc/k.json"][1] == b"{}"     # a refused merge wrote nothing
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_tuned_bench_from_the_calls_empty_database_is_refused():
+    """The bench step dispatches from the call's own record database (empty until a step records), so BENCH_ARGS
+    asking for --config tuned would time every key at its heuristic config: the script's check says so, in
+    either spelling, and lets the step run once a PATHTUNE_DB_URL word points elsewhere or the config is not
+    'tuned'."""
+    src = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
+    start = src.index("_tuned_without_records() {")
+    end = src.index("\n}\n", start) + 3
+    cases = [("--seq-len 16384 --config tuned --memory", "sqlite:///s/perf.sqlite3", 0),
+             ("--config=tuned", "sqlite:///s/perf.sqlite3", 0),
+             ("--config tuned", "", 1),                             # PATHTUNE_DB_URL= : the shipped records
+             ('--config {"num_warps":8}', "sqlite:///s/perf.sqlite3", 1),
+             ("--config tunedx", "sqlite:///s/perf.sqlite3", 1),
+             ("", "sqlite:///s/perf.sqlite3", 1)]
+    for args, url, want in cases:
+        script = src[start:end] + f'\nPATHTUNE_DB_URL="{url}"\n_tuned_without_records \'{args}\' sqlite:///s/perf.sqlite3\n'
+        res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+        assert res.returncode == want, (args, url, res.returncode, res.stderr)
