@@ -74,7 +74,7 @@ def _f(x, nd=3) -> str:
 def _source(path: Path, doc: dict) -> list[str]:
     """Where a table's numbers come from: the results file and its GPU / software on one line, the run's notes
     (which tree and records it timed, how) folded in a details block, and the command that reproduces it."""
-    notes = doc["notes"][:1].upper() + doc["notes"][1:]
+    notes = doc["notes"][:1].upper() + doc["notes"][1:].rstrip(".")
     return [f"Source: `benchmarks/results/{path.name}` ({doc['gpu']}; {doc['software']}).", "",
             "<details><summary>How this run was made</summary>", "", f"{notes}.", "", "</details>",
             "", "Reproduce (in the repo root of a GPU host with pathtune installed; fla optional):", "",
@@ -155,17 +155,22 @@ def partial_section(path: Path, doc: dict) -> list[str]:
             + _forward_table(doc) + ["", "Forward + backward:", ""] + _training_table(doc) + [""] + _source(path, doc))
 
 
-def memory_section(path: Path, doc: dict) -> list[str]:
-    """Extra peak memory of one forward + backward call (``pathtune bench --memory``), beside SDPA's and fla's."""
-    out = ["## Extra memory of one forward + backward (GiB)", "",
+def _has_memory(row) -> bool:
+    return "pathtune_fb" in (row.get("memory_gib") or {})
+
+
+def memory_section(path: Path, doc: dict, level: str = "##") -> list[str]:
+    """Extra peak memory of one forward + backward call (``pathtune bench --memory``), beside SDPA's and fla's;
+    ``level``: its heading's."""
+    out = [f"{level} Extra memory of one forward + backward (GiB)", "",
            "Peak allocated during one call minus what was allocated before it (inputs and the upstream gradient):",
            "the outputs, what autograd saves, the backward's buffers and the returned gradients.", "",
            "| D | T | B×H | | SDPA flash | fla | pathtune | pathtune / flash | fla / pathtune |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
-        m = r.get("memory_gib") or {}
-        if "pathtune_fb" not in m:
+        if not _has_memory(r):
             continue
+        m = r["memory_gib"]
         ours, flash, fla = m["pathtune_fb"], m.get("sdpa_flash_fb"), m.get("fla_fb")
         out.append(f"| {r['head_dim']} | {r['seq_len']} | {r['batch']}×{r['heads']} | {_gate(r)} | {_f(flash, 2)} | "
                    f"{_f(fla, 2)} | **{ours:.2f}** | " + (f"{ours / flash:.1f}× | " if flash else "- | ")
@@ -285,15 +290,18 @@ def _has_profile(doc: dict) -> bool:
     return any("profile" in r for r in doc["rows"])
 
 
-def other_gpus_section(benches, probes=(), fwd_probes=()) -> list[str]:
+def other_gpus_section(benches, probes=(), fwd_probes=(), memory=()) -> list[str]:
     """Each other GPU's newest complete bench with forward rows, then older ones for the shapes no newer run timed
     (forward and forward + backward tables, baselines from its own run; ``benches``: the complete bench files of
-    every GPU, oldest first), its newest forward profile (``fwd_probes``: fwd_probe.py files of every GPU, oldest
-    first; those with a per-kernel profile count) and its decode probes' tables (``probes``: the decode probe files
-    of every GPU, oldest first), newest GPU run first; empty when every bench and probe ran on the reference GPU."""
+    every GPU, oldest first), its newest extra-memory table (``memory``: bench and ``*-memory-*`` files of every GPU,
+    oldest first; the newest with memory rows), its newest forward profile (``fwd_probes``: fwd_probe.py files of
+    every GPU, oldest first; those with a per-kernel profile count) and its decode probes' tables (``probes``: the
+    decode probe files of every GPU, oldest first), newest GPU run first; empty when every bench and probe ran on
+    the reference GPU."""
     runs = {gpu: hits for gpu, files in _by_other_gpu(benches).items() if (hits := _newest_cells(files, _has_forward))}
     decode = _by_other_gpu(probes)
     profiles = _by_other_gpu([f for f in fwd_probes if _has_profile(f[1])])
+    memories = {gpu: hit for gpu, files in _by_other_gpu(memory).items() if (hit := _newest(files, _has_memory))}
     if not runs and not decode and not profiles:
         return []
     out = ["## Other GPUs", "",
@@ -315,6 +323,8 @@ def other_gpus_section(benches, probes=(), fwd_probes=()) -> list[str]:
             if any("pathtune_fb" in r["times"] for r in doc["rows"]):
                 out += ["", "Forward + backward:", ""] + _training_table(doc)
             out += [""] + _source(path, doc)
+        if gpu in memories:
+            out += [""] + memory_section(*memories[gpu], level="####")
         if gpu in profiles:
             out += [""] + profile_section(*profiles[gpu][-1], level="####")
         steps = [p for p in decode.get(gpu, []) if p[1].get("steps")]
@@ -517,8 +527,7 @@ def render() -> str:
         parts.append("\n".join(partial_section(*newer[-1])) + "\n")
     # a memory run may time only some points: its own file name (``*-memory-*.json``) keeps it out of the
     # timing tables, whose source is the newest full bench
-    mem = _newest(sorted(bench + _load("*-memory-*.json"), key=lambda f: f[0].name),
-                  lambda r: "pathtune_fb" in (r.get("memory_gib") or {}))
+    mem = _newest(sorted(bench + _load("*-memory-*.json"), key=lambda f: f[0].name), _has_memory)
     if mem:
         parts.append("\n".join(memory_section(*mem)) + "\n")
     if probe:
@@ -542,7 +551,9 @@ def render() -> str:
         parts.append("\n".join(decode_steps_section(steps)) + "\n")
     if generation:
         parts.append("\n".join(generation_section(*generation[-1])) + "\n")
-    others = other_gpus_section(complete, _load("*-decode-probe.json", gpu=None), _load("*-fwd-probe.json", gpu=None))
+    memory = sorted(complete + _load("*-memory-*.json", gpu=None), key=lambda f: f[0].name)
+    others = other_gpus_section(complete, _load("*-decode-probe.json", gpu=None), _load("*-fwd-probe.json", gpu=None),
+                                memory)
     if others:
         parts.append("\n".join(others) + "\n")
     parts.append("\n".join(current_section()) + "\n")

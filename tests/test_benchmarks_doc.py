@@ -197,6 +197,30 @@ def test_another_gpus_bench_gets_its_own_section_and_never_replaces_the_referenc
     assert "Source: `benchmarks/results/H100-20260103T000000Z-bench-fwd-bwd.json`" in others
 
 
+def test_another_gpus_memory_goes_under_its_own_heading_and_never_into_the_reference_table(tmp_path, monkeypatch):
+    """Another GPU's extra-memory rows (a bench run with --memory, or a newer ``*-memory-*`` run of its own) show
+    under that GPU's heading, from its newest file with memory rows; the reference table keeps the reference GPU's
+    numbers; a notes text ending in a period is not given a second one."""
+    import json
+
+    report, doc = _synthetic(tmp_path, monkeypatch, "pathtune bench --memory --json b.json")
+    row = _bench_row(128, 16384, 2, 8, pathtune_f=3.7, sdpa_flash_f=3.4, pathtune_fb=21.0, sdpa_flash_fb=12.0)
+    mem = dict(pathtune_fb=0.9, sdpa_flash_fb=0.38, fla_fb=3.55)
+    other = dict(doc, gpu="NVIDIA H100 80GB HBM3", notes="an H100 run.")
+    (tmp_path / "H200-20260101T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(
+        doc, rows=[dict(row, memory_gib=mem)])))
+    (tmp_path / "H100-20260102T000000Z-bench-fwd-bwd.json").write_text(json.dumps(dict(
+        other, rows=[dict(row, memory_gib=dict(mem, pathtune_fb=0.97))])))
+    reference, others = report.render().split("## Other GPUs")
+    assert "**0.90**" in reference and "**0.97**" not in reference
+    assert "#### Extra memory of one forward + backward (GiB)" in others and "**0.97**" in others
+    assert "An H100 run.\n" in others and "run.." not in others
+    (tmp_path / "H100-20260103T000000Z-memory-fwd-bwd.json").write_text(json.dumps(dict(
+        other, rows=[dict(row, memory_gib=dict(mem, pathtune_fb=0.95))])))
+    reference, others = report.render().split("## Other GPUs")
+    assert "**0.95**" in others and "**0.97**" not in others and "**0.90**" in reference
+
+
 def test_another_gpus_decode_probe_goes_under_its_own_heading_and_not_into_the_reference_tables(tmp_path, monkeypatch):
     """A decode probe on another GPU (steps and generation) shows under "Other GPUs", below that GPU's heading, also
     for a GPU without a bench; the reference decode tables keep the reference GPU's probe."""
