@@ -290,19 +290,21 @@ def _has_profile(doc: dict) -> bool:
     return any("profile" in r for r in doc["rows"])
 
 
-def other_gpus_section(benches, probes=(), fwd_probes=(), memory=()) -> list[str]:
+def other_gpus_section(benches, probes=(), fwd_probes=(), memory=(), train_profiles=()) -> list[str]:
     """Each other GPU's newest complete bench with forward rows, then older ones for the shapes no newer run timed
     (forward and forward + backward tables, baselines from its own run; ``benches``: the complete bench files of
     every GPU, oldest first), its newest extra-memory table (``memory``: bench and ``*-memory-*`` files of every GPU,
     oldest first; the newest with memory rows), its newest forward profile (``fwd_probes``: fwd_probe.py files of
-    every GPU, oldest first; those with a per-kernel profile count) and its decode probes' tables (``probes``: the
-    decode probe files of every GPU, oldest first), newest GPU run first; empty when every bench and probe ran on
-    the reference GPU."""
+    every GPU, oldest first; those with a per-kernel profile count) and forward + backward profile
+    (``train_profiles``: ``*-fwdbwd-profile`` files of every GPU, oldest first) and its decode probes' tables
+    (``probes``: the decode probe files of every GPU, oldest first), newest GPU run first; empty when every bench and
+    probe ran on the reference GPU."""
     runs = {gpu: hits for gpu, files in _by_other_gpu(benches).items() if (hits := _newest_cells(files, _has_forward))}
     decode = _by_other_gpu(probes)
     profiles = _by_other_gpu([f for f in fwd_probes if _has_profile(f[1])])
     memories = {gpu: hit for gpu, files in _by_other_gpu(memory).items() if (hit := _newest(files, _has_memory))}
-    if not runs and not decode and not profiles:
+    trainings = _by_other_gpu(train_profiles)
+    if not runs and not decode and not profiles and not trainings:
         return []
     out = ["## Other GPUs", "",
            f"The newest complete bench (older runs for the shapes it did not time), forward profile and decode "
@@ -311,10 +313,10 @@ def other_gpus_section(benches, probes=(), fwd_probes=(), memory=()) -> list[str
            "run; each table names the commit whose kernels it timed.", ""]
 
     def newest_stamp(gpu):
-        files = runs.get(gpu, []) + decode.get(gpu, []) + profiles.get(gpu, [])
+        files = runs.get(gpu, []) + decode.get(gpu, []) + profiles.get(gpu, []) + trainings.get(gpu, [])
         return max(_stamp(p) for p, _d in files)
 
-    for gpu in sorted(set(runs) | set(decode) | set(profiles), key=newest_stamp, reverse=True):
+    for gpu in sorted(set(runs) | set(decode) | set(profiles) | set(trainings), key=newest_stamp, reverse=True):
         out += [f"### {gpu}", ""]
         for i, (path, doc) in enumerate(runs.get(gpu, [])):
             if i:
@@ -327,6 +329,8 @@ def other_gpus_section(benches, probes=(), fwd_probes=(), memory=()) -> list[str
             out += [""] + memory_section(*memories[gpu], level="####")
         if gpu in profiles:
             out += [""] + profile_section(*profiles[gpu][-1], level="####")
+        if gpu in trainings:
+            out += [""] + training_profile_section(*trainings[gpu][-1], level="####")
         steps = [p for p in decode.get(gpu, []) if p[1].get("steps")]
         generation = [p for p in decode.get(gpu, []) if p[1].get("rows")]
         if steps:
@@ -367,8 +371,9 @@ def kernel_change_section(path: Path, doc: dict) -> list[str]:
     return out + _source(path, doc)
 
 
-def training_profile_section(path: Path, doc: dict) -> list[str]:
-    """Device ms per kernel of one forward + backward (summed over launches) and achieved TFLOP/s."""
+def training_profile_section(path: Path, doc: dict, level: str = "##") -> list[str]:
+    """Device ms per kernel of one forward + backward (summed over launches) and achieved TFLOP/s; ``level``: its
+    heading's."""
     rows = [r for r in doc["rows"] if r.get("kind") == "profile"]
     flops = {(f["D"], f["T"], f["gate"], f["kernel"]): f for f in flops_table(rows, 64, 1024, 64)}
     cols = [(r["D"], r["T"], r["gate"]) for r in rows]
@@ -376,7 +381,7 @@ def training_profile_section(path: Path, doc: dict) -> list[str]:
     names = []
     for r in rows:
         names += [k for k, _, _ in sorted(r["kernels"], key=lambda e: -e[1]) if k not in names]
-    out = ["## Where one forward + backward's time goes (heuristic config)", "",
+    out = [f"{level} Where one forward + backward's time goes (heuristic config)", "",
            "Device ms per kernel of one `path_attention` forward + backward (torch profiler, summed over the "
            "kernel's launches, in brackets) and, where the kernel does matrix products, the achieved TFLOP/s "
            "(`benchmarks/kernel_flops.py`: 2·m·n·k per product, tf32x3 counted once).", "",
@@ -553,7 +558,7 @@ def render() -> str:
         parts.append("\n".join(generation_section(*generation[-1])) + "\n")
     memory = sorted(complete + _load("*-memory-*.json", gpu=None), key=lambda f: f[0].name)
     others = other_gpus_section(complete, _load("*-decode-probe.json", gpu=None), _load("*-fwd-probe.json", gpu=None),
-                                memory)
+                                memory, _load("*-fwdbwd-profile.json", gpu=None))
     if others:
         parts.append("\n".join(others) + "\n")
     parts.append("\n".join(current_section()) + "\n")

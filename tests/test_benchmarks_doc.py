@@ -323,3 +323,29 @@ def test_another_gpus_forward_profile_goes_under_its_own_heading(tmp_path, monke
     assert "### NVIDIA H100 80GB HBM3" in others and "#### Where one forward's time goes" in others
     assert "| 1.400 |" in others and "| scan_inter_kernel | 0.200 (" in others
     assert "Source: `benchmarks/results/H100-20260103T000000Z-fwd-probe.json`" in others
+
+
+def test_another_gpus_training_profile_goes_under_its_own_heading(tmp_path, monkeypatch):
+    """A forward + backward profile (``*-fwdbwd-profile.json``) on another GPU shows under "Other GPUs" as that GPU's
+    "Where one forward + backward's time goes" (its newest file), with the achieved TFLOP/s of the kernels that do
+    matrix products; the reference section keeps the reference GPU's profile; a GPU with only such a profile still
+    gets its heading."""
+    import json
+
+    report, doc = _synthetic(tmp_path, monkeypatch, "PROFILE_GATES=both python benchmarks/dev_gpu_run2.py profile4k")
+    row = dict(kind="profile", D=128, T=4096, B=8, H=8, gate=False,
+               kernels=[["bwd_intra_walk_kernel", 3.0, 8], ["bwd_inter_dkv_kernel", 1.9, 1]])
+    (tmp_path / "H200-20260102T000000Z-fwdbwd-profile.json").write_text(json.dumps(dict(doc, rows=[row])))
+    assert "## Other GPUs" not in report.render()
+    other = dict(doc, gpu="NVIDIA H100 80GB HBM3")
+    (tmp_path / "H100-20260103T000000Z-fwdbwd-profile.json").write_text(json.dumps(dict(
+        other, rows=[dict(row, kernels=[["bwd_intra_walk_kernel", 2.7, 8], ["bwd_inter_dkv_kernel", 1.6, 1]])])))
+    (tmp_path / "H100-20260101T000000Z-fwdbwd-profile.json").write_text(json.dumps(dict(
+        other, rows=[dict(row, kernels=[["bwd_intra_walk_kernel", 9.9, 8]])])))
+    reference, others = report.render().split("## Other GPUs")
+    assert "## Where one forward + backward's time goes" in reference and "| 3.000 ×8 (" in reference
+    assert "2.700" not in reference
+    assert "### NVIDIA H100 80GB HBM3" in others and "#### Where one forward + backward's time goes" in others
+    assert "| bwd_intra_walk_kernel | 2.700 ×8 (" in others and "| bwd_inter_dkv_kernel | 1.600 ×1 (" in others
+    assert "9.900" not in others           # the older H100 profile
+    assert "Source: `benchmarks/results/H100-20260103T000000Z-fwdbwd-profile.json`" in others
