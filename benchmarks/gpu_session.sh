@@ -83,8 +83,8 @@
 # Lane i keeps its files in s/lane<i>/ and continues a tune from .tune_in/lane<i>/tune.sqlite3.
 #
 # Carry: .whl (wheels: optuna stack, fla, pydantic...), and .tcache_in if an earlier call brought the
-# Triton cache back (python benchmarks/tcache/merge_tcache.py --out .tcache_in .tcache_in <files_at> ...: the
-# union of what the calls brought back; both git-excluded),
+# Triton cache back (python benchmarks/ship_call.py <files_at> ...: the union of what the calls brought back, with
+# their tune results shipped; both git-excluded),
 # and .tune_in/tune.sqlite3 to continue an earlier call's tune (git-excluded too).
 # Of the Triton cache, the entries this call opened come back (TCACHE_SCOPE=all: every entry).
 # Every step's files (its log, its JSON) are also kept in s/steps/NN-<step>/, so a second step of the same name

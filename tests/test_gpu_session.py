@@ -138,3 +138,65 @@ def test_a_tuned_bench_from_the_calls_empty_database_is_refused():
         script = src[start:end] + f'\nPATHTUNE_DB_URL="{url}"\n_tuned_without_records \'{args}\' sqlite:///s/perf.sqlite3\n'
         res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
         assert res.returncode == want, (args, url, res.returncode, res.stderr)
+
+
+def _session_archive(folder, files: dict):
+    """A device call's session.tgz in ``folder``: ``files`` {path under s/: bytes}, as gpu_session.sh packs them."""
+    import io
+    import tarfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(folder / "session.tgz", "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo("s/" + name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return folder
+
+
+def test_ship_call_takes_in_the_tune_results_and_the_triton_caches_of_calls(tmp_path, capsys):
+    """benchmarks/ship_call.py: each call's session.tgz unpacks into a fresh folder, its steps and what a person
+    must wrap are printed, the new tune results files land in the shipped folder (one already there with the same
+    contents is skipped), the calls' Triton caches are merged into the carried one; a results file there with
+    other contents, or a folder without session.tgz, is refused before anything is copied."""
+    from repo_scripts import load_script
+
+    mod = load_script("benchmarks/ship_call.py")
+    merge = load_script("benchmarks/tcache/merge_tcache.py")
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "H200-tune-d128-20260101T000000Z.json").write_text('{"old": 1}')
+    one = _call_folder(tmp_path / "1", {"aaa/k.cubin": b"a"})
+    _session_archive(one, {"steps.txt": b"== tune rc=0 in 90s\n", "tune/H200-tune-d128-20260101T000000Z.json":
+                           b'{"old": 1}', "tune/H200-tune-d64-20260102T000000Z.json": b'{"new": 2}',
+                           "tune/tune.sqlite3": b"db", "env.json": b"{}"})
+    two = _call_folder(tmp_path / "2", {"bbb/k.cubin": b"b"})
+    _session_archive(two, {"steps.txt": b"== benchtuned rc=0 in 400s\n", "bench_tuned.json": b"[]",
+                           "perf.sqlite3": b"db", "steps/01-benchtuned/bench_tuned.json": b"[]"})
+    carried = tmp_path / "tcache_in"
+    argv = [str(one), str(two), "--tcache", str(carried), "--shipped", str(shipped), "--into", str(tmp_path / "u")]
+    assert mod.main(argv) == 0
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in shipped.iterdir()) == ["H200-tune-d128-20260101T000000Z.json",
+                                                         "H200-tune-d64-20260102T000000Z.json"]
+    assert (shipped / "H200-tune-d64-20260102T000000Z.json").read_text() == '{"new": 2}'
+    assert "== tune rc=0 in 90s" in out and "== benchtuned rc=0 in 400s" in out
+    assert "for a person: bench_tuned.json, perf.sqlite3" in out
+    assert "shipped H200-tune-d64-20260102T000000Z.json" in out
+    got = merge.read_entries(carried)
+    assert {k: v[1] for k, v in got.items() if v[1] is not None} == {"aaa/k.cubin": b"a", "bbb/k.cubin": b"b"}
+    # a second call of a later session: the carried cache keeps the earlier entries
+    three = _call_folder(tmp_path / "3", {"ccc/k.cubin": b"c"})
+    _session_archive(three, {"steps.txt": b""})
+    unpack = ["--into", str(tmp_path / "u")]
+    assert mod.main([str(three), "--tcache", str(carried), "--shipped", str(shipped), *unpack]) == 0
+    assert len(list((tmp_path / "u").iterdir())) == 3        # a fresh folder per call, never one reused
+    assert set(merge.read_entries(carried)) >= {"aaa/k.cubin", "bbb/k.cubin", "ccc/k.cubin"}
+    # refusals: nothing copied
+    clash = _session_archive(tmp_path / "4", {"tune/H200-tune-d128-20260101T000000Z.json": b'{"other": 3}',
+                                              "tune/H200-tune-d32-20260103T000000Z.json": b"{}"})
+    with pytest.raises(SystemExit, match="exists with other contents"):
+        mod.main([str(clash), "--no-tcache", "--shipped", str(shipped), "--into", str(tmp_path / "u")])
+    assert not (shipped / "H200-tune-d32-20260103T000000Z.json").exists()
+    with pytest.raises(SystemExit, match="no session.tgz"):
+        mod.main([str(tmp_path / "tcache_in"), "--shipped", str(shipped), "--into", str(tmp_path / "u")])
