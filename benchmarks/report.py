@@ -304,19 +304,22 @@ def other_gpus_section(benches, probes=(), fwd_probes=(), memory=(), train_profi
     profiles = _by_other_gpu([f for f in fwd_probes if _has_profile(f[1])])
     memories = {gpu: hit for gpu, files in _by_other_gpu(memory).items() if (hit := _newest(files, _has_memory))}
     trainings = _by_other_gpu(train_profiles)
-    if not runs and not decode and not profiles and not trainings:
+    if not runs and not decode and not profiles and not trainings and not memories:
         return []
     out = ["## Other GPUs", "",
-           f"The newest complete bench (older runs for the shapes it did not time), forward profile and decode "
-           f"probes of each GPU other than the {REFERENCE_GPU}, same shapes and columns as above, every baseline "
+           f"The newest complete bench (older runs for the shapes it did not time), extra-memory table, forward and "
+           f"forward + backward profiles and decode probes of each GPU other than the {REFERENCE_GPU}, same shapes "
+           "and columns as above, every baseline "
            "from that GPU's own "
            "run; each table names the commit whose kernels it timed.", ""]
 
     def newest_stamp(gpu):
-        files = runs.get(gpu, []) + decode.get(gpu, []) + profiles.get(gpu, []) + trainings.get(gpu, [])
+        files = (runs.get(gpu, []) + decode.get(gpu, []) + profiles.get(gpu, []) + trainings.get(gpu, [])
+                 + ([memories[gpu]] if gpu in memories else []))
         return max(_stamp(p) for p, _d in files)
 
-    for gpu in sorted(set(runs) | set(decode) | set(profiles) | set(trainings), key=newest_stamp, reverse=True):
+    gpus = set(runs) | set(decode) | set(profiles) | set(trainings) | set(memories)
+    for gpu in sorted(gpus, key=newest_stamp, reverse=True):
         out += [f"### {gpu}", ""]
         for i, (path, doc) in enumerate(runs.get(gpu, [])):
             if i:
