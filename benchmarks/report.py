@@ -511,14 +511,26 @@ def generation_section(path: Path, doc: dict, level: str = "##") -> list[str]:
     return out + [""] + _source(path, doc)
 
 
+def _on_reference(files) -> list[tuple[Path, dict]]:
+    """The ``files`` ((path, doc), in their order) of the reference GPU."""
+    return [f for f in files if f[1]["gpu"] == REFERENCE_GPU]
+
+
 def render() -> str:
+    # each kind of results file read once for every GPU: the reference GPU's make the tables above "Other GPUs"
     # a bench stopped before every point (``*-bench-partial-*.json``) never replaces the complete tables: shown
     # after them while it is the newer run
     every_gpu = _load("*-bench-*.json", gpu=None)
     complete = [f for f in every_gpu if "-bench-partial-" not in f[0].name]
-    partial = [f for f in every_gpu if "-bench-partial-" in f[0].name and f[1]["gpu"] == REFERENCE_GPU]
-    bench = [f for f in complete if f[1]["gpu"] == REFERENCE_GPU]
-    probe = _load("*-fwd-probe.json")
+    partial = _on_reference(f for f in every_gpu if "-bench-partial-" in f[0].name)
+    bench = _on_reference(complete)
+    fwd_probes = _load("*-fwd-probe.json", gpu=None)
+    # a memory run may time only some points: its own file name (``*-memory-*.json``) keeps it out of the
+    # timing tables, whose source is the newest full bench
+    memory = sorted(complete + _load("*-memory-*.json", gpu=None), key=lambda f: f[0].name)
+    train_profiles = _load("*-fwdbwd-profile.json", gpu=None)
+    decode_probes = _load("*-decode-probe.json", gpu=None)
+    probe = _on_reference(fwd_probes)
     changes = _load("*-kernel-probe.json")
     parts = [HEADER]
     # the newest bench's shapes, then older benches' for the shapes it did not time (a run of some lengths or head
@@ -533,14 +545,12 @@ def render() -> str:
     newer = [f for f in partial if not newest or _stamp(f[0]) > max(_stamp(x[0]) for x in newest)]
     if newer:
         parts.append("\n".join(partial_section(*newer[-1])) + "\n")
-    # a memory run may time only some points: its own file name (``*-memory-*.json``) keeps it out of the
-    # timing tables, whose source is the newest full bench
-    mem = _newest(sorted(bench + _load("*-memory-*.json"), key=lambda f: f[0].name), _has_memory)
+    mem = _newest(_on_reference(memory), _has_memory)
     if mem:
         parts.append("\n".join(memory_section(*mem)) + "\n")
     if probe:
         parts.append("\n".join(profile_section(*probe[-1])) + "\n")
-    profiles = _load("*-fwdbwd-profile.json")
+    profiles = _on_reference(train_profiles)
     if profiles:
         parts.append("\n".join(training_profile_section(*profiles[-1])) + "\n")
     if changes:
@@ -552,16 +562,14 @@ def render() -> str:
         if decode:
             parts.append("\n".join(decode_section(*decode, timing=timing)) + "\n")
     # a decode probe may time only some sections (--skip): each table comes from the newest file that has it
-    probes = _load("*-decode-probe.json")
+    probes = _on_reference(decode_probes)
     steps = [p for p in probes if p[1].get("steps")]
     generation = [p for p in probes if p[1].get("rows")]
     if steps:
         parts.append("\n".join(decode_steps_section(steps)) + "\n")
     if generation:
         parts.append("\n".join(generation_section(*generation[-1])) + "\n")
-    memory = sorted(complete + _load("*-memory-*.json", gpu=None), key=lambda f: f[0].name)
-    others = other_gpus_section(complete, _load("*-decode-probe.json", gpu=None), _load("*-fwd-probe.json", gpu=None),
-                                memory, _load("*-fwdbwd-profile.json", gpu=None))
+    others = other_gpus_section(complete, decode_probes, fwd_probes, memory, train_profiles)
     if others:
         parts.append("\n".join(others) + "\n")
     parts.append("\n".join(current_section()) + "\n")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "tcache"))
-from merge_tcache import merge  # noqa: E402
+from merge_tcache import MAX_MIB, merge  # noqa: E402
 
 SHIPPED = ROOT / "perf_db" / "shipped"
 
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     with_cache = [f for f in a.folders if any(f.glob("tcache.txz.*"))]
     if not a.no_tcache and with_cache:
         inputs = ([a.tcache] if any(a.tcache.glob("tcache.txz.*")) else []) + with_cache
-        n, size = merge(inputs, a.tcache, 40.0)
+        n, size = merge(inputs, a.tcache, MAX_MIB)
         print(f"{a.tcache}: {n} cache entries, {size / 2 ** 20:.1f} MiB")
     return 0
 

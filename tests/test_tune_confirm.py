@@ -186,4 +186,3 @@ def test_a_stop_ends_the_confirmation_between_draws(spec_copy):
                           should_stop=lambda: len(stored) >= 4, stamp="T")
     assert done == 1 and runs == ["tune-x-confirm-T-r1", "tune-x-confirm-T-r2"]
     assert [n - cf.CONFIRM_TRIAL_BASE for _, n in stored] == [0, 1, 2, 4]     # round 2 starts with the second
-

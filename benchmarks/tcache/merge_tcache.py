@@ -19,6 +19,7 @@ import tarfile
 from pathlib import Path
 
 PART_BYTES = 15 * 2 ** 20       # gpu_session.sh's `split -b 15m`
+MAX_MIB = 40.0                  # the merged archive's cap (the device call carries at most 64 MiB in all)
 
 
 def read_entries(folder: Path) -> dict[str, tuple[tarfile.TarInfo, bytes | None]]:
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path, help="files_at folders of device calls, oldest first")
     ap.add_argument("--out", type=Path, required=True, help="where the merged tcache.txz.* go (e.g. .tcache_in)")
-    ap.add_argument("--max-mib", type=float, default=40.0, help="refuse a merged archive larger than this")
+    ap.add_argument("--max-mib", type=float, default=MAX_MIB, help="refuse a merged archive larger than this")
     a = ap.parse_args(argv)
     n, size = merge(a.folders, a.out, a.max_mib)
     print(f"{a.out}: {n} cache entries, {size / 2 ** 20:.1f} MiB")
